@@ -1,0 +1,75 @@
+# keel -- the two commands of the README, and a few more for developers.
+#
+#   make run    install missing Debian packages, configure, build, run the demo world
+#   make test   the same set-up, then the whole test suite through ctest
+#
+# Developer targets: build, test-asan (ASan+UBSan), test-tsan (TSan, thread
+# suites), bench (Release build; BENCH_ARGS="systems --json"), clean.
+# WERROR=ON turns warnings into errors (CI does).
+
+BUILD      ?= build
+BUILD_TYPE ?= RelWithDebInfo
+WERROR     ?= OFF
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+RUN_ARGS   ?=
+BENCH_ARGS ?=
+CTEST_ARGS ?=
+
+# Debian packages the build and the tests need.
+DEB_PACKAGES := build-essential cmake pkg-config liblmdb-dev liburcu-dev libzstd-dev check
+
+.PHONY: all deps build run test test-asan test-tsan bench clean
+
+all: build
+
+# Install what is missing: directly as root, through sudo when it works
+# without a password, otherwise say exactly what to run.
+deps:
+	@missing=""; \
+	for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "keel: installing missing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; \
+	  elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	  else echo "keel: cannot install as $$(id -un); run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $$SUDO apt-get install -y -q $$missing >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q $$missing; } || \
+	  { echo "keel: apt-get failed; install by hand:$$missing" >&2; exit 1; }; \
+	fi
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DKEEL_WERROR=$(WERROR)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake -S . -B $(BUILD) -DKEEL_WERROR=$(WERROR) >/dev/null
+	cmake --build $(BUILD) -j$(JOBS)
+
+run: build
+	./$(BUILD)/tools/keel-world $(RUN_ARGS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+
+# Sanitizer builds live in their own directories.
+test-asan: deps
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=address -DKEEL_WERROR=$(WERROR)
+	cmake --build $(BUILD)-asan -j$(JOBS)
+	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+
+test-tsan: deps
+	cmake -S . -B $(BUILD)-tsan -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=thread -DKEEL_WERROR=$(WERROR)
+	cmake --build $(BUILD)-tsan -j$(JOBS)
+	cd $(BUILD)-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L threads $(CTEST_ARGS)
+
+# Benchmarks run from a Release build of their own.
+bench: deps
+	cmake -S . -B $(BUILD)-release -DCMAKE_BUILD_TYPE=Release -DKEEL_WERROR=$(WERROR) -DKEEL_BUILD_TESTS=OFF
+	cmake --build $(BUILD)-release -j$(JOBS) --target keel-bench
+	./$(BUILD)-release/tools/keel-bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-release

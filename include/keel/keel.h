@@ -1,0 +1,19 @@
+/*
+ * keel/keel.h -- everything public. keel is a transactional ECS runtime with
+ * write-ahead-log durability; see docs/architecture.md for the map.
+ */
+#ifndef KEEL_KEEL_H
+#define KEEL_KEEL_H
+
+#include "keel/error.h"
+#include "keel/entity.h"
+#include "keel/component.h"
+#include "keel/world.h"
+#include "keel/query.h"
+#include "keel/command.h"
+
+#define KEEL_VERSION_MAJOR 0
+#define KEEL_VERSION_MINOR 1
+#define KEEL_VERSION_PATCH 0
+
+#endif

@@ -1,0 +1,46 @@
+/*
+ * core/error.c -- status code names and the thread-local last error.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "core/core.h"
+
+#define CORE_ERROR_MAX 512
+
+static _Thread_local char last_error[CORE_ERROR_MAX];
+
+const char *keel_strerror(int rc)
+{
+    switch (rc) {
+    case KEEL_OK:        return "KEEL_OK";
+    case KEEL_EINVAL:    return "KEEL_EINVAL";
+    case KEEL_ESTALE:    return "KEEL_ESTALE";
+    case KEEL_ECONFLICT: return "KEEL_ECONFLICT";
+    case KEEL_EIO:       return "KEEL_EIO";
+    case KEEL_ENOSPC:    return "KEEL_ENOSPC";
+    case KEEL_ECORRUPT:  return "KEEL_ECORRUPT";
+    case KEEL_EBUSY:     return "KEEL_EBUSY";
+    case KEEL_ETIMEDOUT: return "KEEL_ETIMEDOUT";
+    case KEEL_EFATAL:    return "KEEL_EFATAL";
+    case KEEL_ENOMEM:    return "KEEL_ENOMEM";
+    case KEEL_ENOENT:    return "KEEL_ENOENT";
+    case KEEL_EEXIST:    return "KEEL_EEXIST";
+    case KEEL_ERANGE:    return "KEEL_ERANGE";
+    default:             return "KEEL_E?";
+    }
+}
+
+const char *keel_last_error(void)
+{
+    return last_error;
+}
+
+int core_fail(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return rc;
+}

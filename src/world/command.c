@@ -1,0 +1,428 @@
+/*
+ * world/command.c -- deferred structural changes: recording and playback.
+ *
+ * Commands are packed back to back in one growing byte buffer, each record
+ * 8-byte aligned:
+ *     cmd_hdr | spawn: n component ids (u32, padded to 8) then n values,
+ *                      each padded to 8 (zero-filled when given NULL)
+ *             | add:   the value, padded to 8
+ * `head` is the offset of the first command not yet applied. Playback
+ * applies one command at a time in two steps: a prepare step that may fail
+ * but changes nothing visible (it may grow capacity: slots, chunks, tables,
+ * receipts), then a commit step that cannot fail. `head` moves past a
+ * command only after its commit, which is the whole failure policy: a
+ * failed command and everything after it stay queued.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "world/world_internal.h"
+
+enum { CMD_SPAWN = 1, CMD_DESTROY, CMD_ADD, CMD_REMOVE };
+
+typedef struct cmd_hdr {
+    uint8_t op;
+    uint8_t reserved;
+    uint16_t n;           /* spawn: number of initial values */
+    uint32_t size;        /* bytes of the whole record, a multiple of 8 */
+    keel_entity target;   /* destroy, add, remove */
+    keel_component c;     /* add, remove */
+    uint32_t reserved2;
+} cmd_hdr;
+
+struct keel_cmdbuf {
+    keel_world *world;
+    unsigned char *buf;
+    size_t len, cap, head;
+    uint32_t queued;          /* recorded, not yet applied */
+    uint32_t applied;         /* applied (or ignored) since reset: names the failing one */
+    bool failed;              /* counted in world->pending_cmdbufs */
+    keel_entity *created;
+    uint32_t created_cap;
+    keel_cmd_result res;
+};
+
+#define ALIGN8(x) (((x) + 7u) & ~(size_t)7u)
+
+static const char *op_name(uint8_t op)
+{
+    static const char *names[] = {"?", "spawn", "destroy", "add", "remove"};
+    return op <= CMD_REMOVE ? names[op] : "?";
+}
+
+int keel_cmdbuf_create(keel_world *w, keel_cmdbuf **out)
+{
+    if (!w || !out)
+        return core_fail(KEEL_EINVAL, "keel_cmdbuf_create: world or out is NULL");
+    keel_cmdbuf *cb = calloc(1, sizeof *cb);
+    if (!cb)
+        return core_fail(KEEL_ENOMEM, "keel_cmdbuf_create: out of memory");
+    cb->world = w;
+    *out = cb;
+    return KEEL_OK;
+}
+
+static void set_failed(keel_cmdbuf *cb, bool failed)
+{
+    if (cb->failed == failed)
+        return;
+    cb->failed = failed;
+    if (failed)
+        cb->world->pending_cmdbufs++;
+    else
+        cb->world->pending_cmdbufs--;
+}
+
+void keel_cmdbuf_destroy(keel_cmdbuf *cb)
+{
+    if (!cb)
+        return;
+    set_failed(cb, false);
+    free(cb->buf);
+    free(cb->created);
+    free(cb);
+}
+
+/* ---- recording ---------------------------------------------------------- */
+
+/* Room for a record of `size` bytes; returns its header or NULL. */
+static cmd_hdr *record_alloc(keel_cmdbuf *cb, size_t size, const char *fn)
+{
+    if (cb->failed) {
+        core_fail(KEEL_EBUSY, "%s: the buffer holds commands whose playback failed; retry or discard them first", fn);
+        return NULL;
+    }
+    if (cb->len + size > cb->cap) {
+        size_t cap = cb->cap ? cb->cap * 2 : 4096;
+        while (cap < cb->len + size)
+            cap *= 2;
+        unsigned char *buf = realloc(cb->buf, cap);
+        if (!buf) {
+            core_fail(KEEL_ENOMEM, "%s: out of memory growing the command buffer to %zu bytes", fn, cap);
+            return NULL;
+        }
+        cb->buf = buf;
+        cb->cap = cap;
+    }
+    cmd_hdr *h = (cmd_hdr *)(cb->buf + cb->len);
+    memset(h, 0, sizeof *h);
+    h->size = (uint32_t)size;
+    return h;
+}
+
+static void record_commit(keel_cmdbuf *cb, cmd_hdr *h)
+{
+    cb->len += h->size;
+    cb->queued++;
+}
+
+/* The error code of a record_alloc that returned NULL. */
+static int record_error(const keel_cmdbuf *cb)
+{
+    return cb->failed ? KEEL_EBUSY : KEEL_ENOMEM;
+}
+
+int keel_cmd_spawn(keel_cmdbuf *cb, const keel_init *inits, uint32_t n)
+{
+    if (!cb)
+        return core_fail(KEEL_EINVAL, "keel_cmd_spawn: buffer is NULL");
+    if (n && !inits)
+        return core_fail(KEEL_EINVAL, "keel_cmd_spawn: %u initial values but inits is NULL", n);
+    if (n > KEEL_MAX_COMPONENTS)
+        return core_fail(KEEL_EINVAL, "keel_cmd_spawn: %u initial values, at most %d", n, KEEL_MAX_COMPONENTS);
+    const keel_world *w = cb->world;
+    world_compset seen = {{0}};
+    size_t size = sizeof(cmd_hdr) + ALIGN8((size_t)n * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++) {
+        keel_component c = inits[i].c;
+        if (!world_component_valid(w, c))
+            return core_fail(KEEL_EINVAL, "keel_cmd_spawn: inits[%u] names unregistered component id %u", i, c);
+        if (compset_has(&seen, c))
+            return core_fail(KEEL_EINVAL, "keel_cmd_spawn: component '%s' is given twice", w->comps[c].name);
+        compset_add(&seen, c);
+        size += ALIGN8(w->comps[c].desc.size);
+    }
+    cmd_hdr *h = record_alloc(cb, size, "keel_cmd_spawn");
+    if (!h)
+        return record_error(cb);
+    h->op = CMD_SPAWN;
+    h->n = (uint16_t)n;
+    uint32_t *ids = (uint32_t *)(h + 1);
+    unsigned char *val = (unsigned char *)h + sizeof(cmd_hdr) + ALIGN8((size_t)n * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t sz = w->comps[inits[i].c].desc.size;
+        ids[i] = inits[i].c;
+        if (sz && inits[i].value)
+            memcpy(val, inits[i].value, sz);
+        else
+            memset(val, 0, sz);
+        memset(val + sz, 0, ALIGN8(sz) - sz);
+        val += ALIGN8(sz);
+    }
+    record_commit(cb, h);
+    return KEEL_OK;
+}
+
+int keel_cmd_destroy(keel_cmdbuf *cb, keel_entity e)
+{
+    if (!cb)
+        return core_fail(KEEL_EINVAL, "keel_cmd_destroy: buffer is NULL");
+    cmd_hdr *h = record_alloc(cb, sizeof(cmd_hdr), "keel_cmd_destroy");
+    if (!h)
+        return record_error(cb);
+    h->op = CMD_DESTROY;
+    h->target = e;
+    record_commit(cb, h);
+    return KEEL_OK;
+}
+
+static int record_component_op(keel_cmdbuf *cb, uint8_t op, keel_entity e, keel_component c, const void *value,
+                               const char *fn)
+{
+    if (!cb)
+        return core_fail(KEEL_EINVAL, "%s: buffer is NULL", fn);
+    if (!world_component_valid(cb->world, c))
+        return core_fail(KEEL_EINVAL, "%s: component id %u is not registered", fn, c);
+    uint32_t sz = op == CMD_ADD ? cb->world->comps[c].desc.size : 0;
+    cmd_hdr *h = record_alloc(cb, sizeof(cmd_hdr) + ALIGN8(sz), fn);
+    if (!h)
+        return record_error(cb);
+    h->op = op;
+    h->target = e;
+    h->c = c;
+    unsigned char *val = (unsigned char *)(h + 1);
+    if (sz && value)
+        memcpy(val, value, sz);
+    else
+        memset(val, 0, sz);
+    memset(val + sz, 0, ALIGN8(sz) - sz);
+    record_commit(cb, h);
+    return KEEL_OK;
+}
+
+int keel_cmd_add(keel_cmdbuf *cb, keel_entity e, keel_component c, const void *value)
+{
+    return record_component_op(cb, CMD_ADD, e, c, value, "keel_cmd_add");
+}
+
+int keel_cmd_remove(keel_cmdbuf *cb, keel_entity e, keel_component c)
+{
+    return record_component_op(cb, CMD_REMOVE, e, c, NULL, "keel_cmd_remove");
+}
+
+/* ---- playback ----------------------------------------------------------- */
+
+static void copy_row(keel_world *w, world_table *dst, uint32_t dst_row, const world_table *src, uint32_t src_row)
+{
+    for (uint32_t i = 0; i < dst->ncols; i++) {
+        uint32_t scol = src->col_of[dst->cols[i].c];
+        if (scol && dst->cols[i].size)
+            memcpy(world_cell(w, dst, i, dst_row), world_cell(w, src, scol - 1, src_row), dst->cols[i].size);
+    }
+}
+
+static void write_value(keel_world *w, world_table *t, uint32_t row, keel_component c, const void *value)
+{
+    uint32_t col = t->col_of[c] - 1;
+    if (t->cols[col].size)
+        memcpy(world_cell(w, t, col, row), value, t->cols[col].size);
+}
+
+static int reserve_receipt(keel_cmdbuf *cb)
+{
+    if (cb->res.created_count < cb->created_cap)
+        return KEEL_OK;
+    uint32_t cap = cb->created_cap ? cb->created_cap * 2 : 64;
+    keel_entity *c = realloc(cb->created, (size_t)cap * sizeof *c);
+    if (!c)
+        return core_fail(KEEL_ENOMEM, "out of memory growing the creation receipts");
+    cb->created = c;
+    cb->created_cap = cap;
+    return KEEL_OK;
+}
+
+static int apply_spawn(keel_cmdbuf *cb, const cmd_hdr *h)
+{
+    keel_world *w = cb->world;
+    const uint32_t *ids = (const uint32_t *)(h + 1);
+    world_compset set = {{0}};
+    for (uint32_t i = 0; i < h->n; i++)
+        compset_add(&set, ids[i]);
+    world_table *t;
+    int rc = storage_table_get(w, &set, &t);
+    if (!rc)
+        rc = entity_reserve(w);
+    if (!rc)
+        rc = storage_reserve_row(w, t);
+    if (!rc)
+        rc = reserve_receipt(cb);
+    if (rc)
+        return rc;
+
+    keel_entity e = entity_alloc(w);
+    uint32_t row = storage_push_row(w, t, e);
+    const unsigned char *val = (const unsigned char *)(h + 1) + ALIGN8((size_t)h->n * sizeof(uint32_t));
+    for (uint32_t i = 0; i < h->n; i++) {
+        write_value(w, t, row, ids[i], val);
+        val += ALIGN8(w->comps[ids[i]].desc.size);
+    }
+    cb->created[cb->res.created_count++] = e;
+    cb->res.spawned++;
+    return KEEL_OK;
+}
+
+/* The live slot of a command's target, or NULL after counting why not. */
+static world_slot *target_slot(keel_cmdbuf *cb, const cmd_hdr *h)
+{
+    world_slot *s = world_slot_of(cb->world, h->target);
+    if (s)
+        return s;
+    if (h->target == KEEL_ENTITY_NULL) {
+        cb->res.ignored_null++;
+    } else {
+        cb->res.ignored_stale++;
+        core_log(KEEL_LOG_DEBUG, "cmd", "ignored_stale", "op=%s entity=0x%016llx", op_name(h->op),
+                 (unsigned long long)h->target);
+    }
+    return NULL;
+}
+
+static int apply_destroy(keel_cmdbuf *cb, const cmd_hdr *h)
+{
+    world_slot *s = target_slot(cb, h);
+    if (!s)
+        return KEEL_OK;
+    keel_world *w = cb->world;
+    storage_remove_row(w, w->tables[s->table], s->row);
+    entity_free(w, KEEL_ENTITY_INDEX(h->target));
+    cb->res.destroyed++;
+    return KEEL_OK;
+}
+
+/* Move the entity of slot s to the table with component set `set`. */
+static int move_entity(keel_world *w, world_slot *s, keel_entity e, const world_compset *set, world_table **dst_out,
+                       uint32_t *row_out)
+{
+    world_table *src = w->tables[s->table], *dst;
+    int rc = storage_table_get(w, set, &dst);
+    if (!rc)
+        rc = storage_reserve_row(w, dst);
+    if (rc)
+        return rc;
+    uint32_t src_row = s->row;
+    uint32_t dst_row = storage_push_row(w, dst, e); /* repoints the slot */
+    copy_row(w, dst, dst_row, src, src_row);
+    storage_remove_row(w, src, src_row);
+    *dst_out = dst;
+    *row_out = dst_row;
+    return KEEL_OK;
+}
+
+static int apply_add(keel_cmdbuf *cb, const cmd_hdr *h)
+{
+    world_slot *s = target_slot(cb, h);
+    if (!s)
+        return KEEL_OK;
+    keel_world *w = cb->world;
+    world_table *t = w->tables[s->table];
+    uint32_t row = s->row;
+    if (!t->col_of[h->c]) {
+        world_compset set = t->set;
+        compset_add(&set, h->c);
+        int rc = move_entity(w, s, h->target, &set, &t, &row);
+        if (rc)
+            return rc;
+    }
+    write_value(w, t, row, h->c, h + 1);
+    cb->res.added++;
+    return KEEL_OK;
+}
+
+static int apply_remove(keel_cmdbuf *cb, const cmd_hdr *h)
+{
+    world_slot *s = target_slot(cb, h);
+    if (!s)
+        return KEEL_OK;
+    keel_world *w = cb->world;
+    world_table *t = w->tables[s->table];
+    if (!t->col_of[h->c]) {
+        cb->res.ignored_absent++;
+        return KEEL_OK;
+    }
+    world_compset set = t->set;
+    compset_del(&set, h->c);
+    uint32_t row;
+    int rc = move_entity(w, s, h->target, &set, &t, &row);
+    if (rc)
+        return rc;
+    cb->res.removed++;
+    return KEEL_OK;
+}
+
+static int apply_one(keel_cmdbuf *cb, const cmd_hdr *h)
+{
+    keel_world *w = cb->world;
+    if (CORE_UNLIKELY(w->inject_countdown) && --w->inject_countdown == 0)
+        return core_fail(w->inject_rc, "injected failure (test hook)");
+    switch (h->op) {
+    case CMD_SPAWN:   return apply_spawn(cb, h);
+    case CMD_DESTROY: return apply_destroy(cb, h);
+    case CMD_ADD:     return apply_add(cb, h);
+    default:          return apply_remove(cb, h);
+    }
+}
+
+int keel_cmdbuf_apply(keel_cmdbuf *cb)
+{
+    if (!cb)
+        return core_fail(KEEL_EINVAL, "keel_cmdbuf_apply: buffer is NULL");
+    while (cb->head < cb->len) {
+        const cmd_hdr *h = (const cmd_hdr *)(cb->buf + cb->head);
+        int rc = apply_one(cb, h);
+        if (rc) {
+            char cause[256];
+            snprintf(cause, sizeof cause, "%s", keel_last_error());
+            set_failed(cb, true);
+            return core_fail(rc, "keel_cmdbuf_apply: command #%u (%s) failed, it and %u after it stay queued: %s",
+                             cb->applied + 1, op_name(h->op), cb->queued - 1, cause);
+        }
+        cb->head += h->size;
+        cb->queued--;
+        cb->applied++;
+    }
+    cb->head = cb->len = 0; /* reuse the buffer's memory for the next round */
+    set_failed(cb, false);
+    return KEEL_OK;
+}
+
+void keel_cmdbuf_discard(keel_cmdbuf *cb)
+{
+    if (!cb)
+        return;
+    cb->head = cb->len = 0;
+    cb->queued = 0;
+    set_failed(cb, false);
+}
+
+int keel_cmdbuf_reset(keel_cmdbuf *cb)
+{
+    if (!cb)
+        return core_fail(KEEL_EINVAL, "keel_cmdbuf_reset: buffer is NULL");
+    if (cb->queued)
+        return core_fail(KEEL_EBUSY, "keel_cmdbuf_reset: %u commands are still queued; apply or discard them first",
+                         cb->queued);
+    memset(&cb->res, 0, sizeof cb->res);
+    cb->applied = 0;
+    return KEEL_OK;
+}
+
+keel_cmd_result keel_cmdbuf_result(const keel_cmdbuf *cb)
+{
+    if (!cb)
+        return (keel_cmd_result){0};
+    keel_cmd_result r = cb->res;
+    r.created = cb->created;
+    r.pending = cb->queued;
+    return r;
+}

@@ -1,0 +1,205 @@
+/*
+ * world/component.c -- component registration and schema validation.
+ *
+ * Validation happens completely before anything is stored, so a rejected
+ * descriptor leaves the registry exactly as it was.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "world/world_internal.h"
+
+static const struct {
+    const char *name;
+    uint32_t size;
+} type_info[KEEL_TYPE_COUNT_] = {
+    [KEEL_U8] = {"u8", 1},   [KEEL_U16] = {"u16", 2}, [KEEL_U32] = {"u32", 4}, [KEEL_U64] = {"u64", 8},
+    [KEEL_I8] = {"i8", 1},   [KEEL_I16] = {"i16", 2}, [KEEL_I32] = {"i32", 4}, [KEEL_I64] = {"i64", 8},
+    [KEEL_F32] = {"f32", 4}, [KEEL_F64] = {"f64", 8}, [KEEL_BOOL] = {"bool", 1},
+    [KEEL_ENTITY] = {"entity", 8}, [KEEL_BYTES] = {"bytes", 1},
+};
+
+static bool type_valid(keel_type t)
+{
+    return t > KEEL_TYPE_INVALID && t < KEEL_TYPE_COUNT_;
+}
+
+uint32_t keel_type_size(keel_type t)
+{
+    return type_valid(t) ? type_info[t].size : 0;
+}
+
+const char *keel_type_name(keel_type t)
+{
+    return type_valid(t) ? type_info[t].name : "?";
+}
+
+static bool name_valid(const char *name)
+{
+    return name && name[0] && strlen(name) <= KEEL_NAME_MAX;
+}
+
+static uint32_t field_count(const keel_field *f)
+{
+    return f->count ? f->count : 1;
+}
+
+/* Byte length of a field, or UINT64_MAX-safe 64-bit product. */
+static uint64_t field_bytes(const keel_field *f)
+{
+    return (uint64_t)keel_type_size(f->type) * field_count(f);
+}
+
+static int check_field(const keel_component_desc *d, uint32_t i)
+{
+    const keel_field *f = &d->fields[i];
+    if (!name_valid(f->name))
+        return core_fail(KEEL_EINVAL, "component '%s': field %u has an empty, missing or longer than %d bytes name",
+                         d->name, i, KEEL_NAME_MAX);
+    if (!type_valid(f->type))
+        return core_fail(KEEL_EINVAL, "component '%s': field '%s' has unknown type %d", d->name, f->name, (int)f->type);
+    if ((uint64_t)f->offset + field_bytes(f) > d->size)
+        return core_fail(KEEL_EINVAL, "component '%s': field '%s' (offset %u, %llu bytes) ends past the value size %u",
+                         d->name, f->name, f->offset, (unsigned long long)field_bytes(f), d->size);
+    for (uint32_t j = 0; j < i; j++) {
+        const keel_field *g = &d->fields[j];
+        if (strcmp(f->name, g->name) == 0)
+            return core_fail(KEEL_EINVAL, "component '%s': field name '%s' appears twice", d->name, f->name);
+        bool disjoint = (uint64_t)f->offset + field_bytes(f) <= g->offset ||
+                        (uint64_t)g->offset + field_bytes(g) <= f->offset;
+        if (!disjoint)
+            return core_fail(KEEL_EINVAL, "component '%s': fields '%s' and '%s' overlap", d->name, g->name, f->name);
+    }
+    return KEEL_OK;
+}
+
+/* The alignment a descriptor asks for, or 0 when it is invalid. */
+static uint32_t effective_align(const keel_component_desc *d)
+{
+    if (d->align)
+        return (d->align & (d->align - 1)) == 0 && d->align <= 64 ? d->align : 0;
+    uint32_t a = 1;
+    for (uint32_t i = 0; i < d->field_count; i++) {
+        uint32_t s = d->fields[i].type == KEEL_BYTES ? 1 : keel_type_size(d->fields[i].type);
+        if (s > a)
+            a = s;
+    }
+    return a;
+}
+
+static int check_desc(const keel_world *w, const keel_component_desc *d)
+{
+    if (!d)
+        return core_fail(KEEL_EINVAL, "keel_component_register: descriptor is NULL");
+    if (!name_valid(d->name))
+        return core_fail(KEEL_EINVAL, "keel_component_register: component name is empty, missing or longer than %d bytes",
+                         KEEL_NAME_MAX);
+    if (w->frozen)
+        return core_fail(KEEL_EBUSY, "component '%s': registration is closed (the world is frozen)", d->name);
+    keel_component existing = 0;
+    if (keel_component_lookup(w, d->name, &existing) == KEEL_OK)
+        return core_fail(KEEL_EEXIST, "component '%s' is already registered (id %u)", d->name, existing);
+    if (w->ncomps >= KEEL_MAX_COMPONENTS)
+        return core_fail(KEEL_ERANGE, "component '%s': the world already has the maximum of %d component types",
+                         d->name, KEEL_MAX_COMPONENTS);
+    if ((unsigned)d->discipline > KEEL_TRANSIENT)
+        return core_fail(KEEL_EINVAL, "component '%s': unknown discipline %d", d->name, (int)d->discipline);
+    if (d->field_count > KEEL_MAX_FIELDS)
+        return core_fail(KEEL_EINVAL, "component '%s': %u fields, the limit is %d", d->name, d->field_count,
+                         KEEL_MAX_FIELDS);
+    if (d->field_count && !d->fields)
+        return core_fail(KEEL_EINVAL, "component '%s': field_count is %u but fields is NULL", d->name, d->field_count);
+    if (d->size == 0 && d->field_count)
+        return core_fail(KEEL_EINVAL, "component '%s': a tag (size 0) cannot have fields", d->name);
+    if (d->size && !d->field_count)
+        return core_fail(KEEL_EINVAL,
+                         "component '%s': a component with data needs a field schema (declare KEEL_BYTES for opaque data)",
+                         d->name);
+    for (uint32_t i = 0; i < d->field_count; i++) {
+        int rc = check_field(d, i);
+        if (rc)
+            return rc;
+    }
+    uint32_t align = effective_align(d);
+    if (!align)
+        return core_fail(KEEL_EINVAL, "component '%s': alignment %u is not a power of two <= 64", d->name, d->align);
+    if (d->size % align)
+        return core_fail(KEEL_EINVAL, "component '%s': size %u is not a multiple of its alignment %u", d->name, d->size,
+                         align);
+    return KEEL_OK;
+}
+
+int keel_component_register(keel_world *w, const keel_component_desc *desc, keel_component *out)
+{
+    if (!w || !out)
+        return core_fail(KEEL_EINVAL, "keel_component_register: world or out is NULL");
+    int rc = check_desc(w, desc);
+    if (rc)
+        return rc;
+
+    keel_field *fields = NULL;
+    char(*names)[KEEL_NAME_MAX + 1] = NULL;
+    if (desc->field_count) {
+        fields = malloc(desc->field_count * sizeof *fields);
+        names = malloc(desc->field_count * sizeof *names);
+        if (!fields || !names) {
+            free(fields);
+            free(names);
+            return core_fail(KEEL_ENOMEM, "component '%s': out of memory copying the schema", desc->name);
+        }
+    }
+    keel_component id = ++w->ncomps;
+    world_component *c = &w->comps[id];
+    strcpy(c->name, desc->name);
+    for (uint32_t i = 0; i < desc->field_count; i++) {
+        strcpy(names[i], desc->fields[i].name);
+        fields[i] = desc->fields[i];
+        fields[i].name = names[i];
+        fields[i].count = field_count(&desc->fields[i]);
+    }
+    c->fields = fields;
+    c->field_names = names;
+    c->desc = *desc;
+    c->desc.name = c->name;
+    c->desc.fields = fields;
+    c->desc.align = effective_align(desc);
+    *out = id;
+    return KEEL_OK;
+}
+
+int keel_component_lookup(const keel_world *w, const char *name, keel_component *out)
+{
+    if (!w || !name || !out)
+        return core_fail(KEEL_EINVAL, "keel_component_lookup: world, name or out is NULL");
+    for (keel_component id = 1; id <= w->ncomps; id++) {
+        if (strcmp(w->comps[id].name, name) == 0) {
+            *out = id;
+            return KEEL_OK;
+        }
+    }
+    return core_fail(KEEL_ENOENT, "no component named '%s'", name);
+}
+
+const keel_component_desc *keel_component_info(const keel_world *w, keel_component c)
+{
+    return w && world_component_valid(w, c) ? &w->comps[c].desc : NULL;
+}
+
+uint32_t keel_component_count(const keel_world *w)
+{
+    return w ? w->ncomps : 0;
+}
+
+void keel_world_freeze(keel_world *w)
+{
+    if (w)
+        w->frozen = true;
+}
+
+void component_fini(keel_world *w)
+{
+    for (keel_component id = 1; id <= w->ncomps; id++) {
+        free(w->comps[id].fields);
+        free(w->comps[id].field_names);
+    }
+}

@@ -1,0 +1,127 @@
+/*
+ * world/entity.c -- the entity slot allocator.
+ *
+ * Invariants:
+ *  - slots[0 .. nslots) are every index ever handed out; a free slot has
+ *    table == WORLD_NO_TABLE and the generation its next occupant gets.
+ *  - free_bits bit i is set exactly when slot i < nslots is free;
+ *    free_summary bit j is set exactly when free_bits[j] != 0.
+ *  - every summary word below free_hint is zero.
+ * A new entity takes the lowest free index, else index nslots. Allocation is
+ * thus a function of the slot states alone: a world rebuilt from stored
+ * (generation, live) pairs hands out exactly the handles the original would.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "world/world_internal.h"
+
+static int grow_slots(keel_world *w)
+{
+    if (w->nslots < w->slots_cap)
+        return KEEL_OK;
+    uint32_t cap = w->slots_cap ? w->slots_cap : 1024;
+    while (cap <= w->nslots)
+        cap = cap > UINT32_MAX / 2 ? UINT32_MAX : cap * 2;
+    world_slot *s = realloc(w->slots, (size_t)cap * sizeof *s);
+    if (!s)
+        return core_fail(KEEL_ENOMEM, "out of memory growing the entity index to %u slots", cap);
+    w->slots = s;
+    w->slots_cap = cap;
+    return KEEL_OK;
+}
+
+/* Make the bitmaps cover index nslots (the next new slot). */
+static int grow_free_bits(keel_world *w)
+{
+    uint32_t need_words = (w->nslots >> 6) + 1;
+    if (need_words <= w->free_words_cap)
+        return KEEL_OK;
+    uint32_t cap = w->free_words_cap ? w->free_words_cap * 2 : 64;
+    while (cap < need_words)
+        cap *= 2;
+    uint64_t *bits = realloc(w->free_bits, (size_t)cap * sizeof *bits);
+    if (!bits)
+        return core_fail(KEEL_ENOMEM, "out of memory growing the free-slot bitmap");
+    memset(bits + w->free_words_cap, 0, (size_t)(cap - w->free_words_cap) * sizeof *bits);
+    w->free_bits = bits;
+    uint64_t *sum = realloc(w->free_summary, (size_t)(cap / 64) * sizeof *sum);
+    if (!sum)
+        return core_fail(KEEL_ENOMEM, "out of memory growing the free-slot summary");
+    memset(sum + w->free_words_cap / 64, 0, (size_t)(cap - w->free_words_cap) / 64 * sizeof *sum);
+    w->free_summary = sum;
+    w->free_words_cap = cap;
+    return KEEL_OK;
+}
+
+/* Lowest free index, or UINT32_MAX when no slot below nslots is free.
+ * Moves free_hint up past the zero summary words it skipped. */
+static uint32_t lowest_free(keel_world *w)
+{
+    uint32_t nsum = w->free_words_cap / 64;
+    for (uint32_t j = w->free_hint; j < nsum; j++) {
+        if (w->free_summary[j]) {
+            w->free_hint = j;
+            uint32_t word = j * 64 + (uint32_t)__builtin_ctzll(w->free_summary[j]);
+            return word * 64 + (uint32_t)__builtin_ctzll(w->free_bits[word]);
+        }
+    }
+    w->free_hint = nsum;
+    return UINT32_MAX;
+}
+
+int entity_reserve(keel_world *w)
+{
+    if (w->nlive >= w->max_entities)
+        return core_fail(KEEL_ENOSPC, "the world holds its maximum of %u live entities", w->max_entities);
+    if (w->nlive < w->nslots)
+        return KEEL_OK; /* a free slot exists below nslots */
+    int rc = grow_slots(w);
+    return rc ? rc : grow_free_bits(w);
+}
+
+keel_entity entity_alloc(keel_world *w)
+{
+    uint32_t idx = w->nlive < w->nslots ? lowest_free(w) : UINT32_MAX;
+    if (idx != UINT32_MAX) {
+        uint32_t word = idx >> 6;
+        w->free_bits[word] &= ~(1ull << (idx & 63));
+        if (!w->free_bits[word])
+            w->free_summary[word >> 6] &= ~(1ull << (word & 63));
+    } else {
+        idx = w->nslots++;
+        w->slots[idx].gen = 1;
+    }
+    w->nlive++;
+    return KEEL_ENTITY_MAKE(idx, w->slots[idx].gen);
+}
+
+void entity_free(keel_world *w, uint32_t idx)
+{
+    world_slot *s = &w->slots[idx];
+    s->table = WORLD_NO_TABLE;
+    s->gen = s->gen == UINT32_MAX ? 1 : s->gen + 1; /* 0 is never a generation */
+    uint32_t word = idx >> 6;
+    w->free_bits[word] |= 1ull << (idx & 63);
+    w->free_summary[word >> 6] |= 1ull << (word & 63);
+    if ((word >> 6) < w->free_hint)
+        w->free_hint = word >> 6;
+    w->nlive--;
+}
+
+void entity_index_fini(keel_world *w)
+{
+    free(w->slots);
+    free(w->free_bits);
+    free(w->free_summary);
+}
+
+bool keel_alive(const keel_world *w, keel_entity e)
+{
+    return w && world_slot_of(w, e) != NULL;
+}
+
+uint32_t keel_world_count(const keel_world *w)
+{
+    return w ? w->nlive : 0;
+}

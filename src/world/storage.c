@@ -1,0 +1,257 @@
+/*
+ * world/storage.c -- archetype tables and their chunks.
+ *
+ * Tables are found by component set through an open-addressed hash map and
+ * are never freed before the world: a table id stays valid for the world's
+ * life, which lets slots and queries refer to tables by id.
+ *
+ * Rows are dense. Appending takes row `count`; removing row r moves the last
+ * row into r (swap-remove) and fixes the moved entity's slot. Chunks are
+ * allocated as the table grows; when the table shrinks, at most one empty
+ * chunk is kept at the end so a table oscillating around a chunk boundary
+ * does not allocate on every spawn.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "world/world_internal.h"
+
+#define MAP_EMPTY UINT32_MAX
+
+static uint64_t compset_hash(const world_compset *s)
+{
+    return core_mix64(s->w[0] ^ core_mix64(s->w[1] ^ core_mix64(s->w[2] ^ core_mix64(s->w[3]))));
+}
+
+static uint32_t *map_find(const keel_world *w, const world_compset *set)
+{
+    uint32_t mask = w->table_map_cap - 1;
+    for (uint32_t i = (uint32_t)compset_hash(set) & mask;; i = (i + 1) & mask) {
+        uint32_t id = w->table_map[i];
+        if (id == MAP_EMPTY || compset_eq(&w->tables[id]->set, set))
+            return &w->table_map[i];
+    }
+}
+
+/* Keep the map at most half full so probes stay short. */
+static int map_reserve(keel_world *w)
+{
+    if ((w->ntables + 1) * 2 <= w->table_map_cap)
+        return KEEL_OK;
+    uint32_t cap = w->table_map_cap ? w->table_map_cap * 2 : 64;
+    uint32_t *map = malloc((size_t)cap * sizeof *map);
+    if (!map)
+        return core_fail(KEEL_ENOMEM, "out of memory growing the archetype map");
+    memset(map, 0xff, (size_t)cap * sizeof *map);
+    uint32_t *old = w->table_map;
+    w->table_map = map;
+    w->table_map_cap = cap;
+    for (uint32_t id = 0; id < w->ntables; id++)
+        *map_find(w, &w->tables[id]->set) = id;
+    free(old);
+    return KEEL_OK;
+}
+
+static world_table *table_new(keel_world *w, const world_compset *set)
+{
+    world_table *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    t->set = *set;
+    for (keel_component c = 1; c <= w->ncomps; c++)
+        if (compset_has(set, c))
+            t->ncols++;
+    t->cols = calloc(t->ncols ? t->ncols : 1, sizeof *t->cols);
+    if (!t->cols) {
+        free(t);
+        return NULL;
+    }
+    uint32_t col = 0;
+    for (keel_component c = 1; c <= w->ncomps; c++) {
+        if (!compset_has(set, c))
+            continue;
+        t->cols[col] = (world_column){c, w->comps[c].desc.size, w->comps[c].desc.align};
+        t->col_of[c] = (uint8_t)(++col);
+    }
+    return t;
+}
+
+static void table_free(world_table *t);
+
+int storage_table_get(keel_world *w, const world_compset *set, world_table **out)
+{
+    if (w->table_map_cap) {
+        uint32_t id = *map_find(w, set);
+        if (id != MAP_EMPTY) {
+            *out = w->tables[id];
+            return KEEL_OK;
+        }
+    }
+    int rc = map_reserve(w);
+    if (rc)
+        return rc;
+    if (w->ntables == w->tables_cap) {
+        uint32_t cap = w->tables_cap ? w->tables_cap * 2 : 16;
+        world_table **tables = realloc(w->tables, (size_t)cap * sizeof *tables);
+        if (!tables)
+            return core_fail(KEEL_ENOMEM, "out of memory growing the table list");
+        w->tables = tables;
+        w->tables_cap = cap;
+    }
+    world_table *t = table_new(w, set);
+    if (!t)
+        return core_fail(KEEL_ENOMEM, "out of memory creating an archetype table");
+    t->id = w->ntables;
+    rc = query_on_new_table(w, t);
+    if (rc) {
+        table_free(t);
+        return rc;
+    }
+    w->tables[w->ntables++] = t;
+    *map_find(w, set) = t->id;
+    *out = t;
+    return KEEL_OK;
+}
+
+static void chunk_free(const world_table *t, world_chunk *ch);
+
+/* Column buffers are cache-line aligned: a chunk's columns never share a
+ * line, so workers writing different chunks never false-share. */
+static void *column_alloc(uint32_t rows, uint32_t size)
+{
+    size_t bytes = (size_t)rows * size;
+    return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+}
+
+static world_chunk *chunk_new(const world_table *t, uint32_t capacity)
+{
+    world_chunk *ch = calloc(1, sizeof *ch + t->ncols * sizeof(void *));
+    if (!ch)
+        return NULL;
+    ch->capacity = capacity;
+    ch->entities = malloc((size_t)capacity * sizeof(keel_entity));
+    bool ok = ch->entities != NULL;
+    for (uint32_t i = 0; ok && i < t->ncols; i++)
+        if (t->cols[i].size)
+            ok = (ch->columns[i] = column_alloc(capacity, t->cols[i].size)) != NULL;
+    if (!ok) {
+        for (uint32_t i = 0; i < t->ncols; i++)
+            free(ch->columns[i]);
+        free(ch->entities);
+        free(ch);
+        return NULL;
+    }
+    return ch;
+}
+
+/* Double the capacity of a table's only chunk (at most chunk_rows). All or
+ * nothing: the new buffers replace the old ones only when every one of them
+ * could be allocated. */
+static int chunk_grow(const keel_world *w, const world_table *t, world_chunk *ch)
+{
+    uint32_t cap = ch->capacity * 2 < w->chunk_rows ? ch->capacity * 2 : w->chunk_rows;
+    world_chunk *bigger = chunk_new(t, cap);
+    if (!bigger)
+        return core_fail(KEEL_ENOMEM, "out of memory growing a chunk to %u rows", cap);
+    memcpy(bigger->entities, ch->entities, (size_t)ch->count * sizeof(keel_entity));
+    for (uint32_t i = 0; i < t->ncols; i++) {
+        if (!t->cols[i].size)
+            continue;
+        memcpy(bigger->columns[i], ch->columns[i], (size_t)ch->count * t->cols[i].size);
+        void *old = ch->columns[i];
+        ch->columns[i] = bigger->columns[i];
+        bigger->columns[i] = old;
+    }
+    keel_entity *old_entities = ch->entities;
+    ch->entities = bigger->entities;
+    bigger->entities = old_entities;
+    ch->capacity = cap;
+    chunk_free(t, bigger); /* frees the old buffers */
+    return KEEL_OK;
+}
+
+static void chunk_free(const world_table *t, world_chunk *ch)
+{
+    for (uint32_t i = 0; i < t->ncols; i++)
+        free(ch->columns[i]);
+    free(ch->entities);
+    free(ch);
+}
+
+#define CHUNK_FIRST_ROWS 16u
+
+int storage_reserve_row(keel_world *w, world_table *t)
+{
+    if (t->nchunks) {
+        world_chunk *last = t->chunks[t->nchunks - 1];
+        /* rows are dense: only the last chunk can have room */
+        if (t->count < (t->nchunks - 1) * w->chunk_rows + last->capacity)
+            return KEEL_OK;
+        if (last->capacity < w->chunk_rows)
+            return chunk_grow(w, t, last); /* only a table's first chunk is ever small */
+    }
+    if (t->nchunks == t->chunk_cap) {
+        uint32_t cap = t->chunk_cap ? t->chunk_cap * 2 : 4;
+        world_chunk **chunks = realloc(t->chunks, (size_t)cap * sizeof *chunks);
+        if (!chunks)
+            return core_fail(KEEL_ENOMEM, "out of memory growing a table's chunk list");
+        t->chunks = chunks;
+        t->chunk_cap = cap;
+    }
+    uint32_t rows = t->nchunks ? w->chunk_rows : (CHUNK_FIRST_ROWS < w->chunk_rows ? CHUNK_FIRST_ROWS : w->chunk_rows);
+    world_chunk *ch = chunk_new(t, rows);
+    if (!ch)
+        return core_fail(KEEL_ENOMEM, "out of memory allocating a chunk of %u rows", rows);
+    t->chunks[t->nchunks++] = ch;
+    return KEEL_OK;
+}
+
+uint32_t storage_push_row(keel_world *w, world_table *t, keel_entity e)
+{
+    uint32_t row = t->count++;
+    world_chunk *ch = t->chunks[row >> w->chunk_shift];
+    ch->entities[ch->count++] = e;
+    world_slot *s = &w->slots[KEEL_ENTITY_INDEX(e)];
+    s->table = t->id;
+    s->row = row;
+    return row;
+}
+
+void storage_remove_row(keel_world *w, world_table *t, uint32_t row)
+{
+    uint32_t last = t->count - 1;
+    world_chunk *dst = t->chunks[row >> w->chunk_shift];
+    world_chunk *src = t->chunks[last >> w->chunk_shift];
+    if (row != last) {
+        for (uint32_t i = 0; i < t->ncols; i++)
+            if (t->cols[i].size)
+                memcpy(world_cell(w, t, i, row), world_cell(w, t, i, last), t->cols[i].size);
+        keel_entity moved = src->entities[last & w->chunk_mask];
+        dst->entities[row & w->chunk_mask] = moved;
+        w->slots[KEEL_ENTITY_INDEX(moved)].row = row;
+    }
+    src->count--;
+    t->count--;
+    /* Free trailing empty chunks beyond the one kept as a spare. */
+    while (t->nchunks >= 2 && t->chunks[t->nchunks - 2]->count == 0) {
+        chunk_free(t, t->chunks[t->nchunks - 1]);
+        t->nchunks--;
+    }
+}
+
+static void table_free(world_table *t)
+{
+    for (uint32_t i = 0; i < t->nchunks; i++)
+        chunk_free(t, t->chunks[i]);
+    free(t->chunks);
+    free(t->cols);
+    free(t);
+}
+
+void storage_fini(keel_world *w)
+{
+    for (uint32_t id = 0; id < w->ntables; id++)
+        table_free(w->tables[id]);
+    free(w->tables);
+    free(w->table_map);
+}

@@ -1,0 +1,215 @@
+/*
+ * world/world_internal.h -- the world's internal interface: layout of the
+ * entity index, archetype tables and chunks, and the entry points other
+ * subsystems (commands, queries, the state hash, later the transaction layer,
+ * the fence and recovery) use. docs/architecture.md describes the design.
+ */
+#ifndef KEEL_WORLD_INTERNAL_H
+#define KEEL_WORLD_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/core.h"
+#include "keel/command.h"
+#include "keel/query.h"
+#include "keel/world.h"
+
+/* ---- component sets ----------------------------------------------------- */
+
+/* A set of component ids as a 256-bit mask (bit 0 unused). */
+typedef struct world_compset {
+    uint64_t w[4];
+} world_compset;
+
+static inline bool compset_has(const world_compset *s, keel_component c)
+{
+    return (s->w[c >> 6] >> (c & 63)) & 1u;
+}
+static inline void compset_add(world_compset *s, keel_component c)
+{
+    s->w[c >> 6] |= 1ull << (c & 63);
+}
+static inline void compset_del(world_compset *s, keel_component c)
+{
+    s->w[c >> 6] &= ~(1ull << (c & 63));
+}
+static inline bool compset_eq(const world_compset *a, const world_compset *b)
+{
+    return a->w[0] == b->w[0] && a->w[1] == b->w[1] && a->w[2] == b->w[2] && a->w[3] == b->w[3];
+}
+/* True when every member of sub is in s. */
+static inline bool compset_contains(const world_compset *s, const world_compset *sub)
+{
+    for (int i = 0; i < 4; i++)
+        if ((s->w[i] & sub->w[i]) != sub->w[i])
+            return false;
+    return true;
+}
+static inline bool compset_disjoint(const world_compset *a, const world_compset *b)
+{
+    for (int i = 0; i < 4; i++)
+        if (a->w[i] & b->w[i])
+            return false;
+    return true;
+}
+
+/* ---- component registry ------------------------------------------------- */
+
+typedef struct world_component {
+    keel_component_desc desc;   /* name and fields point into owned copies */
+    keel_field *fields;
+    char name[KEEL_NAME_MAX + 1];
+    char (*field_names)[KEEL_NAME_MAX + 1];
+} world_component;
+
+/* ---- storage ------------------------------------------------------------
+ * An archetype table holds every entity with exactly one component set. Its
+ * rows are dense (0..count-1) and cut into chunks of world->chunk_rows rows:
+ * row r lives in chunk r >> chunk_shift at offset r & chunk_mask. A chunk
+ * owns one entity array and one separately allocated buffer per column, so a
+ * later layer can replace a single column buffer of a single chunk (the
+ * copy-on-write version of SPEC §4) with one pointer store. Chunks are the
+ * unit of parallel iteration, versioning, dirty tracking and checkpointing.
+ * A table's first chunk starts small and doubles until it holds chunk_rows
+ * rows, so a table of a few entities does not pay for a full chunk; every
+ * later chunk is allocated full. */
+typedef struct world_chunk {
+    uint32_t count;             /* live rows in this chunk */
+    uint32_t capacity;          /* rows allocated: chunk_rows, except a table's only chunk may be smaller */
+    keel_entity *entities;      /* capacity handles */
+    void *columns[];            /* table->ncols buffers of capacity * size bytes (NULL for tags) */
+} world_chunk;
+
+typedef struct world_column {
+    keel_component c;
+    uint32_t size;
+    uint32_t align;
+} world_column;
+
+typedef struct world_table {
+    uint32_t id;                /* index in world->tables, creation order */
+    world_compset set;
+    uint32_t ncols;             /* components, in id order */
+    world_column *cols;
+    uint8_t col_of[KEEL_MAX_COMPONENTS + 1]; /* component id -> column index + 1, 0 = absent */
+    uint32_t count;             /* rows */
+    uint32_t nchunks;           /* allocated chunks (the last may be empty) */
+    uint32_t chunk_cap;
+    world_chunk **chunks;
+} world_table;
+
+/* ---- entity index -------------------------------------------------------
+ * One slot per index ever used. A live slot names its table and row; a free
+ * slot has table == WORLD_NO_TABLE and holds the generation its next
+ * occupant will get. Free slots are found lowest-index-first through a
+ * two-level bitmap, which makes allocation a pure function of the slots. */
+#define WORLD_NO_TABLE UINT32_MAX
+
+typedef struct world_slot {
+    uint32_t gen;
+    uint32_t table;
+    uint32_t row;
+} world_slot;
+
+typedef struct world_query_link world_query_link;
+
+struct keel_world {
+    uint32_t chunk_rows, chunk_shift, chunk_mask;
+    uint32_t max_entities;
+    bool frozen;
+
+    world_component comps[KEEL_MAX_COMPONENTS + 1]; /* [0] unused */
+    uint32_t ncomps;
+
+    world_slot *slots;
+    uint32_t nslots, slots_cap;   /* nslots = indices ever used (high-water mark) */
+    uint64_t *free_bits;          /* bit i set: slot i free (i < nslots) */
+    uint64_t *free_summary;       /* bit j set: free_bits[j] != 0 */
+    uint32_t free_words_cap;      /* capacity of free_bits in words (a multiple of 64) */
+    uint32_t free_hint;           /* no summary word below this one is non-zero */
+    uint32_t nlive;
+
+    world_table **tables;
+    uint32_t ntables, tables_cap;
+    uint32_t *table_map;          /* open addressing: compset -> table id, UINT32_MAX empty */
+    uint32_t table_map_cap;       /* power of two */
+
+    keel_query **queries;         /* live queries, told about new tables */
+    uint32_t nqueries, queries_cap;
+
+    uint32_t pending_cmdbufs;     /* buffers left pending by a failed playback */
+
+    /* Test hook (world_test_inject_failure): countdown to an injected failure. */
+    uint32_t inject_countdown;
+    int inject_rc;
+};
+
+/* ---- internal entry points ---------------------------------------------- */
+
+/* Slot of a live handle, or NULL for null/stale/foreign handles. */
+static inline world_slot *world_slot_of(const keel_world *w, keel_entity e)
+{
+    uint32_t idx = KEEL_ENTITY_INDEX(e);
+    if (idx >= w->nslots)
+        return NULL;
+    world_slot *s = &w->slots[idx];
+    if (s->table == WORLD_NO_TABLE || s->gen != KEEL_ENTITY_GEN(e))
+        return NULL;
+    return s;
+}
+
+static inline bool world_component_valid(const keel_world *w, keel_component c)
+{
+    return c >= 1 && c <= w->ncomps;
+}
+
+/* Pointer to the value of column col at table row `row`. */
+static inline void *world_cell(const keel_world *w, const world_table *t, uint32_t col, uint32_t row)
+{
+    const world_chunk *ch = t->chunks[row >> w->chunk_shift];
+    return (char *)ch->columns[col] + (size_t)(row & w->chunk_mask) * t->cols[col].size;
+}
+
+/* entity.c: the slot allocator. */
+int entity_reserve(keel_world *w);                  /* ensure one allocation can succeed */
+keel_entity entity_alloc(keel_world *w);            /* after entity_reserve: cannot fail */
+void entity_free(keel_world *w, uint32_t index);    /* bumps the generation */
+void entity_index_fini(keel_world *w);
+
+/* storage.c: archetype tables. Every "reserve" step may fail and mutates
+ * nothing visible; the "commit" step that follows cannot fail. */
+int storage_table_get(keel_world *w, const world_compset *set, world_table **out);
+int storage_reserve_row(keel_world *w, world_table *t);
+/* Append a row for e (after storage_reserve_row); returns its row index.
+ * Column values are left uninitialised: the caller fills every column. */
+uint32_t storage_push_row(keel_world *w, world_table *t, keel_entity e);
+/* Swap-remove row `row`, fixing the slot of the row moved into its place. */
+void storage_remove_row(keel_world *w, world_table *t, uint32_t row);
+void storage_fini(keel_world *w);
+
+/* component.c */
+void component_fini(keel_world *w);
+
+/* query.c: a new table may match live queries. */
+int query_on_new_table(keel_world *w, world_table *t);
+
+/* A non-empty chunk a query visits: the unit parallel systems split. */
+typedef struct world_chunk_ref {
+    uint32_t table;
+    uint32_t chunk;
+    uint32_t rows;
+} world_chunk_ref;
+
+/* Write up to cap of the query's non-empty chunks, in iteration order, to
+ * out; returns how many there are (call again with more room if > cap). */
+uint32_t query_chunk_refs(const keel_query *q, world_chunk_ref *out, uint32_t cap);
+/* Point it at one chunk, as keel_iter_next would. */
+void query_iter_chunk(const keel_query *q, world_chunk_ref ref, keel_iter *it);
+
+/* Test hook: the nth command application from now (1 = the next) fails with
+ * rc before it mutates anything; nth = 0 disables. Every command that
+ * playback takes up counts, including those it then ignores (stale targets). */
+void world_test_inject_failure(keel_world *w, uint32_t nth, int rc);
+
+#endif

@@ -1,0 +1,44 @@
+/*
+ * Shared helpers for the Check suites. Each test program defines its suites
+ * and calls KEEL_TEST_MAIN with their constructors; CK_RUN_SUITE (set by
+ * CTest) picks one.
+ */
+#ifndef KEEL_TEST_H
+#define KEEL_TEST_H
+
+#include <check.h>
+#include <stdlib.h>
+
+#include "keel/keel.h"
+
+/* Assert a keel call returned rc, printing the last error otherwise. */
+#define ck_assert_rc(expr, rc)                                                   \
+    do {                                                                         \
+        int ck_rc_ = (expr);                                                     \
+        ck_assert_msg(ck_rc_ == (rc), "%s returned %s (%d), expected %s: %s",     \
+                      #expr, keel_strerror(ck_rc_), ck_rc_, keel_strerror(rc),   \
+                      keel_last_error());                                        \
+    } while (0)
+#define ck_assert_ok(expr) ck_assert_rc((expr), KEEL_OK)
+
+typedef Suite *(*keel_suite_fn)(void);
+
+static inline int keel_test_run(keel_suite_fn *suites, int n)
+{
+    SRunner *sr = srunner_create(suites[0]());
+    for (int i = 1; i < n; i++)
+        srunner_add_suite(sr, suites[i]());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
+
+#define KEEL_TEST_MAIN(...)                                                      \
+    int main(void)                                                               \
+    {                                                                            \
+        keel_suite_fn suites_[] = {__VA_ARGS__};                                 \
+        return keel_test_run(suites_, (int)(sizeof suites_ / sizeof suites_[0])); \
+    }
+
+#endif

@@ -1,0 +1,1728 @@
+/*
+ * test_command.c -- deferred structural changes (keel/command.h, SPEC §3):
+ * recording and its validation, FIFO playback, ignored commands, the failure
+ * policy (applied prefix stays, failed command and suffix stay pending, retry
+ * and discard) and receipts/counters.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "keel/keel.h"
+#include "keel_test.h"
+#include "world/world_internal.h"
+
+/* ---- fixture: a world with four component types ------------------------- */
+
+typedef struct pos_t {
+    int32_t x, y;
+} pos_t;
+
+typedef struct vel_t {
+    int32_t dx, dy;
+} vel_t;
+
+static const keel_field pos_fields[] = {
+    {.name = "x", .type = KEEL_I32, .offset = 0, .count = 0},
+    {.name = "y", .type = KEEL_I32, .offset = 4, .count = 0},
+};
+static const keel_field vel_fields[] = {
+    {.name = "dx", .type = KEEL_I32, .offset = 0, .count = 0},
+    {.name = "dy", .type = KEEL_I32, .offset = 4, .count = 0},
+};
+static const keel_field hp_fields[] = {
+    {.name = "hp", .type = KEEL_U64, .offset = 0, .count = 0},
+};
+
+enum { POS = 1, VEL = 2, HP = 3, TAG = 4, NCOMPS = 4 };
+
+static keel_world *make_world_max(uint32_t max_entities)
+{
+    keel_world_desc d = {.chunk_rows = 16, .max_entities = max_entities};
+    keel_world *w = NULL;
+    ck_assert_ok(keel_world_create(&d, &w));
+    ck_assert_ptr_nonnull(w);
+
+    keel_component c = 0;
+    keel_component_desc pos = {.name = "pos", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
+    ck_assert_ok(keel_component_register(w, &pos, &c));
+    ck_assert_uint_eq(c, POS);
+    keel_component_desc vel = {.name = "vel", .size = sizeof(vel_t), .fields = vel_fields, .field_count = 2};
+    ck_assert_ok(keel_component_register(w, &vel, &c));
+    ck_assert_uint_eq(c, VEL);
+    keel_component_desc hp = {.name = "hp", .size = sizeof(uint64_t), .fields = hp_fields, .field_count = 1};
+    ck_assert_ok(keel_component_register(w, &hp, &c));
+    ck_assert_uint_eq(c, HP);
+    keel_component_desc tag = {.name = "tag", .size = 0};
+    ck_assert_ok(keel_component_register(w, &tag, &c));
+    ck_assert_uint_eq(c, TAG);
+    ck_assert_uint_eq(keel_component_count(w), NCOMPS);
+    return w;
+}
+
+static keel_world *make_world(void)
+{
+    return make_world_max(0);
+}
+
+static keel_cmdbuf *make_cb(keel_world *w)
+{
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(w, &cb));
+    ck_assert_ptr_nonnull(cb);
+    return cb;
+}
+
+/* Record a spawn with a pos value (and optionally a vel / hp). */
+static void rec_spawn_pos(keel_cmdbuf *cb, int32_t x, int32_t y)
+{
+    pos_t p = {x, y};
+    keel_init in[1] = {{POS, &p}};
+    ck_assert_ok(keel_cmd_spawn(cb, in, 1));
+}
+
+static void rec_spawn_pos_hp(keel_cmdbuf *cb, int32_t x, int32_t y, uint64_t hp)
+{
+    pos_t p = {x, y};
+    keel_init in[2] = {{POS, &p}, {HP, &hp}};
+    ck_assert_ok(keel_cmd_spawn(cb, in, 2));
+}
+
+/* Spawn one entity with pos (x, y) through a temporary buffer; return it. */
+static keel_entity spawn_pos(keel_world *w, int32_t x, int32_t y)
+{
+    keel_cmdbuf *cb = make_cb(w);
+    rec_spawn_pos(cb, x, y);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 1);
+    ck_assert_ptr_nonnull(r.created);
+    keel_entity e = r.created[0];
+    keel_cmdbuf_destroy(cb);
+    ck_assert(keel_alive(w, e));
+    return e;
+}
+
+static void destroy_now(keel_world *w, keel_entity e)
+{
+    keel_cmdbuf *cb = make_cb(w);
+    ck_assert_ok(keel_cmd_destroy(cb, e));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).destroyed, 1);
+    keel_cmdbuf_destroy(cb);
+    ck_assert(!keel_alive(w, e));
+}
+
+static pos_t get_pos(keel_world *w, keel_entity e)
+{
+    pos_t p = {-1, -1};
+    ck_assert_ok(keel_get(w, e, POS, &p));
+    return p;
+}
+
+static void assert_pos(keel_world *w, keel_entity e, int32_t x, int32_t y)
+{
+    pos_t p = get_pos(w, e);
+    ck_assert_int_eq(p.x, x);
+    ck_assert_int_eq(p.y, y);
+}
+
+static void assert_vel(keel_world *w, keel_entity e, int32_t dx, int32_t dy)
+{
+    vel_t v = {-1, -1};
+    ck_assert_ok(keel_get(w, e, VEL, &v));
+    ck_assert_int_eq(v.dx, dx);
+    ck_assert_int_eq(v.dy, dy);
+}
+
+static void assert_hp(keel_world *w, keel_entity e, uint64_t hp)
+{
+    uint64_t v = 0xdeadbeef;
+    ck_assert_ok(keel_get(w, e, HP, &v));
+    ck_assert_uint_eq(v, hp);
+}
+
+static uint32_t query_count(keel_world *w, keel_component with1, keel_component with2, keel_component without1)
+{
+    keel_query_desc d;
+    memset(&d, 0, sizeof d);
+    d.with[0] = with1;
+    d.with[1] = with2;
+    d.without[0] = without1;
+    keel_query *q = NULL;
+    ck_assert_ok(keel_query_create(w, &d, &q));
+    uint32_t n = keel_query_count(q);
+    keel_query_destroy(q);
+    return n;
+}
+
+static void assert_counters(keel_cmd_result r, uint32_t spawned, uint32_t destroyed, uint32_t added,
+                            uint32_t removed, uint32_t ign_null, uint32_t ign_stale, uint32_t ign_absent,
+                            uint32_t pending)
+{
+    ck_assert_uint_eq(r.spawned, spawned);
+    ck_assert_uint_eq(r.destroyed, destroyed);
+    ck_assert_uint_eq(r.added, added);
+    ck_assert_uint_eq(r.removed, removed);
+    ck_assert_uint_eq(r.ignored_null, ign_null);
+    ck_assert_uint_eq(r.ignored_stale, ign_stale);
+    ck_assert_uint_eq(r.ignored_absent, ign_absent);
+    ck_assert_uint_eq(r.pending, pending);
+}
+
+static bool contains_ci(const char *hay, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (const char *p = hay; *p; p++) {
+        size_t i = 0;
+        while (i < n && p[i]) {
+            char a = p[i], b = needle[i];
+            if (a >= 'A' && a <= 'Z')
+                a = (char)(a - 'A' + 'a');
+            if (b >= 'A' && b <= 'Z')
+                b = (char)(b - 'A' + 'a');
+            if (a != b)
+                break;
+            i++;
+        }
+        if (i == n)
+            return true;
+    }
+    return false;
+}
+
+/* ======================================================================== */
+/* cmd_record                                                                */
+/* ======================================================================== */
+
+START_TEST(record_create_args)
+{
+    keel_cmdbuf *cb = (keel_cmdbuf *)0x1;
+    ck_assert_rc(keel_cmdbuf_create(NULL, &cb), KEEL_EINVAL);
+    keel_cmdbuf_destroy(NULL); /* ignored */
+
+    keel_world *w = make_world();
+    cb = make_cb(w);
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, 0);
+    ck_assert_uint_eq(keel_world_pending(w), 0);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(record_unknown_component)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 2);
+    uint64_t h0 = keel_world_hash(w);
+    keel_cmdbuf *cb = make_cb(w);
+    pos_t p = {5, 6};
+
+    /* one valid command first, so "unchanged" means 1 */
+    rec_spawn_pos(cb, 7, 8);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 1);
+
+    keel_init bad0[1] = {{0, &p}};
+    ck_assert_rc(keel_cmd_spawn(cb, bad0, 1), KEEL_EINVAL);
+    keel_init bad_hi[1] = {{NCOMPS + 1, &p}};
+    ck_assert_rc(keel_cmd_spawn(cb, bad_hi, 1), KEEL_EINVAL);
+    keel_init bad_max[1] = {{KEEL_MAX_COMPONENTS + 1, &p}};
+    ck_assert_rc(keel_cmd_spawn(cb, bad_max, 1), KEEL_EINVAL);
+    /* a bad id after a good one: the whole spawn is refused */
+    keel_init bad_second[2] = {{POS, &p}, {NCOMPS + 1, NULL}};
+    ck_assert_rc(keel_cmd_spawn(cb, bad_second, 2), KEEL_EINVAL);
+
+    ck_assert_rc(keel_cmd_add(cb, a, 0, &p), KEEL_EINVAL);
+    ck_assert_rc(keel_cmd_add(cb, a, NCOMPS + 1, &p), KEEL_EINVAL);
+    ck_assert_rc(keel_cmd_add(cb, KEEL_ENTITY_NULL, NCOMPS + 1, &p), KEEL_EINVAL);
+    ck_assert_rc(keel_cmd_remove(cb, a, 0), KEEL_EINVAL);
+    ck_assert_rc(keel_cmd_remove(cb, a, NCOMPS + 1), KEEL_EINVAL);
+    ck_assert_rc(keel_cmd_remove(cb, a, KEEL_MAX_COMPONENTS + 1), KEEL_EINVAL);
+    ck_assert_str_ne(keel_last_error(), "");
+
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 0, 0, 0, 1);
+    ck_assert_uint_eq(keel_world_count(w), 1);
+    ck_assert_uint_eq(keel_world_hash(w), h0);
+
+    /* applying creates only the one valid spawn; a is untouched */
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    assert_counters(r, 1, 0, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, 1);
+    ck_assert_uint_eq(keel_world_count(w), 2);
+    assert_pos(w, r.created[0], 7, 8);
+    assert_pos(w, a, 1, 2);
+    ck_assert_int_eq(keel_has(w, a, VEL), 0);
+    ck_assert_int_eq(keel_has(w, a, HP), 0);
+    ck_assert_int_eq(keel_has(w, a, TAG), 0);
+
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(record_repeated_component)
+{
+    keel_world *w = make_world();
+    keel_cmdbuf *cb = make_cb(w);
+    pos_t p = {1, 1}, q = {2, 2};
+    uint64_t hp = 9;
+
+    keel_init rep[2] = {{POS, &p}, {POS, &q}};
+    ck_assert_rc(keel_cmd_spawn(cb, rep, 2), KEEL_EINVAL);
+    keel_init rep3[3] = {{POS, &p}, {HP, &hp}, {POS, &q}};
+    ck_assert_rc(keel_cmd_spawn(cb, rep3, 3), KEEL_EINVAL);
+    keel_init reptag[2] = {{TAG, NULL}, {TAG, NULL}};
+    ck_assert_rc(keel_cmd_spawn(cb, reptag, 2), KEEL_EINVAL);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 0);
+
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, 0);
+    ck_assert_uint_eq(keel_world_count(w), 0);
+
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(record_null_inits)
+{
+    keel_world *w = make_world();
+    keel_cmdbuf *cb = make_cb(w);
+
+    ck_assert_rc(keel_cmd_spawn(cb, NULL, 1), KEEL_EINVAL);
+    ck_assert_rc(keel_cmd_spawn(cb, NULL, 3), KEEL_EINVAL);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 0);
+
+    /* more inits than there can be components */
+    static keel_init many[KEEL_MAX_COMPONENTS + 1];
+    for (uint32_t i = 0; i < KEEL_MAX_COMPONENTS + 1; i++) {
+        many[i].c = (keel_component)(i % NCOMPS) + 1;
+        many[i].value = NULL;
+    }
+    ck_assert_rc(keel_cmd_spawn(cb, many, KEEL_MAX_COMPONENTS + 1), KEEL_EINVAL);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 0);
+
+    /* NULL inits with n == 0 is fine: an entity without components */
+    ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 1);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 1);
+    ck_assert_uint_eq(r.spawned, 1);
+    ck_assert_uint_eq(keel_world_count(w), 1);
+
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(record_does_not_touch_world)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 2);
+    keel_entity b = spawn_pos(w, 3, 4);
+    uint32_t n0 = keel_world_count(w);
+    uint64_t h0 = keel_world_hash(w);
+    uint32_t qpos = query_count(w, POS, 0, 0);
+
+    keel_cmdbuf *cb = make_cb(w);
+    rec_spawn_pos(cb, 5, 6);
+    rec_spawn_pos_hp(cb, 7, 8, 9);
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    vel_t v = {1, 1};
+    ck_assert_ok(keel_cmd_add(cb, b, VEL, &v));
+    ck_assert_ok(keel_cmd_remove(cb, b, POS));
+    ck_assert_ok(keel_cmd_add(cb, b, TAG, NULL));
+
+    /* nothing visible yet */
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 6);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).created_count, 0);
+    ck_assert_uint_eq(keel_world_count(w), n0);
+    ck_assert_uint_eq(keel_world_hash(w), h0);
+    ck_assert(keel_alive(w, a));
+    assert_pos(w, a, 1, 2);
+    assert_pos(w, b, 3, 4);
+    ck_assert_int_eq(keel_has(w, b, VEL), 0);
+    ck_assert_int_eq(keel_has(w, b, TAG), 0);
+    ck_assert_uint_eq(query_count(w, POS, 0, 0), qpos);
+    ck_assert_uint_eq(keel_world_pending(w), 0);
+
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert_uint_eq(keel_world_count(w), n0 + 1);
+    ck_assert_uint_ne(keel_world_hash(w), h0);
+    ck_assert(!keel_alive(w, a));
+    ck_assert_int_eq(keel_has(w, b, POS), 0);
+    ck_assert_int_eq(keel_has(w, b, VEL), 1);
+    ck_assert_int_eq(keel_has(w, b, TAG), 1);
+    assert_vel(w, b, 1, 1);
+
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(record_values_copied)
+{
+    /* values are copied at record time: changing the caller's memory before
+     * playback does not change what is applied */
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 0, 0);
+    keel_cmdbuf *cb = make_cb(w);
+
+    pos_t p = {11, 12};
+    uint64_t hp = 13;
+    keel_init in[2] = {{POS, &p}, {HP, &hp}};
+    ck_assert_ok(keel_cmd_spawn(cb, in, 2));
+    vel_t v = {21, 22};
+    ck_assert_ok(keel_cmd_add(cb, a, VEL, &v));
+    p.x = p.y = -99;
+    hp = 999;
+    v.dx = v.dy = -99;
+    in[0].c = VEL; /* the init array is copied too */
+
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 1);
+    assert_pos(w, r.created[0], 11, 12);
+    assert_hp(w, r.created[0], 13);
+    ck_assert_int_eq(keel_has(w, r.created[0], VEL), 0);
+    assert_vel(w, a, 21, 22);
+
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(record_spawn_empty_and_zero_fill)
+{
+    keel_world *w = make_world();
+    keel_cmdbuf *cb = make_cb(w);
+    keel_init none[1] = {{POS, NULL}};
+    ck_assert_ok(keel_cmd_spawn(cb, none, 0)); /* n == 0: inits not read */
+    keel_init zf[3] = {{POS, NULL}, {HP, NULL}, {TAG, NULL}};
+    ck_assert_ok(keel_cmd_spawn(cb, zf, 3));
+    int junk = 77;
+    keel_init tagval[1] = {{TAG, &junk}}; /* value of a tag is ignored */
+    ck_assert_ok(keel_cmd_spawn(cb, tagval, 1));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 3);
+    ck_assert_uint_eq(r.spawned, 3);
+    keel_entity e0 = r.created[0], e1 = r.created[1], e2 = r.created[2];
+    ck_assert(keel_alive(w, e0));
+    for (keel_component c = 1; c <= NCOMPS; c++)
+        ck_assert_int_eq(keel_has(w, e0, c), 0);
+    pos_t p;
+    ck_assert_rc(keel_get(w, e0, POS, &p), KEEL_ENOENT);
+
+    assert_pos(w, e1, 0, 0);
+    assert_hp(w, e1, 0);
+    ck_assert_int_eq(keel_has(w, e1, TAG), 1);
+    ck_assert_int_eq(keel_has(w, e1, VEL), 0);
+
+    ck_assert_int_eq(keel_has(w, e2, TAG), 1);
+    ck_assert_int_eq(keel_has(w, e2, POS), 0);
+    ck_assert_uint_eq(keel_world_count(w), 3);
+
+    /* the component-less entity is a real entity: it can be destroyed */
+    destroy_now(w, e0);
+    ck_assert_uint_eq(keel_world_count(w), 2);
+
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(record_discard_unapplied)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    uint64_t h0 = keel_world_hash(w);
+    keel_cmdbuf *cb = make_cb(w);
+    rec_spawn_pos(cb, 2, 2);
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 2);
+    keel_cmdbuf_discard(cb);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 0);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    assert_counters(keel_cmdbuf_result(cb), 0, 0, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).created_count, 0);
+    ck_assert_uint_eq(keel_world_hash(w), h0);
+    ck_assert(keel_alive(w, a));
+    keel_cmdbuf_discard(cb); /* on an empty buffer: no-op */
+    ck_assert_uint_eq(keel_world_pending(w), 0);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+/* ======================================================================== */
+/* cmd_playback                                                              */
+/* ======================================================================== */
+
+START_TEST(playback_fifo_receipts)
+{
+    keel_world *w = make_world();
+    keel_cmdbuf *cb = make_cb(w);
+    for (int32_t i = 0; i < 5; i++)
+        rec_spawn_pos_hp(cb, i, 100 + i, (uint64_t)(1000 + i));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 5, 0, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, 5);
+    for (uint32_t i = 0; i < 5; i++) {
+        /* fresh world: lowest free index first, generation 1 */
+        ck_assert_uint_eq(r.created[i], KEEL_ENTITY_MAKE(i, 1));
+        ck_assert(keel_alive(w, r.created[i]));
+        assert_pos(w, r.created[i], (int32_t)i, 100 + (int32_t)i);
+        assert_hp(w, r.created[i], 1000 + i);
+    }
+    ck_assert_uint_eq(keel_world_count(w), 5);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(playback_fifo_order_matters)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    keel_entity b = spawn_pos(w, 2, 2);
+    keel_entity c = spawn_pos(w, 3, 3);
+    keel_cmdbuf *cb = make_cb(w);
+    uint64_t h1 = 1, h2 = 2, h3 = 3;
+    /* a: add then remove -> lacks HP */
+    ck_assert_ok(keel_cmd_add(cb, a, HP, &h1));
+    ck_assert_ok(keel_cmd_remove(cb, a, HP));
+    /* b: remove (absent, ignored) then add -> has HP */
+    ck_assert_ok(keel_cmd_remove(cb, b, HP));
+    ck_assert_ok(keel_cmd_add(cb, b, HP, &h2));
+    /* c: add 1, add 3 -> last one wins */
+    ck_assert_ok(keel_cmd_add(cb, c, HP, &h1));
+    ck_assert_ok(keel_cmd_add(cb, c, HP, &h3));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.removed, 1);
+    ck_assert_uint_eq(r.ignored_absent, 1);
+    ck_assert_uint_eq(r.ignored_null, 0);
+    ck_assert_uint_eq(r.ignored_stale, 0);
+    ck_assert_uint_eq(r.pending, 0);
+    ck_assert_int_eq(keel_has(w, a, HP), 0);
+    assert_hp(w, b, 2);
+    assert_hp(w, c, 3);
+    assert_pos(w, a, 1, 1);
+    assert_pos(w, b, 2, 2);
+    assert_pos(w, c, 3, 3);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(playback_add_remove_moves)
+{
+    keel_world *w = make_world();
+    keel_entity e[6];
+    for (int32_t i = 0; i < 6; i++)
+        e[i] = spawn_pos(w, i, -i);
+    ck_assert_uint_eq(query_count(w, POS, 0, 0), 6);
+    ck_assert_uint_eq(query_count(w, POS, VEL, 0), 0);
+
+    keel_cmdbuf *cb = make_cb(w);
+    /* add vel to e1, e3 (moving rows out of the middle of the pos table) */
+    vel_t v1 = {10, 11}, v3 = {30, 31};
+    ck_assert_ok(keel_cmd_add(cb, e[1], VEL, &v1));
+    ck_assert_ok(keel_cmd_add(cb, e[3], VEL, &v3));
+    ck_assert_ok(keel_cmd_add(cb, e[0], TAG, NULL));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 3, 0, 0, 0, 0, 0);
+
+    ck_assert_uint_eq(query_count(w, POS, VEL, 0), 2);
+    ck_assert_uint_eq(query_count(w, POS, 0, VEL), 4);
+    ck_assert_uint_eq(query_count(w, TAG, 0, 0), 1);
+    for (int32_t i = 0; i < 6; i++)
+        assert_pos(w, e[i], i, -i); /* values kept, also of rows swapped into holes */
+    assert_vel(w, e[1], 10, 11);
+    assert_vel(w, e[3], 30, 31);
+    ck_assert_int_eq(keel_has(w, e[0], TAG), 1);
+    ck_assert_int_eq(keel_has(w, e[2], VEL), 0);
+
+    /* remove pos from e1: keeps vel; remove vel from e3: keeps pos */
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    ck_assert_ok(keel_cmd_remove(cb, e[1], POS));
+    ck_assert_ok(keel_cmd_remove(cb, e[3], VEL));
+    ck_assert_ok(keel_cmd_remove(cb, e[0], TAG));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 3, 0, 0, 0, 0);
+
+    ck_assert_int_eq(keel_has(w, e[1], POS), 0);
+    assert_vel(w, e[1], 10, 11);
+    ck_assert_int_eq(keel_has(w, e[3], VEL), 0);
+    assert_pos(w, e[3], 3, -3);
+    ck_assert_int_eq(keel_has(w, e[0], TAG), 0);
+    ck_assert_uint_eq(query_count(w, POS, VEL, 0), 0);
+    ck_assert_uint_eq(query_count(w, VEL, 0, 0), 1);
+    ck_assert_uint_eq(query_count(w, POS, 0, 0), 5);
+    for (int32_t i = 0; i < 6; i++) {
+        ck_assert(keel_alive(w, e[i]));
+        if (i != 1)
+            assert_pos(w, e[i], i, -i);
+    }
+
+    /* removing the last component leaves a live component-less entity */
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    ck_assert_ok(keel_cmd_remove(cb, e[1], VEL));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert(keel_alive(w, e[1]));
+    for (keel_component c = 1; c <= NCOMPS; c++)
+        ck_assert_int_eq(keel_has(w, e[1], c), 0);
+    ck_assert_uint_eq(keel_world_count(w), 6);
+
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(playback_add_overwrites)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 2);
+    keel_entity b = spawn_pos(w, 3, 4);
+    uint32_t npos = query_count(w, POS, 0, 0);
+    keel_cmdbuf *cb = make_cb(w);
+    pos_t np = {50, 60};
+    ck_assert_ok(keel_cmd_add(cb, a, POS, &np));
+    ck_assert_ok(keel_cmd_add(cb, b, POS, NULL)); /* NULL = zero-filled */
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.ignored_absent, 0);
+    ck_assert_uint_eq(r.ignored_stale, 0);
+    ck_assert_uint_eq(r.ignored_null, 0);
+    ck_assert_uint_eq(r.removed, 0);
+    ck_assert_uint_eq(r.pending, 0);
+    assert_pos(w, a, 50, 60);
+    assert_pos(w, b, 0, 0);
+    ck_assert_uint_eq(query_count(w, POS, 0, 0), npos);
+    ck_assert_int_eq(keel_has(w, a, VEL), 0);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(playback_destroy_then_spawn_reuses)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    keel_entity other = spawn_pos(w, 2, 2);
+    ck_assert_uint_eq(KEEL_ENTITY_INDEX(a), 0);
+    keel_cmdbuf *cb = make_cb(w);
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    rec_spawn_pos(cb, 9, 9);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 1, 1, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, 1);
+    keel_entity b = r.created[0];
+    ck_assert_uint_eq(KEEL_ENTITY_INDEX(b), KEEL_ENTITY_INDEX(a));
+    ck_assert_uint_eq(KEEL_ENTITY_GEN(b), KEEL_ENTITY_GEN(a) + 1);
+    ck_assert(!keel_alive(w, a));
+    ck_assert(keel_alive(w, b));
+    assert_pos(w, b, 9, 9);
+    assert_pos(w, other, 2, 2);
+    ck_assert_rc(keel_get(w, a, POS, &(pos_t){0, 0}), KEEL_ESTALE);
+    ck_assert_uint_eq(keel_world_count(w), 2);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(playback_spawn_then_destroy_no_reuse)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    keel_cmdbuf *cb = make_cb(w);
+    rec_spawn_pos(cb, 9, 9);
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 1, 1, 0, 0, 0, 0, 0, 0);
+    keel_entity b = r.created[0];
+    ck_assert_uint_ne(KEEL_ENTITY_INDEX(b), KEEL_ENTITY_INDEX(a));
+    ck_assert_uint_eq(b, KEEL_ENTITY_MAKE(1, 1));
+    ck_assert(!keel_alive(w, a));
+    ck_assert(keel_alive(w, b));
+    assert_pos(w, b, 9, 9);
+    ck_assert_uint_eq(keel_world_count(w), 1);
+
+    /* a later spawn does take the freed slot, with the next generation */
+    keel_entity c = spawn_pos(w, 3, 3);
+    ck_assert_uint_eq(c, KEEL_ENTITY_MAKE(KEEL_ENTITY_INDEX(a), KEEL_ENTITY_GEN(a) + 1));
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(playback_empty_noop)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 4, 4);
+    uint64_t h0 = keel_world_hash(w);
+    keel_cmdbuf *cb = make_cb(w);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, 0);
+    ck_assert_uint_eq(keel_world_hash(w), h0);
+    ck_assert_uint_eq(keel_world_count(w), 1);
+    ck_assert_uint_eq(keel_world_pending(w), 0);
+    assert_pos(w, a, 4, 4);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(playback_destroy_clears)
+{
+    keel_world *w = make_world();
+    keel_cmdbuf *cb = make_cb(w);
+    rec_spawn_pos_hp(cb, 1, 1, 1);
+    rec_spawn_pos_hp(cb, 2, 2, 2);
+    rec_spawn_pos_hp(cb, 3, 3, 3);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_entity e[3];
+    memcpy(e, keel_cmdbuf_result(cb).created, sizeof e);
+    uint64_t h3 = keel_world_hash(w);
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    ck_assert_ok(keel_cmd_destroy(cb, e[0]));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert_uint_ne(keel_world_hash(w), h3);
+    ck_assert(!keel_alive(w, e[0]));
+    ck_assert_rc(keel_has(w, e[0], POS), KEEL_ESTALE);
+    ck_assert_uint_eq(query_count(w, POS, HP, 0), 2);
+    assert_pos(w, e[1], 2, 2);
+    assert_pos(w, e[2], 3, 3);
+    assert_hp(w, e[1], 2);
+    assert_hp(w, e[2], 3);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+#define MANY 10000u
+
+START_TEST(playback_many)
+{
+    keel_world *w = make_world();
+    uint64_t h_empty = keel_world_hash(w);
+    keel_cmdbuf *cb = make_cb(w);
+    for (uint32_t i = 0; i < MANY; i++)
+        rec_spawn_pos_hp(cb, (int32_t)i, -(int32_t)i, i * 3u);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, MANY);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, MANY, 0, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, MANY);
+    ck_assert_uint_eq(keel_world_count(w), MANY);
+    ck_assert_uint_eq(query_count(w, POS, HP, 0), MANY);
+
+    static keel_entity ents[MANY];
+    memcpy(ents, r.created, sizeof ents);
+    for (uint32_t i = 0; i < MANY; i++) {
+        ck_assert_uint_eq(ents[i], KEEL_ENTITY_MAKE(i, 1));
+        pos_t p = get_pos(w, ents[i]);
+        ck_assert_int_eq(p.x, (int32_t)i);
+        ck_assert_int_eq(p.y, -(int32_t)i);
+        assert_hp(w, ents[i], i * 3u);
+    }
+    uint64_t h_full = keel_world_hash(w);
+    ck_assert_uint_ne(h_full, h_empty);
+
+    /* destroy every other one, then the rest (in reverse) */
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    for (uint32_t i = 0; i < MANY; i += 2)
+        ck_assert_ok(keel_cmd_destroy(cb, ents[i]));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert_uint_eq(keel_world_count(w), MANY / 2);
+    for (uint32_t i = 1; i < MANY; i += 2) {
+        pos_t p = get_pos(w, ents[i]);
+        ck_assert_int_eq(p.x, (int32_t)i);
+        ck_assert(!keel_alive(w, ents[i - 1]));
+    }
+    for (uint32_t i = MANY; i-- > 0;)
+        if (i & 1)
+            ck_assert_ok(keel_cmd_destroy(cb, ents[i]));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, MANY, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(keel_world_count(w), 0);
+    ck_assert_uint_eq(query_count(w, POS, 0, 0), 0);
+
+    /* spawn them again: every slot reused with generation 2, lowest first */
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    for (uint32_t i = 0; i < MANY; i++)
+        rec_spawn_pos_hp(cb, (int32_t)i, -(int32_t)i, i * 3u);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, MANY);
+    for (uint32_t i = 0; i < MANY; i++)
+        ck_assert_uint_eq(r.created[i], KEEL_ENTITY_MAKE(i, 2));
+    ck_assert_uint_eq(keel_world_count(w), MANY);
+    ck_assert_uint_ne(keel_world_hash(w), h_full); /* generations differ */
+    assert_pos(w, r.created[MANY - 1], (int32_t)MANY - 1, -(int32_t)(MANY - 1));
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(playback_hash_history_independent)
+{
+    /* an entity that moved out of a table and back hashes like one that never
+     * moved; the buffer's path does not matter, only the resulting state */
+    keel_world *w1 = make_world();
+    keel_world *w2 = make_world();
+    keel_entity a1 = spawn_pos(w1, 1, 2);
+    keel_entity a2 = spawn_pos(w2, 1, 2);
+    ck_assert_uint_eq(a1, a2);
+    ck_assert_uint_eq(keel_world_hash(w1), keel_world_hash(w2));
+    keel_cmdbuf *cb = make_cb(w1);
+    vel_t v = {5, 5};
+    ck_assert_ok(keel_cmd_add(cb, a1, VEL, &v));
+    ck_assert_ok(keel_cmd_add(cb, a1, TAG, NULL));
+    ck_assert_ok(keel_cmd_remove(cb, a1, VEL));
+    ck_assert_ok(keel_cmd_remove(cb, a1, TAG));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    assert_counters(keel_cmdbuf_result(cb), 0, 0, 2, 2, 0, 0, 0, 0);
+    ck_assert_uint_eq(keel_world_hash(w1), keel_world_hash(w2));
+    assert_pos(w1, a1, 1, 2);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w1);
+    keel_world_destroy(w2);
+}
+END_TEST
+
+/* ======================================================================== */
+/* cmd_ignored                                                               */
+/* ======================================================================== */
+
+START_TEST(ignored_double_destroy)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    keel_entity b = spawn_pos(w, 2, 2);
+    keel_cmdbuf *cb = make_cb(w);
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 1, 0, 0, 0, 1, 0, 0);
+    ck_assert(!keel_alive(w, a));
+    ck_assert(keel_alive(w, b));
+    assert_pos(w, b, 2, 2);
+    ck_assert_uint_eq(keel_world_count(w), 1);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(ignored_double_destroy_occupant_safe)
+{
+    /* destroy A, spawn C (takes A's slot), destroy A again: C survives */
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    keel_cmdbuf *cb = make_cb(w);
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    rec_spawn_pos(cb, 7, 7);
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    pos_t p = {-5, -5};
+    ck_assert_ok(keel_cmd_add(cb, a, POS, &p));
+    ck_assert_ok(keel_cmd_remove(cb, a, POS));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 1, 1, 0, 0, 0, 3, 0, 0);
+    ck_assert_uint_eq(r.created_count, 1);
+    keel_entity c = r.created[0];
+    ck_assert_uint_eq(KEEL_ENTITY_INDEX(c), KEEL_ENTITY_INDEX(a));
+    ck_assert(keel_alive(w, c));
+    assert_pos(w, c, 7, 7);
+    ck_assert_uint_eq(keel_world_count(w), 1);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(ignored_stale_after_reuse)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    destroy_now(w, a);
+    keel_entity c = spawn_pos(w, 3, 4);
+    ck_assert_uint_eq(KEEL_ENTITY_INDEX(c), KEEL_ENTITY_INDEX(a));
+    ck_assert_uint_ne(c, a);
+    uint64_t h0 = keel_world_hash(w);
+
+    keel_cmdbuf *cb = make_cb(w);
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    vel_t v = {1, 1};
+    ck_assert_ok(keel_cmd_add(cb, a, VEL, &v));  /* add to a stale entity */
+    pos_t p = {8, 8};
+    ck_assert_ok(keel_cmd_add(cb, a, POS, &p));  /* would overwrite c's value */
+    ck_assert_ok(keel_cmd_remove(cb, a, POS));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 0, 4, 0, 0);
+    ck_assert(keel_alive(w, c));
+    assert_pos(w, c, 3, 4);
+    ck_assert_int_eq(keel_has(w, c, VEL), 0);
+    ck_assert_uint_eq(keel_world_hash(w), h0);
+    ck_assert_uint_eq(keel_world_count(w), 1);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(ignored_null)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    uint64_t h0 = keel_world_hash(w);
+    keel_cmdbuf *cb = make_cb(w);
+    pos_t p = {9, 9};
+    ck_assert_ok(keel_cmd_destroy(cb, KEEL_ENTITY_NULL));
+    ck_assert_ok(keel_cmd_add(cb, KEEL_ENTITY_NULL, POS, &p));
+    ck_assert_ok(keel_cmd_add(cb, KEEL_ENTITY_NULL, TAG, NULL));
+    ck_assert_ok(keel_cmd_remove(cb, KEEL_ENTITY_NULL, POS));
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 4);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 4, 0, 0, 0);
+    ck_assert_uint_eq(keel_world_hash(w), h0);
+    assert_pos(w, a, 1, 1);
+    ck_assert_uint_eq(keel_world_count(w), 1);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(ignored_foreign)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    keel_entity b = spawn_pos(w, 2, 2);
+    ck_assert_uint_eq(b, KEEL_ENTITY_MAKE(1, 1));
+    uint64_t h0 = keel_world_hash(w);
+    keel_cmdbuf *cb = make_cb(w);
+    keel_entity bad[4] = {
+        KEEL_ENTITY_MAKE(123456, 1),                                     /* index beyond the slots */
+        KEEL_ENTITY_MAKE(KEEL_ENTITY_INDEX(a), KEEL_ENTITY_GEN(a) + 5),  /* generation from the future */
+        KEEL_ENTITY_MAKE(KEEL_ENTITY_INDEX(b), 0),                       /* generation 0 is never live */
+        KEEL_ENTITY_MAKE(UINT32_MAX, 1),
+    };
+    pos_t p = {9, 9};
+    for (int i = 0; i < 4; i++) {
+        ck_assert_ok(keel_cmd_destroy(cb, bad[i]));
+        ck_assert_ok(keel_cmd_add(cb, bad[i], POS, &p));
+        ck_assert_ok(keel_cmd_remove(cb, bad[i], POS));
+    }
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 0, 12, 0, 0);
+    ck_assert_uint_eq(keel_world_hash(w), h0);
+    ck_assert(keel_alive(w, a));
+    ck_assert(keel_alive(w, b));
+    assert_pos(w, a, 1, 1);
+    assert_pos(w, b, 2, 2);
+    ck_assert_uint_eq(keel_world_count(w), 2);
+    /* the foreign index did not create slots: the next spawn takes index 2 */
+    keel_entity c = spawn_pos(w, 3, 3);
+    ck_assert_uint_eq(c, KEEL_ENTITY_MAKE(2, 1));
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(ignored_absent)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    uint64_t h0 = keel_world_hash(w);
+    keel_cmdbuf *cb = make_cb(w);
+    ck_assert_ok(keel_cmd_remove(cb, a, VEL));
+    ck_assert_ok(keel_cmd_remove(cb, a, TAG));
+    ck_assert_ok(keel_cmd_remove(cb, a, HP));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 0, 0, 3, 0);
+    ck_assert_uint_eq(keel_world_hash(w), h0);
+    assert_pos(w, a, 1, 1);
+
+    /* remove from an entity destroyed earlier in the buffer is stale, not absent */
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    ck_assert_ok(keel_cmd_remove(cb, a, VEL));
+    ck_assert_ok(keel_cmd_remove(cb, a, POS));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 1, 0, 0, 0, 2, 0, 0);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(ignored_add_after_destroy_same_buffer)
+{
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    keel_entity b = spawn_pos(w, 2, 2);
+    keel_cmdbuf *cb = make_cb(w);
+    vel_t v = {3, 3};
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    ck_assert_ok(keel_cmd_add(cb, a, VEL, &v));
+    ck_assert_ok(keel_cmd_add(cb, b, VEL, &v));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 1, 1, 0, 0, 1, 0, 0);
+    ck_assert(!keel_alive(w, a));
+    assert_vel(w, b, 3, 3);
+    ck_assert_uint_eq(query_count(w, VEL, 0, 0), 1);
+    ck_assert_uint_eq(keel_world_count(w), 1);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+/* ======================================================================== */
+/* cmd_failure                                                               */
+/* ======================================================================== */
+
+/* A fixed scenario: setup spawns E0..E3, then a buffer of NSCEN commands of
+ * every kind. Every command is a real application (none is ignored), so the
+ * injection hook's count of applications equals the command position. */
+#define NSCEN 8
+
+typedef struct scen {
+    keel_world *w;
+    keel_entity e[4];
+} scen;
+
+static void scen_setup(scen *s)
+{
+    s->w = make_world();
+    keel_cmdbuf *cb = make_cb(s->w);
+    rec_spawn_pos(cb, 10, 10);
+    rec_spawn_pos(cb, 11, 11);
+    rec_spawn_pos(cb, 12, 12);
+    uint64_t hp = 13;
+    keel_init in[1] = {{HP, &hp}};
+    ck_assert_ok(keel_cmd_spawn(cb, in, 1));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 4);
+    memcpy(s->e, r.created, sizeof s->e);
+    keel_cmdbuf_destroy(cb);
+    vel_t v = {1, 1};
+    cb = make_cb(s->w);
+    ck_assert_ok(keel_cmd_add(cb, s->e[1], VEL, &v));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmdbuf_destroy(cb);
+}
+
+static const char *const scen_kind[NSCEN] = {"spawn", "destroy", "add", "remove",
+                                              "spawn", "add", "destroy", "spawn"};
+
+/* Record commands [from, to) of the scenario (0-based). */
+static void scen_record(scen *s, keel_cmdbuf *cb, int from, int to)
+{
+    for (int i = from; i < to; i++) {
+        switch (i) {
+        case 0: rec_spawn_pos_hp(cb, 100, 101, 7); break;
+        case 1: ck_assert_ok(keel_cmd_destroy(cb, s->e[0])); break;
+        case 2: {
+            uint64_t hp = 55;
+            ck_assert_ok(keel_cmd_add(cb, s->e[1], HP, &hp));
+            break;
+        }
+        case 3: ck_assert_ok(keel_cmd_remove(cb, s->e[1], VEL)); break;
+        case 4: {
+            vel_t v = {1, 2};
+            keel_init in[1] = {{VEL, &v}};
+            ck_assert_ok(keel_cmd_spawn(cb, in, 1));
+            break;
+        }
+        case 5: ck_assert_ok(keel_cmd_add(cb, s->e[2], TAG, NULL)); break;
+        case 6: ck_assert_ok(keel_cmd_destroy(cb, s->e[3])); break;
+        case 7: ck_assert_ok(keel_cmd_spawn(cb, NULL, 0)); break;
+        default: ck_abort();
+        }
+    }
+}
+
+/* counters after applying the first k commands of the scenario */
+static void scen_expect(int k, uint32_t *sp, uint32_t *de, uint32_t *ad, uint32_t *re)
+{
+    static const int kind[NSCEN] = {0, 1, 2, 3, 0, 2, 1, 0};
+    uint32_t c[4] = {0, 0, 0, 0};
+    for (int i = 0; i < k; i++)
+        c[kind[i]]++;
+    *sp = c[0];
+    *de = c[1];
+    *ad = c[2];
+    *re = c[3];
+}
+
+/* The reference: a fresh world with the scenario's first k commands applied. */
+typedef struct scen_ref {
+    uint64_t hash;
+    uint32_t count;
+    uint32_t created_count;
+    keel_entity created[NSCEN];
+} scen_ref;
+
+static scen_ref scen_reference(int k)
+{
+    scen s;
+    scen_setup(&s);
+    keel_cmdbuf *cb = make_cb(s.w);
+    scen_record(&s, cb, 0, k);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    scen_ref ref;
+    memset(&ref, 0, sizeof ref);
+    ref.hash = keel_world_hash(s.w);
+    ref.count = keel_world_count(s.w);
+    ref.created_count = r.created_count;
+    if (r.created_count)
+        memcpy(ref.created, r.created, r.created_count * sizeof(keel_entity));
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(s.w);
+    return ref;
+}
+
+static void assert_matches_ref(keel_world *w, keel_cmd_result r, const scen_ref *ref)
+{
+    ck_assert_uint_eq(keel_world_hash(w), ref->hash);
+    ck_assert_uint_eq(keel_world_count(w), ref->count);
+    ck_assert_uint_eq(r.created_count, ref->created_count);
+    for (uint32_t i = 0; i < ref->created_count; i++) {
+        ck_assert_uint_eq(r.created[i], ref->created[i]);
+        ck_assert(keel_alive(w, r.created[i]));
+    }
+}
+
+/* Loop test: _i = 1..NSCEN, the failing command. */
+START_TEST(failure_at_k_retry)
+{
+    const int n = NSCEN, k = _i;
+    scen_ref prefix = scen_reference(k - 1);
+    scen_ref full = scen_reference(n);
+
+    scen s;
+    scen_setup(&s);
+    keel_cmdbuf *cb = make_cb(s.w);
+    scen_record(&s, cb, 0, n);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, (uint32_t)n);
+
+    world_test_inject_failure(s.w, (uint32_t)k, KEEL_ENOMEM);
+    ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOMEM);
+    const char *err = keel_last_error();
+    ck_assert_ptr_nonnull(err);
+    ck_assert_str_ne(err, "");
+    ck_assert_msg(contains_ci(err, scen_kind[k - 1]), "last error \"%s\" does not name the failed command kind %s",
+                  err, scen_kind[k - 1]);
+
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    uint32_t sp, de, ad, re;
+    scen_expect(k - 1, &sp, &de, &ad, &re);
+    assert_counters(r, sp, de, ad, re, 0, 0, 0, (uint32_t)(n - k + 1));
+    assert_matches_ref(s.w, r, &prefix);
+    ck_assert_uint_eq(keel_world_pending(s.w), 1);
+
+    /* retry applies exactly the pending commands */
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    scen_expect(n, &sp, &de, &ad, &re);
+    assert_counters(r, sp, de, ad, re, 0, 0, 0, 0);
+    assert_matches_ref(s.w, r, &full);
+    ck_assert_uint_eq(keel_world_pending(s.w), 0);
+
+    /* values of the final state */
+    ck_assert(!keel_alive(s.w, s.e[0]));
+    ck_assert(!keel_alive(s.w, s.e[3]));
+    assert_hp(s.w, s.e[1], 55);
+    ck_assert_int_eq(keel_has(s.w, s.e[1], VEL), 0);
+    assert_pos(s.w, s.e[1], 11, 11);
+    ck_assert_int_eq(keel_has(s.w, s.e[2], TAG), 1);
+    assert_pos(s.w, r.created[0], 100, 101);
+    assert_hp(s.w, r.created[0], 7);
+    assert_vel(s.w, r.created[1], 1, 2);
+
+    /* a further apply is a no-op */
+    uint64_t h = keel_world_hash(s.w);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert_uint_eq(keel_world_hash(s.w), h);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).created_count, 3);
+
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(s.w);
+}
+END_TEST
+
+/* Loop test: _i = 1..NSCEN, the failing command; discard instead of retry. */
+START_TEST(failure_at_k_discard)
+{
+    const int n = NSCEN, k = _i;
+    scen_ref prefix = scen_reference(k - 1);
+
+    scen s;
+    scen_setup(&s);
+    keel_cmdbuf *cb = make_cb(s.w);
+    scen_record(&s, cb, 0, n);
+    world_test_inject_failure(s.w, (uint32_t)k, KEEL_ENOSPC);
+    ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOSPC);
+    ck_assert_uint_eq(keel_world_pending(s.w), 1);
+
+    keel_cmdbuf_discard(cb);
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    uint32_t sp, de, ad, re;
+    scen_expect(k - 1, &sp, &de, &ad, &re);
+    assert_counters(r, sp, de, ad, re, 0, 0, 0, 0);
+    assert_matches_ref(s.w, r, &prefix);
+    ck_assert_uint_eq(keel_world_pending(s.w), 0);
+
+    /* nothing left to apply */
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    assert_matches_ref(s.w, keel_cmdbuf_result(cb), &prefix);
+
+    /* the buffer records again, and reset works */
+    rec_spawn_pos(cb, 1, 2);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 1);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).created_count, prefix.created_count + 1);
+    ck_assert_uint_eq(keel_world_count(s.w), prefix.count + 1);
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).created_count, 0);
+
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(s.w);
+}
+END_TEST
+
+START_TEST(failure_first_command_applies_nothing)
+{
+    scen s;
+    scen_setup(&s);
+    uint64_t h0 = keel_world_hash(s.w);
+    uint32_t n0 = keel_world_count(s.w);
+    keel_cmdbuf *cb = make_cb(s.w);
+    scen_record(&s, cb, 0, NSCEN);
+    world_test_inject_failure(s.w, 1, KEEL_ENOMEM);
+    ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOMEM);
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 0, 0, 0, NSCEN);
+    ck_assert_uint_eq(r.created_count, 0);
+    ck_assert_uint_eq(keel_world_hash(s.w), h0);
+    ck_assert_uint_eq(keel_world_count(s.w), n0);
+    ck_assert(keel_alive(s.w, s.e[0]));
+    ck_assert_uint_eq(keel_world_pending(s.w), 1);
+
+    /* the slot the failed spawn would have taken is still the next one */
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 3);
+    ck_assert_uint_eq(r.created[0], KEEL_ENTITY_MAKE(4, 1));
+    ck_assert_uint_eq(keel_world_pending(s.w), 0);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(s.w);
+}
+END_TEST
+
+START_TEST(failure_pending_refuses)
+{
+    scen s;
+    scen_setup(&s);
+    keel_cmdbuf *cb = make_cb(s.w);
+    scen_record(&s, cb, 0, 4);
+    world_test_inject_failure(s.w, 3, KEEL_ENOMEM);
+    ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOMEM);
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.pending, 2);
+    ck_assert_uint_eq(r.created_count, 1);
+    keel_entity first = r.created[0];
+    uint64_t h = keel_world_hash(s.w);
+
+    pos_t p = {1, 1};
+    keel_init in[1] = {{POS, &p}};
+    ck_assert_rc(keel_cmd_spawn(cb, in, 1), KEEL_EBUSY);
+    ck_assert_rc(keel_cmd_spawn(cb, NULL, 0), KEEL_EBUSY);
+    ck_assert_rc(keel_cmd_destroy(cb, s.e[2]), KEEL_EBUSY);
+    ck_assert_rc(keel_cmd_add(cb, s.e[2], VEL, NULL), KEEL_EBUSY);
+    ck_assert_rc(keel_cmd_remove(cb, s.e[2], POS), KEEL_EBUSY);
+    ck_assert_rc(keel_cmdbuf_reset(cb), KEEL_EBUSY);
+
+    /* nothing changed: same pending count, receipts, world */
+    r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.pending, 2);
+    ck_assert_uint_eq(r.created_count, 1);
+    ck_assert_uint_eq(r.created[0], first);
+    ck_assert_uint_eq(r.spawned, 1);
+    ck_assert_uint_eq(r.destroyed, 1);
+    ck_assert_uint_eq(keel_world_hash(s.w), h);
+    ck_assert_uint_eq(keel_world_pending(s.w), 1);
+
+    /* other buffers still record and apply */
+    keel_cmdbuf *cb2 = make_cb(s.w);
+    rec_spawn_pos(cb2, 3, 3);
+    ck_assert_ok(keel_cmdbuf_apply(cb2));
+    ck_assert_uint_eq(keel_world_pending(s.w), 1);
+
+    /* retry: only the two pending commands */
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    assert_counters(r, 1, 1, 1, 1, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, 1);
+    ck_assert_uint_eq(r.created[0], first);
+    ck_assert_uint_eq(keel_world_pending(s.w), 0);
+    assert_hp(s.w, s.e[1], 55);
+    ck_assert_int_eq(keel_has(s.w, s.e[1], VEL), 0);
+
+    /* now it records again */
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    rec_spawn_pos(cb, 4, 4);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+
+    keel_cmdbuf_destroy(cb2);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(s.w);
+}
+END_TEST
+
+START_TEST(failure_retry_fails_again)
+{
+    scen s;
+    scen_setup(&s);
+    keel_cmdbuf *cb = make_cb(s.w);
+    scen_record(&s, cb, 0, NSCEN);
+    world_test_inject_failure(s.w, 2, KEEL_ENOMEM);
+    ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOMEM);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, NSCEN - 1);
+    /* the retry fails at its third command (scenario command 4) */
+    world_test_inject_failure(s.w, 3, KEEL_ENOMEM);
+    ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOMEM);
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 1, 1, 1, 0, 0, 0, 0, NSCEN - 3);
+    ck_assert_uint_eq(keel_world_pending(s.w), 1); /* counted once */
+    scen_ref prefix = scen_reference(3);
+    assert_matches_ref(s.w, r, &prefix);
+
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    scen_ref full = scen_reference(NSCEN);
+    r = keel_cmdbuf_result(cb);
+    assert_matches_ref(s.w, r, &full);
+    assert_counters(r, 3, 2, 2, 1, 0, 0, 0, 0);
+    ck_assert_uint_eq(keel_world_pending(s.w), 0);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(s.w);
+}
+END_TEST
+
+START_TEST(failure_destroy_pending_buffer)
+{
+    scen s;
+    scen_setup(&s);
+    keel_cmdbuf *cb1 = make_cb(s.w);
+    keel_cmdbuf *cb2 = make_cb(s.w);
+    rec_spawn_pos(cb1, 1, 1);
+    rec_spawn_pos(cb1, 2, 2);
+    rec_spawn_pos(cb2, 3, 3);
+    rec_spawn_pos(cb2, 4, 4);
+
+    world_test_inject_failure(s.w, 2, KEEL_ENOMEM);
+    ck_assert_rc(keel_cmdbuf_apply(cb1), KEEL_ENOMEM);
+    ck_assert_uint_eq(keel_world_pending(s.w), 1);
+    world_test_inject_failure(s.w, 1, KEEL_ENOMEM);
+    ck_assert_rc(keel_cmdbuf_apply(cb2), KEEL_ENOMEM);
+    ck_assert_uint_eq(keel_world_pending(s.w), 2);
+    ck_assert_uint_eq(keel_world_count(s.w), 5); /* 4 + cb1's prefix */
+
+    keel_cmdbuf_destroy(cb1);
+    ck_assert_uint_eq(keel_world_pending(s.w), 1);
+    ck_assert_uint_eq(keel_world_count(s.w), 5); /* the applied prefix stays */
+    keel_cmdbuf_discard(cb2);
+    ck_assert_uint_eq(keel_world_pending(s.w), 0);
+    keel_cmdbuf_destroy(cb2);
+    ck_assert_uint_eq(keel_world_pending(s.w), 0);
+
+    /* destroying a buffer that is not pending does not underflow the count */
+    keel_cmdbuf *cb3 = make_cb(s.w);
+    rec_spawn_pos(cb3, 5, 5);
+    keel_cmdbuf_destroy(cb3); /* queued, never applied: not pending */
+    ck_assert_uint_eq(keel_world_pending(s.w), 0);
+    ck_assert_uint_eq(keel_world_count(s.w), 5);
+    keel_world_destroy(s.w);
+}
+END_TEST
+
+START_TEST(failure_natural_enospc)
+{
+    enum { N = 4 };
+    keel_world *w = make_world_max(N);
+    keel_cmdbuf *cb1 = make_cb(w);
+    for (int32_t i = 0; i < N + 1; i++)
+        rec_spawn_pos(cb1, i, i);
+    ck_assert_rc(keel_cmdbuf_apply(cb1), KEEL_ENOSPC);
+    ck_assert_str_ne(keel_last_error(), "");
+    keel_cmd_result r = keel_cmdbuf_result(cb1);
+    assert_counters(r, N, 0, 0, 0, 0, 0, 0, 1);
+    ck_assert_uint_eq(r.created_count, N);
+    keel_entity e[N];
+    memcpy(e, r.created, sizeof e);
+    for (uint32_t i = 0; i < N; i++)
+        ck_assert_uint_eq(e[i], KEEL_ENTITY_MAKE(i, 1));
+    ck_assert_uint_eq(keel_world_count(w), N);
+    ck_assert_uint_eq(keel_world_pending(w), 1);
+
+    /* the failed spawn touched nothing: same hash as a world with N spawns */
+    {
+        keel_world *ref = make_world();
+        keel_cmdbuf *rc = make_cb(ref);
+        for (int32_t i = 0; i < N; i++)
+            rec_spawn_pos(rc, i, i);
+        ck_assert_ok(keel_cmdbuf_apply(rc));
+        ck_assert_uint_eq(keel_world_hash(w), keel_world_hash(ref));
+        keel_cmdbuf_destroy(rc);
+        keel_world_destroy(ref);
+    }
+
+    /* retry without room fails the same way, without duplicating anything */
+    ck_assert_rc(keel_cmdbuf_apply(cb1), KEEL_ENOSPC);
+    r = keel_cmdbuf_result(cb1);
+    assert_counters(r, N, 0, 0, 0, 0, 0, 0, 1);
+    ck_assert_uint_eq(r.created_count, N);
+    ck_assert_uint_eq(keel_world_pending(w), 1);
+
+    /* the pending buffer refuses new commands; free a slot with another one */
+    ck_assert_rc(keel_cmd_destroy(cb1, e[1]), KEEL_EBUSY);
+    keel_cmdbuf *cb2 = make_cb(w);
+    ck_assert_ok(keel_cmd_destroy(cb2, e[1]));
+    ck_assert_ok(keel_cmdbuf_apply(cb2));
+    ck_assert_uint_eq(keel_world_count(w), N - 1);
+    ck_assert_uint_eq(keel_world_pending(w), 1);
+
+    ck_assert_ok(keel_cmdbuf_apply(cb1));
+    r = keel_cmdbuf_result(cb1);
+    assert_counters(r, N + 1, 0, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, N + 1);
+    for (uint32_t i = 0; i < N; i++)
+        ck_assert_uint_eq(r.created[i], e[i]);
+    ck_assert_uint_eq(r.created[N], KEEL_ENTITY_MAKE(1, 2));
+    assert_pos(w, r.created[N], N, N);
+    ck_assert_uint_eq(keel_world_count(w), N);
+    ck_assert_uint_eq(keel_world_pending(w), 0);
+
+    keel_cmdbuf_destroy(cb2);
+    keel_cmdbuf_destroy(cb1);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(failure_ignored_prefix_counted_once)
+{
+    /* ignored commands before the failure keep their counts and are not
+     * counted again by the retry; the injected code is passed through */
+    keel_world *w = make_world();
+    keel_entity a = spawn_pos(w, 1, 1);
+    destroy_now(w, a);
+    keel_cmdbuf *cb = make_cb(w);
+    ck_assert_ok(keel_cmd_destroy(cb, KEEL_ENTITY_NULL));
+    ck_assert_ok(keel_cmd_destroy(cb, a));
+    rec_spawn_pos(cb, 2, 2);
+    rec_spawn_pos(cb, 3, 3);
+    /* Inject at the 2nd application. Whether the hook counts ignored
+     * commands as applications is not specified: either the stale destroy
+     * fails (1 ignored, 3 pending, nothing created) or the second spawn does
+     * (2 ignored, 1 pending, 1 created). */
+    world_test_inject_failure(w, 2, KEEL_ENOSPC);
+    ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOSPC);
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(keel_world_pending(w), 1);
+    ck_assert_uint_eq(r.ignored_null, 1);
+    bool hook_counts_ignored = r.ignored_stale == 0;
+    if (hook_counts_ignored) {
+        assert_counters(r, 0, 0, 0, 0, 1, 0, 0, 3);
+        ck_assert_uint_eq(r.created_count, 0);
+        ck_assert_uint_eq(keel_world_count(w), 0);
+    } else {
+        assert_counters(r, 1, 0, 0, 0, 1, 1, 0, 1);
+        ck_assert_uint_eq(r.created_count, 1);
+        ck_assert_uint_eq(keel_world_count(w), 1);
+    }
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    assert_counters(r, 2, 0, 0, 0, 1, 1, 0, 0);
+    ck_assert_uint_eq(r.created_count, 2);
+    assert_pos(w, r.created[0], 2, 2);
+    assert_pos(w, r.created[1], 3, 3);
+    ck_assert_uint_eq(keel_world_count(w), 2);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+/* ======================================================================== */
+/* cmd_receipts                                                              */
+/* ======================================================================== */
+
+START_TEST(receipts_accumulate_until_reset)
+{
+    keel_world *w = make_world();
+    keel_cmdbuf *cb = make_cb(w);
+    rec_spawn_pos(cb, 0, 0);
+    rec_spawn_pos(cb, 1, 1);
+    rec_spawn_pos(cb, 2, 2);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 3);
+    keel_entity first3[3];
+    memcpy(first3, r.created, sizeof first3);
+
+    rec_spawn_pos(cb, 3, 3);
+    rec_spawn_pos(cb, 4, 4);
+    ck_assert_ok(keel_cmd_destroy(cb, first3[0]));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    assert_counters(r, 5, 1, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, 5);
+    for (uint32_t i = 0; i < 3; i++)
+        ck_assert_uint_eq(r.created[i], first3[i]);
+    for (uint32_t i = 0; i < 5; i++) {
+        ck_assert_uint_eq(r.created[i], KEEL_ENTITY_MAKE(i, 1));
+        if (i > 0)
+            assert_pos(w, r.created[i], (int32_t)i, (int32_t)i);
+    }
+    /* receipts are a record of what was created, even if since destroyed */
+    ck_assert(!keel_alive(w, r.created[0]));
+
+    /* an empty apply keeps everything */
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 5);
+    ck_assert_uint_eq(r.spawned, 5);
+
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    r = keel_cmdbuf_result(cb);
+    assert_counters(r, 0, 0, 0, 0, 0, 0, 0, 0);
+    ck_assert_uint_eq(r.created_count, 0);
+    ck_assert_uint_eq(keel_world_count(w), 4); /* reset does not touch the world */
+
+    rec_spawn_pos(cb, 9, 9);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 1);
+    ck_assert_uint_eq(r.created[0], KEEL_ENTITY_MAKE(0, 2));
+    assert_pos(w, r.created[0], 9, 9);
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    ck_assert_ok(keel_cmdbuf_reset(cb)); /* idempotent */
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(receipts_reset_refuses_queued)
+{
+    /* reset is refused while commands are queued (apply or discard first) */
+    keel_world *w = make_world();
+    keel_cmdbuf *cb = make_cb(w);
+    rec_spawn_pos(cb, 1, 1);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    rec_spawn_pos(cb, 2, 2);
+    ck_assert_rc(keel_cmdbuf_reset(cb), KEEL_EBUSY);
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 1);
+    ck_assert_uint_eq(r.pending, 1);
+    keel_cmdbuf_discard(cb);
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    ck_assert_uint_eq(keel_world_count(w), 1);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(receipts_counters_exact)
+{
+    keel_world *w = make_world();
+    keel_entity e[5];
+    for (int32_t i = 0; i < 5; i++)
+        e[i] = spawn_pos(w, i, i);
+    destroy_now(w, e[4]);
+
+    keel_cmdbuf *cb = make_cb(w);
+    uint64_t hp = 1;
+    vel_t v = {2, 2};
+    rec_spawn_pos(cb, 10, 10);                         /* spawned 1 (takes slot 4) */
+    rec_spawn_pos_hp(cb, 11, 11, 11);                  /* spawned 2 */
+    ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));         /* spawned 3 */
+    ck_assert_ok(keel_cmd_destroy(cb, e[0]));          /* destroyed 1 */
+    ck_assert_ok(keel_cmd_destroy(cb, e[0]));          /* stale 1 */
+    ck_assert_ok(keel_cmd_destroy(cb, e[4]));          /* stale 2 (slot reused by spawn 1) */
+    ck_assert_ok(keel_cmd_add(cb, e[1], HP, &hp));     /* added 1 */
+    ck_assert_ok(keel_cmd_add(cb, e[1], VEL, &v));     /* added 2 */
+    ck_assert_ok(keel_cmd_add(cb, e[2], TAG, NULL));   /* added 3 */
+    ck_assert_ok(keel_cmd_remove(cb, e[2], POS));      /* removed 1 */
+    ck_assert_ok(keel_cmd_remove(cb, e[2], VEL));      /* absent 1 */
+    ck_assert_ok(keel_cmd_remove(cb, e[3], HP));       /* absent 2 */
+    ck_assert_ok(keel_cmd_remove(cb, e[0], POS));      /* stale 3 */
+    ck_assert_ok(keel_cmd_add(cb, KEEL_ENTITY_NULL, HP, &hp)); /* null 1 */
+    ck_assert_ok(keel_cmd_destroy(cb, KEEL_ENTITY_NULL));     /* null 2 */
+    ck_assert_ok(keel_cmd_add(cb, KEEL_ENTITY_MAKE(99999, 3), HP, &hp)); /* stale 4 */
+    ck_assert_ok(keel_cmd_destroy(cb, e[3]));          /* destroyed 2 */
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 17);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    assert_counters(r, 3, 2, 3, 1, 2, 4, 2, 0);
+    ck_assert_uint_eq(r.created_count, 3);
+    ck_assert_uint_eq(r.created[0], KEEL_ENTITY_MAKE(4, 2));
+    ck_assert_uint_eq(r.created[1], KEEL_ENTITY_MAKE(5, 1));
+    ck_assert_uint_eq(r.created[2], KEEL_ENTITY_MAKE(6, 1));
+    assert_pos(w, r.created[0], 10, 10);
+    assert_hp(w, r.created[1], 11);
+    ck_assert_uint_eq(keel_world_count(w), 5); /* e1, e2, 3 new */
+    assert_hp(w, e[1], 1);
+    assert_vel(w, e[1], 2, 2);
+    assert_pos(w, e[1], 1, 1);
+    ck_assert_int_eq(keel_has(w, e[2], POS), 0);
+    ck_assert_int_eq(keel_has(w, e[2], TAG), 1);
+    ck_assert(!keel_alive(w, e[3]));
+
+    /* a second round adds to the counters */
+    ck_assert_ok(keel_cmd_destroy(cb, e[1]));
+    ck_assert_ok(keel_cmd_remove(cb, e[2], TAG));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    assert_counters(keel_cmdbuf_result(cb), 3, 3, 3, 2, 2, 4, 2, 0);
+
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    assert_counters(keel_cmdbuf_result(cb), 0, 0, 0, 0, 0, 0, 0, 0);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+START_TEST(receipts_across_failure)
+{
+    /* receipts of a failed apply's prefix, then of the retry, in command
+     * order, each entity once */
+    keel_world *w = make_world();
+    keel_cmdbuf *cb = make_cb(w);
+    for (int32_t i = 0; i < 6; i++)
+        rec_spawn_pos(cb, i, i);
+    world_test_inject_failure(w, 4, KEEL_ENOMEM);
+    ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOMEM);
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 3);
+    ck_assert_uint_eq(r.pending, 3);
+    for (uint32_t i = 0; i < 3; i++)
+        ck_assert_uint_eq(r.created[i], KEEL_ENTITY_MAKE(i, 1));
+    ck_assert_uint_eq(keel_world_count(w), 3);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, 6);
+    ck_assert_uint_eq(r.spawned, 6);
+    for (uint32_t i = 0; i < 6; i++) {
+        ck_assert_uint_eq(r.created[i], KEEL_ENTITY_MAKE(i, 1));
+        assert_pos(w, r.created[i], (int32_t)i, (int32_t)i);
+    }
+    ck_assert_uint_eq(keel_world_count(w), 6);
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+END_TEST
+
+/* ======================================================================== */
+
+static Suite *record_suite(void)
+{
+    Suite *s = suite_create("cmd_record");
+    TCase *tc = tcase_create("record");
+    tcase_add_test(tc, record_create_args);
+    tcase_add_test(tc, record_unknown_component);
+    tcase_add_test(tc, record_repeated_component);
+    tcase_add_test(tc, record_null_inits);
+    tcase_add_test(tc, record_does_not_touch_world);
+    tcase_add_test(tc, record_values_copied);
+    tcase_add_test(tc, record_spawn_empty_and_zero_fill);
+    tcase_add_test(tc, record_discard_unapplied);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *playback_suite(void)
+{
+    Suite *s = suite_create("cmd_playback");
+    TCase *tc = tcase_create("playback");
+    tcase_add_test(tc, playback_fifo_receipts);
+    tcase_add_test(tc, playback_fifo_order_matters);
+    tcase_add_test(tc, playback_add_remove_moves);
+    tcase_add_test(tc, playback_add_overwrites);
+    tcase_add_test(tc, playback_destroy_then_spawn_reuses);
+    tcase_add_test(tc, playback_spawn_then_destroy_no_reuse);
+    tcase_add_test(tc, playback_empty_noop);
+    tcase_add_test(tc, playback_destroy_clears);
+    tcase_add_test(tc, playback_many);
+    tcase_add_test(tc, playback_hash_history_independent);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *ignored_suite(void)
+{
+    Suite *s = suite_create("cmd_ignored");
+    TCase *tc = tcase_create("ignored");
+    tcase_add_test(tc, ignored_double_destroy);
+    tcase_add_test(tc, ignored_double_destroy_occupant_safe);
+    tcase_add_test(tc, ignored_stale_after_reuse);
+    tcase_add_test(tc, ignored_null);
+    tcase_add_test(tc, ignored_foreign);
+    tcase_add_test(tc, ignored_absent);
+    tcase_add_test(tc, ignored_add_after_destroy_same_buffer);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *failure_suite(void)
+{
+    Suite *s = suite_create("cmd_failure");
+    TCase *tc = tcase_create("failure");
+    tcase_add_loop_test(tc, failure_at_k_retry, 1, NSCEN + 1);
+    tcase_add_loop_test(tc, failure_at_k_discard, 1, NSCEN + 1);
+    tcase_add_test(tc, failure_first_command_applies_nothing);
+    tcase_add_test(tc, failure_pending_refuses);
+    tcase_add_test(tc, failure_retry_fails_again);
+    tcase_add_test(tc, failure_destroy_pending_buffer);
+    tcase_add_test(tc, failure_natural_enospc);
+    tcase_add_test(tc, failure_ignored_prefix_counted_once);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *receipts_suite(void)
+{
+    Suite *s = suite_create("cmd_receipts");
+    TCase *tc = tcase_create("receipts");
+    tcase_add_test(tc, receipts_accumulate_until_reset);
+    tcase_add_test(tc, receipts_reset_refuses_queued);
+    tcase_add_test(tc, receipts_counters_exact);
+    tcase_add_test(tc, receipts_across_failure);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(record_suite, playback_suite, ignored_suite, failure_suite, receipts_suite)

@@ -1,0 +1,864 @@
+/*
+ * keel-bench -- the SPEC §10 benchmarks, each measured side by side with a
+ * plain-C baseline in the same process run.
+ *
+ *   keel-bench [all|iterate|spawn|destroy|memory] [--json]
+ *              [--entities N] [--rounds R]
+ *
+ * Method. The machines are noisy, so a figure is never compared with a number
+ * from another run: after one untimed warm-up of each side, every round
+ * measures the baseline and the subject alternately (baseline first in even
+ * rounds, subject first in odd rounds), and the figure reports the MEDIAN
+ * over the rounds of each side (CLOCK_MONOTONIC). ratio = value / baseline.
+ * Freed memory stays resident in the heap between rounds (see
+ * keep_heap_resident). Targets are reported, not enforced: the exit status
+ * is 0 whatever the figures, 2 for bad arguments and 1 only when the library
+ * itself fails.
+ *
+ * Figures:
+ *  memory   peak RSS of a forked child that spawns N entities with pos+vel
+ *           (MEMORY_BATCH spawns per apply) and runs MEMORY_TICKS ticks
+ *           rewriting both, minus the child's RSS before it built the world,
+ *           vs the raw component bytes N * 24 (target: ratio <= 2.5).
+ *  iterate  one pass of pos += vel * dt over N entities through a query
+ *           {pos, vel}, vs the same loop over two malloc'd arrays; ms per
+ *           pass, ITERATE_PASSES alternating passes per round
+ *           (target: ratio <= 1.3).
+ *  spawn    recording N deferred spawns with 2 initial values plus the one
+ *           keel_cmdbuf_apply that plays them back, vs appending two structs
+ *           to two arrays grown by doubling; ns per entity (target <= 100).
+ *  destroy  recording N destroys (shuffled order) plus the apply, vs a plain
+ *           sparse-set swap-remove in the same order; ns per entity
+ *           (target <= 50). destroy_seq: the same in creation order.
+ */
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "keel/keel.h"
+
+#define ITERATE_PASSES 10          /* alternating passes per side per round */
+#define MEMORY_BATCH 65536u        /* spawns per command buffer apply in the memory child */
+#define MEMORY_TICKS 10            /* ticks rewriting pos and vel before reading the peak */
+#define SHUFFLE_SEED 0x6b65656c62656e63ull /* "keelbenc" */
+
+typedef struct vec3 {
+    float x, y, z;
+} vec3;
+
+/* Read once per pass, so the compiler cannot fold or hoist the work away. */
+static volatile float g_dt = 1.0f / 60.0f;
+/* Results are folded into this, so no measured loop is dead code. */
+static volatile double g_sink;
+
+/* ---- utilities ---------------------------------------------------------- */
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "keel-bench: out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+static void check(int rc, const char *what)
+{
+    if (rc != 0) {
+        fprintf(stderr, "keel-bench: %s failed: %s: %s\n", what, keel_strerror(rc), keel_last_error());
+        exit(1);
+    }
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of v[0..n-1] (sorts v). */
+static double median(double *v, uint32_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static uint64_t splitmix64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* order[i] = i (shuffled = false) or a Fisher-Yates permutation of 0..n-1
+ * driven by splitmix64 from SHUFFLE_SEED (the same in every round and run). */
+static uint32_t *make_order(uint32_t n, bool shuffled)
+{
+    uint32_t *order = xmalloc((size_t)n * sizeof *order);
+    for (uint32_t i = 0; i < n; i++)
+        order[i] = i;
+    uint64_t state = SHUFFLE_SEED;
+    for (uint32_t i = n; shuffled && i > 1; i--) {
+        uint32_t j = (uint32_t)(splitmix64(&state) % i);
+        uint32_t t = order[i - 1];
+        order[i - 1] = order[j];
+        order[j] = t;
+    }
+    return order;
+}
+
+/* Initial component values of entity number i (cheap: not what is measured). */
+static vec3 init_pos(uint32_t i)
+{
+    return (vec3){ (float)(i & 1023), (float)(i >> 10), 1.0f };
+}
+
+static vec3 init_vel(uint32_t i)
+{
+    return (vec3){ 1.0f, (float)(i & 7) * 0.25f, -0.5f };
+}
+
+/* The measured work of the iterate figure, shared by both sides. */
+static void integrate(vec3 *p, const vec3 *v, uint32_t n, float dt)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        p[i].x += v[i].x * dt;
+        p[i].y += v[i].y * dt;
+        p[i].z += v[i].z * dt;
+    }
+}
+
+/* s plus the coordinates of p[0..n-1], added in row order. */
+static double sum_pos(double s, const vec3 *p, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        s += (double)p[i].x + (double)p[i].y + (double)p[i].z;
+    return s;
+}
+
+/* ---- configuration and reporting ---------------------------------------- */
+
+typedef struct config {
+    uint32_t entities;
+    uint32_t rounds;
+    bool json;
+} config;
+
+typedef struct figure {
+    const char *name;
+    double value;          /* median of the subject */
+    double baseline;       /* median of the baseline */
+    const char *unit;      /* of value and baseline */
+    double target;         /* upper bound ... */
+    bool target_on_ratio;  /* ... on the ratio (true) or on the value */
+} figure;
+
+static double figure_ratio(const figure *f)
+{
+    return f->baseline > 0 ? f->value / f->baseline : NAN;
+}
+
+static bool figure_meets(const figure *f)
+{
+    double x = f->target_on_ratio ? figure_ratio(f) : f->value;
+    return isfinite(x) && x <= f->target;
+}
+
+static void report_json(const figure *f)
+{
+    double ratio = figure_ratio(f);
+    printf("{\"name\":\"%s\",\"value\":%.6g,\"unit\":\"%s\",\"baseline\":%.6g,", f->name, f->value,
+           f->unit, f->baseline);
+    if (isfinite(ratio))
+        printf("\"ratio\":%.4g,", ratio);
+    else
+        printf("\"ratio\":null,");
+    printf("\"target\":%g,\"target_of\":\"%s\",\"meets\":%s}\n", f->target,
+           f->target_on_ratio ? "ratio" : "value", figure_meets(f) ? "true" : "false");
+}
+
+static void report_text(const figure *f)
+{
+    char target[48];
+    if (f->target_on_ratio)
+        snprintf(target, sizeof target, "ratio <= %.2fx", f->target);
+    else
+        snprintf(target, sizeof target, "<= %g %s", f->target, f->unit);
+    printf("%-16s %10.4g %-10s %10.4g %-10s %7.2fx   %-18s %s\n", f->name, f->value, f->unit,
+           f->baseline, f->unit, figure_ratio(f), target, figure_meets(f) ? "ok" : "MISS");
+}
+
+static void report(const config *cfg, const figure *f)
+{
+    if (cfg->json)
+        report_json(f);
+    else
+        report_text(f);
+    fflush(stdout);
+}
+
+/* A comment line in text mode only (JSON mode prints figures and nothing else). */
+static void note(const config *cfg, const char *fmt, ...)
+{
+    if (cfg->json)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("# ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+}
+
+/* ---- side-by-side runner ------------------------------------------------ */
+
+/* Keep memory a round freed resident for the next round (glibc: no mmap for
+ * large blocks, no trimming of the heap top). On the Firecracker VMs these
+ * benchmarks run on, the first touch of a fresh page costs ~15 us, so without
+ * this every round would re-fault its storage and the spawn and destroy
+ * figures would measure the VM's page faults rather than keel; a long-running
+ * server reuses a warm heap the same way. Both sides get the same heap. */
+static void keep_heap_resident(void)
+{
+#ifdef __GLIBC__
+    mallopt(M_MMAP_MAX, 0);
+    mallopt(M_TRIM_THRESHOLD, -1);
+#endif
+}
+
+/* One measurement of one side: untimed setup, the timed part, untimed
+ * teardown; returns the figure's quantity (ms per pass, ns per entity). */
+typedef double (*measure_fn)(void *ctx);
+
+/* After one untimed warm-up of each side, each round alternates `reps`
+ * measurements of each side (baseline first in even rounds) and keeps each
+ * side's mean; the figure gets the medians of those means over the rounds. */
+static void run_pair(const config *cfg, uint32_t reps, measure_fn baseline, measure_fn subject, void *ctx,
+                     figure *f)
+{
+    keep_heap_resident();
+    baseline(ctx);
+    subject(ctx);
+    double *b = xmalloc(cfg->rounds * sizeof *b);
+    double *s = xmalloc(cfg->rounds * sizeof *s);
+    for (uint32_t r = 0; r < cfg->rounds; r++) {
+        b[r] = s[r] = 0;
+        for (uint32_t k = 0; k < reps; k++) {
+            if (r % 2 == 0) {
+                b[r] += baseline(ctx);
+                s[r] += subject(ctx);
+            } else {
+                s[r] += subject(ctx);
+                b[r] += baseline(ctx);
+            }
+        }
+        b[r] /= reps;
+        s[r] /= reps;
+    }
+    f->baseline = median(b, cfg->rounds);
+    f->value = median(s, cfg->rounds);
+    free(b);
+    free(s);
+}
+
+/* ---- keel worlds -------------------------------------------------------- */
+
+typedef struct bench_world {
+    keel_world *w;
+    keel_component pos, vel;
+} bench_world;
+
+static keel_component register_vec3(keel_world *w, const char *name)
+{
+    static const keel_field fields[3] = {
+        { .name = "x", .type = KEEL_F32, .offset = 0 },
+        { .name = "y", .type = KEEL_F32, .offset = 4 },
+        { .name = "z", .type = KEEL_F32, .offset = 8 },
+    };
+    keel_component_desc desc = {
+        .name = name, .size = sizeof(vec3), .fields = fields, .field_count = 3,
+    };
+    keel_component c;
+    check(keel_component_register(w, &desc, &c), "keel_component_register");
+    return c;
+}
+
+static void bw_open(bench_world *bw)
+{
+    check(keel_world_create(NULL, &bw->w), "keel_world_create");
+    bw->pos = register_vec3(bw->w, "pos");
+    bw->vel = register_vec3(bw->w, "vel");
+}
+
+static void bw_close(bench_world *bw)
+{
+    keel_world_destroy(bw->w);
+    bw->w = NULL;
+}
+
+static keel_cmdbuf *cmdbuf_new(const bench_world *bw)
+{
+    keel_cmdbuf *cb;
+    check(keel_cmdbuf_create(bw->w, &cb), "keel_cmdbuf_create");
+    return cb;
+}
+
+/* Record spawns of entities first .. first+n-1 with pos and vel. */
+static void record_spawns(keel_cmdbuf *cb, const bench_world *bw, uint32_t first, uint32_t n)
+{
+    for (uint32_t i = first; i < first + n; i++) {
+        vec3 p = init_pos(i), v = init_vel(i);
+        keel_init inits[2] = { { bw->pos, &p }, { bw->vel, &v } };
+        check(keel_cmd_spawn(cb, inits, 2), "keel_cmd_spawn");
+    }
+}
+
+/* Check the receipts and counters of cb's playback since its last reset. */
+static void expect_result(const keel_cmdbuf *cb, uint32_t spawned, uint32_t destroyed)
+{
+    keel_cmd_result res = keel_cmdbuf_result(cb);
+    if (res.created_count != spawned || res.destroyed != destroyed || res.pending != 0) {
+        fprintf(stderr, "keel-bench: playback created %u (expected %u), destroyed %u (expected %u), "
+                "%u pending\n", res.created_count, spawned, res.destroyed, destroyed, res.pending);
+        exit(1);
+    }
+}
+
+/* Spawn n entities with pos+vel, `batch` spawns per apply; their handles go
+ * to handles[0..n-1] when handles is not NULL. */
+static void populate(bench_world *bw, uint32_t n, uint32_t batch, keel_entity *handles)
+{
+    keel_cmdbuf *cb = cmdbuf_new(bw);
+    for (uint32_t first = 0; first < n; first += batch) {
+        uint32_t k = n - first < batch ? n - first : batch;
+        record_spawns(cb, bw, first, k);
+        check(keel_cmdbuf_apply(cb), "keel_cmdbuf_apply");
+        expect_result(cb, k, 0);
+        if (handles)
+            memcpy(handles + first, keel_cmdbuf_result(cb).created, (size_t)k * sizeof *handles);
+        check(keel_cmdbuf_reset(cb), "keel_cmdbuf_reset");
+    }
+    keel_cmdbuf_destroy(cb);
+}
+
+static keel_query *query_pos_vel(const bench_world *bw)
+{
+    keel_query_desc desc = { .with = { bw->pos, bw->vel } };
+    keel_query *q;
+    check(keel_query_create(bw->w, &desc, &q), "keel_query_create");
+    return q;
+}
+
+/* One pass of the iterate figure through the query. */
+static void query_pass(const keel_query *q, float dt)
+{
+    keel_iter it;
+    keel_query_iter(q, &it);
+    while (keel_iter_next(&it))
+        integrate(KEEL_COLUMN(&it, vec3, 0), KEEL_COLUMN(&it, const vec3, 1), it.count, dt);
+}
+
+/* One tick of the memory figure: a system that rewrites both components. */
+static void query_tick_both(const keel_query *q, float dt)
+{
+    keel_iter it;
+    keel_query_iter(q, &it);
+    while (keel_iter_next(&it)) {
+        vec3 *p = KEEL_COLUMN(&it, vec3, 0), *v = KEEL_COLUMN(&it, vec3, 1);
+        integrate(p, v, it.count, dt);
+        for (uint32_t i = 0; i < it.count; i++)
+            v[i] = (vec3){ v[i].x * 0.999f, v[i].y * 0.999f, v[i].z * 0.999f };
+    }
+}
+
+static double query_sum_pos(const keel_query *q)
+{
+    double s = 0;
+    keel_iter it;
+    keel_query_iter(q, &it);
+    while (keel_iter_next(&it))
+        s = sum_pos(s, KEEL_COLUMN(&it, const vec3, 0), it.count);
+    return s;
+}
+
+/* ---- iterate ------------------------------------------------------------ */
+
+typedef struct iterate_ctx {
+    uint32_t n;
+    vec3 *pos, *vel;       /* baseline arrays */
+    keel_query *q;         /* subject */
+} iterate_ctx;
+
+static double iterate_plain(void *ctx)
+{
+    iterate_ctx *c = ctx;
+    uint64_t t0 = now_ns();
+    integrate(c->pos, c->vel, c->n, g_dt);
+    return (double)(now_ns() - t0) / 1e6;
+}
+
+static double iterate_keel(void *ctx)
+{
+    iterate_ctx *c = ctx;
+    uint64_t t0 = now_ns();
+    query_pass(c->q, g_dt);
+    return (double)(now_ns() - t0) / 1e6;
+}
+
+static void bench_iterate(const config *cfg)
+{
+    uint32_t n = cfg->entities;
+    iterate_ctx c = { .n = n };
+    c.pos = xmalloc((size_t)n * sizeof *c.pos);
+    c.vel = xmalloc((size_t)n * sizeof *c.vel);
+    for (uint32_t i = 0; i < n; i++) {
+        c.pos[i] = init_pos(i);
+        c.vel[i] = init_vel(i);
+    }
+    bench_world bw;
+    bw_open(&bw);
+    populate(&bw, n, n, NULL);   /* one command buffer, one apply */
+    c.q = query_pos_vel(&bw);
+    if (keel_query_count(c.q) != n) {
+        fprintf(stderr, "keel-bench: query matches %u entities, expected %u\n", keel_query_count(c.q), n);
+        exit(1);
+    }
+
+    figure f = { .name = "iterate", .unit = "ms/pass", .target = 1.3, .target_on_ratio = true };
+    run_pair(cfg, ITERATE_PASSES, iterate_plain, iterate_keel, &c, &f);
+    report(cfg, &f);
+
+    /* Both sides did the same passes over the same values: same sums. */
+    double plain = sum_pos(0, c.pos, n), keel = query_sum_pos(c.q);
+    g_sink = plain + keel;
+    note(cfg, "iterate checksum: keel %.9g, plain %.9g", keel, plain);
+    if (plain != keel)
+        fprintf(stderr, "keel-bench: iterate checksums differ (keel %.9g, plain %.9g)\n", keel, plain);
+
+    keel_query_destroy(c.q);
+    bw_close(&bw);
+    free(c.pos);
+    free(c.vel);
+}
+
+/* ---- spawn -------------------------------------------------------------- */
+
+/* Baseline: two arrays grown by doubling; an entity is its index. */
+typedef struct plain_arrays {
+    vec3 *pos, *vel;
+    uint32_t count, cap;
+} plain_arrays;
+
+static void plain_grow(plain_arrays *a)
+{
+    uint32_t cap = a->cap == 0 ? 16 : a->cap > UINT32_MAX / 2 ? UINT32_MAX : a->cap * 2;
+    vec3 *pos = realloc(a->pos, (size_t)cap * sizeof *pos);
+    vec3 *vel = pos ? realloc(a->vel, (size_t)cap * sizeof *vel) : NULL;
+    if (!pos || !vel) {
+        fprintf(stderr, "keel-bench: out of memory growing plain arrays to %u\n", cap);
+        exit(1);
+    }
+    a->pos = pos;
+    a->vel = vel;
+    a->cap = cap;
+}
+
+static uint32_t plain_spawn(plain_arrays *a, vec3 p, vec3 v)
+{
+    if (a->count == a->cap)
+        plain_grow(a);
+    a->pos[a->count] = p;
+    a->vel[a->count] = v;
+    return a->count++;
+}
+
+static double spawn_plain(void *ctx)
+{
+    uint32_t n = *(const uint32_t *)ctx;
+    plain_arrays a = { 0 };
+    uint64_t t0 = now_ns();
+    for (uint32_t i = 0; i < n; i++)
+        plain_spawn(&a, init_pos(i), init_vel(i));
+    uint64_t t1 = now_ns();
+    g_sink = a.pos[n - 1].x + a.vel[n / 2].y;
+    free(a.pos);
+    free(a.vel);
+    return (double)(t1 - t0) / n;
+}
+
+static double spawn_keel(void *ctx)
+{
+    uint32_t n = *(const uint32_t *)ctx;
+    bench_world bw;
+    bw_open(&bw);
+    keel_cmdbuf *cb = cmdbuf_new(&bw);
+    uint64_t t0 = now_ns();
+    record_spawns(cb, &bw, 0, n);
+    check(keel_cmdbuf_apply(cb), "keel_cmdbuf_apply");
+    uint64_t t1 = now_ns();
+    expect_result(cb, n, 0);
+    keel_cmdbuf_destroy(cb);
+    bw_close(&bw);
+    return (double)(t1 - t0) / n;
+}
+
+static void bench_spawn(const config *cfg)
+{
+    uint32_t n = cfg->entities;
+    figure f = { .name = "spawn", .unit = "ns/entity", .target = 100 };
+    run_pair(cfg, 1, spawn_plain, spawn_keel, &n, &f);
+    report(cfg, &f);
+}
+
+/* ---- destroy ------------------------------------------------------------ */
+
+/* Baseline: a sparse set (handle -> row, row -> handle) over two dense
+ * arrays; destroy swap-removes the row, as an archetype table does. */
+typedef struct sparse_store {
+    vec3 *pos, *vel;
+    uint32_t *row_of, *handle_of;
+    uint32_t count;
+} sparse_store;
+
+#define SPARSE_DEAD UINT32_MAX
+
+static void sparse_fill(sparse_store *s, uint32_t n)
+{
+    s->pos = xmalloc((size_t)n * sizeof *s->pos);
+    s->vel = xmalloc((size_t)n * sizeof *s->vel);
+    s->row_of = xmalloc((size_t)n * sizeof *s->row_of);
+    s->handle_of = xmalloc((size_t)n * sizeof *s->handle_of);
+    for (uint32_t i = 0; i < n; i++) {
+        s->pos[i] = init_pos(i);
+        s->vel[i] = init_vel(i);
+        s->row_of[i] = s->handle_of[i] = i;
+    }
+    s->count = n;
+}
+
+static void sparse_free(sparse_store *s)
+{
+    free(s->pos);
+    free(s->vel);
+    free(s->row_of);
+    free(s->handle_of);
+}
+
+static void sparse_destroy(sparse_store *s, uint32_t handle)
+{
+    uint32_t row = s->row_of[handle];
+    if (row == SPARSE_DEAD)
+        return;
+    uint32_t last = --s->count, moved = s->handle_of[last];
+    s->pos[row] = s->pos[last];
+    s->vel[row] = s->vel[last];
+    s->handle_of[row] = moved;
+    s->row_of[moved] = row;
+    s->row_of[handle] = SPARSE_DEAD;
+}
+
+typedef struct destroy_ctx {
+    uint32_t n;
+    const uint32_t *order;   /* destroy entity order[0], order[1], ... */
+} destroy_ctx;
+
+static double destroy_plain(void *ctx)
+{
+    const destroy_ctx *c = ctx;
+    sparse_store s;
+    sparse_fill(&s, c->n);
+    uint64_t t0 = now_ns();
+    for (uint32_t i = 0; i < c->n; i++)
+        sparse_destroy(&s, c->order[i]);
+    uint64_t t1 = now_ns();
+    g_sink = s.count;
+    sparse_free(&s);
+    return (double)(t1 - t0) / c->n;
+}
+
+static double destroy_keel(void *ctx)
+{
+    const destroy_ctx *c = ctx;
+    keel_entity *handles = xmalloc((size_t)c->n * sizeof *handles);
+    keel_entity *victims = xmalloc((size_t)c->n * sizeof *victims);
+    bench_world bw;
+    bw_open(&bw);
+    populate(&bw, c->n, c->n, handles);   /* as the spawn figure: one buffer */
+    for (uint32_t i = 0; i < c->n; i++)   /* read in order when timed, as the baseline's */
+        victims[i] = handles[c->order[i]];
+    keel_cmdbuf *cb = cmdbuf_new(&bw);
+    uint64_t t0 = now_ns();
+    for (uint32_t i = 0; i < c->n; i++)
+        check(keel_cmd_destroy(cb, victims[i]), "keel_cmd_destroy");
+    check(keel_cmdbuf_apply(cb), "keel_cmdbuf_apply");
+    uint64_t t1 = now_ns();
+    expect_result(cb, 0, c->n);
+    if (keel_world_count(bw.w) != 0) {
+        fprintf(stderr, "keel-bench: %u entities alive after destroying all\n", keel_world_count(bw.w));
+        exit(1);
+    }
+    keel_cmdbuf_destroy(cb);
+    bw_close(&bw);
+    free(handles);
+    free(victims);
+    return (double)(t1 - t0) / c->n;
+}
+
+static void destroy_figure(const config *cfg, const char *name, bool shuffled)
+{
+    uint32_t *order = make_order(cfg->entities, shuffled);
+    destroy_ctx c = { .n = cfg->entities, .order = order };
+    figure f = { .name = name, .unit = "ns/entity", .target = 50 };
+    run_pair(cfg, 1, destroy_plain, destroy_keel, &c, &f);
+    report(cfg, &f);
+    free(order);
+}
+
+static void bench_destroy(const config *cfg)
+{
+    destroy_figure(cfg, "destroy", true);        /* splitmix64-shuffled order */
+    destroy_figure(cfg, "destroy_seq", false);   /* creation order */
+}
+
+/* ---- memory ------------------------------------------------------------- */
+
+/* A "Vm...:" line of /proc/self/status in kB, 0 when unavailable. */
+static uint64_t proc_status_kb(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    size_t len = strlen(key);
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, key, len) == 0 && sscanf(line + len, "%llu", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+static uint64_t peak_rss_kb(void)
+{
+    uint64_t kb = proc_status_kb("VmHWM:");
+    if (kb == 0) {
+        struct rusage ru;
+        if (getrusage(RUSAGE_SELF, &ru) == 0)
+            kb = (uint64_t)ru.ru_maxrss;   /* kB on Linux */
+    }
+    return kb;
+}
+
+/* Reset the peak RSS to the current RSS (Linux >= 4.0), so that a peak the
+ * child inherited from the parent through fork does not count. */
+static void reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+typedef struct mem_report {
+    uint64_t base_kb;      /* RSS before the world was built */
+    uint64_t peak_kb;      /* peak RSS after the build and MEMORY_TICKS ticks */
+} mem_report;
+
+/* Runs in the child: build the world, rewrite both components a few times,
+ * report the RSS figures through fd. Never returns. */
+static void memory_child(uint32_t n, int fd)
+{
+    mem_report r;
+    reset_peak_rss();
+    r.base_kb = proc_status_kb("VmRSS:");
+    bench_world bw;
+    bw_open(&bw);
+    populate(&bw, n, MEMORY_BATCH, NULL);
+    keel_query *q = query_pos_vel(&bw);
+    for (int t = 0; t < MEMORY_TICKS; t++)
+        query_tick_both(q, g_dt);
+    r.peak_kb = peak_rss_kb();
+    ssize_t w = write(fd, &r, sizeof r);
+    _exit(w == (ssize_t)sizeof r ? 0 : 1);
+}
+
+static bool memory_measure(uint32_t n, mem_report *r)
+{
+    int fds[2];
+    fflush(NULL);   /* the child must not flush a copy of our buffers */
+    if (pipe(fds) != 0)
+        return false;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return false;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        memory_child(n, fds[1]);
+    }
+    close(fds[1]);
+    ssize_t got;
+    do
+        got = read(fds[0], r, sizeof *r);
+    while (got < 0 && errno == EINTR);
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return got == (ssize_t)sizeof *r && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+static void bench_memory(const config *cfg)
+{
+    mem_report r;
+    if (!memory_measure(cfg->entities, &r)) {
+        fprintf(stderr, "keel-bench: memory: the measuring child failed\n");
+        exit(1);
+    }
+    uint64_t grown_kb = r.peak_kb > r.base_kb ? r.peak_kb - r.base_kb : 0;
+    figure f = {
+        .name = "memory", .unit = "MB", .target = 2.5, .target_on_ratio = true,
+        .value = (double)grown_kb * 1024 / 1e6,
+        .baseline = (double)cfg->entities * 2 * sizeof(vec3) / 1e6,
+    };
+    report(cfg, &f);
+    note(cfg, "memory: child peak RSS %.1f MB minus its RSS before building %.1f MB",
+         (double)r.peak_kb * 1024 / 1e6, (double)r.base_kb * 1024 / 1e6);
+}
+
+/* ---- command line -------------------------------------------------------- */
+
+typedef void (*bench_fn)(const config *cfg);
+
+static const struct bench {
+    const char *name;
+    bench_fn run;
+} BENCHES[] = {
+    /* memory runs first: its child is forked before the parent has a large
+     * heap whose freed but still resident pages the child could reuse
+     * without growing its RSS. */
+    { "memory", bench_memory },
+    { "iterate", bench_iterate },
+    { "spawn", bench_spawn },
+    { "destroy", bench_destroy },
+};
+#define NBENCHES (sizeof BENCHES / sizeof BENCHES[0])
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: keel-bench [all|iterate|spawn|destroy|memory] [--json]\n"
+            "                  [--entities N] [--rounds R]\n"
+            "  --entities N  entities per figure (default 1000000)\n"
+            "  --rounds R    rounds; figures are medians over rounds (default 7)\n"
+            "  --json        one JSON object per line per figure\n"
+            "Each figure is measured side by side with a plain-C baseline in this run.\n");
+}
+
+static bool parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = s ? strtoull(s, &end, 10) : 0;
+    if (!s || *s == '\0' || *s == '-' || *end != '\0' || errno || v < min || v > max)
+        return false;
+    *out = (uint32_t)v;
+    return true;
+}
+
+static bool known_bench(const char *name)
+{
+    if (strcmp(name, "all") == 0)
+        return true;
+    for (size_t i = 0; i < NBENCHES; i++)
+        if (strcmp(name, BENCHES[i].name) == 0)
+            return true;
+    return false;
+}
+
+/* 0: run; 1: --help was printed; -1: bad arguments (message printed). */
+static int parse_args(int argc, char **argv, config *cfg, const char **which)
+{
+    bool named = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            return 1;
+        } else if (strcmp(a, "--json") == 0) {
+            cfg->json = true;
+        } else if (strcmp(a, "--entities") == 0) {
+            if (!parse_u32(i + 1 < argc ? argv[++i] : NULL, 1, UINT32_MAX - 1, &cfg->entities)) {
+                fprintf(stderr, "keel-bench: --entities needs a number in [1, 4294967294]\n");
+                return -1;
+            }
+        } else if (strcmp(a, "--rounds") == 0) {
+            if (!parse_u32(i + 1 < argc ? argv[++i] : NULL, 1, 10000, &cfg->rounds)) {
+                fprintf(stderr, "keel-bench: --rounds needs a number in [1, 10000]\n");
+                return -1;
+            }
+        } else if (a[0] != '-' && known_bench(a)) {
+            if (named) {
+                fprintf(stderr, "keel-bench: name one benchmark (got '%s' and '%s')\n", *which, a);
+                return -1;
+            }
+            *which = a;
+            named = true;
+        } else {
+            fprintf(stderr, "keel-bench: unexpected argument '%s'\n", a);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    config cfg = { .entities = 1000000, .rounds = 7, .json = false };
+    const char *which = "all";
+    int rc = parse_args(argc, argv, &cfg, &which);
+    if (rc != 0) {
+        if (rc < 0)
+            usage(stderr);
+        return rc < 0 ? 2 : 0;
+    }
+    if (!cfg.json) {
+        printf("# keel-bench %s: entities=%u rounds=%u; medians over rounds, baseline and keel "
+               "alternated in each round\n",
+               which, cfg.entities, cfg.rounds);
+        printf("%-16s %10s %-10s %10s %-10s %8s   %s\n", "# figure", "value", "", "baseline", "",
+               "ratio", "target");
+    }
+    bool all = strcmp(which, "all") == 0;
+    for (size_t i = 0; i < NBENCHES; i++)
+        if (all || strcmp(which, BENCHES[i].name) == 0)
+            BENCHES[i].run(&cfg);
+    return 0;
+}
