@@ -21,6 +21,24 @@
     } while (0)
 #define ck_assert_ok(expr) ck_assert_rc((expr), KEEL_OK)
 
+/* A new schedule on rt (the runtime frees it once installed). */
+static inline keel_schedule *sched_new(keel_runtime *rt)
+{
+    keel_schedule *s = NULL;
+    ck_assert_ok(keel_schedule_create(rt, &s));
+    ck_assert_ptr_nonnull(s);
+    return s;
+}
+
+/* Add a system, failing the test with the system's name on error. */
+static inline keel_system add_sys(keel_schedule *s, const keel_system_desc *d)
+{
+    keel_system id = UINT32_MAX;
+    int rc = keel_schedule_add_system(s, d, &id);
+    ck_assert_msg(rc == KEEL_OK, "add_system '%s': %s: %s", d->name, keel_strerror(rc), keel_last_error());
+    return id;
+}
+
 typedef Suite *(*keel_suite_fn)(void);
 
 static inline int keel_test_run(keel_suite_fn *suites, int n)

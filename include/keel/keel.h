@@ -11,6 +11,9 @@
 #include "keel/world.h"
 #include "keel/query.h"
 #include "keel/command.h"
+#include "keel/schedule.h"
+#include "keel/runtime.h"
+#include "keel/telemetry.h"
 
 #define KEEL_VERSION_MAJOR 0
 #define KEEL_VERSION_MINOR 1

@@ -30,6 +30,13 @@
  *  destroy  recording N destroys (shuffled order) plus the apply, vs a plain
  *           sparse-set swap-remove in the same order; ns per entity
  *           (target <= 50). destroy_seq: the same in creation order.
+ *  systems  a tick of SYSTEMS_PER_TICK empty callback systems through
+ *           keel_runtime_step, per system, on 1 worker (target <= 100 ns)
+ *           and on 2 workers (target <= 300 ns), vs the same number of
+ *           calls through a function-pointer table.
+ *  parallel a tick of one parallel query system pos += vel * dt over N
+ *           entities on 2 workers vs the same tick on 1 worker; ms per tick
+ *           (target: ratio <= 1/1.7, a speed-up of at least 1.7).
  */
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
@@ -57,6 +64,9 @@
 #define MEMORY_BATCH 65536u        /* spawns per command buffer apply in the memory child */
 #define MEMORY_TICKS 10            /* ticks rewriting pos and vel before reading the peak */
 #define SHUFFLE_SEED 0x6b65656c62656e63ull /* "keelbenc" */
+#define SYSTEMS_PER_TICK 64u
+#define SYSTEMS_TICKS 2000u        /* ticks per measurement of the systems figure */
+#define PARALLEL_TICKS 5           /* ticks per measurement of the parallel figure */
 
 typedef struct vec3 {
     float x, y, z;
@@ -753,6 +763,143 @@ static void bench_memory(const config *cfg)
          (double)r.peak_kb * 1024 / 1e6, (double)r.base_kb * 1024 / 1e6);
 }
 
+/* ---- systems -------------------------------------------------------------- */
+
+static int empty_system(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    (void)user;
+    return 0;
+}
+
+typedef int (*plain_fn)(keel_ctx *, void *);
+static plain_fn volatile plain_table[SYSTEMS_PER_TICK];
+
+/* A runtime of `workers` workers with SYSTEMS_PER_TICK independent empty systems. */
+static keel_runtime *systems_runtime(int32_t workers)
+{
+    keel_runtime *rt;
+    check(keel_runtime_create(&(keel_runtime_desc){.workers = workers, .tick_rate_hz = -1}, &rt),
+          "keel_runtime_create");
+    keel_schedule *s;
+    check(keel_schedule_create(rt, &s), "keel_schedule_create");
+    for (uint32_t i = 0; i < SYSTEMS_PER_TICK; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "empty%u", i);
+        keel_system_desc d = {.name = name, .kind = KEEL_SYSTEM_CALLBACK, .run = empty_system};
+        check(keel_schedule_add_system(s, &d, NULL), "keel_schedule_add_system");
+    }
+    check(keel_schedule_build(s), "keel_schedule_build");
+    check(keel_runtime_set_schedule(rt, s), "keel_runtime_set_schedule");
+    return rt;
+}
+
+static double systems_plain(void *ctx)
+{
+    (void)ctx;
+    uint64_t t0 = now_ns();
+    for (uint32_t t = 0; t < SYSTEMS_TICKS; t++)
+        for (uint32_t i = 0; i < SYSTEMS_PER_TICK; i++)
+            plain_table[i](NULL, NULL);
+    return (double)(now_ns() - t0) / ((double)SYSTEMS_TICKS * SYSTEMS_PER_TICK);
+}
+
+static double systems_keel(void *ctx)
+{
+    keel_runtime *rt = ctx;
+    uint64_t t0 = now_ns();
+    for (uint32_t t = 0; t < SYSTEMS_TICKS; t++)
+        check(keel_runtime_step(rt), "keel_runtime_step");
+    return (double)(now_ns() - t0) / ((double)SYSTEMS_TICKS * SYSTEMS_PER_TICK);
+}
+
+static void bench_systems(const config *cfg)
+{
+    for (uint32_t i = 0; i < SYSTEMS_PER_TICK; i++)
+        plain_table[i] = empty_system;
+    static const struct { const char *name; int32_t workers; double target; } runs[] = {
+        {"systems_1w", 1, 100},
+        {"systems_2w", 2, 300},
+    };
+    for (size_t r = 0; r < sizeof runs / sizeof runs[0]; r++) {
+        keel_runtime *rt = systems_runtime(runs[r].workers);
+        figure f = {.name = runs[r].name, .unit = "ns/system", .target = runs[r].target};
+        run_pair(cfg, 1, systems_plain, systems_keel, rt, &f);
+        report(cfg, &f);
+        keel_runtime_close(rt);
+    }
+    note(cfg, "systems: %u independent empty callback systems per tick; baseline: the same number of calls "
+              "through a function-pointer table", SYSTEMS_PER_TICK);
+}
+
+/* ---- parallel ------------------------------------------------------------- */
+
+static int integrate_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)ctx;
+    (void)user;
+    integrate(KEEL_COLUMN(it, vec3, 0), KEEL_COLUMN(it, const vec3, 1), it->count, g_dt);
+    return 0;
+}
+
+/* A runtime of `workers` workers whose world holds n entities with pos+vel
+ * and whose one system integrates them in parallel. */
+static keel_runtime *parallel_runtime(int32_t workers, uint32_t n)
+{
+    keel_runtime *rt;
+    check(keel_runtime_create(&(keel_runtime_desc){.workers = workers, .tick_rate_hz = -1}, &rt),
+          "keel_runtime_create");
+    bench_world bw = {.w = keel_runtime_world(rt)};
+    bw.pos = register_vec3(bw.w, "pos");
+    bw.vel = register_vec3(bw.w, "vel");
+    populate(&bw, n, MEMORY_BATCH, NULL);
+    keel_schedule *s;
+    check(keel_schedule_create(rt, &s), "keel_schedule_create");
+    keel_system_desc d = {
+        .name = "integrate", .kind = KEEL_SYSTEM_QUERY, .each_chunk = integrate_chunk, .parallel = true,
+        .query = {.with = {bw.pos, bw.vel}}, .access = {.writes = {bw.pos}, .reads = {bw.vel}},
+    };
+    check(keel_schedule_add_system(s, &d, NULL), "keel_schedule_add_system");
+    check(keel_schedule_build(s), "keel_schedule_build");
+    check(keel_runtime_set_schedule(rt, s), "keel_runtime_set_schedule");
+    return rt;
+}
+
+typedef struct parallel_ctx {
+    keel_runtime *one, *two;
+} parallel_ctx;
+
+static double parallel_tick(keel_runtime *rt)
+{
+    uint64_t t0 = now_ns();
+    for (int t = 0; t < PARALLEL_TICKS; t++)
+        check(keel_runtime_step(rt), "keel_runtime_step");
+    return (double)(now_ns() - t0) / 1e6 / PARALLEL_TICKS;
+}
+
+static double parallel_one(void *ctx)
+{
+    return parallel_tick(((parallel_ctx *)ctx)->one);
+}
+
+static double parallel_two(void *ctx)
+{
+    return parallel_tick(((parallel_ctx *)ctx)->two);
+}
+
+static void bench_parallel(const config *cfg)
+{
+    parallel_ctx c = {parallel_runtime(1, cfg->entities), parallel_runtime(2, cfg->entities)};
+    figure f = {.name = "parallel_2w", .unit = "ms/tick", .target = 1 / 1.7, .target_on_ratio = true};
+    run_pair(cfg, 1, parallel_one, parallel_two, &c, &f);
+    report(cfg, &f);
+    note(cfg, "parallel: speed-up of 2 workers over 1: %.2fx (target >= 1.70x)", f.baseline / f.value);
+    if (keel_world_hash(keel_runtime_world(c.one)) != keel_world_hash(keel_runtime_world(c.two)))
+        fprintf(stderr, "keel-bench: parallel: 1 and 2 workers ended in different states\n");
+    keel_runtime_close(c.one);
+    keel_runtime_close(c.two);
+}
+
 /* ---- command line -------------------------------------------------------- */
 
 typedef void (*bench_fn)(const config *cfg);
@@ -768,13 +915,15 @@ static const struct bench {
     { "iterate", bench_iterate },
     { "spawn", bench_spawn },
     { "destroy", bench_destroy },
+    { "systems", bench_systems },
+    { "parallel", bench_parallel },
 };
 #define NBENCHES (sizeof BENCHES / sizeof BENCHES[0])
 
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: keel-bench [all|iterate|spawn|destroy|memory] [--json]\n"
+            "usage: keel-bench [all|iterate|spawn|destroy|memory|systems|parallel] [--json]\n"
             "                  [--entities N] [--rounds R]\n"
             "  --entities N  entities per figure (default 1000000)\n"
             "  --rounds R    rounds; figures are medians over rounds (default 7)\n"

@@ -1,21 +1,26 @@
 /*
- * keel-world -- the demo world server, in its first form: a world of agents
- * that move over a bounded plane, lose energy, get hungry, die, and are
- * replaced, all driven by a seeded generator so the same arguments always
- * end in the same state hash.
+ * keel-world -- the demo world server: agents that move over a bounded
+ * plane, lose energy, get hungry, eat, die and are replaced, all driven by a
+ * seeded generator so the same arguments end in the same state hash on any
+ * number of workers.
  *
- * One step ("tick"):
- *   1. movement: pos += vel * dt over the query {pos, vel}, bouncing off the
- *      plane's edges;
- *   2. metabolism: energy -= 1 over {energy}; an agent at 0 is destroyed; an
- *      agent below the hunger line gets the `hungry` tag; a hungry agent that
- *      finds food (seeded chance) eats, gains energy and loses the tag;
- *   3. births: seeded spawns replace the dead, plus a little seeded noise;
- *   4. the sync point: the tick's command buffer is applied.
- * The systems record structural changes only; nothing moves under a query.
+ * The schedule (Public track, DAG "world"):
+ *   phase 0  movement    parallel query {pos, vel}: pos += vel * dt, bounce
+ *            metabolism  parallel query {energy} without {hungry}: energy -= 1;
+ *                        death at 0; the `hungry` tag below the hunger line
+ *   phase 1  foraging    parallel query {energy, hungry}: energy -= 1; death
+ *                        at 0; a seeded chance to eat (energy up, tag removed)
+ *   phase 2  births      callback: spawns replace the tick's dead, plus noise
+ * metabolism and foraging write `energy` (phase order puts foraging after),
+ * both produce the event "death" that births consumes. Randomness is a pure
+ * function of (seed, tick, entity), so it does not depend on which worker
+ * visits a row or in which order. Structural changes are recorded and
+ * applied at the sync point.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,43 +36,57 @@ typedef struct options {
     uint64_t seed;
     uint32_t entities;
     uint64_t until_tick;
+    int32_t workers;
+    double tick_rate;
+    const char *trace;
+    const char *data;
     int quiet;
 } options;
 
 typedef struct world_app {
+    keel_runtime *rt;
     keel_world *w;
-    keel_cmdbuf *cmds;
     keel_component pos, vel, energy, hungry;
-    keel_query *movers, *eaters;
-    uint64_t rng;
-    uint32_t deaths;
+    uint64_t seed;
+    _Atomic uint32_t deaths;    /* this tick's deaths, summed over tasks */
 } world_app;
 
 #define PLANE 1000.0f
 #define HUNGER_LINE 200u
-#define DT (1.0f / 60.0f)
 
-/* splitmix64: small, seedable, and the same on every platform. */
-static uint64_t rng_next(uint64_t *s)
+/* splitmix64 finaliser: the same on every platform. */
+static uint64_t mix(uint64_t z)
 {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z += 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-static float rng_float(uint64_t *s, float lo, float hi)
+/* A random word that depends only on (seed, tick, key). */
+static uint64_t chance(const world_app *app, uint64_t tick, uint64_t key)
 {
-    return lo + (hi - lo) * (float)(rng_next(s) >> 40) / (float)(1u << 24);
+    return mix(app->seed ^ mix(tick ^ mix(key)));
+}
+
+static float unit_float(uint64_t r)
+{
+    return (float)(r >> 40) / (float)(1u << 24);
 }
 
 static void usage(FILE *to)
 {
     fprintf(to,
-            "usage: keel-world [--seed S] [--entities N] [--until-tick N] [--quiet]\n"
+            "usage: keel-world [--seed S] [--entities N] [--until-tick N] [--workers N]\n"
+            "                  [--tick-rate HZ] [--trace FILE] [--quiet]\n"
             "  --seed S        seed of the world's generator (default 1)\n"
             "  --entities N    agents at the start (default 100000)\n"
             "  --until-tick N  ticks to run (default 600)\n"
+            "  --workers N     threads running systems, -1 = one per CPU (default -1)\n"
+            "  --tick-rate HZ  ticks per second, 0 = as fast as they run (default 60)\n"
+            "  --trace FILE    write a Chrome trace-event JSON of the last ticks at exit\n"
+            "  --data DIR      data directory (reserved: durability is not built yet, the\n"
+            "                  world lives in memory and DIR is not written)\n"
             "  --quiet         no periodic status lines; the final line always prints\n"
             "The last line is `final tick=<N> hash=<16 hex digits>`.\n");
 }
@@ -87,7 +106,7 @@ static int parse_u64(const char *flag, const char *s, uint64_t max, uint64_t *ou
 
 static int parse_args(int argc, char **argv, options *o)
 {
-    *o = (options){.seed = 1, .entities = 100000, .until_tick = 600};
+    *o = (options){.seed = 1, .entities = 100000, .until_tick = 600, .workers = -1, .tick_rate = 60};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t n;
@@ -108,6 +127,29 @@ static int parse_args(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--until-tick")) {
             if (parse_u64(a, v, UINT64_MAX, &o->until_tick))
                 return -1;
+            i++;
+        } else if (!strcmp(a, "--workers")) {
+            if (v && !strcmp(v, "-1")) {
+                o->workers = -1;
+            } else {
+                if (parse_u64(a, v, 64, &n) || n == 0) {
+                    fprintf(stderr, "keel-world: --workers needs -1 or a number in [1, 64]\n");
+                    return -1;
+                }
+                o->workers = (int32_t)n;
+            }
+            i++;
+        } else if (!strcmp(a, "--tick-rate")) {
+            if (parse_u64(a, v, 100000, &n))
+                return -1;
+            o->tick_rate = (double)n;
+            i++;
+        } else if (!strcmp(a, "--data") || !strcmp(a, "--trace")) {
+            if (!v || !*v) {
+                fprintf(stderr, "keel-world: %s needs a path\n", a);
+                return -1;
+            }
+            *(a[2] == 'd' ? &o->data : &o->trace) = v;
             i++;
         } else {
             fprintf(stderr, "keel-world: unknown argument '%s'\n", a);
@@ -148,14 +190,15 @@ static int register_components(world_app *app)
     return check(rc, "registering components");
 }
 
-static int spawn_agent(world_app *app)
+/* Record the spawn of agent number `key` of tick `tick`. */
+static int spawn_agent(const world_app *app, keel_cmdbuf *cmds, uint64_t tick, uint64_t key)
 {
-    uint64_t *r = &app->rng;
-    vec3 p = {rng_float(r, 0, PLANE), rng_float(r, 0, PLANE), 0};
-    vec3 v = {rng_float(r, -5, 5), rng_float(r, -5, 5), 0};
-    uint32_t e = 300 + (uint32_t)(rng_next(r) % 900);
+    uint64_t r = chance(app, tick, key ^ 0x5bd1e995ull);
+    vec3 p = {unit_float(r) * PLANE, unit_float(mix(r)) * PLANE, 0};
+    vec3 v = {unit_float(mix(r + 1)) * 10 - 5, unit_float(mix(r + 2)) * 10 - 5, 0};
+    uint32_t e = 300 + (uint32_t)(mix(r + 3) % 900);
     keel_init init[] = {{app->pos, &p}, {app->vel, &v}, {app->energy, &e}};
-    return keel_cmd_spawn(app->cmds, init, 3);
+    return keel_cmd_spawn(cmds, init, 3);
 }
 
 static float bounce(float *p, float v)
@@ -171,83 +214,119 @@ static float bounce(float *p, float v)
     return v;
 }
 
-static void movement(world_app *app)
+static int movement(keel_ctx *ctx, const keel_iter *it, void *user)
 {
-    keel_iter it;
-    keel_query_iter(app->movers, &it);
-    while (keel_iter_next(&it)) {
-        vec3 *p = KEEL_COLUMN(&it, vec3, 0), *v = KEEL_COLUMN(&it, vec3, 1);
-        for (uint32_t i = 0; i < it.count; i++) {
-            p[i].x += v[i].x * DT;
-            p[i].y += v[i].y * DT;
-            v[i].x = bounce(&p[i].x, v[i].x);
-            v[i].y = bounce(&p[i].y, v[i].y);
-        }
+    (void)user;
+    float dt = keel_ctx_dt(ctx);
+    vec3 *p = KEEL_COLUMN(it, vec3, 0), *v = KEEL_COLUMN(it, vec3, 1);
+    for (uint32_t i = 0; i < it->count; i++) {
+        p[i].x += v[i].x * dt;
+        p[i].y += v[i].y * dt;
+        v[i].x = bounce(&p[i].x, v[i].x);
+        v[i].y = bounce(&p[i].y, v[i].y);
     }
+    return 0;
 }
 
-/* Energy, hunger and death. Records commands; changes no membership. */
-static int metabolism(world_app *app)
+/* Energy, hunger and death for one chunk. Well-fed agents (metabolism)
+ * become hungry below the hunger line; hungry ones (foraging) may eat. */
+static int live(keel_ctx *ctx, const keel_iter *it, world_app *app, bool hungry)
 {
-    keel_iter it;
-    keel_query_iter(app->eaters, &it);
+    keel_cmdbuf *cmds = keel_ctx_commands(ctx);
+    uint64_t tick = keel_ctx_tick(ctx);
+    uint32_t *e = KEEL_COLUMN(it, uint32_t, 0), deaths = 0;
     int rc = 0;
-    app->deaths = 0;
-    while (!rc && keel_iter_next(&it)) {
-        uint32_t *e = KEEL_COLUMN(&it, uint32_t, 0);
-        for (uint32_t i = 0; !rc && i < it.count; i++) {
-            keel_entity ent = it.entities[i];
-            int hungry = keel_has(app->w, ent, app->hungry) == 1;
-            if (--e[i] == 0) {
-                rc = keel_cmd_destroy(app->cmds, ent);
-                app->deaths++;
-            } else if (hungry && rng_next(&app->rng) % 64 == 0) {
-                e[i] += 400;
-                rc = keel_cmd_remove(app->cmds, ent, app->hungry);
-            } else if (!hungry && e[i] < HUNGER_LINE) {
-                rc = keel_cmd_add(app->cmds, ent, app->hungry, NULL);
-            }
+    for (uint32_t i = 0; !rc && i < it->count; i++) {
+        keel_entity agent = it->entities[i];
+        if (--e[i] == 0) {
+            rc = keel_cmd_destroy(cmds, agent);
+            deaths++;
+        } else if (!hungry && e[i] < HUNGER_LINE) {
+            rc = keel_cmd_add(cmds, agent, app->hungry, NULL);
+        } else if (hungry && chance(app, tick, agent) % 64 == 0) {
+            e[i] += 400;
+            rc = keel_cmd_remove(cmds, agent, app->hungry);
         }
     }
-    return check(rc, "recording metabolism commands");
+    atomic_fetch_add(&app->deaths, deaths);
+    return rc;
 }
 
-static int births(world_app *app)
+static int metabolism(keel_ctx *ctx, const keel_iter *it, void *user)
 {
-    uint32_t n = app->deaths + (uint32_t)(rng_next(&app->rng) % 5);
+    return live(ctx, it, user, false);
+}
+
+static int foraging(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    return live(ctx, it, user, true);
+}
+
+static int births(keel_ctx *ctx, void *user)
+{
+    world_app *app = user;
+    uint64_t tick = keel_ctx_tick(ctx);
+    uint32_t n = atomic_exchange(&app->deaths, 0) + (uint32_t)(chance(app, tick, 0) % 5);
     int rc = 0;
     for (uint32_t i = 0; !rc && i < n; i++)
-        rc = spawn_agent(app);
-    return check(rc, "recording births");
+        rc = spawn_agent(app, keel_ctx_commands(ctx), tick, i);
+    return rc;
 }
 
-static int step(world_app *app)
+static int add_systems(world_app *app, keel_schedule *s)
 {
-    movement(app);
-    if (metabolism(app) || births(app))
-        return -1;
-    return check(keel_cmdbuf_apply(app->cmds), "applying the tick's commands") ||
-           check(keel_cmdbuf_reset(app->cmds), "resetting the command buffer");
+    keel_system_desc sys[] = {
+        {.name = "movement", .dag = "world", .phase = 0, .kind = KEEL_SYSTEM_QUERY, .each_chunk = movement,
+         .query = {.with = {app->pos, app->vel}}, .parallel = true, .user = app,
+         .access = {.writes = {app->pos, app->vel}}},
+        {.name = "metabolism", .dag = "world", .phase = 0, .kind = KEEL_SYSTEM_QUERY, .each_chunk = metabolism,
+         .query = {.with = {app->energy}, .without = {app->hungry}}, .parallel = true, .user = app,
+         .access = {.writes = {app->energy}, .events_produce = {"death"}}},
+        {.name = "foraging", .dag = "world", .phase = 1, .kind = KEEL_SYSTEM_QUERY, .each_chunk = foraging,
+         .query = {.with = {app->energy, app->hungry}}, .parallel = true, .user = app,
+         .access = {.writes = {app->energy}, .events_produce = {"death"}}},
+        {.name = "births", .dag = "world", .phase = 2, .kind = KEEL_SYSTEM_CALLBACK, .run = births, .user = app,
+         .access = {.events_consume = {"death"}}},
+    };
+    int rc = 0;
+    for (size_t i = 0; !rc && i < sizeof sys / sizeof sys[0]; i++)
+        rc = keel_schedule_add_system(s, &sys[i], NULL);
+    if (!rc && (rc = keel_schedule_build(s)))
+        for (uint32_t i = 0; i < keel_schedule_diag_count(s); i++)
+            fprintf(stderr, "keel-world: schedule: %s: %s\n", keel_sched_code_name(keel_schedule_diag(s, i)->code),
+                    keel_schedule_diag(s, i)->message);
+    return check(rc, "building the schedule");
 }
 
-static int setup(world_app *app, const options *o)
+/* The initial population, spawned by the on_first_tick hook. */
+static uint32_t initial_entities;
+
+static int populate(keel_ctx *ctx, void *user)
 {
-    app->rng = o->seed;
-    if (check(keel_world_create(NULL, &app->w), "creating the world") || register_components(app))
+    world_app *app = user;
+    int rc = 0;
+    for (uint32_t i = 0; !rc && i < initial_entities; i++)
+        rc = spawn_agent(app, keel_ctx_commands(ctx), 0, i);
+    return rc;
+}
+
+static int setup(world_app *app, keel_schedule **sched, const options *o)
+{
+    app->seed = o->seed;
+    initial_entities = o->entities;
+    keel_runtime_desc desc = {
+        .workers = o->workers,
+        .tick_rate_hz = o->tick_rate > 0 ? o->tick_rate : -1,
+        .on_first_tick = populate,
+        .hook_user = app,
+    };
+    if (check(keel_runtime_create(&desc, &app->rt), "creating the runtime"))
         return -1;
-    keel_world_freeze(app->w);
-    int rc = keel_cmdbuf_create(app->w, &app->cmds);
-    if (!rc)
-        rc = keel_query_create(app->w, &(keel_query_desc){.with = {app->pos, app->vel}}, &app->movers);
-    if (!rc)
-        rc = keel_query_create(app->w, &(keel_query_desc){.with = {app->energy}}, &app->eaters);
-    for (uint32_t i = 0; !rc && i < o->entities; i++)
-        rc = spawn_agent(app);
-    if (!rc)
-        rc = keel_cmdbuf_apply(app->cmds);
-    if (!rc)
-        rc = keel_cmdbuf_reset(app->cmds);
-    return check(rc, "building the initial world");
+    app->w = keel_runtime_world(app->rt);
+    if (register_components(app) || check(keel_schedule_create(app->rt, sched), "creating the schedule") ||
+        add_systems(app, *sched))
+        return -1;
+    return check(keel_runtime_set_schedule(app->rt, *sched), "installing the schedule");
 }
 
 static double now_ms(void)
@@ -257,30 +336,40 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+static void status_line(const world_app *app, uint64_t tick, double t0)
+{
+    keel_tick_record rec;
+    if (keel_telemetry_tick(app->rt, tick, &rec))
+        return;
+    printf("tick=%" PRIu64 " tps=%.1f entities=%u tick_ms=%.3f sync_ms=%.3f workers=%u\n", tick,
+           (double)tick * 1e3 / (now_ms() - t0), rec.entities, (double)rec.actual_ns / 1e6, (double)rec.sync_ns / 1e6,
+           keel_runtime_workers(app->rt));
+}
+
 int main(int argc, char **argv)
 {
     options o;
     if (parse_args(argc, argv, &o))
         return 2;
+    if (o.data)
+        fprintf(stderr, "keel-world: note: durability is not built yet; the world lives in memory and '%s' is "
+                        "not written\n", o.data);
     world_app app = {0};
-    int status = setup(&app, &o) ? 1 : 0;
-    uint64_t tick = 0;
+    keel_schedule *sched = NULL;
+    int status = setup(&app, &sched, &o) ? 1 : 0;
     double t0 = now_ms();
-    while (!status && tick < o.until_tick) {
-        if (step(&app)) {
-            status = 1;
-            break;
-        }
-        tick++;
-        if (!o.quiet && tick % 100 == 0)
-            printf("tick=%" PRIu64 " entities=%u ms/tick=%.3f\n", tick, keel_world_count(app.w),
-                   (now_ms() - t0) / (double)tick);
+    uint64_t status_every = o.tick_rate > 0 ? (uint64_t)o.tick_rate : 100;
+    while (!status && keel_runtime_tick(app.rt) < o.until_tick) {
+        uint64_t left = o.until_tick - keel_runtime_tick(app.rt);
+        status = check(keel_runtime_run(app.rt, left < status_every ? left : status_every), "running ticks") ? 1 : 0;
+        if (!status && !o.quiet)
+            status_line(&app, keel_runtime_tick(app.rt), t0);
     }
+    if (!status && o.trace)
+        status = check(keel_trace_export(app.rt, o.trace), "writing the trace") ? 1 : 0;
     if (!status)
-        printf("final tick=%" PRIu64 " hash=%016" PRIx64 "\n", tick, keel_world_hash(app.w));
-    keel_query_destroy(app.movers);
-    keel_query_destroy(app.eaters);
-    keel_cmdbuf_destroy(app.cmds);
-    keel_world_destroy(app.w);
+        printf("final tick=%" PRIu64 " hash=%016" PRIx64 "\n", keel_runtime_tick(app.rt), keel_world_hash(app.w));
+    keel_schedule_destroy(sched); /* a no-op once installed: the runtime owns it */
+    keel_runtime_close(app.rt);
     return status;
 }

@@ -1,0 +1,128 @@
+/*
+ * keel/runtime.h -- the runtime: a world, a worker pool and a tick loop.
+ *
+ * One tick (SPEC §6): the systems of every track run in track order, each
+ * system as soon as its predecessors completed; then the structural sync
+ * point applies the commands the systems recorded (schedule order, FIFO
+ * within a system); then tick-end work (telemetry). Systems run on workers
+ * inside a system context (keel_ctx); a failing system is isolated: it is
+ * rolled back, its transitive successors are skipped, the rest of the tick
+ * runs.
+ *
+ * Thread-safety: one controlling thread creates the runtime, installs
+ * schedules and calls step / run / start / stop / close; these are not safe
+ * against each other from several threads. keel_runtime_stop may also be
+ * called from any other thread to end a keel_runtime_run or the driver;
+ * keel_runtime_tick is safe from any thread. keel_ctx_* are for the body
+ * they were handed to.
+ */
+#ifndef KEEL_RUNTIME_H
+#define KEEL_RUNTIME_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "keel/command.h"
+#include "keel/schedule.h"
+#include "keel/world.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A runtime hook (on_first_tick). It runs with a context like a callback
+ * system's; its commands are applied before the first tick's systems run.
+ * If the hook fails, the step returns its code and the hook runs again on
+ * the next step; if its commands fail to apply, they stay pending like a sync
+ * point's (keel_runtime_sync_retry / _discard) and the hook does not rerun. */
+typedef int (*keel_hook_fn)(keel_ctx *ctx, void *user);
+
+typedef struct keel_runtime_desc {
+    keel_world_desc world;        /* the world the runtime creates and owns */
+    int32_t workers;              /* threads running systems, the caller included: -1 or 0 = online
+                                     CPUs; 1 = serial on the caller, no worker threads; at most 64 */
+    double tick_rate_hz;          /* TickDriver rate in [0.01, 100000]; 0 = 60; negative = unthrottled */
+    uint32_t telemetry_capacity;  /* ticks kept in the telemetry ring, a power of two; 0 = 1024 */
+    double watchdog_seconds;      /* a system running longer is reported; 0 = 30; at most 1e6 */
+    keel_hook_fn on_first_tick;   /* runs once, before the first tick's systems */
+    void *hook_user;
+} keel_runtime_desc;
+
+/* Errors: KEEL_EINVAL (bad desc field: the last error names it), KEEL_ENOMEM. */
+int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out);
+/* Stop the driver if running, join the workers, free everything (the world,
+ * the installed schedule's runtime state). NULL is ignored. */
+void keel_runtime_close(keel_runtime *rt);
+
+/* The world the runtime owns: register components on it before the first tick. */
+keel_world *keel_runtime_world(keel_runtime *rt);
+/* Number of threads that run systems (the caller included). */
+uint32_t keel_runtime_workers(const keel_runtime *rt);
+
+/* Install a built schedule; on success the runtime owns it (and frees the
+ * one it replaces; the telemetry ring starts empty). Errors: KEEL_EINVAL (NULL, not built, built with
+ * errors), KEEL_EBUSY (the driver is running), and "foreign" (made for
+ * another runtime) is KEEL_EINVAL too, with a sentence saying so. */
+int keel_runtime_set_schedule(keel_runtime *rt, keel_schedule *s);
+
+/* Run exactly one tick on the calling thread (with the worker pool).
+ * Returns 0, or:
+ *   KEEL_EINVAL  no schedule installed, or the schedule is stale: the
+ *                component registry changed since it was built;
+ *   KEEL_EBUSY   commands of an earlier tick are still pending (see
+ *                keel_runtime_sync_retry / _discard), or the driver runs;
+ *   an error of the sync point (e.g. KEEL_ENOSPC): the tick's systems ran,
+ *                playback stopped at a failing command, which stays pending;
+ *                the tick still counts (keel_runtime_tick advances, its
+ *                telemetry is recorded);
+ *   the error of on_first_tick or of its commands (see keel_hook_fn).
+ * A failing *system* is not an error of the tick: see the telemetry.
+ * Between steps the controlling thread may use the world directly (apply
+ * command buffers of its own, keel_set), e.g. to make room before a retry. */
+int keel_runtime_step(keel_runtime *rt);
+
+/* Retry the pending commands of the last sync point (same order; 0 when
+ * nothing is pending), or drop them. */
+int keel_runtime_sync_retry(keel_runtime *rt);
+void keel_runtime_sync_discard(keel_runtime *rt);
+
+/* Run ticks on the calling thread at tick_rate_hz until `ticks` more ticks
+ * ran or keel_runtime_stop was called from another thread. The first tick
+ * runs at once and the metronome's grid starts at the call. Returns 0 or the
+ * first keel_runtime_step error. */
+int keel_runtime_run(keel_runtime *rt, uint64_t ticks);
+
+/* Start a TickDriver thread that runs ticks at tick_rate_hz on an absolute
+ * deadline metronome (deadline k = start + k * interval), sleeping, then
+ * yielding, then spinning the last ~50 µs. Errors: KEEL_EBUSY (running),
+ * KEEL_EINVAL (no schedule). keel_runtime_stop ends it after the current tick
+ * and returns the driver's status (0, or the step error that stopped it). */
+int keel_runtime_start(keel_runtime *rt);
+int keel_runtime_stop(keel_runtime *rt);
+
+/* Ticks completed so far. Thread-safe. */
+uint64_t keel_runtime_tick(const keel_runtime *rt);
+
+/* ---- inside a system ---------------------------------------------------- */
+
+keel_world *keel_ctx_world(keel_ctx *ctx);
+/* The running tick's number (the first tick is 1). */
+uint64_t keel_ctx_tick(const keel_ctx *ctx);
+/* Seconds per tick at the current rate: 1 / tick_rate_hz (1/60 when unthrottled). */
+float keel_ctx_dt(const keel_ctx *ctx);
+/* Index of the worker running the body (0 = the thread that called step). */
+uint32_t keel_ctx_worker(const keel_ctx *ctx);
+/* The running system's name ("on_first_tick" in the hook). */
+const char *keel_ctx_system_name(const keel_ctx *ctx);
+/* Command buffer of this system run (this chunk task, for a parallel query
+ * system). Structural changes recorded here are applied at the sync point.
+ * Never NULL inside a callback or query system. */
+keel_cmdbuf *keel_ctx_commands(keel_ctx *ctx);
+/* Fail the running system: as if its body returned rc (KEEL_EINVAL when rc
+ * is 0). The body should return right after. */
+void keel_txn_fail(keel_ctx *ctx, int rc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

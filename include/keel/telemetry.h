@@ -1,0 +1,88 @@
+/*
+ * keel/telemetry.h -- what each tick did: the telemetry ring, counters, and
+ * the Chrome trace-event export (SPEC §7).
+ *
+ * The ring keeps the last `telemetry_capacity` ticks: one tick record and one
+ * record per system. Records are written by the tick's thread at tick end;
+ * read them between ticks (from the thread that steps, or after stop).
+ */
+#ifndef KEEL_TELEMETRY_H
+#define KEEL_TELEMETRY_H
+
+#include <stdint.h>
+
+#include "keel/runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum keel_skip_reason {
+    KEEL_SKIP_NONE = 0,           /* ran */
+    KEEL_SKIP_FAILED = 1,         /* ran and failed (error return, keel_txn_fail) */
+    KEEL_SKIP_DEPENDENCY_FAILED,  /* not run: a transitive predecessor failed */
+    KEEL_SKIP_THROTTLED,          /* not run: overload throttling (later) */
+} keel_skip_reason;
+
+const char *keel_skip_reason_name(keel_skip_reason r);
+
+typedef struct keel_tick_record {
+    uint64_t tick;
+    uint64_t start_ns;            /* CLOCK_MONOTONIC at tick start */
+    uint64_t target_ns;           /* the tick budget: 1e9 / tick_rate_hz (0 when unthrottled) */
+    uint64_t actual_ns;           /* duration of the tick */
+    double overrun;               /* actual / target (0 when unthrottled) */
+    uint32_t overload_level;      /* 0 = Normal (overload handling: later) */
+    uint32_t multiplier;          /* tick-rate multiplier, 1 */
+    uint32_t entities;            /* live entities at tick end */
+    uint32_t systems_run, systems_failed, systems_skipped;
+    uint32_t watchdog_reports;    /* systems that outran the watchdog this tick */
+    uint64_t wal_raw_bytes, wal_stored_bytes; /* durability: later, 0 now */
+    uint64_t fence_ns;            /* durability: later, 0 now */
+    uint64_t durable_lag;         /* durability: later, 0 now */
+    uint32_t side_txns;           /* transactions: later, 0 now */
+    uint64_t sync_ns;             /* duration of the structural sync point */
+} keel_tick_record;
+
+typedef struct keel_system_record {
+    keel_system system;
+    uint32_t worker;              /* worker that started it (a parallel system's first task) */
+    uint64_t start_ns, end_ns;    /* 0 when not run */
+    uint64_t rows;                /* rows a query system visited */
+    uint32_t tasks;               /* tasks run: chunk tasks (query), indices (pipeline), 1 (callback);
+                                     0 when skipped */
+    keel_skip_reason skip;
+    uint8_t watchdog;             /* 1 when it outran the watchdog */
+} keel_system_record;
+
+/* The record of tick `tick` if still in the ring. Errors: KEEL_ENOENT (not
+ * run yet or overwritten), KEEL_EINVAL. */
+int keel_telemetry_tick(const keel_runtime *rt, uint64_t tick, keel_tick_record *out);
+/* The record of system `sys` (registration index) in tick `tick`. */
+int keel_telemetry_system(const keel_runtime *rt, uint64_t tick, keel_system sys, keel_system_record *out);
+
+typedef struct keel_runtime_stats {
+    uint64_t ticks;
+    uint64_t systems_run;         /* bodies called, failed ones included */
+    uint64_t systems_failed, systems_skipped;
+    uint64_t commands_applied;    /* commands taken at sync points, ignored ones included
+                                     (on_first_tick's are not counted) */
+    uint64_t watchdog_reports;
+    /* Filled by later layers (0 now): */
+    uint64_t commits, conflicts, aborts, wal_bytes, fsyncs, checkpoints;
+    uint64_t checkpoint_age_ticks, recovery_ns;
+} keel_runtime_stats;
+
+void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out);
+
+/* Write the ring as Chrome trace-event JSON (loads in Perfetto and
+ * chrome://tracing): one track per worker with one slice per system run,
+ * a driver track with one slice per tick and per sync point. System names
+ * are written as given: keep them UTF-8 for the JSON to be valid.
+ * Errors: KEEL_EINVAL, KEEL_EIO (the last error names the file). */
+int keel_trace_export(const keel_runtime *rt, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,138 @@
+/*
+ * runtime/driver.c -- the TickDriver: ticks at tick_rate_hz on an absolute
+ * deadline metronome.
+ *
+ * Deadline k is start + k * interval, computed from the start and never from
+ * the previous wake-up, so lateness in one tick does not shift the ones
+ * after it: a late tick is followed at once by the next (catch-up) until the
+ * schedule is met again. Waiting goes sleep -> yield -> spin: an absolute
+ * clock_nanosleep until RT_SLEEP_SLACK_NS before the deadline (the kernel may
+ * overshoot a sleep by tens of microseconds), then sched_yield until the last
+ * RT_SPIN_NS, then a pause-loop to the deadline.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <time.h>
+
+#include "core/core.h"
+#include "runtime/runtime_internal.h"
+
+rt_wait_phase driver_wait_phase(uint64_t now_ns, uint64_t deadline_ns)
+{
+    if (now_ns >= deadline_ns)
+        return RT_WAIT_DONE;
+    uint64_t rem = deadline_ns - now_ns;
+    if (rem > RT_SLEEP_SLACK_NS)
+        return RT_WAIT_SLEEP;
+    return rem > RT_SPIN_NS ? RT_WAIT_YIELD : RT_WAIT_SPIN;
+}
+
+static void sleep_until(uint64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+static void wait_until_real(uint64_t deadline)
+{
+    for (;;) {
+        uint64_t now = rt_now_ns();
+        switch (driver_wait_phase(now, deadline)) {
+        case RT_WAIT_DONE:  return;
+        case RT_WAIT_SLEEP: sleep_until(deadline - RT_SLEEP_SLACK_NS); break;
+        case RT_WAIT_YIELD: sched_yield(); break;
+        case RT_WAIT_SPIN:
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+            break;
+        }
+    }
+}
+
+void runtime_test_set_clock(keel_runtime *rt, uint64_t (*clock_ns)(void *user),
+                            void (*wait_until)(uint64_t deadline_ns, void *user), void *user)
+{
+    rt->clock_ns = clock_ns;
+    rt->wait_until = wait_until;
+    rt->clock_user = user;
+}
+
+static uint64_t driver_now(const keel_runtime *rt)
+{
+    return rt->clock_ns ? rt->clock_ns(rt->clock_user) : rt_now_ns();
+}
+
+static void driver_wait(const keel_runtime *rt, uint64_t deadline)
+{
+    if (rt->wait_until)
+        rt->wait_until(deadline, rt->clock_user);
+    else
+        wait_until_real(deadline);
+}
+
+/* Run up to `ticks` ticks (UINT64_MAX: until stopped) on this thread. */
+static int drive(keel_runtime *rt, uint64_t ticks)
+{
+    bool throttled = rt->tick_rate_hz > 0;
+    uint64_t interval = throttled ? (uint64_t)(1e9 / rt->tick_rate_hz) : 0;
+    uint64_t start = driver_now(rt);
+    for (uint64_t k = 0; k < ticks && !atomic_load(&rt->stop_requested); k++) {
+        if (throttled && k)
+            driver_wait(rt, start + k * interval);
+        int rc = runtime_step(rt);
+        if (rc)
+            return rc;
+    }
+    return KEEL_OK;
+}
+
+int keel_runtime_run(keel_runtime *rt, uint64_t ticks)
+{
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_runtime_run: runtime is NULL");
+    if (atomic_load(&rt->driver_running))
+        return core_fail(KEEL_EBUSY, "keel_runtime_run: the tick driver is running");
+    int rc = drive(rt, ticks);
+    atomic_store(&rt->stop_requested, false); /* a stop ends one run; the next starts afresh */
+    return rc;
+}
+
+static void *driver_main(void *arg)
+{
+    keel_runtime *rt = arg;
+    rt->driver_status = drive(rt, UINT64_MAX);
+    return NULL;
+}
+
+int keel_runtime_start(keel_runtime *rt)
+{
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_runtime_start: runtime is NULL");
+    if (atomic_load(&rt->driver_running))
+        return core_fail(KEEL_EBUSY, "keel_runtime_start: the tick driver is already running");
+    if (!rt->sched)
+        return core_fail(KEEL_EINVAL, "keel_runtime_start: no schedule is installed");
+    atomic_store(&rt->stop_requested, false);
+    rt->driver_status = 0;
+    atomic_store(&rt->driver_running, true);
+    if (pthread_create(&rt->driver, NULL, driver_main, rt)) {
+        atomic_store(&rt->driver_running, false);
+        return core_fail(KEEL_ENOMEM, "keel_runtime_start: cannot start the driver thread");
+    }
+    return KEEL_OK;
+}
+
+int keel_runtime_stop(keel_runtime *rt)
+{
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_runtime_stop: runtime is NULL");
+    atomic_store(&rt->stop_requested, true); /* also ends a keel_runtime_run in progress */
+    if (!atomic_load(&rt->driver_running))
+        return KEEL_OK;
+    pthread_join(rt->driver, NULL);
+    atomic_store(&rt->stop_requested, false);
+    atomic_store(&rt->driver_running, false);
+    return rt->driver_status;
+}

@@ -1,0 +1,396 @@
+/*
+ * runtime/runtime.c -- the runtime object and one tick.
+ *
+ * keel_runtime_step:
+ *   1. refuse to start when commands of an earlier sync point are pending,
+ *      when no schedule is installed, or when the schedule is stale;
+ *   2. on the first tick, run on_first_tick and apply its commands;
+ *   3. dispatch every track in order (Engine-Pre, Public, user tracks,
+ *      Engine-Post; empty tracks cost nothing);
+ *   4. the structural sync point: every system's command buffers in
+ *      execution order, a parallel system's buffers in task (= chunk) order,
+ *      so the applied sequence does not depend on the worker count;
+ *   5. tick end: telemetry.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "runtime/runtime_internal.h"
+
+uint64_t rt_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int check_desc(const keel_runtime_desc *d)
+{
+    if (d->workers < -1 || d->workers > RT_MAX_WORKERS)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: workers %d is not -1, 0 or in [1, %d]", d->workers,
+                         RT_MAX_WORKERS);
+    uint32_t cap = d->telemetry_capacity;
+    if (cap && (cap & (cap - 1)))
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: telemetry_capacity %u is not a power of two", cap);
+    if (!(d->watchdog_seconds >= 0 && d->watchdog_seconds <= 1e6))
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: watchdog_seconds must be in [0, 1e6]");
+    double hz = d->tick_rate_hz;
+    if (!(hz <= 100000) || (hz > 0 && hz < 0.01) || (hz < 0 && !(hz > -1e300)))
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: tick_rate_hz must be in [0.01, 100000], 0 or negative");
+    return KEEL_OK;
+}
+
+static uint32_t online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > RT_MAX_WORKERS ? RT_MAX_WORKERS : (uint32_t)n;
+}
+
+int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
+{
+    if (!out)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: out is NULL");
+    keel_runtime_desc d = desc ? *desc : (keel_runtime_desc){0};
+    int rc = check_desc(&d);
+    if (rc)
+        return rc;
+    keel_runtime *rt = aligned_alloc(64, (sizeof(keel_runtime) + 63) & ~(size_t)63);
+    if (!rt)
+        return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
+    memset(rt, 0, sizeof *rt);
+    rt->workers = d.workers > 0 ? (uint32_t)d.workers : online_cpus();
+    rt->tick_rate_hz = d.tick_rate_hz ? d.tick_rate_hz : 60.0;
+    rt->dt = rt->tick_rate_hz > 0 ? (float)(1.0 / rt->tick_rate_hz) : 1.0f / 60.0f;
+    rt->watchdog_ns = (uint64_t)((d.watchdog_seconds ? d.watchdog_seconds : 30.0) * 1e9);
+    rt->on_first_tick = d.on_first_tick;
+    rt->hook_user = d.hook_user;
+    pthread_mutex_init(&rt->watchdog_lock, NULL);
+    pthread_cond_init(&rt->watchdog_cond, NULL);
+    rc = keel_world_create(&d.world, &rt->world);
+    if (!rc)
+        rc = telemetry_init(rt, d.telemetry_capacity ? d.telemetry_capacity : 1024);
+    if (!rc)
+        rc = dispatch_init(rt);
+    if (!rc)
+        rc = watchdog_start(rt);
+    if (rc) {
+        keel_runtime_close(rt);
+        return rc;
+    }
+    *out = rt;
+    return KEEL_OK;
+}
+
+static void free_system_state(keel_runtime *rt)
+{
+    if (!rt->st)
+        return;
+    for (uint32_t i = 0; i < rt->sched->nsys; i++) {
+        for (uint32_t k = 0; k < rt->st[i].ncmds; k++)
+            keel_cmdbuf_destroy(rt->st[i].cmds[k]);
+        free(rt->st[i].cmds);
+        free(rt->st[i].chunks);
+    }
+    free(rt->st);
+    rt->st = NULL;
+}
+
+void keel_runtime_close(keel_runtime *rt)
+{
+    if (!rt)
+        return;
+    if (atomic_load(&rt->driver_running))
+        keel_runtime_stop(rt);
+    watchdog_stop(rt);
+    dispatch_fini(rt);
+    free_system_state(rt);
+    if (rt->sched)
+        schedule_free(rt->sched);
+    keel_cmdbuf_destroy(rt->hook_cmds);
+    telemetry_fini(rt);
+    keel_world_destroy(rt->world);
+    pthread_mutex_destroy(&rt->watchdog_lock);
+    pthread_cond_destroy(&rt->watchdog_cond);
+    free(rt);
+}
+
+keel_world *keel_runtime_world(keel_runtime *rt)
+{
+    return rt ? rt->world : NULL;
+}
+
+uint32_t keel_runtime_workers(const keel_runtime *rt)
+{
+    return rt ? rt->workers : 0;
+}
+
+uint64_t keel_runtime_tick(const keel_runtime *rt)
+{
+    return rt ? atomic_load(&rt->tick) : 0;
+}
+
+int keel_runtime_set_schedule(keel_runtime *rt, keel_schedule *s)
+{
+    if (!rt || !s)
+        return core_fail(KEEL_EINVAL, "keel_runtime_set_schedule: runtime or schedule is NULL");
+    if (s->rt != rt)
+        return core_fail(KEEL_EINVAL, "keel_runtime_set_schedule: the schedule belongs to another runtime");
+    if (!s->built || !s->ok)
+        return core_fail(KEEL_EINVAL, "keel_runtime_set_schedule: the schedule is %s",
+                         s->built ? "built with errors" : "not built");
+    if (atomic_load(&rt->driver_running))
+        return core_fail(KEEL_EBUSY, "keel_runtime_set_schedule: the tick driver is running");
+    if (rt->sync_pending || rt->hook_pending)
+        return core_fail(KEEL_EBUSY, "keel_runtime_set_schedule: commands of the last sync point are pending");
+    rt_sys *st = aligned_alloc(64, (s->nsys + 1) * sizeof *st);
+    if (st)
+        memset(st, 0, (s->nsys + 1) * sizeof *st);
+    if (!st)
+        return core_fail(KEEL_ENOMEM, "keel_runtime_set_schedule: out of memory");
+    keel_schedule *old = rt->sched;
+    free_system_state(rt);
+    rt->st = st;
+    rt->sched = s;
+    for (uint32_t i = 0; i < s->nsys; i++)
+        dispatch_reset_system(rt, i);
+    int rc = dispatch_prepare(rt);
+    if (!rc)
+        rc = telemetry_size(rt, s->nsys);
+    if (rc) {
+        free_system_state(rt);
+        rt->sched = NULL;
+        return rc;
+    }
+    s->installed = true;
+    if (old && old != s)
+        schedule_free(old);
+    return KEEL_OK;
+}
+
+/* ---- the sync point ----------------------------------------------------------- */
+
+static void count_applied(keel_runtime *rt, const keel_cmdbuf *cb)
+{
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    rt->stats.commands_applied += (uint64_t)r.spawned + r.destroyed + r.added + r.removed + r.ignored_null +
+                                  r.ignored_stale + r.ignored_absent;
+}
+
+static int apply_hook_commands(keel_runtime *rt)
+{
+    int rc = keel_cmdbuf_apply(rt->hook_cmds);
+    rt->hook_pending = rc != 0;
+    if (rc) {
+        char cause[384];
+        snprintf(cause, sizeof cause, "%s", keel_last_error());
+        return core_fail(rc, "on_first_tick's commands failed: %s", cause);
+    }
+    keel_cmdbuf_reset(rt->hook_cmds);
+    return KEEL_OK;
+}
+
+/* Apply the commands from (sync_pos, sync_task) on, in execution order. */
+static int sync_point(keel_runtime *rt)
+{
+    const keel_schedule *sc = rt->sched;
+    for (; rt->sync_pos < sc->nsys; rt->sync_pos++, rt->sync_task = 0) {
+        rt_sys *st = &rt->st[sc->order[rt->sync_pos]];
+        for (; rt->sync_task < st->ncmds; rt->sync_task++) {
+            keel_cmdbuf *cb = st->cmds[rt->sync_task];
+            int rc = keel_cmdbuf_apply(cb);
+            if (rc) {
+                rt->sync_pending = true;
+                char cause[384];
+                snprintf(cause, sizeof cause, "%s", keel_last_error());
+                return core_fail(rc, "sync point: commands of system '%s' failed: %s",
+                                 sc->sys[sc->order[rt->sync_pos]].d.name, cause);
+            }
+            count_applied(rt, cb);
+            keel_cmdbuf_reset(cb); /* receipts and counters start over next tick */
+        }
+    }
+    rt->sync_pending = false;
+    rt->sync_pos = rt->sync_task = 0;
+    return KEEL_OK;
+}
+
+int keel_runtime_sync_retry(keel_runtime *rt)
+{
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_runtime_sync_retry: runtime is NULL");
+    if (rt->hook_pending)
+        return apply_hook_commands(rt);
+    return rt->sync_pending ? sync_point(rt) : KEEL_OK;
+}
+
+/* Drop a buffer's queued commands and its counters (they were counted or
+ * will never be). */
+static void drop_commands(keel_cmdbuf *cb)
+{
+    keel_cmdbuf_discard(cb);
+    keel_cmdbuf_reset(cb);
+}
+
+void keel_runtime_sync_discard(keel_runtime *rt)
+{
+    if (!rt)
+        return;
+    if (rt->hook_pending) {
+        drop_commands(rt->hook_cmds);
+        rt->hook_pending = false;
+    }
+    if (!rt->sync_pending)
+        return;
+    const keel_schedule *sc = rt->sched;
+    for (uint32_t p = rt->sync_pos; p < sc->nsys; p++) {
+        rt_sys *st = &rt->st[sc->order[p]];
+        for (uint32_t k = 0; k < st->ncmds; k++)
+            drop_commands(st->cmds[k]);
+    }
+    rt->sync_pending = false;
+    rt->sync_pos = rt->sync_task = 0;
+}
+
+/* ---- one tick ----------------------------------------------------------------- */
+
+/* on_first_tick: runs until it succeeds once. Its commands are applied at
+ * once, under the sync point's failure policy: a failed playback leaves them
+ * pending (the hook is not run again) until keel_runtime_sync_retry or
+ * keel_runtime_sync_discard. */
+static int first_tick_hook(keel_runtime *rt)
+{
+    if (rt->first_tick_done)
+        return KEEL_OK;
+    if (!rt->on_first_tick) {
+        rt->first_tick_done = true;
+        return KEEL_OK;
+    }
+    if (!rt->hook_cmds && keel_cmdbuf_create(rt->world, &rt->hook_cmds))
+        return KEEL_ENOMEM;
+    keel_ctx ctx = {.rt = rt, .sys = RT_NONE, .name = "on_first_tick", .cmds = rt->hook_cmds};
+    int rc = rt->on_first_tick(&ctx, rt->hook_user);
+    if (!rc)
+        rc = ctx.fail_rc;
+    if (rc) {
+        keel_cmdbuf_discard(rt->hook_cmds);
+        keel_cmdbuf_reset(rt->hook_cmds);
+        return core_fail(rc, "on_first_tick failed (%s); it runs again on the next step", keel_strerror(rc));
+    }
+    rt->first_tick_done = true;
+    return apply_hook_commands(rt);
+}
+
+static int can_step(const keel_runtime *rt)
+{
+    if (!rt->sched)
+        return core_fail(KEEL_EINVAL, "keel_runtime_step: no schedule is installed");
+    if (rt->sched->registry_stamp != rt->world->ncomps)
+        return core_fail(KEEL_EINVAL, "keel_runtime_step: the schedule is stale: components were registered after it "
+                                      "was built (%u then, %u now); build a new one",
+                         rt->sched->registry_stamp, rt->world->ncomps);
+    if (rt->sync_pending || rt->hook_pending || keel_world_pending(rt->world))
+        return core_fail(KEEL_EBUSY, "keel_runtime_step: commands of an earlier sync point are pending; "
+                                     "call keel_runtime_sync_retry or keel_runtime_sync_discard");
+    return KEEL_OK;
+}
+
+static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
+{
+    uint64_t end = rt_now_ns();
+    keel_tick_record rec = {
+        .tick = rt->running_tick,
+        .start_ns = start,
+        .target_ns = rt->tick_rate_hz > 0 ? (uint64_t)(1e9 / rt->tick_rate_hz) : 0,
+        .actual_ns = end - start,
+        .multiplier = 1,
+        .entities = keel_world_count(rt->world),
+        .sync_ns = end - sync_start,
+    };
+    rec.overrun = rec.target_ns ? (double)rec.actual_ns / (double)rec.target_ns : 0;
+    for (uint32_t w = 0; w < rt->workers; w++) {
+        rt_scratch *sc = &rt->scratch[w];
+        rec.systems_run += sc->run;
+        rec.systems_failed += sc->failed;
+        rec.systems_skipped += sc->skipped;
+        sc->run = sc->failed = sc->skipped = 0;
+    }
+    telemetry_record(rt, &rec); /* adds the watchdog reports */
+    rt->stats.systems_run += rec.systems_run;
+    rt->stats.systems_failed += rec.systems_failed;
+    rt->stats.systems_skipped += rec.systems_skipped;
+    rt->stats.watchdog_reports += rec.watchdog_reports;
+}
+
+/* The tick itself, without the driver check (the driver thread uses it). */
+int runtime_step(keel_runtime *rt)
+{
+    int rc = can_step(rt);
+    if (rc)
+        return rc;
+    keel_world_freeze(rt->world);
+    uint64_t start = rt_now_ns();
+    rt->running_tick = atomic_load(&rt->tick) + 1;
+    rc = first_tick_hook(rt);
+    if (rc)
+        return rc;
+    const keel_schedule *sc = rt->sched;
+    for (uint32_t t = 0; t < sc->ntracks; t++)
+        dispatch_track(rt, &sc->tracks[t]);
+    uint64_t sync_start = rt_now_ns();
+    int sync_rc = sync_point(rt);
+    tick_end(rt, start, sync_start);
+    atomic_store(&rt->tick, rt->running_tick);
+    rt->stats.ticks++;
+    return sync_rc;
+}
+
+int keel_runtime_step(keel_runtime *rt)
+{
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_runtime_step: runtime is NULL");
+    if (atomic_load(&rt->driver_running))
+        return core_fail(KEEL_EBUSY, "keel_runtime_step: the tick driver is running");
+    return runtime_step(rt);
+}
+
+/* ---- inside a system ------------------------------------------------------------ */
+
+keel_world *keel_ctx_world(keel_ctx *ctx)
+{
+    return ctx ? ctx->rt->world : NULL;
+}
+
+uint64_t keel_ctx_tick(const keel_ctx *ctx)
+{
+    return ctx ? ctx->rt->running_tick : 0;
+}
+
+float keel_ctx_dt(const keel_ctx *ctx)
+{
+    return ctx ? ctx->rt->dt : 0;
+}
+
+uint32_t keel_ctx_worker(const keel_ctx *ctx)
+{
+    return ctx ? ctx->worker : 0;
+}
+
+const char *keel_ctx_system_name(const keel_ctx *ctx)
+{
+    return ctx ? ctx->name : NULL;
+}
+
+keel_cmdbuf *keel_ctx_commands(keel_ctx *ctx)
+{
+    return ctx ? ctx->cmds : NULL;
+}
+
+void keel_txn_fail(keel_ctx *ctx, int rc)
+{
+    if (ctx && !ctx->fail_rc)
+        ctx->fail_rc = rc ? rc : KEEL_EINVAL;
+}

@@ -1,0 +1,187 @@
+/*
+ * runtime/runtime_internal.h -- the runtime's state: the world it owns, the
+ * installed schedule, per-system tick state, the worker pool, the telemetry
+ * ring. Shared by runtime/, sched/dispatch.c and (later) txn/.
+ */
+#ifndef KEEL_RUNTIME_INTERNAL_H
+#define KEEL_RUNTIME_INTERNAL_H
+
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "keel/runtime.h"
+#include "keel/telemetry.h"
+#include "sched/sched_internal.h"
+#include "world/world_internal.h"
+
+#define RT_NONE UINT32_MAX
+#define RT_MAX_WORKERS 64
+
+/* The context handed to a system body: one per task run, on the stack of the
+ * worker running it. The transaction layer will hang the system transaction
+ * here. */
+struct keel_ctx {
+    keel_runtime *rt;
+    uint32_t sys;             /* RT_NONE in a hook */
+    uint32_t task;
+    uint32_t worker;
+    const char *name;
+    keel_cmdbuf *cmds;
+    int fail_rc;              /* set by keel_txn_fail */
+};
+
+/* Per-system state of the running tick. Fields written by several workers
+ * are atomics; the rest are written by the one thread that owns the step
+ * they belong to (see sched/dispatch.c for the protocol). Per-run fields
+ * are reset when the system is made ready, readiness fields when it
+ * completes, so starting a tick touches none of them. */
+typedef struct rt_sys {
+    /* hot: cache-line aligned, so workers finishing neighbouring systems
+     * never share a line */
+    alignas(64) _Atomic uint32_t preds_left; /* predecessors not yet completed */
+    _Atomic uint32_t dep_failed;   /* a predecessor failed or was skipped */
+    _Atomic uint32_t next_task;    /* next task index to claim */
+    _Atomic uint32_t tasks_done;
+    _Atomic int fail_rc;           /* first failing task's code, 0 = none */
+    _Atomic uint32_t watchdog;     /* reported by the watchdog this run */
+    _Atomic uint64_t rows;
+    uint32_t ntasks;               /* set when the system becomes ready */
+    uint32_t worker;               /* telemetry of this run */
+    uint64_t start_ns, end_ns;
+    keel_skip_reason skip;
+    /* QUERY systems: the chunks of this tick, split into ntasks tasks */
+    uint32_t nchunks, chunks_cap;
+    world_chunk_ref *chunks;
+    /* cold, on a line of its own: one command buffer per task (callback and
+     * query systems); read by the sync point, written only when it grows */
+    alignas(64) keel_cmdbuf **cmds;
+    uint32_t ncmds;
+} rt_sys;
+
+/* What each worker is running, for the watchdog. */
+typedef struct rt_watch {
+    alignas(64) _Atomic uint64_t since_ns; /* 0 = idle; one line per worker */
+    _Atomic uint32_t sys;
+} rt_watch;
+
+typedef struct rt_pool {
+    uint32_t nthreads;             /* worker threads besides the caller */
+    pthread_t *threads;
+    /* Futex words (see dispatch.c): epoch wakes parked workers for a track,
+     * work_seq wakes idle workers when tickets arrive or the track ends. */
+    alignas(64) _Atomic uint32_t epoch;
+    _Atomic uint32_t work_seq;
+    _Atomic uint32_t sleepers;     /* workers asleep on work_seq */
+    _Atomic uint32_t parked;       /* workers asleep on epoch */
+    _Atomic uint32_t active;       /* workers inside a track's work loop */
+    _Atomic bool track_live;
+    _Atomic bool quit;
+    alignas(64) _Atomic uint32_t remaining; /* systems of the current track not completed */
+    /* the ready queue: single-use slots, reset per track */
+    alignas(64) _Atomic uint32_t head;
+    alignas(64) _Atomic uint32_t tail;
+    _Atomic uint32_t *tickets;
+    uint32_t tickets_cap;
+} rt_pool;
+
+/* Per-worker scratch lists for completion (sized to the schedule) and the
+ * worker's share of the tick's counters, summed by the stepping thread at
+ * tick end. One cache line each. */
+typedef struct rt_scratch {
+    alignas(64) uint32_t *ready, *stack;
+    uint32_t run, failed, skipped;
+} rt_scratch;
+
+typedef struct rt_telemetry {
+    uint32_t capacity, mask;
+    keel_tick_record *ticks;
+    keel_system_record *systems;   /* capacity x nsys */
+    uint32_t nsys;
+} rt_telemetry;
+
+struct keel_runtime {
+    keel_world *world;
+    uint32_t workers;
+    double tick_rate_hz;           /* < 0: unthrottled */
+    float dt;
+    uint64_t watchdog_ns;
+    keel_hook_fn on_first_tick;
+    void *hook_user;
+    bool first_tick_done;
+
+    keel_schedule *sched;
+    rt_sys *st;                    /* per system */
+    rt_watch watch[RT_MAX_WORKERS];
+    rt_pool pool;
+    rt_scratch *scratch;           /* one per worker */
+
+    _Atomic uint64_t tick;         /* ticks completed */
+    uint64_t running_tick;         /* the tick being run (tick + 1 while running) */
+
+    /* on_first_tick's commands, pending when their playback failed */
+    keel_cmdbuf *hook_cmds;
+    bool hook_pending;
+    /* sync point: where a failed playback stopped (order position, task) */
+    bool sync_pending;
+    uint32_t sync_pos, sync_task;
+
+    rt_telemetry tel;
+    keel_runtime_stats stats;
+
+    /* TickDriver */
+    pthread_t driver;
+    _Atomic bool driver_running;
+    _Atomic bool stop_requested;
+    int driver_status;
+    uint64_t (*clock_ns)(void *user);     /* injectable for tests */
+    void (*wait_until)(uint64_t deadline_ns, void *user);
+    void *clock_user;
+
+    /* watchdog thread */
+    pthread_t watchdog;
+    bool watchdog_running;
+    pthread_mutex_t watchdog_lock;
+    pthread_cond_t watchdog_cond;
+    bool watchdog_quit;
+};
+
+uint64_t rt_now_ns(void);
+
+/* runtime.c: one tick (keel_runtime_step without the driver check). */
+int runtime_step(keel_runtime *rt);
+
+/* sched/dispatch.c */
+int dispatch_init(keel_runtime *rt);
+void dispatch_fini(keel_runtime *rt);
+/* Size per-schedule dispatch state (ready queue) once a schedule is installed. */
+int dispatch_prepare(keel_runtime *rt);
+/* Reset system s's tick state (at install, and by its completer each tick). */
+void dispatch_reset_system(keel_runtime *rt, uint32_t s);
+/* Run every system of track t to completion (or skip). */
+void dispatch_track(keel_runtime *rt, const sched_track *t);
+
+/* runtime/watchdog.c */
+int watchdog_start(keel_runtime *rt);
+void watchdog_stop(keel_runtime *rt);
+
+/* runtime/telemetry.c */
+int telemetry_init(keel_runtime *rt, uint32_t capacity);
+int telemetry_size(keel_runtime *rt, uint32_t nsys);
+/* Record the tick (adds the systems' watchdog reports to it). */
+void telemetry_record(keel_runtime *rt, keel_tick_record *tick);
+void telemetry_fini(keel_runtime *rt);
+
+/* runtime/driver.c: the wait strategy of the metronome, exposed for tests. */
+typedef enum rt_wait_phase { RT_WAIT_DONE, RT_WAIT_SLEEP, RT_WAIT_YIELD, RT_WAIT_SPIN } rt_wait_phase;
+rt_wait_phase driver_wait_phase(uint64_t now_ns, uint64_t deadline_ns);
+#define RT_SPIN_NS 50000ull        /* spin the last 50 µs */
+#define RT_SLEEP_SLACK_NS 1000000ull /* sleep until 1 ms before the deadline, then yield */
+
+/* Test hook: replace the metronome's clock and wait (NULL restores them). */
+void runtime_test_set_clock(keel_runtime *rt, uint64_t (*clock_ns)(void *user),
+                            void (*wait_until)(uint64_t deadline_ns, void *user), void *user);
+
+#endif

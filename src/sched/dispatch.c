@@ -1,0 +1,629 @@
+/*
+ * sched/dispatch.c -- running one track's systems on the worker pool.
+ *
+ * Serial mode (workers = 1) walks the track's execution order on the caller:
+ * the order is topological, so every predecessor has completed when a system
+ * is reached.
+ *
+ * Parallel mode. The caller of keel_runtime_step is worker 0; nthreads more
+ * threads are workers 1..nthreads. Per track:
+ *
+ *   caller: prepare  -> track_live = 1 -> epoch++ (futex wake) -> work loop
+ *           -> remaining == 0 -> track_live = 0 -> wait until active == 0
+ *   worker: wait for epoch change (futex) -> active++ -> if track_live and
+ *           epoch unchanged: work loop -> active--
+ *
+ * A worker touches track state only between active++ and active--, and
+ * only after seeing track_live set for the epoch it woke for. The caller
+ * resets state only after it cleared track_live and saw active == 0. Both
+ * sides use sequentially consistent accesses on (active, track_live), so
+ * either the worker sees track_live == 0 and backs off, or the caller sees
+ * active > 0 and waits: no worker ever works on a stale track.
+ *
+ * Ready queue: tickets[] are single-use slots, reset per track. A push takes
+ * a slot with fetch_add(tail) and then stores the system id + 1 (release).
+ * A pop reads head and tail and claims k = (tail - head) / workers slots
+ * (1..POP_BATCH) with one CAS(head); it then waits for each claimed slot to
+ * be filled (a pusher may be between its two steps). Slots are never reused
+ * within a track, so there is no ABA. A ticket means "help run
+ * system s": a single-task system gets one ticket (and an exchange on its
+ * task counter guards it); a system with n tasks gets up to min(n, workers)
+ * tickets and every holder claims tasks with fetch_add(next_task) until
+ * they run out.
+ *
+ * Completion: the worker that finishes a system's last task completes it:
+ * it marks successors dep_failed when the system failed (before decrementing,
+ * so the release-acquire on preds_left carries the flag), decrements each
+ * successor's preds_left, and the decrement that reaches 0 readies the
+ * successor. A ready successor with dep_failed is skipped on the spot and
+ * completes in turn (so skips propagate transitively). Of the successors
+ * that become runnable, the completing worker keeps one and runs it inline
+ * (no hand-off for a lone ready system) and pushes tickets for the others.
+ * remaining counts systems not yet completed; the decrement that reaches 0
+ * wakes every idle worker so the track can end.
+ *
+ * Idle workers spin briefly on the queue, then sleep on the work_seq futex
+ * after registering in `sleepers`; pushers bump work_seq and wake when
+ * sleepers > 0. (Dekker pattern on sleepers / the queue, all seq_cst.)
+ * Between tracks and ticks workers spin for PARK_SPIN_NS (50 µs), then sleep
+ * in the kernel on the epoch futex (registered in `parked`, the same Dekker
+ * pattern against the epoch bump), so a 60 Hz server's workers sleep between
+ * ticks while back-to-back tracks cost no system call.
+ */
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "runtime/runtime_internal.h"
+
+#define SPIN_LIMIT 2000
+#define TASKS_PER_WORKER 4
+#define POP_BATCH 16
+#define PARK_SPIN_NS 50000ull   /* a worker spins this long after a track before it sleeps */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr)
+{
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* ---- running one task ------------------------------------------------------ */
+
+static int run_query_task(keel_ctx *ctx, const sched_system *sys, rt_sys *st, uint32_t task)
+{
+    /* tasks split the chunk list evenly: task k owns [k*n/T, (k+1)*n/T) */
+    uint32_t first = (uint32_t)((uint64_t)task * st->nchunks / st->ntasks);
+    uint32_t last = (uint32_t)((uint64_t)(task + 1) * st->nchunks / st->ntasks);
+    uint64_t rows = 0;
+    int rc = 0;
+    for (uint32_t c = first; !rc && !ctx->fail_rc && c < last; c++) {
+        keel_iter it;
+        query_iter_chunk(sys->query, st->chunks[c], &it);
+        rows += it.count;
+        rc = sys->d.each_chunk(ctx, &it, sys->d.user);
+    }
+    atomic_fetch_add_explicit(&st->rows, rows, memory_order_relaxed);
+    return rc;
+}
+
+/* Run one task. *clock is a timestamp the task may use as its start, or 0 to
+ * read the clock. Serial mode passes the previous system's end, so a system
+ * costs one clock read, not two (clock_gettime is ~27 ns on a kvm-clock VM).
+ * In parallel mode a system can become ready on another worker after this
+ * worker's last reading, so help() always passes 0. On return *clock is the
+ * task's end. */
+static void run_task(keel_runtime *rt, uint32_t s, uint32_t task, uint32_t worker, uint64_t *clock)
+{
+    const sched_system *sys = &rt->sched->sys[s];
+    rt_sys *st = &rt->st[s];
+    uint64_t t0 = *clock ? *clock : rt_now_ns();
+    if (task == 0) {
+        st->start_ns = t0;
+        st->worker = worker;
+    }
+    atomic_store_explicit(&rt->watch[worker].sys, s, memory_order_relaxed);
+    atomic_store_explicit(&rt->watch[worker].since_ns, t0, memory_order_release);
+
+    keel_ctx ctx = {.rt = rt, .sys = s, .task = task, .worker = worker, .name = sys->d.name};
+    int rc;
+    if (sys->d.kind == KEEL_SYSTEM_PIPELINE) {
+        rc = sys->d.pipeline(task, sys->d.pipeline_count, sys->d.user);
+    } else {
+        ctx.cmds = st->cmds[task]; /* empty and reset since the last sync point */
+        rc = sys->d.kind == KEEL_SYSTEM_CALLBACK ? sys->d.run(&ctx, sys->d.user) : run_query_task(&ctx, sys, st, task);
+    }
+    if (!rc)
+        rc = ctx.fail_rc;
+    if (rc) {
+        int none = 0;
+        atomic_compare_exchange_strong(&st->fail_rc, &none, rc);
+    }
+    atomic_store_explicit(&rt->watch[worker].since_ns, 0, memory_order_release);
+    *clock = rt_now_ns();
+}
+
+/* ---- readiness and completion ------------------------------------------------ */
+
+/* Split a query system's chunks into tasks; called by the thread that makes
+ * the system ready, before any ticket for it is published. */
+static int plan_tasks(keel_runtime *rt, uint32_t s)
+{
+    const sched_system *sys = &rt->sched->sys[s];
+    rt_sys *st = &rt->st[s];
+    st->ntasks = 1;
+    if (sys->d.kind == KEEL_SYSTEM_PIPELINE) {
+        st->ntasks = sys->d.pipeline_count;
+        return KEEL_OK;
+    }
+    if (sys->d.kind != KEEL_SYSTEM_QUERY)
+        return KEEL_OK;
+    uint32_t n = query_chunk_refs(sys->query, st->chunks, st->chunks_cap);
+    if (n > st->chunks_cap) {
+        world_chunk_ref *c = realloc(st->chunks, (size_t)n * 2 * sizeof *c);
+        if (!c)
+            return core_fail(KEEL_ENOMEM, "system '%s': out of memory planning its chunk tasks", sys->d.name);
+        st->chunks = c;
+        st->chunks_cap = n * 2;
+        n = query_chunk_refs(sys->query, st->chunks, st->chunks_cap);
+    }
+    st->nchunks = n;
+    if (!sys->d.parallel || rt->workers == 1 || n <= 1)
+        return KEEL_OK;
+    uint64_t rows = 0;
+    for (uint32_t i = 0; i < n; i++)
+        rows += st->chunks[i].rows;
+    uint32_t min_rows = sys->d.min_chunk_rows ? sys->d.min_chunk_rows : 64;
+    uint64_t by_rows = rows / min_rows ? rows / min_rows : 1;
+    uint32_t t = rt->workers * TASKS_PER_WORKER;
+    if (t > n)
+        t = n;
+    if (t > by_rows)
+        t = (uint32_t)by_rows;
+    st->ntasks = t;
+    return KEEL_OK;
+}
+
+/* Make sure system s has a command buffer per task. */
+static int ensure_cmdbufs(keel_runtime *rt, uint32_t s)
+{
+    rt_sys *st = &rt->st[s];
+    if (rt->sched->sys[s].d.kind == KEEL_SYSTEM_PIPELINE || st->ncmds >= st->ntasks)
+        return KEEL_OK;
+    keel_cmdbuf **cmds = realloc(st->cmds, st->ntasks * sizeof *cmds);
+    if (!cmds)
+        return core_fail(KEEL_ENOMEM, "out of memory for command buffers");
+    st->cmds = cmds;
+    for (; st->ncmds < st->ntasks; st->ncmds++)
+        if (keel_cmdbuf_create(rt->world, &st->cmds[st->ncmds]))
+            return KEEL_ENOMEM;
+    return KEEL_OK;
+}
+
+/* Prepare a system whose predecessors completed. Returns true when it has
+ * tasks to run; false when it completes on the spot: skipped (a predecessor
+ * failed, or its tasks could not be planned: skip is set) or empty (a
+ * pipeline of 0 indices). */
+static void reset_run(rt_sys *st);
+
+static bool make_ready(keel_runtime *rt, uint32_t s)
+{
+    rt_sys *st = &rt->st[s];
+    reset_run(st);
+    if (atomic_load_explicit(&st->dep_failed, memory_order_relaxed)) {
+        st->skip = KEEL_SKIP_DEPENDENCY_FAILED;
+        return false;
+    }
+    int rc = plan_tasks(rt, s);
+    if (!rc)
+        rc = ensure_cmdbufs(rt, s);
+    if (rc) {
+        core_log(KEEL_LOG_ERROR, "sched", "system_not_run", "system=%s rc=%s", rt->sched->sys[s].d.name,
+                 keel_strerror(rc));
+        atomic_store(&st->fail_rc, rc);
+        st->skip = KEEL_SKIP_FAILED;
+        return false;
+    }
+    return st->ntasks > 0;
+}
+
+/* Per-run fields: reset by the thread that makes the system ready, before
+ * any ticket for it exists. (Not at completion: a worker holding a stale
+ * "help" ticket may still bump next_task after the system completed.) */
+static void reset_run(rt_sys *st)
+{
+    atomic_store_explicit(&st->next_task, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->tasks_done, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->fail_rc, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->watchdog, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->rows, 0, memory_order_relaxed);
+    st->ntasks = 0;
+    st->worker = 0;
+    st->start_ns = st->end_ns = 0;
+    st->skip = KEEL_SKIP_NONE;
+}
+
+/* Readiness fields: reset when the system completes (every system completes
+ * every tick, run or skipped), ready for the next tick's predecessors. */
+static void reset_readiness(keel_runtime *rt, uint32_t s)
+{
+    atomic_store_explicit(&rt->st[s].preds_left, rt->sched->npred[s], memory_order_relaxed);
+    atomic_store_explicit(&rt->st[s].dep_failed, 0, memory_order_relaxed);
+}
+
+void dispatch_reset_system(keel_runtime *rt, uint32_t s)
+{
+    reset_run(&rt->st[s]);
+    reset_readiness(rt, s);
+}
+
+/* The last step of a system's tick, on the worker that completed it: count
+ * it in the worker's share of the tick's counters and re-arm its readiness
+ * for the next tick. Its per-run fields stay as they are until the stepping
+ * thread has copied them into the telemetry ring at tick end. */
+static void finish_system(keel_runtime *rt, uint32_t s, uint32_t worker)
+{
+    const rt_sys *st = &rt->st[s];
+    rt_scratch *w = &rt->scratch[worker];
+    bool skipped = st->skip == KEEL_SKIP_DEPENDENCY_FAILED || st->skip == KEEL_SKIP_THROTTLED;
+    w->run += !skipped;
+    w->failed += st->skip == KEEL_SKIP_FAILED;
+    w->skipped += skipped;
+    reset_readiness(rt, s);
+}
+
+typedef struct ready_list {
+    uint32_t *items;
+    uint32_t n;
+} ready_list;
+
+/* Complete system s and every system its outcome skips; runnable successors
+ * are appended to out. Returns the number of systems completed. */
+static uint32_t complete(keel_runtime *rt, uint32_t s, uint64_t now, uint32_t worker, ready_list *out,
+                         uint32_t *stack)
+{
+    const keel_schedule *sc = rt->sched;
+    uint32_t top = 0, completed = 0;
+    stack[top++] = s;
+    while (top) {
+        uint32_t u = stack[--top];
+        rt_sys *st = &rt->st[u];
+        bool failed = st->skip != KEEL_SKIP_NONE || atomic_load(&st->fail_rc) != 0;
+        if (st->skip == KEEL_SKIP_NONE && failed) {
+            st->skip = KEEL_SKIP_FAILED;
+            /* roll back: a failed system's commands vanish (its VERSIONED
+             * writes will too, with the transaction layer) */
+            for (uint32_t k = 0; k < st->ncmds; k++)
+                keel_cmdbuf_discard(st->cmds[k]);
+        }
+        st->end_ns = st->skip == KEEL_SKIP_DEPENDENCY_FAILED ? 0 : now;
+        if (!st->start_ns && st->skip == KEEL_SKIP_NONE)
+            st->start_ns = st->end_ns; /* nothing to run (a pipeline of 0 indices) */
+        completed++;
+        for (uint32_t k = sc->succ_off[u]; k < sc->succ_off[u + 1]; k++) {
+            uint32_t v = sc->succ[k];
+            if (failed)
+                atomic_store_explicit(&rt->st[v].dep_failed, 1, memory_order_relaxed);
+            if (atomic_fetch_sub_explicit(&rt->st[v].preds_left, 1, memory_order_acq_rel) != 1)
+                continue;
+            if (make_ready(rt, v))
+                out->items[out->n++] = v;
+            else
+                stack[top++] = v;
+        }
+        finish_system(rt, u, worker);
+    }
+    return completed;
+}
+
+/* ---- serial mode -------------------------------------------------------------- */
+
+static void dispatch_serial(keel_runtime *rt, const sched_track *t)
+{
+    const keel_schedule *sc = rt->sched;
+    uint64_t clock = rt_now_ns();
+    for (uint32_t i = t->first; i < t->first + t->count; i++) {
+        uint32_t s = sc->order[i];
+        rt_sys *st = &rt->st[s];
+        if (make_ready(rt, s))
+            for (uint32_t k = 0; k < st->ntasks; k++)
+                run_task(rt, s, k, 0, &clock);
+        bool failed = st->skip != KEEL_SKIP_NONE || atomic_load(&st->fail_rc) != 0;
+        if (st->skip == KEEL_SKIP_NONE && failed) {
+            st->skip = KEEL_SKIP_FAILED;
+            for (uint32_t k = 0; k < st->ncmds; k++)
+                keel_cmdbuf_discard(st->cmds[k]);
+        }
+        st->end_ns = st->skip == KEEL_SKIP_DEPENDENCY_FAILED ? 0 : clock;
+        if (!st->start_ns && st->skip == KEEL_SKIP_NONE)
+            st->start_ns = st->end_ns; /* nothing to run (a pipeline of 0 indices) */
+        if (failed)
+            for (uint32_t k = sc->succ_off[s]; k < sc->succ_off[s + 1]; k++)
+                atomic_store_explicit(&rt->st[sc->succ[k]].dep_failed, 1, memory_order_relaxed);
+        finish_system(rt, s, 0);
+    }
+}
+
+/* ---- parallel mode ------------------------------------------------------------ */
+
+static void push_ticket(rt_pool *p, uint32_t s)
+{
+    uint32_t slot = atomic_fetch_add(&p->tail, 1);
+    atomic_store_explicit(&p->tickets[slot], s + 1, memory_order_release);
+}
+
+static void wake_idle(rt_pool *p)
+{
+    atomic_fetch_add(&p->work_seq, 1);
+    if (atomic_load(&p->sleepers))
+        futex_wake_all(&p->work_seq);
+}
+
+/* Claim a share of the queued tickets with one CAS: available / workers of
+ * them (at least 1, at most POP_BATCH), so that a wide fan-out of small
+ * systems is not one contended CAS per system. Returns how many were claimed
+ * into out (0 when the queue is empty). */
+static uint32_t pop_tickets(rt_pool *p, uint32_t workers, uint32_t *out)
+{
+    for (;;) {
+        uint32_t h = atomic_load(&p->head), t = atomic_load(&p->tail);
+        if (h >= t)
+            return 0;
+        uint32_t k = (t - h) / workers;
+        k = k < 1 ? 1 : k > POP_BATCH ? POP_BATCH : k;
+        if (!atomic_compare_exchange_weak(&p->head, &h, h + k))
+            continue;
+        for (uint32_t i = 0; i < k; i++) {
+            uint32_t v;
+            while (!(v = atomic_load_explicit(&p->tickets[h + i], memory_order_acquire)))
+                cpu_relax(); /* the pusher holds the slot but has not filled it yet */
+            out[i] = v - 1;
+        }
+        return k;
+    }
+}
+
+/* Tickets for the systems in `ready`, keeping one to run inline. */
+static uint32_t publish(keel_runtime *rt, ready_list *ready)
+{
+    rt_pool *p = &rt->pool;
+    if (!ready->n)
+        return RT_NONE;
+    uint32_t keep = ready->items[0];
+    bool pushed = false;
+    for (uint32_t i = 0; i < ready->n; i++) {
+        uint32_t s = ready->items[i], ntasks = rt->st[s].ntasks;
+        uint32_t tickets = ntasks < rt->workers ? ntasks : rt->workers;
+        if (s == keep && tickets)
+            tickets--; /* this thread helps too */
+        for (uint32_t k = 0; k < tickets; k++)
+            push_ticket(p, s);
+        pushed |= tickets > 0;
+    }
+    ready->n = 0;
+    if (pushed)
+        wake_idle(p);
+    return keep;
+}
+
+/* Help system s: claim and run its tasks until none is left. Returns the
+ * system to run next inline, or RT_NONE. */
+static uint32_t help(keel_runtime *rt, uint32_t s, uint32_t worker, ready_list *ready, uint32_t *stack,
+                     uint64_t *clock)
+{
+    rt_sys *st = &rt->st[s];
+    uint32_t next = RT_NONE;
+    for (;;) {
+        uint32_t k = atomic_fetch_add(&st->next_task, 1);
+        if (k >= st->ntasks)
+            break;
+        *clock = 0; /* start after readiness: see run_task */
+        run_task(rt, s, k, worker, clock);
+        if (atomic_fetch_add(&st->tasks_done, 1) + 1 == st->ntasks) {
+            uint32_t done = complete(rt, s, *clock, worker, ready, stack);
+            next = publish(rt, ready);
+            if (atomic_fetch_sub(&rt->pool.remaining, done) == done)
+                wake_idle(&rt->pool);
+            break;
+        }
+    }
+    return next;
+}
+
+static void work_loop(keel_runtime *rt, uint32_t worker, rt_scratch *w)
+{
+    rt_pool *p = &rt->pool;
+    ready_list ready = {w->ready, 0};
+    uint32_t spins = 0;
+    uint64_t clock = 0;
+    uint32_t claimed[POP_BATCH];
+    while (atomic_load(&p->remaining) > 0) {
+        uint32_t n = pop_tickets(p, rt->workers, claimed);
+        if (n) {
+            for (uint32_t i = 0; i < n; i++)
+                for (uint32_t s = claimed[i]; s != RT_NONE;)
+                    s = help(rt, s, worker, &ready, w->stack, &clock);
+            spins = 0;
+            continue;
+        }
+        if (++spins < SPIN_LIMIT) {
+            cpu_relax();
+            continue;
+        }
+        uint32_t seq = atomic_load(&p->work_seq);
+        atomic_fetch_add(&p->sleepers, 1);
+        if (atomic_load(&p->head) >= atomic_load(&p->tail) && atomic_load(&p->remaining) > 0)
+            futex_wait(&p->work_seq, seq);
+        atomic_fetch_sub(&p->sleepers, 1);
+        spins = 0;
+    }
+}
+
+/* Wait for the epoch to move past `seen`: spin for PARK_SPIN_NS first (back
+ * to back tracks and unthrottled ticks then cost no system call), then
+ * sleep in the kernel. Parking registers in `parked` before the last check
+ * of the epoch, and the caller bumps the epoch before reading `parked`
+ * (both seq_cst): either the worker sees the new epoch or the caller sees it
+ * parked and wakes it. Returns the epoch seen (== seen after a wake-up, so
+ * the caller loops). */
+static uint32_t wait_epoch(rt_pool *p, uint32_t seen)
+{
+    uint64_t start = 0;
+    for (uint32_t i = 0;; i++) {
+        uint32_t e = atomic_load(&p->epoch);
+        if (e != seen)
+            return e;
+        if ((i & 63) == 63) {
+            uint64_t now = rt_now_ns();
+            if (!start)
+                start = now;
+            else if (now - start > PARK_SPIN_NS)
+                break;
+        }
+        cpu_relax();
+    }
+    atomic_fetch_add(&p->parked, 1);
+    if (atomic_load(&p->epoch) == seen)
+        futex_wait(&p->epoch, seen);
+    atomic_fetch_sub(&p->parked, 1);
+    return seen;
+}
+
+typedef struct worker_arg {
+    keel_runtime *rt;
+    uint32_t index;
+} worker_arg;
+
+static void *worker_main(void *arg)
+{
+    worker_arg a = *(worker_arg *)arg;
+    free(arg);
+    keel_runtime *rt = a.rt;
+    rt_pool *p = &rt->pool;
+    uint32_t seen = 0;
+    for (;;) {
+        uint32_t e = wait_epoch(p, seen);
+        if (e == seen)
+            continue;
+        seen = e;
+        if (atomic_load(&p->quit))
+            break;
+        atomic_fetch_add(&p->active, 1);
+        if (atomic_load(&p->track_live) && atomic_load(&p->epoch) == seen)
+            work_loop(rt, a.index, &rt->scratch[a.index]);
+        atomic_fetch_sub(&p->active, 1);
+    }
+    return NULL;
+}
+
+static void dispatch_parallel(keel_runtime *rt, const sched_track *t)
+{
+    const keel_schedule *sc = rt->sched;
+    rt_pool *p = &rt->pool;
+    rt_scratch *w = &rt->scratch[0];
+    /* prepare: no worker touches track state now (track_live == 0, active == 0) */
+    atomic_store(&p->head, 0);
+    atomic_store(&p->tail, 0);
+    memset((void *)p->tickets, 0, p->tickets_cap * sizeof *p->tickets);
+    ready_list ready = {w->ready, 0};
+    uint32_t done = 0;
+    for (uint32_t i = t->first; i < t->first + t->count; i++) {
+        uint32_t s = sc->order[i];
+        if (sc->npred[s])
+            continue;
+        if (make_ready(rt, s))
+            ready.items[ready.n++] = s;
+        else
+            done += complete(rt, s, rt_now_ns(), 0, &ready, w->stack);
+    }
+    if (done == t->count)
+        return;
+    atomic_store(&p->remaining, t->count - done);
+    /* every root gets its tickets; the caller keeps none: it joins below */
+    for (uint32_t i = 0; i < ready.n; i++) {
+        uint32_t s = ready.items[i], n = rt->st[s].ntasks < rt->workers ? rt->st[s].ntasks : rt->workers;
+        for (uint32_t k = 0; k < n; k++)
+            push_ticket(p, s);
+    }
+    atomic_store(&p->track_live, true);
+    atomic_fetch_add(&p->epoch, 1);
+    if (atomic_load(&p->parked))
+        futex_wake_all(&p->epoch);
+    work_loop(rt, 0, w);
+    atomic_store(&p->track_live, false);
+    while (atomic_load(&p->active))
+        sched_yield();
+}
+
+/* Systems' tick state was reset by their completers in the last tick (or at
+ * install), so starting a track touches none of it. */
+void dispatch_track(keel_runtime *rt, const sched_track *t)
+{
+    if (!t->count)
+        return;
+    if (rt->workers == 1)
+        dispatch_serial(rt, t);
+    else
+        dispatch_parallel(rt, t);
+}
+
+/* ---- pool lifetime ------------------------------------------------------------ */
+
+int dispatch_init(keel_runtime *rt)
+{
+    rt_pool *p = &rt->pool;
+    p->nthreads = rt->workers - 1;
+    if (!p->nthreads)
+        return KEEL_OK;
+    p->threads = calloc(p->nthreads, sizeof *p->threads);
+    if (!p->threads)
+        return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory for %u workers", rt->workers);
+    for (uint32_t i = 0; i < p->nthreads; i++) {
+        worker_arg *a = malloc(sizeof *a);
+        if (a)
+            *a = (worker_arg){rt, i + 1};
+        if (!a || pthread_create(&p->threads[i], NULL, worker_main, a)) {
+            free(a);
+            p->nthreads = i;
+            return core_fail(KEEL_ENOMEM, "keel_runtime_create: cannot start worker thread %u", i + 1);
+        }
+    }
+    return KEEL_OK;
+}
+
+void dispatch_fini(keel_runtime *rt)
+{
+    rt_pool *p = &rt->pool;
+    atomic_store(&p->quit, true);
+    atomic_fetch_add(&p->epoch, 1);
+    futex_wake_all(&p->epoch);
+    for (uint32_t i = 0; i < p->nthreads; i++)
+        pthread_join(p->threads[i], NULL);
+    free(p->threads);
+    free((void *)p->tickets);
+    for (uint32_t i = 0; rt->scratch && i < rt->workers; i++) {
+        free(rt->scratch[i].ready);
+        free(rt->scratch[i].stack);
+    }
+    free(rt->scratch);
+}
+
+int dispatch_prepare(keel_runtime *rt)
+{
+    uint32_t nsys = rt->sched->nsys + 1;
+    rt_pool *p = &rt->pool;
+    free((void *)p->tickets);
+    p->tickets_cap = nsys * rt->workers;
+    p->tickets = calloc(p->tickets_cap, sizeof *p->tickets);
+    if (!rt->scratch) {
+        rt->scratch = aligned_alloc(64, rt->workers * sizeof *rt->scratch);
+        if (rt->scratch)
+            memset(rt->scratch, 0, rt->workers * sizeof *rt->scratch);
+    }
+    if (!p->tickets || !rt->scratch)
+        return core_fail(KEEL_ENOMEM, "out of memory preparing the dispatcher");
+    for (uint32_t i = 0; i < rt->workers; i++) {
+        free(rt->scratch[i].ready);
+        free(rt->scratch[i].stack);
+        rt->scratch[i].ready = malloc(nsys * sizeof(uint32_t));
+        rt->scratch[i].stack = malloc(nsys * sizeof(uint32_t));
+        if (!rt->scratch[i].ready || !rt->scratch[i].stack)
+            return core_fail(KEEL_ENOMEM, "out of memory preparing the dispatcher");
+    }
+    return KEEL_OK;
+}
