@@ -267,6 +267,25 @@ static void finish_system(keel_runtime *rt, uint32_t s, uint32_t worker)
     reset_readiness(rt, s);
 }
 
+/* The outcome of system s, whose tasks are all done (or which was skipped):
+ * a failed system is rolled back -- its commands vanish (its VERSIONED writes
+ * will too, with the transaction layer) -- and its end time is recorded.
+ * Returns true when its successors must be skipped. */
+static bool settle(keel_runtime *rt, uint32_t s, uint64_t now)
+{
+    rt_sys *st = &rt->st[s];
+    bool failed = st->skip != KEEL_SKIP_NONE || atomic_load(&st->fail_rc) != 0;
+    if (st->skip == KEEL_SKIP_NONE && failed) {
+        st->skip = KEEL_SKIP_FAILED;
+        for (uint32_t k = 0; k < st->ncmds; k++)
+            keel_cmdbuf_discard(st->cmds[k]);
+    }
+    st->end_ns = st->skip == KEEL_SKIP_DEPENDENCY_FAILED ? 0 : now;
+    if (!st->start_ns && st->skip == KEEL_SKIP_NONE)
+        st->start_ns = st->end_ns; /* nothing to run (a pipeline of 0 indices) */
+    return failed;
+}
+
 typedef struct ready_list {
     uint32_t *items;
     uint32_t n;
@@ -282,18 +301,7 @@ static uint32_t complete(keel_runtime *rt, uint32_t s, uint64_t now, uint32_t wo
     stack[top++] = s;
     while (top) {
         uint32_t u = stack[--top];
-        rt_sys *st = &rt->st[u];
-        bool failed = st->skip != KEEL_SKIP_NONE || atomic_load(&st->fail_rc) != 0;
-        if (st->skip == KEEL_SKIP_NONE && failed) {
-            st->skip = KEEL_SKIP_FAILED;
-            /* roll back: a failed system's commands vanish (its VERSIONED
-             * writes will too, with the transaction layer) */
-            for (uint32_t k = 0; k < st->ncmds; k++)
-                keel_cmdbuf_discard(st->cmds[k]);
-        }
-        st->end_ns = st->skip == KEEL_SKIP_DEPENDENCY_FAILED ? 0 : now;
-        if (!st->start_ns && st->skip == KEEL_SKIP_NONE)
-            st->start_ns = st->end_ns; /* nothing to run (a pipeline of 0 indices) */
+        bool failed = settle(rt, u, now);
         completed++;
         for (uint32_t k = sc->succ_off[u]; k < sc->succ_off[u + 1]; k++) {
             uint32_t v = sc->succ[k];
@@ -323,16 +331,7 @@ static void dispatch_serial(keel_runtime *rt, const sched_track *t)
         if (make_ready(rt, s))
             for (uint32_t k = 0; k < st->ntasks; k++)
                 run_task(rt, s, k, 0, &clock);
-        bool failed = st->skip != KEEL_SKIP_NONE || atomic_load(&st->fail_rc) != 0;
-        if (st->skip == KEEL_SKIP_NONE && failed) {
-            st->skip = KEEL_SKIP_FAILED;
-            for (uint32_t k = 0; k < st->ncmds; k++)
-                keel_cmdbuf_discard(st->cmds[k]);
-        }
-        st->end_ns = st->skip == KEEL_SKIP_DEPENDENCY_FAILED ? 0 : clock;
-        if (!st->start_ns && st->skip == KEEL_SKIP_NONE)
-            st->start_ns = st->end_ns; /* nothing to run (a pipeline of 0 indices) */
-        if (failed)
+        if (settle(rt, s, clock))
             for (uint32_t k = sc->succ_off[s]; k < sc->succ_off[s + 1]; k++)
                 atomic_store_explicit(&rt->st[sc->succ[k]].dep_failed, 1, memory_order_relaxed);
         finish_system(rt, s, 0);
