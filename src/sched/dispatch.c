@@ -521,10 +521,8 @@ static void dispatch_parallel(keel_runtime *rt, const sched_track *t)
     memset((void *)p->tickets, 0, p->tickets_cap * sizeof *p->tickets);
     ready_list ready = {w->ready, 0};
     uint32_t done = 0;
-    for (uint32_t i = t->first; i < t->first + t->count; i++) {
-        uint32_t s = sc->order[i];
-        if (sc->npred[s])
-            continue;
+    for (uint32_t i = t->roots_first; i < t->roots_first + t->roots_count; i++) {
+        uint32_t s = sc->roots[i];
         if (make_ready(rt, s))
             ready.items[ready.n++] = s;
         else

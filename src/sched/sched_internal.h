@@ -24,6 +24,7 @@ typedef struct sched_system {
 typedef struct sched_track {
     const char *name;
     uint32_t first, count;    /* range of the execution order */
+    uint32_t roots_first, roots_count; /* range of `roots`: systems without predecessors */
 } sched_track;
 
 struct keel_schedule {
@@ -53,6 +54,7 @@ struct keel_schedule {
     uint32_t *succ_off;       /* nsys + 1 offsets into succ */
     uint32_t *succ;           /* successor system indices */
     uint32_t *npred;          /* predecessor count per system */
+    uint32_t *roots;          /* per track, its systems without predecessors, in order */
     uint64_t hash;
 };
 

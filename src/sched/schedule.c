@@ -162,6 +162,7 @@ void schedule_free(keel_schedule *s)
     free(s->succ_off);
     free(s->succ);
     free(s->npred);
+    free(s->roots);
     free(s);
 }
 
@@ -752,8 +753,9 @@ static int make_plan(build *b)
     s->succ_off = calloc(n + 1, sizeof *s->succ_off);
     s->succ = malloc((nedges + 1) * sizeof *s->succ);
     s->npred = calloc(n + 1, sizeof *s->npred);
+    s->roots = malloc((n + 1) * sizeof *s->roots);
     uint32_t *indeg = calloc(n + 1, sizeof *indeg), *heap = malloc((n + 1) * sizeof *heap);
-    if (!s->order || !s->succ_off || !s->succ || !s->npred || !indeg || !heap) {
+    if (!s->order || !s->succ_off || !s->succ || !s->npred || !s->roots || !indeg || !heap) {
         free(indeg);
         free(heap);
         return core_fail(KEEL_ENOMEM, "keel_schedule_build: out of memory");
@@ -784,6 +786,14 @@ static int make_plan(build *b)
                     heap_push(heap, &hn, s->succ[k]);
         }
         s->tracks[t].count = pos - s->tracks[t].first;
+    }
+    uint32_t nroots = 0;
+    for (uint32_t t = 0; t < s->ntracks; t++) {
+        s->tracks[t].roots_first = nroots;
+        for (uint32_t i = s->tracks[t].first; i < s->tracks[t].first + s->tracks[t].count; i++)
+            if (!s->npred[s->order[i]])
+                s->roots[nroots++] = s->order[i];
+        s->tracks[t].roots_count = nroots - s->tracks[t].roots_first;
     }
     free(indeg);
     free(heap);
