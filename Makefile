@@ -30,7 +30,7 @@ deps:
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
-	  echo "keel: installing missing Debian packages:$$missing"; \
+	  echo "keel: missing Debian packages:$$missing"; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; \
 	  elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
 	  else echo "keel: cannot install as $$(id -un); run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
