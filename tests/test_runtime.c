@@ -1428,6 +1428,62 @@ START_TEST(test_watchdog_fast_not_reported)
 }
 END_TEST
 
+/* Regression: the watchdog once computed "now - since" with a `now` read
+ * before a task started, which wrapped to ~1.8e13 ms and reported tasks that
+ * had just begun. With a 1 ms watchdog and many short systems on 2 workers,
+ * any report must carry a plausible duration (a genuine preemption of a few
+ * ms is allowed; the bound only excludes the wrap). */
+typedef struct wrap_log {
+    pthread_mutex_t lock;
+    uint32_t reports;
+    unsigned long long max_ms;
+} wrap_log;
+
+static void wrap_handler(const keel_log_event *ev, void *user)
+{
+    wrap_log *l = user;
+    char ms[32];
+    if (strcmp(ev->event, "watchdog") || !field_value(ev->fields, "running_ms", ms, sizeof ms))
+        return;
+    pthread_mutex_lock(&l->lock);
+    l->reports++;
+    unsigned long long v = strtoull(ms, NULL, 10);
+    if (v > l->max_ms)
+        l->max_ms = v;
+    pthread_mutex_unlock(&l->lock);
+}
+
+static int wrap_spin(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    volatile uint32_t x = 0;
+    for (uint32_t i = 0; i < 2000; i++)
+        x += i;
+    (void)user;
+    return 0;
+}
+
+START_TEST(test_watchdog_no_wrapped_reports)
+{
+    wrap_log l = {.lock = PTHREAD_MUTEX_INITIALIZER};
+    keel_log_set(wrap_handler, &l, KEEL_LOG_DEBUG);
+    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = -1, .watchdog_seconds = 0.001});
+    keel_schedule *s = sched_new(rt);
+    for (int i = 0; i < 32; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "spin%d", i);
+        add_sys(s, &(keel_system_desc){.name = name, .run = wrap_spin});
+    }
+    ck_assert_ok(keel_schedule_build(s));
+    ck_assert_ok(keel_runtime_set_schedule(rt, s));
+    for (int t = 0; t < 3000; t++)
+        ck_assert_ok(keel_runtime_step(rt));
+    keel_runtime_close(rt);
+    keel_log_set(NULL, NULL, KEEL_LOG_INFO);
+    ck_assert_msg(l.max_ms < 3600ull * 1000, "a watchdog report claims %llu ms (of %u reports)", l.max_ms, l.reports);
+}
+END_TEST
+
 static Suite *runtime_watchdog(void)
 {
     Suite *s = suite_create("runtime_watchdog");
@@ -1435,6 +1491,7 @@ static Suite *runtime_watchdog(void)
     tcase_add_test(tc, test_watchdog_reports_slow_system);
     tcase_add_test(tc, test_watchdog_serial);
     tcase_add_test(tc, test_watchdog_fast_not_reported);
+    tcase_add_test(tc, test_watchdog_no_wrapped_reports);
     suite_add_tcase(s, tc);
     return s;
 }

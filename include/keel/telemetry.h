@@ -63,7 +63,7 @@ int keel_telemetry_system(const keel_runtime *rt, uint64_t tick, keel_system sys
 
 typedef struct keel_runtime_stats {
     uint64_t ticks;
-    uint64_t systems_run;         /* bodies called, failed ones included */
+    uint64_t systems_run;         /* systems not skipped, failed ones included */
     uint64_t systems_failed, systems_skipped;
     uint64_t commands_applied;    /* commands taken at sync points, ignored ones included
                                      (on_first_tick's are not counted) */

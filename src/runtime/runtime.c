@@ -152,9 +152,11 @@ int keel_runtime_set_schedule(keel_runtime *rt, keel_schedule *s)
     if (!st)
         return core_fail(KEEL_ENOMEM, "keel_runtime_set_schedule: out of memory");
     keel_schedule *old = rt->sched;
+    pthread_mutex_lock(&rt->watchdog_lock); /* the watchdog reads st and sched under it */
     free_system_state(rt);
     rt->st = st;
     rt->sched = s;
+    pthread_mutex_unlock(&rt->watchdog_lock);
     for (uint32_t i = 0; i < s->nsys; i++)
         dispatch_reset_system(rt, i);
     int rc = dispatch_prepare(rt);
@@ -302,7 +304,7 @@ static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
 {
     uint64_t end = rt_now_ns();
     keel_tick_record rec = {
-        .tick = rt->running_tick,
+        .tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed),
         .start_ns = start,
         .target_ns = rt->tick_rate_hz > 0 ? (uint64_t)(1e9 / rt->tick_rate_hz) : 0,
         .actual_ns = end - start,
@@ -333,7 +335,7 @@ int runtime_step(keel_runtime *rt)
         return rc;
     keel_world_freeze(rt->world);
     uint64_t start = rt_now_ns();
-    rt->running_tick = atomic_load(&rt->tick) + 1;
+    atomic_store_explicit(&rt->running_tick, atomic_load(&rt->tick) + 1, memory_order_relaxed);
     rc = first_tick_hook(rt);
     if (rc)
         return rc;
@@ -343,7 +345,7 @@ int runtime_step(keel_runtime *rt)
     uint64_t sync_start = rt_now_ns();
     int sync_rc = sync_point(rt);
     tick_end(rt, start, sync_start);
-    atomic_store(&rt->tick, rt->running_tick);
+    atomic_store(&rt->tick, atomic_load_explicit(&rt->running_tick, memory_order_relaxed));
     rt->stats.ticks++;
     return sync_rc;
 }
@@ -366,7 +368,7 @@ keel_world *keel_ctx_world(keel_ctx *ctx)
 
 uint64_t keel_ctx_tick(const keel_ctx *ctx)
 {
-    return ctx ? ctx->rt->running_tick : 0;
+    return ctx ? atomic_load_explicit(&ctx->rt->running_tick, memory_order_relaxed) : 0;
 }
 
 float keel_ctx_dt(const keel_ctx *ctx)

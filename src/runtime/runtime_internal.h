@@ -46,8 +46,8 @@ typedef struct rt_sys {
     _Atomic uint32_t next_task;    /* next task index to claim */
     _Atomic uint32_t tasks_done;
     _Atomic int fail_rc;           /* first failing task's code, 0 = none */
-    _Atomic uint32_t watchdog;     /* reported by the watchdog this run */
     _Atomic uint64_t rows;
+    _Atomic uint64_t watchdog_tick; /* tick of the last run the watchdog reported */
     uint32_t ntasks;               /* set when the system becomes ready */
     uint32_t worker;               /* telemetry of this run */
     uint64_t start_ns, end_ns;
@@ -65,6 +65,7 @@ typedef struct rt_sys {
 typedef struct rt_watch {
     alignas(64) _Atomic uint64_t since_ns; /* 0 = idle; one line per worker */
     _Atomic uint32_t sys;
+    _Atomic uint64_t tick;
 } rt_watch;
 
 typedef struct rt_pool {
@@ -119,7 +120,7 @@ struct keel_runtime {
     rt_scratch *scratch;           /* one per worker */
 
     _Atomic uint64_t tick;         /* ticks completed */
-    uint64_t running_tick;         /* the tick being run (tick + 1 while running) */
+    _Atomic uint64_t running_tick; /* the tick being run (tick + 1 while running) */
 
     /* on_first_tick's commands, pending when their playback failed */
     keel_cmdbuf *hook_cmds;

@@ -58,7 +58,7 @@ void telemetry_record(keel_runtime *rt, keel_tick_record *tick)
     for (uint32_t i = 0; i < t->nsys; i++) {
         const rt_sys *st = &rt->st[i];
         bool skipped = st->skip == KEEL_SKIP_DEPENDENCY_FAILED || st->skip == KEEL_SKIP_THROTTLED;
-        uint32_t watchdog = atomic_load(&st->watchdog) != 0;
+        uint32_t watchdog = atomic_load(&st->watchdog_tick) == tick->tick;
         out[i] = (keel_system_record){
             .system = i,
             .worker = st->worker,

@@ -7,10 +7,13 @@
  * task started more than watchdog_ns ago: a diagnostic and a flag the tick's
  * telemetry picks up. It never interrupts anything.
  *
- * The slot is read as (since, sys, since again): a worker publishes sys
- * before since (release), so when both reads of since agree, sys belongs to
- * that run. A report that races with the end of a tick may be counted in
- * the next tick's telemetry; the diagnostic itself is always right.
+ * The slot is read as (since, sys, tick, since again): a worker publishes
+ * sys and tick before since (release), so when both reads of since agree,
+ * sys and tick belong to that run. The report is a tick number stored in the
+ * system's state, so it can only ever be counted for the run it is about; a
+ * report that lands after that tick's telemetry was recorded shows in the
+ * diagnostic only. The check runs under watchdog_lock, which
+ * keel_runtime_set_schedule takes to replace the system state.
  */
 #include <errno.h>
 #include <time.h>
@@ -18,22 +21,27 @@
 #include "core/core.h"
 #include "runtime/runtime_internal.h"
 
+/* Called with watchdog_lock held: keel_runtime_set_schedule takes it to
+ * swap and free the schedule and the system state. */
 static void check_workers(keel_runtime *rt)
 {
-    uint64_t now = rt_now_ns();
     for (uint32_t w = 0; w < rt->workers; w++) {
-        uint64_t since = atomic_load_explicit(&rt->watch[w].since_ns, memory_order_acquire);
-        if (!since || now - since < rt->watchdog_ns)
+        rt_watch *slot = &rt->watch[w];
+        uint64_t since = atomic_load_explicit(&slot->since_ns, memory_order_acquire);
+        if (!since)
             continue;
-        uint32_t s = atomic_load_explicit(&rt->watch[w].sys, memory_order_acquire);
-        if (atomic_load_explicit(&rt->watch[w].since_ns, memory_order_acquire) != since)
+        uint64_t now = rt_now_ns(); /* after since: a task that started meanwhile is not "negative" old */
+        if (now <= since || now - since < rt->watchdog_ns)
+            continue;
+        uint32_t s = atomic_load_explicit(&slot->sys, memory_order_acquire);
+        uint64_t tick = atomic_load_explicit(&slot->tick, memory_order_acquire);
+        if (atomic_load_explicit(&slot->since_ns, memory_order_acquire) != since)
             continue; /* the worker moved on while we looked */
-        /* st and sched are stable while a system runs: set_schedule refuses while ticking */
         if (!rt->sched || s >= rt->sched->nsys)
             continue;
-        if (atomic_exchange(&rt->st[s].watchdog, 1) == 0)
+        if (atomic_exchange(&rt->st[s].watchdog_tick, tick) != tick)
             core_log(KEEL_LOG_WARN, "sched", "watchdog", "system=%s worker=%u tick=%llu running_ms=%llu",
-                     rt->sched->sys[s].d.name, w, (unsigned long long)rt->running_tick,
+                     rt->sched->sys[s].d.name, w, (unsigned long long)tick,
                      (unsigned long long)((now - since) / 1000000ull));
     }
 }
@@ -54,11 +62,8 @@ static void *watchdog_main(void *arg)
         ts.tv_sec = (time_t)(t / 1000000000ull);
         ts.tv_nsec = (long)(t % 1000000000ull);
         int rc = pthread_cond_timedwait(&rt->watchdog_cond, &rt->watchdog_lock, &ts);
-        if (rc == ETIMEDOUT && !rt->watchdog_quit) {
-            pthread_mutex_unlock(&rt->watchdog_lock);
+        if (rc == ETIMEDOUT && !rt->watchdog_quit)
             check_workers(rt);
-            pthread_mutex_lock(&rt->watchdog_lock);
-        }
     }
     pthread_mutex_unlock(&rt->watchdog_lock);
     return NULL;

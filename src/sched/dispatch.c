@@ -117,7 +117,10 @@ static void run_task(keel_runtime *rt, uint32_t s, uint32_t task, uint32_t worke
         st->start_ns = t0;
         st->worker = worker;
     }
-    atomic_store_explicit(&rt->watch[worker].sys, s, memory_order_relaxed);
+    /* publish (sys, tick) before since: see watchdog.c */
+    atomic_store_explicit(&rt->watch[worker].sys, s, memory_order_release);
+    atomic_store_explicit(&rt->watch[worker].tick, atomic_load_explicit(&rt->running_tick, memory_order_relaxed),
+                          memory_order_release);
     atomic_store_explicit(&rt->watch[worker].since_ns, t0, memory_order_release);
 
     keel_ctx ctx = {.rt = rt, .sys = s, .task = task, .worker = worker, .name = sys->d.name};
@@ -217,6 +220,7 @@ static bool make_ready(keel_runtime *rt, uint32_t s)
                  keel_strerror(rc));
         atomic_store(&st->fail_rc, rc);
         st->skip = KEEL_SKIP_FAILED;
+        st->ntasks = 0; /* failed without running a task */
         return false;
     }
     return st->ntasks > 0;
@@ -230,7 +234,6 @@ static void reset_run(rt_sys *st)
     atomic_store_explicit(&st->next_task, 0, memory_order_relaxed);
     atomic_store_explicit(&st->tasks_done, 0, memory_order_relaxed);
     atomic_store_explicit(&st->fail_rc, 0, memory_order_relaxed);
-    atomic_store_explicit(&st->watchdog, 0, memory_order_relaxed);
     atomic_store_explicit(&st->rows, 0, memory_order_relaxed);
     st->ntasks = 0;
     st->worker = 0;
