@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "keel/keel.h"
+#include "core/core.h"
 #include "keel_test.h"
 #include "world/world_internal.h" /* world_test_inject_failure */
 
@@ -42,15 +43,7 @@ static const int k_workers[] = {1, 2, 4};
 
 /* ---- small helpers ---------------------------------------------------------- */
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+#define mix64 core_mix64
 
 typedef struct rng_t {
     uint64_t s;
@@ -124,40 +117,35 @@ static const keel_field f_vec2[] = {
     {.name = "y", .type = KEEL_F32, .offset = 4, .count = 0},
 };
 
-static keel_component reg_u32(keel_world *w, const char *name, keel_component expect)
+/* Register a component and check it got the id the test expects. */
+static keel_component reg(keel_world *w, const char *name, uint32_t size, const keel_field *fields, uint32_t nfields,
+                          keel_component expect)
 {
     keel_component c = 0;
-    keel_component_desc d = {.name = name, .size = sizeof(uint32_t), .fields = f_u32, .field_count = 1};
+    keel_component_desc d = {.name = name, .size = size, .fields = fields, .field_count = nfields};
     ck_assert_ok(keel_component_register(w, &d, &c));
     ck_assert_uint_eq(c, expect);
     return c;
+}
+
+static keel_component reg_u32(keel_world *w, const char *name, keel_component expect)
+{
+    return reg(w, name, sizeof(uint32_t), f_u32, 1, expect);
 }
 
 static keel_component reg_u64(keel_world *w, const char *name, keel_component expect)
 {
-    keel_component c = 0;
-    keel_component_desc d = {.name = name, .size = sizeof(uint64_t), .fields = f_u64, .field_count = 1};
-    ck_assert_ok(keel_component_register(w, &d, &c));
-    ck_assert_uint_eq(c, expect);
-    return c;
+    return reg(w, name, sizeof(uint64_t), f_u64, 1, expect);
 }
 
 static keel_component reg_vec2(keel_world *w, const char *name, keel_component expect)
 {
-    keel_component c = 0;
-    keel_component_desc d = {.name = name, .size = sizeof(vec2), .fields = f_vec2, .field_count = 2};
-    ck_assert_ok(keel_component_register(w, &d, &c));
-    ck_assert_uint_eq(c, expect);
-    return c;
+    return reg(w, name, sizeof(vec2), f_vec2, 2, expect);
 }
 
 static keel_component reg_tag(keel_world *w, const char *name, keel_component expect)
 {
-    keel_component c = 0;
-    keel_component_desc d = {.name = name, .size = 0};
-    ck_assert_ok(keel_component_register(w, &d, &c));
-    ck_assert_uint_eq(c, expect);
-    return c;
+    return reg(w, name, 0, NULL, 0, expect);
 }
 
 /* ---- runtime / schedule helpers ----------------------------------------------- */
