@@ -388,12 +388,13 @@ START_TEST(test_order_edges)
         {FRESH_POS, PAR_Q},  /* explicit after */
         {PAR_Q, AFTER_PAR},  /* writes -> reads_fresh (parallel query predecessor) */
         {AFTER_PAR, JOIN},   /* explicit after, forward reference (join registered first) */
-        {SNAP_V, W_VEL},     /* reads_snapshot -> writes */
+        {SNAP_V, W_VEL},     /* explicit before (a snapshot reader alone needs no edge) */
         {W_VEL, PIPE},       /* explicit after */
         {PIPE, JOIN},        /* explicit before, forward reference */
         {PROD, CONS},        /* event produce -> consume */
         {PH0, PH1},          /* two writers of a resource, phase 0 before phase 1 */
         {FREE1, SEQ_Q},      /* explicit after on a non-parallel query system */
+        {W_POS, SEQ_Q},      /* writes -> reads_fresh of a query term */
     };
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
@@ -419,7 +420,7 @@ START_TEST(test_order_edges)
                 d.after[0] = "fresh_pos";
                 break;
             case AFTER_PAR: d.access.reads_fresh[0] = O_C; break;
-            case SNAP_V: d.access.reads_snapshot[0] = O_V; break;
+            case SNAP_V: d.access.reads_snapshot[0] = O_V; d.before[0] = "w_vel"; break;
             case W_VEL: d.access.writes[0] = O_V; break;
             case PIPE:
                 d.kind = KEEL_SYSTEM_PIPELINE;
@@ -438,6 +439,7 @@ START_TEST(test_order_edges)
                 d.run = NULL;
                 d.each_chunk = probe_chunk;
                 d.query.with[0] = O_P;
+                d.access.reads_fresh[0] = O_P;
                 d.after[0] = "free1";
                 break;
             case EX: d.access.exclusive = true; d.phase = 9; break;
@@ -1764,8 +1766,9 @@ static void det_generate(uint64_t seed)
         d->phase = rng_below(&r, 3);
         d->salt = rng_next(&r);
         d->produce = d->consume = -1;
+        /* pipelines have no transaction: they may not write VERSIONED state */
         for (uint32_t c = 0; c < DET_COMPS; c++)
-            d->wr[c] = rng_below(&r, 3) == 0;
+            d->wr[c] = rng_below(&r, 3) == 0 && d->kind != KEEL_SYSTEM_PIPELINE;
     }
     /* the last system is exclusive, alone in the highest phase */
     det_sys *ex = &g_det[DET_NSYS - 1];
@@ -1803,7 +1806,7 @@ static void det_generate(uint64_t seed)
             opts[n++] = 1;
             if (lower)
                 opts[n++] = 2;
-            if (higher)
+            if (higher && d->kind != KEEL_SYSTEM_PIPELINE) /* no snapshot without a transaction */
                 opts[n++] = 3;
             d->rd[c] = opts[rng_below(&r, n)];
         }
@@ -1889,8 +1892,8 @@ static int det_cb(keel_ctx *ctx, void *user)
     det_check_tick(ctx);
     uint32_t live = keel_world_count(keel_ctx_world(ctx));
     keel_iter it;
-    keel_query_iter(d->q, &it);
-    while (keel_iter_next(&it))
+    keel_txn_iter(ctx, d->q, &it);
+    while (keel_txn_next(ctx, &it))
         for (uint32_t r = 0; r < it.count; r++)
             det_row(d, it.entities[r], keel_ctx_tick(ctx), it.columns, r, keel_ctx_commands(ctx), live);
     return 0;

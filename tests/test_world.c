@@ -730,8 +730,8 @@ START_TEST(test_generation_never_zero)
     keel_entity e1 = spawn(w, NULL, 0);
     destroy(w, e1);
     ck_assert_uint_eq(w->nslots, 2);
-    ck_assert_uint_eq(w->slots[1].table, WORLD_NO_TABLE);
-    w->slots[1].gen = 0xffffffffu;
+    ck_assert_uint_eq(world_slot_at(w, 1)->table, WORLD_NO_TABLE);
+    world_slot_at(w, 1)->gen = 0xffffffffu;
 
     keel_entity old = spawn(w, NULL, 0);
     ck_assert_uint_eq(old, KEEL_ENTITY_MAKE(1, 0xffffffffu));

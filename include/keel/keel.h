@@ -13,6 +13,8 @@
 #include "keel/command.h"
 #include "keel/schedule.h"
 #include "keel/runtime.h"
+#include "keel/txn.h"
+#include "keel/view.h"
 #include "keel/telemetry.h"
 
 #define KEEL_VERSION_MAJOR 0

@@ -52,6 +52,10 @@ typedef struct keel_iter {
     uint32_t count;                          /* rows in this chunk (>= 1) */
     const keel_entity *entities;             /* count handles */
     void *columns[KEEL_QUERY_MAX_TERMS];     /* column i: count values of with[i]; NULL for tags */
+    /* The values before this system's writes: equal to columns[i] except for
+     * a column the system `rewrites` (keel/schedule.h), where columns[i] is
+     * a fresh version to fill and prev[i] holds the current values. */
+    const void *prev[KEEL_QUERY_MAX_TERMS];
     /* private */
     const keel_query *query_;
     uint32_t table_pos_;

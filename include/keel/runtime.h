@@ -24,6 +24,7 @@
 
 #include "keel/command.h"
 #include "keel/schedule.h"
+#include "keel/txn.h"
 #include "keel/world.h"
 
 #ifdef __cplusplus
@@ -44,7 +45,9 @@ typedef struct keel_runtime_desc {
     double tick_rate_hz;          /* TickDriver rate in [0.01, 100000]; 0 = 60; negative = unthrottled */
     uint32_t telemetry_capacity;  /* ticks kept in the telemetry ring, a power of two; 0 = 1024 */
     double watchdog_seconds;      /* a system running longer is reported; 0 = 30; at most 1e6 */
-    keel_hook_fn on_first_tick;   /* runs once, before the first tick's systems */
+    keel_durability durability;   /* default mode of ticks and side transactions; 0 = GROUP */
+    keel_hook_fn on_first_tick;   /* runs once, before the first tick's systems, in a transaction
+                                     that may read and write every component */
     void *hook_user;
 } keel_runtime_desc;
 

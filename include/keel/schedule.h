@@ -52,10 +52,16 @@ typedef int (*keel_pipeline_fn)(uint32_t index, uint32_t count, void *user);
 /* Declared access. Lists end at the first 0 / NULL. Components are ids;
  * resources and events are names chosen by the application. */
 typedef struct keel_access {
-    keel_component reads[KEEL_ACCESS_MAX];          /* sees whatever is current; must not overlap a writer */
+    keel_component reads[KEEL_ACCESS_MAX];          /* sees whatever is current; must not overlap a writer.
+                                                       A query term declared in no list counts as read. */
     keel_component reads_fresh[KEEL_ACCESS_MAX];    /* ordered after every writer of the component */
     keel_component reads_snapshot[KEEL_ACCESS_MAX]; /* the previous tick's value; VERSIONED only */
     keel_component writes[KEEL_ACCESS_MAX];
+    /* Written, and a query system's body overwrites every row of every
+     * chunk it visits: the iterator hands it a fresh, uninitialised version
+     * of the column (it.columns[i]) beside the current values (it.prev[i]),
+     * so nothing is copied first. Counts as a write everywhere. */
+    keel_component rewrites[KEEL_ACCESS_MAX];
     keel_component side_writes[KEEL_ACCESS_MAX];    /* written through side transactions; counts as a write */
     const char *resources_read[KEEL_ACCESS_MAX];
     const char *resources_write[KEEL_ACCESS_MAX];

@@ -40,7 +40,7 @@ typedef struct keel_tick_record {
     uint64_t wal_raw_bytes, wal_stored_bytes; /* durability: later, 0 now */
     uint64_t fence_ns;            /* durability: later, 0 now */
     uint64_t durable_lag;         /* durability: later, 0 now */
-    uint32_t side_txns;           /* transactions: later, 0 now */
+    uint32_t side_txns;           /* side transactions committed in the tick (closures included) */
     uint64_t sync_ns;             /* duration of the structural sync point */
 } keel_tick_record;
 
@@ -68,8 +68,11 @@ typedef struct keel_runtime_stats {
     uint64_t commands_applied;    /* commands taken at sync points, ignored ones included
                                      (on_first_tick's are not counted) */
     uint64_t watchdog_reports;
+    uint64_t commits;             /* system and side transactions committed */
+    uint64_t conflicts;           /* side transactions refused with KEEL_ECONFLICT */
+    uint64_t aborts;              /* system transactions rolled back, side transactions aborted */
     /* Filled by later layers (0 now): */
-    uint64_t commits, conflicts, aborts, wal_bytes, fsyncs, checkpoints;
+    uint64_t wal_bytes, fsyncs, checkpoints;
     uint64_t checkpoint_age_ticks, recovery_ns;
 } keel_runtime_stats;
 

@@ -64,4 +64,15 @@ static inline uint64_t core_mix64(uint64_t x)
     return x;
 }
 
+/* Happens-before annotations for synchronisation ThreadSanitizer cannot see
+ * (liburcu's grace periods and wfcqueue are not instrumented). */
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define CORE_TSAN_RELEASE(addr) __tsan_release((void *)(addr))
+#define CORE_TSAN_ACQUIRE(addr) __tsan_acquire((void *)(addr))
+#else
+#define CORE_TSAN_RELEASE(addr) ((void)(addr))
+#define CORE_TSAN_ACQUIRE(addr) ((void)(addr))
+#endif
+
 #endif

@@ -4,13 +4,23 @@
  * keel_runtime_step:
  *   1. refuse to start when commands of an earlier sync point are pending,
  *      when no schedule is installed, or when the schedule is stale;
- *   2. on the first tick, run on_first_tick and apply its commands;
- *   3. dispatch every track in order (Engine-Pre, Public, user tracks,
- *      Engine-Post; empty tracks cost nothing);
- *   4. the structural sync point: every system's command buffers in
+ *   2. publish a read view if the world was changed between steps, so the
+ *      tick starts from a published (tick-start) version;
+ *   3. on the first tick, run on_first_tick in a transaction, apply its
+ *      commands, publish again (snapshot readers of the first tick see the
+ *      hook's state);
+ *   4. Engine-Pre: run the closures submitted since the last tick, each in
+ *      its own side transaction (txn/submit.c);
+ *   5. dispatch every track in order (Engine-Pre, Public, user tracks,
+ *      Engine-Post; empty tracks cost nothing); each system in its
+ *      transaction, committed or rolled back as it completes;
+ *   6. the unit of work captures the committed value changes;
+ *   7. the structural sync point: every system's command buffers in
  *      execution order, a parallel system's buffers in task (= chunk) order,
  *      so the applied sequence does not depend on the worker count;
- *   5. tick end: telemetry.
+ *   8. tick end: publish the tick's read view (the old one is reclaimed
+ *      after an RCU grace period), forget the tick's row versions,
+ *      telemetry.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +46,8 @@ static int check_desc(const keel_runtime_desc *d)
     uint32_t cap = d->telemetry_capacity;
     if (cap && (cap & (cap - 1)))
         return core_fail(KEEL_EINVAL, "keel_runtime_create: telemetry_capacity %u is not a power of two", cap);
+    if (d->durability < KEEL_DURABLE_DEFAULT || d->durability > KEEL_DURABLE_DEFERRED)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: durability %d is not a keel_durability", (int)d->durability);
     if (!(d->watchdog_seconds >= 0 && d->watchdog_seconds <= 1e6))
         return core_fail(KEEL_EINVAL, "keel_runtime_create: watchdog_seconds must be in [0, 1e6]");
     double hz = d->tick_rate_hz;
@@ -68,9 +80,16 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     rt->watchdog_ns = (uint64_t)((d.watchdog_seconds ? d.watchdog_seconds : 30.0) * 1e9);
     rt->on_first_tick = d.on_first_tick;
     rt->hook_user = d.hook_user;
+    rt->durability = d.durability ? d.durability : KEEL_DURABLE_GROUP;
     pthread_mutex_init(&rt->watchdog_lock, NULL);
     pthread_cond_init(&rt->watchdog_cond, NULL);
+    pthread_mutex_init(&rt->side_lock, NULL);
+    submit_init(rt);
     rc = keel_world_create(&d.world, &rt->world);
+    if (!rc)
+        rc = view_init(rt);
+    if (!rc)
+        rc = side_init(rt);
     if (!rc)
         rc = telemetry_init(rt, d.telemetry_capacity ? d.telemetry_capacity : 1024);
     if (!rc)
@@ -90,9 +109,13 @@ static void free_system_state(keel_runtime *rt)
     if (!rt->st)
         return;
     for (uint32_t i = 0; i < rt->sched->nsys; i++) {
-        for (uint32_t k = 0; k < rt->st[i].ncmds; k++)
+        for (uint32_t k = 0; k < rt->st[i].ncmds; k++) {
             keel_cmdbuf_destroy(rt->st[i].cmds[k]);
+            txn_part_fini(&rt->st[i].parts[k]);
+        }
         free(rt->st[i].cmds);
+        free(rt->st[i].parts);
+        free(rt->st[i].changes.v);
         free(rt->st[i].chunks);
     }
     free(rt->st);
@@ -107,14 +130,21 @@ void keel_runtime_close(keel_runtime *rt)
         keel_runtime_stop(rt);
     watchdog_stop(rt);
     dispatch_fini(rt);
+    submit_fini(rt);
     free_system_state(rt);
     if (rt->sched)
         schedule_free(rt->sched);
     keel_cmdbuf_destroy(rt->hook_cmds);
+    txn_part_fini(&rt->hook_part);
+    free(rt->hook_changes.v);
+    uow_fini(&rt->uow);
+    side_fini(rt);
+    view_fini(rt);
     telemetry_fini(rt);
     keel_world_destroy(rt->world);
     pthread_mutex_destroy(&rt->watchdog_lock);
     pthread_cond_destroy(&rt->watchdog_cond);
+    pthread_mutex_destroy(&rt->side_lock);
     free(rt);
 }
 
@@ -182,9 +212,18 @@ static void count_applied(keel_runtime *rt, const keel_cmdbuf *cb)
                                   r.ignored_stale + r.ignored_absent;
 }
 
+/* Attach the unit of work's lifecycle log to command playback while the
+ * change set is being captured. */
+static void log_lifecycle(keel_runtime *rt, bool on)
+{
+    rt->world->lifecycle = on && rt->uow.capture ? &rt->uow.lifecycle : NULL;
+}
+
 static int apply_hook_commands(keel_runtime *rt)
 {
+    log_lifecycle(rt, true);
     int rc = keel_cmdbuf_apply(rt->hook_cmds);
+    log_lifecycle(rt, false);
     rt->hook_pending = rc != 0;
     if (rc) {
         char cause[384];
@@ -199,6 +238,7 @@ static int apply_hook_commands(keel_runtime *rt)
 static int sync_point(keel_runtime *rt)
 {
     const keel_schedule *sc = rt->sched;
+    log_lifecycle(rt, true);
     for (; rt->sync_pos < sc->nsys; rt->sync_pos++, rt->sync_task = 0) {
         rt_sys *st = &rt->st[sc->order[rt->sync_pos]];
         for (; rt->sync_task < st->ncmds; rt->sync_task++) {
@@ -206,6 +246,7 @@ static int sync_point(keel_runtime *rt)
             int rc = keel_cmdbuf_apply(cb);
             if (rc) {
                 rt->sync_pending = true;
+                log_lifecycle(rt, false);
                 char cause[384];
                 snprintf(cause, sizeof cause, "%s", keel_last_error());
                 return core_fail(rc, "sync point: commands of system '%s' failed: %s",
@@ -217,6 +258,7 @@ static int sync_point(keel_runtime *rt)
     }
     rt->sync_pending = false;
     rt->sync_pos = rt->sync_task = 0;
+    log_lifecycle(rt, false);
     return KEEL_OK;
 }
 
@@ -273,17 +315,26 @@ static int first_tick_hook(keel_runtime *rt)
     }
     if (!rt->hook_cmds && keel_cmdbuf_create(rt->world, &rt->hook_cmds))
         return KEEL_ENOMEM;
-    keel_ctx ctx = {.rt = rt, .sys = RT_NONE, .name = "on_first_tick", .cmds = rt->hook_cmds};
+    keel_ctx ctx = {.rt = rt, .sys = RT_NONE, .name = "on_first_tick", .cmds = rt->hook_cmds, .part = &rt->hook_part};
     int rc = rt->on_first_tick(&ctx, rt->hook_user);
     if (!rc)
         rc = ctx.fail_rc;
+    if (!rc)
+        rc = txn_commit(rt->world, &rt->hook_part, 1, &rt->hook_changes);
     if (rc) {
+        txn_abort(rt->world, &rt->hook_part, 1, &rt->hook_changes);
         keel_cmdbuf_discard(rt->hook_cmds);
         keel_cmdbuf_reset(rt->hook_cmds);
         return core_fail(rc, "on_first_tick failed (%s); it runs again on the next step", keel_strerror(rc));
     }
     rt->first_tick_done = true;
-    return apply_hook_commands(rt);
+    /* the hook's values are captured before its commands move any row */
+    uow_capture_changes(rt, &rt->hook_changes);
+    rt->uow.hook_rows_end = rt->uow.rows_len;
+    rc = apply_hook_commands(rt);
+    if (!rc)
+        rc = view_publish(rt, atomic_load(&rt->tick)); /* the tick starts from the hook's state */
+    return rc;
 }
 
 static int can_step(const keel_runtime *rt)
@@ -300,6 +351,27 @@ static int can_step(const keel_runtime *rt)
     return KEEL_OK;
 }
 
+/* Did anything change since the view was published? */
+static bool tick_changed(const keel_runtime *rt)
+{
+    if (rt->hook_changes.n || rt->side_commits_tick || rt->world->mutations != rt->pub_mutations)
+        return true;
+    for (uint32_t i = 0; i < rt->sched->nsys; i++)
+        if (rt->st[i].changes.n)
+            return true;
+    return false;
+}
+
+/* Forget the tick's transactional bookkeeping. */
+static void txn_tick_end(keel_runtime *rt)
+{
+    rt->hook_changes.n = 0;
+    for (uint32_t i = 0; i < rt->sched->nsys; i++)
+        rt->st[i].changes.n = 0;
+    side_tick_end(rt);
+    rt->side_commits_tick = 0;
+}
+
 static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
 {
     uint64_t end = rt_now_ns();
@@ -313,12 +385,15 @@ static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
         .sync_ns = end - sync_start,
     };
     rec.overrun = rec.target_ns ? (double)rec.actual_ns / (double)rec.target_ns : 0;
+    rec.side_txns = rt->side_commits_tick;
     for (uint32_t w = 0; w < rt->workers; w++) {
         rt_scratch *sc = &rt->scratch[w];
         rec.systems_run += sc->run;
         rec.systems_failed += sc->failed;
         rec.systems_skipped += sc->skipped;
-        sc->run = sc->failed = sc->skipped = 0;
+        rt->stats.commits += sc->commits;
+        rt->stats.aborts += sc->aborts;
+        sc->run = sc->failed = sc->skipped = sc->commits = sc->aborts = 0;
     }
     telemetry_record(rt, &rec); /* adds the watchdog reports */
     rt->stats.systems_run += rec.systems_run;
@@ -333,17 +408,34 @@ int runtime_step(keel_runtime *rt)
     int rc = can_step(rt);
     if (rc)
         return rc;
-    keel_world_freeze(rt->world);
+    keel_world *w = rt->world;
+    keel_world_freeze(w);
+    if (w->mutations != rt->pub_mutations && (rc = view_publish(rt, atomic_load(&rt->tick))))
+        return rc;
     uint64_t start = rt_now_ns();
     atomic_store_explicit(&rt->running_tick, atomic_load(&rt->tick) + 1, memory_order_relaxed);
+    uow_reset(&rt->uow);
+    w->in_tick = true;
     rc = first_tick_hook(rt);
-    if (rc)
+    if (rc) {
+        w->in_tick = false;
+        txn_tick_end(rt);
         return rc;
+    }
+    submit_run(rt);
     const keel_schedule *sc = rt->sched;
     for (uint32_t t = 0; t < sc->ntracks; t++)
         dispatch_track(rt, &sc->tracks[t]);
+    w->in_tick = false;
+    uow_capture(rt);
     uint64_t sync_start = rt_now_ns();
     int sync_rc = sync_point(rt);
+    if (tick_changed(rt)) {
+        int prc = view_publish(rt, atomic_load_explicit(&rt->running_tick, memory_order_relaxed));
+        if (prc) /* the next tick publishes instead: world->mutations moved on */
+            w->mutations++;
+    }
+    txn_tick_end(rt);
     tick_end(rt, start, sync_start);
     atomic_store(&rt->tick, atomic_load_explicit(&rt->running_tick, memory_order_relaxed));
     rt->stats.ticks++;

@@ -14,15 +14,17 @@
 
 #include "keel/runtime.h"
 #include "keel/telemetry.h"
+#include <urcu/wfcqueue.h>
+
 #include "sched/sched_internal.h"
+#include "txn/txn_internal.h"
 #include "world/world_internal.h"
 
 #define RT_NONE UINT32_MAX
 #define RT_MAX_WORKERS 64
 
 /* The context handed to a system body: one per task run, on the stack of the
- * worker running it. The transaction layer will hang the system transaction
- * here. */
+ * worker running it, carrying the task's share of the system transaction. */
 struct keel_ctx {
     keel_runtime *rt;
     uint32_t sys;             /* RT_NONE in a hook */
@@ -30,6 +32,8 @@ struct keel_ctx {
     uint32_t worker;
     const char *name;
     keel_cmdbuf *cmds;
+    txn_part *part;           /* NULL in a pipeline system: no transaction */
+    const sched_access *acc;  /* declared access; NULL: every component (on_first_tick) */
     int fail_rc;              /* set by keel_txn_fail */
 };
 
@@ -55,10 +59,13 @@ typedef struct rt_sys {
     /* QUERY systems: the chunks of this tick, split into ntasks tasks */
     uint32_t nchunks, chunks_cap;
     world_chunk_ref *chunks;
-    /* cold, on a line of its own: one command buffer per task (callback and
-     * query systems); read by the sync point, written only when it grows */
+    /* cold, on a line of its own: one command buffer and one transaction
+     * part per task (callback and query systems); read by the sync point and
+     * the unit of work, written only when they grow */
     alignas(64) keel_cmdbuf **cmds;
-    uint32_t ncmds;
+    txn_part *parts;
+    uint32_t ncmds;                /* also the number of parts */
+    txn_vec changes;               /* chunk columns this run changed first (the unit of work's input) */
 } rt_sys;
 
 /* What each worker is running, for the watchdog. */
@@ -94,6 +101,7 @@ typedef struct rt_pool {
 typedef struct rt_scratch {
     alignas(64) uint32_t *ready, *stack;
     uint32_t run, failed, skipped;
+    uint32_t commits, aborts;      /* system transactions */
 } rt_scratch;
 
 typedef struct rt_telemetry {
@@ -131,6 +139,25 @@ struct keel_runtime {
 
     rt_telemetry tel;
     keel_runtime_stats stats;
+
+    /* transactions (txn/) */
+    keel_durability durability;    /* the runtime's default mode */
+    txn_part hook_part;            /* on_first_tick's transaction */
+    txn_vec hook_changes;
+    txn_uow uow;
+    /* Side transactions serialise their reads, validation and commits (and a
+     * system transaction's creation of a private version, which must not
+     * race a side commit to the same chunk) on side_lock. */
+    pthread_mutex_t side_lock;
+    txn_rowvers *rowvers;
+    uint64_t side_seq;             /* sequence of the last side commit (under side_lock) */
+    uint64_t side_commits_tick;    /* side commits this tick (under side_lock) */
+    /* keel_submit's queue (lock-free, multi-producer; drained at Engine-Pre) */
+    struct cds_wfcq_head submit_head;
+    struct cds_wfcq_tail submit_tail;
+    /* the published read view (txn/view.c) */
+    _Atomic(keel_view *) view;
+    uint64_t pub_mutations;        /* world->mutations when the view was published */
 
     /* TickDriver */
     pthread_t driver;

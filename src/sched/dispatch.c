@@ -94,7 +94,9 @@ static int run_query_task(keel_ctx *ctx, const sched_system *sys, rt_sys *st, ui
     int rc = 0;
     for (uint32_t c = first; !rc && !ctx->fail_rc && c < last; c++) {
         keel_iter it;
-        query_iter_chunk(sys->query, st->chunks[c], &it);
+        rc = txn_iter_chunk(ctx, sys->query, sys->d.query.with, st->chunks[c], &it);
+        if (rc)
+            break;
         rows += it.count;
         rc = sys->d.each_chunk(ctx, &it, sys->d.user);
     }
@@ -129,7 +131,10 @@ static void run_task(keel_runtime *rt, uint32_t s, uint32_t task, uint32_t worke
         rc = sys->d.pipeline(task, sys->d.pipeline_count, sys->d.user);
     } else {
         ctx.cmds = st->cmds[task]; /* empty and reset since the last sync point */
+        ctx.part = &st->parts[task];
+        ctx.acc = &sys->acc;
         rc = sys->d.kind == KEEL_SYSTEM_CALLBACK ? sys->d.run(&ctx, sys->d.user) : run_query_task(&ctx, sys, st, task);
+        txn_close_sides(ctx.part);
     }
     if (!rc)
         rc = ctx.fail_rc;
@@ -182,19 +187,24 @@ static int plan_tasks(keel_runtime *rt, uint32_t s)
     return KEEL_OK;
 }
 
-/* Make sure system s has a command buffer per task. */
+/* Make sure system s has a command buffer and a transaction part per task. */
 static int ensure_cmdbufs(keel_runtime *rt, uint32_t s)
 {
     rt_sys *st = &rt->st[s];
     if (rt->sched->sys[s].d.kind == KEEL_SYSTEM_PIPELINE || st->ncmds >= st->ntasks)
         return KEEL_OK;
     keel_cmdbuf **cmds = realloc(st->cmds, st->ntasks * sizeof *cmds);
-    if (!cmds)
+    if (cmds)
+        st->cmds = cmds;
+    txn_part *parts = cmds ? realloc(st->parts, st->ntasks * sizeof *parts) : NULL;
+    if (!parts)
         return core_fail(KEEL_ENOMEM, "out of memory for command buffers");
-    st->cmds = cmds;
-    for (; st->ncmds < st->ntasks; st->ncmds++)
+    st->parts = parts;
+    for (; st->ncmds < st->ntasks; st->ncmds++) {
+        st->parts[st->ncmds] = (txn_part){0};
         if (keel_cmdbuf_create(rt->world, &st->cmds[st->ncmds]))
             return KEEL_ENOMEM;
+    }
     return KEEL_OK;
 }
 
@@ -264,6 +274,9 @@ static void finish_system(keel_runtime *rt, uint32_t s, uint32_t worker)
     const rt_sys *st = &rt->st[s];
     rt_scratch *w = &rt->scratch[worker];
     bool skipped = st->skip == KEEL_SKIP_DEPENDENCY_FAILED || st->skip == KEEL_SKIP_THROTTLED;
+    bool txn = rt->sched->sys[s].d.kind != KEEL_SYSTEM_PIPELINE && !skipped;
+    w->commits += txn && st->skip == KEEL_SKIP_NONE;
+    w->aborts += txn && st->skip == KEEL_SKIP_FAILED;
     w->run += !skipped;
     w->failed += st->skip == KEEL_SKIP_FAILED;
     w->skipped += skipped;
@@ -271,15 +284,26 @@ static void finish_system(keel_runtime *rt, uint32_t s, uint32_t worker)
 }
 
 /* The outcome of system s, whose tasks are all done (or which was skipped):
- * a failed system is rolled back -- its commands vanish (its VERSIONED writes
- * will too, with the transaction layer) -- and its end time is recorded.
+ * a successful system's transaction commits; a failed one is rolled back --
+ * its VERSIONED writes and its commands vanish -- and its end time is
+ * recorded. A commit that cannot get memory fails the system the same way.
  * Returns true when its successors must be skipped. */
 static bool settle(keel_runtime *rt, uint32_t s, uint64_t now)
 {
     rt_sys *st = &rt->st[s];
     bool failed = st->skip != KEEL_SKIP_NONE || atomic_load(&st->fail_rc) != 0;
+    if (!failed && st->ntasks && st->ncmds) {
+        int rc = txn_commit(rt->world, st->parts, st->ncmds, &st->changes);
+        if (rc) {
+            core_log(KEEL_LOG_ERROR, "txn", "commit_failed", "system=%s rc=%s", rt->sched->sys[s].d.name,
+                     keel_strerror(rc));
+            atomic_store(&st->fail_rc, rc);
+            failed = true;
+        }
+    }
     if (st->skip == KEEL_SKIP_NONE && failed) {
         st->skip = KEEL_SKIP_FAILED;
+        txn_abort(rt->world, st->parts, st->ncmds, &st->changes);
         for (uint32_t k = 0; k < st->ncmds; k++)
             keel_cmdbuf_discard(st->cmds[k]);
     }

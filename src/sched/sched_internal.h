@@ -13,12 +13,24 @@
 #include <stdint.h>
 
 #include "keel/schedule.h"
+#include "world/world_internal.h"
+
+/* A system's component access as sets, for the transaction layer's checks
+ * (computed at build). */
+typedef struct sched_access {
+    world_compset read;       /* reads, reads_fresh, reads_snapshot, and query terms declared nowhere */
+    world_compset snapshot;   /* reads_snapshot */
+    world_compset write;      /* writes and rewrites */
+    world_compset rewrite;    /* rewrites */
+    world_compset side;       /* side_writes */
+} sched_access;
 
 typedef struct sched_system {
     keel_system_desc d;       /* strings point into owned copies */
     uint32_t track;           /* index into the plan's tracks (resolved at build) */
     uint32_t dag;             /* schedule-wide DAG id (resolved at build) */
     keel_query *query;        /* QUERY systems: created at build on the runtime's world */
+    sched_access acc;
 } sched_system;
 
 typedef struct sched_track {

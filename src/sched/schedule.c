@@ -13,14 +13,15 @@
  *   5. order: Kahn per track with the smallest registration index first;
  *      the hash is FNV-1a over that order and its edges.
  *
- * Access rules for two systems a, b of one track (writes include side_writes;
+ * Access rules for two systems a, b of one track (writes include rewrites and
+ * side_writes; a query term named in no access list counts as a plain read;
  * "phase-ordered" means same DAG, different phases: the lower phase first):
  *   - both write X (component or resource): phase-ordered, else they must
  *     be ordered by other edges (WRITE_CONFLICT);
  *   - one writes X, the other reads_fresh X: edge writer -> reader;
- *   - one writes X, the other reads_snapshot X: edge reader -> writer (the
- *     snapshot reader sees the previous tick's value because it runs before
- *     the writer; copy-on-write versions will later let the two overlap);
+ *   - one writes X, the other reads_snapshot X: no edge, no conflict: the
+ *     reader sees the tick-start version, which the writer's copy-on-write
+ *     versions leave untouched, so the two may run at the same time;
  *   - one writes X, the other plainly reads X: phase-ordered, else must be
  *     ordered (READ_CONFLICT); a reader ordered before the writer gets the
  *     warning READ_BEFORE_WRITE (it sees the previous tick's value);
@@ -439,6 +440,54 @@ static void mark_keys(build *b, const char *const *list, uint64_t *set)
 
 #define ROW(base, i) ((base) + (size_t)(i) * b->words)
 
+static void list_to_set(const keel_world *w, const keel_component *list, world_compset *set)
+{
+    for (uint32_t k = 0; k < KEEL_ACCESS_MAX && list[k]; k++)
+        if (world_component_valid(w, list[k]))
+            compset_add(set, list[k]);
+}
+
+/* The access sets the transaction layer checks against; a query term that
+ * no list names is a plain read (for ordering too). */
+static void summarise_components(build *b, uint32_t i)
+{
+    sched_system *sys = &b->s->sys[i];
+    const keel_access *a = &sys->d.access;
+    const keel_world *w = b->s->world;
+    sched_access *acc = &sys->acc;
+    *acc = (sched_access){0};
+    list_to_set(w, a->reads, &acc->read);
+    list_to_set(w, a->reads_fresh, &acc->read);
+    list_to_set(w, a->reads_snapshot, &acc->snapshot);
+    list_to_set(w, a->writes, &acc->write);
+    list_to_set(w, a->rewrites, &acc->rewrite);
+    list_to_set(w, a->rewrites, &acc->write);
+    list_to_set(w, a->side_writes, &acc->side);
+    for (int k = 0; k < 4; k++)
+        acc->read.w[k] |= acc->snapshot.w[k];
+    if (sys->d.kind == KEEL_SYSTEM_PIPELINE) {
+        /* no transaction: nothing to version a write into, no snapshot */
+        for (keel_component c = 1; c <= w->ncomps; c++) {
+            bool vw = compset_has(&acc->write, c) && w->comps[c].desc.discipline == KEEL_VERSIONED;
+            if (vw || compset_has(&acc->snapshot, c) || compset_has(&acc->side, c))
+                diag_add(b->s, KEEL_SCHED_BAD_SYSTEM, NAMES(sys->d.name, w->comps[c].name),
+                         "pipeline system '%s' %s component '%s', but pipelines run without a transaction", sys->d.name,
+                         vw ? "writes VERSIONED" : compset_has(&acc->side, c) ? "side_writes" : "reads_snapshot of",
+                         w->comps[c].name);
+        }
+    }
+    if (sys->d.kind != KEEL_SYSTEM_QUERY)
+        return;
+    for (uint32_t k = 0; k < KEEL_QUERY_MAX_TERMS && sys->d.query.with[k]; k++) {
+        keel_component c = sys->d.query.with[k];
+        if (!world_component_valid(w, c) || compset_has(&acc->read, c) || compset_has(&acc->write, c) ||
+            compset_has(&acc->side, c))
+            continue;
+        compset_add(&acc->read, c);
+        ROW(b->rd, i)[c >> 6] |= 1ull << (c & 63);
+    }
+}
+
 static void summarise_access(build *b, uint32_t i)
 {
     keel_schedule *s = b->s;
@@ -447,7 +496,9 @@ static void summarise_access(build *b, uint32_t i)
     mark_components(b, i, a->reads_fresh, ROW(b->fresh, i), "reads_fresh");
     mark_components(b, i, a->reads_snapshot, ROW(b->snap, i), "reads_snapshot");
     mark_components(b, i, a->writes, ROW(b->wr, i), "writes");
+    mark_components(b, i, a->rewrites, ROW(b->wr, i), "rewrites");
     mark_components(b, i, a->side_writes, ROW(b->wr, i), "side_writes");
+    summarise_components(b, i);
     mark_keys(b, a->resources_read, ROW(b->rd, i));
     mark_keys(b, a->resources_write, ROW(b->wr, i));
     mark_keys(b, a->events_produce, ROW(b->prod, i));
@@ -545,14 +596,11 @@ static void derive_pair(build *b, uint32_t x, uint32_t y)
     bool phased = sx->dag == sy->dag && sx->d.phase != sy->d.phase;
     uint32_t lo = sx->d.phase < sy->d.phase ? x : y, hi = lo == x ? y : x;
 
-    /* writer before reads_fresh reader; reads_snapshot reader before writer */
+    /* writer before reads_fresh reader (a reads_snapshot reader needs no
+     * edge: it reads the tick-start version, which the writer never touches) */
     if (common_key(b, ROW(b->wr, x), ROW(b->fresh, y)) >= 0)
         edge(b, x, y);
     if (common_key(b, ROW(b->wr, y), ROW(b->fresh, x)) >= 0)
-        edge(b, y, x);
-    if (common_key(b, ROW(b->snap, x), ROW(b->wr, y)) >= 0)
-        edge(b, x, y);
-    if (common_key(b, ROW(b->snap, y), ROW(b->wr, x)) >= 0)
         edge(b, y, x);
     /* producer before consumer */
     if (common_key(b, ROW(b->prod, x), ROW(b->cons, y)) >= 0)

@@ -273,9 +273,9 @@ static int apply_spawn(keel_cmdbuf *cb, const cmd_hdr *h)
 }
 
 /* The live slot of a command's target, or NULL after counting why not. */
-static world_slot *target_slot(keel_cmdbuf *cb, const cmd_hdr *h)
+static const world_slot *target_slot(keel_cmdbuf *cb, const cmd_hdr *h)
 {
-    world_slot *s = world_slot_of(cb->world, h->target);
+    const world_slot *s = world_slot_of(cb->world, h->target);
     if (s)
         return s;
     if (h->target == KEEL_ENTITY_NULL) {
@@ -290,24 +290,34 @@ static world_slot *target_slot(keel_cmdbuf *cb, const cmd_hdr *h)
 
 static int apply_destroy(keel_cmdbuf *cb, const cmd_hdr *h)
 {
-    world_slot *s = target_slot(cb, h);
+    const world_slot *s = target_slot(cb, h);
     if (!s)
         return KEEL_OK;
     keel_world *w = cb->world;
-    storage_remove_row(w, w->tables[s->table], s->row);
+    world_table *t = w->tables[s->table];
+    int rc = entity_own_slot(w, KEEL_ENTITY_INDEX(h->target));
+    if (!rc)
+        rc = storage_reserve_remove(w, t, s->row);
+    if (rc)
+        return rc;
+    storage_remove_row(w, t, s->row);
     entity_free(w, KEEL_ENTITY_INDEX(h->target));
     cb->res.destroyed++;
     return KEEL_OK;
 }
 
 /* Move the entity of slot s to the table with component set `set`. */
-static int move_entity(keel_world *w, world_slot *s, keel_entity e, const world_compset *set, world_table **dst_out,
-                       uint32_t *row_out)
+static int move_entity(keel_world *w, const world_slot *s, keel_entity e, const world_compset *set,
+                       world_table **dst_out, uint32_t *row_out)
 {
     world_table *src = w->tables[s->table], *dst;
     int rc = storage_table_get(w, set, &dst);
     if (!rc)
         rc = storage_reserve_row(w, dst);
+    if (!rc)
+        rc = storage_reserve_remove(w, src, s->row);
+    if (!rc)
+        rc = entity_own_slot(w, KEEL_ENTITY_INDEX(e));
     if (rc)
         return rc;
     uint32_t src_row = s->row;
@@ -321,13 +331,18 @@ static int move_entity(keel_world *w, world_slot *s, keel_entity e, const world_
 
 static int apply_add(keel_cmdbuf *cb, const cmd_hdr *h)
 {
-    world_slot *s = target_slot(cb, h);
+    const world_slot *s = target_slot(cb, h);
     if (!s)
         return KEEL_OK;
     keel_world *w = cb->world;
     world_table *t = w->tables[s->table];
     uint32_t row = s->row;
-    if (!t->col_of[h->c]) {
+    if (t->col_of[h->c]) {
+        /* overwriting a value in place: its column must be writable */
+        int rc = version_own_column(w, t, t->chunks[row >> w->chunk_shift], t->col_of[h->c] - 1);
+        if (rc)
+            return rc;
+    } else {
         world_compset set = t->set;
         compset_add(&set, h->c);
         int rc = move_entity(w, s, h->target, &set, &t, &row);
@@ -341,7 +356,7 @@ static int apply_add(keel_cmdbuf *cb, const cmd_hdr *h)
 
 static int apply_remove(keel_cmdbuf *cb, const cmd_hdr *h)
 {
-    world_slot *s = target_slot(cb, h);
+    const world_slot *s = target_slot(cb, h);
     if (!s)
         return KEEL_OK;
     keel_world *w = cb->world;
@@ -373,13 +388,64 @@ static int apply_one(keel_cmdbuf *cb, const cmd_hdr *h)
     }
 }
 
+/* ---- the lifecycle log -------------------------------------------------
+ * When the world has a log attached (the unit of work attaches one for the
+ * sync point), every command that playback takes up is copied into it in
+ * its recorded format, a spawn's `target` replaced by the created handle.
+ * Replaying the log on the state it started from reproduces the same
+ * handles, since allocation is a function of the slots. */
+static int log_reserve(world_lifecycle_log *log, size_t n)
+{
+    if (log->len + n <= log->cap)
+        return KEEL_OK;
+    size_t cap = log->cap ? log->cap * 2 : 4096;
+    while (cap < log->len + n)
+        cap *= 2;
+    unsigned char *buf = realloc(log->buf, cap);
+    if (!buf)
+        return core_fail(KEEL_ENOMEM, "out of memory growing the lifecycle log");
+    log->buf = buf;
+    log->cap = cap;
+    return KEEL_OK;
+}
+
+static void log_append(world_lifecycle_log *log, const cmd_hdr *h, keel_entity created)
+{
+    cmd_hdr *copy = (cmd_hdr *)(log->buf + log->len);
+    memcpy(copy, h, h->size);
+    if (h->op == CMD_SPAWN)
+        copy->target = created;
+    log->len += h->size;
+    log->count++;
+}
+
+bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lifecycle_op *op)
+{
+    if (*off >= log->len)
+        return false;
+    const cmd_hdr *h = (const cmd_hdr *)(log->buf + *off);
+    *op = (world_lifecycle_op){.kind = h->op, .entity = h->target, .component = h->c, .n = h->n};
+    if (h->op == CMD_SPAWN) {
+        op->ids = (const uint32_t *)(h + 1);
+        op->values = (const unsigned char *)(h + 1) + ALIGN8((size_t)h->n * sizeof(uint32_t));
+    } else if (h->op == CMD_ADD) {
+        op->values = (const unsigned char *)(h + 1);
+    }
+    *off += h->size;
+    return true;
+}
+
 int keel_cmdbuf_apply(keel_cmdbuf *cb)
 {
     if (!cb)
         return core_fail(KEEL_EINVAL, "keel_cmdbuf_apply: buffer is NULL");
+    keel_world *w = cb->world;
     while (cb->head < cb->len) {
         const cmd_hdr *h = (const cmd_hdr *)(cb->buf + cb->head);
-        int rc = apply_one(cb, h);
+        uint32_t spawned = cb->res.created_count;
+        int rc = w->lifecycle ? log_reserve(w->lifecycle, h->size) : KEEL_OK;
+        if (!rc)
+            rc = apply_one(cb, h);
         if (rc) {
             char cause[256];
             snprintf(cause, sizeof cause, "%s", keel_last_error());
@@ -387,6 +453,9 @@ int keel_cmdbuf_apply(keel_cmdbuf *cb)
             return core_fail(rc, "keel_cmdbuf_apply: command #%u (%s) failed, it and %u after it stay queued: %s",
                              cb->applied + 1, op_name(h->op), cb->queued - 1, cause);
         }
+        if (w->lifecycle)
+            log_append(w->lifecycle, h, cb->res.created_count > spawned ? cb->created[spawned] : KEEL_ENTITY_NULL);
+        w->mutations++;
         cb->head += h->size;
         cb->queued--;
         cb->applied++;

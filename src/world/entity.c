@@ -2,7 +2,7 @@
  * world/entity.c -- the entity slot allocator.
  *
  * Invariants:
- *  - slots[0 .. nslots) are every index ever handed out; a free slot has
+ *  - slots 0 .. nslots-1 are every index ever handed out; a free slot has
  *    table == WORLD_NO_TABLE and the generation its next occupant gets.
  *  - free_bits bit i is set exactly when slot i < nslots is free;
  *    free_summary bit j is set exactly when free_bits[j] != 0.
@@ -16,18 +16,43 @@
 
 #include "world/world_internal.h"
 
+/* Make slot nslots (the next new index) exist: add a page when it starts
+ * one. The page-pointer arrays grow together; pub_pages is NULL-filled. */
 static int grow_slots(keel_world *w)
 {
-    if (w->nslots < w->slots_cap)
+    uint32_t p = w->nslots >> WORLD_PAGE_SHIFT;
+    if (p < w->npages)
         return KEEL_OK;
-    uint32_t cap = w->slots_cap ? w->slots_cap : 1024;
-    while (cap <= w->nslots)
-        cap = cap > UINT32_MAX / 2 ? UINT32_MAX : cap * 2;
-    world_slot *s = realloc(w->slots, (size_t)cap * sizeof *s);
-    if (!s)
-        return core_fail(KEEL_ENOMEM, "out of memory growing the entity index to %u slots", cap);
-    w->slots = s;
-    w->slots_cap = cap;
+    if (w->npages == w->pages_cap) {
+        uint32_t cap = w->pages_cap ? w->pages_cap * 2 : 16;
+        world_slot **pages = realloc(w->pages, (size_t)cap * sizeof *pages);
+        if (!pages)
+            return core_fail(KEEL_ENOMEM, "out of memory growing the entity index");
+        w->pages = pages;
+        world_slot **pub = realloc(w->pub_pages, (size_t)cap * sizeof *pub);
+        if (!pub)
+            return core_fail(KEEL_ENOMEM, "out of memory growing the entity index");
+        memset(pub + w->pages_cap, 0, (size_t)(cap - w->pages_cap) * sizeof *pub);
+        w->pub_pages = pub;
+        w->pages_cap = cap;
+    }
+    world_slot *page = malloc(WORLD_PAGE_SLOTS * sizeof *page);
+    if (!page)
+        return core_fail(KEEL_ENOMEM, "out of memory growing the entity index by %u slots", WORLD_PAGE_SLOTS);
+    w->pages[w->npages++] = page;
+    return KEEL_OK;
+}
+
+int entity_own_slot(keel_world *w, uint32_t idx)
+{
+    uint32_t p = idx >> WORLD_PAGE_SHIFT;
+    if (w->pages[p] != w->pub_pages[p])
+        return KEEL_OK;
+    world_slot *copy = malloc(WORLD_PAGE_SLOTS * sizeof *copy);
+    if (!copy)
+        return core_fail(KEEL_ENOMEM, "out of memory copying a page of the entity index");
+    memcpy(copy, w->pages[p], WORLD_PAGE_SLOTS * sizeof *copy);
+    w->pages[p] = copy; /* the shared page stays as pub_pages[p] until the next publication */
     return KEEL_OK;
 }
 
@@ -74,10 +99,12 @@ int entity_reserve(keel_world *w)
 {
     if (w->nlive >= w->max_entities)
         return core_fail(KEEL_ENOSPC, "the world holds its maximum of %u live entities", w->max_entities);
-    if (w->nlive < w->nslots)
-        return KEEL_OK; /* a free slot exists below nslots */
+    if (w->nlive < w->nslots) /* a free slot exists below nslots */
+        return entity_own_slot(w, lowest_free(w));
     int rc = grow_slots(w);
-    return rc ? rc : grow_free_bits(w);
+    if (!rc)
+        rc = grow_free_bits(w);
+    return rc ? rc : entity_own_slot(w, w->nslots);
 }
 
 keel_entity entity_alloc(keel_world *w)
@@ -90,15 +117,15 @@ keel_entity entity_alloc(keel_world *w)
             w->free_summary[word >> 6] &= ~(1ull << (word & 63));
     } else {
         idx = w->nslots++;
-        w->slots[idx].gen = 1;
+        entity_slot_w(w, idx)->gen = 1;
     }
     w->nlive++;
-    return KEEL_ENTITY_MAKE(idx, w->slots[idx].gen);
+    return KEEL_ENTITY_MAKE(idx, world_slot_at(w, idx)->gen);
 }
 
 void entity_free(keel_world *w, uint32_t idx)
 {
-    world_slot *s = &w->slots[idx];
+    world_slot *s = entity_slot_w(w, idx);
     s->table = WORLD_NO_TABLE;
     s->gen = s->gen == UINT32_MAX ? 1 : s->gen + 1; /* 0 is never a generation */
     uint32_t word = idx >> 6;
@@ -111,7 +138,13 @@ void entity_free(keel_world *w, uint32_t idx)
 
 void entity_index_fini(keel_world *w)
 {
-    free(w->slots);
+    for (uint32_t p = 0; p < w->npages; p++) {
+        if (w->pub_pages[p] != w->pages[p])
+            free(w->pub_pages[p]);
+        free(w->pages[p]);
+    }
+    free(w->pages);
+    free(w->pub_pages);
     free(w->free_bits);
     free(w->free_summary);
 }

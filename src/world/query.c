@@ -14,7 +14,7 @@
 struct keel_query {
     keel_world *world;
     world_compset with, without;
-    keel_component terms[KEEL_QUERY_MAX_TERMS];
+    keel_component terms[KEEL_QUERY_MAX_TERMS]; /* 0-terminated when nterms < max */
     uint32_t nterms;
     uint32_t *tables;
     uint32_t ntables, tables_cap;
@@ -165,12 +165,24 @@ bool keel_iter_next(keel_iter *it)
             it->count = ch->count;
             it->entities = ch->entities;
             for (uint32_t i = 0; i < q->nterms; i++)
-                it->columns[i] = ch->columns[t->col_of[q->terms[i]] - 1];
+                it->prev[i] = it->columns[i] = colver_cur(&ch->cols[t->col_of[q->terms[i]] - 1]);
             return true;
         }
     }
     it->count = 0;
     return false;
+}
+
+world_chunk_ref query_iter_ref(const keel_iter *it)
+{
+    const keel_query *q = it->query_;
+    uint32_t table = q->tables[it->table_pos_];
+    return (world_chunk_ref){table, it->chunk_ - 1, it->count};
+}
+
+const keel_component *query_terms(const keel_query *q)
+{
+    return q->terms;
 }
 
 uint32_t query_chunk_refs(const keel_query *q, world_chunk_ref *out, uint32_t cap)
@@ -194,5 +206,5 @@ void query_iter_chunk(const keel_query *q, world_chunk_ref ref, keel_iter *it)
     it->count = ch->count;
     it->entities = ch->entities;
     for (uint32_t i = 0; i < q->nterms; i++)
-        it->columns[i] = ch->columns[t->col_of[q->terms[i]] - 1];
+        it->prev[i] = it->columns[i] = colver_cur(&ch->cols[t->col_of[q->terms[i]] - 1]);
 }

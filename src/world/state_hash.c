@@ -19,7 +19,7 @@ uint64_t keel_world_hash(const keel_world *w)
         return core_hasher_final(&h);
     core_hasher_u64(&h, w->nslots);
     for (uint32_t i = 0; i < w->nslots; i++) {
-        const world_slot *s = &w->slots[i];
+        const world_slot *s = world_slot_at(w, i);
         bool live = s->table != WORLD_NO_TABLE;
         core_hasher_u64(&h, (uint64_t)s->gen << 1 | live);
         if (!live)

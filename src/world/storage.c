@@ -72,6 +72,7 @@ static world_table *table_new(keel_world *w, const world_compset *set)
             continue;
         t->cols[col] = (world_column){c, w->comps[c].desc.size, w->comps[c].desc.align};
         t->col_of[c] = (uint8_t)(++col);
+        t->versioned |= world_col_versioned(w, t, col - 1);
     }
     return t;
 }
@@ -117,7 +118,7 @@ static void chunk_free(const world_table *t, world_chunk *ch);
 
 /* Column buffers are cache-line aligned: a chunk's columns never share a
  * line, so workers writing different chunks never false-share. */
-static void *column_alloc(uint32_t rows, uint32_t size)
+void *storage_column_alloc(uint32_t rows, uint32_t size)
 {
     size_t bytes = (size_t)rows * size;
     return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
@@ -125,7 +126,7 @@ static void *column_alloc(uint32_t rows, uint32_t size)
 
 static world_chunk *chunk_new(const world_table *t, uint32_t capacity)
 {
-    world_chunk *ch = calloc(1, sizeof *ch + t->ncols * sizeof(void *));
+    world_chunk *ch = calloc(1, sizeof *ch + t->ncols * sizeof(world_colver));
     if (!ch)
         return NULL;
     ch->capacity = capacity;
@@ -133,10 +134,14 @@ static world_chunk *chunk_new(const world_table *t, uint32_t capacity)
     bool ok = ch->entities != NULL;
     for (uint32_t i = 0; ok && i < t->ncols; i++)
         if (t->cols[i].size)
-            ok = (ch->columns[i] = column_alloc(capacity, t->cols[i].size)) != NULL;
+            {
+            void *buf = storage_column_alloc(capacity, t->cols[i].size);
+            colver_set_cur(&ch->cols[i], buf);
+            ok = buf != NULL;
+        }
     if (!ok) {
         for (uint32_t i = 0; i < t->ncols; i++)
-            free(ch->columns[i]);
+            free(colver_cur(&ch->cols[i]));
         free(ch->entities);
         free(ch);
         return NULL;
@@ -146,7 +151,8 @@ static world_chunk *chunk_new(const world_table *t, uint32_t capacity)
 
 /* Double the capacity of a table's only chunk (at most chunk_rows). All or
  * nothing: the new buffers replace the old ones only when every one of them
- * could be allocated. */
+ * could be allocated. A replaced buffer the view holds stays as the chunk's
+ * pub until the next publication retires it. */
 static int chunk_grow(const keel_world *w, const world_table *t, world_chunk *ch)
 {
     uint32_t cap = ch->capacity * 2 < w->chunk_rows ? ch->capacity * 2 : w->chunk_rows;
@@ -155,32 +161,40 @@ static int chunk_grow(const keel_world *w, const world_table *t, world_chunk *ch
         return core_fail(KEEL_ENOMEM, "out of memory growing a chunk to %u rows", cap);
     memcpy(bigger->entities, ch->entities, (size_t)ch->count * sizeof(keel_entity));
     for (uint32_t i = 0; i < t->ncols; i++) {
+        world_colver *v = &ch->cols[i];
         if (!t->cols[i].size)
             continue;
-        memcpy(bigger->columns[i], ch->columns[i], (size_t)ch->count * t->cols[i].size);
-        void *old = ch->columns[i];
-        ch->columns[i] = bigger->columns[i];
-        bigger->columns[i] = old;
+        memcpy(colver_cur(&bigger->cols[i]), colver_cur(v), (size_t)ch->count * t->cols[i].size);
+        if (colver_cur(v) != v->pub)
+            free(colver_cur(v));
+        colver_set_cur(v, colver_cur(&bigger->cols[i]));
     }
-    keel_entity *old_entities = ch->entities;
+    if (ch->entities != ch->pub_entities)
+        free(ch->entities);
     ch->entities = bigger->entities;
-    bigger->entities = old_entities;
     ch->capacity = cap;
-    chunk_free(t, bigger); /* frees the old buffers */
+    free(bigger);
     return KEEL_OK;
 }
 
+/* World teardown: no view remains, free every version. */
 static void chunk_free(const world_table *t, world_chunk *ch)
 {
-    for (uint32_t i = 0; i < t->ncols; i++)
-        free(ch->columns[i]);
+    for (uint32_t i = 0; i < t->ncols; i++) {
+        if (ch->cols[i].pub != colver_cur(&ch->cols[i]))
+            free(ch->cols[i].pub);
+        free(colver_cur(&ch->cols[i]));
+        free(atomic_load_explicit(&ch->cols[i].priv, memory_order_relaxed));
+    }
+    if (ch->pub_entities != ch->entities)
+        free(ch->pub_entities);
     free(ch->entities);
     free(ch);
 }
 
 #define CHUNK_FIRST_ROWS 16u
 
-int storage_reserve_row(keel_world *w, world_table *t)
+static int reserve_room(keel_world *w, world_table *t)
 {
     if (t->nchunks) {
         world_chunk *last = t->chunks[t->nchunks - 1];
@@ -206,12 +220,39 @@ int storage_reserve_row(keel_world *w, world_table *t)
     return KEEL_OK;
 }
 
+int storage_reserve_row(keel_world *w, world_table *t)
+{
+    int rc = reserve_room(w, t);
+    if (rc)
+        return rc;
+    /* the new row lands at row `count`: a copy is needed only below the
+     * view's row count (rows freed earlier in this sync point) */
+    world_chunk *ch = t->chunks[t->count >> w->chunk_shift];
+    if ((t->count & w->chunk_mask) < ch->pub_count)
+        return version_own_chunk(w, t, ch);
+    return KEEL_OK;
+}
+
+int storage_reserve_remove(keel_world *w, world_table *t, uint32_t row)
+{
+    /* removing may free a trailing chunk, whose published buffers retire */
+    int rc = version_reserve_retire(w, t->ncols * 2 + 2);
+    uint32_t last = t->count - 1;
+    if (rc || row == last)
+        return rc;
+    world_chunk *dst = t->chunks[row >> w->chunk_shift];
+    if ((row & w->chunk_mask) < dst->pub_count && (rc = version_own_chunk(w, t, dst)))
+        return rc;
+    const world_chunk *src = t->chunks[last >> w->chunk_shift];
+    return entity_own_slot(w, KEEL_ENTITY_INDEX(src->entities[last & w->chunk_mask]));
+}
+
 uint32_t storage_push_row(keel_world *w, world_table *t, keel_entity e)
 {
     uint32_t row = t->count++;
     world_chunk *ch = t->chunks[row >> w->chunk_shift];
     ch->entities[ch->count++] = e;
-    world_slot *s = &w->slots[KEEL_ENTITY_INDEX(e)];
+    world_slot *s = entity_slot_w(w, KEEL_ENTITY_INDEX(e));
     s->table = t->id;
     s->row = row;
     return row;
@@ -228,13 +269,13 @@ void storage_remove_row(keel_world *w, world_table *t, uint32_t row)
                 memcpy(world_cell(w, t, i, row), world_cell(w, t, i, last), t->cols[i].size);
         keel_entity moved = src->entities[last & w->chunk_mask];
         dst->entities[row & w->chunk_mask] = moved;
-        w->slots[KEEL_ENTITY_INDEX(moved)].row = row;
+        entity_slot_w(w, KEEL_ENTITY_INDEX(moved))->row = row;
     }
     src->count--;
     t->count--;
     /* Free trailing empty chunks beyond the one kept as a spare. */
     while (t->nchunks >= 2 && t->chunks[t->nchunks - 2]->count == 0) {
-        chunk_free(t, t->chunks[t->nchunks - 1]);
+        version_free_chunk(w, t, t->chunks[t->nchunks - 1]);
         t->nchunks--;
     }
 }
@@ -252,6 +293,9 @@ void storage_fini(keel_world *w)
 {
     for (uint32_t id = 0; id < w->ntables; id++)
         table_free(w->tables[id]);
+    for (uint32_t i = 0; i < w->nretired; i++)
+        free(w->retired[i]);
+    free(w->retired);
     free(w->tables);
     free(w->table_map);
 }

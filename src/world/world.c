@@ -107,14 +107,27 @@ int keel_get(const keel_world *w, keel_entity e, keel_component c, void *out)
 
 int keel_set(keel_world *w, keel_entity e, keel_component c, const void *value)
 {
-    void *cell = NULL;
-    int rc = locate(w, e, c, "keel_set", &cell);
+    const world_table *t = NULL;
+    uint32_t row = 0, col = 0;
+    int rc = resolve(w, e, c, "keel_set", &t, &row, &col);
     if (rc)
         return rc;
+    if (w->in_tick)
+        return core_fail(KEEL_EBUSY, "keel_set: systems are running; write component '%s' through the system's "
+                                     "transaction (keel_txn_set)", w->comps[c].name);
+    if (!col)
+        return core_fail(KEEL_ENOENT, "keel_set: entity 0x%016llx has no component '%s'", (unsigned long long)e,
+                         w->comps[c].name);
     uint32_t size = w->comps[c].desc.size;
     if (size && !value)
         return core_fail(KEEL_EINVAL, "keel_set: value is NULL for component '%s'", w->comps[c].name);
-    if (size)
-        memcpy(cell, value, size);
+    if (!size)
+        return KEEL_OK;
+    /* a value the published view shares is copied first (world/version.c) */
+    rc = version_own_column(w, t, t->chunks[row >> w->chunk_shift], col - 1);
+    if (rc)
+        return rc;
+    memcpy(world_cell(w, t, col - 1, row), value, size);
+    w->mutations++;
     return KEEL_OK;
 }

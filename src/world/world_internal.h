@@ -7,6 +7,7 @@
 #ifndef KEEL_WORLD_INTERNAL_H
 #define KEEL_WORLD_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -68,17 +69,40 @@ typedef struct world_component {
  * rows are dense (0..count-1) and cut into chunks of world->chunk_rows rows:
  * row r lives in chunk r >> chunk_shift at offset r & chunk_mask. A chunk
  * owns one entity array and one separately allocated buffer per column, so a
- * later layer can replace a single column buffer of a single chunk (the
- * copy-on-write version of SPEC §4) with one pointer store. Chunks are the
- * unit of parallel iteration, versioning, dirty tracking and checkpointing.
- * A table's first chunk starts small and doubles until it holds chunk_rows
- * rows, so a table of a few entities does not pay for a full chunk; every
- * later chunk is allocated full. */
+ * single column of a single chunk can be replaced by a new version with one
+ * pointer store. Chunks are the unit of parallel iteration, versioning,
+ * dirty tracking and checkpointing. A table's first chunk starts small and
+ * doubles until it holds chunk_rows rows, so a table of a few entities does
+ * not pay for a full chunk; every later chunk is allocated full.
+ *
+ * Versions (SPEC §4, docs/transactions.md). Each VERSIONED column of a chunk
+ * has up to three buffers:
+ *   cur  -- the committed value, what the next writer or fresh reader sees;
+ *   pub  -- the version in the last published view (the tick-start value,
+ *           what snapshot readers and read views see). pub == cur means the
+ *           buffer is shared with the view and must not be written: a writer
+ *           copies it first (copy-on-write). NULL: never published.
+ *   priv -- the private version of the system transaction now writing the
+ *           component (at most one: writers of a component are ordered), or
+ *           NULL. Tasks of one parallel system install it with a CAS.
+ * The entity array follows the same rule (entities / pub_entities), and
+ * pub_count is the row count the view holds: rows at or past it are not in
+ * the view, so appending there needs no copy. SINGLE_VERSION and TRANSIENT
+ * columns are written in place and never published (pub stays NULL). */
+typedef struct world_colver {
+    _Atomic(void *) cur;      /* atomic: a side transaction may replace it while tasks of its system read it */
+    void *pub;
+    _Atomic(void *) priv;
+    _Atomic uint8_t changed;  /* in this tick's change set (txn/uow.c) */
+} world_colver;
+
 typedef struct world_chunk {
     uint32_t count;             /* live rows in this chunk */
     uint32_t capacity;          /* rows allocated: chunk_rows, except a table's only chunk may be smaller */
+    uint32_t pub_count;         /* rows in the published view */
     keel_entity *entities;      /* capacity handles */
-    void *columns[];            /* table->ncols buffers of capacity * size bytes (NULL for tags) */
+    keel_entity *pub_entities;  /* the published entity array (== entities when shared) */
+    world_colver cols[];        /* table->ncols versions (all NULL for tags) */
 } world_chunk;
 
 typedef struct world_column {
@@ -95,6 +119,7 @@ typedef struct world_table {
     uint8_t col_of[KEEL_MAX_COMPONENTS + 1]; /* component id -> column index + 1, 0 = absent */
     uint32_t count;             /* rows */
     uint32_t nchunks;           /* allocated chunks (the last may be empty) */
+    bool versioned;             /* some column is VERSIONED (and has data) */
     uint32_t chunk_cap;
     world_chunk **chunks;
 } world_table;
@@ -103,8 +128,13 @@ typedef struct world_table {
  * One slot per index ever used. A live slot names its table and row; a free
  * slot has table == WORLD_NO_TABLE and holds the generation its next
  * occupant will get. Free slots are found lowest-index-first through a
- * two-level bitmap, which makes allocation a pure function of the slots. */
+ * two-level bitmap, which makes allocation a pure function of the slots.
+ * Slots live in pages of WORLD_PAGE_SLOTS so that a published view can share
+ * the pages that did not change; a page shared with the view (pages[p] ==
+ * pub_pages[p]) is copied before it is written, like a VERSIONED column. */
 #define WORLD_NO_TABLE UINT32_MAX
+#define WORLD_PAGE_SHIFT 10u
+#define WORLD_PAGE_SLOTS (1u << WORLD_PAGE_SHIFT)
 
 typedef struct world_slot {
     uint32_t gen;
@@ -113,6 +143,7 @@ typedef struct world_slot {
 } world_slot;
 
 typedef struct world_query_link world_query_link;
+typedef struct world_lifecycle_log world_lifecycle_log;
 
 struct keel_world {
     uint32_t chunk_rows, chunk_shift, chunk_mask;
@@ -122,8 +153,10 @@ struct keel_world {
     world_component comps[KEEL_MAX_COMPONENTS + 1]; /* [0] unused */
     uint32_t ncomps;
 
-    world_slot *slots;
-    uint32_t nslots, slots_cap;   /* nslots = indices ever used (high-water mark) */
+    world_slot **pages;           /* slot pages; npages * WORLD_PAGE_SLOTS >= nslots */
+    world_slot **pub_pages;       /* the pages of the published view (NULL: never published) */
+    uint32_t npages, pages_cap;
+    uint32_t nslots;              /* indices ever used (high-water mark) */
     uint64_t *free_bits;          /* bit i set: slot i free (i < nslots) */
     uint64_t *free_summary;       /* bit j set: free_bits[j] != 0 */
     uint32_t free_words_cap;      /* capacity of free_bits in words (a multiple of 64) */
@@ -140,6 +173,17 @@ struct keel_world {
 
     uint32_t pending_cmdbufs;     /* buffers left pending by a failed playback */
 
+    /* Versioning (world/version.c). retired:
+     * buffers of the published view that the live world no longer uses,
+     * freed with that view. mutations counts changes made outside a
+     * transaction (keel_set, playback), so the runtime knows when the view
+     * is behind. in_tick: systems are running; direct keel_set is refused. */
+    bool in_tick;
+    uint64_t mutations;
+    void **retired;
+    uint32_t nretired, retired_cap;
+    world_lifecycle_log *lifecycle; /* when set, playback appends what it applied (txn/uow.c) */
+
     /* Test hook (world_test_inject_failure): countdown to an injected failure. */
     uint32_t inject_countdown;
     int inject_rc;
@@ -147,13 +191,19 @@ struct keel_world {
 
 /* ---- internal entry points ---------------------------------------------- */
 
-/* Slot of a live handle, or NULL for null/stale/foreign handles. */
-static inline world_slot *world_slot_of(const keel_world *w, keel_entity e)
+static inline world_slot *world_slot_at(const keel_world *w, uint32_t idx)
+{
+    return &w->pages[idx >> WORLD_PAGE_SHIFT][idx & (WORLD_PAGE_SLOTS - 1)];
+}
+
+/* Slot of a live handle, or NULL for null/stale/foreign handles. Read-only:
+ * a slot is written through entity_slot_w after entity_own_slot. */
+static inline const world_slot *world_slot_of(const keel_world *w, keel_entity e)
 {
     uint32_t idx = KEEL_ENTITY_INDEX(e);
     if (idx >= w->nslots)
         return NULL;
-    world_slot *s = &w->slots[idx];
+    const world_slot *s = world_slot_at(w, idx);
     if (s->table == WORLD_NO_TABLE || s->gen != KEEL_ENTITY_GEN(e))
         return NULL;
     return s;
@@ -164,29 +214,71 @@ static inline bool world_component_valid(const keel_world *w, keel_component c)
     return c >= 1 && c <= w->ncomps;
 }
 
-/* Pointer to the value of column col at table row `row`. */
+/* Pointer to the committed value of column col at table row `row`. */
+static inline void *colver_cur(const world_colver *v)
+{
+    return atomic_load_explicit(&((world_colver *)v)->cur, memory_order_relaxed);
+}
+
+static inline void colver_set_cur(world_colver *v, void *p)
+{
+    atomic_store_explicit(&v->cur, p, memory_order_release);
+}
+
 static inline void *world_cell(const keel_world *w, const world_table *t, uint32_t col, uint32_t row)
 {
     const world_chunk *ch = t->chunks[row >> w->chunk_shift];
-    return (char *)ch->columns[col] + (size_t)(row & w->chunk_mask) * t->cols[col].size;
+    return (char *)colver_cur(&ch->cols[col]) + (size_t)(row & w->chunk_mask) * t->cols[col].size;
+}
+
+static inline bool world_col_versioned(const keel_world *w, const world_table *t, uint32_t col)
+{
+    return t->cols[col].size && w->comps[t->cols[col].c].desc.discipline == KEEL_VERSIONED;
 }
 
 /* entity.c: the slot allocator. */
-int entity_reserve(keel_world *w);                  /* ensure one allocation can succeed */
+int entity_reserve(keel_world *w);                  /* ensure one allocation can succeed (owns its page) */
 keel_entity entity_alloc(keel_world *w);            /* after entity_reserve: cannot fail */
-void entity_free(keel_world *w, uint32_t index);    /* bumps the generation */
+void entity_free(keel_world *w, uint32_t index);    /* bumps the generation; page owned */
 void entity_index_fini(keel_world *w);
+/* Make the page of slot idx writable (copy it when the view shares it). */
+int entity_own_slot(keel_world *w, uint32_t idx);
+/* A slot for writing: its page must be owned (entity_own_slot). */
+static inline world_slot *entity_slot_w(keel_world *w, uint32_t idx)
+{
+    return world_slot_at(w, idx);
+}
 
 /* storage.c: archetype tables. Every "reserve" step may fail and mutates
  * nothing visible; the "commit" step that follows cannot fail. */
 int storage_table_get(keel_world *w, const world_compset *set, world_table **out);
+/* Room for one more row, with the chunk it lands in writable. */
 int storage_reserve_row(keel_world *w, world_table *t);
+/* Make removing row `row` unable to fail: its chunk and the slot of the row
+ * that will move into it are writable afterwards. */
+int storage_reserve_remove(keel_world *w, world_table *t, uint32_t row);
 /* Append a row for e (after storage_reserve_row); returns its row index.
  * Column values are left uninitialised: the caller fills every column. */
 uint32_t storage_push_row(keel_world *w, world_table *t, keel_entity e);
 /* Swap-remove row `row`, fixing the slot of the row moved into its place. */
 void storage_remove_row(keel_world *w, world_table *t, uint32_t row);
 void storage_fini(keel_world *w);
+
+/* A cache-line aligned buffer for `rows` values of `size` bytes. */
+void *storage_column_alloc(uint32_t rows, uint32_t size);
+
+/* version.c: copy-on-write of shared buffers, retirement, publication. */
+/* Make column col of chunk ch writable in place (copy it if the view shares
+ * it). Only VERSIONED columns are ever shared; others return at once. */
+int version_own_column(keel_world *w, const world_table *t, world_chunk *ch, uint32_t col);
+/* Make every shared VERSIONED column and the entity array of ch writable. */
+int version_own_chunk(keel_world *w, const world_table *t, world_chunk *ch);
+/* A buffer the live world stopped using: freed now when the view does not
+ * hold it, else with the view (never fails: the list is grown ahead). */
+void version_drop(keel_world *w, void *buf, const void *pub);
+int version_reserve_retire(keel_world *w, uint32_t n);
+/* Free a chunk's buffers (retiring those the view holds). */
+void version_free_chunk(keel_world *w, const world_table *t, world_chunk *ch);
 
 /* component.c */
 void component_fini(keel_world *w);
@@ -204,8 +296,35 @@ typedef struct world_chunk_ref {
 /* Write up to cap of the query's non-empty chunks, in iteration order, to
  * out; returns how many there are (call again with more room if > cap). */
 uint32_t query_chunk_refs(const keel_query *q, world_chunk_ref *out, uint32_t cap);
+/* The chunk keel_iter_next last stopped at, and a query's with-terms. */
+world_chunk_ref query_iter_ref(const keel_iter *it);
+const keel_component *query_terms(const keel_query *q);
 /* Point it at one chunk, as keel_iter_next would. */
 void query_iter_chunk(const keel_query *q, world_chunk_ref ref, keel_iter *it);
+
+/* command.c: the lifecycle log (see command.c). */
+struct world_lifecycle_log {
+    unsigned char *buf;
+    size_t len, cap;
+    uint32_t count;             /* commands logged */
+};
+
+enum { WORLD_OP_SPAWN = 1, WORLD_OP_DESTROY, WORLD_OP_ADD, WORLD_OP_REMOVE };
+
+/* One logged command, decoded. spawn: entity = the created handle, n
+ * components `ids` with their values (each padded to 8 bytes) at `values`;
+ * add: `component` and its value at `values`; destroy/remove: the target. */
+typedef struct world_lifecycle_op {
+    uint32_t kind;
+    keel_entity entity;
+    keel_component component;
+    uint32_t n;
+    const uint32_t *ids;
+    const unsigned char *values;
+} world_lifecycle_op;
+
+/* Decode the record at *off and advance; false at the end. */
+bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lifecycle_op *op);
 
 /* Test hook: the nth command application from now (1 = the next) fails with
  * rc before it mutates anything; nth = 0 disables. Every command that

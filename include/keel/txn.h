@@ -1,0 +1,127 @@
+/*
+ * keel/txn.h -- transactions (SPEC §4; docs/transactions.md has the rules).
+ *
+ * System transactions. Every callback or query system runs inside a
+ * transaction the scheduler opens on the worker running it. Its writes to
+ * VERSIONED components go to private copy-on-write versions of the chunks it
+ * touches and become visible, all at once, when the system succeeds; a
+ * failing system (error return, keel_txn_fail) leaves no VERSIONED write and
+ * no command behind. SINGLE_VERSION and TRANSIENT writes are made in place
+ * and are never rolled back. User code never commits a system transaction.
+ *
+ * Side transactions (economy). Opened inside a system, or run for a closure
+ * submitted from any thread: they read committed values, record the row
+ * versions they read, and commit on their own -- validated (KEEL_ECONFLICT
+ * when a row they read was changed by another side transaction since; then
+ * nothing is applied), durable per their mode, and kept even when the
+ * enclosing system fails.
+ */
+#ifndef KEEL_TXN_H
+#define KEEL_TXN_H
+
+#include <stdint.h>
+
+#include "keel/component.h"
+#include "keel/entity.h"
+#include "keel/schedule.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* When a commit counts as durable (SPEC §4). Until the WAL exists every mode
+ * completes at commit; the waits below already go through the point where
+ * the WAL writer's durable-LSN signal plugs in. */
+typedef enum keel_durability {
+    KEEL_DURABLE_DEFAULT = 0,   /* the runtime's mode (GROUP unless configured) */
+    KEEL_DURABLE_IMMEDIATE = 1, /* return only after the record is synced to disk */
+    KEEL_DURABLE_GROUP = 2,     /* synced by the WAL writer within a bounded window */
+    KEEL_DURABLE_DEFERRED = 3,  /* synced at flush, checkpoint or shutdown */
+} keel_durability;
+
+/* ---- the system transaction ---------------------------------------------- */
+
+/* Read e's component c as this system sees it: its own uncommitted writes
+ * first; else the tick-start value when the system declares
+ * reads_snapshot(c); else the committed value.
+ * Errors: KEEL_EINVAL (NULL ctx/out, a pipeline system, or c not declared in
+ * any access list of the system), KEEL_ESTALE, KEEL_ENOENT (e lacks c). */
+int keel_txn_get(keel_ctx *ctx, keel_entity e, keel_component c, void *out);
+
+/* Write e's component c in the system transaction (copy-on-write for
+ * VERSIONED, in place otherwise). The system must declare writes(c) or
+ * rewrites(c); side_writes(c) alone means "only through side transactions".
+ * Errors: as keel_txn_get, and KEEL_ENOMEM (copying the chunk failed: the
+ * system then fails). Nothing changes on error. */
+int keel_txn_set(keel_ctx *ctx, keel_entity e, keel_component c, const void *value);
+
+/* Iterate query q in a callback system's transaction (or on_first_tick's):
+ * as keel_query_iter / keel_iter_next, but every chunk's columns are what
+ * the system may see: a private copy-on-write version for the VERSIONED
+ * components it writes (it.prev[i] as described in keel/query.h for the ones
+ * it rewrites), the tick-start version for those it reads_snapshot, the
+ * committed version otherwise. keel_txn_next returns false at the end, or
+ * when a private version could not be allocated: the system then fails with
+ * KEEL_ENOMEM (as if keel_txn_fail was called) and should return. */
+void keel_txn_iter(keel_ctx *ctx, const keel_query *q, keel_iter *it);
+bool keel_txn_next(keel_ctx *ctx, keel_iter *it);
+
+/* ---- side transactions ----------------------------------------------------- */
+
+typedef struct keel_side_txn keel_side_txn;
+
+/* Open a side transaction in the running system. It must be committed or
+ * aborted before the body returns (one still open then is aborted).
+ * Errors: KEEL_EINVAL (NULL, a bad mode, a hook or pipeline), KEEL_ENOMEM. */
+int keel_side_txn_begin(keel_ctx *ctx, keel_durability mode, keel_side_txn **out);
+
+/* Read a committed value (or this transaction's own write) and record the
+ * row's version for validation at commit. The component must be one the
+ * system declares (any access list). Errors: KEEL_EINVAL, KEEL_ESTALE,
+ * KEEL_ENOENT, KEEL_ENOMEM. */
+int keel_side_get(keel_side_txn *tx, keel_entity e, keel_component c, void *out);
+
+/* Buffer a write; applied at commit. The component must be declared
+ * writes/rewrites/side_writes by the system (KEEL_EINVAL otherwise) and not
+ * TRANSIENT. Errors: KEEL_EINVAL, KEEL_ESTALE, KEEL_ENOENT, KEEL_ENOMEM. */
+int keel_side_set(keel_side_txn *tx, keel_entity e, keel_component c, const void *value);
+
+/* Validate, apply, wait for durability per mode, and end the transaction
+ * (tx is freed whatever the outcome). 0, or KEEL_ECONFLICT (a row read has a
+ * newer version, or an entity written was destroyed: nothing applied),
+ * KEEL_ENOMEM (nothing applied), KEEL_EFATAL (the runtime cannot make it
+ * durable). Committed writes are visible to the rest of the system at once
+ * and stay even if the system later fails. */
+int keel_side_txn_commit(keel_side_txn *tx);
+
+/* Drop the transaction and its buffered writes. NULL is ignored. */
+void keel_side_txn_abort(keel_side_txn *tx);
+
+/* ---- submission from other threads ----------------------------------------- */
+
+typedef struct keel_ticket keel_ticket;
+
+/* A closure run in its own side transaction (full access to every durable
+ * component): return 0 to commit, non-zero to abort with that result. */
+typedef int (*keel_submit_fn)(keel_side_txn *tx, void *arg);
+
+/* Queue fn(tx, arg) for the start of the next tick (Engine-Pre, serial, in
+ * submission order). Thread-safe, lock-free, never blocks. *out (may be NULL
+ * for fire-and-forget) receives a ticket to wait on and release.
+ * Errors: KEEL_EINVAL (NULL rt or fn, bad mode), KEEL_ENOMEM. */
+int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability mode, keel_ticket **out);
+
+/* Wait until the closure ran and its commit is durable per its mode; returns
+ * its result: 0, the closure's own non-zero return, a commit error
+ * (KEEL_ECONFLICT, KEEL_EFATAL ...), or KEEL_EBUSY when the runtime closed
+ * before running it. timeout_ns < 0 waits for ever; on timeout returns
+ * KEEL_ETIMEDOUT and the ticket stays valid. Thread-safe. */
+int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns);
+
+/* Give the ticket back (after or instead of waiting). NULL is ignored. */
+void keel_ticket_release(keel_ticket *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

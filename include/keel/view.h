@@ -1,0 +1,52 @@
+/*
+ * keel/view.h -- read views: the last completed tick, from any thread.
+ *
+ * A read view is an RCU read-side section (liburcu, bulletproof flavour: no
+ * thread registration needed) over the state the runtime published at the
+ * end of its last tick: every VERSIONED component, the entity slots and
+ * their handles, consistent with each other. Opening, reading and closing a
+ * view never blocks the tick and never waits for it; the versions a view
+ * holds are reclaimed after it ends. Views are cheap: open one per request,
+ * not one per thread for ever (a view held open keeps its tick's replaced
+ * versions alive).
+ *
+ * SINGLE_VERSION and TRANSIENT components are written in place and are not
+ * part of a view (KEEL_EINVAL). End every view before keel_runtime_close.
+ */
+#ifndef KEEL_VIEW_H
+#define KEEL_VIEW_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "keel/component.h"
+#include "keel/entity.h"
+#include "keel/schedule.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct keel_view keel_view;
+
+/* Open a view of the last published tick. Thread-safe, wait-free apart from
+ * the RCU read lock. Views nest. Errors: KEEL_EINVAL (NULL). */
+int keel_read_begin(keel_runtime *rt, const keel_view **out);
+/* Close it. Every pointer obtained through the view is invalid afterwards. */
+void keel_read_end(const keel_view *v);
+
+/* The tick the view shows (0: the state before the first tick). */
+uint64_t keel_view_tick(const keel_view *v);
+/* Live entities in the view. */
+uint32_t keel_view_count(const keel_view *v);
+/* True when e was live at the view's tick. */
+bool keel_view_alive(const keel_view *v, keel_entity e);
+/* Copy e's value of the VERSIONED component c at the view's tick.
+ * Errors: KEEL_EINVAL (NULL, unknown or not VERSIONED c), KEEL_ESTALE (e not
+ * live at that tick), KEEL_ENOENT (e lacked c). */
+int keel_view_get(const keel_view *v, keel_entity e, keel_component c, void *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

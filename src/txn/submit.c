@@ -1,0 +1,158 @@
+/*
+ * txn/submit.c -- closures submitted from any thread, run at the next tick
+ * start in their own side transactions, and the tickets their submitters
+ * wait on.
+ *
+ * Queue: a liburcu wait-free concurrent queue (wfcqueue). Producers
+ * (keel_submit, any thread) enqueue wait-free; the single consumer is the
+ * stepping thread at Engine-Pre, which first splices the whole queue into a
+ * local one -- so closures submitted while it runs wait for the next tick
+ * instead of starving this one -- then runs them in order.
+ *
+ * Ticket: `state` goes 0 (queued) -> 1 (done) once, with a release store
+ * after `result` is written; waiters load it with acquire and sleep on it as
+ * a futex. `refs` counts the submitter's handle and the queue's; the last
+ * release frees the ticket. wfcqueue is not visible to ThreadSanitizer, so
+ * the producer releases and the consumer acquires the ticket under TSan.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/core.h"
+#include "runtime/runtime_internal.h"
+
+struct keel_ticket {
+    struct cds_wfcq_node node;
+    keel_submit_fn fn;
+    void *arg;
+    keel_durability mode;
+    int result;
+    _Atomic uint32_t state;    /* 0 queued, 1 done */
+    _Atomic uint32_t refs;
+};
+
+int submit_init(keel_runtime *rt)
+{
+    cds_wfcq_init(&rt->submit_head, &rt->submit_tail);
+    return KEEL_OK;
+}
+
+static void ticket_put(keel_ticket *t)
+{
+    if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1)
+        free(t);
+}
+
+static void ticket_complete(keel_ticket *t, int result)
+{
+    t->result = result;
+    atomic_store_explicit(&t->state, 1, memory_order_release);
+    syscall(SYS_futex, (uint32_t *)&t->state, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    ticket_put(t);
+}
+
+int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability mode, keel_ticket **out)
+{
+    if (!rt || !fn)
+        return core_fail(KEEL_EINVAL, "keel_submit: runtime or closure is NULL");
+    if (mode < KEEL_DURABLE_DEFAULT || mode > KEEL_DURABLE_DEFERRED)
+        return core_fail(KEEL_EINVAL, "keel_submit: durability mode %d is not a keel_durability", (int)mode);
+    keel_ticket *t = malloc(sizeof *t);
+    if (!t)
+        return core_fail(KEEL_ENOMEM, "keel_submit: out of memory");
+    cds_wfcq_node_init(&t->node);
+    t->fn = fn;
+    t->arg = arg;
+    t->mode = mode;
+    t->result = 0;
+    atomic_init(&t->state, 0);
+    atomic_init(&t->refs, out ? 2 : 1);
+    if (out)
+        *out = t;
+    CORE_TSAN_RELEASE(t);
+    cds_wfcq_enqueue(&rt->submit_head, &rt->submit_tail, &t->node);
+    return KEEL_OK;
+}
+
+static int run_closure(keel_runtime *rt, keel_ticket *t)
+{
+    keel_side_txn *tx;
+    int rc = side_begin_full(rt, t->mode, &tx);
+    if (rc)
+        return rc;
+    rc = t->fn(tx, t->arg);
+    if (rc) {
+        keel_side_txn_abort(tx);
+        return rc;
+    }
+    return keel_side_txn_commit(tx);
+}
+
+/* Take every queued ticket in order; `run` false completes them unrun. */
+static void drain(keel_runtime *rt, bool run)
+{
+    struct cds_wfcq_head head;
+    struct cds_wfcq_tail tail;
+    cds_wfcq_init(&head, &tail);
+    if (cds_wfcq_splice_blocking(&head, &tail, &rt->submit_head, &rt->submit_tail) == CDS_WFCQ_RET_SRC_EMPTY)
+        return;
+    struct cds_wfcq_node *node;
+    while ((node = __cds_wfcq_dequeue_blocking(&head, &tail)) != NULL) {
+        keel_ticket *t = caa_container_of(node, keel_ticket, node);
+        CORE_TSAN_ACQUIRE(t);
+        ticket_complete(t, run ? run_closure(rt, t) : KEEL_EBUSY);
+    }
+}
+
+void submit_run(keel_runtime *rt)
+{
+    drain(rt, true);
+}
+
+void submit_fini(keel_runtime *rt)
+{
+    drain(rt, false);
+    cds_wfcq_destroy(&rt->submit_head, &rt->submit_tail);
+}
+
+int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns)
+{
+    if (!t)
+        return core_fail(KEEL_EINVAL, "keel_ticket_wait: ticket is NULL");
+    struct timespec deadline = {0};
+    if (timeout_ns >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_sec += timeout_ns / 1000000000;
+        deadline.tv_nsec += timeout_ns % 1000000000;
+        if (deadline.tv_nsec >= 1000000000) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000;
+        }
+    }
+    while (!atomic_load_explicit(&t->state, memory_order_acquire)) {
+        if (timeout_ns < 0) {
+            syscall(SYS_futex, (uint32_t *)&t->state, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
+            continue;
+        }
+        struct timespec now, rel;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t left = (int64_t)(deadline.tv_sec - now.tv_sec) * 1000000000 + (deadline.tv_nsec - now.tv_nsec);
+        if (left <= 0)
+            return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait: the closure has not completed yet");
+        rel.tv_sec = left / 1000000000;
+        rel.tv_nsec = left % 1000000000;
+        syscall(SYS_futex, (uint32_t *)&t->state, FUTEX_WAIT_PRIVATE, 0, &rel, NULL, 0);
+    }
+    return t->result;
+}
+
+void keel_ticket_release(keel_ticket *t)
+{
+    if (t)
+        ticket_put(t);
+}

@@ -1,0 +1,307 @@
+/*
+ * txn/txn.c -- system transactions: copy-on-write versions of VERSIONED
+ * chunk columns, commit and rollback, and what a system body sees.
+ *
+ * Protocol for a VERSIONED chunk column (world_colver in world_internal.h):
+ *
+ *   first write in a transaction: allocate a copy of `cur` (or, for a
+ *     column the system `rewrites`, an uninitialised buffer), then
+ *     CAS(priv, NULL -> copy). The tasks of one parallel system may race to
+ *     the same chunk column through keel_txn_set; the loser frees its copy
+ *     and uses the winner's. Only the system now writing the component can
+ *     have a priv: the schedule orders every two writers of a component.
+ *     The copy and the CAS happen under side_lock so that a side
+ *     transaction committing into the same chunk (side.c) either precedes
+ *     the copy (and is copied) or sees the priv (and writes into it too):
+ *     no side write is lost when the system commits.
+ *   commit (on the worker that completes the system, after every task has
+ *     finished -- the tasks_done counter orders their writes before it):
+ *     cur = priv, priv = NULL; the old cur is freed unless the published
+ *     view holds it (old == pub), in which case publication retires it.
+ *   abort: free priv, priv = NULL. Nothing else was touched.
+ *
+ * Readers never take a lock: a snapshot reader reads `pub`, which no one
+ * writes during a tick; a fresh or plain reader is ordered after (or
+ * before) every writer by the schedule, so it reads a `cur` nobody changes
+ * under it (side transactions excepted -- see side.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "runtime/runtime_internal.h"
+
+int txn_vec_reserve(txn_vec *v, uint32_t extra)
+{
+    if (v->n + extra <= v->cap)
+        return KEEL_OK;
+    uint32_t cap = v->cap ? v->cap * 2 : 16;
+    while (cap < v->n + extra)
+        cap *= 2;
+    txn_touch *p = realloc(v->v, (size_t)cap * sizeof *p);
+    if (!p)
+        return core_fail(KEEL_ENOMEM, "out of memory growing a transaction's chunk list");
+    v->v = p;
+    v->cap = cap;
+    return KEEL_OK;
+}
+
+void txn_part_fini(txn_part *p)
+{
+    free(p->priv.v);
+    free(p->dirty.v);
+    *p = (txn_part){0};
+}
+
+static world_colver *touch_colver(keel_world *w, txn_touch t)
+{
+    return &w->tables[t.table]->chunks[t.chunk]->cols[t.col];
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+/* The private version of a VERSIONED chunk column for this transaction,
+ * created on first use; NULL on ENOMEM (the last error says so). */
+static void *private_column(keel_ctx *ctx, const world_table *t, uint32_t chunk, uint32_t col, bool rewrite)
+{
+    world_chunk *ch = t->chunks[chunk];
+    world_colver *v = &ch->cols[col];
+    void *p = atomic_load_explicit(&v->priv, memory_order_acquire);
+    if (p)
+        return p;
+    keel_runtime *rt = ctx->rt;
+    if (txn_vec_reserve(&ctx->part->priv, 1))
+        return NULL;
+    uint32_t size = t->cols[col].size;
+    void *copy = storage_column_alloc(ch->capacity, size);
+    if (!copy) {
+        core_fail(KEEL_ENOMEM, "system '%s': out of memory copying a chunk of '%s'", ctx->name,
+                  rt->world->comps[t->cols[col].c].name);
+        return NULL;
+    }
+    pthread_mutex_lock(&rt->side_lock);
+    if (!rewrite)
+        memcpy(copy, colver_cur(v), (size_t)ch->count * size);
+    void *expected = NULL;
+    bool won = atomic_compare_exchange_strong_explicit(&v->priv, &expected, copy, memory_order_acq_rel,
+                                                       memory_order_acquire);
+    pthread_mutex_unlock(&rt->side_lock);
+    if (!won) {
+        free(copy);
+        return expected;
+    }
+    txn_vec_push(&ctx->part->priv, (txn_touch){t->id, chunk, col});
+    return copy;
+}
+
+/* A SINGLE_VERSION chunk column written in place joins the change set once. */
+static int mark_dirty(keel_ctx *ctx, const world_table *t, uint32_t chunk, uint32_t col)
+{
+    world_colver *v = &t->chunks[chunk]->cols[col];
+    if (atomic_load_explicit(&v->changed, memory_order_relaxed))
+        return KEEL_OK;
+    int rc = txn_vec_reserve(&ctx->part->dirty, 1);
+    if (rc)
+        return rc;
+    if (!atomic_exchange_explicit(&v->changed, 1, memory_order_relaxed))
+        txn_vec_push(&ctx->part->dirty, (txn_touch){t->id, chunk, col});
+    return KEEL_OK;
+}
+
+static keel_discipline discipline_of(const keel_world *w, keel_component c)
+{
+    return w->comps[c].desc.discipline;
+}
+
+static bool writes_component(const keel_ctx *ctx, keel_component c)
+{
+    return !ctx->acc || compset_has(&ctx->acc->write, c);
+}
+
+/* ---- iteration ---------------------------------------------------------------- */
+
+int txn_iter_chunk(keel_ctx *ctx, const keel_query *q, const keel_component *terms, world_chunk_ref ref,
+                   keel_iter *it)
+{
+    query_iter_chunk(q, ref, it);
+    keel_world *w = ctx->rt->world;
+    const world_table *t = w->tables[ref.table];
+    const sched_access *acc = ctx->acc;
+    for (uint32_t i = 0; i < KEEL_QUERY_MAX_TERMS && terms[i]; i++) {
+        keel_component c = terms[i];
+        uint32_t col = t->col_of[c] - 1;
+        if (!t->cols[col].size)
+            continue;
+        world_colver *v = &t->chunks[ref.chunk]->cols[col];
+        keel_discipline d = discipline_of(w, c);
+        if (!acc || compset_has(&acc->write, c)) { /* on_first_tick (no acc) may write anything */
+            if (d == KEEL_VERSIONED) {
+                bool rewrite = acc && compset_has(&acc->rewrite, c);
+                void *own = atomic_load_explicit(&v->priv, memory_order_acquire);
+                it->prev[i] = own ? own : colver_cur(v);
+                void *p = private_column(ctx, t, ref.chunk, col, rewrite);
+                if (!p)
+                    return KEEL_ENOMEM;
+                it->columns[i] = p;
+                if (!rewrite)
+                    it->prev[i] = p;
+            } else if (d == KEEL_SINGLE_VERSION) {
+                int rc = mark_dirty(ctx, t, ref.chunk, col);
+                if (rc)
+                    return rc;
+            }
+        } else if (acc && compset_has(&acc->snapshot, c) && v->pub) {
+            it->columns[i] = v->pub;
+            it->prev[i] = v->pub;
+        }
+    }
+    return KEEL_OK;
+}
+
+void keel_txn_iter(keel_ctx *ctx, const keel_query *q, keel_iter *it)
+{
+    (void)ctx;
+    keel_query_iter(q, it);
+}
+
+bool keel_txn_next(keel_ctx *ctx, keel_iter *it)
+{
+    if (!keel_iter_next(it))
+        return false;
+    if (!ctx || !ctx->part) /* no transaction: plain iteration */
+        return true;
+    const keel_query *q = it->query_;
+    int rc = txn_iter_chunk(ctx, q, query_terms(q), query_iter_ref(it), it);
+    if (rc) {
+        keel_txn_fail(ctx, rc);
+        return false;
+    }
+    return true;
+}
+
+/* ---- single values ------------------------------------------------------------ */
+
+/* Resolve (e, c) for a transactional access; *row is the table row. */
+static int txn_locate(keel_ctx *ctx, keel_entity e, keel_component c, const void *buf, const char *fn,
+                      world_table **t, uint32_t *row, uint32_t *col)
+{
+    if (!ctx || !ctx->part)
+        return core_fail(KEEL_EINVAL, "%s: no transaction here (NULL context or a pipeline system)", fn);
+    keel_world *w = ctx->rt->world;
+    if (!world_component_valid(w, c))
+        return core_fail(KEEL_EINVAL, "%s: system '%s': component id %u is not registered", fn, ctx->name, c);
+    if (ctx->acc && !compset_has(&ctx->acc->read, c) && !compset_has(&ctx->acc->write, c) &&
+        !compset_has(&ctx->acc->side, c))
+        return core_fail(KEEL_EINVAL, "%s: system '%s' does not declare component '%s' in its access", fn, ctx->name,
+                         w->comps[c].name);
+    if (!buf && w->comps[c].desc.size)
+        return core_fail(KEEL_EINVAL, "%s: value buffer is NULL", fn);
+    const world_slot *s = world_slot_of(w, e);
+    if (!s)
+        return core_fail(KEEL_ESTALE, "%s: system '%s': entity 0x%016llx is null, stale or foreign", fn, ctx->name,
+                         (unsigned long long)e);
+    *t = w->tables[s->table];
+    *row = s->row;
+    if (!(*t)->col_of[c])
+        return core_fail(KEEL_ENOENT, "%s: system '%s': entity 0x%016llx has no component '%s'", fn, ctx->name,
+                         (unsigned long long)e, w->comps[c].name);
+    *col = (*t)->col_of[c] - 1;
+    return KEEL_OK;
+}
+
+int keel_txn_get(keel_ctx *ctx, keel_entity e, keel_component c, void *out)
+{
+    world_table *t;
+    uint32_t row, col;
+    int rc = txn_locate(ctx, e, c, out, "keel_txn_get", &t, &row, &col);
+    if (rc)
+        return rc;
+    uint32_t size = t->cols[col].size;
+    if (!size)
+        return KEEL_OK;
+    keel_world *w = ctx->rt->world;
+    const world_colver *v = &t->chunks[row >> w->chunk_shift]->cols[col];
+    const void *base = colver_cur(v);
+    void *own = atomic_load_explicit(&((world_colver *)v)->priv, memory_order_acquire);
+    if (own && writes_component(ctx, c))
+        base = own;
+    else if (ctx->acc && compset_has(&ctx->acc->snapshot, c) && v->pub)
+        base = v->pub;
+    memcpy(out, (const char *)base + (size_t)(row & w->chunk_mask) * size, size);
+    return KEEL_OK;
+}
+
+int keel_txn_set(keel_ctx *ctx, keel_entity e, keel_component c, const void *value)
+{
+    world_table *t;
+    uint32_t row, col;
+    int rc = txn_locate(ctx, e, c, value, "keel_txn_set", &t, &row, &col);
+    if (rc)
+        return rc;
+    keel_world *w = ctx->rt->world;
+    if (!writes_component(ctx, c))
+        return core_fail(KEEL_EINVAL, "keel_txn_set: system '%s' does not declare writes('%s')%s", ctx->name,
+                         w->comps[c].name,
+                         compset_has(&ctx->acc->side, c) ? "; it is side_writes: write it in a side transaction" : "");
+    uint32_t size = t->cols[col].size;
+    if (!size)
+        return KEEL_OK;
+    uint32_t chunk = row >> w->chunk_shift;
+    void *base;
+    keel_discipline d = discipline_of(w, c);
+    if (d == KEEL_VERSIONED) {
+        base = private_column(ctx, t, chunk, col, false);
+        if (!base)
+            return KEEL_ENOMEM;
+    } else {
+        if (d == KEEL_SINGLE_VERSION && (rc = mark_dirty(ctx, t, chunk, col)))
+            return rc;
+        base = colver_cur(&t->chunks[chunk]->cols[col]);
+    }
+    memcpy((char *)base + (size_t)(row & w->chunk_mask) * size, value, size);
+    return KEEL_OK;
+}
+
+/* ---- commit and abort ------------------------------------------------------------ */
+
+int txn_commit(keel_world *w, txn_part *parts, uint32_t nparts, txn_vec *changes)
+{
+    uint32_t need = 0;
+    for (uint32_t k = 0; k < nparts; k++)
+        need += parts[k].priv.n + parts[k].dirty.n;
+    int rc = txn_vec_reserve(changes, need);
+    if (rc)
+        return rc;
+    for (uint32_t k = 0; k < nparts; k++) {
+        txn_part *p = &parts[k];
+        for (uint32_t i = 0; i < p->priv.n; i++) {
+            world_colver *v = touch_colver(w, p->priv.v[i]);
+            void *old = colver_cur(v);
+            colver_set_cur(v, atomic_exchange_explicit(&v->priv, NULL, memory_order_acq_rel));
+            if (old != v->pub)
+                free(old); /* a version of this tick no one else can see */
+            if (!atomic_exchange_explicit(&v->changed, 1, memory_order_relaxed))
+                txn_vec_push(changes, p->priv.v[i]);
+        }
+        for (uint32_t i = 0; i < p->dirty.n; i++)
+            txn_vec_push(changes, p->dirty.v[i]);
+        p->priv.n = p->dirty.n = 0;
+    }
+    return KEEL_OK;
+}
+
+void txn_abort(keel_world *w, txn_part *parts, uint32_t nparts, txn_vec *changes)
+{
+    for (uint32_t k = 0; k < nparts; k++) {
+        txn_part *p = &parts[k];
+        for (uint32_t i = 0; i < p->priv.n; i++)
+            free(atomic_exchange_explicit(&touch_colver(w, p->priv.v[i])->priv, NULL, memory_order_acq_rel));
+        /* in-place writes stay: their chunks stay in the change set (best
+         * effort: without memory for the list they are logged with the next
+         * change to the same chunk, or at the next checkpoint) */
+        if (!txn_vec_reserve(changes, p->dirty.n))
+            for (uint32_t i = 0; i < p->dirty.n; i++)
+                txn_vec_push(changes, p->dirty.v[i]);
+        p->priv.n = p->dirty.n = 0;
+    }
+}

@@ -1,0 +1,153 @@
+/*
+ * txn/txn_internal.h -- the transaction layer: system transactions (txn.c),
+ * side transactions and row versions (side.c), submitted closures and
+ * tickets (submit.c), the per-tick unit of work (uow.c) and published read
+ * views (view.c). docs/transactions.md describes the isolation rules.
+ */
+#ifndef KEEL_TXN_INTERNAL_H
+#define KEEL_TXN_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "keel/txn.h"
+#include "keel/view.h"
+#include "world/world_internal.h"
+
+typedef struct keel_runtime keel_runtime;
+typedef struct sched_access sched_access;
+
+/* A chunk column: (table id, chunk index, column index). */
+typedef struct txn_touch {
+    uint32_t table, chunk, col;
+} txn_touch;
+
+typedef struct txn_vec {
+    txn_touch *v;
+    uint32_t n, cap;
+} txn_vec;
+
+int txn_vec_reserve(txn_vec *v, uint32_t extra);
+static inline void txn_vec_push(txn_vec *v, txn_touch t)
+{
+    v->v[v->n++] = t; /* after txn_vec_reserve */
+}
+
+/* One task's share of a system transaction. The tasks of a parallel query
+ * system share the chunk columns' `priv` pointers (first CAS wins); each
+ * part lists the private versions it installed and the SINGLE_VERSION chunk
+ * columns it marked dirty first, so commit and abort need no lock. */
+typedef struct txn_part {
+    txn_vec priv;
+    txn_vec dirty;
+    keel_side_txn *open;       /* side transactions opened in this task, not yet ended */
+} txn_part;
+
+void txn_part_fini(txn_part *p);
+
+/* ---- txn.c ------------------------------------------------------------------ */
+
+/* Point it's columns at what the running system may see and write for the
+ * chunk `ref` (snapshot, committed, private or rewrite versions). */
+int txn_iter_chunk(keel_ctx *ctx, const keel_query *q, const keel_component *terms, world_chunk_ref ref,
+                   keel_iter *it);
+/* End a system transaction: commit (publish every private version, list the
+ * changed chunk columns in *changes) or abort (free them; SINGLE_VERSION
+ * dirt is listed all the same: in-place writes are not rolled back). Commit
+ * fails only with KEEL_ENOMEM before changing anything; the caller aborts. */
+int txn_commit(keel_world *w, txn_part *parts, uint32_t nparts, txn_vec *changes);
+void txn_abort(keel_world *w, txn_part *parts, uint32_t nparts, txn_vec *changes);
+/* Abort the side transactions a task left open. */
+void txn_close_sides(txn_part *p);
+
+/* ---- side.c ----------------------------------------------------------------- */
+
+typedef struct txn_rowvers txn_rowvers;
+int side_init(keel_runtime *rt);
+void side_fini(keel_runtime *rt);
+/* Begin a side transaction with access to every component (closures). */
+int side_begin_full(keel_runtime *rt, keel_durability mode, keel_side_txn **out);
+/* Tick end: row versions of this tick are no longer needed. */
+void side_tick_end(keel_runtime *rt);
+
+/* ---- submit.c --------------------------------------------------------------- */
+
+int submit_init(keel_runtime *rt);
+/* Engine-Pre: run every closure queued so far, in order. */
+void submit_run(keel_runtime *rt);
+/* At close: complete what never ran with KEEL_EBUSY. */
+void submit_fini(keel_runtime *rt);
+
+/* ---- durability hook ------------------------------------------------------- */
+
+/* Wait until the commit with sequence `seq` is durable per mode. Until the
+ * WAL writer exists every commit is "durable" at once; this is the one
+ * place its durable-LSN signal plugs in. */
+int txn_durable_wait(keel_runtime *rt, uint64_t seq, keel_durability mode);
+
+/* ---- uow.c ------------------------------------------------------------------ */
+
+/* One changed value captured by the unit of work. */
+typedef struct uow_row {
+    keel_entity entity;
+    keel_component component;
+    uint32_t size;
+    const void *value;
+} uow_row;
+
+/* One side transaction's after-image, as it will go to the WAL. */
+typedef struct uow_side {
+    uint64_t seq;
+    uint64_t tick;
+    keel_durability mode;
+    uint32_t nwrites;
+} uow_side;
+
+/* The unit of work of one tick (SPEC §4): the changes the fence turns into
+ * WAL records. With `capture` on (the durability layer turns it on; tests
+ * do), it holds after the user tracks every changed durable value (VERSIONED:
+ * rows whose bytes differ from the tick-start version; SINGLE_VERSION: every
+ * row of a dirty chunk), after the sync point every lifecycle command
+ * applied, and at any time the side transactions committed this tick. */
+typedef struct txn_uow {
+    bool capture;
+    unsigned char *rows;
+    size_t rows_len, rows_cap;
+    size_t hook_rows_end;      /* rows before it are on_first_tick's (captured before its commands) */
+    uint32_t nrows;
+    world_lifecycle_log lifecycle;
+    unsigned char *side;       /* side records, in commit order (under the side lock) */
+    size_t side_len, side_cap;
+    uint32_t nside;
+    bool oom;                  /* a capture ran out of memory: the change set is incomplete */
+} txn_uow;
+
+/* After the user tracks: capture the value changes of every committed
+ * system transaction, in execution order. */
+void uow_capture(keel_runtime *rt);
+/* Capture one list (on_first_tick's, before its commands are applied). */
+void uow_capture_changes(keel_runtime *rt, const txn_vec *changes);
+/* A new tick starts: forget the previous tick's change set. */
+void uow_reset(txn_uow *u);
+void uow_fini(txn_uow *u);
+/* Side records (under side_lock): reserve room, then begin + one write
+ * per row. */
+int uow_side_reserve(txn_uow *u, uint32_t nwrites, uint32_t value_bytes);
+void uow_side_begin(txn_uow *u, uint64_t seq, uint64_t tick, keel_durability mode, uint32_t nwrites);
+void uow_side_write(txn_uow *u, keel_entity e, keel_component c, uint32_t size, const void *value);
+/* Iterate the captured rows / side records: *off starts at 0. A side
+ * record's writes are decoded with uow_next_row over [writes, writes_end). */
+bool uow_next_row(const txn_uow *u, size_t *off, uow_row *out);
+bool uow_next_side(const txn_uow *u, size_t *off, uow_side *out, size_t *writes_off);
+bool uow_next_side_row(const txn_uow *u, size_t *off, uow_row *out);
+
+/* ---- view.c ----------------------------------------------------------------- */
+
+int view_init(keel_runtime *rt);
+/* Publish the live world as the view of `tick`; the previous view is freed
+ * after an RCU grace period together with the versions only it held.
+ * Fails only with KEEL_ENOMEM, changing nothing. */
+int view_publish(keel_runtime *rt, uint64_t tick);
+void view_fini(keel_runtime *rt);
+
+#endif

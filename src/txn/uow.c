@@ -1,0 +1,199 @@
+/*
+ * txn/uow.c -- the unit of work: one tick's change set.
+ *
+ * The fence (the durability layer) serialises what this collects:
+ *   value rows  -- after the user tracks, before the sync point: for each
+ *                  chunk column a committed system transaction changed
+ *                  first (hook, then systems in execution order, so the
+ *                  order does not depend on the worker count), the rows
+ *                  whose bytes differ from the tick-start version
+ *                  (VERSIONED), or every row (SINGLE_VERSION: no older
+ *                  version to compare with). Values cannot change at the
+ *                  sync point, so these are the tick's final values of
+ *                  every entity that survives it.
+ *   lifecycle   -- the commands the sync point applied, in order
+ *                  (world_lifecycle_log, recorded by command playback).
+ *   side records -- each side transaction's after-images, in commit order.
+ * Rows are stored as records {entity u64, component u32, size u32, value
+ * padded to 8}; side records as {seq u64, tick u64, mode u32, nwrites u32}
+ * followed by nwrites row records.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "runtime/runtime_internal.h"
+
+typedef struct row_hdr {
+    keel_entity entity;
+    keel_component component;
+    uint32_t size;
+} row_hdr;
+
+typedef struct side_hdr {
+    uint64_t seq;
+    uint64_t tick;
+    uint32_t mode;
+    uint32_t nwrites;
+} side_hdr;
+
+#define PAD8(x) (((size_t)(x) + 7u) & ~(size_t)7u)
+
+static int buf_reserve(unsigned char **buf, size_t *cap, size_t len, size_t n)
+{
+    if (len + n <= *cap)
+        return KEEL_OK;
+    size_t c = *cap ? *cap * 2 : 65536;
+    while (c < len + n)
+        c *= 2;
+    unsigned char *p = realloc(*buf, c);
+    if (!p)
+        return core_fail(KEEL_ENOMEM, "out of memory growing the unit of work");
+    *buf = p;
+    *cap = c;
+    return KEEL_OK;
+}
+
+static void put_row(unsigned char *dst, keel_entity e, keel_component c, uint32_t size, const void *value)
+{
+    row_hdr h = {e, c, size};
+    memcpy(dst, &h, sizeof h);
+    memcpy(dst + sizeof h, value, size);
+    memset(dst + sizeof h + size, 0, PAD8(size) - size);
+}
+
+/* ---- value rows ------------------------------------------------------------------- */
+
+static int capture_chunk(txn_uow *u, const keel_world *w, txn_touch tc)
+{
+    const world_table *t = w->tables[tc.table];
+    const world_chunk *ch = t->chunks[tc.chunk];
+    const world_colver *v = &ch->cols[tc.col];
+    uint32_t size = t->cols[tc.col].size;
+    keel_component c = t->cols[tc.col].c;
+    const unsigned char *now = colver_cur(v);
+    const unsigned char *old = w->comps[c].desc.discipline == KEEL_VERSIONED ? v->pub : NULL;
+    size_t rec = sizeof(row_hdr) + PAD8(size);
+    for (uint32_t r = 0; r < ch->count; r++) {
+        size_t off = (size_t)r * size;
+        if (old && !memcmp(old + off, now + off, size))
+            continue;
+        if (buf_reserve(&u->rows, &u->rows_cap, u->rows_len, rec))
+            return KEEL_ENOMEM;
+        put_row(u->rows + u->rows_len, ch->entities[r], c, size, now + off);
+        u->rows_len += rec;
+        u->nrows++;
+    }
+    return KEEL_OK;
+}
+
+static void capture_list(txn_uow *u, const keel_world *w, const txn_vec *changes)
+{
+    for (uint32_t i = 0; i < changes->n && !u->oom; i++) {
+        const world_table *t = w->tables[changes->v[i].table];
+        if (w->comps[t->cols[changes->v[i].col].c].desc.discipline == KEEL_TRANSIENT)
+            continue;
+        if (capture_chunk(u, w, changes->v[i]))
+            u->oom = true;
+    }
+}
+
+void uow_capture_changes(keel_runtime *rt, const txn_vec *changes)
+{
+    if (rt->uow.capture)
+        capture_list(&rt->uow, rt->world, changes);
+}
+
+void uow_capture(keel_runtime *rt)
+{
+    txn_uow *u = &rt->uow;
+    if (!u->capture)
+        return;
+    const keel_schedule *sc = rt->sched;
+    for (uint32_t p = 0; p < sc->nsys; p++)
+        capture_list(u, rt->world, &rt->st[sc->order[p]].changes);
+    if (u->oom)
+        core_log(KEEL_LOG_ERROR, "txn", "uow_capture_oom", "tick=%llu",
+                 (unsigned long long)atomic_load_explicit(&rt->running_tick, memory_order_relaxed));
+}
+
+void uow_reset(txn_uow *u)
+{
+    u->rows_len = 0;
+    u->hook_rows_end = 0;
+    u->nrows = 0;
+    u->lifecycle.len = 0;
+    u->lifecycle.count = 0;
+    u->side_len = 0;
+    u->nside = 0;
+    u->oom = false;
+}
+
+void uow_fini(txn_uow *u)
+{
+    free(u->rows);
+    free(u->lifecycle.buf);
+    free(u->side);
+    *u = (txn_uow){0};
+}
+
+bool uow_next_row(const txn_uow *u, size_t *off, uow_row *out)
+{
+    if (*off >= u->rows_len)
+        return false;
+    row_hdr h;
+    memcpy(&h, u->rows + *off, sizeof h);
+    *out = (uow_row){h.entity, h.component, h.size, u->rows + *off + sizeof h};
+    *off += sizeof h + PAD8(h.size);
+    return true;
+}
+
+/* ---- side records ------------------------------------------------------------------ */
+
+int uow_side_reserve(txn_uow *u, uint32_t nwrites, uint32_t value_bytes)
+{
+    size_t n = sizeof(side_hdr) + (size_t)nwrites * sizeof(row_hdr) + PAD8(value_bytes);
+    return buf_reserve(&u->side, &u->side_cap, u->side_len, n);
+}
+
+void uow_side_begin(txn_uow *u, uint64_t seq, uint64_t tick, keel_durability mode, uint32_t nwrites)
+{
+    side_hdr h = {seq, tick, (uint32_t)mode, nwrites};
+    memcpy(u->side + u->side_len, &h, sizeof h);
+    u->side_len += sizeof h;
+    u->nside++;
+}
+
+void uow_side_write(txn_uow *u, keel_entity e, keel_component c, uint32_t size, const void *value)
+{
+    put_row(u->side + u->side_len, e, c, size, value);
+    u->side_len += sizeof(row_hdr) + PAD8(size);
+}
+
+bool uow_next_side(const txn_uow *u, size_t *off, uow_side *out, size_t *writes_off)
+{
+    if (*off >= u->side_len)
+        return false;
+    side_hdr h;
+    memcpy(&h, u->side + *off, sizeof h);
+    *out = (uow_side){h.seq, h.tick, (keel_durability)h.mode, h.nwrites};
+    *off += sizeof h;
+    *writes_off = *off;
+    for (uint32_t i = 0; i < h.nwrites; i++) {
+        row_hdr r;
+        memcpy(&r, u->side + *off, sizeof r);
+        *off += sizeof r + PAD8(r.size);
+    }
+    return true;
+}
+
+bool uow_next_side_row(const txn_uow *u, size_t *off, uow_row *out)
+{
+    if (*off >= u->side_len)
+        return false;
+    row_hdr h;
+    memcpy(&h, u->side + *off, sizeof h);
+    *out = (uow_row){h.entity, h.component, h.size, u->side + *off + sizeof h};
+    *off += sizeof h + PAD8(h.size);
+    return true;
+}

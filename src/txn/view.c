@@ -1,0 +1,255 @@
+/*
+ * txn/view.c -- published read views (SPEC §4 "readers outside the tick").
+ *
+ * At the end of every tick that changed something, the stepping thread
+ * publishes the live world as an immutable view: one block holding, per
+ * table, its row count and per chunk the row count, entity array and
+ * column pointers, plus the slot page pointers. The view shares every
+ * buffer with the live world; world/version.c guarantees the live world
+ * never writes a shared buffer again (it copies first) and keeps the
+ * replaced ones on world->retired.
+ *
+ * RCU protocol (liburcu, bulletproof flavour "urcu-bp": reader threads need
+ * no registration, which suits network/admin threads the runtime does not
+ * own; its read side costs a little more than urcu-memb, irrelevant at one
+ * section per request):
+ *   reader:    rcu_read_lock; v = load(rt->view, acquire); ... read v ...;
+ *              rcu_read_unlock
+ *   publisher: build the new view; store(rt->view, new, release);
+ *              call_rcu(old): after a grace period -- when every reader
+ *              that could have loaded `old` has unlocked -- free old and
+ *              the buffers retired while it was current (they are
+ *              reachable from old only).
+ * The view pointer is a C11 atomic rather than rcu_assign_pointer so that
+ * ThreadSanitizer sees the publication; the grace period itself is
+ * invisible to TSan (liburcu is not instrumented), so keel_read_end
+ * releases, and the reclaim callback acquires, a token under TSan.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#define _LGPL_SOURCE
+#include <urcu-bp.h>
+
+#include "core/core.h"
+#include "runtime/runtime_internal.h"
+
+typedef struct view_chunk {
+    uint32_t count;
+    const keel_entity *entities;
+    void *const *cols;
+} view_chunk;
+
+typedef struct view_table {
+    const world_table *t;      /* immutable metadata (set, columns); tables live as long as the world */
+    uint32_t count, nchunks;
+    const view_chunk *chunks;
+} view_table;
+
+struct keel_view {
+    struct rcu_head rcu;
+    const keel_world *w;
+    uint64_t tick;
+    uint32_t nslots, nlive, ntables;
+    world_slot *const *pages;
+    const view_table *tables;
+    void **garbage;            /* retired while this view was current: freed with it */
+    uint32_t ngarbage;
+};
+
+static char tsan_grace_token;
+
+static size_t view_bytes(const keel_world *w)
+{
+    size_t n = sizeof(keel_view) + (size_t)w->npages * sizeof(world_slot *) + (size_t)w->ntables * sizeof(view_table);
+    for (uint32_t i = 0; i < w->ntables; i++) {
+        const world_table *t = w->tables[i];
+        n += (size_t)t->nchunks * (sizeof(view_chunk) + (size_t)t->ncols * sizeof(void *));
+    }
+    return n;
+}
+
+static uint32_t retire_bound(const keel_world *w)
+{
+    uint32_t n = w->npages;
+    for (uint32_t i = 0; i < w->ntables; i++)
+        n += w->tables[i]->nchunks * (w->tables[i]->ncols + 1);
+    return n;
+}
+
+/* Make the chunk's published state its live state (retiring what the view
+ * held and the live chunk no longer uses) and describe it in vc. */
+static void publish_chunk(keel_world *w, const world_table *t, world_chunk *ch, view_chunk *vc, void **cols)
+{
+    for (uint32_t i = 0; i < t->ncols; i++) {
+        world_colver *v = &ch->cols[i];
+        atomic_store_explicit(&v->changed, 0, memory_order_relaxed);
+        cols[i] = NULL;
+        if (!world_col_versioned(w, t, i))
+            continue;
+        void *cur = colver_cur(v);
+        if (v->pub && v->pub != cur)
+            version_drop(w, v->pub, v->pub);
+        v->pub = cur;
+        cols[i] = cur;
+    }
+    if (ch->pub_entities && ch->pub_entities != ch->entities)
+        version_drop(w, ch->pub_entities, ch->pub_entities);
+    ch->pub_entities = ch->entities;
+    ch->pub_count = ch->count;
+    *vc = (view_chunk){ch->count, ch->entities, cols};
+}
+
+static keel_view *build_view(keel_world *w, uint64_t tick, unsigned char *mem)
+{
+    keel_view *v = (keel_view *)mem;
+    unsigned char *p = mem + sizeof *v;
+    *v = (keel_view){.w = w, .tick = tick, .nslots = w->nslots, .nlive = w->nlive, .ntables = w->ntables};
+    world_slot **pages = (world_slot **)p;
+    p += (size_t)w->npages * sizeof *pages;
+    for (uint32_t i = 0; i < w->npages; i++) {
+        if (w->pub_pages[i] && w->pub_pages[i] != w->pages[i])
+            version_drop(w, w->pub_pages[i], w->pub_pages[i]);
+        pages[i] = w->pub_pages[i] = w->pages[i];
+    }
+    v->pages = pages;
+    view_table *tables = (view_table *)p;
+    p += (size_t)w->ntables * sizeof *tables;
+    for (uint32_t id = 0; id < w->ntables; id++) {
+        world_table *t = w->tables[id];
+        view_chunk *chunks = (view_chunk *)p;
+        p += (size_t)t->nchunks * sizeof *chunks;
+        for (uint32_t k = 0; k < t->nchunks; k++) {
+            void **cols = (void **)p;
+            p += (size_t)t->ncols * sizeof *cols;
+            publish_chunk(w, t, t->chunks[k], &chunks[k], cols);
+        }
+        tables[id] = (view_table){t, t->count, t->nchunks, chunks};
+    }
+    v->tables = tables;
+    return v;
+}
+
+static void view_free(keel_view *v)
+{
+    for (uint32_t i = 0; i < v->ngarbage; i++)
+        free(v->garbage[i]);
+    free(v->garbage);
+    free(v);
+}
+
+static void view_reclaim(struct rcu_head *head)
+{
+    CORE_TSAN_ACQUIRE(&tsan_grace_token);
+    view_free(caa_container_of(head, keel_view, rcu));
+}
+
+int view_publish(keel_runtime *rt, uint64_t tick)
+{
+    keel_world *w = rt->world;
+    unsigned char *mem = malloc(view_bytes(w));
+    if (!mem || version_reserve_retire(w, retire_bound(w))) {
+        free(mem);
+        return core_fail(KEEL_ENOMEM, "out of memory publishing the view of tick %llu", (unsigned long long)tick);
+    }
+    keel_view *view = build_view(w, tick, mem);
+    keel_view *old = atomic_load_explicit(&rt->view, memory_order_relaxed);
+    /* everything retired so far was reachable from the old view only */
+    old->garbage = w->retired;
+    old->ngarbage = w->nretired;
+    w->retired = NULL;
+    w->nretired = w->retired_cap = 0;
+    atomic_store_explicit(&rt->view, view, memory_order_release);
+    rt->pub_mutations = w->mutations;
+    urcu_bp_call_rcu(&old->rcu, view_reclaim);
+    return KEEL_OK;
+}
+
+int view_init(keel_runtime *rt)
+{
+    keel_view *v = calloc(1, sizeof *v);
+    if (!v)
+        return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
+    v->w = rt->world;
+    atomic_store_explicit(&rt->view, v, memory_order_release);
+    return KEEL_OK;
+}
+
+void view_fini(keel_runtime *rt)
+{
+    /* readers are gone (documented); wait for queued reclaims, free the last */
+    urcu_bp_barrier();
+    keel_view *v = atomic_load_explicit(&rt->view, memory_order_relaxed);
+    if (v)
+        view_free(v);
+    atomic_store_explicit(&rt->view, NULL, memory_order_relaxed);
+}
+
+/* ---- the reader's side ------------------------------------------------------------- */
+
+int keel_read_begin(keel_runtime *rt, const keel_view **out)
+{
+    if (!rt || !out)
+        return core_fail(KEEL_EINVAL, "keel_read_begin: runtime or out is NULL");
+    urcu_bp_read_lock();
+    *out = atomic_load_explicit(&rt->view, memory_order_acquire);
+    return KEEL_OK;
+}
+
+void keel_read_end(const keel_view *v)
+{
+    if (!v)
+        return;
+    CORE_TSAN_RELEASE(&tsan_grace_token);
+    urcu_bp_read_unlock();
+}
+
+uint64_t keel_view_tick(const keel_view *v)
+{
+    return v ? v->tick : 0;
+}
+
+uint32_t keel_view_count(const keel_view *v)
+{
+    return v ? v->nlive : 0;
+}
+
+static const world_slot *view_slot(const keel_view *v, keel_entity e)
+{
+    uint32_t idx = KEEL_ENTITY_INDEX(e);
+    if (idx >= v->nslots)
+        return NULL;
+    const world_slot *s = &v->pages[idx >> WORLD_PAGE_SHIFT][idx & (WORLD_PAGE_SLOTS - 1)];
+    return s->table != WORLD_NO_TABLE && s->gen == KEEL_ENTITY_GEN(e) ? s : NULL;
+}
+
+bool keel_view_alive(const keel_view *v, keel_entity e)
+{
+    return v && view_slot(v, e) != NULL;
+}
+
+int keel_view_get(const keel_view *v, keel_entity e, keel_component c, void *out)
+{
+    if (!v)
+        return core_fail(KEEL_EINVAL, "keel_view_get: view is NULL");
+    const keel_world *w = v->w;
+    if (!world_component_valid(w, c) || w->comps[c].desc.discipline != KEEL_VERSIONED)
+        return core_fail(KEEL_EINVAL, "keel_view_get: component id %u is not a registered VERSIONED component", c);
+    uint32_t size = w->comps[c].desc.size;
+    if (size && !out)
+        return core_fail(KEEL_EINVAL, "keel_view_get: out is NULL");
+    const world_slot *s = view_slot(v, e);
+    if (!s)
+        return core_fail(KEEL_ESTALE, "keel_view_get: entity 0x%016llx is not live at tick %llu", (unsigned long long)e,
+                         (unsigned long long)v->tick);
+    const view_table *vt = &v->tables[s->table];
+    uint32_t col = vt->t->col_of[c];
+    if (!col)
+        return core_fail(KEEL_ENOENT, "keel_view_get: entity 0x%016llx has no component '%s' at tick %llu",
+                         (unsigned long long)e, w->comps[c].name, (unsigned long long)v->tick);
+    if (size) {
+        const view_chunk *vc = &vt->chunks[s->row >> w->chunk_shift];
+        memcpy(out, (const char *)vc->cols[col - 1] + (size_t)(s->row & w->chunk_mask) * size, size);
+    }
+    return KEEL_OK;
+}
