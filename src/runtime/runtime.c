@@ -351,17 +351,6 @@ static int can_step(const keel_runtime *rt)
     return KEEL_OK;
 }
 
-/* Did anything change since the view was published? */
-static bool tick_changed(const keel_runtime *rt)
-{
-    if (rt->hook_changes.n || rt->side_commits_tick || rt->world->mutations != rt->pub_mutations)
-        return true;
-    for (uint32_t i = 0; i < rt->sched->nsys; i++)
-        if (rt->st[i].changes.n)
-            return true;
-    return false;
-}
-
 /* Forget the tick's transactional bookkeeping. */
 static void txn_tick_end(keel_runtime *rt)
 {
@@ -430,13 +419,13 @@ int runtime_step(keel_runtime *rt)
     uow_capture(rt);
     uint64_t sync_start = rt_now_ns();
     int sync_rc = sync_point(rt);
-    if (tick_changed(rt)) {
-        int prc = view_publish(rt, atomic_load_explicit(&rt->running_tick, memory_order_relaxed));
-        if (prc) /* the next tick publishes instead: world->mutations moved on */
-            w->mutations++;
-    }
+    /* every completed tick is published (readers see the last completed
+     * tick even when it changed nothing: the view is then the same data
+     * under the new tick number, O(chunks) pointer copies) */
+    if (view_publish(rt, atomic_load_explicit(&rt->running_tick, memory_order_relaxed)))
+        w->mutations++; /* out of memory: the next step publishes instead */
+    tick_end(rt, start, sync_start); /* reads side_commits_tick: before txn_tick_end resets it */
     txn_tick_end(rt);
-    tick_end(rt, start, sync_start);
     atomic_store(&rt->tick, atomic_load_explicit(&rt->running_tick, memory_order_relaxed));
     rt->stats.ticks++;
     return sync_rc;

@@ -157,6 +157,7 @@ struct keel_runtime {
     struct cds_wfcq_tail submit_tail;
     /* the published read view (txn/view.c) */
     _Atomic(keel_view *) view;
+    _Atomic uint32_t readers;      /* views open now (see view.c) */
     uint64_t pub_mutations;        /* world->mutations when the view was published */
 
     /* TickDriver */

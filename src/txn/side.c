@@ -222,7 +222,7 @@ int keel_side_txn_begin(keel_ctx *ctx, keel_durability mode, keel_side_txn **out
         return core_fail(KEEL_EINVAL, "keel_side_txn_begin: context or out is NULL");
     if (!ctx->part || !ctx->acc)
         return core_fail(KEEL_EINVAL, "keel_side_txn_begin: '%s' runs without a system transaction", ctx->name);
-    keel_side_txn *tx;
+    keel_side_txn *tx = NULL;
     int rc = side_new(ctx->rt, mode, &tx);
     if (rc)
         return rc;
@@ -247,7 +247,7 @@ void txn_close_sides(txn_part *p)
 {
     while (p->open) {
         core_log(KEEL_LOG_WARN, "txn", "side_txn_left_open", "system=%s", p->open->name);
-        side_free(p->open); /* unlinks it */
+        keel_side_txn_abort(p->open); /* counts it in stats.aborts and unlinks it */
     }
 }
 
@@ -299,8 +299,8 @@ static const side_write *own_write(const keel_side_txn *tx, keel_entity e, keel_
 
 int keel_side_get(keel_side_txn *tx, keel_entity e, keel_component c, void *out)
 {
-    world_table *t;
-    uint32_t row, col;
+    world_table *t = NULL;
+    uint32_t row = 0, col = 0;
     int rc = side_locate(tx, e, c, out, false, "keel_side_get", &t, &row, &col);
     if (rc)
         return rc;
@@ -323,8 +323,8 @@ int keel_side_get(keel_side_txn *tx, keel_entity e, keel_component c, void *out)
 
 int keel_side_set(keel_side_txn *tx, keel_entity e, keel_component c, const void *value)
 {
-    world_table *t;
-    uint32_t row, col;
+    world_table *t = NULL;
+    uint32_t row = 0, col = 0;
     int rc = side_locate(tx, e, c, value, true, "keel_side_set", &t, &row, &col);
     if (rc)
         return rc;

@@ -81,7 +81,7 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
 
 static int run_closure(keel_runtime *rt, keel_ticket *t)
 {
-    keel_side_txn *tx;
+    keel_side_txn *tx = NULL;
     int rc = side_begin_full(rt, t->mode, &tx);
     if (rc)
         return rc;

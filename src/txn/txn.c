@@ -211,8 +211,8 @@ static int txn_locate(keel_ctx *ctx, keel_entity e, keel_component c, const void
 
 int keel_txn_get(keel_ctx *ctx, keel_entity e, keel_component c, void *out)
 {
-    world_table *t;
-    uint32_t row, col;
+    world_table *t = NULL;
+    uint32_t row = 0, col = 0;
     int rc = txn_locate(ctx, e, c, out, "keel_txn_get", &t, &row, &col);
     if (rc)
         return rc;
@@ -233,8 +233,8 @@ int keel_txn_get(keel_ctx *ctx, keel_entity e, keel_component c, void *out)
 
 int keel_txn_set(keel_ctx *ctx, keel_entity e, keel_component c, const void *value)
 {
-    world_table *t;
-    uint32_t row, col;
+    world_table *t = NULL;
+    uint32_t row = 0, col = 0;
     int rc = txn_locate(ctx, e, c, value, "keel_txn_set", &t, &row, &col);
     if (rc)
         return rc;

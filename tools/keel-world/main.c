@@ -11,6 +11,10 @@
  *   phase 1  foraging    parallel query {energy, hungry}: energy -= 1; death
  *                        at 0; a seeded chance to eat (energy up, tag removed)
  *   phase 2  births      callback: spawns replace the tick's dead, plus noise
+ * DAG "economy":
+ *            market      callback: seeded trades between players, each an
+ *                        IMMEDIATE side transaction over two VERSIONED
+ *                        wallets (read both, check funds, write both)
  * metabolism and foraging write `energy` (phase order puts foraging after),
  * both produce the event "death" that births consumes. Randomness is a pure
  * function of (seed, tick, entity), so it does not depend on which worker
@@ -46,13 +50,18 @@ typedef struct options {
 typedef struct world_app {
     keel_runtime *rt;
     keel_world *w;
-    keel_component pos, vel, energy, hungry;
+    keel_component pos, vel, energy, hungry, wallet;
+    keel_query *players;
     uint64_t seed;
+    uint64_t trades, refused;   /* market: committed trades, trades refused for lack of funds */
     _Atomic uint32_t deaths;    /* this tick's deaths, summed over tasks */
 } world_app;
 
 #define PLANE 1000.0f
 #define HUNGER_LINE 200u
+#define PLAYERS 64u
+#define START_COINS 1000
+#define TRADES_PER_TICK 8u
 
 /* splitmix64 finaliser: the same on every platform. */
 static uint64_t mix(uint64_t z)
@@ -187,6 +196,13 @@ static int register_components(world_app *app)
                                      &app->energy);
     if (!rc)
         rc = keel_component_register(app->w, &(keel_component_desc){.name = "hungry"}, &app->hungry);
+    static const keel_field wallet_fields[] = {{.name = "coins", .type = KEEL_I64}};
+    if (!rc)
+        rc = keel_component_register(app->w, &(keel_component_desc){.name = "wallet", .size = 8,
+                                                                    .fields = wallet_fields, .field_count = 1},
+                                     &app->wallet);
+    if (!rc)
+        rc = keel_query_create(app->w, &(keel_query_desc){.with = {app->wallet}}, &app->players);
     return check(rc, "registering components");
 }
 
@@ -273,6 +289,55 @@ static int births(keel_ctx *ctx, void *user)
     return rc;
 }
 
+/* One trade: `buyer` pays `price` to `seller` if it can, atomically. */
+static int trade(keel_ctx *ctx, world_app *app, keel_entity buyer, keel_entity seller, int64_t price)
+{
+    keel_side_txn *tx = NULL;
+    int64_t a, b;
+    int rc = keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &tx);
+    if (rc)
+        return rc;
+    if ((rc = keel_side_get(tx, buyer, app->wallet, &a)) || (rc = keel_side_get(tx, seller, app->wallet, &b)) ||
+        a < price) {
+        keel_side_txn_abort(tx);
+        app->refused += !rc;
+        return rc;
+    }
+    a -= price;
+    b += price;
+    if ((rc = keel_side_set(tx, buyer, app->wallet, &a)) || (rc = keel_side_set(tx, seller, app->wallet, &b))) {
+        keel_side_txn_abort(tx);
+        return rc;
+    }
+    rc = keel_side_txn_commit(tx);
+    app->trades += !rc;
+    return rc;
+}
+
+/* The market: trades between players, generated from (seed, tick). Player
+ * rows do not move (players are never destroyed), so their order, and with
+ * it every trade, is a function of the seed. */
+static int market(keel_ctx *ctx, void *user)
+{
+    world_app *app = user;
+    keel_entity who[PLAYERS];
+    uint32_t n = 0;
+    keel_iter it;
+    keel_txn_iter(ctx, app->players, &it);
+    while (keel_txn_next(ctx, &it))
+        for (uint32_t i = 0; i < it.count && n < PLAYERS; i++)
+            who[n++] = it.entities[i];
+    uint64_t tick = keel_ctx_tick(ctx);
+    int rc = 0;
+    for (uint32_t k = 0; !rc && n >= 2 && k < TRADES_PER_TICK; k++) {
+        uint64_t r = chance(app, tick, 0x7472616465ull + k);
+        uint32_t i = (uint32_t)(r % n), j = (uint32_t)((r >> 20) % (n - 1));
+        j += j >= i; /* two different players */
+        rc = trade(ctx, app, who[i], who[j], (int64_t)(1 + (r >> 40) % 200));
+    }
+    return rc;
+}
+
 static int add_systems(world_app *app, keel_schedule *s)
 {
     keel_system_desc sys[] = {
@@ -287,6 +352,8 @@ static int add_systems(world_app *app, keel_schedule *s)
          .access = {.writes = {app->energy}, .events_produce = {"death"}}},
         {.name = "births", .dag = "world", .phase = 2, .kind = KEEL_SYSTEM_CALLBACK, .run = births, .user = app,
          .access = {.events_consume = {"death"}}},
+        {.name = "market", .dag = "economy", .kind = KEEL_SYSTEM_CALLBACK, .run = market, .user = app,
+         .access = {.side_writes = {app->wallet}}},
     };
     int rc = 0;
     for (size_t i = 0; !rc && i < sizeof sys / sizeof sys[0]; i++)
@@ -307,6 +374,9 @@ static int populate(keel_ctx *ctx, void *user)
     int rc = 0;
     for (uint32_t i = 0; !rc && i < initial_entities; i++)
         rc = spawn_agent(app, keel_ctx_commands(ctx), 0, i);
+    int64_t coins = START_COINS;
+    for (uint32_t i = 0; !rc && i < PLAYERS; i++)
+        rc = keel_cmd_spawn(keel_ctx_commands(ctx), (keel_init[]){{app->wallet, &coins}}, 1);
     return rc;
 }
 
@@ -336,14 +406,35 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+/* Total coins, read through a read view of the last completed tick (as a
+ * network thread would): constant, since trades only move coins. */
+static int64_t money(const world_app *app)
+{
+    const keel_view *v;
+    if (keel_read_begin(app->rt, &v))
+        return -1;
+    int64_t sum = 0;
+    keel_iter it;
+    keel_query_iter(app->players, &it);
+    while (keel_iter_next(&it))
+        for (uint32_t i = 0; i < it.count; i++) {
+            int64_t c = 0;
+            if (!keel_view_get(v, it.entities[i], app->wallet, &c))
+                sum += c;
+        }
+    keel_read_end(v);
+    return sum;
+}
+
 static void status_line(const world_app *app, uint64_t tick, double t0)
 {
     keel_tick_record rec;
     if (keel_telemetry_tick(app->rt, tick, &rec))
         return;
-    printf("tick=%" PRIu64 " tps=%.1f entities=%u tick_ms=%.3f sync_ms=%.3f workers=%u\n", tick,
-           (double)tick * 1e3 / (now_ms() - t0), rec.entities, (double)rec.actual_ns / 1e6, (double)rec.sync_ns / 1e6,
-           keel_runtime_workers(app->rt));
+    printf("tick=%" PRIu64 " tps=%.1f entities=%u tick_ms=%.3f sync_ms=%.3f workers=%u trades=%" PRIu64
+           " money=%" PRId64 "\n",
+           tick, (double)tick * 1e3 / (now_ms() - t0), rec.entities, (double)rec.actual_ns / 1e6,
+           (double)rec.sync_ns / 1e6, keel_runtime_workers(app->rt), app->trades, money(app));
 }
 
 int main(int argc, char **argv)
@@ -365,11 +456,17 @@ int main(int argc, char **argv)
         if (!status && !o.quiet)
             status_line(&app, keel_runtime_tick(app.rt), t0);
     }
+    if (!status && money(&app) != (int64_t)PLAYERS * START_COINS) {
+        fprintf(stderr, "keel-world: economy broken: %" PRId64 " coins, expected %" PRId64 "\n", money(&app),
+                (int64_t)PLAYERS * START_COINS);
+        status = 1;
+    }
     if (!status && o.trace)
         status = check(keel_trace_export(app.rt, o.trace), "writing the trace") ? 1 : 0;
     if (!status)
         printf("final tick=%" PRIu64 " hash=%016" PRIx64 "\n", keel_runtime_tick(app.rt), keel_world_hash(app.w));
     keel_schedule_destroy(sched); /* a no-op once installed: the runtime owns it */
+    keel_query_destroy(app.players);
     keel_runtime_close(app.rt);
     return status;
 }

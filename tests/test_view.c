@@ -1,0 +1,1235 @@
+/*
+ * test_view.c -- read views (keel/view.h, SPEC §4 "Readers outside the
+ * tick", src/txn/view.c, the copy-on-write rules of src/world/version.c):
+ *
+ *   view_basic       before the first tick; a view after every step matches
+ *                    the live world (tick, count, every value); error codes;
+ *                    a view held across steps keeps its own tick while the
+ *                    sync point moves rows, frees chunks and reuses slots;
+ *                    views nest; changes made between steps (keel_set,
+ *                    keel_cmdbuf_apply) are published at the next step start;
+ *                    an idle tick still advances the view's tick.
+ *   view_concurrent  reader threads check an invariant the systems keep only
+ *                    at tick boundaries (a + b == K, broken between two
+ *                    systems of each tick) while the main thread or the
+ *                    TickDriver runs hundreds of ticks with structural churn;
+ *                    a reader holding a view does not block ticks and finds
+ *                    its view unchanged after them.
+ *
+ * The simulation ("sim"): every entity has VERSIONED a, b (a + b == K),
+ * self (its own handle, filled in by the `fixup` system on the tick after
+ * the spawn: 0 before) and born (the tick of its spawn). Per tick:
+ *   fixup    writes self of the new entities and appends their handles to
+ *            a registry (so readers know every handle ever live);
+ *   move     (parallel query) a -= d: the sum is broken from here ...
+ *   restore  (reads_fresh a) b = K - a through keel_txn_set: ... to here;
+ *   churn    destroys some entities, toggles the VERSIONED component t
+ *            (value: the tick it was added) on others, spawns new ones,
+ *            some with the tag `tag` (destroys are recorded before the
+ *            spawns, so slots are reused in the same sync point).
+ *
+ * System bodies never call ck_assert: they count anomalies in an atomic the
+ * test thread checks. Reader threads do the same. No sleeps: threads meet
+ * through atomics, each wait guarded by a generous deadline that turns a
+ * hang into a failure (never a timing assertion).
+ */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "keel/keel.h"
+#include "core/core.h"
+#include "keel_test.h"
+#include "world/world_internal.h" /* chunk counts, to check the scenario frees chunks */
+
+#define K_SUM 1000000ll
+#define REG_CAP (1u << 17)
+#define GUARD_NS (60ull * 1000000000ull) /* a wait this long is a failure, not a hang */
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- the simulation ------------------------------------------------------------ */
+
+typedef struct sim {
+    keel_runtime *rt;
+    keel_world *w;
+    keel_component a, b, self, born, t, tag, sv, tr;
+    keel_query *q_self; /* with self: fixup, churn */
+    keel_query *q_a;    /* with a: restore, the test's walks of the live world */
+
+    /* every handle ever live, appended by fixup (one writer at a time) */
+    keel_entity *reg;
+    _Atomic uint32_t nreg;
+    _Atomic uint64_t reg_through; /* every handle live at a tick <= this is in reg */
+
+    _Atomic uint32_t sys_bad; /* anomalies seen by system bodies */
+
+    /* churn parameters: changed by the test thread between steps only */
+    uint32_t spawn_first;  /* spawned on tick 1 */
+    uint32_t spawn_base;   /* later ticks: spawn_base + (hash % spawn_var) */
+    uint32_t spawn_var;
+    uint32_t destroy_mod;  /* destroy 1 in destroy_mod entities per tick; 0 = none */
+    uint32_t toggle_mod;   /* add/remove t on 1 in toggle_mod; 0 = none */
+} sim;
+
+static const keel_field i64_field[] = {{.name = "v", .type = KEEL_I64, .offset = 0, .count = 0}};
+static const keel_field i32_field[] = {{.name = "v", .type = KEEL_I32, .offset = 0, .count = 0}};
+static const keel_field ent_field[] = {{.name = "e", .type = KEEL_ENTITY, .offset = 0, .count = 0}};
+
+static keel_component reg_comp(keel_world *w, const char *name, uint32_t size, keel_discipline d,
+                               const keel_field *f)
+{
+    keel_component c = 0;
+    keel_component_desc desc = {.name = name, .size = size, .discipline = d, .fields = size ? f : NULL,
+                                .field_count = size ? 1 : 0};
+    ck_assert_ok(keel_component_register(w, &desc, &c));
+    ck_assert_uint_ne(c, 0);
+    return c;
+}
+
+static int64_t move_amount(keel_entity e, uint64_t tick)
+{
+    return (int64_t)(core_mix64(e * 0x9e3779b97f4a7c15ull ^ (tick << 20)) % 97) + 1;
+}
+
+/* fixup: self = own handle for the entities spawned since the last tick;
+ * register them. */
+static int sys_fixup(keel_ctx *ctx, void *user)
+{
+    sim *s = user;
+    keel_iter it;
+    keel_txn_iter(ctx, s->q_self, &it);
+    uint32_t n = atomic_load_explicit(&s->nreg, memory_order_relaxed);
+    while (keel_txn_next(ctx, &it)) {
+        keel_entity *self = KEEL_COLUMN(&it, keel_entity, 0);
+        for (uint32_t r = 0; r < it.count; r++) {
+            if (self[r] == it.entities[r])
+                continue;
+            if (self[r] != KEEL_ENTITY_NULL || n >= REG_CAP) {
+                atomic_fetch_add(&s->sys_bad, 1);
+                continue;
+            }
+            self[r] = it.entities[r];
+            s->reg[n++] = it.entities[r];
+            atomic_store_explicit(&s->nreg, n, memory_order_release);
+        }
+    }
+    atomic_store_explicit(&s->reg_through, keel_ctx_tick(ctx) - 1, memory_order_release);
+    return 0;
+}
+
+/* move: a -= d, per chunk (parallel). */
+static int sys_move(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)user;
+    int64_t *a = KEEL_COLUMN(it, int64_t, 0);
+    for (uint32_t r = 0; r < it->count; r++)
+        a[r] -= move_amount(it->entities[r], keel_ctx_tick(ctx));
+    return 0;
+}
+
+/* restore: b = K - a (a read fresh, after move). */
+static int sys_restore(keel_ctx *ctx, void *user)
+{
+    sim *s = user;
+    keel_iter it;
+    keel_txn_iter(ctx, s->q_a, &it);
+    while (keel_txn_next(ctx, &it)) {
+        const int64_t *a = KEEL_COLUMN(&it, int64_t, 0);
+        for (uint32_t r = 0; r < it.count; r++) {
+            int64_t b_old = 0;
+            /* the sum is broken right now: b + the fresh a is off by the amount moved */
+            if (keel_txn_get(ctx, it.entities[r], s->b, &b_old) ||
+                a[r] + b_old != K_SUM - move_amount(it.entities[r], keel_ctx_tick(ctx)))
+                atomic_fetch_add(&s->sys_bad, 1);
+            int64_t b = K_SUM - a[r];
+            if (keel_txn_set(ctx, it.entities[r], s->b, &b))
+                atomic_fetch_add(&s->sys_bad, 1);
+        }
+    }
+    return 0;
+}
+
+static int spawn_one(const sim *s, keel_cmdbuf *cb, uint64_t tick, uint64_t h)
+{
+    int64_t a = (int64_t)(h % 1000) - 500, b = K_SUM - a, born = (int64_t)tick;
+    keel_entity self = KEEL_ENTITY_NULL;
+    keel_init in[5] = {{s->a, &a}, {s->b, &b}, {s->self, &self}, {s->born, &born}, {s->tag, NULL}};
+    return keel_cmd_spawn(cb, in, (h >> 12) % 5 == 0 ? 5 : 4);
+}
+
+/* churn: destroy, toggle t, then spawn. */
+static int sys_churn(keel_ctx *ctx, void *user)
+{
+    sim *s = user;
+    uint64_t tick = keel_ctx_tick(ctx);
+    keel_cmdbuf *cb = keel_ctx_commands(ctx);
+    keel_iter it;
+    keel_txn_iter(ctx, s->q_self, &it);
+    int rc = 0;
+    while (!rc && keel_txn_next(ctx, &it)) {
+        for (uint32_t r = 0; r < it.count && !rc; r++) {
+            keel_entity e = it.entities[r];
+            uint64_t h = core_mix64(e * 0xd1b54a32d192ed03ull + tick);
+            if (s->destroy_mod && h % s->destroy_mod == 0) {
+                rc = keel_cmd_destroy(cb, e);
+            } else if (s->toggle_mod && (h >> 16) % s->toggle_mod == 0) {
+                int has = keel_has(keel_ctx_world(ctx), e, s->t);
+                int64_t tv = (int64_t)tick;
+                rc = has == 1 ? keel_cmd_remove(cb, e, s->t) : keel_cmd_add(cb, e, s->t, &tv);
+            }
+        }
+    }
+    uint64_t hs = core_mix64(tick * 0x2545f4914f6cdd1dull);
+    uint32_t n = tick == 1 ? s->spawn_first : s->spawn_base + (s->spawn_var ? (uint32_t)(hs % s->spawn_var) : 0);
+    for (uint32_t i = 0; i < n && !rc; i++)
+        rc = spawn_one(s, cb, tick, core_mix64(hs + i + 1));
+    if (rc)
+        atomic_fetch_add(&s->sys_bad, 1);
+    return rc;
+}
+
+/* A runtime with the sim's components, queries and (unless extra_only)
+ * systems. `extra` (may be NULL) is added first, ordered before the others. */
+static void sim_init(sim *s, int32_t workers, bool systems, const keel_system_desc *extra)
+{
+    memset(s, 0, sizeof *s);
+    keel_runtime_desc d = {.workers = workers, .tick_rate_hz = -1, .world = {.chunk_rows = 32}};
+    ck_assert_ok(keel_runtime_create(&d, &s->rt));
+    s->w = keel_runtime_world(s->rt);
+    s->a = reg_comp(s->w, "a", 8, KEEL_VERSIONED, i64_field);
+    s->b = reg_comp(s->w, "b", 8, KEEL_VERSIONED, i64_field);
+    s->self = reg_comp(s->w, "self", 8, KEEL_VERSIONED, ent_field);
+    s->born = reg_comp(s->w, "born", 8, KEEL_VERSIONED, i64_field);
+    s->t = reg_comp(s->w, "t", 8, KEEL_VERSIONED, i64_field);
+    s->tag = reg_comp(s->w, "tag", 0, KEEL_VERSIONED, NULL);
+    s->sv = reg_comp(s->w, "sv", 4, KEEL_SINGLE_VERSION, i32_field);
+    s->tr = reg_comp(s->w, "tr", 4, KEEL_TRANSIENT, i32_field);
+    ck_assert_ok(keel_query_create(s->w, &(keel_query_desc){.with = {s->self}}, &s->q_self));
+    ck_assert_ok(keel_query_create(s->w, &(keel_query_desc){.with = {s->a}}, &s->q_a));
+    s->reg = calloc(REG_CAP, sizeof *s->reg);
+    ck_assert_ptr_nonnull(s->reg);
+    s->spawn_first = 60;
+    s->spawn_base = 10;
+    s->spawn_var = 9;
+    s->destroy_mod = 4;
+    s->toggle_mod = 5;
+
+    keel_schedule *sc = sched_new(s->rt);
+    if (extra)
+        add_sys(sc, extra);
+    if (systems) {
+        keel_system_desc fix = {.name = "fixup", .run = sys_fixup, .user = s};
+        fix.access.writes[0] = s->self;
+        add_sys(sc, &fix);
+        keel_system_desc mv = {.name = "move", .kind = KEEL_SYSTEM_QUERY, .each_chunk = sys_move, .user = s,
+                               .query = {.with = {s->a}}, .parallel = true, .min_chunk_rows = 16};
+        mv.access.writes[0] = s->a;
+        add_sys(sc, &mv);
+        keel_system_desc rs = {.name = "restore", .run = sys_restore, .user = s};
+        rs.access.reads_fresh[0] = s->a;
+        rs.access.writes[0] = s->b;
+        add_sys(sc, &rs);
+        keel_system_desc ch = {.name = "churn", .run = sys_churn, .user = s};
+        ch.access.reads_fresh[0] = s->self;
+        add_sys(sc, &ch);
+    }
+    ck_assert_ok(keel_schedule_build(sc));
+    ck_assert_ok(keel_runtime_set_schedule(s->rt, sc));
+}
+
+static void sim_close(sim *s)
+{
+    ck_assert_uint_eq(atomic_load(&s->sys_bad), 0);
+    keel_query_destroy(s->q_self);
+    keel_query_destroy(s->q_a);
+    keel_runtime_close(s->rt);
+    free(s->reg);
+}
+
+static void step_n(sim *s, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_ok(keel_runtime_step(s->rt));
+}
+
+/* The live world's handles (walk of q_a: every sim entity has a). */
+static uint32_t live_handles(sim *s, keel_entity *out, uint32_t cap)
+{
+    uint32_t n = 0;
+    keel_iter it;
+    keel_query_iter(s->q_a, &it);
+    while (keel_iter_next(&it))
+        for (uint32_t r = 0; r < it.count; r++) {
+            ck_assert_uint_lt(n, cap);
+            out[n++] = it.entities[r];
+        }
+    ck_assert_uint_eq(n, keel_world_count(s->w));
+    return n;
+}
+
+static uint32_t total_chunks(const keel_world *w)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < w->ntables; i++)
+        n += w->tables[i]->nchunks;
+    return n;
+}
+
+static bool contains(const keel_entity *v, uint32_t n, keel_entity e)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (v[i] == e)
+            return true;
+    return false;
+}
+
+/* What a view (or the world) says about one entity. */
+typedef struct ent_state {
+    bool alive;
+    int rc_a, rc_b, rc_self, rc_born, rc_t, rc_tag;
+    int64_t a, b, born, t;
+    keel_entity self;
+} ent_state;
+
+static ent_state view_state(const sim *s, const keel_view *v, keel_entity e)
+{
+    ent_state st;
+    memset(&st, 0, sizeof st);
+    st.alive = keel_view_alive(v, e);
+    st.rc_a = keel_view_get(v, e, s->a, &st.a);
+    st.rc_b = keel_view_get(v, e, s->b, &st.b);
+    st.rc_self = keel_view_get(v, e, s->self, &st.self);
+    st.rc_born = keel_view_get(v, e, s->born, &st.born);
+    st.rc_t = keel_view_get(v, e, s->t, &st.t);
+    st.rc_tag = keel_view_get(v, e, s->tag, NULL);
+    return st;
+}
+
+static ent_state world_state(const sim *s, keel_entity e)
+{
+    ent_state st;
+    memset(&st, 0, sizeof st);
+    st.alive = keel_alive(s->w, e);
+    st.rc_a = keel_get(s->w, e, s->a, &st.a);
+    st.rc_b = keel_get(s->w, e, s->b, &st.b);
+    st.rc_self = keel_get(s->w, e, s->self, &st.self);
+    st.rc_born = keel_get(s->w, e, s->born, &st.born);
+    st.rc_t = keel_get(s->w, e, s->t, &st.t);
+    st.rc_tag = keel_get(s->w, e, s->tag, NULL);
+    return st;
+}
+
+static void assert_same_state(keel_entity e, const ent_state *x, const ent_state *y)
+{
+    ck_assert_msg(x->alive == y->alive, "entity 0x%llx: alive %d vs %d", (unsigned long long)e, x->alive, y->alive);
+    ck_assert_int_eq(x->rc_a, y->rc_a);
+    ck_assert_int_eq(x->rc_b, y->rc_b);
+    ck_assert_int_eq(x->rc_self, y->rc_self);
+    ck_assert_int_eq(x->rc_born, y->rc_born);
+    ck_assert_int_eq(x->rc_t, y->rc_t);
+    ck_assert_int_eq(x->rc_tag, y->rc_tag);
+    if (!x->alive)
+        return;
+    ck_assert_int_eq(x->a, y->a);
+    ck_assert_int_eq(x->b, y->b);
+    ck_assert_uint_eq(x->self, y->self);
+    ck_assert_int_eq(x->born, y->born);
+    if (x->rc_t == KEEL_OK)
+        ck_assert_int_eq(x->t, y->t);
+}
+
+/* The view matches the live world: tick, count, every live entity's
+ * values, and every registered handle's liveness. */
+static void assert_view_matches_world(sim *s, const keel_view *v)
+{
+    ck_assert_uint_eq(keel_view_tick(v), keel_runtime_tick(s->rt));
+    ck_assert_uint_eq(keel_view_count(v), keel_world_count(s->w));
+    keel_iter it;
+    keel_query_iter(s->q_a, &it);
+    uint32_t seen = 0;
+    while (keel_iter_next(&it))
+        for (uint32_t r = 0; r < it.count; r++, seen++) {
+            keel_entity e = it.entities[r];
+            ent_state vs = view_state(s, v, e), ws = world_state(s, e);
+            ck_assert(vs.alive);
+            ck_assert_int_eq(vs.rc_a, KEEL_OK);
+            ck_assert_int_eq(vs.a + vs.b, K_SUM);
+            assert_same_state(e, &vs, &ws);
+        }
+    ck_assert_uint_eq(seen, keel_view_count(v));
+    uint32_t n = atomic_load(&s->nreg);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert(keel_view_alive(v, s->reg[i]) == keel_alive(s->w, s->reg[i]));
+}
+
+/* =============================================================================
+ * view_basic
+ * ============================================================================= */
+
+START_TEST(test_before_first_tick)
+{
+    sim s;
+    sim_init(&s, 1, true, NULL);
+    const keel_view *v = NULL;
+    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ptr_nonnull(v);
+    ck_assert_uint_eq(keel_view_tick(v), 0);
+    ck_assert_uint_eq(keel_view_count(v), 0);
+    ck_assert(!keel_view_alive(v, KEEL_ENTITY_MAKE(0, 1)));
+    int64_t x = 7;
+    ck_assert_rc(keel_view_get(v, KEEL_ENTITY_MAKE(0, 1), s.a, &x), KEEL_ESTALE);
+    ck_assert_int_eq(x, 7);
+    keel_read_end(v);
+
+    /* entities made between steps are not in a view until a step publishes them */
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(s.w, &cb));
+    for (int i = 0; i < 3; i++)
+        ck_assert_ok(spawn_one(&s, cb, 0, (uint64_t)i * 77));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result res = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(res.created_count, 3);
+    ck_assert_uint_eq(keel_world_count(s.w), 3);
+    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_uint_eq(keel_view_tick(v), 0);
+    ck_assert_uint_eq(keel_view_count(v), 0);
+    for (uint32_t i = 0; i < 3; i++) {
+        ck_assert(!keel_view_alive(v, res.created[i]));
+        ck_assert_rc(keel_view_get(v, res.created[i], s.a, &x), KEEL_ESTALE);
+    }
+    keel_read_end(v);
+
+    s.spawn_first = 5;
+    step_n(&s, 1);
+    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_uint_eq(keel_view_tick(v), 1);
+    uint32_t survivors = 0;
+    for (uint32_t i = 0; i < 3; i++)
+        survivors += keel_alive(s.w, res.created[i]);
+    ck_assert_uint_eq(keel_view_count(v), survivors + 5); /* tick 1 spawned 5 */
+    ck_assert_uint_eq(keel_view_count(v), keel_world_count(s.w));
+    for (uint32_t i = 0; i < 3; i++) {
+        keel_entity e = res.created[i];
+        if (!keel_alive(s.w, e)) /* churn may destroy it on tick 1 */
+            continue;
+        ent_state vs = view_state(&s, v, e);
+        ck_assert(vs.alive);
+        ck_assert_uint_eq(vs.self, e); /* fixup ran on tick 1 */
+        ck_assert_int_eq(vs.born, 0);
+    }
+    assert_view_matches_world(&s, v);
+    keel_read_end(v);
+    keel_cmdbuf_destroy(cb);
+    sim_close(&s);
+}
+END_TEST
+
+/* After every step a new view shows exactly the live world. */
+static void run_tracks_world(int32_t workers)
+{
+    sim s;
+    sim_init(&s, workers, true, NULL);
+    uint32_t max_count = 0, min_count = UINT32_MAX;
+    for (int i = 0; i < 25; i++) {
+        if (i == 12) { /* shrink: the sync point frees chunks */
+            s.destroy_mod = 2;
+            s.spawn_base = 1;
+            s.spawn_var = 2;
+        }
+        step_n(&s, 1);
+        const keel_view *v = NULL;
+        ck_assert_ok(keel_read_begin(s.rt, &v));
+        assert_view_matches_world(&s, v);
+        uint32_t c = keel_view_count(v);
+        max_count = c > max_count ? c : max_count;
+        min_count = c < min_count ? c : min_count;
+        keel_read_end(v);
+    }
+    ck_assert_uint_gt(max_count, 2 * min_count + 10); /* the population really moved */
+    sim_close(&s);
+}
+
+START_TEST(test_tracks_world_serial)
+{
+    run_tracks_world(1);
+}
+END_TEST
+
+START_TEST(test_tracks_world_parallel)
+{
+    run_tracks_world(2);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    sim s;
+    sim_init(&s, 2, true, NULL);
+    step_n(&s, 3);
+    /* one entity with SINGLE_VERSION and TRANSIENT components, made between steps */
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(s.w, &cb));
+    int64_t a = 5, b = K_SUM - 5, born = 3;
+    int32_t sv = 11, tr = 12;
+    keel_entity zero = KEEL_ENTITY_NULL;
+    keel_init in[6] = {{s.a, &a}, {s.b, &b}, {s.self, &zero}, {s.born, &born}, {s.sv, &sv}, {s.tr, &tr}};
+    ck_assert_ok(keel_cmd_spawn(cb, in, 6));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_entity special = keel_cmdbuf_result(cb).created[0];
+    s.destroy_mod = 0; /* keep `special` (ticks 1-3 destroyed some entities) */
+    step_n(&s, 5);
+    ck_assert(keel_alive(s.w, special));
+
+    /* a destroyed handle, an entity with t and one without */
+    keel_entity dead = KEEL_ENTITY_NULL, with_t = KEEL_ENTITY_NULL, without_t = KEEL_ENTITY_NULL,
+                without_tag = KEEL_ENTITY_NULL, with_tag = KEEL_ENTITY_NULL;
+    uint32_t n = atomic_load(&s.nreg);
+    for (uint32_t i = 0; i < n; i++) {
+        keel_entity e = s.reg[i];
+        if (!keel_alive(s.w, e)) {
+            dead = dead ? dead : e;
+            continue;
+        }
+        if (keel_has(s.w, e, s.t) == 1)
+            with_t = with_t ? with_t : e;
+        else
+            without_t = without_t ? without_t : e;
+        if (keel_has(s.w, e, s.tag) == 1)
+            with_tag = with_tag ? with_tag : e;
+        else
+            without_tag = without_tag ? without_tag : e;
+    }
+    ck_assert_uint_ne(dead, 0);
+    ck_assert_uint_ne(with_t, 0);
+    ck_assert_uint_ne(without_t, 0);
+    ck_assert_uint_ne(with_tag, 0);
+    ck_assert_uint_ne(without_tag, 0);
+
+    const keel_view *v = NULL;
+    ck_assert_rc(keel_read_begin(NULL, &v), KEEL_EINVAL);
+    ck_assert_rc(keel_read_begin(s.rt, NULL), KEEL_EINVAL);
+    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_uint_eq(keel_view_tick(v), 8);
+    int64_t x = 0;
+    int32_t y = 0;
+    /* stale handles */
+    ck_assert(!keel_view_alive(v, dead));
+    ck_assert_rc(keel_view_get(v, dead, s.a, &x), KEEL_ESTALE);
+    ck_assert_rc(keel_view_get(v, KEEL_ENTITY_NULL, s.a, &x), KEEL_ESTALE);
+    ck_assert(!keel_view_alive(v, KEEL_ENTITY_NULL));
+    ck_assert_rc(keel_view_get(v, KEEL_ENTITY_MAKE(1000000, 1), s.a, &x), KEEL_ESTALE);
+    ck_assert(!keel_view_alive(v, KEEL_ENTITY_MAKE(1000000, 1)));
+    keel_entity wrong_gen = KEEL_ENTITY_MAKE(KEEL_ENTITY_INDEX(special), KEEL_ENTITY_GEN(special) + 1);
+    ck_assert(!keel_view_alive(v, wrong_gen));
+    ck_assert_rc(keel_view_get(v, wrong_gen, s.a, &x), KEEL_ESTALE);
+    /* SINGLE_VERSION and TRANSIENT are not part of a view */
+    ck_assert_rc(keel_get(s.w, special, s.sv, &y), KEEL_OK);
+    ck_assert_int_eq(y, 11);
+    ck_assert_rc(keel_view_get(v, special, s.sv, &y), KEEL_EINVAL);
+    ck_assert_rc(keel_view_get(v, special, s.tr, &y), KEEL_EINVAL);
+    ck_assert_rc(keel_view_get(v, with_t, s.sv, &y), KEEL_EINVAL);
+    /* unregistered ids */
+    ck_assert_rc(keel_view_get(v, special, 0, &x), KEEL_EINVAL);
+    ck_assert_rc(keel_view_get(v, special, keel_component_count(s.w) + 1, &x), KEEL_EINVAL);
+    ck_assert_rc(keel_view_get(v, special, 200, &x), KEEL_EINVAL);
+    ck_assert_rc(keel_view_get(v, special, 100000, &x), KEEL_EINVAL);
+    /* missing components */
+    ck_assert_rc(keel_view_get(v, without_t, s.t, &x), KEEL_ENOENT);
+    ck_assert_rc(keel_view_get(v, special, s.t, &x), KEEL_ENOENT);
+    ck_assert_rc(keel_view_get(v, without_tag, s.tag, NULL), KEEL_ENOENT);
+    ck_assert_rc(keel_view_get(v, with_tag, s.tag, NULL), KEEL_OK); /* tags need no out */
+    ck_assert_rc(keel_view_get(v, with_t, s.t, &x), KEEL_OK);
+    int64_t wt = 0;
+    ck_assert_ok(keel_get(s.w, with_t, s.t, &wt));
+    ck_assert_int_eq(x, wt);
+    ck_assert_int_le(x, 8);
+    /* the special entity's VERSIONED values are there */
+    ck_assert_ok(keel_view_get(v, special, s.born, &x));
+    ck_assert_int_eq(x, 3);
+    keel_entity self = 0;
+    ck_assert_ok(keel_view_get(v, special, s.self, &self));
+    ck_assert_uint_eq(self, special);
+    /* NULL arguments */
+    ck_assert_rc(keel_view_get(NULL, special, s.a, &x), KEEL_EINVAL);
+    ck_assert_rc(keel_view_get(v, special, s.a, NULL), KEEL_EINVAL);
+    ck_assert_uint_eq(keel_view_tick(NULL), 0);
+    ck_assert_uint_eq(keel_view_count(NULL), 0);
+    ck_assert(!keel_view_alive(NULL, special));
+    keel_read_end(NULL); /* ignored */
+    ck_assert(keel_view_alive(v, special)); /* v still open */
+    keel_read_end(v);
+    keel_cmdbuf_destroy(cb);
+    sim_close(&s);
+}
+END_TEST
+
+/* A view held open across steps keeps showing its own tick. */
+START_TEST(test_held_view_keeps_tick)
+{
+    enum { CAP = 4096 };
+    sim s;
+    sim_init(&s, 2, true, NULL);
+    s.spawn_first = 120;
+    step_n(&s, 4);
+    const uint64_t T = 4;
+    keel_entity *held = malloc(CAP * sizeof *held), *later = malloc(CAP * sizeof *later);
+    ent_state *snap = malloc(CAP * sizeof *snap);
+    ck_assert_ptr_nonnull(held);
+    ck_assert_ptr_nonnull(later);
+    ck_assert_ptr_nonnull(snap);
+    uint32_t nheld = live_handles(&s, held, CAP);
+    const keel_view *v = NULL;
+    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_uint_eq(keel_view_tick(v), T);
+    ck_assert_uint_eq(keel_view_count(v), nheld);
+    for (uint32_t i = 0; i < nheld; i++) {
+        snap[i] = view_state(&s, v, held[i]);
+        ent_state ws = world_state(&s, held[i]);
+        assert_same_state(held[i], &snap[i], &ws);
+    }
+    uint32_t chunks_before = total_chunks(s.w);
+
+    /* heavy churn while the view is held: shrink, then grow again */
+    s.destroy_mod = 2;
+    s.spawn_base = 2;
+    s.spawn_var = 3;
+    step_n(&s, 4);
+    uint32_t chunks_low = total_chunks(s.w);
+    s.destroy_mod = 5;
+    s.spawn_base = 30;
+    step_n(&s, 3);
+    ck_assert_uint_eq(keel_runtime_tick(s.rt), T + 7);
+    ck_assert_uint_lt(chunks_low, chunks_before); /* the sync point freed chunks */
+
+    /* the view is unchanged */
+    ck_assert_uint_eq(keel_view_tick(v), T);
+    ck_assert_uint_eq(keel_view_count(v), nheld);
+    uint32_t destroyed = 0, survivors = 0;
+    for (uint32_t i = 0; i < nheld; i++) {
+        ent_state vs = view_state(&s, v, held[i]);
+        assert_same_state(held[i], &snap[i], &vs);
+        ck_assert(vs.alive);
+        ck_assert_int_eq(vs.a + vs.b, K_SUM);
+        if (!keel_alive(s.w, held[i])) {
+            destroyed++;
+            continue;
+        }
+        survivors++;
+        int64_t a = 0;
+        ck_assert_ok(keel_get(s.w, held[i], s.a, &a));
+        ck_assert_int_ne(a, vs.a); /* the live world moved on: move ran 7 times */
+    }
+    ck_assert_uint_gt(destroyed, 0);
+    ck_assert_uint_gt(survivors, 0);
+    /* entities spawned later, some in reused slots, are not in the view */
+    uint32_t nlater = live_handles(&s, later, CAP), fresh = 0, reused = 0;
+    for (uint32_t i = 0; i < nlater; i++) {
+        if (contains(held, nheld, later[i]))
+            continue;
+        fresh++;
+        ck_assert(!keel_view_alive(v, later[i]));
+        int64_t x = 0;
+        ck_assert_rc(keel_view_get(v, later[i], s.a, &x), KEEL_ESTALE);
+        for (uint32_t k = 0; k < nheld; k++)
+            if (KEEL_ENTITY_INDEX(held[k]) == KEEL_ENTITY_INDEX(later[i])) {
+                reused++;
+                ck_assert(keel_view_alive(v, held[k])); /* the slot's old occupant, in the view */
+            }
+    }
+    ck_assert_uint_gt(fresh, 0);
+    ck_assert_uint_gt(reused, 0);
+    ck_assert_uint_ne(keel_world_count(s.w), nheld);
+
+    /* a new view shows the live world */
+    const keel_view *v2 = NULL;
+    ck_assert_ok(keel_read_begin(s.rt, &v2));
+    ck_assert_ptr_ne(v2, v);
+    assert_view_matches_world(&s, v2);
+    keel_read_end(v2);
+    keel_read_end(v);
+    free(held);
+    free(later);
+    free(snap);
+    sim_close(&s);
+}
+END_TEST
+
+/* Views nest, also across steps, and end in any order. */
+START_TEST(test_views_nest)
+{
+    sim s;
+    sim_init(&s, 2, true, NULL);
+    step_n(&s, 2);
+    keel_entity e[8];
+    uint32_t ne = 0;
+    for (uint32_t i = 0; i < atomic_load(&s.nreg) && ne < 8; i++)
+        if (keel_alive(s.w, s.reg[i]))
+            e[ne++] = s.reg[i];
+    ck_assert_uint_eq(ne, 8);
+    s.destroy_mod = 0; /* keep e[] alive */
+
+    const keel_view *v1 = NULL, *v1b = NULL, *v2 = NULL, *v3 = NULL;
+    ck_assert_ok(keel_read_begin(s.rt, &v1));
+    ck_assert_ok(keel_read_begin(s.rt, &v1b)); /* nested, same tick */
+    ck_assert_ptr_eq(v1, v1b);
+    ck_assert_uint_eq(keel_view_tick(v1b), 2);
+    step_n(&s, 1);
+    ck_assert_ok(keel_read_begin(s.rt, &v2));
+    ck_assert_uint_eq(keel_view_tick(v2), 3);
+    step_n(&s, 1);
+    ck_assert_ok(keel_read_begin(s.rt, &v3));
+    ck_assert_uint_eq(keel_view_tick(v3), 4);
+    assert_view_matches_world(&s, v3);
+    step_n(&s, 1);
+
+    ent_state st1[8], st2[8];
+    for (uint32_t i = 0; i < ne; i++) {
+        st1[i] = view_state(&s, v1, e[i]);
+        st2[i] = view_state(&s, v2, e[i]);
+        ent_state st3 = view_state(&s, v3, e[i]);
+        ck_assert(st1[i].alive && st2[i].alive && st3.alive);
+        /* one move per tick between them */
+        ck_assert_int_eq(st2[i].a, st1[i].a - move_amount(e[i], 3));
+        ck_assert_int_eq(st3.a, st2[i].a - move_amount(e[i], 4));
+        ck_assert_int_eq(st3.a + st3.b, K_SUM);
+    }
+    keel_read_end(v1b); /* out of order */
+    keel_read_end(v3);
+    ck_assert_uint_eq(keel_view_tick(v1), 2);
+    ck_assert_uint_eq(keel_view_tick(v2), 3);
+    step_n(&s, 2); /* reclaims run; v1 and v2 are still open */
+    for (uint32_t i = 0; i < ne; i++) {
+        ent_state a1 = view_state(&s, v1, e[i]), a2 = view_state(&s, v2, e[i]);
+        assert_same_state(e[i], &st1[i], &a1);
+        assert_same_state(e[i], &st2[i], &a2);
+    }
+    keel_read_end(v1);
+    keel_read_end(v2);
+    sim_close(&s);
+}
+END_TEST
+
+/* A system that opens a view in the middle of a tick. */
+typedef struct probe {
+    sim *s;
+    keel_entity changed, spawned, destroyed;
+    _Atomic uint32_t runs;
+    uint64_t tick;
+    uint32_t count;
+    int64_t a;
+    bool spawned_alive, destroyed_alive;
+    int rc_spawned;
+} probe;
+
+static int sys_probe(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    probe *p = user;
+    const keel_view *v = NULL;
+    if (!p->changed || keel_read_begin(p->s->rt, &v))
+        return 0;
+    p->tick = keel_view_tick(v);
+    p->count = keel_view_count(v);
+    p->a = -1;
+    (void)keel_view_get(v, p->changed, p->s->a, &p->a);
+    p->spawned_alive = keel_view_alive(v, p->spawned);
+    int64_t x = 0;
+    p->rc_spawned = keel_view_get(v, p->spawned, p->s->a, &x);
+    p->destroyed_alive = keel_view_alive(v, p->destroyed);
+    keel_read_end(v);
+    atomic_fetch_add(&p->runs, 1);
+    return 0;
+}
+
+/* keel_set and keel_cmdbuf_apply between steps: invisible to views until
+ * the next step starts; published (with the old tick number) before its
+ * systems run. */
+START_TEST(test_between_steps_published_at_next_step)
+{
+    sim s;
+    probe p = {.s = &s};
+    keel_system_desc pd = {.name = "probe", .run = sys_probe, .user = &p};
+    pd.before[0] = "fixup";
+    pd.before[1] = "move";
+    pd.before[2] = "restore";
+    pd.before[3] = "churn";
+    sim_init(&s, 2, true, &pd);
+    step_n(&s, 3);
+    s.destroy_mod = 0;
+    s.toggle_mod = 0;
+    s.spawn_base = 0;
+    s.spawn_var = 0;
+    step_n(&s, 1); /* tick 4: no structural change from now on */
+    keel_entity live[256];
+    uint32_t n = live_handles(&s, live, 256);
+    ck_assert_uint_ge(n, 2);
+    keel_entity changed = live[0], destroyed = live[n - 1];
+
+    const keel_view *v_old = NULL;
+    ck_assert_ok(keel_read_begin(s.rt, &v_old));
+    ck_assert_uint_eq(keel_view_tick(v_old), 4);
+    ent_state old_changed = view_state(&s, v_old, changed);
+
+    int64_t a = 777, b = K_SUM - 777;
+    ck_assert_ok(keel_set(s.w, changed, s.a, &a));
+    ck_assert_ok(keel_set(s.w, changed, s.b, &b));
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(s.w, &cb));
+    ck_assert_ok(keel_cmd_destroy(cb, destroyed));
+    ck_assert_ok(spawn_one(&s, cb, 4, 12345));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_entity spawned = keel_cmdbuf_result(cb).created[0];
+    ck_assert_uint_eq(KEEL_ENTITY_INDEX(spawned), KEEL_ENTITY_INDEX(destroyed)); /* slot reused */
+    ck_assert(!keel_alive(s.w, destroyed));
+
+    /* not published yet: a view opened now is the tick-4 view */
+    const keel_view *v_mid = NULL;
+    ck_assert_ok(keel_read_begin(s.rt, &v_mid));
+    ck_assert_uint_eq(keel_view_tick(v_mid), 4);
+    ck_assert_uint_eq(keel_view_count(v_mid), n);
+    ent_state mid = view_state(&s, v_mid, changed);
+    assert_same_state(changed, &old_changed, &mid);
+    ck_assert(!keel_view_alive(v_mid, spawned));
+    ck_assert(keel_view_alive(v_mid, destroyed));
+    keel_read_end(v_mid);
+
+    /* step 5: the probe runs first and sees the between-step state as tick 4 */
+    p.changed = changed;
+    p.spawned = spawned;
+    p.destroyed = destroyed;
+    step_n(&s, 1);
+    ck_assert_uint_eq(atomic_load(&p.runs), 1);
+    ck_assert_uint_eq(p.tick, 4);
+    ck_assert_uint_eq(p.count, n);
+    ck_assert_int_eq(p.a, 777);
+    ck_assert(p.spawned_alive);
+    ck_assert_int_eq(p.rc_spawned, KEEL_OK);
+    ck_assert(!p.destroyed_alive);
+
+    /* after the step: tick 5 with the changes (and tick 5's systems) */
+    const keel_view *v_new = NULL;
+    ck_assert_ok(keel_read_begin(s.rt, &v_new));
+    assert_view_matches_world(&s, v_new);
+    ck_assert_uint_eq(keel_view_tick(v_new), 5);
+    ent_state now = view_state(&s, v_new, changed);
+    ck_assert_int_eq(now.a, 777 - move_amount(changed, 5));
+    ck_assert_int_eq(now.a + now.b, K_SUM);
+    ent_state sp = view_state(&s, v_new, spawned);
+    ck_assert(sp.alive);
+    ck_assert_uint_eq(sp.self, spawned);
+    ck_assert(!keel_view_alive(v_new, destroyed));
+    keel_read_end(v_new);
+
+    /* the view held since tick 4 is unchanged */
+    ent_state held = view_state(&s, v_old, changed);
+    assert_same_state(changed, &old_changed, &held);
+    ck_assert(!keel_view_alive(v_old, spawned));
+    ck_assert(keel_view_alive(v_old, destroyed));
+    ck_assert_uint_eq(keel_view_tick(v_old), 4);
+    keel_read_end(v_old);
+    keel_cmdbuf_destroy(cb);
+    sim_close(&s);
+}
+END_TEST
+
+static int sys_noop(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    (void)user;
+    return 0;
+}
+
+/* A tick that changes nothing still completes: the view shows its number. */
+START_TEST(test_idle_tick_advances_view_tick)
+{
+    sim s;
+    keel_system_desc nd = {.name = "noop", .run = sys_noop};
+    sim_init(&s, 1, false, &nd);
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(s.w, &cb));
+    ck_assert_ok(spawn_one(&s, cb, 0, 1));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    for (uint64_t t = 1; t <= 3; t++) {
+        step_n(&s, 1);
+        const keel_view *v = NULL;
+        ck_assert_ok(keel_read_begin(s.rt, &v));
+        ck_assert_uint_eq(keel_view_count(v), 1);
+        ck_assert_msg(keel_view_tick(v) == t, "after step %llu the view shows tick %llu", (unsigned long long)t,
+                      (unsigned long long)keel_view_tick(v));
+        keel_read_end(v);
+    }
+    keel_cmdbuf_destroy(cb);
+    sim_close(&s);
+}
+END_TEST
+
+static Suite *view_basic(void)
+{
+    Suite *s = suite_create("view_basic");
+    TCase *tc = tcase_create("basic");
+    tcase_add_test(tc, test_before_first_tick);
+    tcase_add_test(tc, test_tracks_world_serial);
+    tcase_add_test(tc, test_tracks_world_parallel);
+    tcase_add_test(tc, test_errors);
+    tcase_add_test(tc, test_held_view_keeps_tick);
+    tcase_add_test(tc, test_views_nest);
+    tcase_add_test(tc, test_between_steps_published_at_next_step);
+    tcase_add_test(tc, test_idle_tick_advances_view_tick);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+/* =============================================================================
+ * view_concurrent
+ * ============================================================================= */
+
+typedef struct reader {
+    sim *s;
+    _Atomic bool *stop;
+    pthread_t thread;
+    _Atomic uint64_t checked;  /* views whose count was checked against the registry */
+    /* read by the test thread after join */
+    uint64_t views, entities, bad_rc, bad_sum, bad_self, bad_born, bad_t, bad_count, bad_tick, bad_dead;
+    uint64_t first_tick, last_tick, ticks_seen;
+} reader;
+
+static void *reader_main(void *arg)
+{
+    reader *r = arg;
+    sim *s = r->s;
+    uint64_t last = 0;
+    r->first_tick = UINT64_MAX;
+    while (!atomic_load(r->stop)) {
+        const keel_view *v = NULL;
+        if (keel_read_begin(s->rt, &v) || !v) {
+            r->bad_rc++;
+            break;
+        }
+        uint64_t tk = keel_view_tick(v);
+        if (tk < last)
+            r->bad_tick++;
+        if (tk != last)
+            r->ticks_seen++;
+        last = tk;
+        r->first_tick = tk < r->first_tick ? tk : r->first_tick;
+        uint32_t count = keel_view_count(v);
+        /* the registry lags a tick behind: wait (holding the view) until it
+         * covers this view's tick */
+        bool registered = true;
+        while (atomic_load_explicit(&s->reg_through, memory_order_acquire) < tk) {
+            if (atomic_load(r->stop)) {
+                registered = false;
+                break;
+            }
+            sched_yield();
+        }
+        uint32_t n = atomic_load_explicit(&s->nreg, memory_order_acquire), alive = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            keel_entity e = s->reg[i];
+            int64_t a = 0, b = 0, born = 0, t = 0;
+            keel_entity self = 0;
+            if (!keel_view_alive(v, e)) {
+                if (i % 8 == 0 && keel_view_get(v, e, s->a, &a) != KEEL_ESTALE)
+                    r->bad_dead++;
+                continue;
+            }
+            alive++;
+            if (keel_view_get(v, e, s->a, &a) || keel_view_get(v, e, s->b, &b) ||
+                keel_view_get(v, e, s->self, &self) || keel_view_get(v, e, s->born, &born)) {
+                r->bad_rc++;
+                continue;
+            }
+            if (a + b != K_SUM)
+                r->bad_sum++;
+            if (born < 0 || (uint64_t)born > tk)
+                r->bad_born++;
+            if (!(self == e || (self == KEEL_ENTITY_NULL && (uint64_t)born == tk)))
+                r->bad_self++;
+            int rc = keel_view_get(v, e, s->t, &t);
+            if (rc == KEEL_OK) {
+                if (t < born || (uint64_t)t > tk)
+                    r->bad_t++;
+            } else if (rc != KEEL_ENOENT) {
+                r->bad_rc++;
+            }
+            int32_t sv = 0;
+            if (i % 16 == 0 && keel_view_get(v, e, s->sv, &sv) != KEEL_EINVAL)
+                r->bad_rc++;
+        }
+        r->entities += alive;
+        if (registered) {
+            if (alive != count)
+                r->bad_count++;
+            atomic_fetch_add(&r->checked, 1);
+        }
+        keel_read_end(v);
+        r->views++;
+    }
+    r->last_tick = last;
+    return NULL;
+}
+
+static void assert_reader_clean(const reader *r, uint64_t final_tick)
+{
+    ck_assert_msg(r->bad_rc + r->bad_sum + r->bad_self + r->bad_born + r->bad_t + r->bad_count + r->bad_tick +
+                          r->bad_dead ==
+                      0,
+                  "reader saw anomalies: rc %llu sum %llu self %llu born %llu t %llu count %llu tick %llu dead %llu",
+                  (unsigned long long)r->bad_rc, (unsigned long long)r->bad_sum, (unsigned long long)r->bad_self,
+                  (unsigned long long)r->bad_born, (unsigned long long)r->bad_t, (unsigned long long)r->bad_count,
+                  (unsigned long long)r->bad_tick, (unsigned long long)r->bad_dead);
+    ck_assert_uint_gt(r->views, 0);
+    ck_assert_uint_gt(atomic_load(&r->checked), 0);
+    ck_assert_uint_gt(r->entities, 0);
+    ck_assert_uint_le(r->last_tick, final_tick);
+}
+
+#define NREADERS 3
+#define MIN_TICKS 300
+#define MIN_CHECKS 25
+
+static bool readers_done(reader *rd, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&rd[i].checked) < MIN_CHECKS)
+            return false;
+    return true;
+}
+
+/* Readers against stepping (driver == false) or the TickDriver. */
+static void run_concurrent(int32_t workers, bool driver)
+{
+    sim s;
+    sim_init(&s, workers, true, NULL);
+    _Atomic bool stop = false;
+    reader rd[NREADERS];
+    memset(rd, 0, sizeof rd);
+    for (int i = 0; i < NREADERS; i++) {
+        rd[i].s = &s;
+        rd[i].stop = &stop;
+        ck_assert_int_eq(pthread_create(&rd[i].thread, NULL, reader_main, &rd[i]), 0);
+    }
+    uint64_t deadline = now_ns() + GUARD_NS;
+    bool timed_out = false;
+    if (driver) {
+        ck_assert_ok(keel_runtime_start(s.rt));
+        while (keel_runtime_tick(s.rt) < MIN_TICKS || !readers_done(rd, NREADERS)) {
+            if (now_ns() > deadline) {
+                timed_out = true;
+                break;
+            }
+            sched_yield();
+        }
+        ck_assert_int_eq(keel_runtime_stop(s.rt), 0);
+    } else {
+        while (keel_runtime_tick(s.rt) < MIN_TICKS || !readers_done(rd, NREADERS)) {
+            if (now_ns() > deadline) {
+                timed_out = true;
+                break;
+            }
+            int rc = keel_runtime_step(s.rt);
+            if (rc) {
+                atomic_store(&stop, true);
+                ck_assert_ok(rc);
+            }
+        }
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < NREADERS; i++)
+        pthread_join(rd[i].thread, NULL);
+    ck_assert_msg(!timed_out, "readers did not complete %d checks within the guard", MIN_CHECKS);
+    uint64_t final_tick = keel_runtime_tick(s.rt);
+    ck_assert_uint_ge(final_tick, MIN_TICKS);
+    uint64_t seen = 0;
+    for (int i = 0; i < NREADERS; i++) {
+        assert_reader_clean(&rd[i], final_tick);
+        seen += rd[i].ticks_seen;
+    }
+    ck_assert_uint_gt(seen, NREADERS); /* the readers saw the ticks move */
+    ck_assert_uint_gt(atomic_load(&s.nreg), 2 * MIN_TICKS); /* churn really happened */
+    /* the final state: a view equals the world */
+    const keel_view *v = NULL;
+    ck_assert_ok(keel_read_begin(s.rt, &v));
+    assert_view_matches_world(&s, v);
+    keel_read_end(v);
+    sim_close(&s);
+}
+
+START_TEST(test_readers_while_stepping_serial)
+{
+    run_concurrent(1, false);
+}
+END_TEST
+
+START_TEST(test_readers_while_stepping_parallel)
+{
+    run_concurrent(2, false);
+}
+END_TEST
+
+START_TEST(test_readers_with_driver)
+{
+    run_concurrent(2, true);
+}
+END_TEST
+
+/* A reader thread holds one view while the main thread completes steps. */
+typedef struct holder {
+    sim *s;
+    const keel_entity *held; /* live at the view's tick (set before the thread starts) */
+    uint32_t nheld;
+    const keel_entity *later; /* live after the steps (set before phase 2) */
+    uint32_t nlater;
+    _Atomic int phase;        /* 1: reader holds the view; 2: main stepped; 3: reader done */
+    /* results, read after join */
+    bool guard_failed;
+    uint64_t tick0, tick1;
+    uint32_t count0, count1, mismatches, later_visible, later_fresh, sum_bad;
+} holder;
+
+static bool wait_phase(_Atomic int *phase, int want)
+{
+    uint64_t deadline = now_ns() + GUARD_NS;
+    while (atomic_load(phase) < want) {
+        if (now_ns() > deadline)
+            return false;
+        sched_yield();
+    }
+    return true;
+}
+
+static bool same_state(const ent_state *x, const ent_state *y)
+{
+    return x->alive == y->alive && x->rc_a == y->rc_a && x->rc_b == y->rc_b && x->rc_self == y->rc_self &&
+           x->rc_born == y->rc_born && x->rc_t == y->rc_t && x->rc_tag == y->rc_tag && x->a == y->a &&
+           x->b == y->b && x->self == y->self && x->born == y->born && (x->rc_t || x->t == y->t);
+}
+
+static void *holder_main(void *arg)
+{
+    holder *h = arg;
+    ent_state *snap = calloc(h->nheld ? h->nheld : 1, sizeof *snap);
+    const keel_view *v = NULL;
+    if (!snap || keel_read_begin(h->s->rt, &v)) {
+        h->mismatches++;
+        atomic_store(&h->phase, 3);
+        free(snap);
+        return NULL;
+    }
+    h->tick0 = keel_view_tick(v);
+    h->count0 = keel_view_count(v);
+    for (uint32_t i = 0; i < h->nheld; i++) {
+        snap[i] = view_state(h->s, v, h->held[i]);
+        if (!snap[i].alive || snap[i].a + snap[i].b != K_SUM)
+            h->sum_bad++;
+    }
+    atomic_store(&h->phase, 1);
+    if (!wait_phase(&h->phase, 2))
+        h->guard_failed = true;
+    h->tick1 = keel_view_tick(v);
+    h->count1 = keel_view_count(v);
+    for (uint32_t i = 0; i < h->nheld; i++) {
+        ent_state now = view_state(h->s, v, h->held[i]);
+        if (!same_state(&snap[i], &now))
+            h->mismatches++;
+    }
+    for (uint32_t i = 0; i < h->nlater; i++) {
+        if (contains(h->held, h->nheld, h->later[i]))
+            continue;
+        h->later_fresh++;
+        if (keel_view_alive(v, h->later[i]))
+            h->later_visible++;
+    }
+    keel_read_end(v);
+    free(snap);
+    atomic_store(&h->phase, 3);
+    return NULL;
+}
+
+START_TEST(test_held_view_does_not_block_ticks)
+{
+    enum { CAP = 4096, HOLD_STEPS = 8 };
+    sim s;
+    sim_init(&s, 2, true, NULL);
+    s.spawn_first = 150;
+    step_n(&s, 3);
+    keel_entity *held = malloc(CAP * sizeof *held), *later = malloc(CAP * sizeof *later);
+    ck_assert_ptr_nonnull(held);
+    ck_assert_ptr_nonnull(later);
+    holder h = {.s = &s, .held = held};
+    h.nheld = live_handles(&s, held, CAP);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, holder_main, &h), 0);
+    bool holding = wait_phase(&h.phase, 1);
+    if (!holding)
+        atomic_store(&h.phase, 2);
+    ck_assert_msg(holding, "the reader did not open its view");
+    uint32_t chunks_before = total_chunks(s.w);
+    s.destroy_mod = 2; /* shrink while the view is held */
+    s.spawn_base = 3;
+    s.spawn_var = 2;
+    for (int i = 0; i < HOLD_STEPS; i++) {
+        int rc = keel_runtime_step(s.rt); /* completes although a reader holds a view */
+        if (rc)
+            atomic_store(&h.phase, 2);
+        ck_assert_ok(rc);
+        /* the main thread's own views see the new ticks meanwhile */
+        const keel_view *v = NULL;
+        ck_assert_ok(keel_read_begin(s.rt, &v));
+        ck_assert_uint_eq(keel_view_tick(v), 3 + (uint64_t)i + 1);
+        keel_read_end(v);
+    }
+    uint32_t chunks_after = total_chunks(s.w);
+    h.nlater = live_handles(&s, later, CAP);
+    h.later = later;
+    ck_assert_int_eq(atomic_load(&h.phase), 1); /* still holding: the steps did not wait for it */
+    atomic_store(&h.phase, 2);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(atomic_load(&h.phase), 3);
+    ck_assert(!h.guard_failed);
+    ck_assert_uint_eq(h.tick0, 3);
+    ck_assert_uint_eq(h.tick1, 3);
+    ck_assert_uint_eq(h.count0, h.nheld);
+    ck_assert_uint_eq(h.count1, h.nheld);
+    ck_assert_uint_eq(h.sum_bad, 0);
+    ck_assert_uint_eq(h.mismatches, 0);
+    ck_assert_uint_gt(h.later_fresh, 0);
+    ck_assert_uint_eq(h.later_visible, 0);
+    ck_assert_uint_lt(chunks_after, chunks_before);
+    uint32_t gone = 0;
+    for (uint32_t i = 0; i < h.nheld; i++)
+        gone += !keel_alive(s.w, held[i]);
+    ck_assert_uint_gt(gone, h.nheld / 2);
+    ck_assert_uint_eq(keel_runtime_tick(s.rt), 3 + HOLD_STEPS);
+    free(held);
+    free(later);
+    sim_close(&s);
+}
+END_TEST
+
+static Suite *view_concurrent(void)
+{
+    Suite *s = suite_create("view_concurrent");
+    TCase *tc = tcase_create("concurrent");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_readers_while_stepping_serial);
+    tcase_add_test(tc, test_readers_while_stepping_parallel);
+    tcase_add_test(tc, test_readers_with_driver);
+    tcase_add_test(tc, test_held_view_does_not_block_ticks);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(view_basic, view_concurrent)
