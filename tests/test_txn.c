@@ -21,9 +21,10 @@
  *
  * Bodies never call ck_assert (they may run on worker threads): they record
  * what they saw (atomics where several tasks write), and the test thread
- * asserts after the step. No sleeps: the one place that needs two bodies at
- * once uses a rendezvous whose generous deadline only turns a hang into a
- * failure.
+ * asserts after the step. No sleeps: the one place that orders two
+ * concurrent bodies (the snapshot reader waits for the writer's private
+ * version) uses a one-way wait whose generous deadline only turns a hang
+ * into a failure.
  */
 #include <sched.h>
 #include <stdatomic.h>

@@ -22,6 +22,7 @@
  * applied at the sync point.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -44,6 +45,7 @@ typedef struct options {
     double tick_rate;
     const char *trace;
     const char *data;
+    uint64_t live_trades;
     int quiet;
 } options;
 
@@ -54,6 +56,12 @@ typedef struct world_app {
     keel_query *players;
     uint64_t seed;
     uint64_t trades, refused;   /* market: committed trades, trades refused for lack of funds */
+    /* --live-trades: a "network" thread submitting trades with keel_submit */
+    keel_entity who[64];
+    uint32_t nwho;
+    uint64_t live_rate;
+    _Atomic bool live_stop;
+    _Atomic uint64_t live_done, live_failed;
     _Atomic uint32_t deaths;    /* this tick's deaths, summed over tasks */
 } world_app;
 
@@ -96,6 +104,8 @@ static void usage(FILE *to)
             "  --trace FILE    write a Chrome trace-event JSON of the last ticks at exit\n"
             "  --data DIR      data directory (reserved: durability is not built yet, the\n"
             "                  world lives in memory and DIR is not written)\n"
+            "  --live-trades R a network-like thread also submits R trades/s (keel_submit,\n"
+            "                  IMMEDIATE); the run is then no longer a function of the seed\n"
             "  --quiet         no periodic status lines; the final line always prints\n"
             "The last line is `final tick=<N> hash=<16 hex digits>`.\n");
 }
@@ -126,6 +136,10 @@ static int parse_args(int argc, char **argv, options *o)
             o->quiet = 1;
         } else if (!strcmp(a, "--seed")) {
             if (parse_u64(a, v, UINT64_MAX, &o->seed))
+                return -1;
+            i++;
+        } else if (!strcmp(a, "--live-trades")) {
+            if (parse_u64(a, v, 1000000, &o->live_trades))
                 return -1;
             i++;
         } else if (!strcmp(a, "--entities")) {
@@ -338,6 +352,64 @@ static int market(keel_ctx *ctx, void *user)
     return rc;
 }
 
+/* A trade submitted from the network thread: runs at the next tick start
+ * in its own side transaction. */
+typedef struct live_trade {
+    world_app *app;
+    keel_entity buyer, seller;
+    int64_t price;
+} live_trade;
+
+static int live_trade_fn(keel_side_txn *tx, void *arg)
+{
+    const live_trade *t = arg;
+    int64_t a, b;
+    int rc = keel_side_get(tx, t->buyer, t->app->wallet, &a);
+    if (!rc)
+        rc = keel_side_get(tx, t->seller, t->app->wallet, &b);
+    if (rc || a < t->price)
+        return rc ? rc : 1; /* 1: refused, insufficient funds (nothing applied) */
+    a -= t->price;
+    b += t->price;
+    rc = keel_side_set(tx, t->buyer, t->app->wallet, &a);
+    return rc ? rc : keel_side_set(tx, t->seller, t->app->wallet, &b);
+}
+
+/* Submit batches of trades, wait for each batch's tickets (the player hears
+ * "done" only once the trade is durable per IMMEDIATE), pace to the rate. */
+static void *live_thread(void *arg)
+{
+    world_app *app = arg;
+    enum { BATCH = 64 };
+    live_trade t[BATCH];
+    keel_ticket *tk[BATCH];
+    uint64_t k = 0;
+    double per_batch_ns = 1e9 * BATCH / (double)app->live_rate;
+    struct timespec next;
+    clock_gettime(CLOCK_MONOTONIC, &next);
+    while (!atomic_load(&app->live_stop)) {
+        uint32_t n = 0;
+        for (; n < BATCH; n++, k++) {
+            uint64_t r = mix(k ^ 0x6c697665ull);
+            uint32_t i = (uint32_t)(r % app->nwho), j = (uint32_t)((r >> 20) % (app->nwho - 1));
+            j += j >= i;
+            t[n] = (live_trade){app, app->who[i], app->who[j], (int64_t)(1 + (r >> 40) % 100)};
+            if (keel_submit(app->rt, live_trade_fn, &t[n], KEEL_DURABLE_IMMEDIATE, &tk[n]))
+                break;
+        }
+        for (uint32_t q = 0; q < n; q++) {
+            int rc = keel_ticket_wait(tk[q], -1);
+            atomic_fetch_add(rc == 0 ? &app->live_done : &app->live_failed, 1);
+            keel_ticket_release(tk[q]);
+        }
+        uint64_t ns = (uint64_t)next.tv_nsec + (uint64_t)per_batch_ns;
+        next.tv_sec += (time_t)(ns / 1000000000u);
+        next.tv_nsec = (long)(ns % 1000000000u);
+        clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL);
+    }
+    return NULL;
+}
+
 static int add_systems(world_app *app, keel_schedule *s)
 {
     keel_system_desc sys[] = {
@@ -450,11 +522,34 @@ int main(int argc, char **argv)
     int status = setup(&app, &sched, &o) ? 1 : 0;
     double t0 = now_ms();
     uint64_t status_every = o.tick_rate > 0 ? (uint64_t)o.tick_rate : 100;
+    pthread_t live;
+    bool live_on = false;
+    if (!status && o.live_trades) {
+        /* the players exist after the first tick */
+        status = check(keel_runtime_step(app.rt), "running the first tick") ? 1 : 0;
+        keel_iter it;
+        keel_query_iter(app.players, &it);
+        while (!status && keel_iter_next(&it))
+            for (uint32_t i = 0; i < it.count && app.nwho < PLAYERS; i++)
+                app.who[app.nwho++] = it.entities[i];
+        app.live_rate = o.live_trades;
+        live_on = !status && app.nwho >= 2 && pthread_create(&live, NULL, live_thread, &app) == 0;
+    }
     while (!status && keel_runtime_tick(app.rt) < o.until_tick) {
         uint64_t left = o.until_tick - keel_runtime_tick(app.rt);
         status = check(keel_runtime_run(app.rt, left < status_every ? left : status_every), "running ticks") ? 1 : 0;
         if (!status && !o.quiet)
             status_line(&app, keel_runtime_tick(app.rt), t0);
+    }
+    if (live_on) {
+        atomic_store(&app.live_stop, true);
+        /* the thread may wait on the tickets of its last batch: tick until it ends */
+        while (pthread_tryjoin_np(live, NULL) != 0)
+            if (keel_runtime_step(app.rt) && !status)
+                status = check(-1, "running ticks while the trade thread finishes") ? 1 : 0;
+        if (!o.quiet)
+            printf("live trades: %" PRIu64 " done, %" PRIu64 " refused or failed\n", atomic_load(&app.live_done),
+                   atomic_load(&app.live_failed));
     }
     if (!status && money(&app) != (int64_t)PLAYERS * START_COINS) {
         fprintf(stderr, "keel-world: economy broken: %" PRId64 " coins, expected %" PRId64 "\n", money(&app),
