@@ -1695,7 +1695,7 @@ static uint32_t captured(keel_runtime *rt, cap_row *out, uint32_t cap)
 typedef struct uow_probe {
     keel_component P, Q, R;
     keel_entity ents[UOW_N];
-    uint32_t bad;
+    _Atomic uint32_t bad; /* pw and qfail run at the same time */
 } uow_probe;
 
 /* P: rows i%5==0 -> 1000+i (changed on tick 1, identical after), i%5==1 ->
@@ -1714,7 +1714,7 @@ static int uow_pw(keel_ctx *ctx, void *user)
             rc |= keel_txn_set(ctx, p->ents[i], p->P, &(uint32_t){i});
         }
         if (rc)
-            p->bad++;
+            atomic_fetch_add(&p->bad, 1);
     }
     return 0;
 }
@@ -1725,7 +1725,7 @@ static int uow_qfail(keel_ctx *ctx, void *user)
     uow_probe *p = user;
     for (uint32_t i = 0; i < UOW_N; i++)
         if (keel_txn_set(ctx, p->ents[i], p->Q, &(uint32_t){7 + i * 2}))
-            p->bad++;
+            atomic_fetch_add(&p->bad, 1);
     return KEEL_EIO;
 }
 
@@ -1769,7 +1769,7 @@ START_TEST(test_uow_changed_rows_only)
         rt->uow.capture = true;
 
         ck_assert_ok(keel_runtime_step(rt));
-        ck_assert_uint_eq(p.bad, 0);
+        ck_assert_uint_eq(atomic_load(&p.bad), 0);
         ck_assert_int_eq(sysrec(rt, 1, qf).skip, KEEL_SKIP_FAILED);
         static cap_row rows[4 * UOW_N];
         uint32_t n = captured(rt, rows, 4 * UOW_N);
@@ -1880,7 +1880,7 @@ END_TEST
 typedef struct life_probe {
     keel_component P, Q;
     keel_entity e1, e2, e3;
-    int bad;
+    _Atomic int bad; /* "bad" runs beside "a" */
 } life_probe;
 
 static int life_a(keel_ctx *ctx, void *user)
@@ -1889,10 +1889,10 @@ static int life_a(keel_ctx *ctx, void *user)
     if (keel_ctx_tick(ctx) != 1)
         return 0;
     keel_cmdbuf *cb = keel_ctx_commands(ctx);
-    p->bad |= keel_cmd_destroy(cb, p->e1);
-    p->bad |= keel_cmd_spawn(cb, &(keel_init){p->P, &(uint32_t){5}}, 1);
-    p->bad |= keel_cmd_add(cb, p->e2, p->Q, &(uint32_t){7});
-    p->bad |= keel_cmd_remove(cb, p->e3, p->P);
+    atomic_fetch_or(&p->bad, keel_cmd_destroy(cb, p->e1) != 0);
+    atomic_fetch_or(&p->bad, keel_cmd_spawn(cb, &(keel_init){p->P, &(uint32_t){5}}, 1) != 0);
+    atomic_fetch_or(&p->bad, keel_cmd_add(cb, p->e2, p->Q, &(uint32_t){7}) != 0);
+    atomic_fetch_or(&p->bad, keel_cmd_remove(cb, p->e3, p->P) != 0);
     return 0;
 }
 
@@ -1901,14 +1901,14 @@ static int life_b(keel_ctx *ctx, void *user)
     life_probe *p = user;
     if (keel_ctx_tick(ctx) != 1)
         return 0;
-    p->bad |= keel_cmd_spawn(keel_ctx_commands(ctx), &(keel_init){p->P, &(uint32_t){6}}, 1);
+    atomic_fetch_or(&p->bad, keel_cmd_spawn(keel_ctx_commands(ctx), &(keel_init){p->P, &(uint32_t){6}}, 1) != 0);
     return 0;
 }
 
 static int life_bad(keel_ctx *ctx, void *user)
 {
     life_probe *p = user;
-    p->bad |= keel_cmd_spawn(keel_ctx_commands(ctx), &(keel_init){p->P, &(uint32_t){66}}, 1);
+    atomic_fetch_or(&p->bad, keel_cmd_spawn(keel_ctx_commands(ctx), &(keel_init){p->P, &(uint32_t){66}}, 1) != 0);
     return KEEL_EIO;
 }
 
@@ -1933,7 +1933,7 @@ START_TEST(test_uow_lifecycle_log)
     install(rt, s);
     rt->uow.capture = true;
     ck_assert_ok(keel_runtime_step(rt));
-    ck_assert_int_eq(p.bad, 0);
+    ck_assert_int_eq(atomic_load(&p.bad), 0);
 
     const world_lifecycle_log *log = &rt->uow.lifecycle;
     ck_assert_uint_eq(log->count, 5);
