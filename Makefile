@@ -16,7 +16,7 @@ BENCH_ARGS ?=
 CTEST_ARGS ?=
 
 # Debian packages the build and the tests need.
-DEB_PACKAGES := build-essential cmake pkg-config liblmdb-dev liburcu-dev libzstd-dev check
+DEB_PACKAGES := build-essential cmake pkg-config liblmdb-dev lmdb-utils liburcu-dev libzstd-dev check
 
 .PHONY: all deps build run test test-asan test-tsan bench clean
 

@@ -14,6 +14,7 @@
 #include "keel/schedule.h"
 #include "keel/runtime.h"
 #include "keel/txn.h"
+#include "keel/durability.h"
 #include "keel/view.h"
 #include "keel/telemetry.h"
 

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "keel/command.h"
+#include "keel/durability.h"
 #include "keel/schedule.h"
 #include "keel/txn.h"
 #include "keel/world.h"
@@ -46,6 +47,7 @@ typedef struct keel_runtime_desc {
     uint32_t telemetry_capacity;  /* ticks kept in the telemetry ring, a power of two; 0 = 1024 */
     double watchdog_seconds;      /* a system running longer is reported; 0 = 30; at most 1e6 */
     keel_durability durability;   /* default mode of ticks and side transactions; 0 = GROUP */
+    keel_durable_desc durable;    /* the data directory (keel/durability.h); dir NULL = in memory */
     keel_hook_fn on_first_tick;   /* runs once, before the first tick's systems, in a transaction
                                      that may read and write every component */
     void *hook_user;

@@ -53,6 +53,16 @@ static int check_desc(const keel_runtime_desc *d)
     double hz = d->tick_rate_hz;
     if (!(hz <= 100000) || (hz > 0 && hz < 0.01) || (hz < 0 && !(hz > -1e300)))
         return core_fail(KEEL_EINVAL, "keel_runtime_create: tick_rate_hz must be in [0.01, 100000], 0 or negative");
+    const keel_durable_desc *dd = &d->durable;
+    if (dd->dir && !*dd->dir)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: durable.dir is empty (NULL means no data directory)");
+    if (dd->zstd_level < -131072 || dd->zstd_level > 22)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: durable.zstd_level %d is outside [-131072, 22]",
+                         dd->zstd_level);
+    if (dd->map_max && dd->map_size > dd->map_max)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: durable.map_size exceeds durable.map_max");
+    if (!(dd->checkpoint_every_seconds == dd->checkpoint_every_seconds))
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: durable.checkpoint_every_seconds is NaN");
     return KEEL_OK;
 }
 
@@ -81,6 +91,12 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     rt->on_first_tick = d.on_first_tick;
     rt->hook_user = d.hook_user;
     rt->durability = d.durability ? d.durability : KEEL_DURABLE_GROUP;
+    rt->durable_desc = d.durable;
+    if (d.durable.dir && !(rt->data_dir = strdup(d.durable.dir))) {
+        free(rt);
+        return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
+    }
+    rt->durable_desc.dir = rt->data_dir;
     pthread_mutex_init(&rt->watchdog_lock, NULL);
     pthread_cond_init(&rt->watchdog_cond, NULL);
     pthread_mutex_init(&rt->side_lock, NULL);
@@ -122,12 +138,35 @@ static void free_system_state(keel_runtime *rt)
     rt->st = NULL;
 }
 
+/* on_shutdown, in an IMMEDIATE side transaction; then every record is
+ * made durable before the writer stops. */
+static void shutdown_durable(keel_runtime *rt)
+{
+    if (rt->durable_desc.on_shutdown && (!rt->data_dir || (rt->dur && !dur_fatal(rt->dur)))) {
+        keel_side_txn *tx = NULL;
+        int rc = side_begin_full(rt, KEEL_DURABLE_IMMEDIATE, &tx);
+        if (!rc && (rc = rt->durable_desc.on_shutdown(tx, rt->durable_desc.shutdown_arg)))
+            keel_side_txn_abort(tx);
+        else if (!rc)
+            rc = keel_side_txn_commit(tx);
+        if (rc && rc != KEEL_ECONFLICT)
+            core_log(KEEL_LOG_WARN, "runtime", "on_shutdown_failed", "code=%s", keel_strerror(rc));
+    }
+    if (rt->dur) {
+        if (!dur_fatal(rt->dur))
+            dur_wait(rt, dur_last_lsn(rt));
+        dur_close(rt);
+    }
+}
+
 void keel_runtime_close(keel_runtime *rt)
 {
     if (!rt)
         return;
     if (atomic_load(&rt->driver_running))
         keel_runtime_stop(rt);
+    if (rt->world)
+        shutdown_durable(rt);
     watchdog_stop(rt);
     dispatch_fini(rt);
     submit_fini(rt);
@@ -145,6 +184,7 @@ void keel_runtime_close(keel_runtime *rt)
     pthread_mutex_destroy(&rt->watchdog_lock);
     pthread_cond_destroy(&rt->watchdog_cond);
     pthread_mutex_destroy(&rt->side_lock);
+    free(rt->data_dir);
     free(rt);
 }
 
@@ -337,8 +377,17 @@ static int first_tick_hook(keel_runtime *rt)
     return rc;
 }
 
-static int can_step(const keel_runtime *rt)
+static int can_step(keel_runtime *rt)
 {
+    if (rt->data_dir && !rt->recovered) {
+        int rc = keel_runtime_recover(rt, NULL);
+        if (rc)
+            return rc;
+    }
+    if (rt->dur && dur_fatal(rt->dur))
+        return core_fail(KEEL_EFATAL, "keel_runtime_step: the runtime latched fatal (%s): nothing more can be made "
+                                      "durable; close it and open the data directory again",
+                         keel_strerror(dur_fatal(rt->dur)));
     if (!rt->sched)
         return core_fail(KEEL_EINVAL, "keel_runtime_step: no schedule is installed");
     if (rt->sched->registry_stamp != rt->world->ncomps)
@@ -373,6 +422,13 @@ static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
         .entities = keel_world_count(rt->world),
         .sync_ns = end - sync_start,
     };
+    if (rt->dur) {
+        rec.wal_raw_bytes = rt->fence_raw_bytes;
+        rec.wal_stored_bytes = rt->fence_stored_bytes;
+        rec.fence_ns = rt->fence_ns;
+        uint64_t durable = atomic_load_explicit(&rt->dur->durable_tick, memory_order_acquire);
+        rec.durable_lag = rec.tick > durable ? rec.tick - durable : 0;
+    }
     rec.overrun = rec.target_ns ? (double)rec.actual_ns / (double)rec.target_ns : 0;
     rec.side_txns = rt->side_commits_tick;
     for (uint32_t w = 0; w < rt->workers; w++) {
@@ -405,7 +461,10 @@ int runtime_step(keel_runtime *rt)
     atomic_store_explicit(&rt->running_tick, atomic_load(&rt->tick) + 1, memory_order_relaxed);
     uow_reset(&rt->uow);
     w->in_tick = true;
+    bool hook_ran = !rt->first_tick_done;
     rc = first_tick_hook(rt);
+    if (!rc && hook_ran && rt->dur && (rc = fence_hook(rt, atomic_load(&rt->running_tick))))
+        dur_latch_fatal(rt, rc);
     if (rc) {
         w->in_tick = false;
         txn_tick_end(rt);
@@ -419,6 +478,14 @@ int runtime_step(keel_runtime *rt)
     uow_capture(rt);
     uint64_t sync_start = rt_now_ns();
     int sync_rc = sync_point(rt);
+    uint64_t tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
+    int fence_rc = KEEL_OK;
+    if (rt->dur) {
+        uint64_t f0 = rt_now_ns();
+        if ((fence_rc = fence_tick(rt, tick)))
+            dur_latch_fatal(rt, fence_rc == KEEL_EFATAL ? dur_fatal(rt->dur) : fence_rc);
+        rt->fence_ns = rt_now_ns() - f0;
+    }
     /* every completed tick is published (readers see the last completed
      * tick even when it changed nothing: the view is then the same data
      * under the new tick number, O(chunks) pointer copies) */
@@ -426,9 +493,17 @@ int runtime_step(keel_runtime *rt)
         w->mutations++; /* out of memory: the next step publishes instead */
     tick_end(rt, start, sync_start); /* reads side_commits_tick: before txn_tick_end resets it */
     txn_tick_end(rt);
-    atomic_store(&rt->tick, atomic_load_explicit(&rt->running_tick, memory_order_relaxed));
+    atomic_store(&rt->tick, tick);
     rt->stats.ticks++;
-    return sync_rc;
+    if (rt->dur && !fence_rc) {
+        if (rt->durability == KEEL_DURABLE_IMMEDIATE)
+            fence_rc = dur_wait(rt, dur_last_lsn(rt)); /* the tick returns only once it is on disk */
+        if (!fence_rc && w->mutations == rt->pub_mutations)
+            fence_rc = ckpt_maybe(rt, tick, false);
+        if (fence_rc && fence_rc != KEEL_EFATAL)
+            dur_latch_fatal(rt, fence_rc);
+    }
+    return fence_rc ? KEEL_EFATAL : sync_rc;
 }
 
 int keel_runtime_step(keel_runtime *rt)

@@ -18,6 +18,7 @@
 
 #include "sched/sched_internal.h"
 #include "txn/txn_internal.h"
+#include "durable/durable_internal.h"
 #include "world/world_internal.h"
 
 #define RT_NONE UINT32_MAX
@@ -86,6 +87,7 @@ typedef struct rt_pool {
     _Atomic uint32_t parked;       /* workers asleep on epoch */
     _Atomic uint32_t active;       /* workers inside a track's work loop */
     _Atomic bool track_live;
+    _Atomic(struct rt_job *) job;  /* dispatch_for's job while one runs, else NULL */
     _Atomic bool quit;
     alignas(64) _Atomic uint32_t remaining; /* systems of the current track not completed */
     /* the ready queue: single-use slots, reset per track */
@@ -160,6 +162,17 @@ struct keel_runtime {
     _Atomic uint32_t readers;      /* views open now (see view.c) */
     uint64_t pub_mutations;        /* world->mutations when the view was published */
 
+    /* durability (durable/): NULL without a data directory */
+    struct dur_state *dur;
+    keel_durable_desc durable_desc;
+    char *data_dir;
+    bool recovered;                /* keel_runtime_recover ran */
+    int recover_rc;
+    char recover_error[512];       /* the failed recovery's sentence, repeated on later calls */
+    keel_recovery recovery;
+    size_t fence_rows_from, fence_life_from; /* the hook's unit was logged up to here */
+    uint64_t fence_raw_bytes, fence_stored_bytes, fence_ns; /* of the last tick */
+
     /* TickDriver */
     pthread_t driver;
     _Atomic bool driver_running;
@@ -191,6 +204,8 @@ int dispatch_prepare(keel_runtime *rt);
 void dispatch_reset_system(keel_runtime *rt, uint32_t s);
 /* Run every system of track t to completion (or skip). */
 void dispatch_track(keel_runtime *rt, const sched_track *t);
+/* Run fn(arg, i, worker) for every i in [0, n) on the pool; returns when all ran. */
+void dispatch_for(keel_runtime *rt, uint32_t n, void (*fn)(void *arg, uint32_t i, uint32_t worker), void *arg);
 
 /* runtime/watchdog.c */
 int watchdog_start(keel_runtime *rt);

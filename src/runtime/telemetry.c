@@ -118,8 +118,18 @@ void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out)
     if (!out)
         return;
     memset(out, 0, sizeof *out);
-    if (rt)
-        *out = rt->stats;
+    if (!rt)
+        return;
+    *out = rt->stats;
+    const dur_state *d = rt->dur;
+    if (d) {
+        out->wal_bytes = atomic_load(&((dur_state *)d)->wal_bytes);
+        out->fsyncs = atomic_load(&((dur_state *)d)->fsyncs);
+        out->checkpoints = d->ckpt_count;
+        uint64_t tick = atomic_load(&((keel_runtime *)rt)->tick);
+        out->checkpoint_age_ticks = tick > d->last_ckpt_tick ? tick - d->last_ckpt_tick : 0;
+    }
+    out->recovery_ns = rt->recovery.ns;
 }
 
 /* ---- trace export --------------------------------------------------------------- */

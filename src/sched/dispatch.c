@@ -515,6 +515,48 @@ typedef struct worker_arg {
     uint32_t index;
 } worker_arg;
 
+/* ---- parallel-for (the fence's serialize stage) ------------------------------------
+ * dispatch_for runs fn(arg, i, worker) for i in [0, n) on the pool, reusing
+ * the track hand-shake (track_live / active / epoch) with p->job set instead
+ * of a track: every participant claims indices with fetch_add(next) and
+ * counts them in done; the caller returns when done == n. */
+typedef struct rt_job {
+    void (*fn)(void *arg, uint32_t i, uint32_t worker);
+    void *arg;
+    uint32_t n;
+    _Atomic uint32_t next, done;
+} rt_job;
+
+static void job_loop(rt_job *j, uint32_t worker)
+{
+    for (uint32_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
+        j->fn(j->arg, i, worker);
+        atomic_fetch_add(&j->done, 1);
+    }
+}
+
+void dispatch_for(keel_runtime *rt, uint32_t n, void (*fn)(void *arg, uint32_t i, uint32_t worker), void *arg)
+{
+    rt_job j = {.fn = fn, .arg = arg, .n = n};
+    rt_pool *p = &rt->pool;
+    if (rt->workers == 1 || n < 2) {
+        job_loop(&j, 0);
+        return;
+    }
+    atomic_store(&p->job, &j);
+    atomic_store(&p->track_live, true);
+    atomic_fetch_add(&p->epoch, 1);
+    if (atomic_load(&p->parked))
+        futex_wake_all(&p->epoch);
+    job_loop(&j, 0);
+    while (atomic_load(&j.done) < n)
+        cpu_relax();
+    atomic_store(&p->track_live, false);
+    while (atomic_load(&p->active))
+        sched_yield();
+    atomic_store(&p->job, NULL);
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg a = *(worker_arg *)arg;
@@ -530,8 +572,13 @@ static void *worker_main(void *arg)
         if (atomic_load(&p->quit))
             break;
         atomic_fetch_add(&p->active, 1);
-        if (atomic_load(&p->track_live) && atomic_load(&p->epoch) == seen)
-            work_loop(rt, a.index, &rt->scratch[a.index]);
+        if (atomic_load(&p->track_live) && atomic_load(&p->epoch) == seen) {
+            rt_job *job = atomic_load(&p->job);
+            if (job)
+                job_loop(job, a.index);
+            else
+                work_loop(rt, a.index, &rt->scratch[a.index]);
+        }
         atomic_fetch_sub(&p->active, 1);
     }
     return NULL;

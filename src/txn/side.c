@@ -401,23 +401,31 @@ static void apply_one(keel_side_txn *tx, const side_write *wr, uint64_t seq)
     uow_side_write(&tx->rt->uow, wr->e, wr->c, size, tx->vals + wr->off);
 }
 
-int keel_side_txn_commit(keel_side_txn *tx)
+/* Validate, apply and log. *lsn receives the WAL record's LSN (0 without a
+ * data directory); the caller waits for it per mode. */
+int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
 {
     if (!tx)
         return core_fail(KEEL_EINVAL, "keel_side_txn_commit: transaction is NULL");
     keel_runtime *rt = tx->rt;
+    *lsn = 0;
+    *mode_out = tx->mode;
     pthread_mutex_lock(&rt->side_lock);
-    int64_t bad = first_conflict(tx);
-    int rc = bad >= 0 ? KEEL_ECONFLICT : prepare_apply(tx);
-    uint64_t seq = 0;
+    int fatal = dur_fatal(rt->dur);
+    int64_t bad = fatal ? -1 : first_conflict(tx);
+    int rc = fatal ? KEEL_EFATAL : bad >= 0 ? KEEL_ECONFLICT : prepare_apply(tx);
     if (!rc) {
-        seq = ++rt->side_seq;
-        uow_side_begin(&rt->uow, seq, atomic_load_explicit(&rt->running_tick, memory_order_relaxed), tx->mode,
-                       tx->nwrites);
+        uint64_t seq = ++rt->side_seq, tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
+        size_t side_off = rt->uow.side_len;
+        uow_side_begin(&rt->uow, seq, tick, tx->mode, tx->nwrites);
         for (uint32_t i = 0; i < tx->nwrites; i++)
             apply_one(tx, &tx->writes[i], seq);
         rt->side_commits_tick++;
         rt->stats.commits++;
+        /* applied: logging must follow (a failure here latches the runtime:
+         * the commit is then never acknowledged) */
+        if (rt->dur && (rc = fence_side(rt, seq, tx->mode, tick, side_off, lsn)))
+            dur_latch_fatal(rt, rc == KEEL_EFATAL ? KEEL_EIO : rc), rc = KEEL_EFATAL;
     } else if (rc == KEEL_ECONFLICT) {
         rt->stats.conflicts++;
     } else {
@@ -428,19 +436,29 @@ int keel_side_txn_commit(keel_side_txn *tx)
         const side_read *r = &tx->reads[bad];
         core_fail(KEEL_ECONFLICT, "side transaction in '%s': entity 0x%016llx component '%s' changed since it was read",
                   tx->name, (unsigned long long)r->e, rt->world->comps[r->c].name);
+    } else if (rc == KEEL_EFATAL) {
+        core_fail(KEEL_EFATAL, "side transaction in '%s': the runtime is in its fatal state (%s); nothing is "
+                               "acknowledged any more", tx->name, keel_strerror(dur_fatal(rt->dur)));
     }
-    keel_durability mode = tx->mode;
     side_free(tx);
-    return rc ? rc : txn_durable_wait(rt, seq, mode);
+    return rc;
 }
 
-int txn_durable_wait(keel_runtime *rt, uint64_t seq, keel_durability mode)
+int keel_side_txn_commit(keel_side_txn *tx)
 {
-    /* No WAL yet: a commit is as durable as it will get the moment it is
-     * applied. The WAL writer will publish a durable sequence here and
-     * IMMEDIATE waiters will sleep until it passes seq. */
-    (void)rt;
-    (void)seq;
-    (void)mode;
-    return KEEL_OK;
+    uint64_t lsn;
+    keel_durability mode;
+    keel_runtime *rt = tx ? tx->rt : NULL;
+    int rc = side_commit(tx, &lsn, &mode);
+    return rc ? rc : txn_durable_wait(rt, lsn, mode);
+}
+
+int txn_durable_wait(keel_runtime *rt, uint64_t lsn, keel_durability mode)
+{
+    /* IMMEDIATE: synced before the acknowledgement, no exception. GROUP
+     * and DEFERRED return at commit; the writer syncs them within its
+     * window, or at flush / checkpoint / shutdown (docs/durability.md). */
+    if (!rt->dur || !lsn || mode != KEEL_DURABLE_IMMEDIATE)
+        return KEEL_OK;
+    return dur_wait(rt, lsn);
 }

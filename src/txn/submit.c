@@ -79,18 +79,32 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
     return KEEL_OK;
 }
 
-static int run_closure(keel_runtime *rt, keel_ticket *t)
+/* An IMMEDIATE ticket completes when the writer made its record durable
+ * (dur_when_durable): closures run back to back, and their records share
+ * one group commit instead of one sync each. */
+static void ticket_durable(void *arg, int rc)
+{
+    keel_ticket *t = arg;
+    ticket_complete(t, rc ? rc : t->result);
+}
+
+static void run_closure(keel_runtime *rt, keel_ticket *t)
 {
     keel_side_txn *tx = NULL;
     int rc = side_begin_full(rt, t->mode, &tx);
-    if (rc)
-        return rc;
-    rc = t->fn(tx, t->arg);
-    if (rc) {
+    if (!rc && (rc = t->fn(tx, t->arg)))
         keel_side_txn_abort(tx);
-        return rc;
+    else if (!rc) {
+        uint64_t lsn;
+        keel_durability mode;
+        rc = side_commit(tx, &lsn, &mode);
+        if (!rc && rt->dur && lsn && mode == KEEL_DURABLE_IMMEDIATE) {
+            t->result = 0;
+            dur_when_durable(rt, lsn, ticket_durable, t);
+            return;
+        }
     }
-    return keel_side_txn_commit(tx);
+    ticket_complete(t, rc);
 }
 
 /* Take every queued ticket in order; `run` false completes them unrun. */
@@ -105,7 +119,10 @@ static void drain(keel_runtime *rt, bool run)
     while ((node = __cds_wfcq_dequeue_blocking(&head, &tail)) != NULL) {
         keel_ticket *t = caa_container_of(node, keel_ticket, node);
         CORE_TSAN_ACQUIRE(t);
-        ticket_complete(t, run ? run_closure(rt, t) : KEEL_EBUSY);
+        if (run)
+            run_closure(rt, t);
+        else
+            ticket_complete(t, KEEL_EBUSY);
     }
 }
 

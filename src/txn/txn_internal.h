@@ -80,10 +80,12 @@ void submit_fini(keel_runtime *rt);
 
 /* ---- durability hook ------------------------------------------------------- */
 
-/* Wait until the commit with sequence `seq` is durable per mode. Until the
- * WAL writer exists every commit is "durable" at once; this is the one
- * place its durable-LSN signal plugs in. */
-int txn_durable_wait(keel_runtime *rt, uint64_t seq, keel_durability mode);
+/* Wait until the commit logged at `lsn` is durable per mode (IMMEDIATE:
+ * synced; others: at once). 0, or KEEL_EFATAL. */
+int txn_durable_wait(keel_runtime *rt, uint64_t lsn, keel_durability mode);
+/* Commit without waiting for durability: *lsn (0 without a data
+ * directory) and the resolved *mode tell the caller what to wait for. */
+int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode);
 
 /* ---- uow.c ------------------------------------------------------------------ */
 

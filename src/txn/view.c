@@ -149,7 +149,8 @@ static keel_view *build_view(keel_world *w, uint64_t tick, unsigned char *mem)
 static void view_free(keel_view *v)
 {
     for (uint32_t i = 0; i < v->ngarbage; i++)
-        free(v->garbage[i]);
+        if (!v->rt || !dur_pin_hold(v->rt, v->garbage[i])) /* a running checkpoint may still read it */
+            free(v->garbage[i]);
     free(v->garbage);
     free(v);
 }

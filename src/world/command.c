@@ -440,6 +440,9 @@ int keel_cmdbuf_apply(keel_cmdbuf *cb)
     if (!cb)
         return core_fail(KEEL_EINVAL, "keel_cmdbuf_apply: buffer is NULL");
     keel_world *w = cb->world;
+    if (w->log_required && !w->lifecycle && !w->restoring && cb->head < cb->len)
+        return core_fail(KEEL_EBUSY, "keel_cmdbuf_apply: the world has a data directory and nothing would log these "
+                                     "commands; record them in a system or hook (applied at the sync point)");
     while (cb->head < cb->len) {
         const cmd_hdr *h = (const cmd_hdr *)(cb->buf + cb->head);
         uint32_t spawned = cb->res.created_count;

@@ -115,6 +115,10 @@ int keel_set(keel_world *w, keel_entity e, keel_component c, const void *value)
     if (w->in_tick)
         return core_fail(KEEL_EBUSY, "keel_set: systems are running; write component '%s' through the system's "
                                      "transaction (keel_txn_set)", w->comps[c].name);
+    if (w->log_required && !w->restoring)
+        return core_fail(KEEL_EBUSY, "keel_set: the world has a data directory and nothing would log this write; "
+                                     "write component '%s' inside a tick (a system, a hook or a side transaction)",
+                         w->comps[c].name);
     if (!col)
         return core_fail(KEEL_ENOENT, "keel_set: entity 0x%016llx has no component '%s'", (unsigned long long)e,
                          w->comps[c].name);

@@ -183,6 +183,11 @@ struct keel_world {
     void **retired;
     uint32_t nretired, retired_cap;
     world_lifecycle_log *lifecycle; /* when set, playback appends what it applied (txn/uow.c) */
+    /* Durability (keel/durability.h): with a data directory, changes that
+     * nothing would log (keel_set, command buffers applied by hand between
+     * ticks) are refused; recovery sets `restoring` while it replays. */
+    bool log_required;
+    bool restoring;
 
     /* Test hook (world_test_inject_failure): countdown to an injected failure. */
     uint32_t inject_countdown;
@@ -325,6 +330,14 @@ typedef struct world_lifecycle_op {
 
 /* Decode the record at *off and advance; false at the end. */
 bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lifecycle_op *op);
+
+/* restore.c: rebuilding from a checkpoint (empty world only). begin
+ * creates nslots free slots with the given generations; tables are then
+ * recreated in id order; rows appended in row order (values per column,
+ * NULL = zeros). */
+int world_restore_begin(keel_world *w, uint32_t nslots, const uint32_t *gens);
+int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, uint32_t expect_id);
+int world_restore_row(keel_world *w, uint32_t table, keel_entity e, const void *const *values);
 
 /* Test hook: the nth command application from now (1 = the next) fails with
  * rc before it mutates anything; nth = 0 disables. Every command that

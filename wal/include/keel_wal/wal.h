@@ -2,13 +2,36 @@
  * keel_wal/wal.h -- libkeel_wal, the on-disk format library.
  *
  * The runtime writes data directories through it and the tools read them
- * through it; it never depends on the runtime. docs/wal-format.md will
- * describe the format byte for byte as the records are defined.
+ * through it; it never depends on the runtime. docs/wal-format.md describes
+ * every byte. Three layers:
+ *
+ *   records  (record.c, crc32c.c, codec.c) -- the self-describing KWR1
+ *            record: a 48-byte header, a payload (raw or zstd), a CRC32C;
+ *   payloads (payload.c) -- little-endian builders and a bounds-checked
+ *            cursor for the logical payloads (value rows, lifecycle ops,
+ *            schema, snapshot chunks);
+ *   store    (store.c) -- the LMDB environment of a data directory: the
+ *            named databases meta, schema, wal, snap, dict; map growth on
+ *            MDB_MAP_FULL; read transactions and a WAL cursor.
+ *
+ * Errors are KEEL_E* codes (keel/error.h) with a keel_last_error() sentence
+ * naming the file, LSN or field at fault. Nothing here aborts on bad input.
+ * Thread-safety: a kw_store may be shared by threads (LMDB rules: one write
+ * at a time, read transactions per thread); codec contexts and payload
+ * buffers belong to one thread.
  */
 #ifndef KEEL_WAL_WAL_H
 #define KEEL_WAL_WAL_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include "keel/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* Magic that starts every WAL record. */
 #define KEEL_WAL_MAGIC "KWR1"
@@ -18,4 +41,270 @@
 /* The format version compiled into the library (KEEL_WAL_FORMAT_VERSION). */
 uint32_t keel_wal_format_version(void);
 
+/* ---- records ------------------------------------------------------------- */
+
+#define KW_HEADER_SIZE 48u
+
+typedef enum kw_kind {
+    KW_KIND_TICK_CHUNK = 1,   /* value rows changed by the tick's system transactions */
+    KW_KIND_TICK_COMMIT = 2,  /* closes a tick's batch (or, flag HOOK, on_first_tick's) */
+    KW_KIND_SIDE = 3,         /* a side transaction's after-images */
+    KW_KIND_LIFECYCLE = 4,    /* structural commands applied at a sync point */
+    KW_KIND_SCHEMA = 5,       /* the component schema */
+    KW_KIND_CHECKPOINT = 6,   /* a checkpoint was recorded: it covers LSNs up to a point */
+    KW_KIND_SNAP_TABLES = 16, /* snap db: archetype tables and the entity index size */
+    KW_KIND_SNAP_SLOTS = 17,  /* snap db: one page of entity slots */
+    KW_KIND_SNAP_CHUNK = 18,  /* snap db: one chunk of one table */
+} kw_kind;
+
+typedef enum kw_codec {
+    KW_CODEC_RAW = 0,
+    KW_CODEC_ZSTD = 1,
+} kw_codec;
+
+/* Record flags. */
+#define KW_FLAG_HOOK 1u       /* TICK_COMMIT: the unit is on_first_tick's, the tick is not complete */
+
+/* A record's decoded header. */
+typedef struct kw_header {
+    uint16_t version;
+    uint8_t kind;
+    uint8_t codec;
+    uint64_t lsn;
+    uint64_t tick;
+    uint32_t flags;
+    uint32_t dict_id;
+    uint32_t raw_len;
+    uint32_t stored_len;
+    uint32_t crc;
+} kw_header;
+
+/* Short lower-case name of a kind ("tick_chunk", ...), "?" when unknown;
+ * kw_kind_parse is the inverse (0 when unknown). */
+const char *kw_kind_name(uint32_t kind);
+uint32_t kw_kind_parse(const char *name);
+
+/* CRC32C (Castagnoli), hardware-accelerated where the CPU has SSE4.2.
+ * kw_crc32c(0, p, n) is the CRC of p; pass a previous result to extend. */
+uint32_t kw_crc32c(uint32_t crc, const void *p, size_t n);
+
+/* Check a stored record: length, magic, version, kind, codec, lengths, CRC.
+ * KEEL_ECORRUPT (the sentence says why, with the LSN when the header is
+ * readable) or 0 with *out filled. */
+int kw_record_check(const void *rec, size_t len, kw_header *out);
+
+/* ---- codec --------------------------------------------------------------- */
+
+/* A per-thread codec context: zstd compression and decompression contexts,
+ * reused across records (a reused context halves the cost of small
+ * compressions), and scratch space. */
+typedef struct kw_codec_ctx kw_codec_ctx;
+
+typedef struct kw_codec_desc {
+    int level;                /* zstd level; 0 = 1 (measured: docs/performance.md) */
+    uint32_t min_compress;    /* payloads shorter than this are stored raw; 0 = 128 bytes */
+} kw_codec_desc;
+
+int kw_codec_create(const kw_codec_desc *desc, kw_codec_ctx **out);
+void kw_codec_destroy(kw_codec_ctx *c);
+
+/* A growable byte buffer. */
+typedef struct kw_buf {
+    unsigned char *p;
+    size_t len, cap;
+} kw_buf;
+
+int kw_buf_reserve(kw_buf *b, size_t extra);
+void kw_buf_free(kw_buf *b);
+
+/* Append one whole record to out: header, payload (zstd-compressed when
+ * that pays and the payload is long enough) and CRC.
+ * Errors: KEEL_ENOMEM, KEEL_ERANGE (payload over 2 GiB). */
+int kw_record_build(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64_t lsn, uint64_t tick, uint32_t flags,
+                    const void *payload, size_t len);
+
+/* Build a record whose LSN is filled in later: the header's LSN is 0 and
+ * the CRC is left for kw_record_seal. Lets parallel encoders compress while
+ * LSNs are handed out in order afterwards. */
+int kw_record_build_unsealed(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64_t tick, uint32_t flags,
+                             const void *payload, size_t len);
+/* Set the LSN of the record at rec and compute its CRC. */
+void kw_record_seal(void *rec, uint64_t lsn);
+
+/* The payload of a checked record, decompressed when needed. *payload points
+ * into the record (raw codec) or into the context's scratch (valid until the
+ * next call on c). Errors: KEEL_ECORRUPT (does not decompress to raw_len),
+ * KEEL_ENOMEM. */
+int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, const void **payload);
+
+/* ---- payloads ------------------------------------------------------------ */
+
+/* Builders append little-endian values to a kw_buf (errors: KEEL_ENOMEM). */
+int kw_put_u8(kw_buf *b, uint8_t v);
+int kw_put_u32(kw_buf *b, uint32_t v);
+int kw_put_u64(kw_buf *b, uint64_t v);
+int kw_put_bytes(kw_buf *b, const void *p, size_t n);
+
+/* A bounds-checked reader over a payload. A read past the end sets `bad`
+ * and returns zeros; check `bad` once after a group of reads. */
+typedef struct kw_cursor {
+    const unsigned char *p, *end;
+    bool bad;
+} kw_cursor;
+
+static inline kw_cursor kw_cursor_make(const void *p, size_t n)
+{
+    return (kw_cursor){(const unsigned char *)p, (const unsigned char *)p + n, false};
+}
+uint8_t kw_get_u8(kw_cursor *c);
+uint32_t kw_get_u32(kw_cursor *c);
+uint64_t kw_get_u64(kw_cursor *c);
+/* Pointer to the next n bytes (NULL and bad when fewer remain). */
+const void *kw_get_bytes(kw_cursor *c, size_t n);
+static inline bool kw_cursor_done(const kw_cursor *c)
+{
+    return c->p == c->end;
+}
+
+/* The schema payload (kind SCHEMA), decoded. Strings point into owned copies. */
+#define KW_NAME_MAX 63
+
+typedef struct kw_field {
+    char name[KW_NAME_MAX + 1];
+    uint32_t type;            /* keel_type */
+    uint32_t offset;
+    uint32_t count;
+} kw_field;
+
+typedef struct kw_component {
+    uint32_t id;
+    char name[KW_NAME_MAX + 1];
+    uint32_t size, align, discipline;
+    uint32_t nfields;
+    kw_field *fields;
+} kw_component;
+
+typedef struct kw_schema {
+    uint32_t ncomps;
+    kw_component *comps;      /* in id order: comps[i].id == i + 1 */
+} kw_schema;
+
+int kw_schema_encode(const kw_schema *s, kw_buf *out);
+/* Errors: KEEL_ECORRUPT (malformed), KEEL_ENOMEM. */
+int kw_schema_decode(const void *payload, size_t len, kw_schema *out);
+void kw_schema_free(kw_schema *s);
+/* Component by id, NULL when absent. */
+const kw_component *kw_schema_get(const kw_schema *s, uint32_t id);
+
+/* ---- store --------------------------------------------------------------- */
+
+typedef struct kw_store kw_store;
+
+typedef enum kw_db {
+    KW_DB_META = 0,
+    KW_DB_SCHEMA,
+    KW_DB_WAL,
+    KW_DB_SNAP,
+    KW_DB_DICT,
+    KW_DB_COUNT_
+} kw_db;
+
+#define KW_OPEN_READONLY 1u   /* never write (tools; works beside a live server) */
+#define KW_OPEN_CREATE 2u     /* create the directory and the databases when missing */
+
+typedef struct kw_store_desc {
+    uint32_t flags;           /* KW_OPEN_* */
+    uint64_t map_size;        /* initial LMDB map size; 0 = 64 MiB (grows on demand) */
+    uint64_t map_max;         /* growth stops here (then KEEL_ENOSPC); 0 = 1 TiB */
+} kw_store_desc;
+
+/* Open the LMDB environment of data directory dir (clearing stale reader
+ * slots). Errors: KEEL_ENOENT (no data directory / not a keel directory
+ * and no CREATE), KEEL_ECORRUPT (a newer format version, or not LMDB),
+ * KEEL_EIO, KEEL_ENOMEM. */
+int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out);
+void kw_store_close(kw_store *s);
+const char *kw_store_dir(const kw_store *s);
+/* Size in bytes of data.mdb. */
+uint64_t kw_store_file_size(const kw_store *s);
+uint64_t kw_store_map_size(const kw_store *s);
+
+/* ---- writing: one write transaction, retried after growing the map ----- */
+
+typedef struct kw_wtxn kw_wtxn;
+
+/* Run fill(txn, arg) in a write transaction and commit it (synced to disk:
+ * a commit that returns 0 is durable). When the map is full, the
+ * transaction is aborted, the map grown (doubled, up to map_max) and fill
+ * called again from the start -- fill must be repeatable.
+ * Errors: fill's error (aborted), KEEL_ENOSPC (map_max reached or disk
+ * full), KEEL_EIO. Only one write runs at a time. */
+int kw_store_write(kw_store *s, int (*fill)(kw_wtxn *txn, void *arg), void *arg);
+
+/* Inside fill. kw_put_wal appends (MDB_APPEND: lsn must exceed every key). */
+int kw_put(kw_wtxn *t, kw_db db, const void *key, size_t klen, const void *val, size_t vlen);
+int kw_put_wal(kw_wtxn *t, uint64_t lsn, const void *rec, size_t len);
+int kw_del(kw_wtxn *t, kw_db db, const void *key, size_t klen); /* absent keys are fine */
+/* Delete every WAL record with LSN <= upto; *deleted counts them. */
+int kw_del_wal_upto(kw_wtxn *t, uint64_t upto, uint64_t *deleted);
+/* Delete every WAL record with LSN >= from (truncating a bad tail). */
+int kw_del_wal_from(kw_wtxn *t, uint64_t from, uint64_t *deleted);
+/* Delete every key of db starting with prefix whose key is not in keep
+ * (keep(key, klen, arg) true = keep). */
+int kw_del_prefix(kw_wtxn *t, kw_db db, const void *prefix, size_t plen,
+                  bool (*keep)(const void *key, size_t klen, void *arg), void *arg);
+
+/* Test seam: the nth write from now fails with rc before committing
+ * (nth 0 disables). Lets tests drive the runtime's fatal I/O path. */
+void kw_store_test_fail_write(kw_store *s, uint32_t nth, int rc);
+
+/* ---- reading ------------------------------------------------------------- */
+
+typedef struct kw_rtxn kw_rtxn;
+
+/* A read transaction: a consistent snapshot of the store. Keep it short in
+ * a server (LMDB keeps pages alive for it). Errors: KEEL_EIO, KEEL_ENOMEM. */
+int kw_read_begin(kw_store *s, kw_rtxn **out);
+void kw_read_end(kw_rtxn *r);
+/* Value of key in db: 0 and (*val, *vlen) pointing into the map (valid until
+ * kw_read_end), or KEEL_ENOENT. */
+int kw_get(kw_rtxn *r, kw_db db, const void *key, size_t klen, const void **val, size_t *vlen);
+
+/* Iterate the WAL from the first LSN >= from: kw_wal_next returns 1 with
+ * (lsn, rec, len) and advances, 0 at the end, or a KEEL_E* error. */
+typedef struct kw_walit kw_walit;
+int kw_wal_iter(kw_rtxn *r, uint64_t from, kw_walit **out);
+int kw_wal_next(kw_walit *it, uint64_t *lsn, const void **rec, size_t *len);
+void kw_wal_iter_end(kw_walit *it);
+/* Iterate the keys of db starting with prefix, in key order (same protocol). */
+int kw_db_iter(kw_rtxn *r, kw_db db, const void *prefix, size_t plen, kw_walit **out);
+int kw_db_next(kw_walit *it, const void **key, size_t *klen, const void **val, size_t *vlen);
+/* First and last LSN in the WAL (KEEL_ENOENT when it is empty) and count. */
+int kw_wal_bounds(kw_rtxn *r, uint64_t *first, uint64_t *last, uint64_t *count);
+
+/* ---- meta ---------------------------------------------------------------- */
+
+/* meta keys (values little-endian, docs/wal-format.md). */
+#define KW_META_FORMAT "format"          /* u32 format version */
+#define KW_META_CHECKPOINT "checkpoint"  /* kw_checkpoint_meta */
+#define KW_SCHEMA_KEY "components"       /* schema db: the SCHEMA record */
+
+typedef struct kw_checkpoint_meta {
+    uint64_t tick;            /* the checkpoint holds the state after this tick */
+    uint64_t lsn;             /* it covers every WAL record with LSN <= lsn */
+    uint64_t created_ns;      /* CLOCK_REALTIME when recorded */
+    uint32_t count;           /* checkpoints taken in this directory */
+} kw_checkpoint_meta;
+
+void kw_checkpoint_meta_encode(const kw_checkpoint_meta *m, unsigned char out[32]);
+int kw_checkpoint_meta_decode(const void *p, size_t n, kw_checkpoint_meta *out);
+
+/* snap db keys: "T" (SNAP_TABLES), "S" + page u32 BE (SNAP_SLOTS),
+ * "C" + table u32 BE + chunk u32 BE (SNAP_CHUNK). */
+size_t kw_snap_key_slots(unsigned char out[5], uint32_t page);
+size_t kw_snap_key_chunk(unsigned char out[9], uint32_t table, uint32_t chunk);
+
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -1,0 +1,649 @@
+/*
+ * durable/checkpoint.c -- incremental checkpoints without stalling ticks.
+ *
+ * Taking one (tick thread, at the end of a completed tick T, right after
+ * the view of T was published):
+ *   1. capture: note, per chunk, the entity array and the column buffers
+ *      of the view of T (VERSIONED columns: cur == pub now, and a buffer
+ *      the view holds is never written again -- world/version.c); copy the
+ *      SINGLE_VERSION columns (written in place, so they must be copied:
+ *      the only stall, proportional to their bytes); TRANSIENT columns are
+ *      not durable. Every noted buffer goes into a pin set: view
+ *      reclamation (txn/view.c) defers freeing a pinned buffer until the
+ *      checkpoint thread has read it. The job covers every record queued so
+ *      far (all of them belong to ticks <= T).
+ *   2. serialise (checkpoint thread): one SNAP_CHUNK record per chunk, one
+ *      SNAP_SLOTS record per page of 1024 slots, one SNAP_TABLES record;
+ *      a record whose payload hashes like the one snap already holds is
+ *      skipped (incremental: only what changed since the last checkpoint
+ *      is written); keys snap holds that no longer exist are deleted.
+ *      Then the pin is released.
+ *   3. record (writer thread, inside one LMDB write transaction with the
+ *      batch it commits): the snap puts and deletes, meta "checkpoint"
+ *      (tick, covered LSN), a CHECKPOINT marker in the WAL, and the
+ *      deletion of every WAL record the checkpoint covers (unless
+ *      wal_retain). One transaction: a crash at any instant leaves either
+ *      the old checkpoint with its WAL or the new one with the rest.
+ * The content hash is core_hasher's 64 bits over the raw payload; a
+ * collision would skip a changed chunk, with probability 2^-64 per chunk.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/core.h"
+#include "durable/durable_internal.h"
+#include "runtime/runtime_internal.h"
+
+/* ---- the stored-content map (key -> payload hash), under ckpt_mu --------------------- */
+
+typedef struct ckpt_stored {
+    uint64_t *keys;            /* 0 = empty */
+    uint64_t *hashes;
+    uint32_t cap, n;
+} ckpt_stored;
+
+static uint64_t key_code(const void *key, size_t klen)
+{
+    const unsigned char *k = key;
+    uint64_t v = 0;
+    for (size_t i = 1; i < klen; i++)
+        v = v << 8 | k[i];
+    return (uint64_t)k[0] << 56 | v;   /* 'T', 'S'+page, 'C'+table+chunk (table < 2^24) */
+}
+
+static void code_key(uint64_t code, unsigned char *out, size_t *klen)
+{
+    out[0] = (unsigned char)(code >> 56);
+    if (out[0] == 'T') {
+        *klen = 1;
+    } else if (out[0] == 'S') {
+        *klen = kw_snap_key_slots(out, (uint32_t)code);
+    } else {
+        *klen = kw_snap_key_chunk(out, (uint32_t)(code >> 32) & 0xffffff, (uint32_t)code);
+    }
+}
+
+static uint64_t *stored_slot(ckpt_stored *m, uint64_t code)
+{
+    uint32_t mask = m->cap - 1;
+    for (uint32_t i = (uint32_t)core_mix64(code) & mask;; i = (i + 1) & mask)
+        if (!m->keys[i] || m->keys[i] == code)
+            return &m->keys[i];
+}
+
+static int stored_put(ckpt_stored *m, uint64_t code, uint64_t hash)
+{
+    if ((m->n + 1) * 2 > m->cap) {
+        ckpt_stored g = {.cap = m->cap ? m->cap * 2 : 1024};
+        g.keys = calloc(g.cap, sizeof *g.keys);
+        g.hashes = calloc(g.cap, sizeof *g.hashes);
+        if (!g.keys || !g.hashes) {
+            free(g.keys);
+            free(g.hashes);
+            return core_fail(KEEL_ENOMEM, "out of memory for the checkpoint map");
+        }
+        for (uint32_t i = 0; i < m->cap; i++)
+            if (m->keys[i]) {
+                uint64_t *s = stored_slot(&g, m->keys[i]);
+                *s = m->keys[i];
+                g.hashes[s - g.keys] = m->hashes[i];
+                g.n++;
+            }
+        free(m->keys);
+        free(m->hashes);
+        *m = g;
+    }
+    uint64_t *s = stored_slot(m, code);
+    if (!*s)
+        m->n++;
+    *s = code;
+    m->hashes[s - m->keys] = hash;
+    return KEEL_OK;
+}
+
+static void stored_del(ckpt_stored *m, uint64_t code)
+{
+    /* rebuild without the key (deletions are rare: tables that shrank) */
+    ckpt_stored g = {0};
+    for (uint32_t i = 0; i < m->cap; i++)
+        if (m->keys[i] && m->keys[i] != code && stored_put(&g, m->keys[i], m->hashes[i]))
+            return;
+    free(m->keys);
+    free(m->hashes);
+    *m = g;
+}
+
+int ckpt_stored_note(dur_state *d, const void *key, size_t klen, uint64_t hash)
+{
+    if (!d->stored && !(d->stored = calloc(1, sizeof *d->stored)))
+        return core_fail(KEEL_ENOMEM, "out of memory for the checkpoint map");
+    return stored_put(d->stored, key_code(key, klen), hash);
+}
+
+/* ---- the pin ---------------------------------------------------------------------------- */
+
+struct dur_pin {
+    void **set;                /* open addressing, NULL = empty */
+    uint32_t cap;
+    void **deferred;
+    uint32_t ndeferred, deferred_cap;
+};
+
+static bool pin_has(const dur_pin *p, const void *buf)
+{
+    uint32_t mask = p->cap - 1;
+    for (uint32_t i = (uint32_t)core_mix64((uint64_t)(uintptr_t)buf) & mask;; i = (i + 1) & mask) {
+        if (!p->set[i])
+            return false;
+        if (p->set[i] == buf)
+            return true;
+    }
+}
+
+static void pin_add(dur_pin *p, void *buf)
+{
+    uint32_t mask = p->cap - 1;
+    for (uint32_t i = (uint32_t)core_mix64((uint64_t)(uintptr_t)buf) & mask;; i = (i + 1) & mask) {
+        if (!p->set[i]) {
+            p->set[i] = buf;
+            return;
+        }
+        if (p->set[i] == buf)
+            return;
+    }
+}
+
+bool dur_pin_hold(keel_runtime *rt, void *buf)
+{
+    dur_state *d = rt->dur;
+    if (!d || !atomic_load_explicit(&d->pin, memory_order_acquire))
+        return false;
+    pthread_mutex_lock(&d->pin_mu);
+    dur_pin *p = atomic_load_explicit(&d->pin, memory_order_relaxed);
+    bool held = p && pin_has(p, buf);
+    if (held && p->ndeferred == p->deferred_cap) {
+        uint32_t cap = p->deferred_cap ? p->deferred_cap * 2 : 256;
+        void **n = realloc(p->deferred, cap * sizeof *n);
+        if (n) {
+            p->deferred = n;
+            p->deferred_cap = cap;
+        }
+    }
+    if (held && p->ndeferred < p->deferred_cap)
+        p->deferred[p->ndeferred++] = buf;
+    else if (held)
+        held = false; /* out of memory: cannot defer; the caller frees -- see pin_release's note */
+    pthread_mutex_unlock(&d->pin_mu);
+    return held;
+}
+
+static void pin_release(dur_state *d)
+{
+    pthread_mutex_lock(&d->pin_mu);
+    dur_pin *p = atomic_load_explicit(&d->pin, memory_order_relaxed);
+    atomic_store_explicit(&d->pin, NULL, memory_order_release);
+    pthread_mutex_unlock(&d->pin_mu);
+    if (!p)
+        return;
+    for (uint32_t i = 0; i < p->ndeferred; i++)
+        free(p->deferred[i]);
+    free(p->deferred);
+    free(p->set);
+    free(p);
+}
+
+/* ---- the job ------------------------------------------------------------------------------ */
+
+typedef struct ckpt_src {
+    uint32_t table, chunk, count, ncols;
+    const keel_entity *ents;
+    keel_component comp[8];    /* ncols <= 8 here; wider tables use `more` */
+    uint32_t size[8];
+    const void *vals[8];
+    struct ckpt_src_more *more;
+} ckpt_src;
+
+typedef struct ckpt_src_more {
+    keel_component comp[KEEL_MAX_COMPONENTS];
+    uint32_t size[KEEL_MAX_COMPONENTS];
+    const void *vals[KEEL_MAX_COMPONENTS];
+} ckpt_src_more;
+
+typedef struct ckpt_put {
+    uint64_t code, hash;
+    size_t off, len;           /* the record in job->out */
+} ckpt_put;
+
+struct ckpt_job {
+    uint64_t tick, covered_lsn;
+    uint32_t nslots;
+    uint32_t npages;
+    const world_slot **pages;
+    kw_buf tables;             /* SNAP_TABLES payload, built at capture */
+    ckpt_src *srcs;
+    uint32_t nsrcs;
+    void **owned;              /* SINGLE_VERSION copies */
+    uint32_t nowned;
+    /* built by the checkpoint thread */
+    kw_buf out;
+    ckpt_put *puts;
+    uint32_t nputs, puts_cap;
+    uint64_t *dels;
+    uint32_t ndels;
+    uint32_t count;            /* this checkpoint's number */
+    int rc;
+};
+
+void ckpt_job_free(ckpt_job *j)
+{
+    if (!j)
+        return;
+    for (uint32_t i = 0; i < j->nowned; i++)
+        free(j->owned[i]);
+    for (uint32_t i = 0; i < j->nsrcs; i++)
+        free(j->srcs[i].more);
+    free(j->owned);
+    free(j->srcs);
+    free(j->pages);
+    kw_buf_free(&j->tables);
+    kw_buf_free(&j->out);
+    free(j->puts);
+    free(j->dels);
+    free(j);
+}
+
+static keel_component *src_comp(ckpt_src *s) { return s->more ? s->more->comp : s->comp; }
+static uint32_t *src_size(ckpt_src *s) { return s->more ? s->more->size : s->size; }
+static const void **src_vals(ckpt_src *s) { return s->more ? s->more->vals : s->vals; }
+
+static int capture_chunk(keel_world *w, const world_table *t, uint32_t k, ckpt_job *j, dur_pin *pin)
+{
+    world_chunk *ch = t->chunks[k];
+    ckpt_src *s = &j->srcs[j->nsrcs++];
+    *s = (ckpt_src){.table = t->id, .chunk = k, .count = ch->count, .ents = ch->entities};
+    if (t->ncols > 8 && !(s->more = calloc(1, sizeof *s->more)))
+        return KEEL_ENOMEM;
+    pin_add(pin, ch->entities);
+    for (uint32_t col = 0; col < t->ncols; col++) {
+        keel_component c = t->cols[col].c;
+        keel_discipline disc = w->comps[c].desc.discipline;
+        uint32_t size = t->cols[col].size;
+        if (!size || disc == KEEL_TRANSIENT)
+            continue;
+        const void *buf = colver_cur(&ch->cols[col]);
+        if (disc == KEEL_SINGLE_VERSION) {
+            void *copy = malloc((size_t)ch->count * size + 1);
+            if (!copy)
+                return KEEL_ENOMEM;
+            memcpy(copy, buf, (size_t)ch->count * size);
+            j->owned[j->nowned++] = copy;
+            buf = copy;
+        } else {
+            pin_add(pin, (void *)buf);
+        }
+        uint32_t i = s->ncols++;
+        src_comp(s)[i] = c;
+        src_size(s)[i] = size;
+        src_vals(s)[i] = buf;
+    }
+    return KEEL_OK;
+}
+
+static int tables_payload(const keel_world *w, kw_buf *b)
+{
+    int rc = kw_put_u32(b, w->ntables);
+    rc = rc ? rc : kw_put_u32(b, w->nslots);
+    rc = rc ? rc : kw_put_u32(b, w->nlive);
+    for (uint32_t id = 0; !rc && id < w->ntables; id++) {
+        const world_table *t = w->tables[id];
+        rc = kw_put_u32(b, t->count);
+        rc = rc ? rc : kw_put_u32(b, t->ncols);
+        for (uint32_t i = 0; !rc && i < t->ncols; i++)
+            rc = kw_put_u32(b, t->cols[i].c);
+    }
+    return rc;
+}
+
+/* Build the job of the completed tick from the live (just published) world. */
+static int capture(keel_runtime *rt, uint64_t tick, ckpt_job **out)
+{
+    keel_world *w = rt->world;
+    uint32_t nchunks = 0, nbufs = w->npages;
+    for (uint32_t id = 0; id < w->ntables; id++) {
+        nchunks += w->tables[id]->nchunks;
+        nbufs += w->tables[id]->nchunks * (w->tables[id]->ncols + 1);
+    }
+    ckpt_job *j = calloc(1, sizeof *j);
+    dur_pin *pin = calloc(1, sizeof *pin);
+    uint32_t cap = 16;
+    while (cap < nbufs * 2 + 2)
+        cap *= 2;
+    if (j) {
+        j->srcs = calloc(nchunks + 1, sizeof *j->srcs);
+        j->owned = calloc(nbufs + 1, sizeof *j->owned);
+        j->pages = calloc(w->npages + 1, sizeof *j->pages);
+    }
+    if (pin)
+        pin->set = calloc(cap, sizeof *pin->set), pin->cap = cap;
+    int rc = !j || !pin || !j->srcs || !j->owned || !j->pages || !pin->set ? KEEL_ENOMEM : tables_payload(w, &j->tables);
+    for (uint32_t id = 0; !rc && id < w->ntables; id++)
+        for (uint32_t k = 0; !rc && k < w->tables[id]->nchunks; k++)
+            if (w->tables[id]->chunks[k]->count)
+                rc = capture_chunk(w, w->tables[id], k, j, pin);
+    if (rc) {
+        ckpt_job_free(j);
+        if (pin)
+            free(pin->set);
+        free(pin);
+        return core_fail(KEEL_ENOMEM, "out of memory taking a checkpoint of tick %llu", (unsigned long long)tick);
+    }
+    j->tick = tick;
+    j->nslots = w->nslots;
+    j->npages = (w->nslots + WORLD_PAGE_SLOTS - 1) / WORLD_PAGE_SLOTS;
+    for (uint32_t p = 0; p < j->npages; p++) {
+        j->pages[p] = w->pages[p];
+        pin_add(pin, w->pages[p]);
+    }
+    atomic_store_explicit(&rt->dur->pin, pin, memory_order_release);
+    *out = j;
+    return KEEL_OK;
+}
+
+/* ---- serialising (checkpoint thread) ------------------------------------------------------ */
+
+static int add_put(dur_state *d, ckpt_job *j, kw_codec_ctx *c, uint64_t code, const kw_buf *payload, uint32_t kind,
+                   bool *seen_new)
+{
+    core_hasher h;
+    core_hasher_init(&h, 0);
+    core_hasher_bytes(&h, payload->p, payload->len);
+    uint64_t hash = core_hasher_final(&h);
+    pthread_mutex_lock(&d->ckpt_mu);
+    bool same = false;
+    if (d->stored && d->stored->cap) {
+        uint64_t *s = stored_slot(d->stored, code);
+        same = *s == code && d->stored->hashes[s - d->stored->keys] == hash;
+    }
+    pthread_mutex_unlock(&d->ckpt_mu);
+    (void)seen_new;
+    if (j->nputs == j->puts_cap) {
+        uint32_t cap = j->puts_cap ? j->puts_cap * 2 : 256;
+        ckpt_put *p = realloc(j->puts, cap * sizeof *p);
+        if (!p)
+            return KEEL_ENOMEM;
+        j->puts = p;
+        j->puts_cap = cap;
+    }
+    ckpt_put *p = &j->puts[j->nputs++];
+    *p = (ckpt_put){.code = code, .hash = hash, .off = j->out.len, .len = 0};
+    if (same)
+        return KEEL_OK; /* listed (so it is not deleted), not rewritten */
+    int rc = kw_record_build(c, &j->out, kind, 0, j->tick, 0, payload->p, payload->len);
+    p->len = j->out.len - p->off;
+    return rc;
+}
+
+static int chunk_payload(ckpt_src *s, kw_buf *b)
+{
+    b->len = 0;
+    int rc = kw_put_u32(b, s->table);
+    rc = rc ? rc : kw_put_u32(b, s->chunk);
+    rc = rc ? rc : kw_put_u32(b, s->count);
+    rc = rc ? rc : kw_put_u32(b, s->ncols);
+    for (uint32_t i = 0; !rc && i < s->ncols; i++) {
+        rc = kw_put_u32(b, src_comp(s)[i]);
+        rc = rc ? rc : kw_put_u32(b, src_size(s)[i]);
+    }
+    rc = rc ? rc : kw_put_bytes(b, s->ents, (size_t)s->count * 8);
+    for (uint32_t i = 0; !rc && i < s->ncols; i++)
+        rc = kw_put_bytes(b, src_vals(s)[i], (size_t)s->count * src_size(s)[i]);
+    return rc;
+}
+
+static int slots_payload(const ckpt_job *j, uint32_t p, kw_buf *b)
+{
+    b->len = 0;
+    uint32_t first = p * WORLD_PAGE_SLOTS, n = j->nslots - first < WORLD_PAGE_SLOTS ? j->nslots - first : WORLD_PAGE_SLOTS;
+    int rc = kw_put_u32(b, first);
+    rc = rc ? rc : kw_put_u32(b, n);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        rc = kw_put_u32(b, j->pages[p][i].gen);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        rc = kw_put_u8(b, j->pages[p][i].table != WORLD_NO_TABLE);
+    return rc;
+}
+
+static bool listed(const ckpt_job *j, uint64_t code)
+{
+    /* puts are in key order per kind: a linear scan is fine for the rare deletes */
+    for (uint32_t i = 0; i < j->nputs; i++)
+        if (j->puts[i].code == code)
+            return true;
+    return false;
+}
+
+static int serialize(keel_runtime *rt, ckpt_job *j, kw_codec_ctx *c)
+{
+    dur_state *d = rt->dur;
+    kw_buf b = {0};
+    int rc = add_put(d, j, c, key_code("T", 1), &j->tables, KW_KIND_SNAP_TABLES, NULL);
+    for (uint32_t p = 0; !rc && p < j->npages; p++) {
+        unsigned char key[5];
+        size_t kl = kw_snap_key_slots(key, p);
+        rc = slots_payload(j, p, &b);
+        rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_SLOTS, NULL);
+    }
+    for (uint32_t i = 0; !rc && i < j->nsrcs; i++) {
+        unsigned char key[9];
+        size_t kl = kw_snap_key_chunk(key, j->srcs[i].table, j->srcs[i].chunk);
+        rc = chunk_payload(&j->srcs[i], &b);
+        rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_CHUNK, NULL);
+    }
+    kw_buf_free(&b);
+    pin_release(d); /* everything the job points at has been read */
+    for (uint32_t i = 0; i < j->nowned; i++)
+        free(j->owned[i]);
+    j->nowned = 0;
+    if (rc)
+        return rc;
+    /* keys snap holds that this checkpoint does not: delete them */
+    pthread_mutex_lock(&d->ckpt_mu);
+    uint32_t n = 0;
+    for (uint32_t i = 0; d->stored && i < d->stored->cap; i++)
+        n += d->stored->keys[i] && !listed(j, d->stored->keys[i]);
+    j->dels = calloc(n + 1, sizeof *j->dels);
+    for (uint32_t i = 0; j->dels && d->stored && i < d->stored->cap; i++)
+        if (d->stored->keys[i] && !listed(j, d->stored->keys[i]))
+            j->dels[j->ndels++] = d->stored->keys[i];
+    pthread_mutex_unlock(&d->ckpt_mu);
+    return j->dels ? KEEL_OK : KEEL_ENOMEM;
+}
+
+/* ---- the writer's part ---------------------------------------------------------------------- */
+
+int ckpt_write(kw_wtxn *txn, ckpt_job *j, uint64_t marker_lsn, const void *marker, size_t marker_len, bool retain,
+               uint64_t *wal_deleted)
+{
+    (void)marker;
+    (void)marker_len;
+    (void)marker_lsn;
+    int rc = KEEL_OK;
+    for (uint32_t i = 0; !rc && i < j->nputs; i++) {
+        if (!j->puts[i].len)
+            continue;
+        unsigned char key[9];
+        size_t kl;
+        code_key(j->puts[i].code, key, &kl);
+        rc = kw_put(txn, KW_DB_SNAP, key, kl, j->out.p + j->puts[i].off, j->puts[i].len);
+    }
+    for (uint32_t i = 0; !rc && i < j->ndels; i++) {
+        unsigned char key[9];
+        size_t kl;
+        code_key(j->dels[i], key, &kl);
+        rc = kw_del(txn, KW_DB_SNAP, key, kl);
+    }
+    if (!rc) {
+        unsigned char m[32];
+        kw_checkpoint_meta meta = {.tick = j->tick, .lsn = j->covered_lsn, .count = j->count};
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        meta.created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        kw_checkpoint_meta_encode(&meta, m);
+        rc = kw_put(txn, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), m, sizeof m);
+    }
+    if (!rc && !retain)
+        rc = kw_del_wal_upto(txn, j->covered_lsn, wal_deleted);
+    return rc;
+}
+
+void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
+{
+    dur_state *d = rt->dur;
+    pthread_mutex_lock(&d->ckpt_mu);
+    if (!rc) {
+        if (!d->stored)
+            d->stored = calloc(1, sizeof *d->stored);
+        for (uint32_t i = 0; d->stored && i < j->ndels; i++)
+            stored_del(d->stored, j->dels[i]);
+        for (uint32_t i = 0; d->stored && i < j->nputs; i++)
+            stored_put(d->stored, j->puts[i].code, j->puts[i].hash);
+        d->ckpt_count = j->count;
+    }
+    d->ckpt_busy = false;
+    d->ckpt_done++;
+    pthread_cond_broadcast(&d->ckpt_cv);
+    pthread_mutex_unlock(&d->ckpt_mu);
+    ckpt_job_free(j);
+}
+
+/* ---- the checkpoint thread -------------------------------------------------------------------- */
+
+static void *ckpt_main(void *arg)
+{
+    keel_runtime *rt = arg;
+    dur_state *d = rt->dur;
+    kw_codec_ctx *c = NULL;
+    kw_codec_desc cd = {.level = d->zstd_level};
+    int crc = kw_codec_create(&cd, &c);
+    pthread_mutex_lock(&d->ckpt_mu);
+    for (;;) {
+        while (!d->ckpt_next && !d->ckpt_quit)
+            pthread_cond_wait(&d->ckpt_cv, &d->ckpt_mu);
+        ckpt_job *j = d->ckpt_next;
+        d->ckpt_next = NULL;
+        if (!j)
+            break;
+        pthread_mutex_unlock(&d->ckpt_mu);
+        int rc = crc ? crc : serialize(rt, j, c);
+        if (!rc) {
+            dur_item *it = dur_item_new(DUR_CHECKPOINT, KEEL_DURABLE_IMMEDIATE);
+            unsigned char mp[16];
+            kw_buf mb = {mp, 0, sizeof mp};
+            kw_put_u64(&mb, j->covered_lsn);
+            kw_put_u64(&mb, j->tick);
+            rc = it ? kw_record_build_unsealed(c, &it->recs, KW_KIND_CHECKPOINT, j->tick, 0, mp, sizeof mp) : KEEL_ENOMEM;
+            if (!rc) {
+                it->ckpt = j;
+                rc = dur_enqueue(rt, it, NULL); /* the writer calls ckpt_committed */
+                j = NULL;
+            } else {
+                dur_item_free(it);
+            }
+        } else {
+            pin_release(d);
+        }
+        if (j) { /* could not hand it over */
+            core_log(KEEL_LOG_ERROR, "ckpt", "failed", "tick=%llu code=%s", (unsigned long long)j->tick,
+                     keel_strerror(rc));
+            if (rc != KEEL_EFATAL)
+                dur_latch_fatal(rt, rc);
+            ckpt_committed(rt, j, rc);
+        }
+        pthread_mutex_lock(&d->ckpt_mu);
+    }
+    pthread_mutex_unlock(&d->ckpt_mu);
+    kw_codec_destroy(c);
+    return NULL;
+}
+
+int ckpt_start(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    if (pthread_create(&d->ckpt_thread, NULL, ckpt_main, rt))
+        return core_fail(KEEL_ENOMEM, "cannot start the checkpoint thread");
+    d->ckpt_thread_running = true;
+    return KEEL_OK;
+}
+
+void ckpt_stop(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    if (!d->ckpt_thread_running)
+        return;
+    pthread_mutex_lock(&d->ckpt_mu);
+    d->ckpt_quit = true;
+    pthread_cond_broadcast(&d->ckpt_cv);
+    pthread_mutex_unlock(&d->ckpt_mu);
+    pthread_join(d->ckpt_thread, NULL);
+    d->ckpt_thread_running = false;
+    if (d->ckpt_next) {
+        ckpt_job_free(d->ckpt_next);
+        d->ckpt_next = NULL;
+        pin_release(d);
+    }
+}
+
+void ckpt_fini(dur_state *d)
+{
+    if (d->stored) {
+        free(d->stored->keys);
+        free(d->stored->hashes);
+        free(d->stored);
+        d->stored = NULL;
+    }
+}
+
+int ckpt_wait(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    pthread_mutex_lock(&d->ckpt_mu);
+    while ((d->ckpt_busy || d->ckpt_next) && !dur_fatal(d))
+        pthread_cond_wait(&d->ckpt_cv, &d->ckpt_mu);
+    pthread_mutex_unlock(&d->ckpt_mu);
+    return dur_fatal(d) ? KEEL_EFATAL : KEEL_OK;
+}
+
+int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force)
+{
+    dur_state *d = rt->dur;
+    uint64_t now = rt_now_ns(), bytes = atomic_load(&d->wal_bytes);
+    bool due = force || (d->ckpt_every_ticks > 0 && tick - d->last_ckpt_tick >= (uint64_t)d->ckpt_every_ticks) ||
+               (d->ckpt_every_bytes > 0 && bytes - d->bytes_since_ckpt >= (uint64_t)d->ckpt_every_bytes) ||
+               (d->ckpt_every_seconds > 0 && (double)(now - d->last_ckpt_ns) / 1e9 >= d->ckpt_every_seconds);
+    if (!due || tick == d->last_ckpt_tick)
+        return KEEL_OK;
+    pthread_mutex_lock(&d->ckpt_mu);
+    bool busy = d->ckpt_busy || d->ckpt_next;
+    pthread_mutex_unlock(&d->ckpt_mu);
+    if (busy && !force)
+        return KEEL_OK; /* one at a time; the next tick asks again */
+    if (busy && (ckpt_wait(rt)))
+        return KEEL_EFATAL;
+    ckpt_job *j = NULL;
+    int rc = capture(rt, tick, &j);
+    if (rc)
+        return rc;
+    j->covered_lsn = dur_last_lsn(rt);
+    j->count = d->ckpt_count + 1;
+    d->last_ckpt_tick = tick;
+    d->last_ckpt_ns = now;
+    d->bytes_since_ckpt = bytes;
+    pthread_mutex_lock(&d->ckpt_mu);
+    d->ckpt_count = j->count; /* numbering; ckpt_committed confirms */
+    d->ckpt_busy = true;
+    d->ckpt_next = j;
+    pthread_cond_broadcast(&d->ckpt_cv);
+    pthread_mutex_unlock(&d->ckpt_mu);
+    return KEEL_OK;
+}

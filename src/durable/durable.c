@@ -1,0 +1,73 @@
+/*
+ * durable/durable.c -- the public durability calls (keel/durability.h).
+ */
+#include <stdio.h>
+#include "core/core.h"
+#include "durable/durable_internal.h"
+#include "runtime/runtime_internal.h"
+
+int keel_runtime_recover(keel_runtime *rt, keel_recovery *out)
+{
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_runtime_recover: runtime is NULL");
+    if (!rt->data_dir)
+        return core_fail(KEEL_EINVAL, "keel_runtime_recover: the runtime has no data directory (durable.dir)");
+    if (!rt->recovered) {
+        if (atomic_load(&rt->tick) || atomic_load(&rt->driver_running))
+            return core_fail(KEEL_EBUSY, "keel_runtime_recover: ticks already ran in memory");
+        rt->recovered = true;
+        keel_world_freeze(rt->world); /* the schema is checked and stored now: no later registration */
+        rt->recover_rc = dur_open(rt, &rt->recovery);
+        if (!rt->recover_rc) /* readers see the recovered state at once */
+            rt->recover_rc = view_publish(rt, rt->recovery.tick);
+        if (rt->recover_rc) {
+            char cause[480];
+            snprintf(cause, sizeof cause, "%s", keel_last_error());
+            dur_close(rt);
+            core_fail(rt->recover_rc, "cannot open data directory %s: %s", rt->data_dir, cause);
+            snprintf(rt->recover_error, sizeof rt->recover_error, "%s", keel_last_error());
+        }
+    } else if (rt->recover_rc) {
+        core_fail(rt->recover_rc, "%s", rt->recover_error);
+    }
+    if (out)
+        *out = rt->recovery;
+    return rt->recover_rc;
+}
+
+int keel_uow_flush(keel_runtime *rt)
+{
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_uow_flush: runtime is NULL");
+    if (!rt->dur)
+        return rt->data_dir && rt->recover_rc ? core_fail(KEEL_EFATAL, "keel_uow_flush: the data directory is not open")
+                                               : KEEL_OK;
+    return dur_wait(rt, dur_last_lsn(rt));
+}
+
+int keel_checkpoint(keel_runtime *rt)
+{
+    if (!rt || !rt->data_dir)
+        return core_fail(KEEL_EINVAL, "keel_checkpoint: %s", rt ? "the runtime has no data directory" : "runtime is NULL");
+    if (atomic_load(&rt->driver_running))
+        return core_fail(KEEL_EBUSY, "keel_checkpoint: the tick driver is running; stop it first");
+    int rc = keel_runtime_recover(rt, NULL);
+    if (rc)
+        return rc;
+    if (dur_fatal(rt->dur))
+        return core_fail(KEEL_EFATAL, "keel_checkpoint: the runtime latched fatal (%s)", keel_strerror(dur_fatal(rt->dur)));
+    if (rt->world->mutations != rt->pub_mutations && (rc = view_publish(rt, atomic_load(&rt->tick))))
+        return rc;
+    rc = ckpt_maybe(rt, atomic_load(&rt->tick), true);
+    return rc ? rc : ckpt_wait(rt);
+}
+
+int keel_runtime_fatal(const keel_runtime *rt)
+{
+    return rt ? dur_fatal(rt->dur) : 0;
+}
+
+uint64_t keel_durable_lsn(const keel_runtime *rt)
+{
+    return rt && rt->dur ? atomic_load_explicit(&((dur_state *)rt->dur)->durable_lsn, memory_order_acquire) : 0;
+}

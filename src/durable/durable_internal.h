@@ -1,0 +1,183 @@
+/*
+ * durable/durable_internal.h -- durability (SPEC §8): the fence that turns
+ * a tick's unit of work into WAL records (fence.c), the WAL writer thread
+ * with group commit (writer.c), checkpoints (checkpoint.c) and recovery at
+ * open (recover.c). docs/durability.md describes the protocols; the record
+ * format is libkeel_wal's (docs/wal-format.md).
+ *
+ * The data's path: system transaction -> unit of work (txn/uow.c) -> fence
+ * (records, compressed in parallel on the workers) -> writer queue (LSNs
+ * handed out at enqueue, so queue order is LSN order) -> one LMDB write
+ * transaction per batch, synced (the group commit) -> durable LSN published,
+ * waiters woken -> recovery replays the same records.
+ */
+#ifndef KEEL_DURABLE_INTERNAL_H
+#define KEEL_DURABLE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "keel/durability.h"
+#include "keel/txn.h"
+#include "keel_wal/wal.h"
+
+typedef struct keel_runtime keel_runtime;
+typedef struct ckpt_job ckpt_job;
+
+/* What the writer commits: a run of sealed records (one tick's batch, the
+ * hook's unit, one side transaction), a checkpoint, or a flush request. */
+typedef enum dur_item_kind { DUR_RECORDS, DUR_CHECKPOINT, DUR_FLUSH } dur_item_kind;
+
+typedef struct dur_item {
+    struct dur_item *next;
+    dur_item_kind kind;
+    keel_durability mode;      /* resolved: IMMEDIATE, GROUP or DEFERRED */
+    uint64_t first_lsn, last_lsn; /* the records' LSN range (0, 0 when none) */
+    uint64_t tick;             /* a tick batch: the tick it completes (0 otherwise) */
+    kw_buf recs;               /* sealed records, back to back */
+    ckpt_job *ckpt;            /* DUR_CHECKPOINT */
+} dur_item;
+
+/* Something to run once an LSN is durable (a ticket's completion). */
+typedef struct dur_waiter {
+    struct dur_waiter *next;
+    uint64_t lsn;
+    void (*done)(void *arg, int rc);
+    void *arg;
+} dur_waiter;
+
+typedef struct dur_pin dur_pin;
+
+typedef struct dur_state {
+    kw_store *store;
+    keel_durability mode;      /* the runtime's mode for ticks */
+    kw_codec_ctx **codec;      /* one per worker (fence tasks) */
+    kw_codec_ctx *side_codec;  /* side records (under the runtime's side_lock) */
+    kw_buf side_payload;       /* scratch for side records (under side_lock) */
+    uint32_t ncodec;
+
+    /* ---- the writer queue (mu) ---------------------------------------------------------
+     * Producers (the tick thread, side commits under side_lock) take mu,
+     * hand out LSNs from next_lsn, seal their records and append: queue
+     * order is LSN order, which MDB_APPEND needs. The writer takes the whole
+     * queue at once. DEFERRED items are held by the writer until something
+     * needs a sync (an IMMEDIATE or GROUP item, a flush, a checkpoint), or
+     * DUR_DEFER_MAX_BYTES / DUR_DEFER_MAX_NS pass. */
+    pthread_mutex_t mu;
+    pthread_cond_t wake;       /* the writer waits for work */
+    pthread_cond_t durable_cv; /* waiters wait for the durable LSN */
+    dur_item *head, *tail;
+    size_t queued_bytes;
+    uint64_t next_lsn;
+    dur_waiter *waiters;       /* sorted by LSN */
+    bool quit;
+    /* published by the writer (also read without mu) */
+    _Atomic uint64_t durable_lsn;
+    _Atomic uint64_t durable_tick;
+    _Atomic int fatal;         /* 0, or the KEEL_E* code that latched the runtime */
+    pthread_t thread;
+    bool thread_running;
+
+    /* counters (writer thread; read racily for telemetry) */
+    _Atomic uint64_t fsyncs, wal_bytes, wal_raw_bytes;
+    uint64_t bytes_since_ckpt;
+
+    /* ---- checkpoints (checkpoint.c) ---- */
+    int64_t ckpt_every_ticks;
+    int64_t ckpt_every_bytes;
+    double ckpt_every_seconds;
+    bool wal_retain;
+    uint64_t last_ckpt_tick;
+    uint64_t last_ckpt_ns;
+    uint32_t ckpt_count;
+    pthread_t ckpt_thread;
+    bool ckpt_thread_running;
+    pthread_mutex_t ckpt_mu;
+    pthread_cond_t ckpt_cv;
+    ckpt_job *ckpt_next;       /* handed to the checkpoint thread */
+    bool ckpt_busy;            /* a job is being written */
+    bool ckpt_quit;
+    uint64_t ckpt_done;        /* jobs completed (for keel_checkpoint) */
+    struct ckpt_stored *stored; /* content hashes of what snap holds (checkpoint thread) */
+    /* buffers of an in-flight checkpoint are not freed by view reclamation */
+    pthread_mutex_t pin_mu;
+    _Atomic(dur_pin *) pin;
+
+    int zstd_level;
+} dur_state;
+
+#define DUR_DEFER_MAX_BYTES (8u << 20)
+#define DUR_DEFER_MAX_NS 1000000000ull
+#define DUR_QUEUE_MAX_BYTES (256u << 20) /* a producer waits while more than this is queued */
+#define DUR_RECORD_TARGET (64u << 10)    /* fence records aim at this many raw bytes */
+
+/* ---- writer.c ------------------------------------------------------------------------ */
+
+int dur_writer_start(keel_runtime *rt);
+/* Drain the queue (every held record committed) and stop the writer. */
+void dur_writer_stop(keel_runtime *rt);
+/* Seal the records in item->recs with consecutive LSNs and queue the item
+ * (the writer owns it afterwards); *last_lsn (may be NULL) receives the
+ * last LSN handed out. Errors: KEEL_EFATAL (item freed). */
+int dur_enqueue(keel_runtime *rt, dur_item *item, uint64_t *last_lsn);
+dur_item *dur_item_new(dur_item_kind kind, keel_durability mode);
+void dur_item_free(dur_item *it);
+/* Wait until lsn is durable; forces held DEFERRED records out. 0, or
+ * KEEL_EFATAL. */
+int dur_wait(keel_runtime *rt, uint64_t lsn);
+/* Run done(arg, rc) once lsn is durable (at once when it is): rc 0, or
+ * KEEL_EFATAL when the runtime latched before. */
+void dur_when_durable(keel_runtime *rt, uint64_t lsn, void (*done)(void *arg, int rc), void *arg);
+/* Latch the fatal state (first code wins), wake every waiter. */
+void dur_latch_fatal(keel_runtime *rt, int rc);
+static inline int dur_fatal(const dur_state *d)
+{
+    return d ? atomic_load_explicit(&((dur_state *)d)->fatal, memory_order_acquire) : 0;
+}
+/* The last LSN handed out. */
+uint64_t dur_last_lsn(keel_runtime *rt);
+
+/* ---- fence.c ----------------------------------------------------------------------- */
+
+/* Turn the tick's unit of work into records and queue them (after the sync
+ * point). Parallel on the workers. Errors: KEEL_EFATAL, KEEL_ENOMEM (the
+ * runtime latches: a tick that cannot be logged must not be acknowledged). */
+int fence_tick(keel_runtime *rt, uint64_t tick);
+/* on_first_tick's unit: its value rows and its commands, flagged HOOK. */
+int fence_hook(keel_runtime *rt, uint64_t tick);
+/* Encode and queue one side transaction (under side_lock, after it applied). */
+int fence_side(keel_runtime *rt, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn);
+/* Serialise a SCHEMA payload of the world's components. */
+int fence_schema_payload(keel_runtime *rt, kw_buf *out);
+
+/* ---- checkpoint.c ------------------------------------------------------------------ */
+
+int ckpt_start(keel_runtime *rt);
+void ckpt_stop(keel_runtime *rt);
+void ckpt_fini(dur_state *d);
+/* Tick end: take a checkpoint of the completed tick when one is due
+ * (force: now). Never stalls for the writing; copies SINGLE_VERSION data. */
+int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force);
+/* Wait until every checkpoint taken so far is committed. */
+int ckpt_wait(keel_runtime *rt);
+/* The writer's part, inside its write transaction. */
+int ckpt_write(kw_wtxn *txn, ckpt_job *job, uint64_t marker_lsn, const void *marker, size_t marker_len,
+               bool retain, uint64_t *wal_deleted);
+/* After the writer committed (rc 0) or failed. */
+void ckpt_committed(keel_runtime *rt, ckpt_job *job, int rc);
+void ckpt_job_free(ckpt_job *job);
+/* View reclamation: true when buf belongs to an in-flight checkpoint (it
+ * is then freed when the checkpoint has read it). */
+bool dur_pin_hold(keel_runtime *rt, void *buf);
+/* Record what a loaded snap chunk holds (recovery), so the next checkpoint
+ * skips it when unchanged. */
+int ckpt_stored_note(dur_state *d, const void *key, size_t klen, uint64_t hash);
+
+/* ---- recover.c --------------------------------------------------------------------- */
+
+int dur_open(keel_runtime *rt, keel_recovery *out);
+void dur_close(keel_runtime *rt);
+
+#endif

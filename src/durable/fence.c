@@ -1,0 +1,359 @@
+/*
+ * durable/fence.c -- the fence: a tick's unit of work becomes WAL records.
+ *
+ * Engine-Post, after the sync point (SPEC §6 step 4), as a small DAG:
+ *   prep      (tick thread) cut the captured value rows into segments of
+ *             about DUR_RECORD_TARGET bytes, in capture order;
+ *   serialize (workers, parallel) each segment becomes one TICK_CHUNK
+ *             record, compressed with the worker's own zstd context and
+ *             left unsealed (no LSN yet);
+ *   finalize  (tick thread) LIFECYCLE records of the applied commands, the
+ *             TICK_COMMIT marker, and one hand-off to the writer, which
+ *             seals the records with consecutive LSNs.
+ * A tick's records reach LMDB in one write transaction, so a tick is on
+ * disk whole or not at all; the marker still closes the unit so readers
+ * and recovery can check it. on_first_tick's changes form a unit of their
+ * own (marker flagged HOOK), queued before any side transaction of the
+ * tick can commit, because those may write the entities it spawned.
+ *
+ * Payloads (docs/wal-format.md): TICK_CHUNK = u32 ngroups, then per group
+ * u32 component, u32 size, u32 n, n entity handles (u64), n values;
+ * LIFECYCLE = u32 nops, then per op u8 kind, u64 entity and the kind's
+ * operands; SIDE = u64 seq, u32 mode, u32 nwrites, then per write u64
+ * entity, u32 component, u32 size, value. TRANSIENT values are logged as
+ * zeros: they are not durable.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "durable/durable_internal.h"
+#include "runtime/runtime_internal.h"
+
+/* ---- value rows -> TICK_CHUNK payload ------------------------------------------------ */
+
+static int rows_payload(const txn_uow *u, size_t from, size_t to, kw_buf *out)
+{
+    /* groups of consecutive rows of one component: entities, then values */
+    size_t count_at = out->len;
+    uint32_t ngroups = 0;
+    int rc = kw_put_u32(out, 0);
+    size_t off = from;
+    while (!rc && off < to) {
+        uow_row first, r;
+        size_t probe = off;
+        uow_next_row(u, &probe, &first);
+        uint32_t n = 1;
+        size_t end = probe;
+        while (end < to) {
+            size_t q = end;
+            uow_next_row(u, &q, &r);
+            if (r.component != first.component)
+                break;
+            end = q;
+            n++;
+        }
+        rc = kw_put_u32(out, first.component);
+        rc = rc ? rc : kw_put_u32(out, first.size);
+        rc = rc ? rc : kw_put_u32(out, n);
+        rc = rc ? rc : kw_buf_reserve(out, (size_t)n * (8 + first.size));
+        if (rc)
+            break;
+        for (size_t q = off; q < end;) {
+            uow_next_row(u, &q, &r);
+            kw_put_u64(out, r.entity);
+        }
+        for (size_t q = off; q < end;) {
+            uow_next_row(u, &q, &r);
+            kw_put_bytes(out, r.value, r.size);
+        }
+        ngroups++;
+        off = end;
+    }
+    if (!rc)
+        for (int i = 0; i < 4; i++)
+            out->p[count_at + i] = (unsigned char)(ngroups >> (8 * i));
+    return rc;
+}
+
+/* ---- parallel serialisation ----------------------------------------------------------- */
+
+typedef struct fence_seg {
+    size_t from, to;           /* uow row offsets */
+    kw_buf payload;            /* scratch */
+    kw_buf rec;                /* the unsealed record */
+    int rc;
+} fence_seg;
+
+typedef struct fence_job {
+    keel_runtime *rt;
+    uint64_t tick;
+    fence_seg *segs;
+} fence_job;
+
+static void serialize_task(void *arg, uint32_t i, uint32_t worker)
+{
+    fence_job *j = arg;
+    fence_seg *s = &j->segs[i];
+    dur_state *d = j->rt->dur;
+    s->payload.len = 0;
+    s->rc = rows_payload(&j->rt->uow, s->from, s->to, &s->payload);
+    if (!s->rc)
+        s->rc = kw_record_build_unsealed(d->codec[worker % d->ncodec], &s->rec, KW_KIND_TICK_CHUNK, j->tick, 0,
+                                         s->payload.p, s->payload.len);
+}
+
+/* Cut rows [from, to) into segments of about DUR_RECORD_TARGET bytes. */
+static uint32_t cut_segments(const txn_uow *u, size_t from, size_t to, fence_seg **out)
+{
+    uint32_t cap = (uint32_t)((to - from) / DUR_RECORD_TARGET) + 2, n = 0;
+    fence_seg *segs = calloc(cap, sizeof *segs);
+    if (!segs)
+        return UINT32_MAX;
+    size_t off = from, start = from;
+    uow_row r;
+    while (off < to && uow_next_row(u, &off, &r)) {
+        if (off - start >= DUR_RECORD_TARGET || off >= to) {
+            segs[n++] = (fence_seg){.from = start, .to = off};
+            start = off;
+        }
+    }
+    *out = segs;
+    return n;
+}
+
+/* ---- lifecycle -> LIFECYCLE payloads ---------------------------------------------------- */
+
+static int put_value(kw_buf *out, const keel_world *w, keel_component c, const void *value)
+{
+    uint32_t size = w->comps[c].desc.size;
+    int rc = kw_put_u32(out, c);
+    rc = rc ? rc : kw_put_u32(out, size);
+    if (rc || !size)
+        return rc;
+    if (w->comps[c].desc.discipline != KEEL_TRANSIENT)
+        return kw_put_bytes(out, value, size);
+    rc = kw_buf_reserve(out, size);
+    if (!rc) {
+        memset(out->p + out->len, 0, size);
+        out->len += size;
+    }
+    return rc;
+}
+
+static int op_payload(kw_buf *out, const keel_world *w, const world_lifecycle_op *op)
+{
+    int rc = kw_put_u8(out, (uint8_t)op->kind);
+    rc = rc ? rc : kw_put_u64(out, op->entity);
+    if (rc)
+        return rc;
+    switch (op->kind) {
+    case WORLD_OP_SPAWN: {
+        rc = kw_put_u32(out, op->n);
+        const unsigned char *val = op->values;
+        for (uint32_t i = 0; !rc && i < op->n; i++) {
+            rc = put_value(out, w, op->ids[i], val);
+            val += (w->comps[op->ids[i]].desc.size + 7u) & ~7u;
+        }
+        return rc;
+    }
+    case WORLD_OP_ADD:
+        return put_value(out, w, op->component, op->values);
+    case WORLD_OP_REMOVE:
+        return kw_put_u32(out, op->component);
+    default:
+        return KEEL_OK;
+    }
+}
+
+/* Append LIFECYCLE records for the log from offset `from` to out. */
+static int lifecycle_records(keel_runtime *rt, kw_codec_ctx *c, size_t from, uint64_t tick, uint32_t flags,
+                             kw_buf *scratch, kw_buf *out, uint32_t *nrec)
+{
+    const world_lifecycle_log *log = &rt->uow.lifecycle;
+    size_t off = from;
+    world_lifecycle_op op;
+    int rc = KEEL_OK;
+    bool more = world_lifecycle_next(log, &off, &op);
+    while (!rc && more) {
+        scratch->len = 0;
+        uint32_t nops = 0;
+        rc = kw_put_u32(scratch, 0);
+        while (!rc && more && scratch->len < DUR_RECORD_TARGET) {
+            rc = op_payload(scratch, rt->world, &op);
+            nops++;
+            more = world_lifecycle_next(log, &off, &op);
+        }
+        if (rc)
+            break;
+        for (int i = 0; i < 4; i++)
+            scratch->p[i] = (unsigned char)(nops >> (8 * i));
+        rc = kw_record_build_unsealed(c, out, KW_KIND_LIFECYCLE, tick, flags, scratch->p, scratch->len);
+        (*nrec)++;
+    }
+    return rc;
+}
+
+static int commit_marker(keel_runtime *rt, kw_codec_ctx *c, uint64_t tick, uint32_t flags, uint32_t nrec, kw_buf *out)
+{
+    unsigned char p[16];
+    kw_buf b = {p, 0, sizeof p};
+    kw_put_u32(&b, nrec);
+    kw_put_u32(&b, rt->world->nlive);
+    kw_put_u32(&b, rt->world->nslots);
+    kw_put_u32(&b, 0);
+    return kw_record_build_unsealed(c, out, KW_KIND_TICK_COMMIT, tick, flags, p, sizeof p);
+}
+
+/* Move the unsealed records of segs into item->recs, in order. */
+static int gather(dur_item *item, fence_seg *segs, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        if (segs[i].rc)
+            return segs[i].rc;
+        int rc = kw_put_bytes(&item->recs, segs[i].rec.p, segs[i].rec.len);
+        if (rc)
+            return rc;
+    }
+    return KEEL_OK;
+}
+
+static void free_segs(fence_seg *segs, uint32_t n)
+{
+    for (uint32_t i = 0; segs && i < n; i++) {
+        kw_buf_free(&segs[i].payload);
+        kw_buf_free(&segs[i].rec);
+    }
+    free(segs);
+}
+
+/* One unit: value rows [rows_from, rows_to), lifecycle from life_from. */
+static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t rows_from, size_t rows_to,
+                      size_t life_from, bool parallel)
+{
+    dur_state *d = rt->dur;
+    if (rt->uow.oom)
+        return core_fail(KEEL_ENOMEM, "tick %llu: the unit of work ran out of memory; its changes cannot be logged",
+                         (unsigned long long)tick);
+    fence_seg *segs = NULL;
+    uint32_t nseg = cut_segments(&rt->uow, rows_from, rows_to, &segs);
+    if (nseg == UINT32_MAX)
+        return core_fail(KEEL_ENOMEM, "out of memory in the fence");
+    fence_job job = {rt, tick, segs};
+    if (parallel && nseg > 1)
+        dispatch_for(rt, nseg, serialize_task, &job);
+    else
+        for (uint32_t i = 0; i < nseg; i++)
+            serialize_task(&job, i, 0);
+    dur_item *item = dur_item_new(DUR_RECORDS, d->mode);
+    kw_buf scratch = {0};
+    uint32_t nrec = nseg;
+    int rc = item ? gather(item, segs, nseg) : KEEL_ENOMEM;
+    uint64_t raw = 0;
+    for (uint32_t i = 0; i < nseg; i++)
+        raw += segs[i].payload.len;
+    free_segs(segs, nseg);
+    if (!rc)
+        rc = lifecycle_records(rt, d->codec[0], life_from, tick, flags, &scratch, &item->recs, &nrec);
+    raw += scratch.len;
+    kw_buf_free(&scratch);
+    if (!rc)
+        rc = commit_marker(rt, d->codec[0], tick, flags, nrec, &item->recs);
+    if (rc) {
+        dur_item_free(item);
+        return rc;
+    }
+    if (!(flags & KW_FLAG_HOOK))
+        item->tick = tick;
+    atomic_fetch_add(&d->wal_raw_bytes, raw);
+    rt->fence_raw_bytes = raw;
+    rt->fence_stored_bytes = item->recs.len;
+    return dur_enqueue(rt, item, NULL);
+}
+
+int fence_hook(keel_runtime *rt, uint64_t tick)
+{
+    int rc = fence_unit(rt, tick, KW_FLAG_HOOK, 0, rt->uow.hook_rows_end, 0, false);
+    rt->fence_rows_from = rt->uow.rows_len;
+    rt->fence_life_from = rt->uow.lifecycle.len;
+    return rc;
+}
+
+int fence_tick(keel_runtime *rt, uint64_t tick)
+{
+    int rc = fence_unit(rt, tick, 0, rt->fence_rows_from, rt->uow.rows_len, rt->fence_life_from, true);
+    rt->fence_rows_from = rt->fence_life_from = 0;
+    return rc;
+}
+
+/* ---- side transactions -------------------------------------------------------------- */
+
+int fence_side(keel_runtime *rt, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn)
+{
+    dur_state *d = rt->dur;
+    const txn_uow *u = &rt->uow;
+    uow_side s;
+    size_t off = side_off, writes;
+    if (!uow_next_side(u, &off, &s, &writes))
+        return core_fail(KEEL_EINVAL, "side record missing from the unit of work");
+    kw_buf *p = &d->side_payload;
+    p->len = 0;
+    int rc = kw_put_u64(p, seq);
+    rc = rc ? rc : kw_put_u32(p, (uint32_t)mode);
+    rc = rc ? rc : kw_put_u32(p, s.nwrites);
+    uow_row r;
+    for (uint32_t i = 0; !rc && i < s.nwrites && uow_next_side_row(u, &writes, &r); i++) {
+        rc = kw_put_u64(p, r.entity);
+        rc = rc ? rc : kw_put_u32(p, r.component);
+        rc = rc ? rc : kw_put_u32(p, r.size);
+        rc = rc ? rc : kw_put_bytes(p, r.value, r.size);
+    }
+    dur_item *item = rc ? NULL : dur_item_new(DUR_RECORDS, mode);
+    if (!rc && !item)
+        rc = core_fail(KEEL_ENOMEM, "out of memory logging a side transaction");
+    if (!rc)
+        rc = kw_record_build_unsealed(d->side_codec, &item->recs, KW_KIND_SIDE, tick, 0, p->p, p->len);
+    if (rc) {
+        dur_item_free(item);
+        return rc;
+    }
+    atomic_fetch_add(&d->wal_raw_bytes, p->len);
+    return dur_enqueue(rt, item, lsn); /* frees item on failure */
+}
+
+/* ---- schema ------------------------------------------------------------------------- */
+
+int fence_schema_payload(keel_runtime *rt, kw_buf *out)
+{
+    const keel_world *w = rt->world;
+    kw_schema s = {.ncomps = w->ncomps, .comps = calloc(w->ncomps ? w->ncomps : 1, sizeof(kw_component))};
+    if (!s.comps)
+        return core_fail(KEEL_ENOMEM, "out of memory encoding the schema");
+    int rc = KEEL_OK;
+    for (uint32_t i = 0; i < w->ncomps && !rc; i++) {
+        const world_component *c = &w->comps[i + 1];
+        kw_component *k = &s.comps[i];
+        k->id = i + 1;
+        snprintf(k->name, sizeof k->name, "%s", c->name);
+        k->size = c->desc.size;
+        k->align = c->desc.align;
+        k->discipline = c->desc.discipline;
+        k->nfields = c->desc.field_count;
+        k->fields = calloc(k->nfields ? k->nfields : 1, sizeof *k->fields);
+        if (!k->fields) {
+            rc = core_fail(KEEL_ENOMEM, "out of memory encoding the schema");
+            break;
+        }
+        for (uint32_t f = 0; f < k->nfields; f++) {
+            snprintf(k->fields[f].name, sizeof k->fields[f].name, "%s", c->desc.fields[f].name);
+            k->fields[f].type = c->desc.fields[f].type;
+            k->fields[f].offset = c->desc.fields[f].offset;
+            k->fields[f].count = c->desc.fields[f].count;
+        }
+    }
+    if (!rc)
+        rc = kw_schema_encode(&s, out);
+    kw_schema_free(&s);
+    return rc;
+}

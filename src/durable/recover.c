@@ -1,0 +1,662 @@
+/*
+ * durable/recover.c -- opening a data directory: the schema check, loading
+ * the last checkpoint, replaying the WAL after it, and starting the writer.
+ *
+ * Replay applies whole units only: the records of a tick (or of
+ * on_first_tick) are collected until their TICK_COMMIT marker and then
+ * applied in order -- value rows through the same write path as keel_set,
+ * lifecycle commands through the same command playback as the sync point,
+ * so storage ends up row for row as it was. A side transaction is a unit of
+ * its own and is applied where it stands in LSN order, also when the tick
+ * it ran in never reached the disk (it was acknowledged on its own). Every
+ * record's CRC is checked and LSNs must be consecutive; the first invalid
+ * record stops the open with KEEL_ECORRUPT naming its LSN, unless
+ * truncate_bad_tail asks to drop it and everything after it (the unit it
+ * belongs to included, so nothing half-applied remains).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "durable/durable_internal.h"
+#include "runtime/runtime_internal.h"
+
+/* ---- schema ------------------------------------------------------------------------ */
+
+static int check_component(const keel_world *w, const kw_component *k)
+{
+    if (k->id > w->ncomps)
+        return core_fail(KEEL_EINVAL, "component '%s' (id %u) is stored in the data directory but not registered; "
+                                      "register every stored component, in the same order", k->name, k->id);
+    const world_component *c = &w->comps[k->id];
+    if (strcmp(c->name, k->name))
+        return core_fail(KEEL_EINVAL, "component id %u is '%s' in the data directory but '%s' is registered with "
+                                      "that id; register stored components in the same order, new ones last",
+                         k->id, k->name, c->name);
+    if (c->desc.size != k->size || c->desc.align != k->align || (uint32_t)c->desc.discipline != k->discipline ||
+        c->desc.field_count != k->nfields)
+        return core_fail(KEEL_EINVAL, "component '%s' changed its layout: stored size %u align %u discipline %u "
+                                      "fields %u, registered %u %u %u %u; the data directory was not changed",
+                         k->name, k->size, k->align, k->discipline, k->nfields, c->desc.size, c->desc.align,
+                         (uint32_t)c->desc.discipline, c->desc.field_count);
+    for (uint32_t f = 0; f < k->nfields; f++) {
+        const keel_field *a = &c->desc.fields[f];
+        const kw_field *b = &k->fields[f];
+        if (strcmp(a->name, b->name) || (uint32_t)a->type != b->type || a->offset != b->offset || a->count != b->count)
+            return core_fail(KEEL_EINVAL, "component '%s' field %u changed: stored '%s' type %u offset %u count %u, "
+                                          "registered '%s' %u %u %u; the data directory was not changed",
+                             k->name, f, b->name, b->type, b->offset, b->count, a->name, (uint32_t)a->type, a->offset,
+                             a->count);
+    }
+    return KEEL_OK;
+}
+
+/* 1 when the registered schema extends the stored one (write it), 0 when
+ * equal, or an error. */
+static int check_schema(keel_runtime *rt, kw_rtxn *r, kw_codec_ctx *c)
+{
+    const void *val;
+    size_t len;
+    int rc = kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &val, &len);
+    if (rc == KEEL_ENOENT)
+        return 1;
+    kw_header h;
+    const void *payload;
+    kw_schema s;
+    if (rc || (rc = kw_record_check(val, len, &h)) || (rc = kw_record_payload(c, val, &h, &payload)) ||
+        (rc = kw_schema_decode(payload, h.raw_len, &s)))
+        return rc == KEEL_ECORRUPT ? core_fail(rc, "the stored schema is unreadable: %s", keel_last_error()) : rc;
+    for (uint32_t i = 0; !rc && i < s.ncomps; i++)
+        rc = check_component(rt->world, &s.comps[i]);
+    uint32_t stored = s.ncomps;
+    kw_schema_free(&s);
+    return rc ? rc : rt->world->ncomps > stored;
+}
+
+typedef struct schema_write {
+    kw_buf rec;
+    uint64_t lsn;
+} schema_write;
+
+static int fill_schema(kw_wtxn *t, void *arg)
+{
+    schema_write *s = arg;
+    int rc = kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), s->rec.p, s->rec.len);
+    return rc ? rc : kw_put_wal(t, s->lsn, s->rec.p, s->rec.len);
+}
+
+static int write_schema(keel_runtime *rt, kw_codec_ctx *c, uint64_t lsn)
+{
+    kw_buf payload = {0};
+    schema_write s = {.lsn = lsn};
+    int rc = fence_schema_payload(rt, &payload);
+    if (!rc)
+        rc = kw_record_build(c, &s.rec, KW_KIND_SCHEMA, lsn, 0, 0, payload.p, payload.len);
+    if (!rc)
+        rc = kw_store_write(rt->dur->store, fill_schema, &s);
+    kw_buf_free(&payload);
+    kw_buf_free(&s.rec);
+    return rc;
+}
+
+/* ---- checkpoint -------------------------------------------------------------------- */
+
+typedef struct loader {
+    keel_runtime *rt;
+    kw_rtxn *r;
+    kw_codec_ctx *c;
+    keel_recovery *out;
+} loader;
+
+/* Check and decode a snap value of the expected kind. */
+static int snap_payload(loader *l, const void *key, size_t klen, const void *val, size_t vlen, uint32_t kind,
+                        kw_cursor *cur)
+{
+    kw_header h;
+    const void *p;
+    int rc = kw_record_check(val, vlen, &h);
+    if (!rc && h.kind != kind)
+        rc = core_fail(KEEL_ECORRUPT, "snap record is a %s, expected %s", kw_kind_name(h.kind), kw_kind_name(kind));
+    if (!rc)
+        rc = kw_record_payload(l->c, val, &h, &p);
+    if (rc)
+        return core_fail(rc, "checkpoint of tick %llu is unreadable (snap key '%c', %zu bytes): %s",
+                         (unsigned long long)l->out->checkpoint_tick, klen ? *(const char *)key : '?', klen,
+                         keel_last_error());
+    *cur = kw_cursor_make(p, h.raw_len);
+    core_hasher hs;
+    core_hasher_init(&hs, 0);
+    core_hasher_bytes(&hs, p, h.raw_len);
+    return ckpt_stored_note(l->rt->dur, key, klen, core_hasher_final(&hs));
+}
+
+static int load_tables(loader *l, uint32_t *nslots_out)
+{
+    const void *val;
+    size_t vlen;
+    int rc = kw_get(l->r, KW_DB_SNAP, "T", 1, &val, &vlen);
+    if (rc)
+        return rc == KEEL_ENOENT ? core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu has no table list",
+                                             (unsigned long long)l->out->checkpoint_tick)
+                                 : rc;
+    kw_cursor c;
+    if ((rc = snap_payload(l, "T", 1, val, vlen, KW_KIND_SNAP_TABLES, &c)))
+        return rc;
+    uint32_t ntables = kw_get_u32(&c), nslots = kw_get_u32(&c);
+    kw_get_u32(&c); /* nlive: checked after the rows are in */
+    /* the slots first: rows need their generations */
+    uint32_t *gens = calloc(nslots ? nslots : 1, sizeof *gens);
+    if (!gens)
+        return core_fail(KEEL_ENOMEM, "out of memory loading %u entity slots", nslots);
+    for (uint32_t i = 0; i < nslots; i++)
+        gens[i] = 1;
+    kw_walit *it;
+    rc = kw_db_iter(l->r, KW_DB_SNAP, "S", 1, &it);
+    const void *key;
+    size_t klen;
+    while (!rc && (rc = kw_db_next(it, &key, &klen, &val, &vlen)) == 1) {
+        kw_cursor s;
+        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_SLOTS, &s)))
+            break;
+        uint32_t first = kw_get_u32(&s), n = kw_get_u32(&s);
+        if (s.bad || (uint64_t)first + n > nslots) {
+            rc = core_fail(KEEL_ECORRUPT, "checkpoint slot page at %u (+%u) lies outside %u slots", first, n, nslots);
+            break;
+        }
+        for (uint32_t i = 0; i < n; i++)
+            gens[first + i] = kw_get_u32(&s);
+        rc = s.bad ? core_fail(KEEL_ECORRUPT, "checkpoint slot page at %u is short", first) : KEEL_OK;
+    }
+    kw_wal_iter_end(it);
+    if (!rc)
+        rc = world_restore_begin(l->rt->world, nslots, gens);
+    free(gens);
+    for (uint32_t t = 0; !rc && t < ntables; t++) {
+        kw_get_u32(&c); /* row count: the chunks carry the rows */
+        uint32_t n = kw_get_u32(&c);
+        keel_component comps[KEEL_MAX_COMPONENTS];
+        if (c.bad || n > KEEL_MAX_COMPONENTS)
+            return core_fail(KEEL_ECORRUPT, "checkpoint table list is malformed at table %u", t);
+        for (uint32_t i = 0; i < n; i++)
+            comps[i] = kw_get_u32(&c);
+        rc = c.bad ? core_fail(KEEL_ECORRUPT, "checkpoint table list is short") : world_restore_table(l->rt->world, comps, n, t);
+    }
+    *nslots_out = nslots;
+    return rc;
+}
+
+static int load_chunk(loader *l, kw_cursor *c)
+{
+    keel_world *w = l->rt->world;
+    uint32_t table = kw_get_u32(c), chunk = kw_get_u32(c), count = kw_get_u32(c), ncols = kw_get_u32(c);
+    if (c->bad || table >= w->ntables || ncols > KEEL_MAX_COMPONENTS)
+        return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u has a bad header", chunk, table);
+    const world_table *t = w->tables[table];
+    if (t->count != chunk * w->chunk_rows)
+        return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u does not follow the table's %u rows", chunk,
+                         table, t->count);
+    uint32_t col_of[KEEL_MAX_COMPONENTS], size_of[KEEL_MAX_COMPONENTS];
+    for (uint32_t i = 0; i < ncols; i++) {
+        keel_component comp = kw_get_u32(c);
+        size_of[i] = kw_get_u32(c);
+        col_of[i] = comp <= KEEL_MAX_COMPONENTS ? t->col_of[comp] : 0;
+        if (c->bad || !col_of[i] || t->cols[col_of[i] - 1].size != size_of[i])
+            return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u names a column the table lacks", chunk,
+                             table);
+    }
+    const unsigned char *ents = kw_get_bytes(c, (size_t)count * 8);
+    const unsigned char *vals[KEEL_MAX_COMPONENTS];
+    for (uint32_t i = 0; i < ncols; i++)
+        vals[i] = kw_get_bytes(c, (size_t)count * size_of[i]);
+    if (c->bad || !kw_cursor_done(c))
+        return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u has the wrong length", chunk, table);
+    const void *row[KEEL_MAX_COMPONENTS + 1];
+    for (uint32_t r = 0; r < count; r++) {
+        memset(row, 0, t->ncols * sizeof *row);
+        for (uint32_t i = 0; i < ncols; i++)
+            row[col_of[i] - 1] = vals[i] + (size_t)r * size_of[i];
+        keel_entity e;
+        memcpy(&e, ents + (size_t)r * 8, 8);
+        int rc = world_restore_row(w, table, e, row);
+        if (rc)
+            return rc;
+    }
+    return KEEL_OK;
+}
+
+static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
+{
+    const void *val;
+    size_t vlen;
+    int rc = kw_get(l->r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &val, &vlen);
+    if (rc == KEEL_ENOENT) {
+        *m = (kw_checkpoint_meta){0};
+        return KEEL_OK;
+    }
+    if (rc || (rc = kw_checkpoint_meta_decode(val, vlen, m)))
+        return rc;
+    l->out->checkpoint_tick = m->tick;
+    uint32_t nslots;
+    if ((rc = load_tables(l, &nslots)))
+        return rc;
+    kw_walit *it;
+    const void *key;
+    size_t klen;
+    if ((rc = kw_db_iter(l->r, KW_DB_SNAP, "C", 1, &it)))
+        return rc;
+    while ((rc = kw_db_next(it, &key, &klen, &val, &vlen)) == 1) {
+        kw_cursor c;
+        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_CHUNK, &c)) || (rc = load_chunk(l, &c)))
+            break;
+    }
+    kw_wal_iter_end(it);
+    return rc;
+}
+
+/* ---- replay ------------------------------------------------------------------------ */
+
+typedef struct unit_rec {
+    const void *rec;
+    size_t len;
+    kw_header h;
+} unit_rec;
+
+typedef struct replay {
+    loader *l;
+    unit_rec *recs;
+    uint32_t n, cap;
+    uint64_t unit_first;       /* LSN of the unit's first record */
+    keel_cmdbuf *cmds;
+    kw_buf scratch;
+} replay;
+
+static int corrupt(uint64_t lsn, const char *fmt, const char *detail)
+{
+    char buf[400];
+    snprintf(buf, sizeof buf, fmt, detail);
+    return core_fail(KEEL_ECORRUPT, "WAL record at LSN %llu: %s", (unsigned long long)lsn, buf);
+}
+
+/* Value rows: u32 ngroups, groups {comp, size, n, entities, values}. */
+static int apply_rows(replay *p, const kw_header *h, kw_cursor *c, uint32_t ngroups)
+{
+    keel_world *w = p->l->rt->world;
+    for (uint32_t g = 0; g < ngroups; g++) {
+        keel_component comp = kw_get_u32(c);
+        uint32_t size = kw_get_u32(c), n = kw_get_u32(c);
+        const unsigned char *ents = kw_get_bytes(c, (size_t)n * 8);
+        const unsigned char *vals = kw_get_bytes(c, (size_t)n * size);
+        if (c->bad || !world_component_valid(w, comp) || w->comps[comp].desc.size != size)
+            return corrupt(h->lsn, "%s", "a row group is malformed or names an unknown component");
+        for (uint32_t i = 0; i < n; i++) {
+            keel_entity e;
+            memcpy(&e, ents + (size_t)i * 8, 8);
+            int rc = keel_set(w, e, comp, vals + (size_t)i * size);
+            if (rc)
+                return corrupt(h->lsn, "a value row does not apply: %s", keel_last_error());
+        }
+    }
+    return KEEL_OK;
+}
+
+static int apply_side(replay *p, const kw_header *h, kw_cursor *c)
+{
+    keel_world *w = p->l->rt->world;
+    kw_get_u64(c); /* seq */
+    kw_get_u32(c); /* mode */
+    uint32_t n = kw_get_u32(c);
+    for (uint32_t i = 0; i < n; i++) {
+        keel_entity e = kw_get_u64(c);
+        keel_component comp = kw_get_u32(c);
+        uint32_t size = kw_get_u32(c);
+        const void *v = kw_get_bytes(c, size);
+        if (c->bad || !world_component_valid(w, comp) || w->comps[comp].desc.size != size)
+            return corrupt(h->lsn, "%s", "a side write is malformed or names an unknown component");
+        int rc = keel_set(w, e, comp, v);
+        if (rc)
+            return corrupt(h->lsn, "a side write does not apply: %s", keel_last_error());
+    }
+    return kw_cursor_done(c) ? KEEL_OK : corrupt(h->lsn, "%s", "trailing bytes after the side writes");
+}
+
+static int record_value(kw_cursor *c, const keel_world *w, keel_component *comp, const void **v)
+{
+    *comp = kw_get_u32(c);
+    uint32_t size = kw_get_u32(c);
+    *v = kw_get_bytes(c, size);
+    return !c->bad && world_component_valid(w, *comp) && w->comps[*comp].desc.size == size ? KEEL_OK : KEEL_ECORRUPT;
+}
+
+static int apply_lifecycle(replay *p, const kw_header *h, kw_cursor *c)
+{
+    keel_world *w = p->l->rt->world;
+    uint32_t nops = kw_get_u32(c);
+    keel_entity *expect = malloc(((size_t)nops + 1) * sizeof *expect);
+    if (!expect)
+        return core_fail(KEEL_ENOMEM, "out of memory replaying LSN %llu", (unsigned long long)h->lsn);
+    uint32_t nspawn = 0;
+    int rc = KEEL_OK;
+    for (uint32_t i = 0; !rc && i < nops; i++) {
+        uint8_t kind = kw_get_u8(c);
+        keel_entity e = kw_get_u64(c);
+        keel_component comp;
+        const void *v;
+        if (kind == WORLD_OP_SPAWN) {
+            uint32_t n = kw_get_u32(c);
+            keel_init inits[KEEL_MAX_COMPONENTS];
+            for (uint32_t k = 0; !rc && k < n && k < KEEL_MAX_COMPONENTS; k++) {
+                rc = record_value(c, w, &comp, &v);
+                inits[k] = (keel_init){comp, v};
+            }
+            if (!rc && n <= KEEL_MAX_COMPONENTS)
+                rc = keel_cmd_spawn(p->cmds, inits, n);
+            else
+                rc = KEEL_ECORRUPT;
+            expect[nspawn++] = e;
+        } else if (kind == WORLD_OP_DESTROY) {
+            rc = keel_cmd_destroy(p->cmds, e);
+        } else if (kind == WORLD_OP_ADD) {
+            rc = record_value(c, w, &comp, &v);
+            if (!rc)
+                rc = keel_cmd_add(p->cmds, e, comp, v);
+        } else if (kind == WORLD_OP_REMOVE) {
+            comp = kw_get_u32(c);
+            rc = world_component_valid(w, comp) ? keel_cmd_remove(p->cmds, e, comp) : KEEL_ECORRUPT;
+        } else {
+            rc = KEEL_ECORRUPT;
+        }
+        if (c->bad)
+            rc = KEEL_ECORRUPT;
+    }
+    if (rc == KEEL_ECORRUPT || (!rc && !kw_cursor_done(c)))
+        rc = corrupt(h->lsn, "%s", "a lifecycle command is malformed");
+    if (!rc && (rc = keel_cmdbuf_apply(p->cmds)))
+        rc = corrupt(h->lsn, "its commands do not apply: %s", keel_last_error());
+    keel_cmd_result res = keel_cmdbuf_result(p->cmds);
+    for (uint32_t i = 0; !rc && i < nspawn; i++)
+        if (i >= res.created_count || res.created[i] != expect[i])
+            rc = corrupt(h->lsn, "%s", "a spawn created a different entity handle than the one logged");
+    free(expect);
+    keel_cmdbuf_discard(p->cmds);
+    keel_cmdbuf_reset(p->cmds);
+    return rc;
+}
+
+static int apply_record(replay *p, const unit_rec *u)
+{
+    const void *payload;
+    int rc = kw_record_payload(p->l->c, u->rec, &u->h, &payload);
+    if (rc)
+        return rc;
+    p->l->out->raw_bytes += u->h.raw_len;
+    kw_cursor c = kw_cursor_make(payload, u->h.raw_len);
+    switch (u->h.kind) {
+    case KW_KIND_TICK_CHUNK: {
+        uint32_t ng = kw_get_u32(&c);
+        rc = apply_rows(p, &u->h, &c, ng);
+        return rc ? rc : kw_cursor_done(&c) ? KEEL_OK : corrupt(u->h.lsn, "%s", "trailing bytes after the row groups");
+    }
+    case KW_KIND_LIFECYCLE:
+        return apply_lifecycle(p, &u->h, &c);
+    case KW_KIND_SIDE:
+        p->l->out->side_txns++;
+        return apply_side(p, &u->h, &c);
+    default:
+        return KEEL_OK;
+    }
+}
+
+/* A TICK_COMMIT closes the unit: check it, apply the unit. */
+static int close_unit(replay *p, const unit_rec *marker)
+{
+    const void *payload;
+    int rc = kw_record_payload(p->l->c, marker->rec, &marker->h, &payload);
+    if (rc)
+        return rc;
+    kw_cursor c = kw_cursor_make(payload, marker->h.raw_len);
+    uint32_t nrec = kw_get_u32(&c), nlive = kw_get_u32(&c), nslots = kw_get_u32(&c);
+    if (c.bad || nrec != p->n)
+        return corrupt(marker->h.lsn, "%s", "the tick's commit marker does not match the records before it");
+    for (uint32_t i = 0; i < p->n; i++) {
+        if (p->recs[i].h.tick != marker->h.tick)
+            return corrupt(p->recs[i].h.lsn, "%s", "a record of the unit belongs to another tick");
+        if ((rc = apply_record(p, &p->recs[i])))
+            return rc;
+    }
+    keel_world *w = p->l->rt->world;
+    if (w->nlive != nlive || w->nslots != nslots)
+        return corrupt(marker->h.lsn, "%s", "the replayed tick does not end with the logged entity counts");
+    if (!(marker->h.flags & KW_FLAG_HOOK))
+        p->l->out->tick = marker->h.tick;
+    p->n = 0;
+    return KEEL_OK;
+}
+
+static int replay_one(replay *p, uint64_t lsn, const void *rec, size_t len)
+{
+    unit_rec u = {.rec = rec, .len = len};
+    int rc = kw_record_check(rec, len, &u.h);
+    if (rc)
+        return rc;
+    if (u.h.lsn != lsn)
+        return corrupt(lsn, "%s", "the record's LSN differs from its key");
+    p->l->out->records++;
+    switch (u.h.kind) {
+    case KW_KIND_TICK_CHUNK:
+    case KW_KIND_LIFECYCLE:
+        if (p->n == p->cap) {
+            uint32_t cap = p->cap ? p->cap * 2 : 64;
+            unit_rec *r = realloc(p->recs, cap * sizeof *r);
+            if (!r)
+                return core_fail(KEEL_ENOMEM, "out of memory replaying the WAL");
+            p->recs = r;
+            p->cap = cap;
+        }
+        if (!p->n)
+            p->unit_first = lsn;
+        p->recs[p->n++] = u;
+        return KEEL_OK;
+    case KW_KIND_TICK_COMMIT:
+        return close_unit(p, &u);
+    case KW_KIND_SIDE:
+        if (p->n)
+            return corrupt(lsn, "%s", "a side transaction inside an unfinished tick unit");
+        return apply_record(p, &u);
+    default: /* schema, checkpoint markers: nothing to apply */
+        return KEEL_OK;
+    }
+}
+
+typedef struct truncation {
+    uint64_t from, deleted;
+} truncation;
+
+static int fill_truncate(kw_wtxn *t, void *arg)
+{
+    truncation *tr = arg;
+    return kw_del_wal_from(t, tr->from, &tr->deleted);
+}
+
+static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn)
+{
+    replay p = {.l = l};
+    int rc = keel_cmdbuf_create(l->rt->world, &p.cmds);
+    if (rc)
+        return rc;
+    kw_walit *it;
+    if ((rc = kw_wal_iter(l->r, after + 1, &it))) {
+        keel_cmdbuf_destroy(p.cmds);
+        return rc;
+    }
+    uint64_t lsn = 0, expect = after + 1, bad = 0;
+    const void *rec;
+    size_t len;
+    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
+        if (lsn != expect) {
+            rc = corrupt(lsn, "%s", "LSNs are not consecutive (a record is missing before it)");
+        } else {
+            rc = replay_one(&p, lsn, rec, len);
+        }
+        if (rc) {
+            bad = p.n ? p.unit_first : lsn;
+            break;
+        }
+        *last_lsn = lsn;
+        expect = lsn + 1;
+    }
+    if (!rc && p.n) { /* records without their marker at the end */
+        bad = p.unit_first;
+        rc = corrupt(p.unit_first, "%s", "the unit starting here has no commit marker (a truncated tail)");
+    }
+    kw_wal_iter_end(it);
+    keel_cmdbuf_destroy(p.cmds);
+    free(p.recs);
+    if (rc == KEEL_ECORRUPT && l->rt->durable_desc.truncate_bad_tail) {
+        char cause[400];
+        snprintf(cause, sizeof cause, "%s", keel_last_error());
+        core_log(KEEL_LOG_WARN, "wal", "truncated", "from_lsn=%llu cause=\"%s\"", (unsigned long long)bad, cause);
+        *last_lsn = bad - 1;
+        return KEEL_ETIMEDOUT; /* the caller truncates after the read transaction */
+    }
+    return rc;
+}
+
+/* ---- open / close -------------------------------------------------------------------- */
+
+static int make_state(keel_runtime *rt)
+{
+    dur_state *d = calloc(1, sizeof *d);
+    if (!d)
+        return core_fail(KEEL_ENOMEM, "out of memory for the durability state");
+    rt->dur = d;
+    const keel_durable_desc *dd = &rt->durable_desc;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->wake, NULL);
+    pthread_cond_init(&d->durable_cv, NULL);
+    pthread_mutex_init(&d->ckpt_mu, NULL);
+    pthread_cond_init(&d->ckpt_cv, NULL);
+    pthread_mutex_init(&d->pin_mu, NULL);
+    d->mode = rt->durability;
+    d->zstd_level = dd->zstd_level ? dd->zstd_level : 1;
+    d->ckpt_every_ticks = dd->checkpoint_every_ticks ? dd->checkpoint_every_ticks : 3600;
+    d->ckpt_every_bytes = dd->checkpoint_every_bytes ? dd->checkpoint_every_bytes : 64ll << 20;
+    d->ckpt_every_seconds = dd->checkpoint_every_seconds ? dd->checkpoint_every_seconds : 300;
+    d->wal_retain = dd->wal_retain;
+    d->ncodec = rt->workers;
+    d->codec = calloc(d->ncodec, sizeof *d->codec);
+    if (!d->codec)
+        return core_fail(KEEL_ENOMEM, "out of memory for codec contexts");
+    kw_codec_desc cd = {.level = d->zstd_level};
+    int rc = kw_codec_create(&cd, &d->side_codec);
+    for (uint32_t i = 0; !rc && i < d->ncodec; i++)
+        rc = kw_codec_create(&cd, &d->codec[i]);
+    return rc;
+}
+
+static int recover(keel_runtime *rt, keel_recovery *out)
+{
+    dur_state *d = rt->dur;
+    kw_store_desc sd = {.flags = KW_OPEN_CREATE, .map_size = rt->durable_desc.map_size,
+                        .map_max = rt->durable_desc.map_max};
+    int rc = kw_store_open(rt->data_dir, &sd, &d->store);
+    if (rc)
+        return rc;
+    kw_rtxn *r;
+    if ((rc = kw_read_begin(d->store, &r)))
+        return rc;
+    loader l = {.rt = rt, .r = r, .c = d->codec[0], .out = out};
+    int schema = check_schema(rt, r, l.c);
+    kw_checkpoint_meta m = {0};
+    uint64_t last = 0, first = 0;
+    rc = schema < 0 ? schema : KEEL_OK;
+    if (!rc) {
+        rt->world->restoring = true;
+        rc = load_checkpoint(&l, &m);
+        last = m.lsn;
+        if (!rc)
+            rc = replay_wal(&l, m.lsn, &last);
+        rt->world->restoring = false;
+        uint64_t wal_last = 0;
+        if (!rc && kw_wal_bounds(r, &first, &wal_last, NULL) == KEEL_OK && wal_last > last)
+            last = wal_last; /* schema or checkpoint markers after the last unit */
+    }
+    kw_read_end(r);
+    if (rc == KEEL_ETIMEDOUT) { /* truncate_bad_tail */
+        truncation tr = {.from = last + 1};
+        rc = kw_store_write(d->store, fill_truncate, &tr);
+        out->truncated = tr.deleted;
+    }
+    if (rc)
+        return rc;
+    d->ckpt_count = m.count;
+    d->last_ckpt_tick = m.tick;
+    d->next_lsn = last + 1;
+    atomic_store(&d->durable_lsn, last);
+    atomic_store(&d->durable_tick, out->tick);
+    out->last_lsn = last;
+    out->fresh = !m.count && !out->records;
+    if (schema == 1) {
+        rc = write_schema(rt, l.c, d->next_lsn);
+        if (!rc) {
+            atomic_store(&d->durable_lsn, d->next_lsn);
+            d->next_lsn++;
+        }
+    }
+    return rc;
+}
+
+int dur_open(keel_runtime *rt, keel_recovery *out)
+{
+    uint64_t t0 = rt_now_ns();
+    *out = (keel_recovery){0};
+    int rc = make_state(rt);
+    if (!rc)
+        rc = recover(rt, out);
+    if (!rc)
+        rc = dur_writer_start(rt);
+    if (!rc)
+        rc = ckpt_start(rt);
+    out->ns = rt_now_ns() - t0;
+    if (!rc) {
+        rt->world->log_required = true;
+        rt->uow.capture = true;
+        atomic_store(&rt->tick, out->tick);
+        rt->dur->last_ckpt_ns = rt_now_ns();
+    }
+    return rc;
+}
+
+void dur_close(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    if (!d)
+        return;
+    ckpt_stop(rt);
+    dur_writer_stop(rt);
+    /* a waiter still registered can only be one the writer never reached */
+    pthread_mutex_lock(&d->mu);
+    for (dur_waiter *w = d->waiters; w;) {
+        dur_waiter *next = w->next;
+        w->done(w->arg, KEEL_EFATAL);
+        free(w);
+        w = next;
+    }
+    d->waiters = NULL;
+    pthread_mutex_unlock(&d->mu);
+    for (uint32_t i = 0; d->codec && i < d->ncodec; i++)
+        kw_codec_destroy(d->codec[i]);
+    free(d->codec);
+    kw_codec_destroy(d->side_codec);
+    kw_buf_free(&d->side_payload);
+    ckpt_fini(d);
+    kw_store_close(d->store);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->wake);
+    pthread_cond_destroy(&d->durable_cv);
+    pthread_mutex_destroy(&d->ckpt_mu);
+    pthread_cond_destroy(&d->ckpt_cv);
+    pthread_mutex_destroy(&d->pin_mu);
+    free(d);
+    rt->dur = NULL;
+}

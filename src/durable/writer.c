@@ -1,0 +1,376 @@
+/*
+ * durable/writer.c -- the WAL writer thread: group commit, durability
+ * modes, the durable LSN, waiters and the fatal latch.
+ *
+ * Protocol (all under d->mu unless said otherwise):
+ *   producer: lsn range = next_lsn ..; seal records; append the item;
+ *             signal `wake`. Producers are the tick thread (fence, hook,
+ *             checkpoint) and side commits (which hold the runtime's
+ *             side_lock); both run only while no other producer can, or
+ *             under mu, so queue order is LSN order.
+ *   writer:   take the whole queue; items that need no sync soon (DEFERRED)
+ *             are held back until something needs a sync, a flush asks,
+ *             or they are DUR_DEFER_MAX_BYTES / DUR_DEFER_MAX_NS old; then
+ *             one LMDB write transaction appends every record (MDB_APPEND)
+ *             and applies the checkpoint, if any, and commits with sync.
+ *             Then durable_lsn = the last LSN written (release), waiters
+ *             whose LSN is covered run, durable_cv is broadcast.
+ *   failure:  the first failing commit latches `fatal`; nothing is
+ *             acknowledged afterwards (waiters get KEEL_EFATAL, producers
+ *             are refused); what LMDB holds is the last durable state.
+ * Every commit is synced: an acknowledged IMMEDIATE commit is on disk, and
+ * a GROUP tick is on disk one batch after it was queued.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/core.h"
+#include "durable/durable_internal.h"
+#include "runtime/runtime_internal.h"
+
+dur_item *dur_item_new(dur_item_kind kind, keel_durability mode)
+{
+    dur_item *it = calloc(1, sizeof *it);
+    if (it) {
+        it->kind = kind;
+        it->mode = mode;
+    }
+    return it;
+}
+
+void dur_item_free(dur_item *it)
+{
+    if (!it)
+        return;
+    kw_buf_free(&it->recs);
+    if (it->ckpt)
+        ckpt_job_free(it->ckpt);
+    free(it);
+}
+
+/* Walk the records of a buffer: *off starts at 0. */
+static bool next_record(const kw_buf *b, size_t *off, unsigned char **rec, size_t *len)
+{
+    if (*off + KW_HEADER_SIZE > b->len)
+        return false;
+    unsigned char *p = b->p + *off;
+    uint32_t stored = (uint32_t)p[36] | (uint32_t)p[37] << 8 | (uint32_t)p[38] << 16 | (uint32_t)p[39] << 24;
+    *rec = p;
+    *len = KW_HEADER_SIZE + stored;
+    *off += *len;
+    return true;
+}
+
+/* ---- waiters --------------------------------------------------------------------------- */
+
+static void run_waiters(dur_state *d, uint64_t durable, int fatal)
+{
+    /* under mu: detach the covered prefix, run it outside */
+    dur_waiter *done = NULL, **tail = &done;
+    while (d->waiters && (fatal || d->waiters->lsn <= durable)) {
+        *tail = d->waiters;
+        d->waiters = d->waiters->next;
+        tail = &(*tail)->next;
+    }
+    *tail = NULL;
+    pthread_mutex_unlock(&d->mu);
+    while (done) {
+        dur_waiter *w = done;
+        done = done->next;
+        w->done(w->arg, fatal && w->lsn > durable ? KEEL_EFATAL : KEEL_OK);
+        free(w);
+    }
+    pthread_mutex_lock(&d->mu);
+}
+
+void dur_when_durable(keel_runtime *rt, uint64_t lsn, void (*done)(void *arg, int rc), void *arg)
+{
+    dur_state *d = rt->dur;
+    dur_waiter *w = malloc(sizeof *w);
+    pthread_mutex_lock(&d->mu);
+    int fatal = atomic_load(&d->fatal);
+    uint64_t durable = atomic_load(&d->durable_lsn);
+    if (lsn <= durable || fatal || !w) {
+        pthread_mutex_unlock(&d->mu);
+        free(w);
+        done(arg, lsn <= durable ? KEEL_OK : fatal ? KEEL_EFATAL : dur_wait(rt, lsn));
+        return;
+    }
+    *w = (dur_waiter){.lsn = lsn, .done = done, .arg = arg};
+    dur_waiter **p = &d->waiters;
+    while (*p && (*p)->lsn <= lsn)
+        p = &(*p)->next;
+    w->next = *p;
+    *p = w;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dur_latch_fatal(keel_runtime *rt, int rc)
+{
+    dur_state *d = rt->dur;
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&d->fatal, &expected, rc ? rc : KEEL_EIO))
+        return;
+    core_log(KEEL_LOG_ERROR, "wal", "fatal", "code=%s dir=%s durable_lsn=%llu", keel_strerror(rc), kw_store_dir(d->store),
+             (unsigned long long)atomic_load(&d->durable_lsn));
+    pthread_mutex_lock(&d->mu);
+    run_waiters(d, atomic_load(&d->durable_lsn), rc);
+    pthread_cond_broadcast(&d->durable_cv);
+    pthread_cond_broadcast(&d->wake);
+    pthread_mutex_unlock(&d->mu);
+}
+
+int dur_wait(keel_runtime *rt, uint64_t lsn)
+{
+    dur_state *d = rt->dur;
+    if (!d || atomic_load_explicit(&d->durable_lsn, memory_order_acquire) >= lsn)
+        return KEEL_OK;
+    dur_item *flush = dur_item_new(DUR_FLUSH, KEEL_DURABLE_IMMEDIATE);
+    if (flush && dur_enqueue(rt, flush, NULL))
+        return KEEL_EFATAL;
+    pthread_mutex_lock(&d->mu);
+    while (atomic_load(&d->durable_lsn) < lsn && !atomic_load(&d->fatal))
+        pthread_cond_wait(&d->durable_cv, &d->mu);
+    int rc = atomic_load(&d->durable_lsn) >= lsn ? KEEL_OK : KEEL_EFATAL;
+    pthread_mutex_unlock(&d->mu);
+    if (rc)
+        core_fail(KEEL_EFATAL, "LSN %llu cannot be made durable: the runtime latched fatal (%s)",
+                  (unsigned long long)lsn, keel_strerror(atomic_load(&d->fatal)));
+    return rc;
+}
+
+uint64_t dur_last_lsn(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    pthread_mutex_lock(&d->mu);
+    uint64_t lsn = d->next_lsn - 1;
+    pthread_mutex_unlock(&d->mu);
+    return lsn;
+}
+
+/* ---- producers ------------------------------------------------------------------------- */
+
+int dur_enqueue(keel_runtime *rt, dur_item *item, uint64_t *last_lsn)
+{
+    dur_state *d = rt->dur;
+    pthread_mutex_lock(&d->mu);
+    /* back-pressure: a writer far behind (a slow disk) slows the producers
+     * instead of growing memory without bound */
+    while (d->queued_bytes > DUR_QUEUE_MAX_BYTES && !atomic_load(&d->fatal))
+        pthread_cond_wait(&d->durable_cv, &d->mu);
+    if (atomic_load(&d->fatal)) {
+        pthread_mutex_unlock(&d->mu);
+        dur_item_free(item);
+        return core_fail(KEEL_EFATAL, "the WAL cannot take more records: the runtime latched fatal (%s)",
+                         keel_strerror(atomic_load(&d->fatal)));
+    }
+    size_t off = 0, len;
+    unsigned char *rec;
+    while (next_record(&item->recs, &off, &rec, &len)) {
+        uint64_t lsn = d->next_lsn++;
+        kw_record_seal(rec, lsn);
+        if (!item->first_lsn)
+            item->first_lsn = lsn;
+        item->last_lsn = lsn;
+    }
+    d->queued_bytes += item->recs.len;
+    if (last_lsn)
+        *last_lsn = item->last_lsn;
+    item->next = NULL;
+    if (d->tail)
+        d->tail->next = item;
+    else
+        d->head = item;
+    d->tail = item;
+    pthread_cond_signal(&d->wake);
+    pthread_mutex_unlock(&d->mu);
+    return KEEL_OK;
+}
+
+/* ---- the writer ------------------------------------------------------------------------ */
+
+typedef struct batch {
+    dur_item *head, **tail;
+    size_t bytes;
+    uint64_t last_lsn, last_tick;
+    uint64_t oldest_ns;
+    bool need_sync;
+    dur_state *d;
+    uint64_t wal_deleted;
+} batch;
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int fill(kw_wtxn *txn, void *arg)
+{
+    batch *b = arg;
+    b->wal_deleted = 0;
+    for (dur_item *it = b->head; it; it = it->next) {
+        size_t off = 0, len;
+        unsigned char *rec;
+        if (it->kind == DUR_CHECKPOINT) {
+            /* the item's one record is the checkpoint marker */
+            if (!next_record(&it->recs, &off, &rec, &len))
+                return core_fail(KEEL_EINVAL, "checkpoint item without a marker record");
+            int rc = kw_put_wal(txn, it->first_lsn, rec, len);
+            if (!rc)
+                rc = ckpt_write(txn, it->ckpt, it->first_lsn, rec, len, b->d->wal_retain, &b->wal_deleted);
+            if (rc)
+                return rc;
+            continue;
+        }
+        uint64_t lsn = it->first_lsn;
+        while (next_record(&it->recs, &off, &rec, &len)) {
+            int rc = kw_put_wal(txn, lsn++, rec, len);
+            if (rc)
+                return rc;
+        }
+    }
+    return KEEL_OK;
+}
+
+static void batch_add(batch *b, dur_item *it)
+{
+    it->next = NULL;
+    *b->tail = it;
+    b->tail = &it->next;
+    if (!b->bytes && !b->need_sync)
+        b->oldest_ns = now_ns();
+    b->bytes += it->recs.len;
+    if (it->last_lsn)
+        b->last_lsn = it->last_lsn;
+    if (it->tick)
+        b->last_tick = it->tick;
+    if (it->mode != KEEL_DURABLE_DEFERRED || it->kind != DUR_RECORDS)
+        b->need_sync = true;
+}
+
+static void batch_commit(keel_runtime *rt, batch *b)
+{
+    dur_state *d = rt->dur;
+    int rc = b->last_lsn || b->head ? kw_store_write(d->store, fill, b) : KEEL_OK;
+    if (!rc) {
+        atomic_fetch_add(&d->fsyncs, 1);
+        atomic_fetch_add(&d->wal_bytes, b->bytes);
+    }
+    for (dur_item *it = b->head; it;) {
+        dur_item *next = it->next;
+        if (it->kind == DUR_CHECKPOINT) {
+            ckpt_committed(rt, it->ckpt, rc);
+            it->ckpt = NULL;
+        }
+        dur_item_free(it);
+        it = next;
+    }
+    pthread_mutex_lock(&d->mu);
+    d->queued_bytes -= b->bytes < d->queued_bytes ? b->bytes : d->queued_bytes;
+    if (!rc) {
+        if (b->last_lsn)
+            atomic_store_explicit(&d->durable_lsn, b->last_lsn, memory_order_release);
+        if (b->last_tick)
+            atomic_store_explicit(&d->durable_tick, b->last_tick, memory_order_release);
+        run_waiters(d, atomic_load(&d->durable_lsn), 0);
+        pthread_cond_broadcast(&d->durable_cv);
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (rc) {
+        char cause[384];
+        snprintf(cause, sizeof cause, "%s", keel_last_error());
+        core_log(KEEL_LOG_ERROR, "wal", "commit_failed", "cause=\"%s\"", cause);
+        dur_latch_fatal(rt, rc);
+    }
+    *b = (batch){.tail = &b->head, .d = d};
+}
+
+static void *writer_main(void *arg)
+{
+    keel_runtime *rt = arg;
+    dur_state *d = rt->dur;
+    batch b = {.tail = &b.head, .d = d};
+    pthread_mutex_lock(&d->mu);
+    for (;;) {
+        while (!d->head && !d->quit && !atomic_load(&d->fatal)) {
+            if (b.head) { /* held DEFERRED records: wake when they are due */
+                uint64_t due = b.oldest_ns + DUR_DEFER_MAX_NS, now = now_ns();
+                if (now >= due)
+                    break;
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + (due - now);
+                ts = (struct timespec){(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)};
+                pthread_cond_timedwait(&d->wake, &d->mu, &ts);
+            } else {
+                pthread_cond_wait(&d->wake, &d->mu);
+            }
+        }
+        dur_item *list = d->head;
+        d->head = d->tail = NULL;
+        bool quit = d->quit;
+        pthread_mutex_unlock(&d->mu);
+        if (atomic_load(&d->fatal)) { /* acknowledge nothing more: drop what is queued */
+            while (list) {
+                dur_item *next = list->next;
+                if (list->kind == DUR_CHECKPOINT)
+                    ckpt_committed(rt, list->ckpt, KEEL_EFATAL), list->ckpt = NULL;
+                dur_item_free(list);
+                list = next;
+            }
+            for (dur_item *it = b.head; it;) {
+                dur_item *next = it->next;
+                dur_item_free(it);
+                it = next;
+            }
+            b = (batch){.tail = &b.head, .d = d};
+            pthread_mutex_lock(&d->mu);
+            d->queued_bytes = 0;
+            pthread_cond_broadcast(&d->durable_cv);
+            if (quit)
+                break;
+            while (!d->quit && !d->head)
+                pthread_cond_wait(&d->wake, &d->mu);
+            continue;
+        }
+        while (list) {
+            dur_item *next = list->next;
+            batch_add(&b, list);
+            list = next;
+        }
+        if (b.head && (b.need_sync || quit || b.bytes >= DUR_DEFER_MAX_BYTES ||
+                       now_ns() >= b.oldest_ns + DUR_DEFER_MAX_NS))
+            batch_commit(rt, &b);
+        pthread_mutex_lock(&d->mu);
+        if (quit && !d->head && !b.head)
+            break;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
+}
+
+int dur_writer_start(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    if (pthread_create(&d->thread, NULL, writer_main, rt))
+        return core_fail(KEEL_ENOMEM, "cannot start the WAL writer thread");
+    d->thread_running = true;
+    return KEEL_OK;
+}
+
+void dur_writer_stop(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    if (!d || !d->thread_running)
+        return;
+    pthread_mutex_lock(&d->mu);
+    d->quit = true;
+    pthread_cond_signal(&d->wake);
+    pthread_mutex_unlock(&d->mu);
+    pthread_join(d->thread, NULL);
+    d->thread_running = false;
+}

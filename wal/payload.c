@@ -1,0 +1,223 @@
+/*
+ * wal/payload.c -- little-endian payload builders, the bounds-checked
+ * cursor, the schema payload and the small fixed layouts of meta and snap
+ * keys (docs/wal-format.md).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "keel_wal/wal.h"
+
+int kw_put_bytes(kw_buf *b, const void *p, size_t n)
+{
+    int rc = kw_buf_reserve(b, n);
+    if (rc)
+        return rc;
+    if (n)
+        memcpy(b->p + b->len, p, n);
+    b->len += n;
+    return KEEL_OK;
+}
+
+int kw_put_u8(kw_buf *b, uint8_t v)
+{
+    return kw_put_bytes(b, &v, 1);
+}
+
+int kw_put_u32(kw_buf *b, uint32_t v)
+{
+    unsigned char p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+    return kw_put_bytes(b, p, 4);
+}
+
+int kw_put_u64(kw_buf *b, uint64_t v)
+{
+    unsigned char p[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+    return kw_put_bytes(b, p, 8);
+}
+
+const void *kw_get_bytes(kw_cursor *c, size_t n)
+{
+    if (c->bad || (size_t)(c->end - c->p) < n) {
+        c->bad = true;
+        return NULL;
+    }
+    const void *p = c->p;
+    c->p += n;
+    return p;
+}
+
+uint8_t kw_get_u8(kw_cursor *c)
+{
+    const unsigned char *p = kw_get_bytes(c, 1);
+    return p ? p[0] : 0;
+}
+
+uint32_t kw_get_u32(kw_cursor *c)
+{
+    const unsigned char *p = kw_get_bytes(c, 4);
+    return p ? (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24 : 0;
+}
+
+uint64_t kw_get_u64(kw_cursor *c)
+{
+    uint64_t lo = kw_get_u32(c);
+    return lo | (uint64_t)kw_get_u32(c) << 32;
+}
+
+/* ---- schema -------------------------------------------------------------------
+ * u32 ncomps; per component: u32 id, u32 size, u32 align, u32 discipline,
+ * u8 name length, name bytes, u32 nfields; per field: u8 name length, name,
+ * u32 type, u32 offset, u32 count. */
+
+static int put_name(kw_buf *b, const char *s)
+{
+    size_t n = strlen(s);
+    int rc = kw_put_u8(b, (uint8_t)n);
+    return rc ? rc : kw_put_bytes(b, s, n);
+}
+
+int kw_schema_encode(const kw_schema *s, kw_buf *out)
+{
+    int rc = kw_put_u32(out, s->ncomps);
+    for (uint32_t i = 0; !rc && i < s->ncomps; i++) {
+        const kw_component *c = &s->comps[i];
+        rc = kw_put_u32(out, c->id);
+        rc = rc ? rc : kw_put_u32(out, c->size);
+        rc = rc ? rc : kw_put_u32(out, c->align);
+        rc = rc ? rc : kw_put_u32(out, c->discipline);
+        rc = rc ? rc : put_name(out, c->name);
+        rc = rc ? rc : kw_put_u32(out, c->nfields);
+        for (uint32_t f = 0; !rc && f < c->nfields; f++) {
+            rc = put_name(out, c->fields[f].name);
+            rc = rc ? rc : kw_put_u32(out, c->fields[f].type);
+            rc = rc ? rc : kw_put_u32(out, c->fields[f].offset);
+            rc = rc ? rc : kw_put_u32(out, c->fields[f].count);
+        }
+    }
+    return rc;
+}
+
+static bool get_name(kw_cursor *c, char *out)
+{
+    uint8_t n = kw_get_u8(c);
+    const char *p = kw_get_bytes(c, n);
+    if (!p || n > KW_NAME_MAX || memchr(p, 0, n))
+        return false;
+    memcpy(out, p, n);
+    out[n] = 0;
+    return true;
+}
+
+void kw_schema_free(kw_schema *s)
+{
+    for (uint32_t i = 0; s && s->comps && i < s->ncomps; i++)
+        free(s->comps[i].fields);
+    if (s) {
+        free(s->comps);
+        *s = (kw_schema){0};
+    }
+}
+
+int kw_schema_decode(const void *payload, size_t len, kw_schema *out)
+{
+    kw_cursor c = kw_cursor_make(payload, len);
+    kw_schema s = {0};
+    uint32_t n = kw_get_u32(&c);
+    if (c.bad || n > 255)
+        return core_fail(KEEL_ECORRUPT, "schema payload: bad component count %u", n);
+    s.comps = calloc(n ? n : 1, sizeof *s.comps);
+    if (!s.comps)
+        return core_fail(KEEL_ENOMEM, "out of memory decoding the schema");
+    for (uint32_t i = 0; i < n; i++, s.ncomps++) {
+        kw_component *k = &s.comps[i];
+        k->id = kw_get_u32(&c);
+        k->size = kw_get_u32(&c);
+        k->align = kw_get_u32(&c);
+        k->discipline = kw_get_u32(&c);
+        bool named = get_name(&c, k->name);
+        k->nfields = kw_get_u32(&c);
+        if (c.bad || !named || k->id != i + 1 || k->nfields > 64) {
+            kw_schema_free(&s);
+            return core_fail(KEEL_ECORRUPT, "schema payload: component %u is malformed", i + 1);
+        }
+        k->fields = calloc(k->nfields ? k->nfields : 1, sizeof *k->fields);
+        if (!k->fields) {
+            kw_schema_free(&s);
+            return core_fail(KEEL_ENOMEM, "out of memory decoding the schema");
+        }
+        for (uint32_t f = 0; f < k->nfields; f++) {
+            bool ok = get_name(&c, k->fields[f].name);
+            k->fields[f].type = kw_get_u32(&c);
+            k->fields[f].offset = kw_get_u32(&c);
+            k->fields[f].count = kw_get_u32(&c);
+            if (!ok || c.bad) {
+                s.ncomps++;
+                kw_schema_free(&s);
+                return core_fail(KEEL_ECORRUPT, "schema payload: field %u of component '%s' is malformed", f, k->name);
+            }
+        }
+    }
+    if (!kw_cursor_done(&c)) {
+        kw_schema_free(&s);
+        return core_fail(KEEL_ECORRUPT, "schema payload: %zu trailing bytes", (size_t)(c.end - c.p));
+    }
+    *out = s;
+    return KEEL_OK;
+}
+
+const kw_component *kw_schema_get(const kw_schema *s, uint32_t id)
+{
+    return s && id >= 1 && id <= s->ncomps ? &s->comps[id - 1] : NULL;
+}
+
+/* ---- meta and snap keys ---------------------------------------------------- */
+
+void kw_checkpoint_meta_encode(const kw_checkpoint_meta *m, unsigned char out[32])
+{
+    kw_buf b = {out, 0, 32};
+    kw_put_u64(&b, m->tick);
+    kw_put_u64(&b, m->lsn);
+    kw_put_u64(&b, m->created_ns);
+    kw_put_u32(&b, m->count);
+    kw_put_u32(&b, 0);
+}
+
+int kw_checkpoint_meta_decode(const void *p, size_t n, kw_checkpoint_meta *out)
+{
+    kw_cursor c = kw_cursor_make(p, n);
+    out->tick = kw_get_u64(&c);
+    out->lsn = kw_get_u64(&c);
+    out->created_ns = kw_get_u64(&c);
+    out->count = kw_get_u32(&c);
+    kw_get_u32(&c);
+    if (c.bad || !kw_cursor_done(&c))
+        return core_fail(KEEL_ECORRUPT, "meta 'checkpoint' is %zu bytes, not 32", n);
+    return KEEL_OK;
+}
+
+static void be32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (24 - 8 * i));
+}
+
+size_t kw_snap_key_slots(unsigned char out[5], uint32_t page)
+{
+    out[0] = 'S';
+    be32(out + 1, page);
+    return 5;
+}
+
+size_t kw_snap_key_chunk(unsigned char out[9], uint32_t table, uint32_t chunk)
+{
+    out[0] = 'C';
+    be32(out + 1, table);
+    be32(out + 5, chunk);
+    return 9;
+}
