@@ -42,7 +42,7 @@ int keel_uow_flush(keel_runtime *rt)
     if (!rt->dur)
         return rt->data_dir && rt->recover_rc ? core_fail(KEEL_EFATAL, "keel_uow_flush: the data directory is not open")
                                                : KEEL_OK;
-    return dur_wait(rt, dur_last_lsn(rt));
+    return dur_wait(rt, dur_last_lsn(rt), true);
 }
 
 int keel_checkpoint(keel_runtime *rt)

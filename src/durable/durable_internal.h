@@ -124,9 +124,10 @@ void dur_writer_stop(keel_runtime *rt);
 int dur_enqueue(keel_runtime *rt, dur_item *item, uint64_t *last_lsn);
 dur_item *dur_item_new(dur_item_kind kind, keel_durability mode);
 void dur_item_free(dur_item *it);
-/* Wait until lsn is durable; forces held DEFERRED records out. 0, or
- * KEEL_EFATAL. */
-int dur_wait(keel_runtime *rt, uint64_t lsn);
+/* Wait until lsn is durable; `flush` forces held DEFERRED records out
+ * (keel_uow_flush, close) -- an IMMEDIATE or GROUP record needs no flush.
+ * 0, or KEEL_EFATAL. */
+int dur_wait(keel_runtime *rt, uint64_t lsn, bool flush);
 /* Run done(arg, rc) once lsn is durable (at once when it is): rc 0, or
  * KEEL_EFATAL when the runtime latched before. */
 void dur_when_durable(keel_runtime *rt, uint64_t lsn, void (*done)(void *arg, int rc), void *arg);

@@ -31,6 +31,10 @@
 #include "durable/durable_internal.h"
 #include "runtime/runtime_internal.h"
 
+_Static_assert((int)WORLD_OP_SPAWN == (int)KW_OP_SPAWN && (int)WORLD_OP_DESTROY == (int)KW_OP_DESTROY &&
+                   (int)WORLD_OP_ADD == (int)KW_OP_ADD && (int)WORLD_OP_REMOVE == (int)KW_OP_REMOVE,
+               "the lifecycle log's op codes are the WAL's");
+
 /* ---- value rows -> TICK_CHUNK payload ------------------------------------------------ */
 
 static int rows_payload(const txn_uow *u, size_t from, size_t to, kw_buf *out)

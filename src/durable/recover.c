@@ -107,6 +107,8 @@ typedef struct loader {
     kw_rtxn *r;
     kw_codec_ctx *c;
     keel_recovery *out;
+    uint32_t *counts;          /* rows per table, as the checkpoint's table list says */
+    uint32_t ntables, nlive;
 } loader;
 
 /* Check and decode a snap value of the expected kind. */
@@ -144,7 +146,10 @@ static int load_tables(loader *l, uint32_t *nslots_out)
     if ((rc = snap_payload(l, "T", 1, val, vlen, KW_KIND_SNAP_TABLES, &c)))
         return rc;
     uint32_t ntables = kw_get_u32(&c), nslots = kw_get_u32(&c);
-    kw_get_u32(&c); /* nlive: checked after the rows are in */
+    l->nlive = kw_get_u32(&c); /* checked after the rows are in */
+    if (c.bad || ntables > (1u << 24) || !(l->counts = calloc(ntables + 1, sizeof *l->counts)))
+        return core_fail(c.bad ? KEEL_ECORRUPT : KEEL_ENOMEM, "checkpoint table list is unreadable");
+    l->ntables = ntables;
     /* the slots first: rows need their generations */
     uint32_t *gens = calloc(nslots ? nslots : 1, sizeof *gens);
     if (!gens)
@@ -173,7 +178,7 @@ static int load_tables(loader *l, uint32_t *nslots_out)
         rc = world_restore_begin(l->rt->world, nslots, gens);
     free(gens);
     for (uint32_t t = 0; !rc && t < ntables; t++) {
-        kw_get_u32(&c); /* row count: the chunks carry the rows */
+        l->counts[t] = kw_get_u32(&c);
         uint32_t n = kw_get_u32(&c);
         keel_component comps[KEEL_MAX_COMPONENTS];
         if (c.bad || n > KEEL_MAX_COMPONENTS)
@@ -193,9 +198,6 @@ static int load_chunk(loader *l, kw_cursor *c)
     if (c->bad || table >= w->ntables || ncols > KEEL_MAX_COMPONENTS)
         return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u has a bad header", chunk, table);
     const world_table *t = w->tables[table];
-    if (t->count != chunk * w->chunk_rows)
-        return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u does not follow the table's %u rows", chunk,
-                         table, t->count);
     uint32_t col_of[KEEL_MAX_COMPONENTS], size_of[KEEL_MAX_COMPONENTS];
     for (uint32_t i = 0; i < ncols; i++) {
         keel_component comp = kw_get_u32(c);
@@ -251,6 +253,14 @@ static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
             break;
     }
     kw_wal_iter_end(it);
+    const keel_world *w = l->rt->world;
+    for (uint32_t t = 0; !rc && t < l->ntables; t++)
+        if (w->tables[t]->count != l->counts[t])
+            rc = core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu: table %u has %u rows, its chunks hold %u",
+                           (unsigned long long)m->tick, t, l->counts[t], w->tables[t]->count);
+    if (!rc && w->nlive != l->nlive)
+        rc = core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu: %u live entities listed, %u loaded",
+                       (unsigned long long)m->tick, l->nlive, w->nlive);
     return rc;
 }
 
@@ -268,7 +278,7 @@ typedef struct replay {
     uint32_t n, cap;
     uint64_t unit_first;       /* LSN of the unit's first record */
     keel_cmdbuf *cmds;
-    kw_buf scratch;
+    kw_decoder dec;
 } replay;
 
 static int corrupt(uint64_t lsn, const char *fmt, const char *detail)
@@ -278,108 +288,79 @@ static int corrupt(uint64_t lsn, const char *fmt, const char *detail)
     return core_fail(KEEL_ECORRUPT, "WAL record at LSN %llu: %s", (unsigned long long)lsn, buf);
 }
 
-/* Value rows: u32 ngroups, groups {comp, size, n, entities, values}. */
-static int apply_rows(replay *p, const kw_header *h, kw_cursor *c, uint32_t ngroups)
+static bool fits(const keel_world *w, uint32_t comp, uint32_t size)
+{
+    return world_component_valid(w, comp) && w->comps[comp].desc.size == size;
+}
+
+/* Queue one lifecycle command of the record in the replay's buffer. */
+static int queue_command(replay *p, const kw_change *ch, keel_entity *expect, uint32_t *nspawn)
 {
     keel_world *w = p->l->rt->world;
-    for (uint32_t g = 0; g < ngroups; g++) {
-        keel_component comp = kw_get_u32(c);
-        uint32_t size = kw_get_u32(c), n = kw_get_u32(c);
-        const unsigned char *ents = kw_get_bytes(c, (size_t)n * 8);
-        const unsigned char *vals = kw_get_bytes(c, (size_t)n * size);
-        if (c->bad || !world_component_valid(w, comp) || w->comps[comp].desc.size != size)
-            return corrupt(h->lsn, "%s", "a row group is malformed or names an unknown component");
-        for (uint32_t i = 0; i < n; i++) {
-            keel_entity e;
-            memcpy(&e, ents + (size_t)i * 8, 8);
-            int rc = keel_set(w, e, comp, vals + (size_t)i * size);
-            if (rc)
-                return corrupt(h->lsn, "a value row does not apply: %s", keel_last_error());
+    switch (ch->op) {
+    case KW_OP_SPAWN: {
+        keel_init inits[256];
+        for (uint32_t k = 0; k < ch->n; k++) {
+            if (!fits(w, ch->comps[k], ch->sizes[k]))
+                return KEEL_ECORRUPT;
+            inits[k] = (keel_init){ch->comps[k], ch->values[k]};
         }
+        expect[(*nspawn)++] = ch->entity;
+        return keel_cmd_spawn(p->cmds, inits, ch->n);
     }
-    return KEEL_OK;
+    case KW_OP_DESTROY:
+        return keel_cmd_destroy(p->cmds, ch->entity);
+    case KW_OP_ADD:
+        return fits(w, ch->component, ch->size) ? keel_cmd_add(p->cmds, ch->entity, ch->component, ch->value)
+                                                : KEEL_ECORRUPT;
+    case KW_OP_REMOVE:
+        return world_component_valid(w, ch->component) ? keel_cmd_remove(p->cmds, ch->entity, ch->component)
+                                                        : KEEL_ECORRUPT;
+    default:
+        return KEEL_ECORRUPT;
+    }
 }
 
-static int apply_side(replay *p, const kw_header *h, kw_cursor *c)
+/* Value rows (TICK_CHUNK, SIDE) go through keel_set's write path; the
+ * commands of a LIFECYCLE record through command playback, and the
+ * handles its spawns create must be the logged ones. */
+static int apply_changes(replay *p, const kw_header *h, const void *payload)
 {
     keel_world *w = p->l->rt->world;
-    kw_get_u64(c); /* seq */
-    kw_get_u32(c); /* mode */
-    uint32_t n = kw_get_u32(c);
-    for (uint32_t i = 0; i < n; i++) {
-        keel_entity e = kw_get_u64(c);
-        keel_component comp = kw_get_u32(c);
-        uint32_t size = kw_get_u32(c);
-        const void *v = kw_get_bytes(c, size);
-        if (c->bad || !world_component_valid(w, comp) || w->comps[comp].desc.size != size)
-            return corrupt(h->lsn, "%s", "a side write is malformed or names an unknown component");
-        int rc = keel_set(w, e, comp, v);
-        if (rc)
-            return corrupt(h->lsn, "a side write does not apply: %s", keel_last_error());
-    }
-    return kw_cursor_done(c) ? KEEL_OK : corrupt(h->lsn, "%s", "trailing bytes after the side writes");
-}
-
-static int record_value(kw_cursor *c, const keel_world *w, keel_component *comp, const void **v)
-{
-    *comp = kw_get_u32(c);
-    uint32_t size = kw_get_u32(c);
-    *v = kw_get_bytes(c, size);
-    return !c->bad && world_component_valid(w, *comp) && w->comps[*comp].desc.size == size ? KEEL_OK : KEEL_ECORRUPT;
-}
-
-static int apply_lifecycle(replay *p, const kw_header *h, kw_cursor *c)
-{
-    keel_world *w = p->l->rt->world;
-    uint32_t nops = kw_get_u32(c);
-    keel_entity *expect = malloc(((size_t)nops + 1) * sizeof *expect);
-    if (!expect)
-        return core_fail(KEEL_ENOMEM, "out of memory replaying LSN %llu", (unsigned long long)h->lsn);
+    kw_decoder *d = &p->dec;
+    int rc = kw_decode_begin(d, h->kind, h->lsn, payload, h->raw_len, NULL);
+    if (rc)
+        return rc;
+    keel_entity *expect = NULL;
     uint32_t nspawn = 0;
-    int rc = KEEL_OK;
-    for (uint32_t i = 0; !rc && i < nops; i++) {
-        uint8_t kind = kw_get_u8(c);
-        keel_entity e = kw_get_u64(c);
-        keel_component comp;
-        const void *v;
-        if (kind == WORLD_OP_SPAWN) {
-            uint32_t n = kw_get_u32(c);
-            keel_init inits[KEEL_MAX_COMPONENTS];
-            for (uint32_t k = 0; !rc && k < n && k < KEEL_MAX_COMPONENTS; k++) {
-                rc = record_value(c, w, &comp, &v);
-                inits[k] = (keel_init){comp, v};
-            }
-            if (!rc && n <= KEEL_MAX_COMPONENTS)
-                rc = keel_cmd_spawn(p->cmds, inits, n);
-            else
-                rc = KEEL_ECORRUPT;
-            expect[nspawn++] = e;
-        } else if (kind == WORLD_OP_DESTROY) {
-            rc = keel_cmd_destroy(p->cmds, e);
-        } else if (kind == WORLD_OP_ADD) {
-            rc = record_value(c, w, &comp, &v);
-            if (!rc)
-                rc = keel_cmd_add(p->cmds, e, comp, v);
-        } else if (kind == WORLD_OP_REMOVE) {
-            comp = kw_get_u32(c);
-            rc = world_component_valid(w, comp) ? keel_cmd_remove(p->cmds, e, comp) : KEEL_ECORRUPT;
-        } else {
+    if (h->kind == KW_KIND_LIFECYCLE && !(expect = malloc(((size_t)d->left + 1) * sizeof *expect)))
+        return core_fail(KEEL_ENOMEM, "out of memory replaying LSN %llu", (unsigned long long)h->lsn);
+    kw_change ch;
+    while ((rc = kw_decode_next(d, &ch)) == 1) {
+        if (h->kind == KW_KIND_LIFECYCLE)
+            rc = queue_command(p, &ch, expect, &nspawn);
+        else if (!fits(w, ch.component, ch.size))
             rc = KEEL_ECORRUPT;
-        }
-        if (c->bad)
-            rc = KEEL_ECORRUPT;
+        else if ((rc = keel_set(w, ch.entity, ch.component, ch.value)))
+            rc = corrupt(h->lsn, "a value row does not apply: %s", keel_last_error());
+        if (rc == KEEL_ECORRUPT && !strstr(keel_last_error(), "LSN"))
+            rc = corrupt(h->lsn, "%s", "a change names an unknown component or has the wrong size");
+        if (rc)
+            break;
     }
-    if (rc == KEEL_ECORRUPT || (!rc && !kw_cursor_done(c)))
-        rc = corrupt(h->lsn, "%s", "a lifecycle command is malformed");
-    if (!rc && (rc = keel_cmdbuf_apply(p->cmds)))
-        rc = corrupt(h->lsn, "its commands do not apply: %s", keel_last_error());
-    keel_cmd_result res = keel_cmdbuf_result(p->cmds);
-    for (uint32_t i = 0; !rc && i < nspawn; i++)
-        if (i >= res.created_count || res.created[i] != expect[i])
-            rc = corrupt(h->lsn, "%s", "a spawn created a different entity handle than the one logged");
+    if (!rc && h->kind == KW_KIND_LIFECYCLE) {
+        if ((rc = keel_cmdbuf_apply(p->cmds)))
+            rc = corrupt(h->lsn, "its commands do not apply: %s", keel_last_error());
+        keel_cmd_result res = keel_cmdbuf_result(p->cmds);
+        for (uint32_t i = 0; !rc && i < nspawn; i++)
+            if (i >= res.created_count || res.created[i] != expect[i])
+                rc = corrupt(h->lsn, "%s", "a spawn created a different entity handle than the one logged");
+    }
+    if (h->kind == KW_KIND_LIFECYCLE) {
+        keel_cmdbuf_discard(p->cmds);
+        keel_cmdbuf_reset(p->cmds);
+    }
     free(expect);
-    keel_cmdbuf_discard(p->cmds);
-    keel_cmdbuf_reset(p->cmds);
     return rc;
 }
 
@@ -390,21 +371,9 @@ static int apply_record(replay *p, const unit_rec *u)
     if (rc)
         return rc;
     p->l->out->raw_bytes += u->h.raw_len;
-    kw_cursor c = kw_cursor_make(payload, u->h.raw_len);
-    switch (u->h.kind) {
-    case KW_KIND_TICK_CHUNK: {
-        uint32_t ng = kw_get_u32(&c);
-        rc = apply_rows(p, &u->h, &c, ng);
-        return rc ? rc : kw_cursor_done(&c) ? KEEL_OK : corrupt(u->h.lsn, "%s", "trailing bytes after the row groups");
-    }
-    case KW_KIND_LIFECYCLE:
-        return apply_lifecycle(p, &u->h, &c);
-    case KW_KIND_SIDE:
+    if (u->h.kind == KW_KIND_SIDE)
         p->l->out->side_txns++;
-        return apply_side(p, &u->h, &c);
-    default:
-        return KEEL_OK;
-    }
+    return apply_changes(p, &u->h, payload);
 }
 
 /* A TICK_COMMIT closes the unit: check it, apply the unit. */
@@ -414,9 +383,8 @@ static int close_unit(replay *p, const unit_rec *marker)
     int rc = kw_record_payload(p->l->c, marker->rec, &marker->h, &payload);
     if (rc)
         return rc;
-    kw_cursor c = kw_cursor_make(payload, marker->h.raw_len);
-    uint32_t nrec = kw_get_u32(&c), nlive = kw_get_u32(&c), nslots = kw_get_u32(&c);
-    if (c.bad || nrec != p->n)
+    kw_commit_info ci;
+    if (kw_decode_commit(payload, marker->h.raw_len, &ci) || ci.nrecords != p->n)
         return corrupt(marker->h.lsn, "%s", "the tick's commit marker does not match the records before it");
     for (uint32_t i = 0; i < p->n; i++) {
         if (p->recs[i].h.tick != marker->h.tick)
@@ -425,7 +393,7 @@ static int close_unit(replay *p, const unit_rec *marker)
             return rc;
     }
     keel_world *w = p->l->rt->world;
-    if (w->nlive != nlive || w->nslots != nslots)
+    if (w->nlive != ci.nlive || w->nslots != ci.nslots)
         return corrupt(marker->h.lsn, "%s", "the replayed tick does not end with the logged entity counts");
     if (!(marker->h.flags & KW_FLAG_HOOK))
         p->l->out->tick = marker->h.tick;
@@ -582,6 +550,7 @@ static int recover(keel_runtime *rt, keel_recovery *out)
             last = wal_last; /* schema or checkpoint markers after the last unit */
     }
     kw_read_end(r);
+    free(l.counts);
     if (rc == KEEL_ETIMEDOUT) { /* truncate_bad_tail */
         truncation tr = {.from = last + 1};
         rc = kw_store_write(d->store, fill_truncate, &tr);
@@ -595,7 +564,7 @@ static int recover(keel_runtime *rt, keel_recovery *out)
     atomic_store(&d->durable_lsn, last);
     atomic_store(&d->durable_tick, out->tick);
     out->last_lsn = last;
-    out->fresh = !m.count && !out->records;
+    out->fresh = !m.count && !out->tick && !out->side_txns && !rt->world->nlive;
     if (schema == 1) {
         rc = write_schema(rt, l.c, d->next_lsn);
         if (!rc) {

@@ -95,7 +95,7 @@ void dur_when_durable(keel_runtime *rt, uint64_t lsn, void (*done)(void *arg, in
     if (lsn <= durable || fatal || !w) {
         pthread_mutex_unlock(&d->mu);
         free(w);
-        done(arg, lsn <= durable ? KEEL_OK : fatal ? KEEL_EFATAL : dur_wait(rt, lsn));
+        done(arg, lsn <= durable ? KEEL_OK : fatal ? KEEL_EFATAL : dur_wait(rt, lsn, true));
         return;
     }
     *w = (dur_waiter){.lsn = lsn, .done = done, .arg = arg};
@@ -122,14 +122,16 @@ void dur_latch_fatal(keel_runtime *rt, int rc)
     pthread_mutex_unlock(&d->mu);
 }
 
-int dur_wait(keel_runtime *rt, uint64_t lsn)
+int dur_wait(keel_runtime *rt, uint64_t lsn, bool flush)
 {
     dur_state *d = rt->dur;
     if (!d || atomic_load_explicit(&d->durable_lsn, memory_order_acquire) >= lsn)
         return KEEL_OK;
-    dur_item *flush = dur_item_new(DUR_FLUSH, KEEL_DURABLE_IMMEDIATE);
-    if (flush && dur_enqueue(rt, flush, NULL))
-        return KEEL_EFATAL;
+    if (flush) { /* held DEFERRED records must go out now */
+        dur_item *f = dur_item_new(DUR_FLUSH, KEEL_DURABLE_IMMEDIATE);
+        if (f && dur_enqueue(rt, f, NULL))
+            return KEEL_EFATAL;
+    }
     pthread_mutex_lock(&d->mu);
     while (atomic_load(&d->durable_lsn) < lsn && !atomic_load(&d->fatal))
         pthread_cond_wait(&d->durable_cv, &d->mu);
@@ -255,8 +257,12 @@ static void batch_add(batch *b, dur_item *it)
 static void batch_commit(keel_runtime *rt, batch *b)
 {
     dur_state *d = rt->dur;
-    int rc = b->last_lsn || b->head ? kw_store_write(d->store, fill, b) : KEEL_OK;
-    if (!rc) {
+    /* a batch of flush requests only (their records went out before) needs no commit */
+    bool work = b->last_lsn != 0;
+    for (dur_item *it = b->head; it && !work; it = it->next)
+        work = it->kind == DUR_CHECKPOINT;
+    int rc = work ? kw_store_write(d->store, fill, b) : KEEL_OK;
+    if (!rc && work) {
         atomic_fetch_add(&d->fsyncs, 1);
         atomic_fetch_add(&d->wal_bytes, b->bytes);
     }

@@ -154,7 +154,7 @@ static void shutdown_durable(keel_runtime *rt)
     }
     if (rt->dur) {
         if (!dur_fatal(rt->dur))
-            dur_wait(rt, dur_last_lsn(rt));
+            dur_wait(rt, dur_last_lsn(rt), true);
         dur_close(rt);
     }
 }
@@ -379,7 +379,7 @@ static int first_tick_hook(keel_runtime *rt)
 
 static int can_step(keel_runtime *rt)
 {
-    if (rt->data_dir && !rt->recovered) {
+    if (rt->data_dir) { /* never run in memory what should be durable */
         int rc = keel_runtime_recover(rt, NULL);
         if (rc)
             return rc;
@@ -460,6 +460,7 @@ int runtime_step(keel_runtime *rt)
     uint64_t start = rt_now_ns();
     atomic_store_explicit(&rt->running_tick, atomic_load(&rt->tick) + 1, memory_order_relaxed);
     uow_reset(&rt->uow);
+    rt->fence_rows_from = rt->fence_life_from = 0;
     w->in_tick = true;
     bool hook_ran = !rt->first_tick_done;
     rc = first_tick_hook(rt);
@@ -497,7 +498,7 @@ int runtime_step(keel_runtime *rt)
     rt->stats.ticks++;
     if (rt->dur && !fence_rc) {
         if (rt->durability == KEEL_DURABLE_IMMEDIATE)
-            fence_rc = dur_wait(rt, dur_last_lsn(rt)); /* the tick returns only once it is on disk */
+            fence_rc = dur_wait(rt, dur_last_lsn(rt), false); /* the tick returns only once it is on disk */
         if (!fence_rc && w->mutations == rt->pub_mutations)
             fence_rc = ckpt_maybe(rt, tick, false);
         if (fence_rc && fence_rc != KEEL_EFATAL)

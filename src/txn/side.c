@@ -460,5 +460,5 @@ int txn_durable_wait(keel_runtime *rt, uint64_t lsn, keel_durability mode)
      * window, or at flush / checkpoint / shutdown (docs/durability.md). */
     if (!rt->dur || !lsn || mode != KEEL_DURABLE_IMMEDIATE)
         return KEEL_OK;
-    return dur_wait(rt, lsn);
+    return dur_wait(rt, lsn, false);
 }

@@ -196,6 +196,61 @@ void kw_schema_free(kw_schema *s);
 /* Component by id, NULL when absent. */
 const kw_component *kw_schema_get(const kw_schema *s, uint32_t id);
 
+/* ---- decoding the logical payloads ----------------------------------------
+ * A decoder walks the payload of a TICK_CHUNK, SIDE or LIFECYCLE record and
+ * yields one change at a time. Values point into the payload. The
+ * component sizes are checked against `schema` when it is given (a size
+ * that differs from the stored schema is KEEL_ECORRUPT). */
+
+typedef enum kw_op {
+    KW_OP_SET = 0,            /* a value row: entity's component = value */
+    KW_OP_SPAWN = 1,          /* entity created with n components (comps/sizes/values) */
+    KW_OP_DESTROY = 2,
+    KW_OP_ADD = 3,            /* component added with value */
+    KW_OP_REMOVE = 4,
+} kw_op;
+
+typedef struct kw_change {
+    uint32_t op;              /* kw_op */
+    uint64_t entity;
+    uint32_t component;       /* SET, ADD, REMOVE */
+    uint32_t size;            /* SET, ADD */
+    const void *value;        /* SET, ADD (NULL for tags) */
+    uint32_t n;               /* SPAWN: components */
+    const uint32_t *comps;    /* SPAWN: n ids, sizes and values (valid until the next call) */
+    const uint32_t *sizes;
+    const void *const *values;
+} kw_change;
+
+typedef struct kw_decoder {
+    kw_cursor cur;
+    uint32_t kind;
+    uint64_t lsn;             /* for error sentences */
+    const kw_schema *schema;
+    uint64_t side_seq;        /* SIDE: the transaction's sequence and mode */
+    uint32_t side_mode;
+    uint32_t left;            /* items (groups, ops, writes) left */
+    uint32_t group_left;      /* TICK_CHUNK: rows left in the current group */
+    uint32_t group_comp, group_size;
+    const unsigned char *group_ents, *group_vals;
+    uint32_t group_i;
+    uint32_t comps[256], sizes[256];
+    const void *values[256];
+} kw_decoder;
+
+/* Start decoding `payload` (raw_len bytes) of a record of `kind` at `lsn`.
+ * Errors: KEEL_EINVAL (a kind without changes), KEEL_ECORRUPT. */
+int kw_decode_begin(kw_decoder *d, uint32_t kind, uint64_t lsn, const void *payload, size_t len,
+                    const kw_schema *schema);
+/* 1 with *out filled, 0 at the end (the payload was consumed exactly), or
+ * KEEL_ECORRUPT naming the LSN. */
+int kw_decode_next(kw_decoder *d, kw_change *out);
+/* The TICK_COMMIT payload. */
+typedef struct kw_commit_info {
+    uint32_t nrecords, nlive, nslots;
+} kw_commit_info;
+int kw_decode_commit(const void *payload, size_t len, kw_commit_info *out);
+
 /* ---- store --------------------------------------------------------------- */
 
 typedef struct kw_store kw_store;
@@ -281,6 +336,32 @@ int kw_db_iter(kw_rtxn *r, kw_db db, const void *prefix, size_t plen, kw_walit *
 int kw_db_next(kw_walit *it, const void **key, size_t *klen, const void **val, size_t *vlen);
 /* First and last LSN in the WAL (KEEL_ENOENT when it is empty) and count. */
 int kw_wal_bounds(kw_rtxn *r, uint64_t *first, uint64_t *last, uint64_t *count);
+
+/* A filtered scan of the WAL: records in LSN order within [from_lsn,
+ * to_lsn] and [from_tick, to_tick] (0 = unbounded above) whose kind is in
+ * `kinds` (a mask of 1u << kind; 0 = every kind). Ticks are not monotonic
+ * in LSN order (a CHECKPOINT marker names the tick it covers and follows
+ * later ticks), so the tick bounds filter, they do not stop the scan.
+ * kw_scan_next checks each record it returns: 1 with *out filled, 0 at the
+ * end, or KEEL_ECORRUPT for an invalid record (out->lsn names it; the
+ * next call continues after it). */
+typedef struct kw_range {
+    uint64_t from_lsn, to_lsn;
+    uint64_t from_tick, to_tick;
+    uint32_t kinds;
+} kw_range;
+
+typedef struct kw_record {
+    uint64_t lsn;
+    const void *rec;          /* the whole record, in the map (valid until kw_read_end) */
+    size_t len;
+    kw_header h;              /* valid when kw_scan_next returned 1 */
+} kw_record;
+
+typedef struct kw_scan kw_scan;
+int kw_scan_begin(kw_rtxn *r, const kw_range *range, kw_scan **out);
+int kw_scan_next(kw_scan *s, kw_record *out);
+void kw_scan_end(kw_scan *s);
 
 /* ---- meta ---------------------------------------------------------------- */
 

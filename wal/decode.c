@@ -1,0 +1,158 @@
+/*
+ * wal/decode.c -- the logical payloads of TICK_CHUNK, SIDE and LIFECYCLE
+ * records, one change at a time (docs/wal-format.md has the layouts).
+ * Recovery and the tools decode through this one place.
+ */
+#include <string.h>
+
+#include "core/core.h"
+#include "keel_wal/wal.h"
+
+static int bad(const kw_decoder *d, const char *what)
+{
+    return core_fail(KEEL_ECORRUPT, "WAL record at LSN %llu: %s", (unsigned long long)d->lsn, what);
+}
+
+static int check_size(const kw_decoder *d, uint32_t comp, uint32_t size)
+{
+    if (!comp)
+        return bad(d, "a change names component 0");
+    if (!d->schema)
+        return KEEL_OK;
+    const kw_component *c = kw_schema_get(d->schema, comp);
+    if (!c)
+        return core_fail(KEEL_ECORRUPT, "WAL record at LSN %llu: component %u is not in the stored schema",
+                         (unsigned long long)d->lsn, comp);
+    if (c->size != size)
+        return core_fail(KEEL_ECORRUPT, "WAL record at LSN %llu: a value of component '%s' has %u bytes, the schema "
+                                        "says %u", (unsigned long long)d->lsn, c->name, size, c->size);
+    return KEEL_OK;
+}
+
+int kw_decode_begin(kw_decoder *d, uint32_t kind, uint64_t lsn, const void *payload, size_t len,
+                    const kw_schema *schema)
+{
+    memset(d, 0, offsetof(kw_decoder, comps));
+    d->cur = kw_cursor_make(payload, len);
+    d->kind = kind;
+    d->lsn = lsn;
+    d->schema = schema;
+    if (kind == KW_KIND_SIDE) {
+        d->side_seq = kw_get_u64(&d->cur);
+        d->side_mode = kw_get_u32(&d->cur);
+    } else if (kind != KW_KIND_TICK_CHUNK && kind != KW_KIND_LIFECYCLE) {
+        return core_fail(KEEL_EINVAL, "kw_decode_begin: a %s record holds no changes", kw_kind_name(kind));
+    }
+    d->left = kw_get_u32(&d->cur);
+    return d->cur.bad ? bad(d, "the payload is too short for its header") : KEEL_OK;
+}
+
+static int end(kw_decoder *d)
+{
+    return kw_cursor_done(&d->cur) ? 0 : bad(d, "trailing bytes after the last change");
+}
+
+static int next_row(kw_decoder *d, kw_change *out)
+{
+    while (!d->group_left) {
+        if (!d->left)
+            return end(d);
+        d->left--;
+        d->group_comp = kw_get_u32(&d->cur);
+        d->group_size = kw_get_u32(&d->cur);
+        d->group_left = kw_get_u32(&d->cur);
+        d->group_ents = kw_get_bytes(&d->cur, (size_t)d->group_left * 8);
+        d->group_vals = kw_get_bytes(&d->cur, (size_t)d->group_left * d->group_size);
+        d->group_i = 0;
+        if (d->cur.bad)
+            return bad(d, "a row group runs past the payload");
+        int rc = check_size(d, d->group_comp, d->group_size);
+        if (rc)
+            return rc;
+    }
+    uint32_t i = d->group_i++;
+    d->group_left--;
+    *out = (kw_change){.op = KW_OP_SET, .component = d->group_comp, .size = d->group_size,
+                       .value = d->group_vals + (size_t)i * d->group_size};
+    memcpy(&out->entity, d->group_ents + (size_t)i * 8, 8);
+    return 1;
+}
+
+static int next_side(kw_decoder *d, kw_change *out)
+{
+    if (!d->left)
+        return end(d);
+    d->left--;
+    *out = (kw_change){.op = KW_OP_SET, .entity = kw_get_u64(&d->cur), .component = kw_get_u32(&d->cur)};
+    out->size = kw_get_u32(&d->cur);
+    out->value = kw_get_bytes(&d->cur, out->size);
+    if (d->cur.bad)
+        return bad(d, "a side write runs past the payload");
+    int rc = check_size(d, out->component, out->size);
+    return rc ? rc : 1;
+}
+
+static int comp_value(kw_decoder *d, uint32_t *comp, uint32_t *size, const void **value)
+{
+    *comp = kw_get_u32(&d->cur);
+    *size = kw_get_u32(&d->cur);
+    *value = *size ? kw_get_bytes(&d->cur, *size) : NULL;
+    if (d->cur.bad)
+        return bad(d, "a command's value runs past the payload");
+    return check_size(d, *comp, *size);
+}
+
+static int next_op(kw_decoder *d, kw_change *out)
+{
+    if (!d->left)
+        return end(d);
+    d->left--;
+    uint8_t op = kw_get_u8(&d->cur);
+    *out = (kw_change){.op = op, .entity = kw_get_u64(&d->cur)};
+    int rc = KEEL_OK;
+    switch (op) {
+    case KW_OP_SPAWN:
+        out->n = kw_get_u32(&d->cur);
+        if (out->n > 255)
+            return bad(d, "a spawn with more than 255 components");
+        for (uint32_t i = 0; !rc && i < out->n; i++)
+            rc = comp_value(d, &d->comps[i], &d->sizes[i], &d->values[i]);
+        out->comps = d->comps;
+        out->sizes = d->sizes;
+        out->values = d->values;
+        break;
+    case KW_OP_ADD:
+        rc = comp_value(d, &out->component, &out->size, &out->value);
+        break;
+    case KW_OP_REMOVE:
+        out->component = kw_get_u32(&d->cur);
+        rc = out->component ? KEEL_OK : bad(d, "a remove of component 0");
+        break;
+    case KW_OP_DESTROY:
+        break;
+    default:
+        return bad(d, "an unknown lifecycle command");
+    }
+    if (!rc && d->cur.bad)
+        rc = bad(d, "a lifecycle command runs past the payload");
+    return rc ? rc : 1;
+}
+
+int kw_decode_next(kw_decoder *d, kw_change *out)
+{
+    switch (d->kind) {
+    case KW_KIND_TICK_CHUNK: return next_row(d, out);
+    case KW_KIND_SIDE:       return next_side(d, out);
+    default:                 return next_op(d, out);
+    }
+}
+
+int kw_decode_commit(const void *payload, size_t len, kw_commit_info *out)
+{
+    kw_cursor c = kw_cursor_make(payload, len);
+    out->nrecords = kw_get_u32(&c);
+    out->nlive = kw_get_u32(&c);
+    out->nslots = kw_get_u32(&c);
+    kw_get_u32(&c);
+    return c.bad || !kw_cursor_done(&c) ? core_fail(KEEL_ECORRUPT, "a tick commit marker is not 16 bytes") : KEEL_OK;
+}
