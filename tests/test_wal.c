@@ -15,6 +15,7 @@
 #include <ftw.h>
 #include <lmdb.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -770,7 +771,7 @@ END_TEST
 
 static void sample_schema(kw_schema *s)
 {
-    static kw_field pos[3], hp[1], tagf[1];
+    static kw_field pos[3], hp[1];
     static kw_component comps[3];
     memset(pos, 0, sizeof pos);
     memset(comps, 0, sizeof comps);
@@ -782,7 +783,6 @@ static void sample_schema(kw_schema *s)
     pos[2].type = 13, pos[2].offset = 8, pos[2].count = 8;
     snprintf(hp[0].name, sizeof hp[0].name, "hp");
     hp[0].type = 3, hp[0].offset = 0, hp[0].count = 1;
-    (void)tagf;
     comps[0] = (kw_component){.id = 1, .size = 16, .align = 4, .discipline = 0, .nfields = 3, .fields = pos};
     snprintf(comps[0].name, sizeof comps[0].name, "position");
     comps[1] = (kw_component){.id = 2, .size = 4, .align = 4, .discipline = 1, .nfields = 1, .fields = hp};
@@ -1053,3 +1053,1296 @@ static Suite *payload_suite(void)
     suite_add_tcase(s, tc);
     return s;
 }
+
+/* ---- wal_store -------------------------------------------------------------------------- */
+
+static char tmp_root[128];
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void rm_tree(const char *path)
+{
+    nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Per test case (unchecked: runs in the runner process, so it also cleans
+ * up after a test that failed half-way in its forked child). */
+static void root_setup(void)
+{
+    snprintf(tmp_root, sizeof tmp_root, "/tmp/keel-test-wal.XXXXXX");
+    if (!mkdtemp(tmp_root))
+        tmp_root[0] = 0;
+}
+
+static void root_teardown(void)
+{
+    if (tmp_root[0])
+        rm_tree(tmp_root);
+}
+
+static void new_dir(char out[256])
+{
+    ck_assert_msg(tmp_root[0], "no temporary root directory");
+    snprintf(out, 256, "%s/d.XXXXXX", tmp_root);
+    ck_assert_ptr_nonnull(mkdtemp(out));
+}
+
+static bool file_exists(const char *dir, const char *name)
+{
+    char p[512];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0;
+}
+
+static kw_store *open_store(const char *dir, uint32_t flags, uint64_t map_size, uint64_t map_max)
+{
+    kw_store *s = NULL;
+    ck_assert_ok(kw_store_open(dir, &(kw_store_desc){.flags = flags, .map_size = map_size, .map_max = map_max}, &s));
+    ck_assert_ptr_nonnull(s);
+    return s;
+}
+
+/* A record for lsn whose payload says so (or `extra` random bytes). */
+static void make_rec(kw_codec_ctx *c, kw_buf *out, uint64_t lsn, size_t extra)
+{
+    out->len = 0;
+    char text[64];
+    int n = snprintf(text, sizeof text, "record %llu", (unsigned long long)lsn);
+    if (!extra) {
+        ck_assert_ok(kw_record_build(c, out, KW_KIND_SIDE, lsn, lsn / 2, 0, text, (size_t)n));
+        return;
+    }
+    unsigned char *p = malloc(extra);
+    uint64_t save = rng_state;
+    rng_state = 0x1234567ull * (lsn + 1);
+    rnd_fill(p, extra);
+    rng_state = save;
+    memcpy(p, text, (size_t)n);
+    ck_assert_ok(kw_record_build(c, out, KW_KIND_TICK_CHUNK, lsn, lsn / 2, 0, p, extra));
+    free(p);
+}
+
+typedef struct wal_put {
+    uint64_t lsn;
+    const void *rec;
+    size_t len;
+} wal_put;
+
+typedef struct wal_fill {
+    const wal_put *puts;
+    size_t n;
+    int calls;
+    int then;                  /* returned after the puts */
+    int put_rc;                /* the first kw_put_wal error */
+    char put_err[256];
+} wal_fill;
+
+static int fill_wal(kw_wtxn *t, void *arg)
+{
+    wal_fill *f = arg;
+    f->calls++;
+    for (size_t i = 0; i < f->n; i++) {
+        int rc = kw_put_wal(t, f->puts[i].lsn, f->puts[i].rec, f->puts[i].len);
+        if (rc) {
+            f->put_rc = rc;
+            snprintf(f->put_err, sizeof f->put_err, "%s", keel_last_error());
+            return rc;
+        }
+    }
+    return f->then;
+}
+
+/* Append records for lsns (payload `extra` bytes; 0 = short text). */
+static int append(kw_store *s, kw_codec_ctx *c, const uint64_t *lsns, size_t n, size_t extra, int *calls)
+{
+    kw_buf *recs = calloc(n, sizeof *recs);
+    wal_put *puts = calloc(n, sizeof *puts);
+    for (size_t i = 0; i < n; i++) {
+        make_rec(c, &recs[i], lsns[i], extra);
+        puts[i] = (wal_put){lsns[i], recs[i].p, recs[i].len};
+    }
+    wal_fill f = {.puts = puts, .n = n};
+    int rc = kw_store_write(s, fill_wal, &f);
+    if (calls)
+        *calls = f.calls;
+    for (size_t i = 0; i < n; i++)
+        kw_buf_free(&recs[i]);
+    free(recs);
+    free(puts);
+    return rc;
+}
+
+/* The WAL's LSNs in iteration order from `from`; every value must be a
+ * valid record whose header LSN is its key. Returns the count. */
+static size_t wal_lsns(kw_store *s, uint64_t from, uint64_t *out, size_t max)
+{
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    kw_walit *it;
+    ck_assert_ok(kw_wal_iter(r, from, &it));
+    size_t n = 0;
+    uint64_t lsn;
+    const void *rec;
+    size_t len;
+    int rc;
+    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
+        kw_header h;
+        ck_assert_ok(kw_record_check(rec, len, &h));
+        ck_assert_uint_eq(h.lsn, lsn);
+        ck_assert_uint_lt(n, max);
+        out[n++] = lsn;
+    }
+    ck_assert_int_eq(rc, 0);
+    ck_assert_int_eq(kw_wal_next(it, &lsn, &rec, &len), 0); /* stays at the end */
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    return n;
+}
+
+static int bounds(kw_store *s, uint64_t *first, uint64_t *last, uint64_t *count)
+{
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    *first = *last = *count = 0xdead;
+    int rc = kw_wal_bounds(r, first, last, count);
+    kw_read_end(r);
+    return rc;
+}
+
+START_TEST(create_opens_a_fresh_directory)
+{
+    char base[256], dir[300];
+    new_dir(base);
+    snprintf(dir, sizeof dir, "%s/data", base); /* does not exist yet */
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    ck_assert_str_eq(kw_store_dir(s), dir);
+    ck_assert(file_exists(dir, "data.mdb"));
+    ck_assert(file_exists(dir, "lock.mdb"));
+    ck_assert_uint_eq(kw_store_map_size(s), 64ull << 20);
+    char p[400];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert_uint_gt(kw_store_file_size(s), 0);
+    ck_assert_uint_eq(kw_store_file_size(s), (uint64_t)st.st_size);
+
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    const void *v;
+    size_t vlen;
+    ck_assert_ok(kw_get(r, KW_DB_META, KW_META_FORMAT, 6, &v, &vlen));
+    ck_assert_uint_eq(vlen, 4);
+    ck_assert_uint_eq(rd32(v), KEEL_WAL_FORMAT_VERSION);
+    ck_assert_rc(kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &v, &vlen), KEEL_ENOENT);
+    ck_assert_rc(kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &vlen), KEEL_ENOENT);
+    for (int db = 0; db < KW_DB_COUNT_; db++) {
+        kw_walit *it;
+        ck_assert_ok(kw_db_iter(r, (kw_db)db, "", 0, &it));
+        const void *k;
+        size_t klen;
+        int n = 0;
+        while (kw_db_next(it, &k, &klen, &v, &vlen) == 1)
+            n++;
+        kw_wal_iter_end(it);
+        ck_assert_int_eq(n, db == KW_DB_META ? 1 : 0);
+    }
+    uint64_t first = 1, last = 1, count = 1;
+    ck_assert_rc(kw_wal_bounds(r, &first, &last, &count), KEEL_ENOENT);
+    ck_assert_uint_eq(count, 0);
+    kw_read_end(r);
+    kw_store_close(s);
+    kw_store_close(NULL);
+
+    /* standard LMDB sees the five named databases in the main database */
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 8), 0);
+    ck_assert_int_eq(mdb_env_open(env, dir, MDB_RDONLY, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), 0);
+    static const char *const names[] = {"meta", "schema", "wal", "snap", "dict"};
+    for (int i = 0; i < 5; i++)
+        ck_assert_msg(mdb_dbi_open(txn, names[i], 0, &dbi) == 0, "no '%s' database", names[i]);
+    MDB_stat ms;
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    ck_assert_int_eq(mdb_stat(txn, dbi, &ms), 0);
+    ck_assert_uint_eq(ms.ms_entries, 5);
+    mdb_txn_abort(txn);
+    mdb_env_close(env);
+
+    /* and it opens again without CREATE */
+    s = open_store(dir, 0, 0, 0);
+    kw_store_close(s);
+    rm_tree(base);
+}
+END_TEST
+
+START_TEST(missing_directory_without_create_is_enoent)
+{
+    char base[256], dir[300];
+    new_dir(base);
+    snprintf(dir, sizeof dir, "%s/nope", base);
+    kw_store *s = (kw_store *)0x1;
+    ck_assert_rc(kw_store_open(dir, NULL, &s), KEEL_ENOENT);
+    ck_assert(has(keel_last_error(), dir));
+    ck_assert_rc(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &s), KEEL_ENOENT);
+    ck_assert_rc(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY | KW_OPEN_CREATE}, &s), KEEL_ENOENT);
+    ck_assert_ptr_eq(s, (kw_store *)0x1);
+    struct stat st;
+    ck_assert_int_ne(stat(dir, &st), 0); /* nothing was created */
+    /* a regular file is not a data directory */
+    snprintf(dir, sizeof dir, "%s/file", base);
+    FILE *f = fopen(dir, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("x", f);
+    fclose(f);
+    ck_assert_rc(kw_store_open(dir, NULL, &s), KEEL_ENOENT);
+    ck_assert_rc(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_CREATE}, &s), KEEL_ENOENT);
+    /* no name, no out */
+    ck_assert_rc(kw_store_open(NULL, NULL, &s), KEEL_EINVAL);
+    ck_assert_rc(kw_store_open("", NULL, &s), KEEL_EINVAL);
+    ck_assert_rc(kw_store_open(base, NULL, NULL), KEEL_EINVAL);
+    ck_assert_ptr_eq(s, (kw_store *)0x1);
+    rm_tree(base);
+}
+END_TEST
+
+START_TEST(directory_without_keel_data_is_refused)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_store *s = NULL;
+    ck_assert_rc(kw_store_open(dir, NULL, &s), KEEL_ENOENT);
+    ck_assert(has(keel_last_error(), "data.mdb"));
+    ck_assert_rc(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &s), KEEL_ENOENT);
+    ck_assert(!file_exists(dir, "data.mdb")); /* and none was made */
+    ck_assert(!file_exists(dir, "lock.mdb"));
+
+    /* an LMDB environment without keel's databases */
+    MDB_env *env;
+    MDB_txn *txn;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_open(env, dir, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    ck_assert_rc(kw_store_open(dir, NULL, &s), KEEL_ENOENT);
+    ck_assert(has(keel_last_error(), "not a keel data directory"));
+    ck_assert_rc(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &s), KEEL_ENOENT);
+    rm_tree(dir);
+
+    /* a data.mdb that is not LMDB at all */
+    new_dir(dir);
+    char p[300];
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    int fd = open(p, O_CREAT | O_WRONLY, 0644);
+    ck_assert_int_ge(fd, 0);
+    char junk[8192];
+    memset(junk, 'x', sizeof junk);
+    ck_assert_int_eq(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+    close(fd);
+    ck_assert_rc(kw_store_open(dir, NULL, &s), KEEL_ECORRUPT);
+    ck_assert(has(keel_last_error(), dir));
+    ck_assert_rc(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &s), KEEL_ECORRUPT);
+    ck_assert_rc(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_CREATE}, &s), KEEL_ECORRUPT);
+    rm_tree(dir);
+}
+END_TEST
+
+/* ---- a read-only handle in another process beside a live writer --------------------- */
+
+enum { BIG_RECS = 40, BIG_LEN = 100 << 10 };
+
+static void send_line(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void send_line(int fd, const char *fmt, ...)
+{
+    char msg[512] = {0};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ssize_t n = write(fd, msg, sizeof msg);
+    (void)n;
+}
+
+static bool recv_line(int fd, char msg[512])
+{
+    size_t got = 0;
+    while (got < 512) {
+        ssize_t n = read(fd, msg + got, 512 - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    if (got < 512)
+        snprintf(msg, 512, "(the reader process ended without a report)");
+    msg[511] = 0;
+    return got == 512;
+}
+
+/* Count and check the WAL seen by r: LSNs 1..n, every record valid. */
+static int child_check_wal(kw_rtxn *r, uint64_t n, char *err, size_t errlen)
+{
+    uint64_t first = 0, last = 0, count = 0;
+    int rc = kw_wal_bounds(r, &first, &last, &count);
+    if (rc || first != 1 || last != n || count != n) {
+        snprintf(err, errlen, "bounds rc %s first %llu last %llu count %llu, expected 1..%llu: %s", keel_strerror(rc),
+                 (unsigned long long)first, (unsigned long long)last, (unsigned long long)count,
+                 (unsigned long long)n, rc ? keel_last_error() : "");
+        return 1;
+    }
+    kw_walit *it;
+    if ((rc = kw_wal_iter(r, 1, &it))) {
+        snprintf(err, errlen, "kw_wal_iter: %s", keel_last_error());
+        return 1;
+    }
+    uint64_t lsn, want = 1;
+    const void *rec;
+    size_t len;
+    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
+        kw_header h;
+        if (lsn != want || kw_record_check(rec, len, &h) || h.lsn != lsn) {
+            snprintf(err, errlen, "record %llu (expected %llu) is wrong: %s", (unsigned long long)lsn,
+                     (unsigned long long)want, keel_last_error());
+            kw_wal_iter_end(it);
+            return 1;
+        }
+        want++;
+    }
+    kw_wal_iter_end(it);
+    if (rc || want != n + 1) {
+        snprintf(err, errlen, "iteration ended at %llu rc %s", (unsigned long long)want, keel_strerror(rc));
+        return 1;
+    }
+    return 0;
+}
+
+static int reader_process(const char *dir, int up, int down)
+{
+    char err[400];
+    kw_store *s = NULL;
+    kw_rtxn *t1 = NULL, *t2 = NULL;
+    int rc = kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &s);
+    if (rc) {
+        send_line(up, "read-only open: %s", keel_last_error());
+        return 1;
+    }
+    if ((rc = kw_read_begin(s, &t1))) {
+        send_line(up, "read begin: %s", keel_last_error());
+        return 1;
+    }
+    if (child_check_wal(t1, 3, err, sizeof err)) {
+        send_line(up, "before the writer grew: %s", err);
+        return 1;
+    }
+    kw_read_end(t1);
+    if ((rc = kw_read_begin(s, &t1))) { /* held across the writer's next commit */
+        send_line(up, "read begin: %s", keel_last_error());
+        return 1;
+    }
+    send_line(up, "ready");
+    char go;
+    if (read(down, &go, 1) != 1)
+        return 1;
+    /* the writer has committed LSNs 4..3+BIG_RECS and grown the map far past
+     * what this process mapped: a new read transaction must see them */
+    if ((rc = kw_read_begin(s, &t2))) {
+        send_line(up, "read begin after the map grew: %s", keel_last_error());
+        return 1;
+    }
+    if (child_check_wal(t2, 3 + BIG_RECS, err, sizeof err)) {
+        send_line(up, "after the writer grew: %s", err);
+        return 1;
+    }
+    /* the older transaction still reads its snapshot */
+    if (child_check_wal(t1, 3, err, sizeof err)) {
+        send_line(up, "the older read transaction lost its snapshot: %s", err);
+        return 1;
+    }
+    kw_read_end(t1);
+    kw_read_end(t2);
+    kw_store_close(s);
+    send_line(up, "done");
+    return 0;
+}
+
+START_TEST(readonly_open_sees_a_live_writers_commits)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *w = open_store(dir, KW_OPEN_CREATE, 64 << 10, 0);
+    static const uint64_t first3[] = {1, 2, 3};
+    ck_assert_ok(append(w, c, first3, 3, 0, NULL));
+    int up[2], down[2];
+    ck_assert_int_eq(pipe(up), 0);
+    ck_assert_int_eq(pipe(down), 0);
+    /* LMDB: one environment per file per process, so the reader is a
+     * process of its own (the way keel-wal reads beside a server) */
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(up[0]);
+        close(down[1]);
+        _exit(reader_process(dir, up[1], down[0]));
+    }
+    close(up[1]);
+    close(down[0]);
+    char msg[512];
+    recv_line(up[0], msg);
+    bool ready = !strcmp(msg, "ready");
+    if (ready) {
+        uint64_t lsns[BIG_RECS];
+        for (int i = 0; i < BIG_RECS; i++)
+            lsns[i] = 4 + (uint64_t)i;
+        int calls = 0;
+        ck_assert_ok(append(w, c, lsns, BIG_RECS, BIG_LEN, &calls));
+        ck_assert_uint_gt(kw_store_map_size(w), (uint64_t)BIG_RECS * BIG_LEN);
+        ck_assert_int_eq(write(down[1], "g", 1), 1);
+        recv_line(up[0], msg);
+    }
+    close(down[1]);
+    close(up[0]);
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0 && !strcmp(msg, "done"),
+                  "the read-only process failed (status 0x%x): %s", status, msg);
+    kw_store_close(w);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+START_TEST(readonly_store_refuses_writes)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    static const uint64_t one[] = {1};
+    ck_assert_ok(append(s, c, one, 1, 0, NULL));
+    kw_store_close(s);
+    s = open_store(dir, KW_OPEN_READONLY, 0, 0);
+    static const uint64_t two[] = {2};
+    int calls = 0;
+    ck_assert_rc(append(s, c, two, 1, 0, &calls), KEEL_EINVAL);
+    ck_assert(has(keel_last_error(), "read-only"));
+    ck_assert_int_eq(calls, 0);
+    kw_store_close(s);
+    s = open_store(dir, 0, 0, 0);
+    uint64_t got[4];
+    ck_assert_uint_eq(wal_lsns(s, 0, got, 4), 1);
+    ck_assert_uint_eq(got[0], 1);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+START_TEST(put_wal_appends_in_order_and_refuses_non_increasing_lsns)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    /* big-endian keys: numeric order across byte boundaries */
+    static const uint64_t lsns[] = {1, 2, 255, 256, 257, 65535, 65536, 1ull << 32, (1ull << 32) + 1, 1ull << 63};
+    enum { N = sizeof lsns / sizeof lsns[0] };
+    ck_assert_ok(append(s, c, lsns, N, 0, NULL));
+    uint64_t got[N + 4];
+    ck_assert_uint_eq(wal_lsns(s, 0, got, N + 4), N);
+    for (size_t i = 0; i < N; i++)
+        ck_assert_uint_eq(got[i], lsns[i]);
+    /* the keys as stored: 8 bytes, big-endian */
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    kw_walit *it;
+    ck_assert_ok(kw_db_iter(r, KW_DB_WAL, "", 0, &it));
+    const void *k, *v;
+    size_t klen, vlen, i = 0;
+    while (kw_db_next(it, &k, &klen, &v, &vlen) == 1) {
+        ck_assert_uint_eq(klen, 8);
+        ck_assert_uint_eq(rdbe64(k), lsns[i]);
+        ck_assert_uint_eq(rd64((const unsigned char *)v + 8), lsns[i]); /* header LSN, little-endian */
+        i++;
+    }
+    ck_assert_uint_eq(i, N);
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+
+    /* not above the last key: refused with an error naming the LSN; the
+     * whole write is rolled back, the store stays usable */
+    static const uint64_t again[] = {(1ull << 63) + 1, 1ull << 63};
+    kw_buf r0 = {0}, r1 = {0};
+    make_rec(c, &r0, again[0], 0);
+    make_rec(c, &r1, again[1], 0);
+    wal_put puts[] = {{again[0], r0.p, r0.len}, {again[1], r1.p, r1.len}};
+    wal_fill f = {.puts = puts, .n = 2};
+    ck_assert_rc(kw_store_write(s, fill_wal, &f), KEEL_EINVAL);
+    ck_assert_int_eq(f.put_rc, KEEL_EINVAL);
+    ck_assert_msg(has(f.put_err, "9223372036854775808"), "%s", f.put_err);
+    ck_assert_uint_eq(wal_lsns(s, 0, got, N + 4), N); /* (1<<63)+1 was not committed either */
+    wal_put smaller[] = {{3, r0.p, r0.len}};
+    f = (wal_fill){.puts = smaller, .n = 1};
+    ck_assert_rc(kw_store_write(s, fill_wal, &f), KEEL_EINVAL);
+    ck_assert(has(f.put_err, "LSN 3"));
+    ck_assert_uint_eq(wal_lsns(s, 0, got, N + 4), N);
+    kw_buf_free(&r0);
+    kw_buf_free(&r1);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+/* A refused append does not poison the transaction: the fill may go on. */
+typedef struct retry_fill {
+    const kw_buf *recs;
+    int refused;
+} retry_fill;
+
+static int fill_refuse_then_continue(kw_wtxn *t, void *arg)
+{
+    retry_fill *f = arg;
+    int rc = kw_put_wal(t, 10, f->recs[0].p, f->recs[0].len);
+    if (rc)
+        return rc;
+    f->refused = kw_put_wal(t, 10, f->recs[0].p, f->recs[0].len);
+    int r2 = kw_put_wal(t, 9, f->recs[0].p, f->recs[0].len);
+    if (!f->refused || !r2)
+        return KEEL_EINVAL;
+    return kw_put_wal(t, 11, f->recs[1].p, f->recs[1].len);
+}
+
+START_TEST(refused_append_leaves_the_transaction_usable)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    kw_buf recs[2] = {{0}};
+    make_rec(c, &recs[0], 10, 0);
+    make_rec(c, &recs[1], 11, 0);
+    retry_fill f = {.recs = recs};
+    ck_assert_ok(kw_store_write(s, fill_refuse_then_continue, &f));
+    ck_assert_int_eq(f.refused, KEEL_EINVAL);
+    uint64_t got[4];
+    ck_assert_uint_eq(wal_lsns(s, 0, got, 4), 2);
+    ck_assert_uint_eq(got[0], 10);
+    ck_assert_uint_eq(got[1], 11);
+    kw_buf_free(&recs[0]);
+    kw_buf_free(&recs[1]);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+START_TEST(wal_iter_from_an_lsn_and_bounds)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    uint64_t first, last, count;
+    ck_assert_rc(bounds(s, &first, &last, &count), KEEL_ENOENT);
+    ck_assert_uint_eq(count, 0);
+    uint64_t got[16];
+    ck_assert_uint_eq(wal_lsns(s, 0, got, 16), 0);
+    static const uint64_t lsns[] = {1, 2, 3, 4, 5, 8, 9, 10};
+    ck_assert_ok(append(s, c, lsns, 8, 0, NULL));
+    ck_assert_ok(bounds(s, &first, &last, &count));
+    ck_assert_uint_eq(first, 1);
+    ck_assert_uint_eq(last, 10);
+    ck_assert_uint_eq(count, 8);
+    static const struct { uint64_t from; size_t n; uint64_t first; } cases[] = {
+        {0, 8, 1}, {1, 8, 1}, {4, 5, 4}, {6, 3, 8}, {8, 3, 8}, {10, 1, 10}, {11, 0, 0}, {UINT64_MAX, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t n = wal_lsns(s, cases[i].from, got, 16);
+        ck_assert_msg(n == cases[i].n, "from %llu: %zu records", (unsigned long long)cases[i].from, n);
+        if (n)
+            ck_assert_uint_eq(got[0], cases[i].first);
+        for (size_t k = 1; k < n; k++)
+            ck_assert_uint_gt(got[k], got[k - 1]);
+    }
+    /* the values are the records that were written */
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    kw_walit *it;
+    ck_assert_ok(kw_wal_iter(r, 9, &it));
+    uint64_t lsn;
+    const void *rec;
+    size_t len;
+    ck_assert_int_eq(kw_wal_next(it, &lsn, &rec, &len), 1);
+    kw_buf want = {0};
+    make_rec(c, &want, 9, 0);
+    ck_assert_uint_eq(len, want.len);
+    ck_assert(memcmp(rec, want.p, len) == 0);
+    kw_wal_iter_end(it);
+    kw_wal_iter_end(NULL);
+    /* only first, only count */
+    ck_assert_ok(kw_wal_bounds(r, &first, NULL, NULL));
+    ck_assert_uint_eq(first, 1);
+    ck_assert_ok(kw_wal_bounds(r, NULL, NULL, &count));
+    ck_assert_uint_eq(count, 8);
+    kw_read_end(r);
+    kw_read_end(NULL);
+    kw_buf_free(&want);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+typedef struct del_arg {
+    int which;                 /* 0 upto, 1 from */
+    uint64_t at, deleted;
+} del_arg;
+
+static int fill_del(kw_wtxn *t, void *arg)
+{
+    del_arg *d = arg;
+    d->deleted = 0xdead;
+    return d->which ? kw_del_wal_from(t, d->at, &d->deleted) : kw_del_wal_upto(t, d->at, &d->deleted);
+}
+
+static uint64_t del_wal(kw_store *s, int which, uint64_t at)
+{
+    del_arg d = {which, at, 0};
+    ck_assert_ok(kw_store_write(s, fill_del, &d));
+    return d.deleted;
+}
+
+START_TEST(del_wal_upto_and_from)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    ck_assert_uint_eq(del_wal(s, 0, 100), 0); /* empty WAL */
+    ck_assert_uint_eq(del_wal(s, 1, 0), 0);
+    uint64_t lsns[600];
+    for (int i = 0; i < 600; i++)
+        lsns[i] = 1001 + (uint64_t)i; /* enough records for several LMDB pages */
+    ck_assert_ok(append(s, c, lsns, 600, 0, NULL));
+    uint64_t first, last, count, got[600];
+    ck_assert_uint_eq(del_wal(s, 0, 1000), 0);   /* below the first */
+    ck_assert_uint_eq(del_wal(s, 0, 1100), 100); /* 1001..1100 */
+    ck_assert_ok(bounds(s, &first, &last, &count));
+    ck_assert_uint_eq(first, 1101);
+    ck_assert_uint_eq(last, 1600);
+    ck_assert_uint_eq(count, 500);
+    ck_assert_uint_eq(del_wal(s, 1, 1551), 50); /* 1551..1600 */
+    ck_assert_uint_eq(del_wal(s, 1, 1551), 0);
+    ck_assert_uint_eq(del_wal(s, 1, 5000), 0);
+    ck_assert_ok(bounds(s, &first, &last, &count));
+    ck_assert_uint_eq(first, 1101);
+    ck_assert_uint_eq(last, 1550);
+    ck_assert_uint_eq(count, 450);
+    ck_assert_uint_eq(wal_lsns(s, 0, got, 600), 450);
+    for (size_t i = 0; i < 450; i++)
+        ck_assert_uint_eq(got[i], 1101 + i);
+    /* a truncated tail can be appended again from where it was cut */
+    static const uint64_t again[] = {1551, 1552};
+    ck_assert_ok(append(s, c, again, 2, 0, NULL));
+    ck_assert_uint_eq(del_wal(s, 1, 1200), 353); /* 1200..1552 */
+    ck_assert_uint_eq(del_wal(s, 0, UINT64_MAX), 99);
+    ck_assert_rc(bounds(s, &first, &last, &count), KEEL_ENOENT);
+    ck_assert_uint_eq(count, 0);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+/* ---- named databases: put, get, del, prefix iteration and deletion ---------------------- */
+
+typedef struct kv {
+    kw_db db;
+    unsigned char key[16];
+    size_t klen;
+    size_t vlen;               /* value: vlen bytes derived from the key */
+} kv;
+
+static void kv_value(const kv *e, unsigned char *out)
+{
+    for (size_t i = 0; i < e->vlen; i++)
+        out[i] = (unsigned char)(e->key[e->klen - 1] + e->key[e->klen > 1 ? e->klen - 2 : 0] * 7 + i);
+}
+
+typedef struct kv_fill {
+    const kv *e;
+    size_t n;
+} kv_fill;
+
+static int fill_kv(kw_wtxn *t, void *arg)
+{
+    kv_fill *f = arg;
+    unsigned char v[512];
+    for (size_t i = 0; i < f->n; i++) {
+        kv_value(&f->e[i], v);
+        int rc = kw_put(t, f->e[i].db, f->e[i].key, f->e[i].klen, v, f->e[i].vlen);
+        if (rc)
+            return rc;
+    }
+    return KEEL_OK;
+}
+
+/* The snap layout of a checkpoint: T, S+page, C+table+chunk, plus keys
+ * just outside the prefixes ('B', 'D'). */
+static size_t snap_keys(kv *e)
+{
+    size_t n = 0;
+    e[n++] = (kv){KW_DB_SNAP, {'B', 1}, 2, 40};
+    for (uint32_t t = 0; t < 3; t++)
+        for (uint32_t k = 0; k < 600; k++) {
+            e[n] = (kv){.db = KW_DB_SNAP, .vlen = 150};
+            e[n].klen = kw_snap_key_chunk(e[n].key, t, k);
+            n++;
+        }
+    e[n++] = (kv){KW_DB_SNAP, {'D'}, 1, 40};
+    for (uint32_t p = 0; p < 5; p++) {
+        e[n] = (kv){.db = KW_DB_SNAP, .vlen = 300};
+        e[n].klen = kw_snap_key_slots(e[n].key, p);
+        n++;
+    }
+    e[n++] = (kv){KW_DB_SNAP, {'T'}, 1, 64};
+    return n;
+}
+
+/* Keys of db under prefix, in iteration order; checks the values. */
+static size_t list_keys(kw_store *s, kw_db db, const void *prefix, size_t plen, unsigned char (*keys)[16], size_t max)
+{
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    kw_walit *it;
+    ck_assert_ok(kw_db_iter(r, db, prefix, plen, &it));
+    const void *k, *v;
+    size_t klen, vlen, n = 0;
+    int rc;
+    while ((rc = kw_db_next(it, &k, &klen, &v, &vlen)) == 1) {
+        ck_assert_uint_le(klen, 16);
+        ck_assert_uint_ge(klen, plen);
+        ck_assert(memcmp(k, prefix, plen) == 0);
+        kv e = {.db = db, .klen = klen, .vlen = vlen};
+        memcpy(e.key, k, klen);
+        unsigned char want[512];
+        kv_value(&e, want);
+        ck_assert(memcmp(v, want, vlen) == 0);
+        ck_assert_uint_lt(n, max);
+        memset(keys[n], 0, 16);
+        memcpy(keys[n], k, klen);
+        if (n)
+            ck_assert_int_lt(memcmp(keys[n - 1], keys[n], 16), 0);
+        n++;
+    }
+    ck_assert_int_eq(rc, 0);
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    return n;
+}
+
+START_TEST(put_get_del_in_the_named_databases)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    kv e[KW_DB_COUNT_];
+    for (int db = 0; db < KW_DB_COUNT_; db++)
+        e[db] = (kv){(kw_db)db, {'k', (unsigned char)('0' + db)}, 2, 10 + (size_t)db};
+    kv_fill f = {e, KW_DB_COUNT_};
+    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    for (int db = 0; db < KW_DB_COUNT_; db++) {
+        const void *v;
+        size_t vlen;
+        ck_assert_ok(kw_get(r, (kw_db)db, e[db].key, 2, &v, &vlen));
+        unsigned char want[64];
+        kv_value(&e[db], want);
+        ck_assert_uint_eq(vlen, e[db].vlen);
+        ck_assert(memcmp(v, want, vlen) == 0);
+        /* databases are separate namespaces */
+        ck_assert_rc(kw_get(r, (kw_db)db, e[(db + 1) % KW_DB_COUNT_].key, 2, &v, &vlen), KEEL_ENOENT);
+    }
+    kw_read_end(r);
+    /* overwrite one, delete one, delete an absent key */
+    e[KW_DB_SNAP].vlen = 3;
+    f = (kv_fill){&e[KW_DB_SNAP], 1};
+    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    unsigned char keys[4][16];
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "k", 1, keys, 4), 1);
+    kw_store_close(s);
+    s = open_store(dir, 0, 0, 0);
+    ck_assert_ok(kw_read_begin(s, &r));
+    const void *v;
+    size_t vlen;
+    ck_assert_ok(kw_get(r, KW_DB_SNAP, e[KW_DB_SNAP].key, 2, &v, &vlen));
+    ck_assert_uint_eq(vlen, 3);
+    kw_read_end(r);
+    kw_store_close(s);
+    rm_tree(dir);
+}
+END_TEST
+
+typedef struct del_one {
+    kw_db db;
+    const void *key;
+    size_t klen;
+} del_one;
+
+static int fill_del_one(kw_wtxn *t, void *arg)
+{
+    del_one *d = arg;
+    int rc = kw_del(t, d->db, d->key, d->klen);
+    return rc ? rc : kw_del(t, d->db, d->key, d->klen); /* again: absent is fine */
+}
+
+START_TEST(del_removes_a_key_and_ignores_absent_ones)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    kv e[2] = {{KW_DB_DICT, {'a'}, 1, 5}, {KW_DB_DICT, {'b'}, 1, 5}};
+    kv_fill f = {e, 2};
+    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    del_one d = {KW_DB_DICT, "a", 1};
+    ck_assert_ok(kw_store_write(s, fill_del_one, &d));
+    d = (del_one){KW_DB_DICT, "zz", 2};
+    ck_assert_ok(kw_store_write(s, fill_del_one, &d));
+    unsigned char keys[4][16];
+    ck_assert_uint_eq(list_keys(s, KW_DB_DICT, "", 0, keys, 4), 1);
+    ck_assert_uint_eq(keys[0][0], 'b');
+    kw_store_close(s);
+    rm_tree(dir);
+}
+END_TEST
+
+START_TEST(db_iter_lists_a_prefix_in_key_order)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    static kv e[2000];
+    size_t n = snap_keys(e);
+    kv_fill f = {e, n};
+    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    static unsigned char keys[2000][16];
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "", 0, keys, 2000), n);
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "C", 1, keys, 2000), 1800);
+    for (size_t i = 0; i < 1800; i++) {
+        ck_assert_uint_eq(rdbe32(keys[i] + 1), i / 600);
+        ck_assert_uint_eq(rdbe32(keys[i] + 5), i % 600);
+    }
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "S", 1, keys, 2000), 5);
+    for (uint32_t p = 0; p < 5; p++)
+        ck_assert_uint_eq(rdbe32(keys[p] + 1), p);
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "T", 1, keys, 2000), 1);
+    unsigned char t1[5] = {'C', 0, 0, 0, 1};
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, t1, 5, keys, 2000), 600);
+    ck_assert_uint_eq(rdbe32(keys[0] + 1), 1);
+    ck_assert_uint_eq(rdbe32(keys[599] + 5), 599);
+    unsigned char chunk[9];
+    kw_snap_key_chunk(chunk, 2, 17);
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, chunk, 9, keys, 2000), 1);
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "Z", 1, keys, 2000), 0); /* after every key */
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "A", 1, keys, 2000), 0); /* before every key */
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "C\xff", 2, keys, 2000), 0);
+    ck_assert_uint_eq(list_keys(s, KW_DB_WAL, "C", 1, keys, 2000), 0);
+    /* prefixes are at most 16 bytes */
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    kw_walit *it = NULL;
+    ck_assert_rc(kw_db_iter(r, KW_DB_SNAP, "0123456789abcdefg", 17, &it), KEEL_EINVAL);
+    ck_assert_ptr_null(it);
+    ck_assert_ok(kw_db_iter(r, KW_DB_SNAP, "0123456789abcdef", 16, &it));
+    const void *k, *v;
+    size_t klen, vlen;
+    ck_assert_int_eq(kw_db_next(it, &k, &klen, &v, &vlen), 0);
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    kw_store_close(s);
+    rm_tree(dir);
+}
+END_TEST
+
+/* No prefix at all (NULL, length 0) lists every key. */
+START_TEST(db_iter_with_a_null_prefix_lists_every_key)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    static kv e[2000];
+    size_t n = snap_keys(e);
+    kv_fill f = {e, n};
+    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    kw_walit *it = NULL;
+    ck_assert_ok(kw_db_iter(r, KW_DB_SNAP, NULL, 0, &it));
+    const void *k, *v;
+    size_t klen, vlen, m = 0;
+    while (kw_db_next(it, &k, &klen, &v, &vlen) == 1)
+        m++;
+    ck_assert_uint_eq(m, n);
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    kw_store_close(s);
+    rm_tree(dir);
+}
+END_TEST
+
+typedef struct prefix_del {
+    const void *prefix;
+    size_t plen;
+    bool (*keep)(const void *key, size_t klen, void *arg);
+    int calls;
+} prefix_del;
+
+static bool keep_some_chunks(const void *key, size_t klen, void *arg)
+{
+    prefix_del *d = arg;
+    d->calls++;
+    const unsigned char *k = key;
+    return klen == 9 && (rdbe32(k + 1) == 1 || rdbe32(k + 5) % 3 == 0);
+}
+
+static int fill_del_prefix(kw_wtxn *t, void *arg)
+{
+    prefix_del *d = arg;
+    return kw_del_prefix(t, KW_DB_SNAP, d->prefix, d->plen, d->keep, d);
+}
+
+START_TEST(del_prefix_keeps_what_keep_says)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    static kv e[2000];
+    size_t n = snap_keys(e);
+    kv_fill f = {e, n};
+    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    static unsigned char keys[2000][16];
+
+    prefix_del d = {"C", 1, keep_some_chunks, 0};
+    ck_assert_ok(kw_store_write(s, fill_del_prefix, &d));
+    ck_assert_int_ge(d.calls, 1800); /* every key under the prefix was offered */
+    size_t left = list_keys(s, KW_DB_SNAP, "C", 1, keys, 2000);
+    ck_assert_uint_eq(left, 600 + 2 * 200);
+    for (size_t i = 0; i < left; i++)
+        ck_assert(rdbe32(keys[i] + 1) == 1 || rdbe32(keys[i] + 5) % 3 == 0);
+    /* keys outside the prefix are untouched */
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "", 0, keys, 2000), n - 1800 + left);
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "B", 1, keys, 2000), 1);
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "D", 1, keys, 2000), 1);
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "S", 1, keys, 2000), 5);
+
+    /* no keep: everything under a longer prefix goes */
+    unsigned char t1[5] = {'C', 0, 0, 0, 1};
+    d = (prefix_del){t1, 5, NULL, 0};
+    ck_assert_ok(kw_store_write(s, fill_del_prefix, &d));
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, t1, 5, keys, 2000), 0);
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "C", 1, keys, 2000), 400);
+    /* a prefix that matches nothing, and deleting the last keys of the db */
+    d = (prefix_del){"Q", 1, NULL, 0};
+    ck_assert_ok(kw_store_write(s, fill_del_prefix, &d));
+    d = (prefix_del){"T", 1, NULL, 0};
+    ck_assert_ok(kw_store_write(s, fill_del_prefix, &d));
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "T", 1, keys, 2000), 0);
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "", 0, keys, 2000), 1 + 1 + 5 + 400);
+    kw_store_close(s);
+    rm_tree(dir);
+}
+END_TEST
+
+/* The empty prefix matches every key, as it does for kw_db_iter. */
+START_TEST(del_prefix_with_the_empty_prefix_clears_the_database)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    static kv e[2000];
+    size_t n = snap_keys(e);
+    kv_fill f = {e, n};
+    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    static unsigned char keys[2000][16];
+    prefix_del d = {"", 0, keep_some_chunks, 0};
+    ck_assert_ok(kw_store_write(s, fill_del_prefix, &d));
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "", 0, keys, 2000), 1000); /* the kept chunks */
+    d = (prefix_del){"", 0, NULL, 0};
+    ck_assert_ok(kw_store_write(s, fill_del_prefix, &d));
+    ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "", 0, keys, 2000), 0);
+    kw_store_close(s);
+    rm_tree(dir);
+}
+END_TEST
+
+/* ---- write failures, map growth, format versions --------------------------------------- */
+
+START_TEST(a_failing_fill_commits_nothing)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    kw_buf r1 = {0};
+    make_rec(c, &r1, 1, 0);
+    wal_put puts[] = {{1, r1.p, r1.len}};
+    wal_fill f = {.puts = puts, .n = 1, .then = KEEL_ECONFLICT};
+    ck_assert_rc(kw_store_write(s, fill_wal, &f), KEEL_ECONFLICT);
+    ck_assert_int_eq(f.calls, 1); /* not retried */
+    uint64_t first, last, count;
+    ck_assert_rc(bounds(s, &first, &last, &count), KEEL_ENOENT);
+    f = (wal_fill){.puts = puts, .n = 1};
+    ck_assert_ok(kw_store_write(s, fill_wal, &f));
+    ck_assert_ok(bounds(s, &first, &last, &count));
+    ck_assert_uint_eq(count, 1);
+    kw_buf_free(&r1);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+START_TEST(map_grows_when_a_write_does_not_fit)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 64 << 10, 0);
+    ck_assert_uint_eq(kw_store_map_size(s), 64 << 10);
+    uint64_t lsns[BIG_RECS];
+    for (int i = 0; i < BIG_RECS; i++)
+        lsns[i] = 1 + (uint64_t)i;
+    int calls = 0;
+    ck_assert_ok(append(s, c, lsns, BIG_RECS, BIG_LEN, &calls));
+    ck_assert_int_gt(calls, 1); /* aborted, grown, filled again */
+    uint64_t map = kw_store_map_size(s);
+    ck_assert_uint_ge(map, (uint64_t)BIG_RECS * BIG_LEN);
+    ck_assert_uint_eq(map % (64 << 10), 0);
+    ck_assert_uint_ge(kw_store_file_size(s), (uint64_t)BIG_RECS * BIG_LEN);
+    /* every record is there, whole */
+    kw_rtxn *r;
+    ck_assert_ok(kw_read_begin(s, &r));
+    kw_walit *it;
+    ck_assert_ok(kw_wal_iter(r, 0, &it));
+    uint64_t lsn;
+    const void *rec;
+    size_t len;
+    kw_buf want = {0};
+    for (int i = 0; i < BIG_RECS; i++) {
+        ck_assert_int_eq(kw_wal_next(it, &lsn, &rec, &len), 1);
+        ck_assert_uint_eq(lsn, lsns[i]);
+        make_rec(c, &want, lsn, BIG_LEN);
+        ck_assert_uint_eq(len, want.len);
+        ck_assert(memcmp(rec, want.p, len) == 0);
+    }
+    ck_assert_int_eq(kw_wal_next(it, &lsn, &rec, &len), 0);
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    kw_store_close(s);
+    /* reopened with the small size again: the file's larger map is kept */
+    s = open_store(dir, 0, 64 << 10, 0);
+    ck_assert_uint_ge(kw_store_map_size(s), (uint64_t)BIG_RECS * BIG_LEN);
+    static const uint64_t next[] = {BIG_RECS + 1};
+    ck_assert_ok(append(s, c, next, 1, 0, NULL));
+    uint64_t first, last, count;
+    ck_assert_ok(bounds(s, &first, &last, &count));
+    ck_assert_uint_eq(count, BIG_RECS + 1);
+    kw_buf_free(&want);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+START_TEST(map_max_reached_is_enospc_and_commits_nothing)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 64 << 10, 256 << 10);
+    uint64_t lsns[BIG_RECS];
+    for (int i = 0; i < BIG_RECS; i++)
+        lsns[i] = 1 + (uint64_t)i;
+    int calls = 0;
+    ck_assert_rc(append(s, c, lsns, BIG_RECS, BIG_LEN, &calls), KEEL_ENOSPC);
+    ck_assert(has(keel_last_error(), "262144"));
+    ck_assert(has(keel_last_error(), dir));
+    ck_assert_int_ge(calls, 2);
+    ck_assert_uint_eq(kw_store_map_size(s), 256 << 10);
+    uint64_t first, last, count;
+    ck_assert_rc(bounds(s, &first, &last, &count), KEEL_ENOENT);
+    ck_assert_uint_eq(count, 0);
+    /* the store still takes what fits */
+    static const uint64_t one[] = {1};
+    ck_assert_ok(append(s, c, one, 1, 0, NULL));
+    ck_assert_ok(bounds(s, &first, &last, &count));
+    ck_assert_uint_eq(count, 1);
+    kw_store_close(s);
+    /* a map size above the maximum is clamped to it */
+    s = open_store(dir, 0, 1 << 20, 256 << 10);
+    ck_assert_uint_eq(kw_store_map_size(s), 256 << 10);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+START_TEST(injected_write_failure_commits_nothing)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    uint64_t first, last, count;
+    kw_store_test_fail_write(s, 1, KEEL_EIO);
+    static const uint64_t l1[] = {1}, l2[] = {2}, l3[] = {3}, l4[] = {4}, l5[] = {5};
+    int calls = 0;
+    ck_assert_rc(append(s, c, l1, 1, 0, &calls), KEEL_EIO);
+    ck_assert_int_eq(calls, 1);
+    ck_assert(has(keel_last_error(), "injected"));
+    ck_assert(has(keel_last_error(), dir));
+    ck_assert_rc(bounds(s, &first, &last, &count), KEEL_ENOENT);
+    /* once only */
+    ck_assert_ok(append(s, c, l1, 1, 0, NULL));
+    /* the third write from now, with another code */
+    kw_store_test_fail_write(s, 3, KEEL_ENOSPC);
+    ck_assert_ok(append(s, c, l2, 1, 0, NULL));
+    ck_assert_ok(append(s, c, l3, 1, 0, NULL));
+    ck_assert_rc(append(s, c, l4, 1, 0, NULL), KEEL_ENOSPC);
+    ck_assert_ok(bounds(s, &first, &last, &count));
+    ck_assert_uint_eq(last, 3);
+    ck_assert_uint_eq(count, 3);
+    /* nth 0 disables a pending failure */
+    kw_store_test_fail_write(s, 1, KEEL_EIO);
+    kw_store_test_fail_write(s, 0, 0);
+    ck_assert_ok(append(s, c, l4, 1, 0, NULL));
+    ck_assert_ok(append(s, c, l5, 1, 0, NULL));
+    kw_store_close(s);
+    /* what was committed survives a reopen; what failed never appears */
+    s = open_store(dir, 0, 0, 0);
+    uint64_t got[8];
+    ck_assert_uint_eq(wal_lsns(s, 0, got, 8), 5);
+    for (int i = 0; i < 5; i++)
+        ck_assert_uint_eq(got[i], 1 + (uint64_t)i);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+typedef struct meta_put {
+    const void *val;
+    size_t vlen;
+    bool del;
+} meta_put;
+
+static int fill_meta_format(kw_wtxn *t, void *arg)
+{
+    meta_put *m = arg;
+    if (m->del)
+        return kw_del(t, KW_DB_META, KW_META_FORMAT, strlen(KW_META_FORMAT));
+    return kw_put(t, KW_DB_META, KW_META_FORMAT, strlen(KW_META_FORMAT), m->val, m->vlen);
+}
+
+START_TEST(newer_format_version_is_refused)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    unsigned char v2[4];
+    wr32(v2, KEEL_WAL_FORMAT_VERSION + 1);
+    meta_put m = {v2, 4, false};
+    ck_assert_ok(kw_store_write(s, fill_meta_format, &m));
+    kw_store_close(s);
+    char want[32];
+    snprintf(want, sizeof want, "version %u", KEEL_WAL_FORMAT_VERSION + 1);
+    static const uint32_t flags[] = {0, KW_OPEN_READONLY, KW_OPEN_CREATE};
+    for (size_t i = 0; i < 3; i++) {
+        s = (kw_store *)0x1;
+        ck_assert_rc(kw_store_open(dir, &(kw_store_desc){.flags = flags[i]}, &s), KEEL_ECORRUPT);
+        ck_assert_msg(has(keel_last_error(), want), "%s", keel_last_error());
+        ck_assert(has(keel_last_error(), dir));
+        ck_assert_ptr_eq(s, (kw_store *)0x1);
+    }
+    /* a version value of the wrong size is not this format either */
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 8), 0);
+    ck_assert_int_eq(mdb_env_open(env, dir, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    MDB_val k = {6, "format"}, v = {2, "\x01\x00"};
+    ck_assert_int_eq(mdb_put(txn, dbi, &k, &v, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    ck_assert_rc(kw_store_open(dir, NULL, &s), KEEL_ECORRUPT);
+    rm_tree(dir);
+
+    /* no format key at all: not a keel directory (unless CREATE writes it) */
+    new_dir(dir);
+    s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    m = (meta_put){.del = true};
+    ck_assert_ok(kw_store_write(s, fill_meta_format, &m));
+    kw_store_close(s);
+    ck_assert_rc(kw_store_open(dir, NULL, &s), KEEL_ENOENT);
+    ck_assert(has(keel_last_error(), "format"));
+    s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    kw_store_close(s);
+    s = open_store(dir, 0, 0, 0);
+    kw_store_close(s);
+    rm_tree(dir);
+}
+END_TEST
+
+static Suite *store_suite(void)
+{
+    Suite *s = suite_create("wal_store");
+    TCase *tc = tcase_create("open");
+    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
+    tcase_add_test(tc, create_opens_a_fresh_directory);
+    tcase_add_test(tc, missing_directory_without_create_is_enoent);
+    tcase_add_test(tc, directory_without_keel_data_is_refused);
+    tcase_add_test(tc, readonly_open_sees_a_live_writers_commits);
+    tcase_add_test(tc, readonly_store_refuses_writes);
+    tcase_add_test(tc, newer_format_version_is_refused);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("wal");
+    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
+    tcase_add_test(tc, put_wal_appends_in_order_and_refuses_non_increasing_lsns);
+    tcase_add_test(tc, refused_append_leaves_the_transaction_usable);
+    tcase_add_test(tc, wal_iter_from_an_lsn_and_bounds);
+    tcase_add_test(tc, del_wal_upto_and_from);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("databases");
+    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
+    tcase_add_test(tc, put_get_del_in_the_named_databases);
+    tcase_add_test(tc, del_removes_a_key_and_ignores_absent_ones);
+    tcase_add_test(tc, db_iter_lists_a_prefix_in_key_order);
+    tcase_add_test(tc, db_iter_with_a_null_prefix_lists_every_key);
+    tcase_add_test(tc, del_prefix_keeps_what_keep_says);
+    tcase_add_test(tc, del_prefix_with_the_empty_prefix_clears_the_database);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("writes");
+    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
+    tcase_add_test(tc, a_failing_fill_commits_nothing);
+    tcase_add_test(tc, map_grows_when_a_write_does_not_fit);
+    tcase_add_test(tc, map_max_reached_is_enospc_and_commits_nothing);
+    tcase_add_test(tc, injected_write_failure_commits_nothing);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(record_suite, payload_suite, store_suite)

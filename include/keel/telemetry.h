@@ -37,9 +37,10 @@ typedef struct keel_tick_record {
     uint32_t entities;            /* live entities at tick end */
     uint32_t systems_run, systems_failed, systems_skipped;
     uint32_t watchdog_reports;    /* systems that outran the watchdog this tick */
-    uint64_t wal_raw_bytes, wal_stored_bytes; /* durability: later, 0 now */
-    uint64_t fence_ns;            /* durability: later, 0 now */
-    uint64_t durable_lag;         /* durability: later, 0 now */
+    uint64_t wal_raw_bytes, wal_stored_bytes; /* the tick's WAL records: payload bytes, and bytes as
+                                     stored (headers, zstd); 0 without a data directory */
+    uint64_t fence_ns;            /* duration of the fence (serialize, compress, hand-off) */
+    uint64_t durable_lag;         /* ticks completed but not yet durable at the tick's end */
     uint32_t side_txns;           /* side transactions committed in the tick (closures included) */
     uint64_t sync_ns;             /* duration of the structural sync point */
 } keel_tick_record;
@@ -71,9 +72,12 @@ typedef struct keel_runtime_stats {
     uint64_t commits;             /* system and side transactions committed */
     uint64_t conflicts;           /* side transactions refused with KEEL_ECONFLICT */
     uint64_t aborts;              /* system transactions rolled back, side transactions aborted */
-    /* Filled by later layers (0 now): */
-    uint64_t wal_bytes, fsyncs, checkpoints;
-    uint64_t checkpoint_age_ticks, recovery_ns;
+    /* Durability (0 without a data directory): */
+    uint64_t wal_bytes;           /* record bytes committed to the WAL by this runtime (stored, compressed) */
+    uint64_t fsyncs;              /* synced LMDB commits (one per group commit) */
+    uint64_t checkpoints;         /* checkpoints this runtime recorded */
+    uint64_t checkpoint_age_ticks;/* ticks since the last checkpoint */
+    uint64_t recovery_ns;         /* time keel_runtime_recover took */
 } keel_runtime_stats;
 
 void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out);

@@ -97,9 +97,19 @@ int keel_side_txn_commit(keel_side_txn *tx);
 /* Drop the transaction and its buffered writes. NULL is ignored. */
 void keel_side_txn_abort(keel_side_txn *tx);
 
-/* ---- submission from other threads ----------------------------------------- */
-
 typedef struct keel_ticket keel_ticket;
+
+/* Commit like keel_side_txn_commit, but do not wait for durability: on
+ * success *out receives a ticket (release it with keel_ticket_release)
+ * that completes when the commit is durable per its mode (IMMEDIATE:
+ * synced) -- with 0, or KEEL_EFATAL. Several commits made back to back
+ * and then waited for share one group commit (one sync) instead of one
+ * sync each; tell the player "done" when the ticket completes. The writes
+ * are visible at once, as with keel_side_txn_commit. Errors (no ticket;
+ * tx freed): those of keel_side_txn_commit, KEEL_ENOMEM. */
+int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out);
+
+/* ---- submission from other threads ----------------------------------------- */
 
 /* A closure run in its own side transaction (full access to every durable
  * component): return 0 to commit, non-zero to abort with that result. */
@@ -111,7 +121,8 @@ typedef int (*keel_submit_fn)(keel_side_txn *tx, void *arg);
  * Errors: KEEL_EINVAL (NULL rt or fn, bad mode), KEEL_ENOMEM. */
 int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability mode, keel_ticket **out);
 
-/* Wait until the closure ran and its commit is durable per its mode; returns
+/* Wait until the closure ran and its commit is durable per its mode (or,
+ * for a ticket of keel_side_txn_commit_async, until that commit is); returns
  * its result: 0, the closure's own non-zero return, a commit error
  * (KEEL_ECONFLICT, KEEL_EFATAL ...), or KEEL_EBUSY when the runtime closed
  * before running it. timeout_ns < 0 waits for ever; on timeout returns

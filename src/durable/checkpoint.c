@@ -509,6 +509,7 @@ void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
         for (uint32_t i = 0; d->stored && i < j->nputs; i++)
             stored_put(d->stored, j->puts[i].code, j->puts[i].hash);
         d->ckpt_count = j->count;
+        atomic_fetch_add(&d->ckpt_taken, 1);
     }
     d->ckpt_busy = false;
     d->ckpt_done++;

@@ -91,7 +91,8 @@ typedef struct dur_state {
     bool wal_retain;
     uint64_t last_ckpt_tick;
     uint64_t last_ckpt_ns;
-    uint32_t ckpt_count;
+    _Atomic uint32_t ckpt_count;   /* checkpoints recorded in the directory (meta) */
+    _Atomic uint64_t ckpt_taken;   /* checkpoints this runtime committed */
     pthread_t ckpt_thread;
     bool ckpt_thread_running;
     pthread_mutex_t ckpt_mu;

@@ -173,7 +173,7 @@ static int op_payload(kw_buf *out, const keel_world *w, const world_lifecycle_op
 
 /* Append LIFECYCLE records for the log from offset `from` to out. */
 static int lifecycle_records(keel_runtime *rt, kw_codec_ctx *c, size_t from, uint64_t tick, uint32_t flags,
-                             kw_buf *scratch, kw_buf *out, uint32_t *nrec)
+                             kw_buf *scratch, kw_buf *out, uint32_t *nrec, uint64_t *raw)
 {
     const world_lifecycle_log *log = &rt->uow.lifecycle;
     size_t off = from;
@@ -195,6 +195,7 @@ static int lifecycle_records(keel_runtime *rt, kw_codec_ctx *c, size_t from, uin
             scratch->p[i] = (unsigned char)(nops >> (8 * i));
         rc = kw_record_build_unsealed(c, out, KW_KIND_LIFECYCLE, tick, flags, scratch->p, scratch->len);
         (*nrec)++;
+        *raw += scratch->len;
     }
     return rc;
 }
@@ -259,8 +260,7 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t ro
         raw += segs[i].payload.len;
     free_segs(segs, nseg);
     if (!rc)
-        rc = lifecycle_records(rt, d->codec[0], life_from, tick, flags, &scratch, &item->recs, &nrec);
-    raw += scratch.len;
+        rc = lifecycle_records(rt, d->codec[0], life_from, tick, flags, &scratch, &item->recs, &nrec, &raw);
     kw_buf_free(&scratch);
     if (!rc)
         rc = commit_marker(rt, d->codec[0], tick, flags, nrec, &item->recs);

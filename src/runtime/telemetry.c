@@ -125,7 +125,7 @@ void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out)
     if (d) {
         out->wal_bytes = atomic_load(&((dur_state *)d)->wal_bytes);
         out->fsyncs = atomic_load(&((dur_state *)d)->fsyncs);
-        out->checkpoints = d->ckpt_count;
+        out->checkpoints = atomic_load(&((dur_state *)d)->ckpt_taken);
         uint64_t tick = atomic_load(&((keel_runtime *)rt)->tick);
         out->checkpoint_age_ticks = tick > d->last_ckpt_tick ? tick - d->last_ckpt_tick : 0;
     }

@@ -444,6 +444,11 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
     return rc;
 }
 
+keel_runtime *side_runtime(const keel_side_txn *tx)
+{
+    return tx->rt;
+}
+
 int keel_side_txn_commit(keel_side_txn *tx)
 {
     uint64_t lsn;

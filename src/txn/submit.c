@@ -88,6 +88,34 @@ static void ticket_durable(void *arg, int rc)
     ticket_complete(t, rc ? rc : t->result);
 }
 
+int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out)
+{
+    if (!out) {
+        keel_side_txn_abort(tx);
+        return core_fail(KEEL_EINVAL, "keel_side_txn_commit_async: out is NULL");
+    }
+    keel_ticket *t = calloc(1, sizeof *t);
+    if (!t) {
+        keel_side_txn_abort(tx);
+        return core_fail(KEEL_ENOMEM, "keel_side_txn_commit_async: out of memory");
+    }
+    keel_runtime *rt = tx ? side_runtime(tx) : NULL;
+    uint64_t lsn;
+    keel_durability mode;
+    int rc = side_commit(tx, &lsn, &mode);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    atomic_init(&t->refs, 2);
+    *out = t;
+    if (rt->dur && lsn && mode == KEEL_DURABLE_IMMEDIATE)
+        dur_when_durable(rt, lsn, ticket_durable, t);
+    else
+        ticket_complete(t, KEEL_OK);
+    return KEEL_OK;
+}
+
 static void run_closure(keel_runtime *rt, keel_ticket *t)
 {
     keel_side_txn *tx = NULL;

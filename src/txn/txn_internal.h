@@ -86,6 +86,7 @@ int txn_durable_wait(keel_runtime *rt, uint64_t lsn, keel_durability mode);
 /* Commit without waiting for durability: *lsn (0 without a data
  * directory) and the resolved *mode tell the caller what to wait for. */
 int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode);
+keel_runtime *side_runtime(const keel_side_txn *tx);
 
 /* ---- uow.c ------------------------------------------------------------------ */
 

@@ -72,7 +72,8 @@ typedef struct world_app {
     keel_component pos, vel, energy, hungry, wallet, ledger;
     keel_query *players;
     uint64_t seed;
-    uint64_t trades, refused;   /* market: committed trades, trades refused for lack of funds */
+    uint64_t trades, refused;
+    uint64_t start_tick;        /* the tick the run started at (recovered) */   /* market: committed trades, trades refused for lack of funds */
     /* --live-trades: a "network" thread submitting trades with keel_submit */
     keel_entity who[64];
     uint32_t nwho;
@@ -368,7 +369,8 @@ static int births(keel_ctx *ctx, void *user)
 /* One trade, number `id` (increasing over the run): `buyer` pays `price`
  * to `seller` if it can, atomically. A trade whose id a ledger already
  * holds was applied before a crash: skip it (see the top comment). */
-static int trade(keel_ctx *ctx, world_app *app, uint64_t id, keel_entity buyer, keel_entity seller, int64_t price)
+static int trade(keel_ctx *ctx, world_app *app, uint64_t id, keel_entity buyer, keel_entity seller, int64_t price,
+                 keel_ticket **done)
 {
     keel_side_txn *tx = NULL;
     int64_t a, b;
@@ -390,7 +392,9 @@ static int trade(keel_ctx *ctx, world_app *app, uint64_t id, keel_entity buyer, 
         keel_side_txn_abort(tx);
         return rc;
     }
-    rc = keel_side_txn_commit(tx);
+    /* committed now; durable (IMMEDIATE) when the ticket completes: the
+     * market waits for all its tickets at once, so one sync covers them */
+    rc = keel_side_txn_commit_async(tx, done);
     app->trades += !rc;
     return rc;
 }
@@ -410,11 +414,18 @@ static int market(keel_ctx *ctx, void *user)
             who[n++] = it.entities[i];
     uint64_t tick = keel_ctx_tick(ctx);
     int rc = 0;
+    keel_ticket *done[TRADES_PER_TICK] = {0};
     for (uint32_t k = 0; !rc && n >= 2 && k < TRADES_PER_TICK; k++) {
         uint64_t r = chance(app, tick, 0x7472616465ull + k);
         uint32_t i = (uint32_t)(r % n), j = (uint32_t)((r >> 20) % (n - 1));
         j += j >= i; /* two different players */
-        rc = trade(ctx, app, tick * TRADES_PER_TICK + k + 1, who[i], who[j], (int64_t)(1 + (r >> 40) % 200));
+        rc = trade(ctx, app, tick * TRADES_PER_TICK + k + 1, who[i], who[j], (int64_t)(1 + (r >> 40) % 200), &done[k]);
+    }
+    /* the players hear "done" here: every trade of the tick is on disk */
+    for (uint32_t k = 0; k < TRADES_PER_TICK; k++) {
+        int w = done[k] ? keel_ticket_wait(done[k], -1) : 0;
+        keel_ticket_release(done[k]);
+        rc = rc ? rc : w;
     }
     return rc;
 }
@@ -587,10 +598,14 @@ static void status_line(const world_app *app, uint64_t tick, double t0)
     keel_tick_record rec;
     if (keel_telemetry_tick(app->rt, tick, &rec))
         return;
+    keel_runtime_stats st;
+    keel_runtime_stats_get(app->rt, &st);
     printf("tick=%" PRIu64 " tps=%.1f entities=%u tick_ms=%.3f sync_ms=%.3f workers=%u trades=%" PRIu64
-           " money=%" PRId64 "\n",
-           tick, (double)tick * 1e3 / (now_ms() - t0), rec.entities, (double)rec.actual_ns / 1e6,
-           (double)rec.sync_ns / 1e6, keel_runtime_workers(app->rt), app->trades, money(app));
+           " money=%" PRId64 " wal_mb=%.1f wal_ratio=%.2f durable_lag=%" PRIu64 "\n",
+           tick, (double)(tick - app->start_tick) * 1e3 / (now_ms() - t0), rec.entities, (double)rec.actual_ns / 1e6,
+           (double)rec.sync_ns / 1e6, keel_runtime_workers(app->rt), app->trades, money(app),
+           (double)st.wal_bytes / 1e6, rec.wal_stored_bytes ? (double)rec.wal_raw_bytes / (double)rec.wal_stored_bytes : 0,
+           rec.durable_lag);
 }
 
 int main(int argc, char **argv)
@@ -603,6 +618,7 @@ int main(int argc, char **argv)
     int status = setup(&app, &sched, &o) ? 1 : 0;
     if (!status && !o.until_given)
         o.until_tick = keel_runtime_tick(app.rt) + 600;
+    app.start_tick = status ? 0 : keel_runtime_tick(app.rt);
     double t0 = now_ms();
     uint64_t status_every = o.tick_rate > 0 ? (uint64_t)o.tick_rate : 100;
     pthread_t live;

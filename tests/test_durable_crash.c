@@ -1,0 +1,1385 @@
+/*
+ * test_durable_crash.c -- crash recovery of a durable runtime with real
+ * processes, real files and SIGKILL (SPEC §3 "entity allocation is part of
+ * the durable state", §4 durability modes, §6 on_first_tick, §8 recovery:
+ * "a crash during recovery, or right after it, is recovered again with
+ * nothing lost (test it: double crash, destroy then crash twice, spawn never
+ * written again, crash during checkpoint)").
+ *
+ * The workload (deterministic: every decision is a pure function of
+ * (SEED, tick, entity handle or counter), never of a worker or of time):
+ *   pos     VERSIONED {x, y}, rewritten for about a quarter of the agents per
+ *           tick (parallel query `move`);
+ *   hp      SINGLE_VERSION, rewritten for a third of the agents per tick
+ *           (parallel query `health`), destroy when it hits a multiple of 97;
+ *   cache   TRANSIENT = f(pos), kept by `move`, rebuilt by on_first_tick after
+ *           every open; `move` reads it to move pos and counts rows whose
+ *           cache disagrees with pos (a recovered run that did not rebuild it
+ *           diverges and reports the mismatches);
+ *   born    VERSIONED, spawn values only, never written again;
+ *   marked  tag added / removed by `tagger` / `untagger` (rows change
+ *           archetype every tick); frozen: tag of "static" entities that are
+ *           spawned with `born` and never touched again;
+ *   account + ledger  VERSIONED, written only by `bank`: an exclusive callback
+ *           system that runs first in every tick and makes TPT IMMEDIATE side
+ *           transactions, transfer id = (tick - 1) * TPT + k + 1 between two
+ *           of NACC accounts, the amount depending on the payer's balance. A
+ *           transfer whose id an account's ledger already holds was applied
+ *           before a crash and is skipped (as keel-world's ledger), so a tick
+ *           whose side transactions reached the disk while the tick itself did
+ *           not runs again to the same state.
+ *   `reaper` destroys 1/211 of the entities per tick, `spawner` spawns 15..24
+ *   agents and one static per tick.
+ *
+ * The oracle. A reference run (in memory, in a child process, results in a
+ * shared mapping) records keel_world_hash after every tick and, from inside
+ * `bank` (exclusive and first, so the world then holds exactly the previous
+ * tick plus the transfers committed so far), the hash after each prefix of a
+ * tick's transfers. Because an IMMEDIATE commit returns only once it is
+ * synced and `bank` commits one transfer after the other, the side
+ * transactions on disk always form a prefix of a tick's transfers. A recovered
+ * directory must therefore hold exactly reference state R (R = the recovered
+ * tick) or "R plus the first j transfers of tick R+1"; the continued run must
+ * reproduce the reference hash at every following tick (ledger idempotency),
+ * up to the end tick.
+ *
+ * Children report over a pipe: every acknowledged IMMEDIATE transfer (after
+ * keel_side_txn_commit returned 0: tick, accounts, the values written), every
+ * completed tick (hash, transient mismatches), flushes, checkpoints, and after
+ * recovery the recovered tick, hash, every account's ledger and balance and
+ * probe entities. The parent kills a child with SIGKILL when a chosen message
+ * arrives (after n acknowledgements, after tick k, right after recovery
+ * started or finished, or when the child holds still after a flush or a
+ * checkpoint) -- never after a sleep -- and checks the next recovery against
+ * everything it was told: the recovered state is a reference state, no
+ * acknowledged transfer is missing (ledger >= id, balance as acknowledged),
+ * no tick the child saw durable is missing (IMMEDIATE steps, keel_uow_flush,
+ * keel_checkpoint), nothing past the last tick that ran was recovered.
+ *
+ *   crash_kill   one data directory, rounds of children killed at varied
+ *                points (acknowledgements, checkpoint ticks -- every 7 ticks
+ *                --, random ticks, right after recovery, during recovery),
+ *                then a run to the end tick and a clean reopen;
+ *   crash_cases  (a) a destroyed entity stays destroyed across two crashes in
+ *                a row, slot generation as in the reference; (b) a spawned
+ *                entity never written again keeps its values after a crash,
+ *                and after a checkpoint and a crash; (c) a crash right after
+ *                recovery loses nothing; (d) crashes with a checkpoint every
+ *                tick; (e) durability modes IMMEDIATE / GROUP; (f)
+ *                keel_uow_flush.
+ *
+ * Failures in the parent are collected (the first one is kept), the child is
+ * killed and the temporary directory removed before the test asserts.
+ * KEEL_CRASH_SEED=<n> changes the kill points.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "keel/keel.h"
+#include "keel_test.h"
+#include "world/world_internal.h"
+
+/* ---- workload parameters ------------------------------------------------------------- */
+
+#define SEED 0x6b65656c63726173ull
+#define NACC 16u               /* accounts: entities 0 .. NACC-1 (spawned first) */
+#define TPT 4u                 /* transfers per tick */
+#define INIT_BAL 1000
+#define INIT_AGENTS 2500u
+#define INIT_STATICS 200u
+#define CHUNK_ROWS 256u
+#define TMAX 150u              /* the reference runs this far */
+#define MAX_ID (TMAX * TPT)
+#define PROBE_DESTROY_TICK 23u /* probe 0: an entity destroyed at this tick */
+#define PROBE_STATIC_TICK 11u  /* probe 1: a static entity spawned at this tick */
+
+typedef struct pos2 {
+    uint64_t x, y;
+} pos2;
+
+typedef struct born2 {
+    uint64_t tick, salt;
+} born2;
+
+static uint64_t mix(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rnd(uint64_t tick, uint64_t key)
+{
+    return mix(SEED ^ mix(tick ^ mix(key)));
+}
+
+static uint64_t cache_of(const pos2 *p)
+{
+    return mix(p->x * 31 + p->y) | 1;
+}
+
+static keel_entity acc_entity(uint32_t i)
+{
+    return KEEL_ENTITY_MAKE(i, 1);
+}
+
+/* ---- the reference (shared mapping written by the reference child) ------------------- */
+
+typedef struct refdata {
+    int ok;
+    char err[512];
+    uint64_t hash[TMAX + 1];              /* after tick t; [0] = the empty world */
+    uint64_t prefix[TMAX + 1][TPT + 1];   /* tick t: previous tick + first j transfers */
+    uint32_t acc[MAX_ID + 1][2];          /* transfer id: accounts */
+    int64_t bal[MAX_ID + 1][2];           /* transfer id: balances written */
+    keel_entity probe[2];                 /* 0: destroyed at PROBE_DESTROY_TICK; 1: static born at PROBE_STATIC_TICK */
+    uint32_t probe_gen[2][TMAX + 1];      /* slot generation after tick t */
+    uint8_t probe_alive[2][TMAX + 1];
+    born2 probe_born;                     /* probe 1's values */
+    uint64_t min_entities, max_entities;
+} refdata;
+
+/* ---- messages child -> parent --------------------------------------------------------- */
+
+enum {
+    M_STARTED = 1,  /* the child is about to open the data directory */
+    M_RECOVERED,    /* tick, hash, ledgers, balances, probes */
+    M_ACK,          /* an IMMEDIATE transfer committed (returned 0) */
+    M_TICK,         /* keel_runtime_step returned 0: tick, hash */
+    M_FLUSHED,      /* keel_uow_flush returned rc after tick */
+    M_CKPT,         /* keel_checkpoint returned rc after tick */
+    M_HOLD,         /* the child stops and waits to be killed */
+    M_DONE,         /* clean close done */
+    M_FAIL,         /* text says what */
+};
+
+typedef struct msg {
+    uint32_t type;
+    int32_t rc;
+    uint64_t tick, hash, id;
+    uint64_t aux;     /* TICK: transient mismatches; RECOVERED: checkpoint tick */
+    uint64_t aux2;    /* TICK: transfers skipped; RECOVERED: keel_recovery.tick */
+    uint32_t a, b, k, fresh;
+    int64_t bal_a, bal_b;
+    uint64_t ledger[NACC];
+    int64_t bal[NACC];
+    uint32_t probe_alive[2], probe_gen[2];
+    born2 probe_born;
+    char text[240];
+} msg;
+
+_Static_assert(sizeof(msg) <= 4096, "a message must be written atomically (PIPE_BUF)");
+
+static void send_msg(int fd, const msg *m)
+{
+    if (fd < 0)
+        return;
+    const char *p = (const char *)m;
+    size_t left = sizeof *m;
+    while (left) {
+        ssize_t n = write(fd, p, left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            _exit(4); /* the parent is gone */
+        p += n;
+        left -= (size_t)n;
+    }
+}
+
+static bool read_msg(int fd, msg *m)
+{
+    char *p = (char *)m;
+    size_t got = 0;
+    while (got < sizeof *m) {
+        ssize_t n = read(fd, p + got, sizeof *m - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false; /* EOF (a partial message cannot happen: writes are atomic) */
+        got += (size_t)n;
+    }
+    return true;
+}
+
+/* ---- the application ------------------------------------------------------------------- */
+
+typedef struct plan {
+    const char *dir;           /* NULL: in memory */
+    bool reference;            /* fill the shared refdata */
+    keel_durability mode;
+    int64_t ckpt_every;        /* durable.checkpoint_every_ticks */
+    int32_t workers;
+    uint64_t until;            /* run ticks until keel_runtime_tick reaches it */
+    uint64_t flush_at;         /* after this tick: keel_uow_flush */
+    uint64_t checkpoint_at;    /* after this tick: keel_checkpoint */
+    bool hold_after_recover;   /* report, then wait to be killed (no tick) */
+    bool hold_at_end;          /* at `until`: wait to be killed instead of closing */
+    keel_entity probe[2];
+} plan;
+
+typedef struct app {
+    keel_runtime *rt;
+    keel_world *w;
+    keel_component pos, hp, cache, born, marked, frozen, account, ledger;
+    keel_query *q_born, *q_poscache, *q_statics;
+    int out_fd;
+    refdata *ref;
+    _Atomic uint64_t mismatches;
+    uint64_t skipped;          /* transfers skipped by the ledger (this tick) */
+    int bank_rc;               /* first error of a transfer */
+} app;
+
+static refdata *g_ref;         /* the reference child writes here */
+
+static int spawn_agent(app *a, keel_cmdbuf *cb, uint64_t tick, uint64_t k)
+{
+    uint64_t r = rnd(tick, 0xA6E470000ull + k);
+    pos2 p = {r & 0xffff, (r >> 16) & 0xffff};
+    uint64_t hp = (r >> 32) & 0xffffff, c = cache_of(&p);
+    born2 b = {tick, mix(r)};
+    keel_init in[] = {{a->pos, &p}, {a->hp, &hp}, {a->cache, &c}, {a->born, &b}};
+    return keel_cmd_spawn(cb, in, 4);
+}
+
+static int spawn_static(app *a, keel_cmdbuf *cb, uint64_t tick, uint64_t k)
+{
+    born2 b = {tick, rnd(tick, 0x57A71C0000ull + k)};
+    keel_init in[] = {{a->born, &b}, {a->frozen, NULL}};
+    return keel_cmd_spawn(cb, in, 2);
+}
+
+/* on_first_tick: populate a new world; rebuild the TRANSIENT cache of a recovered one. */
+static int populate(keel_ctx *ctx, void *user)
+{
+    app *a = user;
+    keel_cmdbuf *cb = keel_ctx_commands(ctx);
+    int rc = 0;
+    if (keel_world_count(a->w) == 0) {
+        int64_t bal = INIT_BAL;
+        uint64_t none = 0;
+        for (uint32_t i = 0; !rc && i < NACC; i++)
+            rc = keel_cmd_spawn(cb, (keel_init[]){{a->account, &bal}, {a->ledger, &none}}, 2);
+        for (uint32_t i = 0; !rc && i < INIT_AGENTS; i++)
+            rc = spawn_agent(a, cb, 0, i);
+        for (uint32_t i = 0; !rc && i < INIT_STATICS; i++)
+            rc = spawn_static(a, cb, 0, i);
+        return rc;
+    }
+    uint32_t n = keel_query_count(a->q_poscache), got = 0;
+    keel_entity *es = malloc(((size_t)n + 1) * sizeof *es);
+    uint64_t *vs = malloc(((size_t)n + 1) * sizeof *vs);
+    if (!es || !vs) {
+        free(es);
+        free(vs);
+        return KEEL_ENOMEM;
+    }
+    keel_iter it;
+    keel_txn_iter(ctx, a->q_poscache, &it);
+    while (keel_txn_next(ctx, &it)) {
+        const pos2 *p = KEEL_COLUMN(&it, pos2, 0);
+        for (uint32_t i = 0; i < it.count && got < n; i++, got++) {
+            es[got] = it.entities[i];
+            vs[got] = cache_of(&p[i]);
+        }
+    }
+    for (uint32_t i = 0; !rc && i < got; i++)
+        rc = keel_txn_set(ctx, es[i], a->cache, &vs[i]);
+    free(es);
+    free(vs);
+    return rc;
+}
+
+/* Exclusive, first in the tick: TPT transfers, each an IMMEDIATE side transaction. */
+static int bank(keel_ctx *ctx, void *user)
+{
+    app *a = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    a->skipped = 0;
+    if (a->ref && t <= TMAX)
+        a->ref->prefix[t][0] = keel_world_hash(a->w);
+    for (uint32_t k = 0; k < TPT; k++) {
+        uint64_t id = (t - 1) * TPT + k + 1, r = rnd(t, 0xBA4C000000ull + k);
+        uint32_t ia = (uint32_t)(r % NACC), ib = (uint32_t)((r >> 8) % (NACC - 1));
+        ib += ib >= ia;
+        keel_side_txn *tx = NULL;
+        int64_t ba, bb;
+        uint64_t la, lb;
+        int rc = keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &tx);
+        if (!rc && !(rc = keel_side_get(tx, acc_entity(ia), a->account, &ba)) &&
+            !(rc = keel_side_get(tx, acc_entity(ib), a->account, &bb)) && !(rc = keel_side_get(tx, acc_entity(ia), a->ledger, &la)))
+            rc = keel_side_get(tx, acc_entity(ib), a->ledger, &lb);
+        if (rc) {
+            keel_side_txn_abort(tx);
+            if (!a->bank_rc)
+                a->bank_rc = rc;
+            return rc;
+        }
+        if (la >= id || lb >= id) { /* applied before a crash */
+            keel_side_txn_abort(tx);
+            a->skipped++;
+            continue;
+        }
+        int64_t amount = 1 + (int64_t)(mix(id ^ (uint64_t)ba) % 100);
+        ba -= amount;
+        bb += amount;
+        if ((rc = keel_side_set(tx, acc_entity(ia), a->account, &ba)) || (rc = keel_side_set(tx, acc_entity(ib), a->account, &bb)) ||
+            (rc = keel_side_set(tx, acc_entity(ia), a->ledger, &id)) || (rc = keel_side_set(tx, acc_entity(ib), a->ledger, &id))) {
+            keel_side_txn_abort(tx);
+        } else {
+            rc = keel_side_txn_commit(tx);
+        }
+        if (rc) {
+            if (!a->bank_rc)
+                a->bank_rc = rc;
+            return rc;
+        }
+        /* acknowledged */
+        msg m = {.type = M_ACK, .tick = t, .id = id, .a = ia, .b = ib, .k = k, .bal_a = ba, .bal_b = bb};
+        send_msg(a->out_fd, &m);
+        if (a->ref && id <= MAX_ID) {
+            a->ref->acc[id][0] = ia;
+            a->ref->acc[id][1] = ib;
+            a->ref->bal[id][0] = ba;
+            a->ref->bal[id][1] = bb;
+            a->ref->prefix[t][k + 1] = keel_world_hash(a->w);
+        }
+    }
+    return 0;
+}
+
+static int move_fn(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    app *a = user;
+    uint64_t t = keel_ctx_tick(ctx), bad = 0;
+    pos2 *p = KEEL_COLUMN(it, pos2, 0);
+    uint64_t *c = KEEL_COLUMN(it, uint64_t, 1);
+    for (uint32_t i = 0; i < it->count; i++) {
+        bad += c[i] != cache_of(&p[i]);
+        if (rnd(t, it->entities[i]) % 4 == 0) {
+            uint64_t cv = c[i];
+            p[i].x += cv % 1000;
+            p[i].y ^= (cv >> 10) & 0xffff;
+            c[i] = cache_of(&p[i]);
+        }
+    }
+    if (bad)
+        atomic_fetch_add(&a->mismatches, bad);
+    return 0;
+}
+
+static int health_fn(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)user;
+    uint64_t t = keel_ctx_tick(ctx);
+    uint64_t *hp = KEEL_COLUMN(it, uint64_t, 0);
+    int rc = 0;
+    for (uint32_t i = 0; !rc && i < it->count; i++) {
+        if (rnd(t, it->entities[i] ^ 0x4EA1ull) % 3)
+            continue;
+        hp[i] = mix(hp[i] ^ t) & 0xffffff;
+        if (hp[i] % 97 == 0)
+            rc = keel_cmd_destroy(keel_ctx_commands(ctx), it->entities[i]);
+    }
+    return rc;
+}
+
+static int tagger_fn(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    app *a = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    int rc = 0;
+    for (uint32_t i = 0; !rc && i < it->count; i++)
+        if (rnd(t, it->entities[i] ^ 0x7A6ull) % 29 == 0)
+            rc = keel_cmd_add(keel_ctx_commands(ctx), it->entities[i], a->marked, NULL);
+    return rc;
+}
+
+static int untagger_fn(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    app *a = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    int rc = 0;
+    for (uint32_t i = 0; !rc && i < it->count; i++)
+        if (rnd(t, it->entities[i] ^ 0x07A60000ull) % 7 == 0)
+            rc = keel_cmd_remove(keel_ctx_commands(ctx), it->entities[i], a->marked);
+    return rc;
+}
+
+static int reaper(keel_ctx *ctx, void *user)
+{
+    app *a = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    int rc = 0;
+    keel_iter it;
+    keel_txn_iter(ctx, a->q_born, &it);
+    while (!rc && keel_txn_next(ctx, &it))
+        for (uint32_t i = 0; !rc && i < it.count; i++)
+            if (rnd(t, it.entities[i] ^ 0xDEADull) % 211 == 0)
+                rc = keel_cmd_destroy(keel_ctx_commands(ctx), it.entities[i]);
+    return rc;
+}
+
+static int spawner(keel_ctx *ctx, void *user)
+{
+    app *a = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    uint32_t n = 15 + (uint32_t)(rnd(t, 0x5EEDull) % 10);
+    int rc = 0;
+    for (uint32_t k = 0; !rc && k < n; k++)
+        rc = spawn_agent(a, keel_ctx_commands(ctx), t, k);
+    return rc ? rc : spawn_static(a, keel_ctx_commands(ctx), t, 0);
+}
+
+static const keel_field f_pos[] = {{.name = "x", .type = KEEL_U64, .offset = 0}, {.name = "y", .type = KEEL_U64, .offset = 8}};
+static const keel_field f_u64[] = {{.name = "v", .type = KEEL_U64, .offset = 0}};
+static const keel_field f_i64[] = {{.name = "v", .type = KEEL_I64, .offset = 0}};
+static const keel_field f_born[] = {{.name = "tick", .type = KEEL_U64, .offset = 0},
+                                    {.name = "salt", .type = KEEL_U64, .offset = 8}};
+
+/* Create the runtime, register, build and install the schedule. */
+static int app_open(app *a, const plan *p)
+{
+    keel_runtime_desc d = {
+        .world = {.chunk_rows = CHUNK_ROWS},
+        .workers = p->workers,
+        .tick_rate_hz = -1,
+        .durability = p->mode,
+        .durable = {.dir = p->dir, .checkpoint_every_ticks = p->ckpt_every},
+        .on_first_tick = populate,
+        .hook_user = a,
+    };
+    int rc = keel_runtime_create(&d, &a->rt);
+    if (rc)
+        return rc;
+    a->w = keel_runtime_world(a->rt);
+    const keel_component_desc comps[] = {
+        {.name = "pos", .size = 16, .fields = f_pos, .field_count = 2},
+        {.name = "hp", .size = 8, .discipline = KEEL_SINGLE_VERSION, .fields = f_u64, .field_count = 1},
+        {.name = "cache", .size = 8, .discipline = KEEL_TRANSIENT, .fields = f_u64, .field_count = 1},
+        {.name = "born", .size = 16, .fields = f_born, .field_count = 2},
+        {.name = "marked"},
+        {.name = "frozen"},
+        {.name = "account", .size = 8, .fields = f_i64, .field_count = 1},
+        {.name = "ledger", .size = 8, .fields = f_u64, .field_count = 1},
+    };
+    keel_component *ids[] = {&a->pos, &a->hp, &a->cache, &a->born, &a->marked, &a->frozen, &a->account, &a->ledger};
+    for (size_t i = 0; !rc && i < sizeof comps / sizeof comps[0]; i++)
+        rc = keel_component_register(a->w, &comps[i], ids[i]);
+    if (!rc)
+        rc = keel_query_create(a->w, &(keel_query_desc){.with = {a->born}}, &a->q_born);
+    if (!rc)
+        rc = keel_query_create(a->w, &(keel_query_desc){.with = {a->pos, a->cache}}, &a->q_poscache);
+    if (!rc)
+        rc = keel_query_create(a->w, &(keel_query_desc){.with = {a->born, a->frozen}}, &a->q_statics);
+    keel_schedule *s = NULL;
+    if (!rc)
+        rc = keel_schedule_create(a->rt, &s);
+    if (rc)
+        return rc;
+    keel_system_desc sys[] = {
+        {.name = "bank", .kind = KEEL_SYSTEM_CALLBACK, .run = bank, .user = a,
+         .access = {.side_writes = {a->account, a->ledger}, .exclusive = true},
+         .before = {"move", "health", "tagger", "untagger", "reaper", "spawner"}},
+        {.name = "move", .phase = 0, .kind = KEEL_SYSTEM_QUERY, .each_chunk = move_fn, .user = a, .parallel = true,
+         .query = {.with = {a->pos, a->cache}}, .access = {.writes = {a->pos, a->cache}}},
+        {.name = "health", .phase = 0, .kind = KEEL_SYSTEM_QUERY, .each_chunk = health_fn, .user = a, .parallel = true,
+         .query = {.with = {a->hp}}, .access = {.writes = {a->hp}}},
+        {.name = "tagger", .phase = 1, .kind = KEEL_SYSTEM_QUERY, .each_chunk = tagger_fn, .user = a, .parallel = true,
+         .query = {.with = {a->pos}, .without = {a->marked}}, .access = {.reads = {a->pos}}},
+        {.name = "untagger", .phase = 1, .kind = KEEL_SYSTEM_QUERY, .each_chunk = untagger_fn, .user = a,
+         .parallel = true, .query = {.with = {a->pos, a->marked}}, .access = {.reads = {a->pos, a->marked}}},
+        {.name = "reaper", .phase = 2, .kind = KEEL_SYSTEM_CALLBACK, .run = reaper, .user = a,
+         .access = {.reads = {a->born}}},
+        {.name = "spawner", .phase = 2, .kind = KEEL_SYSTEM_CALLBACK, .run = spawner, .user = a},
+    };
+    for (size_t i = 0; !rc && i < sizeof sys / sizeof sys[0]; i++)
+        rc = keel_schedule_add_system(s, &sys[i], NULL);
+    if (!rc)
+        rc = keel_schedule_build(s);
+    if (!rc)
+        rc = keel_runtime_set_schedule(a->rt, s);
+    else
+        keel_schedule_destroy(s);
+    return rc;
+}
+
+static void app_close(app *a)
+{
+    keel_query_destroy(a->q_born);
+    keel_query_destroy(a->q_poscache);
+    keel_query_destroy(a->q_statics);
+    keel_runtime_close(a->rt);
+}
+
+/* ---- the child ------------------------------------------------------------------------------ */
+
+static _Noreturn void child_fail(int fd, const char *what, int rc)
+{
+    msg m = {.type = M_FAIL, .rc = rc};
+    snprintf(m.text, sizeof m.text, "%s: %s: %s", what, keel_strerror(rc), keel_last_error());
+    send_msg(fd, &m);
+    if (g_ref && !g_ref->err[0])
+        snprintf(g_ref->err, sizeof g_ref->err, "%s", m.text);
+    _exit(3);
+}
+
+static _Noreturn void hold(int out_fd, int hold_fd, uint64_t tick)
+{
+    msg m = {.type = M_HOLD, .tick = tick};
+    send_msg(out_fd, &m);
+    char c;
+    while (read(hold_fd, &c, 1) != 0) /* the parent never writes: it kills us; EOF = it is gone */
+        if (errno != EINTR)
+            break;
+    _exit(5);
+}
+
+static void probe_report(const app *a, const plan *p, msg *m)
+{
+    for (int k = 0; k < 2; k++) {
+        keel_entity e = p->probe[k];
+        if (!e)
+            continue;
+        m->probe_alive[k] = keel_alive(a->w, e);
+        uint32_t idx = KEEL_ENTITY_INDEX(e);
+        m->probe_gen[k] = idx < a->w->nslots ? world_slot_at(a->w, idx)->gen : 0;
+        if (k == 1 && m->probe_alive[k])
+            keel_get(a->w, e, a->born, &m->probe_born);
+    }
+}
+
+/* The reference's bookkeeping after tick t. */
+static void reference_tick(app *a, uint64_t t, const keel_entity *before, uint32_t nbefore)
+{
+    refdata *r = a->ref;
+    r->hash[t] = keel_world_hash(a->w);
+    uint32_t n = keel_world_count(a->w);
+    if (t == 1 || n < r->min_entities)
+        r->min_entities = n;
+    if (n > r->max_entities)
+        r->max_entities = n;
+    if (t == PROBE_DESTROY_TICK)
+        for (uint32_t i = 0; i < nbefore && !r->probe[0]; i++)
+            if (!keel_alive(a->w, before[i]))
+                r->probe[0] = before[i];
+    if (t == PROBE_STATIC_TICK) {
+        keel_iter it;
+        keel_query_iter(a->q_statics, &it);
+        while (!r->probe[1] && keel_iter_next(&it)) {
+            const born2 *b = KEEL_COLUMN(&it, born2, 0);
+            for (uint32_t i = 0; i < it.count && !r->probe[1]; i++)
+                if (b[i].tick == t) {
+                    r->probe[1] = it.entities[i];
+                    r->probe_born = b[i];
+                }
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        if (!r->probe[k])
+            continue;
+        r->probe_alive[k][t] = keel_alive(a->w, r->probe[k]);
+        r->probe_gen[k][t] = world_slot_at(a->w, KEEL_ENTITY_INDEX(r->probe[k]))->gen;
+    }
+}
+
+static _Noreturn void child_main(const plan *p, int out_fd, int hold_fd)
+{
+    msg m = {.type = M_STARTED};
+    send_msg(out_fd, &m);
+    app a = {.out_fd = out_fd, .ref = p->reference ? g_ref : NULL};
+    int rc = app_open(&a, p);
+    if (rc)
+        child_fail(out_fd, "setting the runtime up", rc);
+    keel_recovery info = {0};
+    if (p->dir && (rc = keel_runtime_recover(a.rt, &info)))
+        child_fail(out_fd, "keel_runtime_recover", rc);
+    m = (msg){.type = M_RECOVERED, .tick = keel_runtime_tick(a.rt), .hash = keel_world_hash(a.w),
+              .aux = info.checkpoint_tick, .aux2 = info.tick, .fresh = info.fresh};
+    for (uint32_t i = 0; i < NACC; i++) {
+        keel_get(a.w, acc_entity(i), a.ledger, &m.ledger[i]);
+        keel_get(a.w, acc_entity(i), a.account, &m.bal[i]);
+    }
+    probe_report(&a, p, &m);
+    send_msg(out_fd, &m);
+    if (p->reference)
+        g_ref->hash[0] = m.hash;
+    if (p->hold_after_recover)
+        hold(out_fd, hold_fd, m.tick);
+    keel_entity *before = NULL;
+    uint32_t nbefore = 0;
+    while (keel_runtime_tick(a.rt) < p->until) {
+        uint64_t t = keel_runtime_tick(a.rt) + 1;
+        if (p->reference && t == PROBE_DESTROY_TICK) { /* everything alive before the probe tick */
+            before = malloc(((size_t)keel_world_count(a.w) + 1) * sizeof *before);
+            keel_iter it;
+            keel_query_iter(a.q_born, &it);
+            while (before && keel_iter_next(&it))
+                for (uint32_t i = 0; i < it.count; i++)
+                    before[nbefore++] = it.entities[i];
+        }
+        atomic_store(&a.mismatches, 0);
+        if ((rc = keel_runtime_step(a.rt)))
+            child_fail(out_fd, "keel_runtime_step", rc);
+        if (keel_runtime_tick(a.rt) != t)
+            child_fail(out_fd, "keel_runtime_step did not advance the tick by one", KEEL_EINVAL);
+        m = (msg){.type = M_TICK, .tick = t, .hash = keel_world_hash(a.w), .aux = atomic_load(&a.mismatches),
+                  .aux2 = a.skipped, .rc = a.bank_rc};
+        send_msg(out_fd, &m);
+        if (p->reference) {
+            reference_tick(&a, t, before, nbefore);
+            if (m.aux || a.bank_rc || a.skipped) {
+                snprintf(g_ref->err, sizeof g_ref->err, "reference tick %" PRIu64 ": %" PRIu64
+                         " transient mismatches, bank rc %d, %" PRIu64 " transfers skipped", t, m.aux, a.bank_rc,
+                         a.skipped);
+                _exit(3);
+            }
+        }
+        if (t == p->flush_at) {
+            m = (msg){.type = M_FLUSHED, .tick = t, .rc = keel_uow_flush(a.rt)};
+            send_msg(out_fd, &m);
+        }
+        if (t == p->checkpoint_at) {
+            m = (msg){.type = M_CKPT, .tick = t, .rc = keel_checkpoint(a.rt)};
+            send_msg(out_fd, &m);
+        }
+    }
+    free(before);
+    if (p->hold_at_end)
+        hold(out_fd, hold_fd, keel_runtime_tick(a.rt));
+    app_close(&a);
+    if (p->reference)
+        g_ref->ok = !g_ref->err[0];
+    m = (msg){.type = M_DONE};
+    send_msg(out_fd, &m);
+    exit(0); /* (not _exit: a sanitizer build checks this child's leaks too, exit code 23) */
+}
+
+/* ---- the parent: children ------------------------------------------------------------------- */
+
+typedef struct child {
+    pid_t pid;
+    int rfd;        /* messages */
+    int hold_wfd;   /* never written: the child's hold blocks on it */
+} child;
+
+static child child_start(const plan *p)
+{
+    int mp[2], hp[2];
+    ck_assert_int_eq(pipe(mp), 0);
+    ck_assert_int_eq(pipe(hp), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(mp[0]);
+        close(hp[1]);
+        signal(SIGPIPE, SIG_IGN);
+        child_main(p, mp[1], hp[0]);
+    }
+    close(mp[1]);
+    close(hp[0]);
+    return (child){pid, mp[0], hp[1]};
+}
+
+/* The reference run, in a child (the test process itself never starts keel threads
+ * before it forks). */
+static refdata *reference_run(void)
+{
+    refdata *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(r, MAP_FAILED);
+    memset(r, 0, sizeof *r);
+    g_ref = r;
+    plan p = {.reference = true, .workers = 1, .until = TMAX};
+    child c = child_start(&p);
+    msg m;
+    while (read_msg(c.rfd, &m))
+        ;
+    int status = 0;
+    ck_assert_int_eq(waitpid(c.pid, &status, 0), c.pid);
+    close(c.rfd);
+    close(c.hold_wfd);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0 && r->ok, "reference run failed (status %d): %s",
+                  status, r->err);
+    /* sanity of the reference itself */
+    for (uint32_t t = 2; t <= TMAX; t++)
+        ck_assert_msg(r->prefix[t][0] == r->hash[t - 1], "reference: hash inside tick %u before any transfer differs "
+                      "from the hash after tick %u", t, t - 1);
+    for (uint32_t i = 0; i < 2; i++)
+        ck_assert_msg(r->probe[i] != 0, "reference: probe %u not found", i);
+    ck_assert_msg(!r->probe_alive[0][PROBE_DESTROY_TICK], "reference: probe 0 alive after its tick");
+    ck_assert_msg(r->min_entities > 1000 && r->max_entities < 6000, "reference: population %" PRIu64 "..%" PRIu64
+                  " outside the designed range", r->min_entities, r->max_entities);
+    return r;
+}
+
+/* ---- the parent: the oracle --------------------------------------------------------------- */
+
+typedef struct ack_rec {
+    bool acked;
+    uint32_t a, b;
+    int64_t bal_a, bal_b;
+} ack_rec;
+
+typedef struct oracle {
+    const refdata *ref;
+    ack_rec acks[MAX_ID + 1];
+    uint64_t nacks;
+    uint64_t max_ran;        /* highest tick a child reported done (or recovered) */
+    uint64_t slack;          /* 1: the last child may have finished a tick it did not report; 0: it held */
+    uint64_t min_durable;    /* recovery must reach this tick (IMMEDIATE steps, flush, checkpoint, clean close) */
+    uint64_t last_recovered;
+    msg last_rec;            /* the last RECOVERED message */
+    const char *scenario;
+    int last_j;              /* transfers of tick R+1 in the last recovered state */
+    bool failed;
+    char fail[1536];
+    /* statistics for the failure messages */
+    uint32_t kills, recoveries, prefix_recoveries, ckpt_recoveries;
+} oracle;
+
+static void ofail(oracle *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ofail(oracle *o, const char *fmt, ...)
+{
+    if (o->failed)
+        return;
+    o->failed = true;
+    int n = snprintf(o->fail, sizeof o->fail, "[%s] ", o->scenario ? o->scenario : "?");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(o->fail + n, sizeof o->fail - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+static void oracle_init(oracle *o, const refdata *ref, const char *scenario)
+{
+    memset(o, 0, sizeof *o);
+    o->ref = ref;
+    o->slack = 1;
+    o->scenario = scenario;
+}
+
+static void verify_recovered(oracle *o, const msg *m)
+{
+    const refdata *ref = o->ref;
+    uint64_t R = m->tick;
+    o->recoveries++;
+    if (m->aux2 != R)
+        ofail(o, "keel_recovery.tick %" PRIu64 " differs from keel_runtime_tick %" PRIu64 " after recovery", m->aux2, R);
+    if (R > TMAX) {
+        ofail(o, "recovered tick %" PRIu64 " is past anything that ran", R);
+        return;
+    }
+    if (R > o->max_ran + o->slack)
+        ofail(o, "recovered tick %" PRIu64 ", but the last tick that ran was %" PRIu64 "%s: recovery went past what "
+              "ran", R, o->max_ran, o->slack ? " (+1 unreported)" : "");
+    if (R < o->min_durable)
+        ofail(o, "recovered tick %" PRIu64 " (checkpoint tick %" PRIu64 "), but tick %" PRIu64 " was durable "
+              "(an IMMEDIATE step, keel_uow_flush, keel_checkpoint or a clean close returned): lost ticks",
+              R, m->aux, o->min_durable);
+    /* the state: reference tick R, or R plus the first j transfers of tick R+1 */
+    int j = -1;
+    if (m->hash == ref->hash[R])
+        j = 0;
+    else if (R + 1 <= TMAX)
+        for (int jj = 0; jj <= (int)TPT && j < 0; jj++)
+            if (m->hash == ref->prefix[R + 1][jj])
+                j = jj;
+    if (j < 0) {
+        char near[160] = "";
+        for (uint32_t t = 0; t <= TMAX && !near[0]; t++)
+            for (uint32_t jj = 0; jj <= TPT && !near[0]; jj++)
+                if ((jj == 0 && ref->hash[t] == m->hash) || (t > 0 && jj > 0 && ref->prefix[t][jj] == m->hash))
+                    snprintf(near, sizeof near, "; it is the reference state of tick %u%s", jj ? t - 1 : t,
+                             jj ? " plus transfers of the next tick" : "");
+        ofail(o, "recovered tick %" PRIu64 " (checkpoint tick %" PRIu64 ") holds state %016" PRIx64 ", which is no "
+              "reference state of that tick (reference %016" PRIx64 ")%s", R, m->aux, m->hash, ref->hash[R], near);
+        j = 0;
+    }
+    o->prefix_recoveries += j > 0;
+    o->last_j = j;
+    o->ckpt_recoveries += m->aux > 0;
+    /* every acknowledged transfer is there */
+    for (uint64_t id = 1; id <= MAX_ID && !o->failed; id++) {
+        const ack_rec *k = &o->acks[id];
+        if (!k->acked)
+            continue;
+        uint64_t t = (id - 1) / TPT + 1, kk = (id - 1) % TPT;
+        if (!(t <= R || (t == R + 1 && kk < (uint64_t)j)))
+            ofail(o, "acknowledged transfer %" PRIu64 " (tick %" PRIu64 ") is lost: recovered tick %" PRIu64
+                  " with %d transfers of tick %" PRIu64, id, t, R, j, R + 1);
+        if (m->ledger[k->a] < id || m->ledger[k->b] < id)
+            ofail(o, "acknowledged transfer %" PRIu64 " is not in the ledgers: account %u ledger %" PRIu64
+                  ", account %u ledger %" PRIu64 " (recovered tick %" PRIu64 ")", id, k->a, m->ledger[k->a], k->b,
+                  m->ledger[k->b], R);
+        if ((m->ledger[k->a] == id && m->bal[k->a] != k->bal_a) || (m->ledger[k->b] == id && m->bal[k->b] != k->bal_b))
+            ofail(o, "acknowledged transfer %" PRIu64 ": balances %" PRId64 "/%" PRId64 " recovered, %" PRId64
+                  "/%" PRId64 " acknowledged", id, m->bal[k->a], m->bal[k->b], k->bal_a, k->bal_b);
+    }
+    if (R > o->max_ran)
+        o->max_ran = R;
+    o->last_recovered = R;
+    o->last_rec = *m;
+}
+
+static void verify_ack(oracle *o, const msg *m, uint64_t recovered)
+{
+    const refdata *ref = o->ref;
+    uint64_t id = m->id;
+    if (id < 1 || id > MAX_ID || m->tick != (id - 1) / TPT + 1 || m->k != (id - 1) % TPT) {
+        ofail(o, "acknowledgement with a bad id %" PRIu64 " at tick %" PRIu64, id, m->tick);
+        return;
+    }
+    if (m->tick <= recovered)
+        ofail(o, "transfer %" PRIu64 " of tick %" PRIu64 " committed again after recovering tick %" PRIu64,
+              id, m->tick, recovered);
+    if (ref->acc[id][0] != m->a || ref->acc[id][1] != m->b || ref->bal[id][0] != m->bal_a ||
+        ref->bal[id][1] != m->bal_b)
+        ofail(o, "transfer %" PRIu64 " wrote accounts %u/%u balances %" PRId64 "/%" PRId64 "; the reference %u/%u "
+              "%" PRId64 "/%" PRId64, id, m->a, m->b, m->bal_a, m->bal_b, ref->acc[id][0], ref->acc[id][1],
+              ref->bal[id][0], ref->bal[id][1]);
+    if (o->acks[id].acked)
+        ofail(o, "transfer %" PRIu64 " acknowledged twice (its first acknowledgement was lost)", id);
+    o->acks[id] = (ack_rec){true, m->a, m->b, m->bal_a, m->bal_b};
+    o->nacks++;
+}
+
+typedef enum trig_kind { TRIG_NONE, TRIG_STARTED, TRIG_RECOVERED, TRIG_ACKS, TRIG_TICK } trig_kind;
+
+typedef struct trigger {
+    trig_kind kind;
+    uint64_t n;
+} trigger;
+
+typedef struct outcome {
+    bool started, recovered, held, done, killed;
+    msg rec;
+    uint64_t last_tick, acks;
+    int status;
+} outcome;
+
+/* Read the child's messages to the end, check each, SIGKILL it when the
+ * trigger fires (or when it holds, or on the first failure). */
+static outcome pump(oracle *o, child *c, trigger tr, bool ticks_durable)
+{
+    outcome out = {0};
+    msg m;
+    uint64_t prev = UINT64_MAX;
+    while (read_msg(c->rfd, &m)) {
+        bool fire = false;
+        switch (m.type) {
+        case M_STARTED:
+            out.started = true;
+            fire = tr.kind == TRIG_STARTED;
+            break;
+        case M_RECOVERED:
+            out.recovered = true;
+            out.rec = m;
+            prev = m.tick;
+            verify_recovered(o, &m);
+            fire = tr.kind == TRIG_RECOVERED;
+            break;
+        case M_ACK:
+            out.acks++;
+            verify_ack(o, &m, out.recovered ? out.rec.tick : 0);
+            fire = tr.kind == TRIG_ACKS && out.acks >= tr.n;
+            break;
+        case M_TICK:
+            if (prev != UINT64_MAX && m.tick != prev + 1)
+                ofail(o, "tick %" PRIu64 " reported after tick %" PRIu64, m.tick, prev);
+            prev = m.tick;
+            out.last_tick = m.tick;
+            if (m.tick > TMAX)
+                ofail(o, "tick %" PRIu64 " past the reference", m.tick);
+            else if (m.hash != o->ref->hash[m.tick])
+                ofail(o, "the run continued after recovering tick %" PRIu64 " diverges at tick %" PRIu64
+                      ": hash %016" PRIx64 ", reference %016" PRIx64 " (checkpoint tick %" PRIu64 ")",
+                      out.rec.tick, m.tick, m.hash, o->ref->hash[m.tick], out.rec.aux);
+            if (m.aux)
+                ofail(o, "tick %" PRIu64 ": %" PRIu64 " rows whose TRANSIENT cache disagrees with pos (on_first_tick "
+                      "did not see or could not rebuild them)", m.tick, m.aux);
+            if (m.rc)
+                ofail(o, "tick %" PRIu64 ": a transfer failed: %s", m.tick, keel_strerror(m.rc));
+            if (m.tick > o->max_ran)
+                o->max_ran = m.tick;
+            if (ticks_durable && m.tick > o->min_durable)
+                o->min_durable = m.tick;
+            fire = tr.kind == TRIG_TICK && m.tick >= tr.n;
+            break;
+        case M_FLUSHED:
+        case M_CKPT:
+            if (m.rc)
+                ofail(o, "%s after tick %" PRIu64 " returned %s", m.type == M_CKPT ? "keel_checkpoint" : "keel_uow_flush",
+                      m.tick, keel_strerror(m.rc));
+            else if (m.tick > o->min_durable)
+                o->min_durable = m.tick;
+            break;
+        case M_HOLD:
+            out.held = true;
+            fire = true;
+            break;
+        case M_DONE:
+            out.done = true;
+            break;
+        case M_FAIL:
+            ofail(o, "a child failed: %s", m.text);
+            break;
+        default:
+            ofail(o, "unknown message %u", m.type);
+            break;
+        }
+        if (!out.killed && (fire || o->failed)) {
+            kill(c->pid, SIGKILL);
+            out.killed = true;
+            o->kills += fire;
+        }
+    }
+    int status = 0;
+    if (waitpid(c->pid, &status, 0) != c->pid)
+        ofail(o, "waitpid: %s", strerror(errno));
+    close(c->rfd);
+    close(c->hold_wfd);
+    out.status = status;
+    if (!out.killed && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        ofail(o, "a child ended with status 0x%x (signal %d, exit %d) before it was killed", status,
+              WIFSIGNALED(status) ? WTERMSIG(status) : 0, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    if (out.killed && WIFEXITED(status) && WEXITSTATUS(status) != 0)
+        ofail(o, "a child exited with %d", WEXITSTATUS(status));
+    if (out.done)
+        o->min_durable = out.last_tick > o->min_durable ? out.last_tick : o->min_durable; /* clean close drains */
+    if (out.done && out.recovered && out.rec.tick > o->min_durable)
+        o->min_durable = out.rec.tick;
+    o->slack = out.held ? 0 : 1;
+    if (getenv("KEEL_CRASH_VERBOSE"))
+        fprintf(stderr, "[%s] trigger %d/%" PRIu64 ": recovered %s tick %" PRIu64 " +%d transfers (checkpoint %" PRIu64
+                ") -> ran to %" PRIu64 ", %" PRIu64 " acks, %s%s\n", o->scenario, (int)tr.kind, tr.n,
+                out.recovered ? "" : "(not reached)", out.rec.tick, o->last_j, out.rec.aux, out.last_tick, out.acks,
+                out.killed ? "killed" : "exited", out.held ? " (held)" : "");
+    return out;
+}
+
+/* Run one child with plan p to its end (or its trigger). */
+static outcome run_child(oracle *o, const plan *p, trigger tr)
+{
+    if (o->failed)
+        return (outcome){0};
+    child c = child_start(p);
+    return pump(o, &c, tr, p->mode == KEEL_DURABLE_IMMEDIATE);
+}
+
+/* ---- scaffolding ------------------------------------------------------------------------------ */
+
+typedef struct tmpdir {
+    char base[64];
+    char data[96];
+} tmpdir;
+
+static void tmpdir_make(tmpdir *d)
+{
+    snprintf(d->base, sizeof d->base, "/tmp/keel-crash-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(d->base));
+    snprintf(d->data, sizeof d->data, "%s/data", d->base);
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void tmpdir_remove(tmpdir *d)
+{
+    nftw(d->base, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s = mix(*s);
+    return *s >> 11;
+}
+
+static uint64_t rng_seed(uint64_t salt)
+{
+    const char *e = getenv("KEEL_CRASH_SEED");
+    return mix((e ? strtoull(e, NULL, 0) : 20240601u) ^ salt);
+}
+
+static plan base_plan(const char *dir, keel_durability mode, int64_t ckpt_every, uint64_t until)
+{
+    return (plan){.dir = dir, .mode = mode, .ckpt_every = ckpt_every, .workers = 2, .until = until};
+}
+
+/* Rounds of children on one directory, each killed at a chosen point; every
+ * child checks the previous crash on its way up (RECOVERED) and the run it
+ * continues (TICK). */
+static void crash_rounds(oracle *o, const char *dir, keel_durability mode, int64_t ckpt_every, int rounds,
+                         uint64_t end, uint64_t salt, const int *kinds, int nkinds)
+{
+    uint64_t rng = rng_seed(salt);
+    for (int r = 0; r < rounds && !o->failed; r++) {
+        uint64_t cur = o->max_ran;
+        if (cur + 3 >= end)
+            break;
+        trigger tr = {TRIG_NONE, 0};
+        int kind = kinds[rng_next(&rng) % (uint64_t)nkinds];
+        switch (kind) {
+        case 0: /* after n acknowledged transfers */
+            tr = (trigger){TRIG_ACKS, 1 + rng_next(&rng) % 24};
+            break;
+        case 1: { /* right after a tick that took a checkpoint */
+            uint64_t every = ckpt_every > 0 ? (uint64_t)ckpt_every : 7;
+            uint64_t t = cur + 1 + rng_next(&rng) % 10;
+            t += (every - t % every) % every;
+            tr = (trigger){TRIG_TICK, t};
+            break;
+        }
+        case 2: /* after a random tick */
+            tr = (trigger){TRIG_TICK, cur + 1 + rng_next(&rng) % 12};
+            break;
+        case 3: /* right after recovery, before any tick */
+            tr = (trigger){TRIG_RECOVERED, 0};
+            break;
+        case 4: /* while recovering */
+            tr = (trigger){TRIG_STARTED, 0};
+            break;
+        default: /* early: a few transfers into the first tick after the open */
+            tr = (trigger){TRIG_ACKS, 1 + rng_next(&rng) % 3};
+            break;
+        }
+        if (tr.kind == TRIG_TICK && tr.n >= end)
+            tr.n = end - 1;
+        plan p = base_plan(dir, mode, ckpt_every, end);
+        run_child(o, &p, tr);
+    }
+}
+
+/* Run to the end without a kill, then reopen: the end state, recovered exactly. */
+static void finish(oracle *o, const char *dir, keel_durability mode, int64_t ckpt_every, uint64_t end)
+{
+    plan p = base_plan(dir, mode, ckpt_every, end);
+    outcome out = run_child(o, &p, (trigger){TRIG_NONE, 0});
+    if (o->failed)
+        return;
+    uint64_t last = out.last_tick ? out.last_tick : out.rec.tick;
+    if (!out.done || last != end)
+        ofail(o, "the final run ended at tick %" PRIu64 " (done %d), expected %" PRIu64, last, out.done, end);
+    out = run_child(o, &p, (trigger){TRIG_NONE, 0}); /* a clean reopen */
+    if (!o->failed && (out.rec.tick != end || out.rec.hash != o->ref->hash[end] || out.last_tick))
+        ofail(o, "reopening after a clean close at tick %" PRIu64 " recovered tick %" PRIu64 " hash %016" PRIx64
+              " (reference %016" PRIx64 ")", end, out.rec.tick, out.rec.hash, o->ref->hash[end]);
+}
+
+static void oracle_assert(oracle *o, tmpdir *d)
+{
+    tmpdir_remove(d);
+    ck_assert_msg(!o->failed, "%s (kills %u, recoveries %u, of which %u mid-tick with durable transfers, %u from a "
+                  "checkpoint; seed env KEEL_CRASH_SEED)", o->fail, o->kills, o->recoveries, o->prefix_recoveries,
+                  o->ckpt_recoveries);
+}
+
+/* ---- crash_kill ------------------------------------------------------------------------------- */
+
+START_TEST(test_kill_rounds)
+{
+    refdata *ref = reference_run();
+    tmpdir d;
+    tmpdir_make(&d);
+    oracle o;
+    oracle_init(&o, ref, "crash_kill");
+    static const int kinds[] = {0, 0, 1, 1, 2, 2, 3, 4, 5};
+    const uint64_t end = 140;
+    crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 7, 12, end, 1, kinds, (int)(sizeof kinds / sizeof kinds[0]));
+    /* every kind at least once, whatever the seed picked */
+    for (int k = 0; k <= 5 && o.max_ran + 3 < end; k++) {
+        int one[] = {k};
+        crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 7, 1, end, 100 + (uint64_t)k, one, 1);
+    }
+    finish(&o, d.data, KEEL_DURABLE_GROUP, 7, end);
+    if (!o.failed && o.kills < 10)
+        ofail(&o, "only %u kills happened", o.kills);
+    oracle_assert(&o, &d);
+    munmap(ref, sizeof *ref);
+}
+END_TEST
+
+/* ---- crash_cases ------------------------------------------------------------------------------ */
+
+/* (a) destroy at tick k, crash, recover, crash right after recovery, recover:
+ * still dead, slot generation as in the reference. Once with the destroy in
+ * the WAL (the last checkpoint before it), once inside a checkpoint. */
+static void destroyed_twice(const refdata *ref, bool checkpointed)
+{
+    tmpdir d;
+    tmpdir_make(&d);
+    oracle o;
+    oracle_init(&o, ref, checkpointed ? "(a) destroy, checkpoint, crash twice" : "(a) destroy, crash twice");
+    const uint64_t k = PROBE_DESTROY_TICK;
+    plan p = base_plan(d.data, KEEL_DURABLE_IMMEDIATE, 10, k);
+    p.hold_at_end = true;
+    p.checkpoint_at = checkpointed ? k : 0;
+    p.probe[0] = ref->probe[0];
+    run_child(&o, &p, (trigger){TRIG_NONE, 0}); /* runs to k, holds, killed */
+    for (int crash = 0; crash < 3 && !o.failed; crash++) {
+        plan q = base_plan(d.data, KEEL_DURABLE_IMMEDIATE, 10, k);
+        q.hold_after_recover = crash < 2; /* killed right after recovery, twice */
+        q.until = crash < 2 ? k : 40;
+        q.probe[0] = ref->probe[0];
+        outcome out = run_child(&o, &q, (trigger){TRIG_NONE, 0});
+        if (o.failed)
+            break;
+        const msg *m = &out.rec;
+        if (m->tick != k)
+            ofail(&o, "recovery %d: tick %" PRIu64 ", expected %" PRIu64, crash + 1, m->tick, k);
+        else if (m->probe_alive[0] || m->probe_gen[0] != ref->probe_gen[0][k])
+            ofail(&o, "recovery %d: entity 0x%016" PRIx64 " destroyed at tick %" PRIu64 " is %s, slot generation %u "
+                  "(reference: dead, generation %u)", crash + 1, ref->probe[0], k,
+                  m->probe_alive[0] ? "alive" : "dead", m->probe_gen[0], ref->probe_gen[0][k]);
+        if (checkpointed && !o.failed && m->aux != k)
+            ofail(&o, "recovery %d: checkpoint tick %" PRIu64 ", expected %" PRIu64, crash + 1, m->aux, k);
+    }
+    oracle_assert(&o, &d);
+}
+
+START_TEST(test_destroy_crash_twice)
+{
+    refdata *ref = reference_run();
+    destroyed_twice(ref, false);
+    destroyed_twice(ref, true);
+    munmap(ref, sizeof *ref);
+}
+END_TEST
+
+/* (b) an entity spawned at tick s and never written again: its values after a
+ * crash (from the WAL), then after a checkpoint and a crash (from the checkpoint). */
+START_TEST(test_spawn_never_written)
+{
+    refdata *ref = reference_run();
+    tmpdir d;
+    tmpdir_make(&d);
+    oracle o;
+    oracle_init(&o, ref, "(b) spawn never written again");
+    const uint64_t s = PROBE_STATIC_TICK, c = 20;
+    ck_assert_msg(ref->probe_alive[1][c + 5], "reference: the probe static died; pick another tick");
+    plan p = base_plan(d.data, KEEL_DURABLE_IMMEDIATE, -1, s + 2);
+    p.hold_at_end = true;
+    p.probe[1] = ref->probe[1];
+    run_child(&o, &p, (trigger){TRIG_NONE, 0});
+    for (int step = 0; step < 3 && !o.failed; step++) {
+        plan q = base_plan(d.data, KEEL_DURABLE_IMMEDIATE, -1, step == 0 ? c : c + 5);
+        q.probe[1] = ref->probe[1];
+        q.checkpoint_at = step == 0 ? c : 0; /* step 0 checkpoints at c and holds; step 1 recovers it */
+        q.hold_at_end = step < 2;
+        q.hold_after_recover = step == 1;
+        outcome out = run_child(&o, &q, (trigger){TRIG_NONE, 0});
+        if (o.failed)
+            break;
+        const msg *m = &out.rec;
+        uint64_t want = step == 0 ? s + 2 : c;
+        if (m->tick != want)
+            ofail(&o, "step %d: recovered tick %" PRIu64 ", expected %" PRIu64, step, m->tick, want);
+        else if (!m->probe_alive[1] || m->probe_born.tick != ref->probe_born.tick ||
+                 m->probe_born.salt != ref->probe_born.salt)
+            ofail(&o, "step %d: static entity 0x%016" PRIx64 " spawned at tick %" PRIu64 " is %s with born {%" PRIu64
+                  ", %016" PRIx64 "}, spawned as {%" PRIu64 ", %016" PRIx64 "}", step, ref->probe[1], s,
+                  m->probe_alive[1] ? "alive" : "dead", m->probe_born.tick, m->probe_born.salt, ref->probe_born.tick,
+                  ref->probe_born.salt);
+        else if (step > 0 && m->aux != c)
+            ofail(&o, "step %d: recovered from checkpoint tick %" PRIu64 ", expected %" PRIu64, step, m->aux, c);
+    }
+    oracle_assert(&o, &d);
+    munmap(ref, sizeof *ref);
+}
+END_TEST
+
+/* (c) a crash right after recovery (before any new checkpoint or tick) loses
+ * nothing: the same tick and state again, twice; also right after a checkpoint. */
+static void recover_same(oracle *o, const char *dir, int times)
+{
+    msg first = o->last_rec;
+    for (int i = 0; i < times && !o->failed; i++) {
+        plan q = base_plan(dir, KEEL_DURABLE_GROUP, 5, 0);
+        q.hold_after_recover = true;
+        outcome out = run_child(o, &q, (trigger){TRIG_NONE, 0});
+        if (o->failed)
+            break;
+        if (out.rec.tick != first.tick || out.rec.hash != first.hash ||
+            memcmp(out.rec.ledger, first.ledger, sizeof first.ledger) ||
+            memcmp(out.rec.bal, first.bal, sizeof first.bal))
+            ofail(o, "recovering again after a crash right after recovery: tick %" PRIu64 " hash %016" PRIx64
+                  ", the first recovery: tick %" PRIu64 " hash %016" PRIx64, out.rec.tick, out.rec.hash, first.tick,
+                  first.hash);
+    }
+}
+
+START_TEST(test_crash_right_after_recovery)
+{
+    refdata *ref = reference_run();
+    tmpdir d;
+    tmpdir_make(&d);
+    oracle o;
+    oracle_init(&o, ref, "(c) crash right after recovery");
+    /* GROUP ticks, killed mid-run (after transfers of tick 13) */
+    plan p = base_plan(d.data, KEEL_DURABLE_GROUP, 5, 30);
+    run_child(&o, &p, (trigger){TRIG_ACKS, 13 * TPT + 2});
+    /* the first recovery, killed at once; then twice more, the same */
+    plan q = base_plan(d.data, KEEL_DURABLE_GROUP, 5, 0);
+    q.hold_after_recover = true;
+    run_child(&o, &q, (trigger){TRIG_NONE, 0});
+    recover_same(&o, d.data, 2);
+    /* an IMMEDIATE run held at tick 17: exactly 17, three times */
+    p = base_plan(d.data, KEEL_DURABLE_IMMEDIATE, 5, 17);
+    p.hold_at_end = true;
+    run_child(&o, &p, (trigger){TRIG_NONE, 0});
+    run_child(&o, &q, (trigger){TRIG_NONE, 0});
+    if (!o.failed && o.last_rec.tick != 17)
+        ofail(&o, "an IMMEDIATE run held after tick 17 recovered tick %" PRIu64, o.last_rec.tick);
+    recover_same(&o, d.data, 2);
+    /* a checkpoint at tick 24 (keel_checkpoint returned), held, killed: 24, three times */
+    p = base_plan(d.data, KEEL_DURABLE_GROUP, 5, 24);
+    p.checkpoint_at = 24;
+    p.hold_at_end = true;
+    run_child(&o, &p, (trigger){TRIG_NONE, 0});
+    run_child(&o, &q, (trigger){TRIG_NONE, 0});
+    if (!o.failed && (o.last_rec.tick != 24 || o.last_rec.aux != 24))
+        ofail(&o, "after keel_checkpoint at tick 24: recovered tick %" PRIu64 " from checkpoint tick %" PRIu64,
+              o.last_rec.tick, o.last_rec.aux);
+    recover_same(&o, d.data, 2);
+    finish(&o, d.data, KEEL_DURABLE_GROUP, 5, 40);
+    oracle_assert(&o, &d);
+    munmap(ref, sizeof *ref);
+}
+END_TEST
+
+/* (d) a checkpoint every tick; killed at varied points: always a reference state. */
+START_TEST(test_crash_during_checkpoint)
+{
+    refdata *ref = reference_run();
+    tmpdir d;
+    tmpdir_make(&d);
+    oracle o;
+    oracle_init(&o, ref, "(d) checkpoint every tick");
+    static const int kinds[] = {0, 0, 2, 2, 1, 3, 5};
+    crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 1, 12, 70, 2, kinds, (int)(sizeof kinds / sizeof kinds[0]));
+    finish(&o, d.data, KEEL_DURABLE_GROUP, 1, 70);
+    if (!o.failed && o.ckpt_recoveries == 0)
+        ofail(&o, "no recovery started from a checkpoint");
+    oracle_assert(&o, &d);
+    munmap(ref, sizeof *ref);
+}
+END_TEST
+
+/* (e) IMMEDIATE: every tick reported as returned from keel_runtime_step is
+ * recovered; GROUP: never past the last tick that ran, state as the reference. */
+START_TEST(test_durability_modes)
+{
+    refdata *ref = reference_run();
+    static const int kinds[] = {0, 2, 2, 2};
+    tmpdir d;
+    tmpdir_make(&d);
+    oracle o;
+    oracle_init(&o, ref, "(e) IMMEDIATE");
+    crash_rounds(&o, d.data, KEEL_DURABLE_IMMEDIATE, 10, 8, 60, 3, kinds, 4);
+    finish(&o, d.data, KEEL_DURABLE_IMMEDIATE, 10, 60);
+    if (!o.failed && o.min_durable < 10)
+        ofail(&o, "the IMMEDIATE rounds made no progress (min durable %" PRIu64 ")", o.min_durable);
+    oracle_assert(&o, &d);
+
+    tmpdir_make(&d);
+    oracle_init(&o, ref, "(e) GROUP");
+    crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 10, 8, 60, 4, kinds, 4);
+    /* a GROUP child that holds after tick 47: recovery never goes past 47 */
+    if (!o.failed && o.max_ran < 47) {
+        plan p = base_plan(d.data, KEEL_DURABLE_GROUP, 10, 47);
+        p.hold_at_end = true;
+        run_child(&o, &p, (trigger){TRIG_NONE, 0}); /* slack 0 afterwards: R <= 47 is checked */
+    }
+    finish(&o, d.data, KEEL_DURABLE_GROUP, 10, 60);
+    oracle_assert(&o, &d);
+    munmap(ref, sizeof *ref);
+}
+END_TEST
+
+/* (f) keel_uow_flush with DEFERRED ticks: after it returns a SIGKILL loses nothing. */
+START_TEST(test_uow_flush)
+{
+    refdata *ref = reference_run();
+    tmpdir d;
+    tmpdir_make(&d);
+    oracle o;
+    oracle_init(&o, ref, "(f) keel_uow_flush");
+    static const uint64_t at[] = {9, 21, 34};
+    for (size_t i = 0; i < 3 && !o.failed; i++) {
+        plan p = base_plan(d.data, KEEL_DURABLE_DEFERRED, -1, at[i]);
+        p.flush_at = at[i];
+        p.hold_at_end = true;
+        run_child(&o, &p, (trigger){TRIG_NONE, 0});
+        plan q = base_plan(d.data, KEEL_DURABLE_DEFERRED, -1, 0);
+        q.hold_after_recover = true;
+        run_child(&o, &q, (trigger){TRIG_NONE, 0});
+        if (!o.failed && o.last_rec.tick != at[i])
+            ofail(&o, "keel_uow_flush returned after tick %" PRIu64 ", the child stopped there; recovered tick %" PRIu64,
+                  at[i], o.last_rec.tick);
+    }
+    /* flush at 40, three more DEFERRED ticks, killed: somewhere in [40, 43] */
+    plan p = base_plan(d.data, KEEL_DURABLE_DEFERRED, -1, 43);
+    p.flush_at = 40;
+    p.hold_at_end = true;
+    run_child(&o, &p, (trigger){TRIG_NONE, 0});
+    plan q = base_plan(d.data, KEEL_DURABLE_DEFERRED, -1, 0);
+    q.hold_after_recover = true;
+    run_child(&o, &q, (trigger){TRIG_NONE, 0});
+    finish(&o, d.data, KEEL_DURABLE_DEFERRED, -1, 50);
+    oracle_assert(&o, &d);
+    munmap(ref, sizeof *ref);
+}
+END_TEST
+
+static Suite *crash_kill_suite(void)
+{
+    Suite *s = suite_create("crash_kill");
+    TCase *tc = tcase_create("kill");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_kill_rounds);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *crash_cases_suite(void)
+{
+    Suite *s = suite_create("crash_cases");
+    TCase *tc = tcase_create("cases");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_destroy_crash_twice);
+    tcase_add_test(tc, test_spawn_never_written);
+    tcase_add_test(tc, test_crash_right_after_recovery);
+    tcase_add_test(tc, test_crash_during_checkpoint);
+    tcase_add_test(tc, test_durability_modes);
+    tcase_add_test(tc, test_uow_flush);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(crash_kill_suite, crash_cases_suite)
