@@ -41,6 +41,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -814,3 +815,2271 @@ static void recovery_eq(const keel_recovery *a, const keel_recovery *b)
     ck_assert_uint_eq(a->truncated, b->truncated);
     ck_assert_uint_eq(a->ns, b->ns);
 }
+
+/* Expected SIDE records of W ticks [from, to]: the bank's and the closure's,
+ * by mode. */
+static void w_expected_side_modes(uint64_t from, uint64_t to, uint64_t out[4])
+{
+    memset(out, 0, 4 * sizeof *out);
+    for (uint64_t t = from < 2 ? 2 : from; t <= to; t++) {
+        out[1 + t % 3]++;       /* bank */
+        out[1 + (t + 1) % 3]++; /* closure */
+    }
+}
+
+/* ==== dur_api ======================================================================== */
+
+/* Open a fresh directory, run, close, reopen: the same world, tick and
+ * handles as an uninterrupted in-memory run, at every later tick. */
+START_TEST(test_reopen_matches_reference)
+{
+    static wref ref;
+    w_reference(&ref, 12, 1, false);
+    char dir[256];
+    tdir(dir, sizeof dir, "reopen");
+    ck_assert(!path_exists(dir));
+    keel_runtime_desc d = desc_dir(dir, 2, 16, KEEL_DURABLE_DEFAULT);
+    wworld *w = w_new(false);
+    w_open(w, &d, false);
+    keel_recovery info, again;
+    memset(&info, 0xab, sizeof info);
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert(info.fresh);
+    ck_assert_uint_eq(info.tick, 0);
+    ck_assert_uint_eq(info.checkpoint_tick, 0);
+    ck_assert_uint_eq(info.records, 0);
+    ck_assert_uint_eq(info.side_txns, 0);
+    ck_assert_uint_eq(info.truncated, 0);
+    ck_assert_uint_eq(info.raw_bytes, 0);
+    ck_assert_uint_gt(info.ns, 0);
+    ck_assert(path_exists(dir)); /* created when missing */
+    /* idempotent: a second call reports the first result */
+    memset(&again, 0xcd, sizeof again);
+    ck_assert_ok(keel_runtime_recover(w->rt, &again));
+    recovery_eq(&info, &again);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    keel_runtime_stats st = stats_of(w->rt);
+    ck_assert_uint_eq(st.recovery_ns, info.ns);
+    ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), ref.hash[0]);
+    for (uint64_t t = 1; t <= 6; t++) {
+        w_drive(w, t);
+        w_expect(w, &ref, t);
+    }
+    /* on_first_tick ran once, at tick 1, before any system */
+    ck_assert_uint_eq(w->hook_calls, 1);
+    ck_assert_uint_eq(w->hook_tick, 1);
+    ck_assert_uint_eq(w->hook_sys_before, 0);
+    for (int m = 1; m <= 3; m++)
+        ck_assert_uint_ge(w->bank_commits[m], 1);
+    w_close(w);
+
+    /* on disk: the schema, 6 ticks + the hook's unit, every side transaction */
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert(v.consecutive);
+    ck_assert_uint_eq(v.r[0].lsn, 1);
+    ck_assert_uint_eq(v.r[0].kind, KW_KIND_SCHEMA);
+    ck_assert_uint_eq(v.kinds[KW_KIND_SCHEMA], 1);
+    ck_assert_uint_eq(v.kinds[KW_KIND_TICK_COMMIT], 7);
+    ck_assert_uint_eq(count_kind_tick(&v, KW_KIND_TICK_COMMIT, 1, true), 1);
+    for (uint64_t t = 1; t <= 6; t++)
+        ck_assert_uint_eq(count_kind_tick(&v, KW_KIND_TICK_COMMIT, t, false), 1);
+    ck_assert_uint_eq(v.kinds[KW_KIND_CHECKPOINT], 0);
+    ck_assert_uint_eq(v.nsnap, 0);
+    ck_assert(!v.has_ckpt);
+    uint64_t modes[4];
+    w_expected_side_modes(1, 6, modes);
+    ck_assert_uint_eq(v.kinds[KW_KIND_SIDE], modes[1] + modes[2] + modes[3]);
+    for (int m = 1; m <= 3; m++)
+        ck_assert_msg(v.side_modes[m] == modes[m], "mode %d: %llu SIDE records, expected %llu", m,
+                      (unsigned long long)v.side_modes[m], (unsigned long long)modes[m]);
+    ck_assert_uint_eq(v.schema_ncomps, 5);
+    ck_assert_str_eq(v.schema_names[0], "pos");
+    ck_assert_str_eq(v.schema_names[2], "tmp");
+    ck_assert_uint_eq(v.schema_disc[1], KEEL_SINGLE_VERSION);
+    ck_assert_uint_eq(v.schema_disc[2], KEEL_TRANSIENT);
+    uint64_t nrec = v.n, last = v.r[v.n - 1].lsn, nside = v.kinds[KW_KIND_SIDE];
+    dir_view_free(&v);
+
+    /* reopen with the same registrations */
+    w_reset(w, false);
+    w_open(w, &d, false);
+    memset(&info, 0xab, sizeof info);
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert(!info.fresh);
+    ck_assert_uint_eq(info.tick, 6);
+    ck_assert_uint_eq(info.checkpoint_tick, 0);
+    ck_assert_uint_eq(info.records, nrec);
+    ck_assert_uint_eq(info.last_lsn, last);
+    ck_assert_uint_eq(info.side_txns, nside);
+    ck_assert_uint_eq(info.truncated, 0);
+    ck_assert_uint_gt(info.raw_bytes, 0);
+    ck_assert_uint_eq(stats_of(w->rt).recovery_ns, info.ns);
+    ck_assert_uint_eq(keel_durable_lsn(w->rt), last);
+    w_expect(w, &ref, 6);
+    w_expect_transient_empty(w);
+
+    /* with a data directory, writes between ticks are refused: nothing
+     * would log them */
+    keel_world *wd = keel_runtime_world(w->rt);
+    keel_entity some[4];
+    ck_assert_uint_gt(born_at(w, 6, some), 0);
+    int64_t val = 12345;
+    ck_assert_rc(keel_set(wd, some[0], w->HP, &val), KEEL_EBUSY);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "hp"));
+    pos_t pv = {1, 2};
+    ck_assert_rc(keel_set(wd, some[0], w->POS, &pv), KEEL_EBUSY);
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(wd, &cb));
+    keel_init in[1] = {{w->MONEY, &val}};
+    ck_assert_ok(keel_cmd_spawn(cb, in, 1));
+    ck_assert_ok(keel_cmd_destroy(cb, some[0]));
+    ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_EBUSY);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).spawned, 0);
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).destroyed, 0);
+    keel_cmdbuf_destroy(cb);
+    ck_assert(keel_alive(wd, some[0]));
+    ck_assert_int_ne(get_i64(w->rt, some[0], w->HP), 12345);
+    w_expect(w, &ref, 6); /* nothing changed */
+
+    for (uint64_t t = 7; t <= 12; t++) {
+        w_drive(w, t);
+        w_expect(w, &ref, t);
+    }
+    /* the hook ran once after this open too, before any system, and saw the
+     * TRANSIENT column empty */
+    ck_assert_uint_eq(w->hook_calls, 1);
+    ck_assert_uint_eq(w->hook_tick, 7);
+    ck_assert_uint_eq(w->hook_sys_before, 0);
+    ck_assert_uint_eq(w->hook_rows, ref.count[6] - 2); /* every entity but the two accounts */
+    ck_assert_uint_eq(w->hook_nonzero, 0);
+    w_close(w);
+
+    /* and once more */
+    w_reset(w, false);
+    w_open(w, &d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, 12);
+    w_expect(w, &ref, 12);
+    w_close(w);
+    free(w);
+}
+END_TEST
+
+/* keel_checkpoint, then reopen from it: the WAL it covers is gone, unless
+ * wal_retain keeps it. */
+START_TEST(test_checkpoint_reopen)
+{
+    static wref ref;
+    w_reference(&ref, 10, 1, false);
+    for (int retain = 0; retain <= 1; retain++) {
+        char dir[256];
+        tdir(dir, sizeof dir, retain ? "ckpt-retain" : "ckpt");
+        keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+        d.durable.wal_retain = retain;
+        wworld *w = w_new(false);
+        w_open(w, &d, false);
+        ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+        for (uint64_t t = 1; t <= 5; t++)
+            w_drive(w, t);
+        ck_assert_uint_eq(stats_of(w->rt).checkpoints, 0);
+        ck_assert_ok(keel_checkpoint(w->rt));
+        keel_runtime_stats st = stats_of(w->rt);
+        ck_assert_uint_eq(st.checkpoints, 1);
+        ck_assert_uint_eq(st.checkpoint_age_ticks, 0);
+        for (uint64_t t = 6; t <= 8; t++)
+            w_drive(w, t);
+        st = stats_of(w->rt);
+        ck_assert_uint_eq(st.checkpoints, 1);
+        ck_assert_uint_eq(st.checkpoint_age_ticks, 3);
+        w_expect(w, &ref, 8);
+        w_close(w);
+
+        dir_view v;
+        dir_read(dir, &v);
+        ck_assert(v.has_ckpt);
+        ck_assert_uint_eq(v.ckpt.tick, 5);
+        ck_assert_uint_eq(v.ckpt.count, 1);
+        ck_assert_uint_gt(v.ckpt.created_ns, 0);
+        ck_assert_uint_eq(v.kinds[KW_KIND_CHECKPOINT], 1);
+        ck_assert(v.consecutive);
+        uint64_t after = 0;
+        for (uint64_t i = 0; i < v.n; i++) {
+            after += v.r[i].lsn > v.ckpt.lsn;
+            if (v.r[i].kind == KW_KIND_CHECKPOINT) {
+                ck_assert_uint_eq(v.r[i].tick, 5);
+                ck_assert_uint_gt(v.r[i].lsn, v.ckpt.lsn);
+            }
+        }
+        if (!retain) {
+            /* every record the checkpoint covers is gone */
+            ck_assert_uint_eq(after, v.n);
+            ck_assert_uint_eq(v.r[0].lsn, v.ckpt.lsn + 1);
+            ck_assert_uint_eq(v.kinds[KW_KIND_SCHEMA], 0);
+            ck_assert_uint_eq(v.kinds[KW_KIND_TICK_COMMIT], 3);
+            for (uint64_t t = 1; t <= 5; t++)
+                ck_assert_uint_eq(count_kind_tick(&v, KW_KIND_TICK_COMMIT, t, false), 0);
+        } else {
+            ck_assert_uint_eq(v.r[0].lsn, 1);
+            ck_assert_uint_eq(v.kinds[KW_KIND_SCHEMA], 1);
+            ck_assert_uint_eq(v.kinds[KW_KIND_TICK_COMMIT], 9);
+            ck_assert_uint_lt(after, v.n);
+        }
+        /* snap holds the tables, the slots and the chunks of tick 5 */
+        uint32_t kinds[3] = {0};
+        for (uint32_t i = 0; i < v.nsnap; i++) {
+            ck_assert_uint_eq(v.snap[i].tick, 5);
+            ck_assert(v.snap[i].kind >= KW_KIND_SNAP_TABLES && v.snap[i].kind <= KW_KIND_SNAP_CHUNK);
+            kinds[v.snap[i].kind - KW_KIND_SNAP_TABLES]++;
+        }
+        ck_assert_uint_eq(kinds[0], 1);
+        ck_assert_uint_ge(kinds[1], 1);
+        ck_assert_uint_ge(kinds[2], 2);
+        dir_view_free(&v);
+
+        w_reset(w, false);
+        w_open(w, &d, false);
+        keel_recovery info;
+        ck_assert_ok(keel_runtime_recover(w->rt, &info));
+        ck_assert(!info.fresh);
+        ck_assert_uint_eq(info.checkpoint_tick, 5);
+        ck_assert_uint_eq(info.tick, 8);
+        ck_assert_uint_eq(info.records, after);
+        w_expect(w, &ref, 8);
+        w_expect_transient_empty(w);
+        st = stats_of(w->rt);
+        ck_assert_uint_eq(st.checkpoints, 0); /* recorded by this runtime */
+        ck_assert_uint_eq(st.checkpoint_age_ticks, 3);
+        for (uint64_t t = 9; t <= 10; t++) {
+            w_drive(w, t);
+            w_expect(w, &ref, t);
+        }
+        w_close(w);
+        free(w);
+    }
+}
+END_TEST
+
+/* Checkpoints taken by the tick count (checkpoint_every_ticks). */
+START_TEST(test_checkpoint_periodic)
+{
+    static wref ref;
+    w_reference(&ref, 14, 1, false);
+    char dir[256];
+    tdir(dir, sizeof dir, "ckpt-periodic");
+    keel_runtime_desc d = desc_dir(dir, 2, 16, KEEL_DURABLE_IMMEDIATE);
+    d.durable.checkpoint_every_ticks = 4;
+    wworld *w = w_new(false);
+    w_open(w, &d, false);
+    for (uint64_t t = 1; t <= 10; t++)
+        w_drive(w, t);
+    w_close(w);
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert(v.has_ckpt);
+    ck_assert_uint_ge(v.ckpt.count, 1);
+    ck_assert_uint_ge(v.ckpt.tick, 4);
+    ck_assert_uint_le(v.ckpt.tick, 10);
+    ck_assert_uint_gt(v.nsnap, 0);
+    for (uint64_t i = 0; i < v.n; i++)
+        ck_assert_uint_gt(v.r[i].lsn, v.ckpt.lsn);
+    for (uint64_t t = 1; t <= v.ckpt.tick; t++)
+        ck_assert_uint_eq(count_kind_tick(&v, KW_KIND_TICK_COMMIT, t, false), 0);
+    uint64_t ckpt_tick = v.ckpt.tick;
+    dir_view_free(&v);
+    w_reset(w, false);
+    w_open(w, &d, false);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.checkpoint_tick, ckpt_tick);
+    ck_assert_uint_eq(info.tick, 10);
+    w_expect(w, &ref, 10);
+    for (uint64_t t = 11; t <= 14; t++) {
+        w_drive(w, t);
+        w_expect(w, &ref, t);
+    }
+    w_close(w);
+    free(w);
+}
+END_TEST
+
+/* ---- incremental checkpoints ------------------------------------------------------ */
+
+typedef struct iworld {
+    keel_runtime *rt;
+    keel_component V;
+    int64_t poke;              /* entity index written this tick, -1: none */
+    uint32_t kill_from, kill_to;
+    berr err;
+} iworld;
+
+static int i_sys(keel_ctx *ctx, void *user)
+{
+    iworld *w = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    keel_cmdbuf *cb = keel_ctx_commands(ctx);
+    if (t == 1)
+        for (int64_t i = 0; i < 200; i++) {
+            int64_t v = i * 10;
+            keel_init in[1] = {{w->V, &v}};
+            B_CHECK(&w->err, keel_cmd_spawn(cb, in, 1));
+        }
+    if (w->poke >= 0) {
+        int64_t v = 100000 + (int64_t)t;
+        B_CHECK(&w->err, keel_txn_set(ctx, KEEL_ENTITY_MAKE((uint32_t)w->poke, 1), w->V, &v));
+    }
+    for (uint32_t i = w->kill_from; i < w->kill_to; i++)
+        B_CHECK(&w->err, keel_cmd_destroy(cb, KEEL_ENTITY_MAKE(i, 1)));
+    return 0;
+}
+
+static void i_open(iworld *w, const keel_runtime_desc *d)
+{
+    memset(w, 0, sizeof *w);
+    w->poke = -1;
+    w->rt = rt_create(d);
+    w->V = reg_i64(w->rt, "v", KEEL_VERSIONED);
+    keel_schedule *s = sched_new(w->rt);
+    keel_system_desc sd = {.name = "inc", .kind = KEEL_SYSTEM_CALLBACK, .run = i_sys, .user = w,
+                           .access = {.writes = {w->V}}};
+    add_sys(s, &sd);
+    install(w->rt, s);
+}
+
+static void i_step(iworld *w)
+{
+    ck_assert_ok(keel_runtime_step(w->rt));
+    ck_assert_berr(&w->err);
+}
+
+/* The chunk index of a snap chunk key "C" + table u32 BE + chunk u32 BE. */
+static uint32_t key_chunk(const snap_info *s)
+{
+    return (uint32_t)s->key[5] << 24 | (uint32_t)s->key[6] << 16 | (uint32_t)s->key[7] << 8 | s->key[8];
+}
+
+static uint64_t snap_chunk_tick(const dir_view *v, uint32_t chunk, bool *found)
+{
+    *found = false;
+    for (uint32_t i = 0; i < v->nsnap; i++)
+        if (v->snap[i].kind == KW_KIND_SNAP_CHUNK && key_chunk(&v->snap[i]) == chunk) {
+            *found = true;
+            return v->snap[i].tick;
+        }
+    return 0;
+}
+
+/* A second checkpoint after one chunk changed rewrites that chunk only;
+ * one after nothing changed rewrites nothing; a shrunk table's vanished
+ * chunk is deleted; a reopened runtime keeps skipping what snap holds. */
+START_TEST(test_incremental_checkpoint)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "incremental");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    iworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    i_open(w, &d);
+    i_step(w); /* 200 entities: chunks 0..12 of 16 rows */
+    i_step(w);
+    ck_assert_ok(keel_checkpoint(w->rt)); /* tick 2: everything */
+    w->poke = 37;                         /* row 37: chunk 2 */
+    i_step(w);
+    w->poke = -1;
+    ck_assert_ok(keel_checkpoint(w->rt)); /* tick 3: chunk 2 only */
+    i_step(w);
+    ck_assert_ok(keel_checkpoint(w->rt)); /* tick 4: nothing changed */
+    w->kill_from = 180;
+    w->kill_to = 200;
+    i_step(w); /* rows 180..199 go: chunk 11 shrinks to 4 rows, chunk 12 vanishes */
+    w->kill_from = w->kill_to = 0;
+    ck_assert_ok(keel_checkpoint(w->rt)); /* tick 5: tables, slots, chunk 11; chunk 12 deleted */
+    ck_assert_uint_eq(stats_of(w->rt).checkpoints, 4);
+    uint64_t h5 = keel_world_hash(keel_runtime_world(w->rt));
+    ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 180);
+    keel_runtime_close(w->rt);
+
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert(v.has_ckpt);
+    ck_assert_uint_eq(v.ckpt.tick, 5);
+    ck_assert_uint_eq(v.ckpt.count, 4);
+    ck_assert_uint_eq(v.nsnap, 14); /* T, one slot page, chunks 0..11 */
+    ck_assert_uint_eq(snap_count_tick(&v, 2), 10);
+    ck_assert_uint_eq(snap_count_tick(&v, 3), 1);
+    ck_assert_uint_eq(snap_count_tick(&v, 4), 0);
+    ck_assert_uint_eq(snap_count_tick(&v, 5), 3);
+    bool found;
+    ck_assert_uint_eq(snap_chunk_tick(&v, 2, &found), 3);
+    ck_assert(found);
+    ck_assert_uint_eq(snap_chunk_tick(&v, 11, &found), 5);
+    ck_assert(found);
+    snap_chunk_tick(&v, 12, &found);
+    ck_assert_msg(!found, "the vanished chunk 12 is still in snap");
+    /* the WAL keeps the last checkpoint's marker only */
+    ck_assert_uint_eq(v.n, 1);
+    ck_assert_uint_eq(v.r[0].kind, KW_KIND_CHECKPOINT);
+    ck_assert_uint_eq(v.r[0].tick, 5);
+    dir_view_free(&v);
+
+    i_open(w, &d);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.checkpoint_tick, 5);
+    ck_assert_uint_eq(info.tick, 5);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h5);
+    ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 180);
+    ck_assert_int_eq(get_i64(w->rt, KEEL_ENTITY_MAKE(37, 1), w->V), 100003);
+    ck_assert_int_eq(get_i64(w->rt, KEEL_ENTITY_MAKE(179, 1), w->V), 1790);
+    ck_assert(!keel_alive(keel_runtime_world(w->rt), KEEL_ENTITY_MAKE(180, 1)));
+    w->poke = 100; /* chunk 6 */
+    i_step(w);
+    w->poke = -1;
+    ck_assert_ok(keel_checkpoint(w->rt));
+    uint64_t h6 = keel_world_hash(keel_runtime_world(w->rt));
+    keel_runtime_close(w->rt);
+    dir_read(dir, &v);
+    ck_assert_uint_eq(v.ckpt.tick, 6);
+    ck_assert_uint_eq(v.ckpt.count, 5);
+    ck_assert_uint_eq(v.nsnap, 14);
+    ck_assert_uint_eq(snap_count_tick(&v, 6), 1);
+    ck_assert_uint_eq(snap_chunk_tick(&v, 6, &found), 6);
+    ck_assert_uint_eq(snap_count_tick(&v, 2), 9);
+    dir_view_free(&v);
+    i_open(w, &d);
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, 6);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h6);
+    keel_runtime_close(w->rt);
+    free(w);
+}
+END_TEST
+
+/* ---- stats and telemetry against the records on disk ------------------------------- */
+
+typedef struct bworld {
+    keel_runtime *rt;
+    keel_component A, B;
+    keel_query *q;
+    uint32_t spawn_n, kill_n;
+    bool rewrite;
+    berr err;
+} bworld;
+
+static int b_sys(keel_ctx *ctx, void *user)
+{
+    bworld *w = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    keel_cmdbuf *cb = keel_ctx_commands(ctx);
+    for (uint32_t i = 0; i < w->spawn_n; i++) {
+        pos_t p = {(int64_t)i, (int64_t)t};
+        int64_t b = (int64_t)i * 3;
+        keel_init in[2] = {{w->A, &p}, {w->B, &b}};
+        B_CHECK(&w->err, keel_cmd_spawn(cb, in, 2));
+    }
+    if (w->rewrite) {
+        keel_iter it;
+        keel_txn_iter(ctx, w->q, &it);
+        while (keel_txn_next(ctx, &it)) {
+            pos_t *p = it.columns[0];
+            for (uint32_t r = 0; r < it.count; r++)
+                p[r].x += (int64_t)t;
+        }
+    }
+    for (uint32_t i = 0; i < w->kill_n; i++)
+        B_CHECK(&w->err, keel_cmd_destroy(cb, KEEL_ENTITY_MAKE(i, 1)));
+    return 0;
+}
+
+static void b_open(bworld *w, const keel_runtime_desc *d)
+{
+    memset(w, 0, sizeof *w);
+    w->rt = rt_create(d);
+    keel_component_desc a = {.name = "a", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
+    ck_assert_ok(keel_component_register(keel_runtime_world(w->rt), &a, &w->A));
+    w->B = reg_i64(w->rt, "b", KEEL_SINGLE_VERSION);
+    keel_query_desc qd = {.with = {w->A}};
+    ck_assert_ok(keel_query_create(keel_runtime_world(w->rt), &qd, &w->q));
+    keel_schedule *s = sched_new(w->rt);
+    keel_system_desc sd = {.name = "big", .kind = KEEL_SYSTEM_CALLBACK, .run = b_sys, .user = w,
+                           .access = {.writes = {w->A, w->B}}};
+    add_sys(s, &sd);
+    install(w->rt, s);
+}
+
+static void b_close(bworld *w)
+{
+    keel_query_destroy(w->q);
+    keel_runtime_close(w->rt);
+    w->rt = NULL;
+}
+
+/* keel_uow_flush; keel_runtime_stats_get's WAL counters; the telemetry
+ * tick record's wal_raw_bytes / wal_stored_bytes / durable_lag -- each
+ * compared with what the records on disk say. Tick 1 spawns enough
+ * entities for several LIFECYCLE records, tick 2 rewrites enough rows for
+ * several TICK_CHUNK records (compressed in parallel on 2 workers). */
+START_TEST(test_stats_and_telemetry)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "stats");
+    keel_runtime_desc d = desc_dir(dir, 2, 1024, KEEL_DURABLE_GROUP);
+    bworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    b_open(w, &d);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    const uint64_t T = 5;
+    keel_tick_record rec[6];
+    for (uint64_t t = 1; t <= T; t++) {
+        w->spawn_n = t == 1 ? 3000 : t == 5 ? 10 : 0;
+        w->rewrite = t == 2 || t == 3;
+        w->kill_n = t == 3 ? 100 : 0;
+        ck_assert_ok(keel_runtime_step(w->rt));
+        ck_assert_berr(&w->err);
+        ck_assert_ok(keel_telemetry_tick(w->rt, t, &rec[t]));
+        ck_assert_uint_eq(rec[t].tick, t);
+        ck_assert_uint_le(rec[t].durable_lag, t); /* the writer cannot be ahead, nor behind the open */
+        ck_assert_uint_gt(rec[t].wal_stored_bytes, 0); /* every tick logs at least its commit marker */
+    }
+    ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 2910);
+    ck_assert_ok(keel_uow_flush(w->rt));
+    uint64_t durable = keel_durable_lsn(w->rt);
+    ck_assert_uint_eq(durable, dur_last_lsn(w->rt));
+    keel_runtime_stats st = stats_of(w->rt);
+    ck_assert_uint_gt(st.wal_bytes, 0);
+    ck_assert_uint_ge(st.fsyncs, 1);
+    ck_assert_uint_eq(st.checkpoints, 0);
+    ck_assert_uint_eq(st.checkpoint_age_ticks, T);
+    ck_assert_uint_eq(st.recovery_ns, info.ns);
+    ck_assert_uint_eq(st.ticks, T);
+    /* the next tick after a flush lags by one tick at most */
+    ck_assert_ok(keel_runtime_step(w->rt));
+    keel_tick_record r6;
+    ck_assert_ok(keel_telemetry_tick(w->rt, T + 1, &r6));
+    ck_assert_uint_le(r6.durable_lag, 1);
+    ck_assert_ok(keel_uow_flush(w->rt));
+    st = stats_of(w->rt);
+    durable = keel_durable_lsn(w->rt);
+    b_close(w);
+
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert(v.consecutive);
+    ck_assert_uint_eq(v.r[v.n - 1].lsn, durable); /* nothing was written after the flush */
+    uint64_t bytes = 0, raw[7] = {0}, stored[7] = {0}, nlife[7] = {0}, nchunk[7] = {0};
+    for (uint64_t i = 0; i < v.n; i++) {
+        const rec_info *r = &v.r[i];
+        if (r->kind != KW_KIND_SCHEMA)
+            bytes += r->len;
+        if (r->flags & KW_FLAG_HOOK || r->tick > T + 1)
+            continue;
+        if (r->kind == KW_KIND_TICK_CHUNK || r->kind == KW_KIND_LIFECYCLE || r->kind == KW_KIND_TICK_COMMIT)
+            stored[r->tick] += r->len;
+        if (r->kind == KW_KIND_TICK_CHUNK || r->kind == KW_KIND_LIFECYCLE)
+            raw[r->tick] += r->raw_len;
+        nlife[r->tick] += r->kind == KW_KIND_LIFECYCLE;
+        nchunk[r->tick] += r->kind == KW_KIND_TICK_CHUNK;
+    }
+    ck_assert_msg(st.wal_bytes == bytes, "stats wal_bytes %llu, the WAL holds %llu bytes of records",
+                  (unsigned long long)st.wal_bytes, (unsigned long long)bytes);
+    ck_assert_uint_ge(nlife[1], 2);  /* the workload does what the test needs */
+    ck_assert_uint_ge(nchunk[2], 2);
+    for (uint64_t t = 1; t <= T; t++) {
+        ck_assert_msg(rec[t].wal_stored_bytes == stored[t],
+                      "tick %llu: telemetry wal_stored_bytes %llu, its records on disk %llu bytes",
+                      (unsigned long long)t, (unsigned long long)rec[t].wal_stored_bytes,
+                      (unsigned long long)stored[t]);
+        ck_assert_msg(rec[t].wal_raw_bytes == raw[t],
+                      "tick %llu: telemetry wal_raw_bytes %llu, its records' payloads %llu bytes raw "
+                      "(%llu LIFECYCLE, %llu TICK_CHUNK records)",
+                      (unsigned long long)t, (unsigned long long)rec[t].wal_raw_bytes, (unsigned long long)raw[t],
+                      (unsigned long long)nlife[t], (unsigned long long)nchunk[t]);
+    }
+    dir_view_free(&v);
+    free(w);
+}
+END_TEST
+
+/* keel_uow_flush forces DEFERRED ticks and side transactions to disk; the
+ * calls without a data directory. */
+START_TEST(test_flush_deferred_and_no_dir)
+{
+    static wref ref;
+    w_reference(&ref, 4, 1, false);
+    char dir[256];
+    tdir(dir, sizeof dir, "deferred");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_DEFERRED);
+    wworld *w = w_new(false);
+    w_open(w, &d, false);
+    for (uint64_t t = 1; t <= 4; t++)
+        w_drive(w, t);
+    ck_assert_ok(keel_uow_flush(w->rt));
+    uint64_t last = dur_last_lsn(w->rt);
+    ck_assert_uint_eq(keel_durable_lsn(w->rt), last);
+    ck_assert_ok(keel_uow_flush(w->rt)); /* nothing pending: at once */
+    ck_assert_uint_eq(keel_durable_lsn(w->rt), last);
+    w_close(w);
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert_uint_eq(v.r[v.n - 1].lsn, last);
+    ck_assert_uint_eq(v.kinds[KW_KIND_TICK_COMMIT], 5);
+    dir_view_free(&v);
+    w_reset(w, false);
+    w_open(w, &d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    w_expect(w, &ref, 4);
+    w_close(w);
+
+    /* no data directory */
+    keel_runtime_desc m = {.workers = 1, .tick_rate_hz = -1};
+    w_reset(w, false);
+    w_open(w, &m, false);
+    keel_recovery info;
+    memset(&info, 0xab, sizeof info);
+    ck_assert_rc(keel_runtime_recover(w->rt, &info), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "durable.dir"));
+    ck_assert_rc(keel_checkpoint(w->rt), KEEL_EINVAL);
+    w_drive(w, 1);
+    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_uint_eq(keel_durable_lsn(w->rt), 0);
+    ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
+    keel_runtime_stats st = stats_of(w->rt);
+    ck_assert_uint_eq(st.wal_bytes, 0);
+    ck_assert_uint_eq(st.fsyncs, 0);
+    ck_assert_uint_eq(st.checkpoints, 0);
+    ck_assert_uint_eq(st.recovery_ns, 0);
+    keel_tick_record r1;
+    ck_assert_ok(keel_telemetry_tick(w->rt, 1, &r1));
+    ck_assert_uint_eq(r1.wal_raw_bytes, 0);
+    ck_assert_uint_eq(r1.wal_stored_bytes, 0);
+    ck_assert_uint_eq(r1.durable_lag, 0);
+    w_close(w);
+    ck_assert_rc(keel_runtime_recover(NULL, &info), KEEL_EINVAL);
+    ck_assert_rc(keel_uow_flush(NULL), KEEL_EINVAL);
+    ck_assert_rc(keel_checkpoint(NULL), KEEL_EINVAL);
+    ck_assert_int_eq(keel_runtime_fatal(NULL), 0);
+    ck_assert_uint_eq(keel_durable_lsn(NULL), 0);
+    free(w);
+}
+END_TEST
+
+/* ---- hooks ------------------------------------------------------------------------ */
+
+/* on_shutdown runs in keel_runtime_close in an IMMEDIATE side transaction:
+ * its writes are on disk and come back; a failing on_shutdown writes
+ * nothing; on_first_tick runs once per open, before any system. */
+START_TEST(test_hooks_first_tick_and_shutdown)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "hooks");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    wworld *w = w_new(false);
+    w_open(w, &d, true);
+    for (uint64_t t = 1; t <= 3; t++)
+        w_drive(w, t);
+    ck_assert_uint_eq(w->hook_calls, 1);
+    ck_assert_uint_eq(w->hook_tick, 1);
+    ck_assert_uint_eq(w->hook_sys_before, 0);
+    keel_entity a[8];
+    ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
+    int64_t m0 = get_i64(w->rt, a[0], w->MONEY), m1 = get_i64(w->rt, a[1], w->MONEY);
+    ck_assert_int_eq(m0 + m1, 2000);
+    w->shutdown_xfer = (xfer){a[0], a[1], 500, w->MONEY};
+    w_close(w);
+    ck_assert_uint_eq(w->shutdown_calls, 1);
+    dir_view v;
+    dir_read(dir, &v);
+    const rec_info *lastr = &v.r[v.n - 1];
+    ck_assert_uint_eq(lastr->kind, KW_KIND_SIDE);
+    ck_assert_uint_eq(lastr->side_mode, KEEL_DURABLE_IMMEDIATE);
+    uint64_t nside = v.kinds[KW_KIND_SIDE];
+    dir_view_free(&v);
+
+    /* reopen: the shutdown transfer is there; this time on_shutdown fails */
+    w_reset(w, false);
+    w->shutdown_ret = KEEL_ERANGE;
+    w_open(w, &d, true);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, 3);
+    ck_assert_uint_eq(info.side_txns, nside);
+    ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 500);
+    ck_assert_int_eq(get_i64(w->rt, a[1], w->MONEY), m1 + 500);
+    ck_assert_uint_eq(w->hook_calls, 0); /* not before the first tick */
+    w_drive(w, 4);
+    ck_assert_uint_eq(w->hook_calls, 1);
+    ck_assert_uint_eq(w->hook_tick, 4);
+    ck_assert_uint_eq(w->hook_sys_before, 0);
+    w_drive(w, 5);
+    ck_assert_uint_eq(w->hook_calls, 1);
+    int64_t n0 = get_i64(w->rt, a[0], w->MONEY), n1 = get_i64(w->rt, a[1], w->MONEY);
+    ck_assert_int_eq(n0 + n1, 2000);
+    w_close(w);
+    ck_assert_uint_eq(w->shutdown_calls, 1);
+    dir_read(dir, &v);
+    ck_assert_uint_eq(v.kinds[KW_KIND_SIDE], nside + 4); /* ticks 4 and 5: bank + closure each */
+    ck_assert_uint_eq(v.r[v.n - 1].kind, KW_KIND_TICK_COMMIT);
+    ck_assert_uint_eq(v.r[v.n - 1].tick, 5);
+    dir_view_free(&v);
+    w_reset(w, false);
+    w_open(w, &d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, 5);
+    ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), n0);
+    ck_assert_int_eq(get_i64(w->rt, a[1], w->MONEY), n1);
+    w_close(w);
+
+    /* on_shutdown runs without a data directory too */
+    keel_runtime_desc m = {.workers = 1, .tick_rate_hz = -1};
+    w_reset(w, false);
+    w_open(w, &m, true);
+    w_drive(w, 1);
+    w_drive(w, 2);
+    ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
+    w->shutdown_xfer = (xfer){a[0], a[1], 1, w->MONEY};
+    w_close(w);
+    ck_assert_uint_eq(w->shutdown_calls, 1);
+    free(w);
+}
+END_TEST
+
+/* With a data directory nothing may change the world unlogged, also
+ * before recovery (keel/durability.h): such a change would be lost. */
+START_TEST(test_writes_before_recover_refused)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "before-recover");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    keel_runtime *rt = rt_create(&d);
+    keel_component V = reg_i64(rt, "v", KEEL_VERSIONED);
+    keel_world *wd = keel_runtime_world(rt);
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(wd, &cb));
+    int64_t val = 42;
+    keel_init in[1] = {{V, &val}};
+    ck_assert_ok(keel_cmd_spawn(cb, in, 1));
+    int rc = keel_cmdbuf_apply(cb);
+    uint32_t applied = keel_cmdbuf_result(cb).spawned;
+    keel_cmdbuf_destroy(cb);
+    if (rc == KEEL_OK) {
+        /* show what it costs: the entity lives in memory and is never logged */
+        uint32_t before = keel_world_count(wd);
+        ck_assert_ok(keel_runtime_recover(rt, NULL));
+        keel_runtime_close(rt);
+        rt = rt_create(&d);
+        reg_i64(rt, "v", KEEL_VERSIONED);
+        keel_recovery info;
+        int rrc = keel_runtime_recover(rt, &info);
+        uint32_t after = keel_world_count(keel_runtime_world(rt));
+        keel_runtime_close(rt);
+        ck_abort_msg("keel_cmdbuf_apply before keel_runtime_recover on a runtime with a data directory returned 0 "
+                     "(spawned %u): the change was applied unlogged (%u entities before close, %u after reopen, "
+                     "recover %s); expected KEEL_EBUSY", applied, before, after, keel_strerror(rrc));
+    }
+    ck_assert_rc(rc, KEEL_EBUSY);
+    ck_assert_uint_eq(keel_world_count(wd), 0);
+    keel_runtime_close(rt);
+}
+END_TEST
+
+/* ---- keel_runtime_recover's refusals ---------------------------------------------- */
+
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool open;
+    uint64_t ticks_seen;
+} gate;
+
+/* The driver's clock: blocks the driver thread before its first tick until
+ * the test opens the gate. */
+static uint64_t gate_clock(void *user)
+{
+    gate *g = user;
+    pthread_mutex_lock(&g->mu);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    return rt_now_ns();
+}
+
+static int gate_sys(keel_ctx *ctx, void *user)
+{
+    gate *g = user;
+    pthread_mutex_lock(&g->mu);
+    g->ticks_seen = keel_ctx_tick(ctx);
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    return 0;
+}
+
+/* KEEL_EBUSY while the TickDriver runs and has not recovered yet (ticks
+ * cannot run in memory with a data directory: the first step recovers);
+ * afterwards keel_runtime_recover reports the driver's recovery. */
+START_TEST(test_recover_busy_with_driver)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "driver");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    keel_runtime *rt = rt_create(&d);
+    reg_i64(rt, "v", KEEL_VERSIONED);
+    gate g = {.open = false};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    keel_schedule *s = sched_new(rt);
+    keel_system_desc sd = {.name = "gate", .kind = KEEL_SYSTEM_CALLBACK, .run = gate_sys, .user = &g};
+    add_sys(s, &sd);
+    install(rt, s);
+    runtime_test_set_clock(rt, gate_clock, NULL, &g);
+    ck_assert_ok(keel_runtime_start(rt));
+    keel_recovery info;
+    memset(&info, 0xab, sizeof info);
+    ck_assert_rc(keel_runtime_recover(rt, &info), KEEL_EBUSY);
+    ck_assert_uint_eq(info.tick, 0xababababababababull); /* untouched */
+    ck_assert(!path_exists(dir));                          /* nothing opened */
+    ck_assert_rc(keel_checkpoint(rt), KEEL_EBUSY);
+    pthread_mutex_lock(&g.mu);
+    g.open = true;
+    pthread_cond_broadcast(&g.cv);
+    /* the deadline only turns a driver that stopped (it cannot be asked)
+     * into a failure instead of a hang */
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 60;
+    while (g.ticks_seen < 3 && pthread_cond_timedwait(&g.cv, &g.mu, &dl) != ETIMEDOUT)
+        ;
+    uint64_t seen = g.ticks_seen;
+    pthread_mutex_unlock(&g.mu);
+    int stop = keel_runtime_stop(rt);
+    ck_assert_msg(stop == 0 && seen >= 3, "the driver stopped with %s after %llu ticks: %s", keel_strerror(stop),
+                  (unsigned long long)seen, keel_last_error());
+    ck_assert_uint_ge(keel_runtime_tick(rt), 3);
+    ck_assert_ok(keel_runtime_recover(rt, &info)); /* the driver's recovery */
+    ck_assert(info.fresh);
+    ck_assert_uint_eq(info.tick, 0);
+    ck_assert(path_exists(dir));
+    uint64_t ticks = keel_runtime_tick(rt);
+    ck_assert_ok(keel_runtime_step(rt));
+    ck_assert_uint_eq(keel_runtime_tick(rt), ticks + 1);
+    keel_runtime_close(rt);
+    rt = rt_create(&d);
+    reg_i64(rt, "v", KEEL_VERSIONED);
+    ck_assert_ok(keel_runtime_recover(rt, &info));
+    ck_assert_uint_eq(info.tick, ticks + 1);
+    keel_runtime_close(rt);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+}
+END_TEST
+
+/* ---- the durable lag while the writer cannot commit -------------------------------- */
+
+/* A child process that holds the LMDB write lock of dir while the parent
+ * ticks: the parent's WAL writer blocks in LMDB, deterministically. The
+ * child is forked before the runtime exists (a single-threaded fork). */
+typedef struct holder {
+    pid_t pid;
+    int go_w, held_r;
+} holder;
+
+typedef struct hold_arg {
+    int go_r, held_w;
+} hold_arg;
+
+static int hold_fill(kw_wtxn *t, void *arg)
+{
+    (void)t;
+    hold_arg *h = arg;
+    char c = 'H';
+    if (write(h->held_w, &c, 1) != 1)
+        return KEEL_EIO;
+    if (read(h->go_r, &c, 1) < 0) /* 'R', or EOF when the parent died */
+        return KEEL_EIO;
+    return KEEL_EINVAL; /* abort: nothing written */
+}
+
+static void holder_fork(holder *h, const char *dir)
+{
+    int go[2], held[2];
+    ck_assert_int_eq(pipe(go), 0);
+    ck_assert_int_eq(pipe(held), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(go[1]);
+        close(held[0]);
+        char c;
+        if (read(go[0], &c, 1) != 1)
+            _exit(0);
+        kw_store *st = NULL;
+        kw_store_desc sd = {0};
+        if (kw_store_open(dir, &sd, &st)) {
+            c = 'E';
+            if (write(held[1], &c, 1) != 1)
+                _exit(4);
+            _exit(2);
+        }
+        hold_arg a = {go[0], held[1]};
+        int rc = kw_store_write(st, hold_fill, &a);
+        kw_store_close(st);
+        _exit(rc == KEEL_EINVAL ? 0 : 3);
+    }
+    close(go[0]);
+    close(held[1]);
+    *h = (holder){pid, go[1], held[0]};
+}
+
+static void holder_hold(holder *h)
+{
+    char c = 'G';
+    ck_assert_int_eq(write(h->go_w, &c, 1), 1);
+    ck_assert_int_eq(read(h->held_r, &c, 1), 1);
+    ck_assert_msg(c == 'H', "the holder could not open the data directory");
+}
+
+static void holder_release(holder *h)
+{
+    char c = 'R';
+    ck_assert_int_eq(write(h->go_w, &c, 1), 1);
+    close(h->go_w);
+    close(h->held_r);
+    int status = 0;
+    ck_assert_int_eq(waitpid(h->pid, &status, 0), h->pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "holder exited with status %d", status);
+}
+
+/* While the WAL writer is stuck, GROUP ticks run on and their telemetry
+ * shows the growing durable lag; an IMMEDIATE ticket is not acknowledged;
+ * the durable LSN does not move. Then everything catches up. */
+START_TEST(test_durable_lag_while_writer_blocked)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "lag");
+    holder h;
+    holder_fork(&h, dir);
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    wworld *w = w_new(true); /* no side transaction inside a system: they would wait for the writer */
+    w_open(w, &d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    w_drive(w, 1);
+    w_drive(w, 2);
+    ck_assert_ok(keel_uow_flush(w->rt));
+    uint64_t l0 = keel_durable_lsn(w->rt);
+    ck_assert_uint_eq(l0, dur_last_lsn(w->rt));
+    uint64_t f0 = stats_of(w->rt).fsyncs;
+    keel_entity a[8];
+    ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
+    int64_t m0 = get_i64(w->rt, a[0], w->MONEY);
+
+    holder_hold(&h);
+    xfer x = {a[0], a[1], 25, w->MONEY};
+    keel_ticket *tk = NULL;
+    ck_assert_ok(keel_submit(w->rt, closure_xfer, &x, KEEL_DURABLE_IMMEDIATE, &tk));
+    for (uint64_t t = 3; t <= 5; t++) {
+        w_drive(w, t);
+        keel_tick_record r;
+        ck_assert_ok(keel_telemetry_tick(w->rt, t, &r));
+        ck_assert_msg(r.durable_lag == t - 2, "tick %llu: durable_lag %llu, expected %llu", (unsigned long long)t,
+                      (unsigned long long)r.durable_lag, (unsigned long long)(t - 2));
+        ck_assert_uint_gt(r.wal_stored_bytes, 0);
+    }
+    ck_assert_uint_eq(keel_durable_lsn(w->rt), l0);
+    ck_assert_uint_gt(dur_last_lsn(w->rt), l0);
+    ck_assert_rc(keel_ticket_wait(tk, 0), KEEL_ETIMEDOUT); /* applied, not yet durable: not acknowledged */
+    ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 25);
+    ck_assert_uint_eq(stats_of(w->rt).fsyncs, f0);
+    holder_release(&h);
+
+    ck_assert_ok(keel_ticket_wait(tk, -1));
+    keel_ticket_release(tk);
+    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_uint_eq(keel_durable_lsn(w->rt), dur_last_lsn(w->rt));
+    ck_assert_uint_gt(stats_of(w->rt).fsyncs, f0);
+    w_drive(w, 6);
+    keel_tick_record r6;
+    ck_assert_ok(keel_telemetry_tick(w->rt, 6, &r6));
+    ck_assert_uint_le(r6.durable_lag, 1);
+    uint64_t h6 = keel_world_hash(keel_runtime_world(w->rt));
+    w_close(w);
+    w_reset(w, true);
+    w_open(w, &d, false);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, 6);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h6);
+    ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 25);
+    w_close(w);
+    free(w);
+}
+END_TEST
+
+/* ==== dur_recovery =================================================================== */
+
+/* One byte of a tick-5 record flipped on disk (every copy): the open is
+ * refused naming the LSN and changes nothing; with truncate_bad_tail the
+ * record's whole unit and everything after it go, and the state is the
+ * reference's at tick 4. Variant 0 corrupts the unit's first record (a
+ * TICK_CHUNK), variant 1 one in its middle (a LIFECYCLE record). */
+START_TEST(test_corrupt_record)
+{
+    static wref ref;
+    w_reference(&ref, 8, 1, true);
+    for (int variant = 0; variant < 2; variant++) {
+        uint32_t kind = variant ? KW_KIND_LIFECYCLE : KW_KIND_TICK_CHUNK;
+        char dir[256], mdb[300];
+        tdir(dir, sizeof dir, variant ? "corrupt-life" : "corrupt-chunk");
+        mdb_path(mdb, sizeof mdb, dir);
+        keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+        wworld *w = w_new(true);
+        w_open(w, &d, false);
+        for (uint64_t t = 1; t <= 8; t++) {
+            w_drive(w, t);
+            w_expect(w, &ref, t);
+        }
+        w_close(w);
+
+        dir_view v;
+        dir_read(dir, &v);
+        ck_assert(v.consecutive);
+        uint64_t bad = 0, unit_first = UINT64_MAX, last = v.r[v.n - 1].lsn;
+        for (uint64_t i = 0; i < v.n; i++) {
+            const rec_info *r = &v.r[i];
+            if (r->tick != 5 || (r->flags & KW_FLAG_HOOK))
+                continue;
+            if (r->lsn < unit_first)
+                unit_first = r->lsn;
+            if (r->kind == kind && !bad)
+                bad = r->lsn;
+        }
+        ck_assert_uint_ne(bad, 0);
+        if (variant)
+            ck_assert_uint_gt(bad, unit_first);
+        else
+            ck_assert_uint_eq(bad, unit_first);
+        uint64_t expect_trunc = last - unit_first + 1;
+        dir_view_free(&v);
+        size_t len = 0;
+        unsigned char *rec = record_copy(dir, bad, &len);
+        ck_assert_uint_gt(len, KW_HEADER_SIZE);
+        uint32_t copies = flip_copies(mdb, rec, len, KW_HEADER_SIZE + (len - KW_HEADER_SIZE) / 2);
+        ck_assert_uint_ge(copies, 1);
+        free(rec);
+        fdigest d1 = dir_digest(dir);
+
+        /* refused by default */
+        w_reset(w, true);
+        w_open(w, &d, false);
+        keel_recovery info;
+        ck_assert_rc(keel_runtime_recover(w->rt, &info), KEEL_ECORRUPT);
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", keel_last_error());
+        ck_assert_msg(has_lsn_text(msg, bad), "the error does not name LSN %llu: %s", (unsigned long long)bad, msg);
+        ck_assert_msg(strstr(msg, dir) != NULL, "the error does not name the directory: %s", msg);
+        ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ECORRUPT); /* the same result again */
+        ck_assert_str_eq(keel_last_error(), msg);
+        ck_assert_rc(keel_runtime_step(w->rt), KEEL_ECORRUPT);
+        ck_assert_rc(keel_checkpoint(w->rt), KEEL_ECORRUPT);
+        ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
+        ck_assert_digest_eq(d1, dir_digest(dir));
+        w_close(w);
+        ck_assert_digest_eq(d1, dir_digest(dir));
+
+        /* truncate_bad_tail: the bad unit and everything after it go */
+        keel_runtime_desc dt = d;
+        dt.durable.truncate_bad_tail = true;
+        w_reset(w, true);
+        w_open(w, &dt, false);
+        ck_assert_ok(keel_runtime_recover(w->rt, &info));
+        ck_assert_uint_eq(info.truncated, expect_trunc);
+        ck_assert_uint_eq(info.tick, 4);
+        ck_assert_uint_eq(info.last_lsn, unit_first - 1);
+        ck_assert(!info.fresh);
+        w_expect(w, &ref, 4);
+        for (uint64_t t = 5; t <= 8; t++) {
+            w_drive(w, t);
+            w_expect(w, &ref, t);
+        }
+        w_close(w);
+        dir_read(dir, &v); /* every record checks again */
+        ck_assert(v.consecutive);
+        ck_assert_uint_eq(count_kind_tick(&v, KW_KIND_TICK_COMMIT, 5, false), 1);
+        dir_view_free(&v);
+        w_reset(w, true);
+        w_open(w, &d, false);
+        ck_assert_ok(keel_runtime_recover(w->rt, &info));
+        ck_assert_uint_eq(info.tick, 8);
+        ck_assert_uint_eq(info.truncated, 0);
+        w_expect(w, &ref, 8);
+        w_close(w);
+        free(w);
+    }
+}
+END_TEST
+
+/* ---- the stored schema -------------------------------------------------------------- */
+
+enum {
+    SV_BASE,
+    SV_EXTEND,          /* + "delta", registered last */
+    SV_SIZE,            /* beta grows a field: 24 bytes */
+    SV_FIELD_NAME,      /* beta.born renamed */
+    SV_FIELD_TYPE,      /* beta.born u64 */
+    SV_FIELD_OFFSET,    /* beta's fields swapped */
+    SV_DISC,            /* gamma VERSIONED instead of SINGLE_VERSION */
+    SV_DISC_TRANSIENT,  /* alpha TRANSIENT */
+    SV_ORDER,           /* beta registered before alpha */
+    SV_MISSING,         /* gamma not registered */
+    SV_COUNT
+};
+
+static const char *const sv_culprit[SV_COUNT] = {
+    [SV_SIZE] = "'beta'", [SV_FIELD_NAME] = "'beta'", [SV_FIELD_TYPE] = "'beta'", [SV_FIELD_OFFSET] = "'beta'",
+    [SV_DISC] = "'gamma'", [SV_DISC_TRANSIENT] = "'alpha'", [SV_ORDER] = "'alpha'", [SV_MISSING] = "'gamma'",
+};
+
+typedef struct sworld {
+    keel_runtime *rt;
+    keel_component alpha, beta, gamma, delta;
+    bool spawn_delta;
+    berr err;
+} sworld;
+
+static int s_sys(keel_ctx *ctx, void *user)
+{
+    sworld *w = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    keel_cmdbuf *cb = keel_ctx_commands(ctx);
+    keel_entity e = KEEL_ENTITY_MAKE(0, 1);
+    if (t == 1) {
+        int64_t a = 1, g = 2;
+        pos_t b = {3, 1};
+        keel_init in[3] = {{w->alpha, &a}, {w->beta, &b}, {w->gamma, &g}};
+        B_CHECK(&w->err, keel_cmd_spawn(cb, in, 3));
+    } else {
+        int64_t a = (int64_t)t, g = 2 * (int64_t)t;
+        B_CHECK(&w->err, keel_txn_set(ctx, e, w->alpha, &a));
+        B_CHECK(&w->err, keel_txn_set(ctx, e, w->gamma, &g));
+    }
+    if (w->spawn_delta) {
+        int64_t dv = 44;
+        keel_init in[1] = {{w->delta, &dv}};
+        B_CHECK(&w->err, keel_cmd_spawn(cb, in, 1));
+    }
+    return 0;
+}
+
+static int noop_sys(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    (void)user;
+    return 0;
+}
+
+static void s_open(sworld *w, const keel_runtime_desc *d, int variant)
+{
+    memset(w, 0, sizeof *w);
+    w->rt = rt_create(d);
+    keel_world *wd = keel_runtime_world(w->rt);
+    keel_field bf[3] = {
+        {.name = "x", .type = KEEL_I64, .offset = 0},
+        {.name = "born", .type = KEEL_I64, .offset = 8},
+        {.name = "pad", .type = KEEL_U64, .offset = 16},
+    };
+    keel_component_desc beta = {.name = "beta", .size = 16, .fields = bf, .field_count = 2};
+    if (variant == SV_SIZE)
+        beta.size = 24, beta.field_count = 3;
+    if (variant == SV_FIELD_NAME)
+        bf[1].name = "birth";
+    if (variant == SV_FIELD_TYPE)
+        bf[1].type = KEEL_U64;
+    if (variant == SV_FIELD_OFFSET)
+        bf[0].offset = 8, bf[1].offset = 0;
+    if (variant == SV_ORDER)
+        ck_assert_ok(keel_component_register(wd, &beta, &w->beta));
+    w->alpha = reg_i64(w->rt, "alpha", variant == SV_DISC_TRANSIENT ? KEEL_TRANSIENT : KEEL_VERSIONED);
+    if (variant != SV_ORDER)
+        ck_assert_ok(keel_component_register(wd, &beta, &w->beta));
+    if (variant != SV_MISSING)
+        w->gamma = reg_i64(w->rt, "gamma", variant == SV_DISC ? KEEL_VERSIONED : KEEL_SINGLE_VERSION);
+    if (variant == SV_EXTEND)
+        w->delta = reg_i64(w->rt, "delta", KEEL_VERSIONED);
+    keel_schedule *s = sched_new(w->rt);
+    if (variant == SV_BASE || variant == SV_EXTEND) {
+        keel_system_desc sd = {.name = "sch", .kind = KEEL_SYSTEM_CALLBACK, .run = s_sys, .user = w,
+                               .access = {.writes = {w->alpha, w->gamma}}};
+        add_sys(s, &sd);
+    } else {
+        keel_system_desc sd = {.name = "noop", .kind = KEEL_SYSTEM_CALLBACK, .run = noop_sys};
+        add_sys(s, &sd);
+    }
+    install(w->rt, s);
+}
+
+/* A new component registered last is added to the stored schema; a stored
+ * component whose layout, discipline or order changed (or that is missing)
+ * is refused with a sentence naming it, and the directory is not touched. */
+START_TEST(test_schema_extend_and_mismatch)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "schema");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    sworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    s_open(w, &d, SV_BASE);
+    for (int t = 1; t <= 3; t++) {
+        ck_assert_ok(keel_runtime_step(w->rt));
+        ck_assert_berr(&w->err);
+    }
+    uint64_t h3 = keel_world_hash(keel_runtime_world(w->rt));
+    keel_runtime_close(w->rt);
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert_uint_eq(v.schema_ncomps, 3);
+    ck_assert_str_eq(v.schema_names[0], "alpha");
+    ck_assert_str_eq(v.schema_names[1], "beta");
+    ck_assert_str_eq(v.schema_names[2], "gamma");
+    ck_assert_uint_eq(v.kinds[KW_KIND_SCHEMA], 1);
+    dir_view_free(&v);
+    fdigest d0 = dir_digest(dir);
+
+    for (int variant = SV_SIZE; variant < SV_COUNT; variant++) {
+        s_open(w, &d, variant);
+        keel_recovery info;
+        memset(&info, 0xab, sizeof info);
+        ck_assert_rc(keel_runtime_recover(w->rt, &info), KEEL_EINVAL);
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", keel_last_error());
+        ck_assert_msg(strstr(msg, sv_culprit[variant]) != NULL, "variant %d: the error does not name %s: %s",
+                      variant, sv_culprit[variant], msg);
+        ck_assert_msg(strstr(msg, dir) != NULL, "variant %d: the error does not name the directory: %s", variant,
+                      msg);
+        ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_EINVAL);
+        ck_assert_str_eq(keel_last_error(), msg);
+        ck_assert_rc(keel_runtime_step(w->rt), KEEL_EINVAL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), sv_culprit[variant]));
+        ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
+        ck_assert_digest_eq(d0, dir_digest(dir));
+        keel_runtime_close(w->rt);
+        ck_assert_digest_eq(d0, dir_digest(dir));
+    }
+
+    /* a new component, registered last: stored, usable, durable */
+    s_open(w, &d, SV_EXTEND);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, 3);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h3);
+    w->spawn_delta = true;
+    ck_assert_ok(keel_runtime_step(w->rt));
+    ck_assert_berr(&w->err);
+    w->spawn_delta = false;
+    keel_entity de = KEEL_ENTITY_MAKE(1, 1);
+    ck_assert_int_eq(get_i64(w->rt, de, w->delta), 44);
+    uint64_t h4 = keel_world_hash(keel_runtime_world(w->rt));
+    keel_runtime_close(w->rt);
+    dir_read(dir, &v);
+    ck_assert_uint_eq(v.schema_ncomps, 4);
+    ck_assert_str_eq(v.schema_names[3], "delta");
+    ck_assert_uint_eq(v.kinds[KW_KIND_SCHEMA], 2);
+    dir_view_free(&v);
+    s_open(w, &d, SV_EXTEND);
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, 4);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h4);
+    ck_assert_int_eq(get_i64(w->rt, de, w->delta), 44);
+    keel_runtime_close(w->rt);
+    /* now delta is stored: opening without it is refused */
+    fdigest d1 = dir_digest(dir);
+    s_open(w, &d, SV_BASE);
+    ck_assert_rc(keel_runtime_recover(w->rt, &info), KEEL_EINVAL);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "'delta'"));
+    keel_runtime_close(w->rt);
+    ck_assert_digest_eq(d1, dir_digest(dir));
+    free(w);
+}
+END_TEST
+
+/* ---- bad data directories ------------------------------------------------------------- */
+
+static void write_file(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "cannot create %s", path);
+    ck_assert_uint_eq(fwrite(p, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Open dir, expect recovery to fail with one of the codes, a sentence naming
+ * `names`, the same result from a step; close cleanly. */
+static int try_bad_dir(const char *dir, const char *names, const int *codes, int ncodes)
+{
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    keel_runtime *rt = rt_create(&d);
+    reg_i64(rt, "v", KEEL_VERSIONED);
+    keel_schedule *s = sched_new(rt);
+    keel_system_desc sd = {.name = "noop", .kind = KEEL_SYSTEM_CALLBACK, .run = noop_sys};
+    add_sys(s, &sd);
+    install(rt, s);
+    keel_recovery info;
+    int rc = keel_runtime_recover(rt, &info);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", keel_last_error());
+    bool ok = false;
+    for (int i = 0; i < ncodes; i++)
+        ok |= rc == codes[i];
+    ck_assert_msg(ok, "%s: keel_runtime_recover returned %s (%d): %s", dir, keel_strerror(rc), rc, msg);
+    ck_assert_msg(strstr(msg, names) != NULL, "the error does not name %s: %s", names, msg);
+    ck_assert_rc(keel_runtime_step(rt), rc);
+    ck_assert_uint_eq(keel_runtime_tick(rt), 0);
+    keel_runtime_close(rt);
+    return rc;
+}
+
+static int fill_format(kw_wtxn *t, void *arg)
+{
+    (void)arg;
+    unsigned char f[4] = {99, 0, 0, 0};
+    return kw_put(t, KW_DB_META, KW_META_FORMAT, strlen(KW_META_FORMAT), f, 4);
+}
+
+/* A data directory that is not one: a clear error, never a crash, nothing
+ * overwritten. The codes are those keel_runtime_recover documents. */
+START_TEST(test_bad_data_dirs)
+{
+    static const int io[] = {KEEL_EIO, KEEL_EINVAL};
+    static const int corrupt[] = {KEEL_ECORRUPT};
+    char plain[256], under[300], isdir[256], sub[300], garbage[256], mdb[300], newer[256];
+    /* a plain file */
+    tdir(plain, sizeof plain, "plain-file");
+    write_file(plain, "not a directory\n", 16);
+    fdigest fd0 = file_digest(plain);
+    try_bad_dir(plain, plain, io, 2);
+    ck_assert_digest_eq(fd0, file_digest(plain));
+    /* a path under a plain file */
+    snprintf(under, sizeof under, "%s/sub", plain);
+    try_bad_dir(under, under, io, 2);
+    ck_assert_digest_eq(fd0, file_digest(plain));
+    /* data.mdb is a directory */
+    tdir(isdir, sizeof isdir, "mdb-is-dir");
+    ck_assert_int_eq(mkdir(isdir, 0755), 0);
+    snprintf(sub, sizeof sub, "%s/data.mdb", isdir);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    try_bad_dir(isdir, isdir, io, 2);
+    /* data.mdb is not LMDB */
+    tdir(garbage, sizeof garbage, "garbage");
+    ck_assert_int_eq(mkdir(garbage, 0755), 0);
+    mdb_path(mdb, sizeof mdb, garbage);
+    unsigned char junk[65536];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (unsigned char)(i * 131 + 7);
+    write_file(mdb, junk, sizeof junk);
+    fdigest g0 = file_digest(mdb);
+    try_bad_dir(garbage, garbage, corrupt, 1);
+    ck_assert_digest_eq(g0, file_digest(mdb));
+    /* a format version from the future */
+    tdir(newer, sizeof newer, "newer-format");
+    {
+        keel_runtime_desc d = desc_dir(newer, 1, 16, KEEL_DURABLE_GROUP);
+        keel_runtime *rt = rt_create(&d);
+        reg_i64(rt, "v", KEEL_VERSIONED);
+        ck_assert_ok(keel_runtime_recover(rt, NULL));
+        keel_runtime_close(rt);
+        kw_store *st = NULL;
+        kw_store_desc sd = {0};
+        ck_assert_ok(kw_store_open(newer, &sd, &st));
+        ck_assert_ok(kw_store_write(st, fill_format, NULL));
+        kw_store_close(st);
+    }
+    fdigest n0 = dir_digest(newer);
+    try_bad_dir(newer, "99", corrupt, 1);
+    ck_assert_digest_eq(n0, dir_digest(newer));
+    /* an unreadable directory (root reads everything: only checked as a user) */
+    if (geteuid() != 0) {
+        char locked[256];
+        tdir(locked, sizeof locked, "locked");
+        ck_assert_int_eq(mkdir(locked, 0755), 0);
+        ck_assert_int_eq(chmod(locked, 0), 0);
+        try_bad_dir(locked, locked, io, 2);
+        chmod(locked, 0700);
+    }
+}
+END_TEST
+
+/* ---- map growth ------------------------------------------------------------------------ */
+
+#define BLOB 256
+
+typedef struct gworld {
+    keel_runtime *rt;
+    keel_component BLOBC;
+    keel_query *q;
+    uint32_t n;
+    berr err;
+} gworld;
+
+static void blob_fill(unsigned char *p, uint64_t idx, uint64_t t)
+{
+    uint64_t x = (idx + 1) * 0x9E3779B97F4A7C15ull ^ (t + 1) * 0xD1B54A32D192ED03ull;
+    for (int i = 0; i < BLOB; i += 8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        memcpy(p + i, &x, 8);
+    }
+}
+
+/* Rewrites every blob each tick with incompressible bytes. */
+static int g_sys(keel_ctx *ctx, void *user)
+{
+    gworld *w = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    if (t == 1) {
+        unsigned char b[BLOB];
+        for (uint32_t i = 0; i < w->n; i++) {
+            blob_fill(b, i, 0);
+            keel_init in[1] = {{w->BLOBC, b}};
+            B_CHECK(&w->err, keel_cmd_spawn(keel_ctx_commands(ctx), in, 1));
+        }
+        return 0;
+    }
+    keel_iter it;
+    keel_txn_iter(ctx, w->q, &it);
+    while (keel_txn_next(ctx, &it)) {
+        unsigned char *p = it.columns[0];
+        for (uint32_t r = 0; r < it.count; r++)
+            blob_fill(p + (size_t)r * BLOB, KEEL_ENTITY_INDEX(it.entities[r]), t);
+    }
+    return 0;
+}
+
+static void g_open(gworld *w, const keel_runtime_desc *d, uint32_t n)
+{
+    memset(w, 0, sizeof *w);
+    w->n = n;
+    w->rt = rt_create(d);
+    static const keel_field bf[] = {{.name = "bytes", .type = KEEL_BYTES, .offset = 0, .count = BLOB}};
+    keel_component_desc cd = {.name = "blob", .size = BLOB, .fields = bf, .field_count = 1};
+    ck_assert_ok(keel_component_register(keel_runtime_world(w->rt), &cd, &w->BLOBC));
+    keel_query_desc qd = {.with = {w->BLOBC}};
+    ck_assert_ok(keel_query_create(keel_runtime_world(w->rt), &qd, &w->q));
+    keel_schedule *s = sched_new(w->rt);
+    keel_system_desc sd = {.name = "blobs", .kind = KEEL_SYSTEM_CALLBACK, .run = g_sys, .user = w,
+                           .access = {.writes = {w->BLOBC}}};
+    add_sys(s, &sd);
+    install(w->rt, s);
+}
+
+static void g_close(gworld *w)
+{
+    keel_query_destroy(w->q);
+    keel_runtime_close(w->rt);
+    w->rt = NULL;
+}
+
+/* A 1 MiB initial map and a workload writing several MiB: the map grows
+ * (doubling) and nothing is lost. */
+START_TEST(test_map_growth)
+{
+    char dir[256], mdb[300];
+    tdir(dir, sizeof dir, "growth");
+    mdb_path(mdb, sizeof mdb, dir);
+    keel_runtime_desc d = desc_dir(dir, 1, 64, KEEL_DURABLE_GROUP);
+    d.durable.map_size = 1u << 20;
+    gworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    g_open(w, &d, 100);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    ck_assert_uint_eq(kw_store_map_size(w->rt->dur->store), 1u << 20);
+    for (int t = 1; t <= 160; t++) {
+        ck_assert_ok(keel_runtime_step(w->rt));
+        ck_assert_berr(&w->err);
+    }
+    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
+    ck_assert_uint_gt(kw_store_map_size(w->rt->dur->store), 1u << 20);
+    ck_assert_uint_gt(stats_of(w->rt).wal_bytes, 3u << 20);
+    uint64_t h = keel_world_hash(keel_runtime_world(w->rt));
+    g_close(w);
+    fdigest f = file_digest(mdb);
+    ck_assert_msg(f.size > (1u << 20), "data.mdb is %llu bytes", (unsigned long long)f.size);
+    g_open(w, &d, 100);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, 160);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h);
+    ck_assert_ok(keel_runtime_step(w->rt));
+    g_close(w);
+    free(w);
+}
+END_TEST
+
+/* ==== dur_errors ===================================================================== */
+
+enum { F_NORMAL, F_IMMEDIATE_TWICE, F_IMMEDIATE_ONCE, F_FENCE_OOM };
+
+typedef struct fworld {
+    keel_runtime *rt;
+    keel_component MONEY, POS;
+    keel_query *q_money;
+    uint64_t fail_tick;
+    int mode;
+    int rc_imm1, rc_imm2, rc_group;
+    uint32_t fail_runs;
+    uint32_t shutdown_calls;
+    berr err;
+} fworld;
+
+static int f_transfer(keel_ctx *ctx, fworld *w, keel_durability mode, int64_t amount)
+{
+    keel_entity a[8];
+    if (query_entities(w->q_money, a, 8) < 2)
+        return KEEL_ENOENT;
+    keel_side_txn *tx = NULL;
+    int rc = keel_side_txn_begin(ctx, mode, &tx);
+    if (rc)
+        return rc;
+    int64_t x = 0, y = 0;
+    rc = keel_side_get(tx, a[0], w->MONEY, &x);
+    rc = rc ? rc : keel_side_get(tx, a[1], w->MONEY, &y);
+    x -= amount;
+    y += amount;
+    rc = rc ? rc : keel_side_set(tx, a[0], w->MONEY, &x);
+    rc = rc ? rc : keel_side_set(tx, a[1], w->MONEY, &y);
+    if (rc) {
+        keel_side_txn_abort(tx);
+        return rc;
+    }
+    return keel_side_txn_commit(tx);
+}
+
+static int f_sys(keel_ctx *ctx, void *user)
+{
+    fworld *w = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    if (t == 1) {
+        int64_t m = 500;
+        pos_t p = {0, 1};
+        keel_init acct[1] = {{w->MONEY, &m}}, pe[1] = {{w->POS, &p}};
+        B_CHECK(&w->err, keel_cmd_spawn(keel_ctx_commands(ctx), acct, 1));
+        B_CHECK(&w->err, keel_cmd_spawn(keel_ctx_commands(ctx), acct, 1));
+        B_CHECK(&w->err, keel_cmd_spawn(keel_ctx_commands(ctx), pe, 1));
+        return 0;
+    }
+    pos_t p = {(int64_t)t, 1};
+    B_CHECK(&w->err, keel_txn_set(ctx, KEEL_ENTITY_MAKE(2, 1), w->POS, &p));
+    if (t != w->fail_tick || w->mode == F_NORMAL) {
+        B_CHECK(&w->err, f_transfer(ctx, w, KEEL_DURABLE_GROUP, 1));
+        return 0;
+    }
+    w->fail_runs++;
+    switch (w->mode) {
+    case F_IMMEDIATE_TWICE:
+        w->rc_imm1 = f_transfer(ctx, w, KEEL_DURABLE_IMMEDIATE, 3);
+        w->rc_imm2 = f_transfer(ctx, w, KEEL_DURABLE_IMMEDIATE, 5);
+        w->rc_group = f_transfer(ctx, w, KEEL_DURABLE_GROUP, 9);
+        break;
+    case F_IMMEDIATE_ONCE:
+        w->rc_imm1 = f_transfer(ctx, w, KEEL_DURABLE_IMMEDIATE, 11);
+        break;
+    case F_FENCE_OOM:
+        /* the unit of work ran out of memory capturing the tick: the fence
+         * cannot log it (txn/uow.c sets this flag when an allocation fails) */
+        ctx->rt->uow.oom = true;
+        break;
+    }
+    return 0;
+}
+
+static int f_shutdown(keel_side_txn *tx, void *arg)
+{
+    (void)tx;
+    fworld *w = arg;
+    w->shutdown_calls++;
+    return 0;
+}
+
+static void f_open(fworld *w, const keel_runtime_desc *base)
+{
+    memset(w, 0, sizeof *w);
+    keel_runtime_desc d = *base;
+    d.durable.on_shutdown = f_shutdown;
+    d.durable.shutdown_arg = w;
+    w->rt = rt_create(&d);
+    w->MONEY = reg_i64(w->rt, "money", KEEL_VERSIONED);
+    keel_component_desc pos = {.name = "pos", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
+    ck_assert_ok(keel_component_register(keel_runtime_world(w->rt), &pos, &w->POS));
+    keel_query_desc qd = {.with = {w->MONEY}};
+    ck_assert_ok(keel_query_create(keel_runtime_world(w->rt), &qd, &w->q_money));
+    keel_schedule *s = sched_new(w->rt);
+    keel_system_desc sd = {.name = "bank", .kind = KEEL_SYSTEM_CALLBACK, .run = f_sys, .user = w,
+                           .access = {.writes = {w->POS}, .side_writes = {w->MONEY}}};
+    add_sys(s, &sd);
+    install(w->rt, s);
+}
+
+static void f_close(fworld *w)
+{
+    keel_query_destroy(w->q_money);
+    keel_runtime_close(w->rt);
+    w->rt = NULL;
+}
+
+static void f_money(fworld *w, int64_t out[2])
+{
+    keel_entity a[8];
+    ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
+    out[0] = get_i64(w->rt, a[0], w->MONEY);
+    out[1] = get_i64(w->rt, a[1], w->MONEY);
+}
+
+/* Three good ticks, made durable. */
+static void f_prefix(fworld *w, uint64_t *hash, int64_t money[2], uint64_t *lsn)
+{
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    for (int t = 1; t <= 3; t++) {
+        ck_assert_ok(keel_runtime_step(w->rt));
+        ck_assert_berr(&w->err);
+    }
+    ck_assert_ok(keel_uow_flush(w->rt));
+    *hash = keel_world_hash(keel_runtime_world(w->rt));
+    f_money(w, money);
+    *lsn = keel_durable_lsn(w->rt);
+    ck_assert_uint_eq(*lsn, dur_last_lsn(w->rt));
+}
+
+/* Reopen: the state of tick 3 (plus what `extra` says was acknowledged). */
+static void f_expect_reopen(const keel_runtime_desc *d, uint64_t tick, uint64_t hash, const int64_t money[2])
+{
+    fworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    f_open(w, d);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, tick);
+    ck_assert_uint_eq(keel_runtime_tick(w->rt), tick);
+    if (hash)
+        ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), hash);
+    int64_t m[2];
+    f_money(w, m);
+    ck_assert_int_eq(m[0], money[0]);
+    ck_assert_int_eq(m[1], money[1]);
+    ck_assert_int_eq(m[0] + m[1], 1000);
+    /* and it runs on */
+    ck_assert_ok(keel_runtime_step(w->rt));
+    ck_assert_berr(&w->err);
+    ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
+    f_close(w);
+    free(w);
+}
+
+/* An I/O error on a WAL commit latches the runtime: nothing is acknowledged
+ * any more (side commits, tickets, ticks, flush, checkpoint), on_shutdown
+ * does not run, and the directory reopens at the last durable tick. */
+START_TEST(test_fatal_injected)
+{
+    static const int codes[2] = {KEEL_EIO, KEEL_ENOSPC};
+    for (int i = 0; i < 2; i++) {
+        char dir[256];
+        tdir(dir, sizeof dir, i ? "fatal-enospc" : "fatal-eio");
+        keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+        fworld *w = calloc(1, sizeof *w);
+        ck_assert_ptr_nonnull(w);
+        f_open(w, &d);
+        w->fail_tick = 4;
+        w->mode = F_IMMEDIATE_TWICE;
+        uint64_t h3, l3;
+        int64_t m3[2];
+        f_prefix(w, &h3, m3, &l3);
+        ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
+        /* the writer is idle (flushed): the next commit is the closure's */
+        kw_store_test_fail_write(w->rt->dur->store, 1, codes[i]);
+        keel_entity a[8];
+        ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
+        xfer x = {a[0], a[1], 7, w->MONEY};
+        keel_ticket *tk = NULL;
+        ck_assert_ok(keel_submit(w->rt, closure_xfer, &x, KEEL_DURABLE_IMMEDIATE, &tk));
+        ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
+        ck_assert_uint_eq(w->fail_runs, 1);
+        ck_assert_rc(w->rc_imm1, KEEL_EFATAL);
+        ck_assert_rc(w->rc_imm2, KEEL_EFATAL);
+        ck_assert_rc(w->rc_group, KEEL_EFATAL);
+        ck_assert_int_eq(keel_runtime_fatal(w->rt), codes[i]);
+        ck_assert_rc(keel_ticket_wait(tk, -1), KEEL_EFATAL);
+        keel_ticket_release(tk);
+        ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "fatal"));
+        ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
+        ck_assert_rc(keel_uow_flush(w->rt), KEEL_EFATAL);
+        ck_assert_rc(keel_checkpoint(w->rt), KEEL_EFATAL);
+        ck_assert_uint_eq(keel_durable_lsn(w->rt), l3); /* nothing more acknowledged */
+        ck_assert_int_eq(keel_runtime_fatal(w->rt), codes[i]); /* the first code stays */
+        /* a closure queued now never runs: its ticket completes at close */
+        ck_assert_ok(keel_submit(w->rt, closure_xfer, &x, KEEL_DURABLE_IMMEDIATE, &tk));
+        f_close(w);
+        ck_assert_rc(keel_ticket_wait(tk, -1), KEEL_EBUSY);
+        keel_ticket_release(tk);
+        ck_assert_uint_eq(w->shutdown_calls, 0);
+        dir_view v;
+        dir_read(dir, &v);
+        ck_assert_uint_eq(v.r[v.n - 1].lsn, l3);
+        ck_assert_uint_eq(max_tick_of(&v), 3);
+        dir_view_free(&v);
+        f_expect_reopen(&d, 3, h3, m3);
+        free(w);
+    }
+}
+END_TEST
+
+/* An IMMEDIATE side commit acknowledged in tick 4, then tick 4's own batch
+ * fails to commit: the acknowledged transfer is recovered, tick 4 is not. */
+START_TEST(test_fatal_after_acknowledged_immediate)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "fatal-acked");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    fworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    f_open(w, &d);
+    w->fail_tick = 4;
+    w->mode = F_IMMEDIATE_ONCE;
+    uint64_t h3, l3;
+    int64_t m3[2];
+    f_prefix(w, &h3, m3, &l3);
+    /* commit 1: the side record (acknowledged); commit 2 fails (the tick's
+     * batch, or an empty flush before it) */
+    kw_store_test_fail_write(w->rt->dur->store, 2, KEEL_EIO);
+    int rc = keel_runtime_step(w->rt);
+    ck_assert_msg(rc == KEEL_OK || rc == KEEL_EFATAL, "step: %s", keel_strerror(rc));
+    ck_assert_rc(w->rc_imm1, KEEL_OK);
+    keel_uow_flush(w->rt); /* returns once the failure latched (see test_fatal_fence_oom for its code) */
+    ck_assert_int_eq(keel_runtime_fatal(w->rt), KEEL_EIO);
+    ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
+    f_close(w);
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert_uint_eq(count_kind_tick(&v, KW_KIND_TICK_COMMIT, 4, false), 0);
+    uint64_t side4 = 0;
+    for (uint64_t i = 0; i < v.n; i++)
+        side4 += v.r[i].kind == KW_KIND_SIDE && v.r[i].tick == 4 && v.r[i].side_mode == KEEL_DURABLE_IMMEDIATE;
+    ck_assert_uint_eq(side4, 1);
+    dir_view_free(&v);
+    int64_t m[2] = {m3[0] - 11, m3[1] + 11};
+    f_expect_reopen(&d, 3, 0, m);
+    free(w);
+}
+END_TEST
+
+/* The fence cannot log tick 4 (its unit of work ran out of memory): the
+ * runtime latches, and keel_uow_flush -- "wait until every tick completed
+ * so far is durable" -- must not report success for it. */
+START_TEST(test_fatal_fence_oom)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "fatal-oom");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    fworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    f_open(w, &d);
+    w->fail_tick = 4;
+    w->mode = F_FENCE_OOM;
+    uint64_t h3, l3;
+    int64_t m3[2];
+    f_prefix(w, &h3, m3, &l3);
+    ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
+    ck_assert_int_eq(keel_runtime_fatal(w->rt), KEEL_ENOMEM);
+    ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
+    ck_assert_rc(keel_checkpoint(w->rt), KEEL_EFATAL);
+    uint64_t tick = keel_runtime_tick(w->rt);
+    int flush = keel_uow_flush(w->rt);
+    f_close(w);
+    ck_assert_uint_eq(w->shutdown_calls, 0);
+    f_expect_reopen(&d, 3, h3, m3);
+    free(w);
+    ck_assert_msg(flush == KEEL_EFATAL, "keel_uow_flush on a runtime latched fatal returned %s although tick %llu "
+                  "(keel_runtime_tick) was never logged; expected KEEL_EFATAL", keel_strerror(flush),
+                  (unsigned long long)tick);
+}
+END_TEST
+
+/* A real ENOSPC: map_max too small for the workload. IMMEDIATE ticks, so
+ * every step that returned 0 is durable; the failing one latches. */
+START_TEST(test_map_max_enospc)
+{
+    char dir[256], mdb[300];
+    tdir(dir, sizeof dir, "map-max");
+    mdb_path(mdb, sizeof mdb, dir);
+    keel_runtime_desc d = desc_dir(dir, 1, 64, KEEL_DURABLE_IMMEDIATE);
+    d.durable.map_max = 512u << 10;
+    gworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    g_open(w, &d, 100);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    static uint64_t hash[401];
+    int rc = 0;
+    uint64_t t = 0;
+    while (t < 400) {
+        rc = keel_runtime_step(w->rt);
+        ck_assert_berr(&w->err);
+        if (rc)
+            break;
+        hash[++t] = keel_world_hash(keel_runtime_world(w->rt));
+    }
+    ck_assert_rc(rc, KEEL_EFATAL);
+    ck_assert_uint_ge(t, 2);
+    ck_assert_int_eq(keel_runtime_fatal(w->rt), KEEL_ENOSPC);
+    ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
+    ck_assert_rc(keel_uow_flush(w->rt), KEEL_EFATAL);
+    g_close(w);
+    fdigest f = file_digest(mdb);
+    ck_assert_uint_le(f.size, 512u << 10);
+    /* reopen with room: the last tick whose step returned 0 */
+    keel_runtime_desc d2 = d;
+    d2.durable.map_max = 0;
+    g_open(w, &d2, 100);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, t);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), hash[t]);
+    ck_assert_ok(keel_runtime_step(w->rt));
+    ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
+    g_close(w);
+    free(w);
+}
+END_TEST
+
+/* Bad durable descriptor fields are refused at create, naming the field. */
+START_TEST(test_bad_desc)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "desc");
+    struct {
+        keel_durable_desc dd;
+        const char *field;
+    } cases[] = {
+        {{.dir = ""}, "durable.dir"},
+        {{.dir = dir, .zstd_level = 23}, "zstd_level"},
+        {{.dir = dir, .zstd_level = -131073}, "zstd_level"},
+        {{.dir = dir, .map_size = 2u << 20, .map_max = 1u << 20}, "map_size"},
+        {{.dir = dir, .checkpoint_every_seconds = NAN}, "checkpoint_every_seconds"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        keel_runtime_desc d = {.workers = 1, .durable = cases[i].dd};
+        keel_runtime *rt = (keel_runtime *)&d; /* must stay untouched */
+        ck_assert_rc(keel_runtime_create(&d, &rt), KEEL_EINVAL);
+        ck_assert_ptr_eq(rt, (keel_runtime *)&d);
+        ck_assert_msg(strstr(keel_last_error(), cases[i].field) != NULL, "case %zu: the error does not name %s: %s", i,
+                      cases[i].field, keel_last_error());
+    }
+    ck_assert(!path_exists(dir));
+    /* the edges that are allowed: zstd's fast levels, its top level, map_size == map_max */
+    static wref ref;
+    w_reference(&ref, 3, 1, false);
+    const int32_t levels[3] = {-5, 19, 0};
+    for (int i = 0; i < 3; i++) {
+        char sub[300];
+        snprintf(sub, sizeof sub, "%s-%d", dir, i);
+        keel_runtime_desc d = desc_dir(sub, 1, 16, KEEL_DURABLE_GROUP);
+        d.durable.zstd_level = levels[i];
+        if (i == 2)
+            d.durable.map_size = d.durable.map_max = 8u << 20;
+        wworld *w = w_new(false);
+        w_open(w, &d, false);
+        for (uint64_t t = 1; t <= 3; t++)
+            w_drive(w, t);
+        w_close(w);
+        w_reset(w, false);
+        w_open(w, &d, false);
+        ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+        w_expect(w, &ref, 3);
+        w_close(w);
+        free(w);
+    }
+}
+END_TEST
+
+/* ==== dur_writer ===================================================================== */
+
+#define WR_THREADS 8
+#define WR_ACCOUNTS 8
+#define WR_INIT 1000000
+
+typedef struct wr_report {
+    int fail_line;
+    char msg[320];
+    uint64_t ok, bad, fsyncs, commits, ticks, side_in_ticks;
+    int first_bad_rc;
+} wr_report;
+
+typedef struct wr_env {
+    keel_runtime *rt;
+    keel_component MONEY, CLOCK;
+    keel_query *q_money, *q_clock;
+    keel_entity acct[WR_ACCOUNTS];
+    uint32_t per_thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t submitted;
+    uint32_t done;
+    _Atomic uint64_t ok, bad;
+    _Atomic int first_bad_rc;
+    berr err;
+} wr_env;
+
+typedef struct wr_xfer {
+    keel_component c;
+    keel_entity from, to;
+    int64_t amount;
+} wr_xfer;
+
+typedef struct wr_arg {
+    wr_env *e;
+    uint32_t id;
+} wr_arg;
+
+/* Thread i's j-th transfer: deterministic, so the final balances are plain
+ * arithmetic whatever order the closures ran in. */
+static void wr_plan(uint32_t i, uint32_t j, uint32_t *from, uint32_t *to, int64_t *amount)
+{
+    *from = i % WR_ACCOUNTS;
+    *to = (i + 1 + j % (WR_ACCOUNTS - 1)) % WR_ACCOUNTS;
+    *amount = 1 + (int64_t)((i * 3 + j) % 11);
+}
+
+static void wr_expected(uint32_t per_thread, int64_t out[WR_ACCOUNTS])
+{
+    for (int a = 0; a < WR_ACCOUNTS; a++)
+        out[a] = WR_INIT;
+    for (uint32_t i = 0; i < WR_THREADS; i++)
+        for (uint32_t j = 0; j < per_thread; j++) {
+            uint32_t f, t;
+            int64_t amt;
+            wr_plan(i, j, &f, &t, &amt);
+            out[f] -= amt;
+            out[t] += amt;
+        }
+}
+
+static int wr_closure(keel_side_txn *tx, void *arg)
+{
+    wr_xfer *x = arg;
+    int64_t a = 0, b = 0;
+    int rc = keel_side_get(tx, x->from, x->c, &a);
+    rc = rc ? rc : keel_side_get(tx, x->to, x->c, &b);
+    if (rc)
+        return rc;
+    if (a < x->amount)
+        return KEEL_ERANGE; /* never: the accounts are deep */
+    a -= x->amount;
+    b += x->amount;
+    rc = keel_side_set(tx, x->from, x->c, &a);
+    return rc ? rc : keel_side_set(tx, x->to, x->c, &b);
+}
+
+static void *wr_thread(void *p)
+{
+    wr_arg *arg = p;
+    wr_env *e = arg->e;
+    for (uint32_t j = 0; j < e->per_thread; j++) {
+        uint32_t f, t;
+        wr_xfer x = {.c = e->MONEY};
+        wr_plan(arg->id, j, &f, &t, &x.amount);
+        x.from = e->acct[f];
+        x.to = e->acct[t];
+        keel_ticket *tk = NULL;
+        int rc = keel_submit(e->rt, wr_closure, &x, KEEL_DURABLE_IMMEDIATE, &tk);
+        pthread_mutex_lock(&e->mu);
+        e->submitted++;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        if (!rc) {
+            rc = keel_ticket_wait(tk, -1);
+            keel_ticket_release(tk);
+        }
+        if (rc == 0) {
+            atomic_fetch_add(&e->ok, 1);
+        } else {
+            int zero = 0;
+            atomic_compare_exchange_strong(&e->first_bad_rc, &zero, rc);
+            atomic_fetch_add(&e->bad, 1);
+        }
+    }
+    pthread_mutex_lock(&e->mu);
+    e->done++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* Tick 1 opens the accounts and a clock entity; every tick writes the
+ * clock (the tick's own VERSIONED row). */
+static int wr_sys(keel_ctx *ctx, void *user)
+{
+    wr_env *e = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    int64_t v = (int64_t)t;
+    if (t == 1) {
+        int64_t m = WR_INIT;
+        keel_init acct[1] = {{e->MONEY, &m}}, clk[1] = {{e->CLOCK, &v}};
+        for (int a = 0; a < WR_ACCOUNTS; a++)
+            B_CHECK(&e->err, keel_cmd_spawn(keel_ctx_commands(ctx), acct, 1));
+        B_CHECK(&e->err, keel_cmd_spawn(keel_ctx_commands(ctx), clk, 1));
+        return 0;
+    }
+    keel_entity c[2];
+    if (query_entities(e->q_clock, c, 2) == 1)
+        B_CHECK(&e->err, keel_txn_set(ctx, c[0], e->CLOCK, &v));
+    return 0;
+}
+
+/* No Check calls here: it also runs in a child process. 0 or the failing line. */
+static int wr_open(wr_env *e, const keel_runtime_desc *d)
+{
+    keel_world *w;
+    keel_schedule *s = NULL;
+    if (keel_runtime_create(d, &e->rt))
+        return __LINE__;
+    w = keel_runtime_world(e->rt);
+    keel_component_desc cm = {.name = "money", .size = 8, .fields = i64_fields, .field_count = 1};
+    keel_component_desc cc = {.name = "clock", .size = 8, .fields = i64_fields, .field_count = 1};
+    if (keel_component_register(w, &cm, &e->MONEY) || keel_component_register(w, &cc, &e->CLOCK))
+        return __LINE__;
+    keel_query_desc qm = {.with = {e->MONEY}}, qc = {.with = {e->CLOCK}};
+    if (keel_query_create(w, &qm, &e->q_money) || keel_query_create(w, &qc, &e->q_clock))
+        return __LINE__;
+    keel_system_desc sd = {.name = "clock", .kind = KEEL_SYSTEM_CALLBACK, .run = wr_sys, .user = e,
+                           .access = {.writes = {e->CLOCK}}};
+    if (keel_schedule_create(e->rt, &s) || keel_schedule_add_system(s, &sd, NULL) || keel_schedule_build(s) ||
+        keel_runtime_set_schedule(e->rt, s))
+        return __LINE__;
+    return 0;
+}
+
+static void wr_close(wr_env *e)
+{
+    keel_query_destroy(e->q_money);
+    keel_query_destroy(e->q_clock);
+    keel_runtime_close(e->rt);
+    e->rt = NULL;
+}
+
+#define WR_FAIL(rep, cond)                                                                   \
+    do {                                                                                     \
+        if (!(cond) && !(rep)->fail_line) {                                                  \
+            (rep)->fail_line = __LINE__;                                                     \
+            snprintf((rep)->msg, sizeof (rep)->msg, "%s (%s)", #cond, keel_last_error());    \
+        }                                                                                    \
+    } while (0)
+
+/* The workload, reporting into rep instead of asserting: it also runs in a
+ * child process that must not call into Check. With crash, it ends the
+ * process at once (no close, no flush) once every ticket returned. */
+static void wr_run(const char *dir, uint32_t per_thread, wr_report *rep, bool crash)
+{
+    wr_env *e = calloc(1, sizeof *e);
+    if (!e) {
+        rep->fail_line = __LINE__;
+        return;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->per_thread = per_thread;
+    keel_runtime_desc d = {.world = {.chunk_rows = 64}, .workers = 2, .tick_rate_hz = -1};
+    d.durable.dir = dir;
+    d.durable.checkpoint_every_ticks = d.durable.checkpoint_every_bytes = -1;
+    d.durable.checkpoint_every_seconds = -1;
+    if ((rep->fail_line = wr_open(e, &d)) != 0) {
+        snprintf(rep->msg, sizeof rep->msg, "wr_open: %s", keel_last_error());
+        return;
+    }
+    WR_FAIL(rep, keel_runtime_step(e->rt) == 0);
+    WR_FAIL(rep, query_entities(e->q_money, e->acct, WR_ACCOUNTS) == WR_ACCOUNTS);
+    pthread_t th[WR_THREADS];
+    wr_arg args[WR_THREADS];
+    for (uint32_t i = 0; i < WR_THREADS; i++) {
+        args[i] = (wr_arg){e, i};
+        WR_FAIL(rep, pthread_create(&th[i], NULL, wr_thread, &args[i]) == 0);
+    }
+    /* step whenever something was submitted since the last step */
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (e->submitted == seen && e->done < WR_THREADS)
+            pthread_cond_wait(&e->cv, &e->mu);
+        bool fin = e->done == WR_THREADS;
+        seen = e->submitted;
+        pthread_mutex_unlock(&e->mu);
+        if (fin)
+            break;
+        int rc = keel_runtime_step(e->rt);
+        WR_FAIL(rep, rc == 0);
+        if (rc)
+            break;
+    }
+    for (uint32_t i = 0; i < WR_THREADS; i++)
+        pthread_join(th[i], NULL);
+    keel_runtime_stats st;
+    keel_runtime_stats_get(e->rt, &st);
+    rep->ok = atomic_load(&e->ok);
+    rep->bad = atomic_load(&e->bad);
+    rep->first_bad_rc = atomic_load(&e->first_bad_rc);
+    rep->fsyncs = st.fsyncs;
+    rep->commits = st.commits;
+    rep->ticks = keel_runtime_tick(e->rt);
+    WR_FAIL(rep, e->err.bad == 0);
+    if (crash)
+        _exit(0); /* as if killed: every acknowledged ticket must be on disk already */
+    wr_close(e);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+/* Reopen after wr_run: every acknowledged transfer is there, nothing else. */
+static void wr_verify(const char *dir, uint32_t per_thread, const wr_report *rep, bool crashed)
+{
+    ck_assert_msg(rep->fail_line == 0, "workload line %d: %s", rep->fail_line, rep->msg);
+    uint64_t n = (uint64_t)WR_THREADS * per_thread;
+    ck_assert_msg(rep->ok == n && rep->bad == 0, "%llu tickets acknowledged, %llu failed (first %s)",
+                  (unsigned long long)rep->ok, (unsigned long long)rep->bad, keel_strerror(rep->first_bad_rc));
+    /* group commit: far fewer syncs than IMMEDIATE commits */
+    ck_assert_msg(rep->fsyncs < n, "%llu fsyncs for %llu IMMEDIATE commits: no group commit",
+                  (unsigned long long)rep->fsyncs, (unsigned long long)n);
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert(v.consecutive);
+    ck_assert_uint_eq(v.kinds[KW_KIND_SIDE], n);
+    ck_assert_uint_eq(v.side_modes[KEEL_DURABLE_IMMEDIATE], n);
+    dir_view_free(&v);
+    wr_env *e = calloc(1, sizeof *e);
+    ck_assert_ptr_nonnull(e);
+    keel_runtime_desc d = desc_dir(dir, 1, 64, KEEL_DURABLE_GROUP);
+    ck_assert_msg(wr_open(e, &d) == 0, "wr_open: %s", keel_last_error());
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(e->rt, &info));
+    ck_assert_uint_eq(info.side_txns, n);
+    ck_assert_uint_ge(info.tick, 1);
+    if (crashed)
+        ck_assert_uint_le(info.tick, rep->ticks); /* GROUP ticks may be lost in a crash */
+    else
+        ck_assert_uint_eq(info.tick, rep->ticks);
+    keel_entity acct[WR_ACCOUNTS], clk[2];
+    ck_assert_uint_eq(query_entities(e->q_money, acct, WR_ACCOUNTS), WR_ACCOUNTS);
+    ck_assert_uint_eq(query_entities(e->q_clock, clk, 2), 1);
+    ck_assert_int_eq(get_i64(e->rt, clk[0], e->CLOCK), (int64_t)info.tick); /* ticks are whole */
+    int64_t want[WR_ACCOUNTS], sum = 0;
+    wr_expected(per_thread, want);
+    for (int a = 0; a < WR_ACCOUNTS; a++) {
+        int64_t got = get_i64(e->rt, acct[a], e->MONEY);
+        ck_assert_msg(got == want[a], "account %d: %lld, expected %lld", a, (long long)got, (long long)want[a]);
+        sum += got;
+    }
+    ck_assert_int_eq(sum, (int64_t)WR_ACCOUNTS * WR_INIT);
+    /* and it runs on from there */
+    ck_assert_ok(keel_runtime_step(e->rt));
+    ck_assert_berr(&e->err);
+    wr_close(e);
+    free(e);
+}
+
+START_TEST(test_writer_transfers_close_reopen)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "writer");
+    wr_report rep;
+    memset(&rep, 0, sizeof rep);
+    wr_run(dir, 100, &rep, false);
+    wr_verify(dir, 100, &rep, false);
+}
+END_TEST
+
+/* The same workload in a child process that ends without closing (as if
+ * killed) once all tickets returned: acknowledged means on disk. */
+START_TEST(test_writer_transfers_crash)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "writer-crash");
+    wr_report *rep = mmap(NULL, sizeof *rep, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(rep, MAP_FAILED);
+    memset(rep, 0, sizeof *rep);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        wr_run(dir, 100, rep, true);
+        _exit(1); /* not reached */
+    }
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status %d (line %d: %s)", status,
+                  rep->fail_line, rep->msg);
+    wr_report copy = *rep;
+    munmap(rep, sizeof *rep);
+    wr_verify(dir, 100, &copy, true);
+}
+END_TEST
+
+/* ==== suites ========================================================================== */
+
+static TCase *tcase_with_dirs(const char *name, int timeout)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
+    tcase_set_timeout(tc, timeout);
+    return tc;
+}
+
+static Suite *dur_api(void)
+{
+    Suite *s = suite_create("dur_api");
+    TCase *tc = tcase_with_dirs("api", 300);
+    tcase_add_test(tc, test_reopen_matches_reference);
+    tcase_add_test(tc, test_checkpoint_reopen);
+    tcase_add_test(tc, test_checkpoint_periodic);
+    tcase_add_test(tc, test_incremental_checkpoint);
+    tcase_add_test(tc, test_stats_and_telemetry);
+    tcase_add_test(tc, test_flush_deferred_and_no_dir);
+    tcase_add_test(tc, test_hooks_first_tick_and_shutdown);
+    tcase_add_test(tc, test_writes_before_recover_refused);
+    tcase_add_test(tc, test_recover_busy_with_driver);
+    tcase_add_test(tc, test_durable_lag_while_writer_blocked);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *dur_recovery(void)
+{
+    Suite *s = suite_create("dur_recovery");
+    TCase *tc = tcase_with_dirs("recovery", 300);
+    tcase_add_test(tc, test_corrupt_record);
+    tcase_add_test(tc, test_schema_extend_and_mismatch);
+    tcase_add_test(tc, test_bad_data_dirs);
+    tcase_add_test(tc, test_map_growth);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *dur_errors(void)
+{
+    Suite *s = suite_create("dur_errors");
+    TCase *tc = tcase_with_dirs("errors", 300);
+    tcase_add_test(tc, test_fatal_injected);
+    tcase_add_test(tc, test_fatal_after_acknowledged_immediate);
+    tcase_add_test(tc, test_fatal_fence_oom);
+    tcase_add_test(tc, test_map_max_enospc);
+    tcase_add_test(tc, test_bad_desc);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *dur_writer(void)
+{
+    Suite *s = suite_create("dur_writer");
+    TCase *tc = tcase_with_dirs("writer", 600);
+    tcase_add_test(tc, test_writer_transfers_close_reopen);
+    tcase_add_test(tc, test_writer_transfers_crash);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(dur_api, dur_recovery, dur_errors, dur_writer)

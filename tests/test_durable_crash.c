@@ -70,7 +70,8 @@
  *
  * Failures in the parent are collected (the first one is kept), the child is
  * killed and the temporary directory removed before the test asserts.
- * KEEL_CRASH_SEED=<n> changes the kill points.
+ * KEEL_CRASH_SEED=<n> changes the kill points; KEEL_CRASH_VERBOSE=1 prints every
+ * child's story; KEEL_CRASH_KEEP=1 keeps the data directories.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -161,7 +162,7 @@ typedef struct refdata {
 /* ---- messages child -> parent --------------------------------------------------------- */
 
 enum {
-    M_STARTED = 1,  /* the child is about to open the data directory */
+    M_STARTED = 1,  /* the runtime is set up: keel_runtime_recover starts now */
     M_RECOVERED,    /* tick, hash, ledgers, balances, probes */
     M_ACK,          /* an IMMEDIATE transfer committed (returned 0) */
     M_TICK,         /* keel_runtime_step returned 0: tick, hash */
@@ -229,6 +230,7 @@ typedef struct plan {
     keel_durability mode;
     int64_t ckpt_every;        /* durable.checkpoint_every_ticks */
     int32_t workers;
+    uint64_t map_size;         /* durable.map_size (0: default) */
     uint64_t until;            /* run ticks until keel_runtime_tick reaches it */
     uint64_t flush_at;         /* after this tick: keel_uow_flush */
     uint64_t checkpoint_at;    /* after this tick: keel_checkpoint */
@@ -464,7 +466,7 @@ static int app_open(app *a, const plan *p)
         .workers = p->workers,
         .tick_rate_hz = -1,
         .durability = p->mode,
-        .durable = {.dir = p->dir, .checkpoint_every_ticks = p->ckpt_every},
+        .durable = {.dir = p->dir, .checkpoint_every_ticks = p->ckpt_every, .map_size = p->map_size},
         .on_first_tick = populate,
         .hook_user = a,
     };
@@ -604,12 +606,12 @@ static void reference_tick(app *a, uint64_t t, const keel_entity *before, uint32
 
 static _Noreturn void child_main(const plan *p, int out_fd, int hold_fd)
 {
-    msg m = {.type = M_STARTED};
-    send_msg(out_fd, &m);
     app a = {.out_fd = out_fd, .ref = p->reference ? g_ref : NULL};
     int rc = app_open(&a, p);
     if (rc)
         child_fail(out_fd, "setting the runtime up", rc);
+    msg m = {.type = M_STARTED}; /* a kill on this lands in (or right before) recovery */
+    send_msg(out_fd, &m);
     keel_recovery info = {0};
     if (p->dir && (rc = keel_runtime_recover(a.rt, &info)))
         child_fail(out_fd, "keel_runtime_recover", rc);
@@ -865,7 +867,7 @@ static void verify_ack(oracle *o, const msg *m, uint64_t recovered)
     o->nacks++;
 }
 
-typedef enum trig_kind { TRIG_NONE, TRIG_STARTED, TRIG_RECOVERED, TRIG_ACKS, TRIG_TICK } trig_kind;
+typedef enum trig_kind { TRIG_NONE, TRIG_STARTED, TRIG_RECOVERED, TRIG_ACKS, TRIG_TICK, TRIG_CKPT } trig_kind;
 
 typedef struct trigger {
     trig_kind kind;
@@ -934,6 +936,7 @@ static outcome pump(oracle *o, child *c, trigger tr, bool ticks_durable)
                       m.tick, keel_strerror(m.rc));
             else if (m.tick > o->min_durable)
                 o->min_durable = m.tick;
+            fire = m.type == M_CKPT && tr.kind == TRIG_CKPT;
             break;
         case M_HOLD:
             out.held = true;
@@ -1012,7 +1015,10 @@ static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW 
 
 static void tmpdir_remove(tmpdir *d)
 {
-    nftw(d->base, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    if (getenv("KEEL_CRASH_KEEP")) /* debugging: keep the directory for keel-wal */
+        fprintf(stderr, "kept %s\n", d->data);
+    else
+        nftw(d->base, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -1044,6 +1050,7 @@ static void crash_rounds(oracle *o, const char *dir, keel_durability mode, int64
         if (cur + 3 >= end)
             break;
         trigger tr = {TRIG_NONE, 0};
+        uint64_t ckpt_at = 0;
         int kind = kinds[rng_next(&rng) % (uint64_t)nkinds];
         switch (kind) {
         case 0: /* after n acknowledged transfers */
@@ -1065,13 +1072,23 @@ static void crash_rounds(oracle *o, const char *dir, keel_durability mode, int64
         case 4: /* while recovering */
             tr = (trigger){TRIG_STARTED, 0};
             break;
-        default: /* early: a few transfers into the first tick after the open */
+        case 5: /* early: a few transfers into the first tick after the open */
             tr = (trigger){TRIG_ACKS, 1 + rng_next(&rng) % 3};
+            break;
+        case 6: /* right after keel_checkpoint returned (the next tick is running) */
+        case 7: /* while keel_checkpoint is writing (killed on the tick before it) */
+            ckpt_at = cur + 1 + rng_next(&rng) % 8;
+            tr = (trigger){kind == 6 ? TRIG_CKPT : TRIG_TICK, ckpt_at};
             break;
         }
         if (tr.kind == TRIG_TICK && tr.n >= end)
             tr.n = end - 1;
+        if (ckpt_at >= end)
+            ckpt_at = end - 1;
         plan p = base_plan(dir, mode, ckpt_every, end);
+        p.checkpoint_at = ckpt_at;
+        p.workers = 1 + (int32_t)(r & 1);             /* the worker count changes across restarts */
+        p.map_size = (r & 2) ? 256u << 10 : 0;       /* a small map: it grows (MDB_MAP_FULL) while running */
         run_child(o, &p, tr);
     }
 }
@@ -1109,17 +1126,42 @@ START_TEST(test_kill_rounds)
     tmpdir_make(&d);
     oracle o;
     oracle_init(&o, ref, "crash_kill");
-    static const int kinds[] = {0, 0, 1, 1, 2, 2, 3, 4, 5};
+    static const int kinds[] = {0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7};
     const uint64_t end = 140;
-    crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 7, 12, end, 1, kinds, (int)(sizeof kinds / sizeof kinds[0]));
+    crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 7, 20, end, 1, kinds, (int)(sizeof kinds / sizeof kinds[0]));
     /* every kind at least once, whatever the seed picked */
-    for (int k = 0; k <= 5 && o.max_ran + 3 < end; k++) {
+    for (int k = 0; k <= 7 && o.max_ran + 3 < end; k++) {
         int one[] = {k};
         crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 7, 1, end, 100 + (uint64_t)k, one, 1);
     }
     finish(&o, d.data, KEEL_DURABLE_GROUP, 7, end);
     if (!o.failed && o.kills < 10)
         ofail(&o, "only %u kills happened", o.kills);
+    oracle_assert(&o, &d);
+    munmap(ref, sizeof *ref);
+}
+END_TEST
+
+/* Kills while a long WAL (no checkpoint: 100 ticks) is being replayed, and right
+ * after; every recovery reaches the same state. */
+START_TEST(test_kill_during_recovery)
+{
+    refdata *ref = reference_run();
+    tmpdir d;
+    tmpdir_make(&d);
+    oracle o;
+    oracle_init(&o, ref, "crash_kill during recovery");
+    plan p = base_plan(d.data, KEEL_DURABLE_GROUP, -1, 110);
+    run_child(&o, &p, (trigger){TRIG_TICK, 100});
+    p.until = 0;
+    for (int r = 0; r < 8 && !o.failed; r++) {
+        outcome out = run_child(&o, &p, (trigger){r < 6 ? TRIG_STARTED : TRIG_RECOVERED, 0});
+        if (!o.failed && out.recovered && out.rec.hash != o.last_rec.hash)
+            ofail(&o, "kill %d during recovery changed the recovered state", r);
+    }
+    if (!o.failed && o.last_rec.aux)
+        ofail(&o, "recovered from checkpoint tick %" PRIu64 " although none was taken", o.last_rec.aux);
+    finish(&o, d.data, KEEL_DURABLE_GROUP, -1, 120);
     oracle_assert(&o, &d);
     munmap(ref, sizeof *ref);
 }
@@ -1281,7 +1323,7 @@ START_TEST(test_crash_during_checkpoint)
     tmpdir_make(&d);
     oracle o;
     oracle_init(&o, ref, "(d) checkpoint every tick");
-    static const int kinds[] = {0, 0, 2, 2, 1, 3, 5};
+    static const int kinds[] = {0, 0, 2, 2, 1, 3, 5, 6, 7};
     crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 1, 12, 70, 2, kinds, (int)(sizeof kinds / sizeof kinds[0]));
     finish(&o, d.data, KEEL_DURABLE_GROUP, 1, 70);
     if (!o.failed && o.ckpt_recoveries == 0)
@@ -1363,6 +1405,7 @@ static Suite *crash_kill_suite(void)
     TCase *tc = tcase_create("kill");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_kill_rounds);
+    tcase_add_test(tc, test_kill_during_recovery);
     suite_add_tcase(s, tc);
     return s;
 }

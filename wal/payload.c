@@ -66,8 +66,11 @@ uint32_t kw_get_u32(kw_cursor *c)
 
 uint64_t kw_get_u64(kw_cursor *c)
 {
-    uint64_t lo = kw_get_u32(c);
-    return lo | (uint64_t)kw_get_u32(c) << 32;
+    const unsigned char *p = kw_get_bytes(c, 8);
+    uint64_t v = 0;
+    for (int i = 7; p && i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
 }
 
 /* ---- schema -------------------------------------------------------------------
@@ -157,9 +160,10 @@ int kw_schema_decode(const void *payload, size_t len, kw_schema *out)
             k->fields[f].offset = kw_get_u32(&c);
             k->fields[f].count = kw_get_u32(&c);
             if (!ok || c.bad) {
+                int rc = core_fail(KEEL_ECORRUPT, "schema payload: field %u of component '%s' is malformed", f, k->name);
                 s.ncomps++;
                 kw_schema_free(&s);
-                return core_fail(KEEL_ECORRUPT, "schema payload: field %u of component '%s' is malformed", f, k->name);
+                return rc;
             }
         }
     }

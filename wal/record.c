@@ -18,6 +18,10 @@
 #include "core/core.h"
 #include "keel_wal/wal.h"
 
+/* Values are stored in host order and the CRC's fast path reads words: the
+ * format is little-endian, and so must the host be. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "libkeel_wal needs a little-endian host");
+
 struct kw_codec_ctx {
     ZSTD_CCtx *cctx;
     ZSTD_DCtx *dctx;
@@ -217,6 +221,9 @@ int kw_record_check(const void *rec, size_t len, kw_header *out)
     if (h.codec > KW_CODEC_ZSTD || h.dict_id || rd32(p + 44))
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu has unknown codec %u, dictionary %u or reserved bits", lsn,
                          h.codec, h.dict_id);
+    if (h.raw_len > 0x7fffffffu || h.stored_len > 0x7fffffffu)
+        return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u raw / %u stored bytes, over the 2 GiB limit", lsn,
+                         h.raw_len, h.stored_len);
     if ((size_t)h.stored_len != len - KW_HEADER_SIZE)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u payload bytes but holds %zu", lsn, h.stored_len,
                          len - KW_HEADER_SIZE);

@@ -58,6 +58,7 @@ static int from_mdb(int rc, const char *what, const kw_store *s)
 {
     int code = rc == ENOSPC || rc == MDB_MAP_FULL ? KEEL_ENOSPC
              : rc == ENOMEM                       ? KEEL_ENOMEM
+             : rc == MDB_BAD_VALSIZE || rc == EINVAL ? KEEL_EINVAL
              : rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND || rc == MDB_VERSION_MISMATCH
                  ? KEEL_ECORRUPT
                  : KEEL_EIO;
@@ -117,9 +118,8 @@ static int open_dbs(kw_store *s, bool create)
     if (!rc && v.mv_size == 4)
         fmt = (uint32_t)((unsigned char *)v.mv_data)[0] | (uint32_t)((unsigned char *)v.mv_data)[1] << 8 |
               (uint32_t)((unsigned char *)v.mv_data)[2] << 16 | (uint32_t)((unsigned char *)v.mv_data)[3] << 24;
-    if (s->readonly)
-        mdb_txn_abort(txn);
-    else if ((rc = mdb_txn_commit(txn)))
+    /* commit, also read-only: aborting would close the handles opened in it */
+    if ((rc = mdb_txn_commit(txn)))
         return from_mdb(rc, "cannot commit to", s);
     if (fmt != KEEL_WAL_FORMAT_VERSION)
         return core_fail(KEEL_ECORRUPT, "%s has WAL format version %u; this build reads version %u", s->dir, fmt,
@@ -304,7 +304,7 @@ int kw_del_prefix(kw_wtxn *t, kw_db db, const void *prefix, size_t plen,
     if (rc)
         return wtxn_err(t, rc, "cannot open a cursor on");
     MDB_val k = {plen, (void *)prefix}, v;
-    rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+    rc = mdb_cursor_get(cur, &k, &v, plen ? MDB_SET_RANGE : MDB_FIRST);
     while (!rc && k.mv_size >= plen && !memcmp(k.mv_data, prefix, plen)) {
         if (!keep || !keep(k.mv_data, k.mv_size, arg)) {
             if ((rc = mdb_cursor_del(cur, 0)))
@@ -417,7 +417,8 @@ static int iter_open(kw_rtxn *r, kw_db db, const void *start, size_t slen, size_
     }
     it->r = r;
     it->first = true;
-    memcpy(it->startbuf, start, slen);
+    if (slen)
+        memcpy(it->startbuf, start, slen);
     it->start = (MDB_val){slen, it->startbuf};
     it->plen = plen;
     it->wal = db == KW_DB_WAL;

@@ -93,6 +93,7 @@ typedef struct fence_seg {
 typedef struct fence_job {
     keel_runtime *rt;
     uint64_t tick;
+    uint32_t flags;
     fence_seg *segs;
 } fence_job;
 
@@ -104,7 +105,7 @@ static void serialize_task(void *arg, uint32_t i, uint32_t worker)
     s->payload.len = 0;
     s->rc = rows_payload(&j->rt->uow, s->from, s->to, &s->payload);
     if (!s->rc)
-        s->rc = kw_record_build_unsealed(d->codec[worker % d->ncodec], &s->rec, KW_KIND_TICK_CHUNK, j->tick, 0,
+        s->rc = kw_record_build_unsealed(d->codec[worker % d->ncodec], &s->rec, KW_KIND_TICK_CHUNK, j->tick, j->flags,
                                          s->payload.p, s->payload.len);
 }
 
@@ -245,7 +246,7 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t ro
     uint32_t nseg = cut_segments(&rt->uow, rows_from, rows_to, &segs);
     if (nseg == UINT32_MAX)
         return core_fail(KEEL_ENOMEM, "out of memory in the fence");
-    fence_job job = {rt, tick, segs};
+    fence_job job = {rt, tick, flags, segs};
     if (parallel && nseg > 1)
         dispatch_for(rt, nseg, serialize_task, &job);
     else

@@ -405,8 +405,13 @@ static int replay_one(replay *p, uint64_t lsn, const void *rec, size_t len)
 {
     unit_rec u = {.rec = rec, .len = len};
     int rc = kw_record_check(rec, len, &u.h);
-    if (rc)
-        return rc;
+    if (rc) {
+        if (strstr(keel_last_error(), "LSN"))
+            return rc;
+        char why[400];
+        snprintf(why, sizeof why, "%s", keel_last_error());
+        return corrupt(lsn, "%s", why);
+    }
     if (u.h.lsn != lsn)
         return corrupt(lsn, "%s", "the record's LSN differs from its key");
     p->l->out->records++;

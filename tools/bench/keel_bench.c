@@ -1187,9 +1187,26 @@ typedef struct demo_opts {
     bool schedule;             /* false: components only (a runtime to recover into) */
 } demo_opts;
 
+/* Seeded from the entity number: positions on a 1000 x 1000 plane and
+ * velocities in [-5, 5), as keel-world's agents (full float mantissas, so
+ * zstd sees realistic values, not a few repeated patterns). */
+static float demo_unit(uint64_t *state)
+{
+    return (float)(splitmix64(state) >> 40) / (float)(1u << 24);
+}
+
+static vec3 demo_pos(uint32_t i)
+{
+    uint64_t st = 0x706f73ull ^ ((uint64_t)i << 20);
+    float x = demo_unit(&st) * 1000, y = demo_unit(&st) * 1000;
+    return (vec3){ x, y, 0 };
+}
+
 static vec3 demo_vel(uint32_t i)
 {
-    return (vec3){ 1.0f + (float)(i & 3) * 0.5f, (float)(i & 7) * 0.25f - 1.0f, -0.5f };
+    uint64_t st = 0x76656cull ^ ((uint64_t)i << 20);
+    float x = demo_unit(&st) * 10 - 5, y = demo_unit(&st) * 10 - 5;
+    return (vec3){ x, y, 0 };
 }
 
 static int demo_populate(keel_ctx *ctx, void *user)
@@ -1199,7 +1216,7 @@ static int demo_populate(keel_ctx *ctx, void *user)
         return 0; /* recovered */
     keel_cmdbuf *cb = keel_ctx_commands(ctx);
     for (uint32_t i = 0; i < d->n; i++) {
-        vec3 p = init_pos(i), v = demo_vel(i);
+        vec3 p = demo_pos(i), v = demo_vel(i);
         int rc = keel_cmd_spawn(cb, (keel_init[]){ { d->pos, &p }, { d->vel, &v } }, 2);
         if (rc)
             return rc;
@@ -1243,7 +1260,7 @@ static int demo_churn(keel_ctx *ctx, void *user)
     }
     for (uint32_t k = 0; k < d->churn; k++) {
         uint32_t i = (uint32_t)(tick * d->churn + k);
-        vec3 p = init_pos(i), v = demo_vel(i);
+        vec3 p = demo_pos(i), v = demo_vel(i);
         int rc = keel_cmd_spawn(cb, (keel_init[]){ { d->pos, &p }, { d->vel, &v } }, 2);
         if (rc)
             return rc;
@@ -1564,7 +1581,7 @@ typedef struct imm_sample {
 
 /* IMM_THREADS threads submit IMMEDIATE transfers (window in flight each)
  * for IMM_SECONDS while this thread steps the runtime unthrottled. */
-static imm_sample imm_measure(uint32_t window)
+static imm_sample imm_measure(uint32_t window, double rate_hz)
 {
     char *dir = make_tmpdir("imm");
     imm_run *r = calloc(1, sizeof *r);
@@ -1574,7 +1591,7 @@ static imm_sample imm_measure(uint32_t window)
     }
     r->window = window;
     keel_runtime_desc desc = {
-        .workers = 1, .tick_rate_hz = -1, .on_first_tick = imm_accounts, .hook_user = r,
+        .workers = 1, .tick_rate_hz = rate_hz, .on_first_tick = imm_accounts, .hook_user = r,
         .durable = { .dir = dir, .checkpoint_every_ticks = -1 },
     };
     check(keel_runtime_create(&desc, &r->rt), "keel_runtime_create");
@@ -1615,6 +1632,17 @@ static imm_sample imm_measure(uint32_t window)
         }
     }
     uint64_t stop_at = t0 + (uint64_t)(IMM_SECONDS * 1e9);
+    if (rate_hz > 0) { /* the TickDriver at rate_hz instead of an unthrottled loop */
+        check(keel_runtime_start(r->rt), "keel_runtime_start");
+        struct timespec ts = { (time_t)IMM_SECONDS, (long)((IMM_SECONDS - (double)(time_t)IMM_SECONDS) * 1e9) };
+        nanosleep(&ts, NULL);
+        atomic_store(&r->stop, true);
+        while (atomic_load(&r->running)) {
+            struct timespec ms = { 0, 1000000 };
+            nanosleep(&ms, NULL);
+        }
+        check(keel_runtime_stop(r->rt), "keel_runtime_stop");
+    }
     while (atomic_load(&r->running)) {
         step(r->rt);
         if (!atomic_load_explicit(&r->stop, memory_order_relaxed) && now_ns() >= stop_at)
@@ -1623,6 +1651,10 @@ static imm_sample imm_measure(uint32_t window)
     uint64_t t1 = now_ns();
     keel_runtime_stats_get(r->rt, &s1);
     imm_sample out = { .fsyncs_per_s = (double)(s1.fsyncs - s0.fsyncs) / ((double)(t1 - t0) / 1e9) };
+    if (getenv("KB_DEBUG"))
+        fprintf(stderr, "imm window %u: %llu ticks, %.1f MB WAL, %llu fsyncs in %.2f s\n", window,
+                (unsigned long long)(s1.ticks - s0.ticks), (double)(s1.wal_bytes - s0.wal_bytes) / 1e6,
+                (unsigned long long)(s1.fsyncs - s0.fsyncs), (double)(t1 - t0) / 1e9);
     size_t total = 0;
     for (uint32_t i = 0; i < IMM_THREADS; i++) {
         pthread_join(r->th[i].th, NULL);
@@ -1703,9 +1735,10 @@ static imm_sample fsync_measure(void)
 static void bench_immediate(const config *cfg)
 {
     keep_heap_resident();
-    static const struct { const char *name; uint32_t window; } runs[] = {
-        { "immediate", IMM_WINDOW },
-        { "immediate_w1", 1 },
+    static const struct { const char *name; uint32_t window; double rate; } runs[] = {
+        { "immediate", IMM_WINDOW, -1 },
+        { "immediate_w1", 1, -1 },
+        { "immediate_1khz", IMM_WINDOW, 1000 },
     };
     enum { NRUNS = sizeof runs / sizeof runs[0] };
     uint32_t R = cfg->rounds;
@@ -1719,13 +1752,13 @@ static void bench_immediate(const config *cfg)
         sf[k] = xmalloc(R * sizeof(double));
     }
     (void)fsync_measure(); /* warm-up */
-    (void)imm_measure(IMM_WINDOW);
+    (void)imm_measure(IMM_WINDOW, -1);
     for (uint32_t r = 0; r < R; r++) {
         imm_sample b = { 0 };
         if (r % 2 == 0)
             b = fsync_measure();
         for (int k = 0; k < NRUNS; k++) {
-            imm_sample s = imm_measure(runs[k].window);
+            imm_sample s = imm_measure(runs[k].window, runs[k].rate);
             st[k][r] = s.tps;
             s50[k][r] = s.p50;
             s99[k][r] = s.p99;
@@ -1800,7 +1833,9 @@ static rec_sample recovery_measure(const char *dir)
 static double wal_read_mbps(const char *dir)
 {
     kw_store *st;
-    check(kw_store_open(dir, &(kw_store_desc){ .flags = KW_OPEN_READONLY }, &st), "kw_store_open");
+    /* read-write open of the closed directory: a KW_OPEN_READONLY store cannot
+     * open a cursor (see docs/performance.md, durability) */
+    check(kw_store_open(dir, &(kw_store_desc){ 0 }, &st), "kw_store_open");
     kw_codec_ctx *c;
     check(kw_codec_create(&(kw_codec_desc){ 0 }, &c), "kw_codec_create");
     kw_rtxn *r;
@@ -1834,6 +1869,23 @@ static double wal_read_mbps(const char *dir)
 static void bench_recovery(const config *cfg)
 {
     keep_heap_resident();
+    if (getenv("KB_BUILDOFF")) {
+        for (int on = 0; on < 2; on++) {
+            char *dd = on ? make_tmpdir("x") : NULL;
+            demo x;
+            demo_open(&x, &(demo_opts){ .n = RECOVERY_ENTITIES, .turn = RECOVERY_TURN, .churn = DEMO_CHURN, .dir = dd,
+                                        .ckpt_ticks = -1, .telemetry = 1024, .schedule = true });
+            for (int t = 0; t < 10; t++) step(x.rt);
+            double c0 = process_cpu_s(); uint64_t t0 = now_ns();
+            for (int t = 0; t < 100; t++) step(x.rt);
+            check(keel_uow_flush(x.rt), "flush");
+            fprintf(stderr, "1M/1%% wal %d: %.2f ms/tick wall, %.2f ms/tick cpu\n", on, (now_ns() - t0) / 1e8,
+                    (process_cpu_s() - c0) * 10);
+            demo_close(&x);
+            if (dd) remove_tmpdir(dd);
+        }
+        return;
+    }
     /* Build: populate 1M (the first tick's hook), checkpoint, close: dir
      * `ckpt`; a copy of it, `full`, then gets RECOVERY_TICKS ticks of WAL. */
     uint64_t b0 = now_ns();

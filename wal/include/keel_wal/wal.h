@@ -5,14 +5,15 @@
  * through it; it never depends on the runtime. docs/wal-format.md describes
  * every byte. Three layers:
  *
- *   records  (record.c, crc32c.c, codec.c) -- the self-describing KWR1
+ *   records  (record.c: format and zstd codec; crc32c.c) -- the self-describing KWR1
  *            record: a 48-byte header, a payload (raw or zstd), a CRC32C;
- *   payloads (payload.c) -- little-endian builders and a bounds-checked
- *            cursor for the logical payloads (value rows, lifecycle ops,
- *            schema, snapshot chunks);
+ *   payloads (payload.c, decode.c) -- little-endian builders, a
+ *            bounds-checked cursor, the schema payload, and a decoder of the
+ *            logical changes (value rows, lifecycle commands);
  *   store    (store.c) -- the LMDB environment of a data directory: the
  *            named databases meta, schema, wal, snap, dict; map growth on
- *            MDB_MAP_FULL; read transactions and a WAL cursor.
+ *            MDB_MAP_FULL; read transactions, WAL cursors and filtered scans
+ *            (reader.c).
  *
  * Errors are KEEL_E* codes (keel/error.h) with a keel_last_error() sentence
  * naming the file, LSN or field at fault. Nothing here aborts on bad input.
