@@ -148,6 +148,53 @@ static fdigest dir_digest(const char *dir)
                   "%llu bytes %016llx", (unsigned long long)(a).size, (unsigned long long)(a).hash,         \
                   (unsigned long long)(b).size, (unsigned long long)(b).hash)
 
+/* ---- diagnostics ------------------------------------------------------------------------ */
+
+/* Structured diagnostics captured (the writer thread logs too). */
+typedef struct logcap {
+    pthread_mutex_t mu;
+    char buf[8192];
+    size_t len;
+} logcap;
+
+static logcap g_log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void log_capture(const keel_log_event *ev, void *user)
+{
+    logcap *c = user;
+    pthread_mutex_lock(&c->mu);
+    int n = snprintf(c->buf + c->len, sizeof c->buf - c->len, "%s/%s %s\n", ev->subsystem, ev->event, ev->fields);
+    if (n > 0 && (size_t)n < sizeof c->buf - c->len)
+        c->len += (size_t)n;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void log_capture_on(void)
+{
+    pthread_mutex_lock(&g_log.mu);
+    g_log.len = 0;
+    g_log.buf[0] = 0;
+    pthread_mutex_unlock(&g_log.mu);
+    keel_log_set(log_capture, &g_log, KEEL_LOG_DEBUG);
+}
+
+/* An event "subsystem/event" whose fields contain `field` was logged. */
+static bool log_has(const char *event, const char *field)
+{
+    pthread_mutex_lock(&g_log.mu);
+    bool found = false;
+    for (const char *p = strstr(g_log.buf, event); p && !found; p = strstr(p + 1, event)) {
+        const char *eol = strchr(p, '\n');
+        const char *f = strstr(p, field);
+        found = f && (!eol || f < eol);
+    }
+    pthread_mutex_unlock(&g_log.mu);
+    return found;
+}
+
+#define ck_assert_logged(event, field) \
+    ck_assert_msg(log_has((event), (field)), "no diagnostic %s with %s; logged:\n%s", (event), (field), g_log.buf)
+
 /* ---- reading a data directory with libkeel_wal ------------------------------------- */
 
 typedef struct rec_info {
@@ -1172,7 +1219,9 @@ static uint64_t snap_chunk_tick(const dir_view *v, uint32_t chunk, bool *found)
 
 /* A second checkpoint after one chunk changed rewrites that chunk only;
  * one after nothing changed rewrites nothing; a shrunk table's vanished
- * chunk is deleted; a reopened runtime keeps skipping what snap holds. */
+ * chunk is deleted; a reopened runtime keeps skipping what snap holds.
+ * (Each run ends with a tick after its last checkpoint: reopening right
+ * after a checkpoint is test_reopen_right_after_checkpoint's.) */
 START_TEST(test_incremental_checkpoint)
 {
     char dir[256];
@@ -1196,7 +1245,8 @@ START_TEST(test_incremental_checkpoint)
     w->kill_from = w->kill_to = 0;
     ck_assert_ok(keel_checkpoint(w->rt)); /* tick 5: tables, slots, chunk 11; chunk 12 deleted */
     ck_assert_uint_eq(stats_of(w->rt).checkpoints, 4);
-    uint64_t h5 = keel_world_hash(keel_runtime_world(w->rt));
+    i_step(w); /* tick 6 changes nothing */
+    uint64_t h6 = keel_world_hash(keel_runtime_world(w->rt));
     ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 180);
     keel_runtime_close(w->rt);
 
@@ -1217,41 +1267,88 @@ START_TEST(test_incremental_checkpoint)
     ck_assert(found);
     snap_chunk_tick(&v, 12, &found);
     ck_assert_msg(!found, "the vanished chunk 12 is still in snap");
-    /* the WAL keeps the last checkpoint's marker only */
-    ck_assert_uint_eq(v.n, 1);
+    /* the WAL keeps the last checkpoint's marker and tick 6 */
+    ck_assert_uint_eq(v.n, 2);
     ck_assert_uint_eq(v.r[0].kind, KW_KIND_CHECKPOINT);
     ck_assert_uint_eq(v.r[0].tick, 5);
+    ck_assert_uint_eq(v.r[0].lsn, v.ckpt.lsn + 1);
+    ck_assert_uint_eq(v.r[1].kind, KW_KIND_TICK_COMMIT);
+    ck_assert_uint_eq(v.r[1].tick, 6);
     dir_view_free(&v);
 
     i_open(w, &d);
     keel_recovery info;
     ck_assert_ok(keel_runtime_recover(w->rt, &info));
     ck_assert_uint_eq(info.checkpoint_tick, 5);
-    ck_assert_uint_eq(info.tick, 5);
-    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h5);
+    ck_assert_uint_eq(info.tick, 6);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h6);
     ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 180);
     ck_assert_int_eq(get_i64(w->rt, KEEL_ENTITY_MAKE(37, 1), w->V), 100003);
     ck_assert_int_eq(get_i64(w->rt, KEEL_ENTITY_MAKE(179, 1), w->V), 1790);
     ck_assert(!keel_alive(keel_runtime_world(w->rt), KEEL_ENTITY_MAKE(180, 1)));
     w->poke = 100; /* chunk 6 */
-    i_step(w);
+    i_step(w);     /* tick 7 */
     w->poke = -1;
     ck_assert_ok(keel_checkpoint(w->rt));
-    uint64_t h6 = keel_world_hash(keel_runtime_world(w->rt));
+    i_step(w);     /* tick 8 */
+    uint64_t h8 = keel_world_hash(keel_runtime_world(w->rt));
     keel_runtime_close(w->rt);
     dir_read(dir, &v);
-    ck_assert_uint_eq(v.ckpt.tick, 6);
+    ck_assert_uint_eq(v.ckpt.tick, 7);
     ck_assert_uint_eq(v.ckpt.count, 5);
     ck_assert_uint_eq(v.nsnap, 14);
-    ck_assert_uint_eq(snap_count_tick(&v, 6), 1);
-    ck_assert_uint_eq(snap_chunk_tick(&v, 6, &found), 6);
+    ck_assert_uint_eq(snap_count_tick(&v, 7), 1); /* what snap held was known after the reopen */
+    ck_assert_uint_eq(snap_chunk_tick(&v, 6, &found), 7);
     ck_assert_uint_eq(snap_count_tick(&v, 2), 9);
     dir_view_free(&v);
     i_open(w, &d);
     ck_assert_ok(keel_runtime_recover(w->rt, &info));
-    ck_assert_uint_eq(info.tick, 6);
-    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h6);
+    ck_assert_uint_eq(info.checkpoint_tick, 7);
+    ck_assert_uint_eq(info.tick, 8);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h8);
+    ck_assert_int_eq(get_i64(w->rt, KEEL_ENTITY_MAKE(100, 1), w->V), 100007);
     keel_runtime_close(w->rt);
+    free(w);
+}
+END_TEST
+
+/* Close right after keel_checkpoint (nothing in the WAL after it but the
+ * marker): the reopened runtime is at the checkpoint's tick and goes on
+ * like the reference from there. */
+START_TEST(test_reopen_right_after_checkpoint)
+{
+    static wref ref;
+    w_reference(&ref, 8, 1, false);
+    char dir[256];
+    tdir(dir, sizeof dir, "ckpt-last");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    wworld *w = w_new(false);
+    w_open(w, &d, false);
+    for (uint64_t t = 1; t <= 5; t++)
+        w_drive(w, t);
+    ck_assert_ok(keel_checkpoint(w->rt));
+    w_close(w);
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert_uint_eq(v.ckpt.tick, 5);
+    ck_assert_uint_eq(v.n, 1);
+    ck_assert_uint_eq(v.r[0].kind, KW_KIND_CHECKPOINT);
+    dir_view_free(&v);
+    w_reset(w, false);
+    w_open(w, &d, false);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.checkpoint_tick, 5);
+    ck_assert_msg(info.tick == 5 && keel_runtime_tick(w->rt) == 5,
+                  "reopened at a checkpoint of tick 5 with no later tick in the WAL: info.tick %llu, "
+                  "keel_runtime_tick %llu", (unsigned long long)info.tick,
+                  (unsigned long long)keel_runtime_tick(w->rt));
+    w_expect(w, &ref, 5);
+    for (uint64_t t = 6; t <= 8; t++) {
+        w_drive(w, t);
+        w_expect(w, &ref, t);
+    }
+    w_close(w);
     free(w);
 }
 END_TEST
@@ -1500,6 +1597,7 @@ START_TEST(test_hooks_first_tick_and_shutdown)
     /* reopen: the shutdown transfer is there; this time on_shutdown fails */
     w_reset(w, false);
     w->shutdown_ret = KEEL_ERANGE;
+    log_capture_on();
     w_open(w, &d, true);
     keel_recovery info;
     ck_assert_ok(keel_runtime_recover(w->rt, &info));
@@ -1518,6 +1616,7 @@ START_TEST(test_hooks_first_tick_and_shutdown)
     ck_assert_int_eq(n0 + n1, 2000);
     w_close(w);
     ck_assert_uint_eq(w->shutdown_calls, 1);
+    ck_assert_logged("runtime/on_shutdown_failed", "code=KEEL_ERANGE");
     dir_read(dir, &v);
     ck_assert_uint_eq(v.kinds[KW_KIND_SIDE], nside + 4); /* ticks 4 and 5: bank + closure each */
     ck_assert_uint_eq(v.r[v.n - 1].kind, KW_KIND_TICK_COMMIT);
@@ -1615,59 +1714,104 @@ static int gate_sys(keel_ctx *ctx, void *user)
     return 0;
 }
 
-/* KEEL_EBUSY while the TickDriver runs and has not recovered yet (ticks
- * cannot run in memory with a data directory: the first step recovers);
- * afterwards keel_runtime_recover reports the driver's recovery. */
-START_TEST(test_recover_busy_with_driver)
+static void gate_init(gate *g, bool open)
 {
-    char dir[256];
-    tdir(dir, sizeof dir, "driver");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    keel_runtime *rt = rt_create(&d);
+    memset(g, 0, sizeof *g);
+    g->open = open;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+}
+
+/* Open the gate and wait for the driver's tick `n`. The deadline only turns
+ * a driver that stopped (it cannot tell) into a failure instead of a hang. */
+static uint64_t gate_wait_ticks(gate *g, uint64_t n)
+{
+    pthread_mutex_lock(&g->mu);
+    g->open = true;
+    pthread_cond_broadcast(&g->cv);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 15;
+    while (g->ticks_seen < n && pthread_cond_timedwait(&g->cv, &g->mu, &dl) != ETIMEDOUT)
+        ;
+    uint64_t seen = g->ticks_seen;
+    pthread_mutex_unlock(&g->mu);
+    return seen;
+}
+
+static keel_runtime *gate_runtime(const keel_runtime_desc *d, gate *g)
+{
+    keel_runtime *rt = rt_create(d);
     reg_i64(rt, "v", KEEL_VERSIONED);
-    gate g = {.open = false};
-    pthread_mutex_init(&g.mu, NULL);
-    pthread_cond_init(&g.cv, NULL);
     keel_schedule *s = sched_new(rt);
-    keel_system_desc sd = {.name = "gate", .kind = KEEL_SYSTEM_CALLBACK, .run = gate_sys, .user = &g};
+    keel_system_desc sd = {.name = "gate", .kind = KEEL_SYSTEM_CALLBACK, .run = gate_sys, .user = g};
     add_sys(s, &sd);
     install(rt, s);
-    runtime_test_set_clock(rt, gate_clock, NULL, &g);
+    return rt;
+}
+
+/* keel_runtime_recover refuses (KEEL_EBUSY) while the TickDriver runs and
+ * has not recovered yet, and opens nothing. The driver itself must still be
+ * able to open the directory (keel_runtime_step recovers "when the
+ * application did not"). */
+START_TEST(test_recover_busy_while_driver_starts)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "driver-first");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    gate g;
+    gate_init(&g, false);
+    keel_runtime *rt = gate_runtime(&d, &g);
+    runtime_test_set_clock(rt, gate_clock, NULL, &g); /* holds the driver before its first tick */
     ck_assert_ok(keel_runtime_start(rt));
     keel_recovery info;
     memset(&info, 0xab, sizeof info);
     ck_assert_rc(keel_runtime_recover(rt, &info), KEEL_EBUSY);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_runtime_recover"));
     ck_assert_uint_eq(info.tick, 0xababababababababull); /* untouched */
     ck_assert(!path_exists(dir));                          /* nothing opened */
     ck_assert_rc(keel_checkpoint(rt), KEEL_EBUSY);
-    pthread_mutex_lock(&g.mu);
-    g.open = true;
-    pthread_cond_broadcast(&g.cv);
-    /* the deadline only turns a driver that stopped (it cannot be asked)
-     * into a failure instead of a hang */
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += 60;
-    while (g.ticks_seen < 3 && pthread_cond_timedwait(&g.cv, &g.mu, &dl) != ETIMEDOUT)
-        ;
-    uint64_t seen = g.ticks_seen;
-    pthread_mutex_unlock(&g.mu);
+    uint64_t seen = gate_wait_ticks(&g, 3);
     int stop = keel_runtime_stop(rt);
-    ck_assert_msg(stop == 0 && seen >= 3, "the driver stopped with %s after %llu ticks: %s", keel_strerror(stop),
-                  (unsigned long long)seen, keel_last_error());
-    ck_assert_uint_ge(keel_runtime_tick(rt), 3);
-    ck_assert_ok(keel_runtime_recover(rt, &info)); /* the driver's recovery */
-    ck_assert(info.fresh);
-    ck_assert_uint_eq(info.tick, 0);
-    ck_assert(path_exists(dir));
+    char why[512];
+    snprintf(why, sizeof why, "%s", keel_last_error());
+    keel_runtime_close(rt);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+    ck_assert_msg(stop == 0 && seen >= 3,
+                  "keel_runtime_start without an earlier keel_runtime_recover: the driver stopped with %s after %llu "
+                  "ticks (%s)", keel_strerror(stop), (unsigned long long)seen, why);
+}
+END_TEST
+
+/* Recover, run ticks on the driver, recover again: the first result, not
+ * an error and not a second open. */
+START_TEST(test_recover_again_after_ticks)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "driver-after");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    gate g;
+    gate_init(&g, true);
+    keel_runtime *rt = gate_runtime(&d, &g);
+    keel_recovery first, again;
+    ck_assert_ok(keel_runtime_recover(rt, &first));
+    ck_assert(first.fresh);
+    ck_assert_ok(keel_runtime_start(rt));
+    ck_assert_uint_ge(gate_wait_ticks(&g, 3), 3);
+    ck_assert_ok(keel_runtime_stop(rt));
     uint64_t ticks = keel_runtime_tick(rt);
+    ck_assert_uint_ge(ticks, 3);
+    memset(&again, 0xcd, sizeof again);
+    ck_assert_ok(keel_runtime_recover(rt, &again));
+    recovery_eq(&first, &again);
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_uint_eq(keel_runtime_tick(rt), ticks + 1);
     keel_runtime_close(rt);
-    rt = rt_create(&d);
-    reg_i64(rt, "v", KEEL_VERSIONED);
-    ck_assert_ok(keel_runtime_recover(rt, &info));
-    ck_assert_uint_eq(info.tick, ticks + 1);
+    rt = gate_runtime(&d, &g);
+    ck_assert_ok(keel_runtime_recover(rt, &again));
+    ck_assert(!again.fresh);
+    ck_assert_uint_eq(again.tick, ticks + 1);
     keel_runtime_close(rt);
     pthread_mutex_destroy(&g.mu);
     pthread_cond_destroy(&g.cv);
@@ -1889,10 +2033,14 @@ START_TEST(test_corrupt_record)
         /* truncate_bad_tail: the bad unit and everything after it go */
         keel_runtime_desc dt = d;
         dt.durable.truncate_bad_tail = true;
+        log_capture_on();
         w_reset(w, true);
         w_open(w, &dt, false);
         ck_assert_ok(keel_runtime_recover(w->rt, &info));
         ck_assert_uint_eq(info.truncated, expect_trunc);
+        char field[64];
+        snprintf(field, sizeof field, "from_lsn=%llu", (unsigned long long)unit_first);
+        ck_assert_logged("wal/truncated", field);
         ck_assert_uint_eq(info.tick, 4);
         ck_assert_uint_eq(info.last_lsn, unit_first - 1);
         ck_assert(!info.fresh);
@@ -2151,13 +2299,10 @@ START_TEST(test_bad_data_dirs)
     static const int io[] = {KEEL_EIO, KEEL_EINVAL};
     static const int corrupt[] = {KEEL_ECORRUPT};
     char plain[256], under[300], isdir[256], sub[300], garbage[256], mdb[300], newer[256];
-    /* a plain file */
-    tdir(plain, sizeof plain, "plain-file");
+    /* a path under a plain file (the plain file itself: test_data_dir_is_plain_file) */
+    tdir(plain, sizeof plain, "a-file");
     write_file(plain, "not a directory\n", 16);
     fdigest fd0 = file_digest(plain);
-    try_bad_dir(plain, plain, io, 2);
-    ck_assert_digest_eq(fd0, file_digest(plain));
-    /* a path under a plain file */
     snprintf(under, sizeof under, "%s/sub", plain);
     try_bad_dir(under, under, io, 2);
     ck_assert_digest_eq(fd0, file_digest(plain));
@@ -2204,6 +2349,19 @@ START_TEST(test_bad_data_dirs)
         try_bad_dir(locked, locked, io, 2);
         chmod(locked, 0700);
     }
+}
+END_TEST
+
+/* The data directory names a plain file. */
+START_TEST(test_data_dir_is_plain_file)
+{
+    static const int io[] = {KEEL_EIO, KEEL_EINVAL};
+    char plain[256];
+    tdir(plain, sizeof plain, "plain-file");
+    write_file(plain, "not a directory\n", 16);
+    fdigest fd0 = file_digest(plain);
+    try_bad_dir(plain, plain, io, 2);
+    ck_assert_digest_eq(fd0, file_digest(plain));
 }
 END_TEST
 
@@ -2493,6 +2651,7 @@ START_TEST(test_fatal_injected)
         int64_t m3[2];
         f_prefix(w, &h3, m3, &l3);
         ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
+        log_capture_on();
         /* the writer is idle (flushed): the next commit is the closure's */
         kw_store_test_fail_write(w->rt->dur->store, 1, codes[i]);
         keel_entity a[8];
@@ -2517,7 +2676,11 @@ START_TEST(test_fatal_injected)
         ck_assert_int_eq(keel_runtime_fatal(w->rt), codes[i]); /* the first code stays */
         /* a closure queued now never runs: its ticket completes at close */
         ck_assert_ok(keel_submit(w->rt, closure_xfer, &x, KEEL_DURABLE_IMMEDIATE, &tk));
-        f_close(w);
+        f_close(w); /* joins the writer: its diagnostics are all out */
+        char field[64];
+        snprintf(field, sizeof field, "code=%s", keel_strerror(codes[i]));
+        ck_assert_logged("wal/fatal", field);
+        ck_assert_logged("wal/commit_failed", "injected");
         ck_assert_rc(keel_ticket_wait(tk, -1), KEEL_EBUSY);
         keel_ticket_release(tk);
         ck_assert_uint_eq(w->shutdown_calls, 0);
@@ -2549,6 +2712,7 @@ START_TEST(test_fatal_after_acknowledged_immediate)
     f_prefix(w, &h3, m3, &l3);
     /* commit 1: the side record (acknowledged); commit 2 fails (the tick's
      * batch, or an empty flush before it) */
+    log_capture_on();
     kw_store_test_fail_write(w->rt->dur->store, 2, KEEL_EIO);
     int rc = keel_runtime_step(w->rt);
     ck_assert_msg(rc == KEEL_OK || rc == KEEL_EFATAL, "step: %s", keel_strerror(rc));
@@ -2557,6 +2721,7 @@ START_TEST(test_fatal_after_acknowledged_immediate)
     ck_assert_int_eq(keel_runtime_fatal(w->rt), KEEL_EIO);
     ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
     f_close(w);
+    ck_assert_logged("wal/fatal", "code=KEEL_EIO");
     dir_view v;
     dir_read(dir, &v);
     ck_assert_uint_eq(count_kind_tick(&v, KW_KIND_TICK_COMMIT, 4, false), 0);
@@ -2587,8 +2752,11 @@ START_TEST(test_fatal_fence_oom)
     uint64_t h3, l3;
     int64_t m3[2];
     f_prefix(w, &h3, m3, &l3);
+    log_capture_on();
     ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
     ck_assert_int_eq(keel_runtime_fatal(w->rt), KEEL_ENOMEM);
+    ck_assert_logged("txn/uow_capture_oom", "tick=4");
+    ck_assert_logged("wal/fatal", "code=KEEL_ENOMEM");
     ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
     ck_assert_rc(keel_checkpoint(w->rt), KEEL_EFATAL);
     uint64_t tick = keel_runtime_tick(w->rt);
@@ -2616,6 +2784,7 @@ START_TEST(test_map_max_enospc)
     ck_assert_ptr_nonnull(w);
     g_open(w, &d, 100);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    log_capture_on();
     static uint64_t hash[401];
     int rc = 0;
     uint64_t t = 0;
@@ -2632,6 +2801,8 @@ START_TEST(test_map_max_enospc)
     ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
     ck_assert_rc(keel_uow_flush(w->rt), KEEL_EFATAL);
     g_close(w);
+    ck_assert_logged("wal/commit_failed", "full");
+    ck_assert_logged("wal/fatal", "code=KEEL_ENOSPC");
     fdigest f = file_digest(mdb);
     ck_assert_uint_le(f.size, 512u << 10);
     /* reopen with room: the last tick whose step returned 0 */
@@ -2943,7 +3114,10 @@ static void wr_verify(const char *dir, uint32_t per_thread, const wr_report *rep
     uint64_t n = (uint64_t)WR_THREADS * per_thread;
     ck_assert_msg(rep->ok == n && rep->bad == 0, "%llu tickets acknowledged, %llu failed (first %s)",
                   (unsigned long long)rep->ok, (unsigned long long)rep->bad, keel_strerror(rep->first_bad_rc));
-    /* group commit: far fewer syncs than IMMEDIATE commits */
+    if (getenv("KEEL_TEST_VERBOSE"))
+        fprintf(stderr, "writer: %llu tickets, %llu fsyncs, %llu ticks, %llu commits\n", (unsigned long long)rep->ok,
+                (unsigned long long)rep->fsyncs, (unsigned long long)rep->ticks, (unsigned long long)rep->commits);
+    /* group commit: fewer syncs than IMMEDIATE commits */
     ck_assert_msg(rep->fsyncs < n, "%llu fsyncs for %llu IMMEDIATE commits: no group commit",
                   (unsigned long long)rep->fsyncs, (unsigned long long)n);
     dir_view v;
@@ -3037,11 +3211,13 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_checkpoint_reopen);
     tcase_add_test(tc, test_checkpoint_periodic);
     tcase_add_test(tc, test_incremental_checkpoint);
+    tcase_add_test(tc, test_reopen_right_after_checkpoint);
     tcase_add_test(tc, test_stats_and_telemetry);
     tcase_add_test(tc, test_flush_deferred_and_no_dir);
     tcase_add_test(tc, test_hooks_first_tick_and_shutdown);
     tcase_add_test(tc, test_writes_before_recover_refused);
-    tcase_add_test(tc, test_recover_busy_with_driver);
+    tcase_add_test(tc, test_recover_busy_while_driver_starts);
+    tcase_add_test(tc, test_recover_again_after_ticks);
     tcase_add_test(tc, test_durable_lag_while_writer_blocked);
     suite_add_tcase(s, tc);
     return s;
@@ -3054,6 +3230,7 @@ static Suite *dur_recovery(void)
     tcase_add_test(tc, test_corrupt_record);
     tcase_add_test(tc, test_schema_extend_and_mismatch);
     tcase_add_test(tc, test_bad_data_dirs);
+    tcase_add_test(tc, test_data_dir_is_plain_file);
     tcase_add_test(tc, test_map_growth);
     suite_add_tcase(s, tc);
     return s;

@@ -239,6 +239,7 @@ static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
     if (rc || (rc = kw_checkpoint_meta_decode(val, vlen, m)))
         return rc;
     l->out->checkpoint_tick = m->tick;
+    l->out->tick = m->tick; /* ticks replayed after it raise it */
     uint32_t nslots;
     if ((rc = load_tables(l, &nslots)))
         return rc;

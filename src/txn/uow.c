@@ -64,6 +64,32 @@ static void put_row(unsigned char *dst, keel_entity e, keel_component c, uint32_
 
 /* ---- value rows ------------------------------------------------------------------- */
 
+/* Row comparison inlined for the common value sizes: a memcmp call per
+ * 12-byte row costs more than the comparison itself. */
+static inline bool row_equal(const unsigned char *a, const unsigned char *b, uint32_t size)
+{
+    uint64_t x, y;
+    uint32_t p, q;
+    switch (size) {
+    case 4:
+        memcpy(&p, a, 4), memcpy(&q, b, 4);
+        return p == q;
+    case 8:
+        memcpy(&x, a, 8), memcpy(&y, b, 8);
+        return x == y;
+    case 12:
+        memcpy(&x, a, 8), memcpy(&y, b, 8), memcpy(&p, a + 8, 4), memcpy(&q, b + 8, 4);
+        return x == y && p == q;
+    case 16: {
+        uint64_t x2, y2;
+        memcpy(&x, a, 8), memcpy(&y, b, 8), memcpy(&x2, a + 8, 8), memcpy(&y2, b + 8, 8);
+        return x == y && x2 == y2;
+    }
+    default:
+        return !memcmp(a, b, size);
+    }
+}
+
 static int capture_chunk(txn_uow *u, const keel_world *w, txn_touch tc)
 {
     const world_table *t = w->tables[tc.table];
@@ -76,7 +102,7 @@ static int capture_chunk(txn_uow *u, const keel_world *w, txn_touch tc)
     size_t rec = sizeof(row_hdr) + PAD8(size);
     for (uint32_t r = 0; r < ch->count; r++) {
         size_t off = (size_t)r * size;
-        if (old && !memcmp(old + off, now + off, size))
+        if (old && row_equal(old + off, now + off, size))
             continue;
         if (buf_reserve(&u->rows, &u->rows_cap, u->rows_len, rec))
             return KEEL_ENOMEM;

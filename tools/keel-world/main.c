@@ -368,7 +368,10 @@ static int births(keel_ctx *ctx, void *user)
 
 /* One trade, number `id` (increasing over the run): `buyer` pays `price`
  * to `seller` if it can, atomically. A trade whose id a ledger already
- * holds was applied before a crash: skip it (see the top comment). */
+ * holds was decided before a crash: skip it (see the top comment). A
+ * refusal is recorded in the ledgers too: re-run after a crash, the trade
+ * would otherwise be judged against balances that later trades of the
+ * same tick (already durable) changed. */
 static int trade(keel_ctx *ctx, world_app *app, uint64_t id, keel_entity buyer, keel_entity seller, int64_t price,
                  keel_ticket **done)
 {
@@ -380,13 +383,14 @@ static int trade(keel_ctx *ctx, world_app *app, uint64_t id, keel_entity buyer, 
         return rc;
     if ((rc = keel_side_get(tx, buyer, app->wallet, &a)) || (rc = keel_side_get(tx, seller, app->wallet, &b)) ||
         (rc = keel_side_get(tx, buyer, app->ledger, &la)) || (rc = keel_side_get(tx, seller, app->ledger, &lb)) ||
-        a < price || la >= id || lb >= id) {
+        la >= id || lb >= id) {
         keel_side_txn_abort(tx);
-        app->refused += !rc && a < price;
         return rc;
     }
-    a -= price;
-    b += price;
+    bool pay = a >= price;
+    app->refused += !pay;
+    a -= pay ? price : 0;
+    b += pay ? price : 0;
     if ((rc = keel_side_set(tx, buyer, app->wallet, &a)) || (rc = keel_side_set(tx, seller, app->wallet, &b)) ||
         (rc = keel_side_set(tx, buyer, app->ledger, &id)) || (rc = keel_side_set(tx, seller, app->ledger, &id))) {
         keel_side_txn_abort(tx);
@@ -395,7 +399,7 @@ static int trade(keel_ctx *ctx, world_app *app, uint64_t id, keel_entity buyer, 
     /* committed now; durable (IMMEDIATE) when the ticket completes: the
      * market waits for all its tickets at once, so one sync covers them */
     rc = keel_side_txn_commit_async(tx, done);
-    app->trades += !rc;
+    app->trades += !rc && pay;
     return rc;
 }
 

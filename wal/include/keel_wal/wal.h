@@ -319,7 +319,11 @@ void kw_store_test_fail_write(kw_store *s, uint32_t nth, int rc);
 typedef struct kw_rtxn kw_rtxn;
 
 /* A read transaction: a consistent snapshot of the store. Keep it short in
- * a server (LMDB keeps pages alive for it). Errors: KEEL_EIO, KEEL_ENOMEM. */
+ * a server (LMDB keeps pages alive for it). When another process grew the
+ * map since the last transaction, kw_read_begin remaps it, which LMDB
+ * allows only while no other transaction of this process is open on the
+ * store: hold one read transaction per store at a time (the tools do).
+ * Errors: KEEL_EIO, KEEL_ENOMEM. */
 int kw_read_begin(kw_store *s, kw_rtxn **out);
 void kw_read_end(kw_rtxn *r);
 /* Value of key in db: 0 and (*val, *vlen) pointing into the map (valid until
