@@ -35,7 +35,11 @@
  * Real files: every test works in its own directory under a mkdtemp base
  * that the suite's unchecked fixture removes (also after a failure). No
  * sleeps as synchronisation, no timing assertions: where the test needs the
- * WAL writer to be stuck it holds the LMDB write lock from a child process.
+ * WAL writer to be stuck it holds the LMDB write lock from a child process;
+ * the one timed wait (for a TickDriver that cannot report having stopped)
+ * only turns a hang into a failure. Failures are injected with the store's
+ * test seam (kw_store_test_fail_write), a real map limit, and the unit of
+ * work's out-of-memory flag.
  * Bodies that run on workers record what they saw; the test thread asserts.
  */
 #include <errno.h>
@@ -1750,10 +1754,13 @@ static keel_runtime *gate_runtime(const keel_runtime_desc *d, gate *g)
     return rt;
 }
 
-/* keel_runtime_recover refuses (KEEL_EBUSY) while the TickDriver runs and
- * has not recovered yet, and opens nothing. The driver itself must still be
- * able to open the directory (keel_runtime_step recovers "when the
- * application did not"). */
+/* keel_runtime_start without keel_runtime_recover first: a
+ * keel_runtime_recover from the controlling thread while the driver runs
+ * is refused with KEEL_EBUSY and opens nothing (unless start already
+ * recovered: then it reports that result); either way the driver must be
+ * able to open the directory and tick (keel_runtime_step recovers "when
+ * the application did not"). With a data directory no tick runs before
+ * recovery, so "ticks already ran" can only be this case. */
 START_TEST(test_recover_busy_while_driver_starts)
 {
     char dir[256];
@@ -1766,10 +1773,16 @@ START_TEST(test_recover_busy_while_driver_starts)
     ck_assert_ok(keel_runtime_start(rt));
     keel_recovery info;
     memset(&info, 0xab, sizeof info);
-    ck_assert_rc(keel_runtime_recover(rt, &info), KEEL_EBUSY);
-    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_runtime_recover"));
-    ck_assert_uint_eq(info.tick, 0xababababababababull); /* untouched */
-    ck_assert(!path_exists(dir));                          /* nothing opened */
+    int rc = keel_runtime_recover(rt, &info);
+    if (rc == KEEL_EBUSY) { /* refused: nothing opened, nothing reported */
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_runtime_recover"));
+        ck_assert_uint_eq(info.tick, 0xababababababababull);
+        ck_assert(!path_exists(dir));
+    } else { /* or keel_runtime_start opened the directory itself: its result */
+        ck_assert_rc(rc, KEEL_OK);
+        ck_assert(info.fresh);
+        ck_assert(path_exists(dir));
+    }
     ck_assert_rc(keel_checkpoint(rt), KEEL_EBUSY);
     uint64_t seen = gate_wait_ticks(&g, 3);
     int stop = keel_runtime_stop(rt);
@@ -2607,7 +2620,8 @@ static void f_prefix(fworld *w, uint64_t *hash, int64_t money[2], uint64_t *lsn)
     ck_assert_uint_eq(*lsn, dur_last_lsn(w->rt));
 }
 
-/* Reopen: the state of tick 3 (plus what `extra` says was acknowledged). */
+/* Reopen: the runtime is at `tick` with this hash (0: not checked) and
+ * these balances, and runs on. */
 static void f_expect_reopen(const keel_runtime_desc *d, uint64_t tick, uint64_t hash, const int64_t money[2])
 {
     fworld *w = calloc(1, sizeof *w);

@@ -141,7 +141,7 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
         if (mkdir(dir, 0755) && errno != EEXIST)
             return core_fail(KEEL_EIO, "cannot create data directory %s: %s", dir, strerror(errno));
     } else if (!S_ISDIR(st.st_mode)) {
-        return core_fail(KEEL_ENOENT, "%s is not a directory", dir);
+        return core_fail(KEEL_ENOENT, "%s is a file, not a data directory", dir);
     }
     char path[4200];
     snprintf(path, sizeof path, "%s/data.mdb", dir);

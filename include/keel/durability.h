@@ -67,9 +67,11 @@ typedef struct keel_recovery {
  * result). keel_runtime_step calls it when the application did not.
  * Errors: KEEL_EINVAL (no data directory configured; a stored component
  * whose id, size, alignment, discipline or fields differ from the
- * registered one -- nothing on disk is changed), KEEL_ECORRUPT (an invalid
- * record: the last error names its LSN and why), KEEL_EIO, KEEL_ENOSPC,
- * KEEL_ENOMEM, KEEL_EBUSY (ticks already ran). */
+ * registered one -- nothing on disk is changed; the path names a file, not
+ * a directory), KEEL_ECORRUPT (an invalid record: the last error names its
+ * LSN and why; a data.mdb that is not LMDB; a newer format version),
+ * KEEL_EIO, KEEL_ENOSPC, KEEL_ENOMEM, KEEL_EBUSY (the tick driver runs:
+ * keel_runtime_start opens the directory itself before it starts). */
 int keel_runtime_recover(keel_runtime *rt, keel_recovery *out);
 
 /* Wait until every tick completed so far and every side transaction

@@ -534,6 +534,11 @@ static int recover(keel_runtime *rt, keel_recovery *out)
     kw_store_desc sd = {.flags = KW_OPEN_CREATE, .map_size = rt->durable_desc.map_size,
                         .map_max = rt->durable_desc.map_max};
     int rc = kw_store_open(rt->data_dir, &sd, &d->store);
+    if (rc == KEEL_ENOENT) { /* created when missing: ENOENT means the path is no directory */
+        char why[480];
+        snprintf(why, sizeof why, "%s", keel_last_error());
+        return core_fail(KEEL_EINVAL, "%s", why);
+    }
     if (rc)
         return rc;
     kw_rtxn *r;

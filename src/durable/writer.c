@@ -125,6 +125,9 @@ void dur_latch_fatal(keel_runtime *rt, int rc)
 int dur_wait(keel_runtime *rt, uint64_t lsn, bool flush)
 {
     dur_state *d = rt->dur;
+    if (d && flush && atomic_load(&d->fatal)) /* a flush vouches for every tick: none after the latch */
+        return core_fail(KEEL_EFATAL, "the runtime latched fatal (%s): nothing more is made durable",
+                         keel_strerror(atomic_load(&d->fatal)));
     if (!d || atomic_load_explicit(&d->durable_lsn, memory_order_acquire) >= lsn)
         return KEEL_OK;
     if (flush) { /* held DEFERRED records must go out now */

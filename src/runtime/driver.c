@@ -114,6 +114,11 @@ int keel_runtime_start(keel_runtime *rt)
         return core_fail(KEEL_EBUSY, "keel_runtime_start: the tick driver is already running");
     if (!rt->sched)
         return core_fail(KEEL_EINVAL, "keel_runtime_start: no schedule is installed");
+    if (rt->data_dir) { /* open the data directory here, on the controlling thread */
+        int rc = keel_runtime_recover(rt, NULL);
+        if (rc)
+            return rc;
+    }
     atomic_store(&rt->stop_requested, false);
     rt->driver_status = 0;
     atomic_store(&rt->driver_running, true);

@@ -97,11 +97,14 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
         return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
     }
     rt->durable_desc.dir = rt->data_dir;
+    bool durable_world = rt->data_dir != NULL;
     pthread_mutex_init(&rt->watchdog_lock, NULL);
     pthread_cond_init(&rt->watchdog_cond, NULL);
     pthread_mutex_init(&rt->side_lock, NULL);
     submit_init(rt);
     rc = keel_world_create(&d.world, &rt->world);
+    if (!rc) /* from the start: a change made before recovery would be lost */
+        rt->world->log_required = durable_world;
     if (!rc)
         rc = view_init(rt);
     if (!rc)

@@ -1347,8 +1347,8 @@ static void demo_open(demo *d, const demo_opts *o)
 
 static void demo_close(demo *d)
 {
+    keel_query_destroy(d->all); /* before the world it belongs to; no tick runs in between */
     keel_runtime_close(d->rt);
-    keel_query_destroy(d->all);
     d->rt = NULL;
     d->all = NULL;
 }
