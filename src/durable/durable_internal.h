@@ -36,6 +36,7 @@ typedef struct dur_item {
     keel_durability mode;      /* resolved: IMMEDIATE, GROUP or DEFERRED */
     uint64_t first_lsn, last_lsn; /* the records' LSN range (0, 0 when none) */
     uint64_t tick;             /* a tick batch: the tick it completes (0 otherwise) */
+    bool empty_tick;           /* only the TICK_COMMIT of a tick that changed nothing */
     kw_buf recs;               /* sealed records, back to back */
     ckpt_job *ckpt;            /* DUR_CHECKPOINT */
 } dur_item;

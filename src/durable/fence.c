@@ -271,6 +271,7 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t ro
     }
     if (!(flags & KW_FLAG_HOOK))
         item->tick = tick;
+    item->empty_tick = nrec == 0 && !(flags & KW_FLAG_HOOK);
     atomic_fetch_add(&d->wal_raw_bytes, raw);
     rt->fence_raw_bytes = raw;
     rt->fence_stored_bytes = item->recs.len;

@@ -173,6 +173,20 @@ int dur_enqueue(keel_runtime *rt, dur_item *item, uint64_t *last_lsn)
     }
     size_t off = 0, len;
     unsigned char *rec;
+    dur_item *t = d->tail;
+    if (item->empty_tick && t && t->empty_tick && t->mode == item->mode && t->recs.len == item->recs.len) {
+        /* idle ticks coalesce: the queued marker of an idle tick the writer
+         * has not taken yet becomes this tick's (same LSN; a marker says
+         * "every tick up to here is complete", and idle ticks add nothing) */
+        memcpy(t->recs.p, item->recs.p, item->recs.len);
+        kw_record_seal(t->recs.p, t->last_lsn);
+        t->tick = item->tick;
+        if (last_lsn)
+            *last_lsn = t->last_lsn;
+        pthread_mutex_unlock(&d->mu);
+        dur_item_free(item);
+        return KEEL_OK;
+    }
     while (next_record(&item->recs, &off, &rec, &len)) {
         uint64_t lsn = d->next_lsn++;
         kw_record_seal(rec, lsn);
