@@ -253,28 +253,8 @@ int kw_del(kw_wtxn *t, kw_db db, const void *key, size_t klen)
     return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot delete from") : KEEL_OK;
 }
 
-int kw_del_wal_upto(kw_wtxn *t, uint64_t upto, uint64_t *deleted)
-{
-    MDB_cursor *cur;
-    uint64_t n = 0;
-    int rc = mdb_cursor_open(t->txn, t->s->dbi[KW_DB_WAL], &cur);
-    if (rc)
-        return wtxn_err(t, rc, "cannot open a cursor on");
-    MDB_val k, v;
-    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST)) {
-        if (k.mv_size != 8 || rdbe64(k.mv_data) > upto)
-            break;
-        if ((rc = mdb_cursor_del(cur, 0)))
-            break;
-        n++;
-    }
-    mdb_cursor_close(cur);
-    if (deleted)
-        *deleted = n;
-    return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot delete WAL records from") : KEEL_OK;
-}
-
-int kw_del_wal_from(kw_wtxn *t, uint64_t from, uint64_t *deleted)
+/* Delete the WAL records with from <= LSN <= to. */
+static int del_wal_range(kw_wtxn *t, uint64_t from, uint64_t to, uint64_t *deleted)
 {
     MDB_cursor *cur;
     uint64_t n = 0;
@@ -285,7 +265,7 @@ int kw_del_wal_from(kw_wtxn *t, uint64_t from, uint64_t *deleted)
     be64(kb, from);
     MDB_val k = {8, kb}, v;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)) {
-        if ((rc = mdb_cursor_del(cur, 0)))
+        if (k.mv_size != 8 || rdbe64(k.mv_data) > to || (rc = mdb_cursor_del(cur, 0)))
             break;
         n++;
         k = (MDB_val){8, kb};
@@ -293,7 +273,17 @@ int kw_del_wal_from(kw_wtxn *t, uint64_t from, uint64_t *deleted)
     mdb_cursor_close(cur);
     if (deleted)
         *deleted = n;
-    return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot truncate the WAL of") : KEEL_OK;
+    return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot delete WAL records from") : KEEL_OK;
+}
+
+int kw_del_wal_upto(kw_wtxn *t, uint64_t upto, uint64_t *deleted)
+{
+    return del_wal_range(t, 0, upto, deleted);
+}
+
+int kw_del_wal_from(kw_wtxn *t, uint64_t from, uint64_t *deleted)
+{
+    return del_wal_range(t, from, UINT64_MAX, deleted);
 }
 
 int kw_del_prefix(kw_wtxn *t, kw_db db, const void *prefix, size_t plen,
