@@ -125,7 +125,7 @@ int ckpt_stored_note(dur_state *d, const void *key, size_t klen, uint64_t hash)
 
 struct dur_pin {
     void **set;                /* open addressing, NULL = empty */
-    uint32_t cap;
+    uint32_t cap, n;
     void **deferred;
     uint32_t ndeferred, deferred_cap;
 };
@@ -147,6 +147,7 @@ static void pin_add(dur_pin *p, void *buf)
     for (uint32_t i = (uint32_t)core_mix64((uint64_t)(uintptr_t)buf) & mask;; i = (i + 1) & mask) {
         if (!p->set[i]) {
             p->set[i] = buf;
+            p->n++;
             return;
         }
         if (p->set[i] == buf)
@@ -162,18 +163,8 @@ bool dur_pin_hold(keel_runtime *rt, void *buf)
     pthread_mutex_lock(&d->pin_mu);
     dur_pin *p = atomic_load_explicit(&d->pin, memory_order_relaxed);
     bool held = p && pin_has(p, buf);
-    if (held && p->ndeferred == p->deferred_cap) {
-        uint32_t cap = p->deferred_cap ? p->deferred_cap * 2 : 256;
-        void **n = realloc(p->deferred, cap * sizeof *n);
-        if (n) {
-            p->deferred = n;
-            p->deferred_cap = cap;
-        }
-    }
-    if (held && p->ndeferred < p->deferred_cap)
+    if (held) /* room for every pinned buffer was allocated at capture; each is retired once */
         p->deferred[p->ndeferred++] = buf;
-    else if (held)
-        held = false; /* out of memory: cannot defer; the caller frees -- see pin_release's note */
     pthread_mutex_unlock(&d->pin_mu);
     return held;
 }
@@ -338,6 +329,13 @@ static int capture(keel_runtime *rt, uint64_t tick, ckpt_job **out)
         free(pin);
         return core_fail(KEEL_ENOMEM, "out of memory taking a checkpoint of tick %llu", (unsigned long long)tick);
     }
+    if (!(pin->deferred = malloc((pin->n + w->npages + 1) * sizeof *pin->deferred))) {
+        ckpt_job_free(j);
+        free(pin->set);
+        free(pin);
+        return core_fail(KEEL_ENOMEM, "out of memory taking a checkpoint of tick %llu", (unsigned long long)tick);
+    }
+    pin->deferred_cap = pin->n + w->npages + 1;
     j->tick = tick;
     j->nslots = w->nslots;
     j->npages = (w->nslots + WORLD_PAGE_SLOTS - 1) / WORLD_PAGE_SLOTS;
@@ -635,7 +633,7 @@ int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force)
     int rc = capture(rt, tick, &j);
     if (rc)
         return rc;
-    j->covered_lsn = dur_last_lsn(rt);
+    j->covered_lsn = dur_cover(rt);
     j->count = d->ckpt_count + 1;
     d->last_ckpt_tick = tick;
     d->last_ckpt_ns = now;

@@ -72,6 +72,7 @@ typedef struct dur_state {
     dur_item *head, *tail;
     size_t queued_bytes;
     uint64_t next_lsn;
+    uint64_t covered_lsn;      /* the last checkpoint captured covers up to here: no coalescing */
     dur_waiter *waiters;       /* sorted by LSN */
     bool quit;
     /* published by the writer (also read without mu) */
@@ -141,6 +142,8 @@ static inline int dur_fatal(const dur_state *d)
 }
 /* The last LSN handed out. */
 uint64_t dur_last_lsn(keel_runtime *rt);
+/* The same, recorded as covered by a checkpoint being captured. */
+uint64_t dur_cover(keel_runtime *rt);
 
 /* ---- fence.c ----------------------------------------------------------------------- */
 
@@ -150,6 +153,9 @@ uint64_t dur_last_lsn(keel_runtime *rt);
 int fence_tick(keel_runtime *rt, uint64_t tick);
 /* on_first_tick's unit: its value rows and its commands, flagged HOOK. */
 int fence_hook(keel_runtime *rt, uint64_t tick);
+/* The commands keel_runtime_sync_retry applied (lifecycle log from
+ * life_from): a unit of their own for `tick` (HOOK: the hook's commands). */
+int fence_retry(keel_runtime *rt, uint64_t tick, bool hook, size_t life_from);
 /* Encode and queue one side transaction (under side_lock, after it applied). */
 int fence_side(keel_runtime *rt, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn);
 /* Serialise a SCHEMA payload of the world's components. */

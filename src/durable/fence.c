@@ -286,6 +286,11 @@ int fence_hook(keel_runtime *rt, uint64_t tick)
     return rc;
 }
 
+int fence_retry(keel_runtime *rt, uint64_t tick, bool hook, size_t life_from)
+{
+    return fence_unit(rt, tick, hook ? KW_FLAG_HOOK : 0, rt->uow.rows_len, rt->uow.rows_len, life_from, false);
+}
+
 int fence_tick(keel_runtime *rt, uint64_t tick)
 {
     int rc = fence_unit(rt, tick, 0, rt->fence_rows_from, rt->uow.rows_len, rt->fence_life_from, true);

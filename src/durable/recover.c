@@ -133,6 +133,8 @@ static int snap_payload(loader *l, const void *key, size_t klen, const void *val
     return ckpt_stored_note(l->rt->dur, key, klen, core_hasher_final(&hs));
 }
 
+static int load_slots_and_tables(loader *l, kw_cursor *c, uint32_t *nslots_out);
+
 static int load_tables(loader *l, uint32_t *nslots_out)
 {
     const void *val;
@@ -145,6 +147,25 @@ static int load_tables(loader *l, uint32_t *nslots_out)
     kw_cursor c;
     if ((rc = snap_payload(l, "T", 1, val, vlen, KW_KIND_SNAP_TABLES, &c)))
         return rc;
+    /* the payload lives in the codec's scratch, which the slot pages below
+     * reuse: keep a copy for the table list */
+    size_t tlen = (size_t)(c.end - c.p);
+    unsigned char *tables = malloc(tlen ? tlen : 1);
+    if (!tables)
+        return core_fail(KEEL_ENOMEM, "out of memory loading the checkpoint's table list");
+    memcpy(tables, c.p, tlen);
+    c = kw_cursor_make(tables, tlen);
+    rc = load_slots_and_tables(l, &c, nslots_out);
+    free(tables);
+    return rc;
+}
+
+static int load_slots_and_tables(loader *l, kw_cursor *cp, uint32_t *nslots_out)
+{
+    kw_cursor c = *cp;
+    const void *val;
+    size_t vlen;
+    int rc = KEEL_OK;
     uint32_t ntables = kw_get_u32(&c), nslots = kw_get_u32(&c);
     l->nlive = kw_get_u32(&c); /* checked after the rows are in */
     if (c.bad || ntables > (1u << 24) || !(l->counts = calloc(ntables + 1, sizeof *l->counts)))
@@ -452,7 +473,66 @@ static int fill_truncate(kw_wtxn *t, void *arg)
     return kw_del_wal_from(t, tr->from, &tr->deleted);
 }
 
-static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn)
+/* Is the record at lsn well-formed: checked, decompressed, every change
+ * decodable, a marker that matches its unit? (unit: records of the open
+ * unit before it). The truncation pass runs this over the tail before
+ * anything is applied, so a truncated tail never leaves a half-applied
+ * unit in memory. */
+static bool record_valid(loader *l, uint64_t lsn, const void *rec, size_t len, uint32_t unit, kw_header *h)
+{
+    const void *p;
+    if (kw_record_check(rec, len, h) || h->lsn != lsn || kw_record_payload(l->c, rec, h, &p))
+        return false;
+    if (h->kind == KW_KIND_TICK_COMMIT) {
+        kw_commit_info ci;
+        return !kw_decode_commit(p, h->raw_len, &ci) && ci.nrecords == unit;
+    }
+    if (h->kind == KW_KIND_SIDE && unit)
+        return false;
+    if (h->kind != KW_KIND_TICK_CHUNK && h->kind != KW_KIND_LIFECYCLE && h->kind != KW_KIND_SIDE)
+        return true;
+    kw_decoder d;
+    kw_change ch;
+    int rc = kw_decode_begin(&d, h->kind, lsn, p, h->raw_len, NULL);
+    while (rc == KEEL_OK && (rc = kw_decode_next(&d, &ch)) == 1)
+        rc = KEEL_OK;
+    return rc == KEEL_OK;
+}
+
+/* The LSN where the valid prefix ends: the first invalid record's unit
+ * start, or 0 when every record is valid. */
+static int find_bad_tail(loader *l, uint64_t after, uint64_t *bad)
+{
+    kw_walit *it;
+    int rc = kw_wal_iter(l->r, after + 1, &it);
+    if (rc)
+        return rc;
+    uint64_t lsn, expect = after + 1, unit_first = 0;
+    uint32_t unit = 0;
+    const void *rec;
+    size_t len;
+    kw_header h;
+    *bad = 0;
+    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
+        if (lsn != expect || !record_valid(l, lsn, rec, len, unit, &h)) {
+            *bad = unit ? unit_first : lsn;
+            break;
+        }
+        if (h.kind == KW_KIND_TICK_CHUNK || h.kind == KW_KIND_LIFECYCLE)
+            unit_first = unit++ ? unit_first : lsn;
+        else if (h.kind == KW_KIND_TICK_COMMIT)
+            unit = 0;
+        expect = lsn + 1;
+    }
+    if (!rc && !*bad && unit)
+        *bad = unit_first; /* a unit without its marker at the end */
+    kw_wal_iter_end(it);
+    return rc < 0 ? rc : KEEL_OK;
+}
+
+/* Replay every record after `after` (up to, not including, `stop`; 0 =
+ * to the end). */
+static int replay_range(loader *l, uint64_t after, uint64_t stop, uint64_t *last_lsn)
 {
     replay p = {.l = l};
     int rc = keel_cmdbuf_create(l->rt->world, &p.cmds);
@@ -463,37 +543,44 @@ static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn)
         keel_cmdbuf_destroy(p.cmds);
         return rc;
     }
-    uint64_t lsn = 0, expect = after + 1, bad = 0;
+    uint64_t lsn = 0, expect = after + 1;
     const void *rec;
     size_t len;
-    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
-        if (lsn != expect) {
-            rc = corrupt(lsn, "%s", "LSNs are not consecutive (a record is missing before it)");
-        } else {
-            rc = replay_one(&p, lsn, rec, len);
-        }
-        if (rc) {
-            bad = p.n ? p.unit_first : lsn;
+    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1 && (!stop || lsn < stop)) {
+        rc = lsn != expect ? corrupt(lsn, "%s", "LSNs are not consecutive (a record is missing before it)")
+                           : replay_one(&p, lsn, rec, len);
+        if (rc)
             break;
-        }
         *last_lsn = lsn;
         expect = lsn + 1;
     }
-    if (!rc && p.n) { /* records without their marker at the end */
-        bad = p.unit_first;
+    if (rc == 1)
+        rc = KEEL_OK; /* stopped at `stop` */
+    if (!rc && p.n) /* records without their marker at the end */
         rc = corrupt(p.unit_first, "%s", "the unit starting here has no commit marker (a truncated tail)");
-    }
     kw_wal_iter_end(it);
     keel_cmdbuf_destroy(p.cmds);
     free(p.recs);
-    if (rc == KEEL_ECORRUPT && l->rt->durable_desc.truncate_bad_tail) {
-        char cause[400];
-        snprintf(cause, sizeof cause, "%s", keel_last_error());
-        core_log(KEEL_LOG_WARN, "wal", "truncated", "from_lsn=%llu cause=\"%s\"", (unsigned long long)bad, cause);
-        *last_lsn = bad - 1;
-        return KEEL_ETIMEDOUT; /* the caller truncates after the read transaction */
-    }
     return rc;
+}
+
+/* Default: the first invalid record refuses the open. truncate_bad_tail:
+ * find the valid prefix first, replay only it, and report where to cut
+ * (KEEL_ETIMEDOUT, *last_lsn = the end of the prefix); an inconsistency
+ * inside valid records still refuses the open. */
+static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn)
+{
+    if (!l->rt->durable_desc.truncate_bad_tail)
+        return replay_range(l, after, 0, last_lsn);
+    uint64_t bad;
+    int rc = find_bad_tail(l, after, &bad);
+    if (!rc)
+        rc = replay_range(l, after, bad, last_lsn);
+    if (rc || !bad)
+        return rc;
+    core_log(KEEL_LOG_WARN, "wal", "truncated", "from_lsn=%llu", (unsigned long long)bad);
+    *last_lsn = bad - 1;
+    return KEEL_ETIMEDOUT; /* the caller truncates after the read transaction */
 }
 
 /* ---- open / close -------------------------------------------------------------------- */

@@ -146,6 +146,15 @@ int dur_wait(keel_runtime *rt, uint64_t lsn, bool flush)
     return rc;
 }
 
+uint64_t dur_cover(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    pthread_mutex_lock(&d->mu);
+    uint64_t lsn = d->covered_lsn = d->next_lsn - 1;
+    pthread_mutex_unlock(&d->mu);
+    return lsn;
+}
+
 uint64_t dur_last_lsn(keel_runtime *rt)
 {
     dur_state *d = rt->dur;
@@ -167,6 +176,10 @@ int dur_enqueue(keel_runtime *rt, dur_item *item, uint64_t *last_lsn)
         pthread_cond_wait(&d->durable_cv, &d->mu);
     if (atomic_load(&d->fatal)) {
         pthread_mutex_unlock(&d->mu);
+        if (item->kind == DUR_CHECKPOINT) { /* the checkpoint ends here */
+            ckpt_committed(rt, item->ckpt, KEEL_EFATAL);
+            item->ckpt = NULL;
+        }
         dur_item_free(item);
         return core_fail(KEEL_EFATAL, "the WAL cannot take more records: the runtime latched fatal (%s)",
                          keel_strerror(atomic_load(&d->fatal)));
@@ -174,10 +187,12 @@ int dur_enqueue(keel_runtime *rt, dur_item *item, uint64_t *last_lsn)
     size_t off = 0, len;
     unsigned char *rec;
     dur_item *t = d->tail;
-    if (item->empty_tick && t && t->empty_tick && t->mode == item->mode && t->recs.len == item->recs.len) {
+    if (item->empty_tick && t && t->empty_tick && t->mode == item->mode && t->recs.len == item->recs.len &&
+        t->last_lsn > d->covered_lsn) {
         /* idle ticks coalesce: the queued marker of an idle tick the writer
          * has not taken yet becomes this tick's (same LSN; a marker says
-         * "every tick up to here is complete", and idle ticks add nothing) */
+         * "every tick up to here is complete", and idle ticks add nothing).
+         * Not a marker a checkpoint already covers: it names its tick. */
         memcpy(t->recs.p, item->recs.p, item->recs.len);
         kw_record_seal(t->recs.p, t->last_lsn);
         t->tick = item->tick;

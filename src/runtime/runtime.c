@@ -158,6 +158,7 @@ static void shutdown_durable(keel_runtime *rt)
     if (rt->dur) {
         if (!dur_fatal(rt->dur))
             dur_wait(rt, dur_last_lsn(rt), true);
+        view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
         dur_close(rt);
     }
 }
@@ -309,9 +310,24 @@ int keel_runtime_sync_retry(keel_runtime *rt)
 {
     if (!rt)
         return core_fail(KEEL_EINVAL, "keel_runtime_sync_retry: runtime is NULL");
-    if (rt->hook_pending)
-        return apply_hook_commands(rt);
-    return rt->sync_pending ? sync_point(rt) : KEEL_OK;
+    if (!rt->hook_pending && !rt->sync_pending)
+        return KEEL_OK;
+    if (rt->dur && dur_fatal(rt->dur))
+        return core_fail(KEEL_EFATAL, "keel_runtime_sync_retry: the runtime latched fatal (%s)",
+                         keel_strerror(dur_fatal(rt->dur)));
+    bool hook = rt->hook_pending;
+    size_t life_from = rt->uow.lifecycle.len;
+    int rc = hook ? apply_hook_commands(rt) : sync_point(rt);
+    /* what the retry applied is logged as a unit of its own: the hook's
+     * (for the tick that has not run yet) or the last tick's again */
+    if (rt->dur && rt->uow.lifecycle.len > life_from) {
+        int frc = fence_retry(rt, hook ? atomic_load(&rt->tick) + 1 : atomic_load(&rt->tick), hook, life_from);
+        if (frc) {
+            dur_latch_fatal(rt, frc == KEEL_EFATAL ? dur_fatal(rt->dur) : frc);
+            return KEEL_EFATAL;
+        }
+    }
+    return rc;
 }
 
 /* Drop a buffer's queued commands and its counters (they were counted or
@@ -467,8 +483,15 @@ int runtime_step(keel_runtime *rt)
     w->in_tick = true;
     bool hook_ran = !rt->first_tick_done;
     rc = first_tick_hook(rt);
-    if (!rc && hook_ran && rt->dur && (rc = fence_hook(rt, atomic_load(&rt->running_tick))))
-        dur_latch_fatal(rt, rc);
+    /* the hook's unit is logged also when its commands failed part-way: the
+     * applied prefix stays (keel_runtime_sync_retry logs the rest) */
+    if ((!rc || rt->hook_pending) && hook_ran && rt->dur) {
+        int frc = fence_hook(rt, atomic_load(&rt->running_tick));
+        if (frc) {
+            dur_latch_fatal(rt, frc == KEEL_EFATAL ? dur_fatal(rt->dur) : frc);
+            rc = KEEL_EFATAL;
+        }
+    }
     if (rc) {
         w->in_tick = false;
         txn_tick_end(rt);

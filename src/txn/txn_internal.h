@@ -152,5 +152,8 @@ int view_init(keel_runtime *rt);
  * Fails only with KEEL_ENOMEM, changing nothing. */
 int view_publish(keel_runtime *rt, uint64_t tick);
 void view_fini(keel_runtime *rt);
+/* Wait until every view reclamation queued so far has run (before the
+ * durability state they consult goes away). */
+void view_quiesce(void);
 
 #endif

@@ -199,6 +199,11 @@ int view_init(keel_runtime *rt)
     return KEEL_OK;
 }
 
+void view_quiesce(void)
+{
+    urcu_bp_barrier(); /* every queued view_reclaim has run */
+}
+
 void view_fini(keel_runtime *rt)
 {
     /* readers are gone (documented); wait for queued reclaims, free the last */
