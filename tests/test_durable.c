@@ -16,16 +16,26 @@
  *                 IMMEDIATE side transaction; writes between ticks refused;
  *                 keel_runtime_recover's results and refusals; the durable
  *                 lag while another process holds the LMDB write lock;
- *   dur_recovery  a flipped byte in a WAL record (every copy in data.mdb):
+ *                 a checkpoint of 200 tables and three slot pages, reopened
+ *                 from the checkpoint alone; idle ticks around a checkpoint
+ *                 while the writer is held (the recovered tick is the last
+ *                 one);
+ *   dur_recovery  a flipped byte in a WAL record (every copy in data.mdb),
+ *                 or a record with a valid CRC that does not decode:
  *                 refused with KEEL_ECORRUPT naming the LSN, nothing on disk
  *                 changed, or dropped with truncate_bad_tail (state = the
- *                 reference at the last complete tick); the stored schema
+ *                 reference at the last complete tick, nothing of the
+ *                 dropped unit applied); the stored schema
  *                 (an added component works, a changed one is a clear error
  *                 that touches nothing); bad data directories; map growth;
  *   dur_errors    the fatal latch: injected EIO / ENOSPC on a WAL commit,
  *                 an acknowledged IMMEDIATE commit that outlives the failed
  *                 tick after it, a fence that cannot log its tick, a real
  *                 ENOSPC from a tiny map_max; bad descriptor fields;
+ *                 keel_runtime_sync_retry after a sync point's or
+ *                 on_first_tick's commands failed part-way (the world's
+ *                 injected command failure): the retried commands are
+ *                 durable;
  *   dur_writer    8 threads submitting IMMEDIATE transfers while the main
  *                 thread steps: every acknowledged ticket is durable (after
  *                 a normal close, and after a child process that ran the
@@ -35,11 +45,14 @@
  * Real files: every test works in its own directory under a mkdtemp base
  * that the suite's unchecked fixture removes (also after a failure). No
  * sleeps as synchronisation, no timing assertions: where the test needs the
- * WAL writer to be stuck it holds the LMDB write lock from a child process;
- * the one timed wait (for a TickDriver that cannot report having stopped)
- * only turns a hang into a failure. Failures are injected with the store's
+ * WAL writer to be stuck it holds the LMDB write lock from a child process
+ * (and, to keep the checkpoint thread from queueing its record, the
+ * checkpoint pin's mutex); the timed waits (for a TickDriver that cannot
+ * report having stopped, for the WAL writer to take its queue) only turn a
+ * hang into a failure. Failures are injected with the store's
  * test seam (kw_store_test_fail_write), a real map limit, and the unit of
- * work's out-of-memory flag.
+ * work's out-of-memory flag, the world's injected command failure
+ * (world_test_inject_failure).
  * Bodies that run on workers record what they saw; the test thread asserts.
  */
 #include <errno.h>
@@ -47,6 +60,7 @@
 #include <ftw.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -56,6 +70,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "keel/keel.h"
@@ -213,6 +228,7 @@ typedef struct snap_info {
     size_t klen;
     uint32_t kind;
     uint64_t tick;
+    uint32_t codec, raw_len;
 } snap_info;
 
 typedef struct dir_view {
@@ -309,6 +325,8 @@ static void dir_read(const char *dir, dir_view *v)
         si->klen = klen;
         si->kind = h.kind;
         si->tick = h.tick;
+        si->codec = h.codec;
+        si->raw_len = h.raw_len;
     }
     ck_assert_int_eq(rc, 0);
     kw_wal_iter_end(it);
@@ -557,6 +575,8 @@ typedef struct wworld {
     keel_component POS, HP, TMP, FLAG, MONEY;
     keel_query *q_pos, *q_money, *q_tmp;
     bool no_side;              /* no side transactions (bank off, no closures) */
+    uint32_t hook_spawn;       /* on_first_tick spawns this many when the world is empty */
+    uint32_t hook_inject;      /* ... and the nth of its commands fails (once) */
     uint32_t sys_runs;
     uint32_t hook_calls, hook_rows, hook_nonzero, hook_sys_before;
     uint64_t hook_tick;
@@ -587,6 +607,18 @@ static int w_hook(keel_ctx *ctx, void *user)
             v[r] = 7;
             w->hook_rows++;
         }
+    }
+    keel_world *wd = keel_ctx_world(ctx);
+    if (!w->hook_spawn || keel_world_count(wd) != 0)
+        return 0;
+    if (w->hook_inject) /* counts the command playback that follows the hook */
+        world_test_inject_failure(wd, w->hook_inject, KEEL_ENOMEM);
+    w->hook_inject = 0;
+    for (uint32_t i = 0; i < w->hook_spawn; i++) {
+        pos_t p = {50 + (int64_t)i, 0};
+        int64_t hp = (int64_t)i, tmp = 0;
+        keel_init in[4] = {{w->POS, &p}, {w->HP, &hp}, {w->TMP, &tmp}, {w->FLAG, NULL}};
+        W_CHECK(w, keel_cmd_spawn(keel_ctx_commands(ctx), in, i % 2 ? 4 : 3));
     }
     return 0;
 }
@@ -794,9 +826,10 @@ static uint32_t born_at(wworld *w, uint64_t t, keel_entity out[4])
     return n;
 }
 
-static void w_reference(wref *ref, uint64_t ticks, int32_t workers, bool no_side)
+static void w_reference_hook(wref *ref, uint64_t ticks, int32_t workers, bool no_side, uint32_t hook_spawn)
 {
     wworld *w = w_new(no_side);
+    w->hook_spawn = hook_spawn;
     keel_runtime_desc d = {.world = {.chunk_rows = 16}, .workers = workers, .tick_rate_hz = -1};
     w_open(w, &d, false);
     memset(ref, 0, sizeof *ref);
@@ -810,6 +843,11 @@ static void w_reference(wref *ref, uint64_t ticks, int32_t workers, bool no_side
     ck_assert_uint_eq(w->hook_calls, 1);
     w_close(w);
     free(w);
+}
+
+static void w_reference(wref *ref, uint64_t ticks, int32_t workers, bool no_side)
+{
+    w_reference_hook(ref, ticks, workers, no_side, 0);
 }
 
 /* The runtime is at tick t and matches the reference there. */
@@ -1353,6 +1391,229 @@ START_TEST(test_reopen_right_after_checkpoint)
         w_expect(w, &ref, t);
     }
     w_close(w);
+    free(w);
+}
+END_TEST
+
+/* ---- a checkpoint of many tables ---------------------------------------------------- */
+
+#define MT_KINDS 8        /* components k0..k7: the sets 1..200 of them make 200 tables */
+#define MT_TABLES 200
+#define MT_PER_TABLE 12   /* 2400 entities at tick 1: three pages of 1024 slots */
+#define MT_SPAWNS 5       /* spawned on every tick after the third */
+#define MT_MAXT 8
+
+typedef struct mtworld {
+    keel_runtime *rt;
+    keel_component BORN, K[MT_KINDS];
+    keel_query *q_born, *q_k0;
+    berr err;
+} mtworld;
+
+typedef struct mtref {
+    uint64_t hash[MT_MAXT + 1];
+    uint32_t count[MT_MAXT + 1];
+    keel_entity born[MT_MAXT + 1][MT_SPAWNS];
+    uint32_t nborn[MT_MAXT + 1];
+} mtref;
+
+/* One spawn into the table of set m (bit i: k_i), born at tick `born`. */
+static void mt_spawn(mtworld *w, keel_cmdbuf *cb, uint32_t m, int64_t born, int64_t salt)
+{
+    int64_t vals[MT_KINDS];
+    keel_init in[MT_KINDS + 1] = {{w->BORN, &born}};
+    uint32_t n = 1;
+    for (uint32_t i = 0; i < MT_KINDS; i++)
+        if (m & (1u << i)) {
+            vals[i] = (int64_t)m * 1000 + salt * 10 + (int64_t)i;
+            in[n++] = (keel_init){w->K[i], &vals[i]};
+        }
+    B_CHECK(&w->err, keel_cmd_spawn(cb, in, n));
+}
+
+/* Tick 1 fills 200 tables; tick 2 destroys every 7th slot (holes in every
+ * table and every slot page); tick 3 writes k0; later ticks spawn into
+ * varying tables and destroy a few. Decided by handle and tick only. */
+static int mt_sys(keel_ctx *ctx, void *user)
+{
+    mtworld *w = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    keel_cmdbuf *cb = keel_ctx_commands(ctx);
+    if (t == 1) {
+        for (uint32_t m = 1; m <= MT_TABLES; m++)
+            for (uint32_t r = 0; r < MT_PER_TABLE; r++)
+                mt_spawn(w, cb, m, 1, r);
+        return 0;
+    }
+    keel_iter it;
+    if (t == 3) {
+        keel_txn_iter(ctx, w->q_k0, &it);
+        while (keel_txn_next(ctx, &it)) {
+            int64_t *v = it.columns[0];
+            for (uint32_t r = 0; r < it.count; r++)
+                v[r] += (int64_t)KEEL_ENTITY_INDEX(it.entities[r]) * 3 + 1;
+        }
+    }
+    keel_txn_iter(ctx, w->q_born, &it);
+    while (keel_txn_next(ctx, &it))
+        for (uint32_t r = 0; r < it.count; r++) {
+            uint64_t idx = KEEL_ENTITY_INDEX(it.entities[r]);
+            if ((t == 2 && idx % 7 == 3) || (t > 3 && idx % 97 == t))
+                B_CHECK(&w->err, keel_cmd_destroy(cb, it.entities[r]));
+        }
+    if (t > 3)
+        for (uint32_t j = 0; j < MT_SPAWNS; j++)
+            mt_spawn(w, cb, (uint32_t)(t * 7 + j * 11) % MT_TABLES + 1, (int64_t)t, j);
+    return 0;
+}
+
+static void mt_open(mtworld *w, const keel_runtime_desc *d)
+{
+    memset(w, 0, sizeof *w);
+    w->rt = rt_create(d);
+    w->BORN = reg_i64(w->rt, "born", KEEL_VERSIONED);
+    for (int i = 0; i < MT_KINDS; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "k%d", i);
+        /* k1 SINGLE_VERSION: the checkpoint copies it at capture */
+        w->K[i] = reg_i64(w->rt, name, i == 1 ? KEEL_SINGLE_VERSION : KEEL_VERSIONED);
+    }
+    keel_world *wd = keel_runtime_world(w->rt);
+    keel_query_desc qb = {.with = {w->BORN}}, qk = {.with = {w->K[0]}};
+    ck_assert_ok(keel_query_create(wd, &qb, &w->q_born));
+    ck_assert_ok(keel_query_create(wd, &qk, &w->q_k0));
+    keel_schedule *s = sched_new(w->rt);
+    keel_system_desc sd = {.name = "tables", .kind = KEEL_SYSTEM_CALLBACK, .run = mt_sys, .user = w,
+                           .access = {.writes = {w->K[0]}}};
+    add_sys(s, &sd);
+    install(w->rt, s);
+}
+
+static void mt_close(mtworld *w)
+{
+    keel_query_destroy(w->q_born);
+    keel_query_destroy(w->q_k0);
+    keel_runtime_close(w->rt);
+    w->rt = NULL;
+}
+
+static void mt_step(mtworld *w)
+{
+    ck_assert_ok(keel_runtime_step(w->rt));
+    ck_assert_berr(&w->err);
+}
+
+/* The entities born at tick t, sorted. */
+static uint32_t mt_born_at(mtworld *w, uint64_t t, keel_entity out[MT_SPAWNS])
+{
+    uint32_t n = 0;
+    keel_iter it;
+    keel_query_iter(w->q_born, &it);
+    while (keel_iter_next(&it)) {
+        const int64_t *b = it.columns[0];
+        for (uint32_t r = 0; r < it.count; r++)
+            if (b[r] == (int64_t)t && n < MT_SPAWNS)
+                out[n++] = it.entities[r];
+    }
+    qsort(out, n, sizeof *out, cmp_entity);
+    return n;
+}
+
+static void mt_expect(mtworld *w, const mtref *ref, uint64_t t)
+{
+    keel_world *wd = keel_runtime_world(w->rt);
+    ck_assert_uint_eq(keel_runtime_tick(w->rt), t);
+    uint64_t h = keel_world_hash(wd);
+    ck_assert_msg(h == ref->hash[t], "tick %llu: hash %016llx, reference %016llx", (unsigned long long)t,
+                  (unsigned long long)h, (unsigned long long)ref->hash[t]);
+    ck_assert_uint_eq(keel_world_count(wd), ref->count[t]);
+    keel_entity b[MT_SPAWNS];
+    uint32_t n = mt_born_at(w, t, b);
+    ck_assert_uint_eq(n, ref->nborn[t]);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_msg(b[i] == ref->born[t][i], "tick %llu: spawn %u got handle %016llx, reference %016llx",
+                      (unsigned long long)t, i, (unsigned long long)b[i], (unsigned long long)ref->born[t][i]);
+}
+
+/* A checkpoint of a world with 200 archetype tables (their list is a
+ * compressed SNAP_TABLES record, longer than a page of slots) and three
+ * slot pages, then close and reopen from it alone: the same hash and
+ * tick, and the next spawns get the reference's handles. The table list
+ * must survive the slot pages being decompressed after it (they once
+ * overwrote it in the codec's scratch: KEEL_ECORRUPT "repeats the
+ * component set"). */
+START_TEST(test_checkpoint_many_tables)
+{
+    static mtref ref;
+    mtworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    keel_runtime_desc mem = {.world = {.chunk_rows = 64}, .workers = 2, .tick_rate_hz = -1};
+    mt_open(w, &mem);
+    for (uint64_t t = 1; t <= MT_MAXT; t++) {
+        mt_step(w);
+        keel_world *wd = keel_runtime_world(w->rt);
+        ref.hash[t] = keel_world_hash(wd);
+        ref.count[t] = keel_world_count(wd);
+        ref.nborn[t] = mt_born_at(w, t, ref.born[t]);
+    }
+    ck_assert_uint_eq(ref.count[1], MT_TABLES * MT_PER_TABLE);
+    ck_assert_uint_lt(ref.count[2], ref.count[1]);
+    ck_assert_uint_eq(ref.nborn[4], MT_SPAWNS);
+    mt_close(w);
+
+    char dir[256];
+    tdir(dir, sizeof dir, "many-tables");
+    keel_runtime_desc d = desc_dir(dir, 2, 64, KEEL_DURABLE_GROUP);
+    mt_open(w, &d);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    for (uint64_t t = 1; t <= 3; t++) {
+        mt_step(w);
+        mt_expect(w, &ref, t);
+    }
+    ck_assert_ok(keel_checkpoint(w->rt));
+    uint64_t h3 = keel_world_hash(keel_runtime_world(w->rt));
+    mt_close(w);
+
+    /* what the test needs: the reopen reads the checkpoint alone; its table
+     * list is compressed, and compressed slot pages, none longer than the
+     * list (each is decompressed into the same scratch), follow it */
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert(v.has_ckpt);
+    ck_assert_uint_eq(v.ckpt.tick, 3);
+    ck_assert_uint_eq(v.n, 1);
+    ck_assert_uint_eq(v.r[0].kind, KW_KIND_CHECKPOINT);
+    uint32_t tables = 0, pages = 0, tables_len = 0, page_max = 0;
+    for (uint32_t i = 0; i < v.nsnap; i++) {
+        const snap_info *si = &v.snap[i];
+        if (si->kind == KW_KIND_SNAP_TABLES) {
+            tables++;
+            tables_len = si->raw_len;
+            ck_assert_uint_eq(si->codec, KW_CODEC_ZSTD);
+        }
+        if (si->kind == KW_KIND_SNAP_SLOTS) {
+            pages++;
+            ck_assert_uint_eq(si->codec, KW_CODEC_ZSTD);
+            page_max = si->raw_len > page_max ? si->raw_len : page_max;
+        }
+    }
+    ck_assert_uint_eq(tables, 1);
+    ck_assert_uint_ge(pages, 3);
+    ck_assert_uint_gt(tables_len, page_max);
+    dir_view_free(&v);
+
+    mt_open(w, &d);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.checkpoint_tick, 3);
+    ck_assert_uint_eq(info.tick, 3);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h3);
+    mt_expect(w, &ref, 3);
+    for (uint64_t t = 4; t <= MT_MAXT; t++) {
+        mt_step(w);
+        mt_expect(w, &ref, t);
+    }
+    mt_close(w);
     free(w);
 }
 END_TEST
@@ -1972,21 +2233,188 @@ START_TEST(test_durable_lag_while_writer_blocked)
 }
 END_TEST
 
+/* ---- idle ticks around a checkpoint ------------------------------------------------- */
+
+/* Wait until the WAL writer has taken everything queued: it is then in its
+ * LMDB write transaction, where a holder keeps it, and takes nothing more
+ * until the holder lets go. The deadline only turns a writer that never
+ * comes into a failure instead of a hang. */
+static void wait_writer_took_queue(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        pthread_mutex_lock(&d->mu);
+        bool taken = d->head == NULL;
+        pthread_mutex_unlock(&d->mu);
+        if (taken)
+            return;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        ck_assert_msg(now.tv_sec - t0.tv_sec < 15, "the WAL writer did not take its queue");
+        sched_yield();
+    }
+}
+
+/* The writer queue holds the marker of `tick` with no checkpoint ahead of
+ * it: the checkpoint thread had not queued its record when the tick's
+ * marker was queued. */
+static bool tick_marker_before_checkpoint(keel_runtime *rt, uint64_t tick)
+{
+    dur_state *d = rt->dur;
+    bool found = false;
+    pthread_mutex_lock(&d->mu);
+    for (dur_item *it = d->head; it && it->kind != DUR_CHECKPOINT && !found; it = it->next)
+        found = it->kind == DUR_RECORDS && it->tick == tick;
+    pthread_mutex_unlock(&d->mu);
+    return found;
+}
+
+/* Ticks that change nothing, a checkpoint every 3 ticks, and a WAL writer
+ * held up (a child process holds the LMDB write lock) so that the idle
+ * ticks' markers wait in the queue: tick 2's marker is in the writer's
+ * blocked transaction, tick 3's is queued and the checkpoint taken at the
+ * end of tick 3 covers it, then tick 4 runs before the checkpoint thread
+ * queues its record (the test holds the checkpoint pin's mutex, which the
+ * checkpoint thread takes once it has read the checkpoint, before it
+ * queues its record; an idle tick never takes it). Flushed, closed and
+ * reopened, the runtime is at tick 4, the tick keel_runtime_tick said
+ * before the close. (Tick 4's marker once coalesced into tick 3's, which
+ * the checkpoint covers and deletes: the recovered tick went back to 3.) */
+START_TEST(test_idle_ticks_checkpoint)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "idle-ckpt");
+    holder h;
+    holder_fork(&h, dir);
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    d.durable.checkpoint_every_ticks = 3;
+    iworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    i_open(w, &d);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    i_step(w); /* tick 1: 200 spawns */
+    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_uint_eq(stats_of(w->rt).checkpoints, 0);
+    holder_hold(&h);
+    i_step(w); /* tick 2, idle: the writer takes its marker and blocks in LMDB */
+    wait_writer_took_queue(w->rt);
+    dur_state *ds = w->rt->dur;
+    pthread_mutex_lock(&ds->pin_mu);
+    i_step(w); /* tick 3, idle: its marker waits in the queue; the due checkpoint covers it */
+    i_step(w); /* tick 4, idle */
+    bool held_off = tick_marker_before_checkpoint(w->rt, 4);
+    pthread_mutex_unlock(&ds->pin_mu);
+    ck_assert_msg(held_off, "the checkpoint's record was queued before tick 4's marker: the scenario is not set up");
+    holder_release(&h);
+    ck_assert_ok(keel_uow_flush(w->rt));
+    uint64_t tick = keel_runtime_tick(w->rt), hash = keel_world_hash(keel_runtime_world(w->rt));
+    ck_assert_uint_eq(tick, 4);
+    keel_runtime_close(w->rt);
+
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert(v.has_ckpt);
+    ck_assert_uint_eq(v.ckpt.tick, 3);
+    ck_assert_uint_eq(v.ckpt.count, 1);
+    ck_assert(v.consecutive);
+    dir_view_free(&v);
+    i_open(w, &d);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.checkpoint_tick, 3);
+    ck_assert_msg(info.tick == tick && keel_runtime_tick(w->rt) == tick,
+                  "keel_runtime_tick was %llu before the close, the reopened runtime is at tick %llu "
+                  "(keel_recovery.tick %llu)", (unsigned long long)tick,
+                  (unsigned long long)keel_runtime_tick(w->rt), (unsigned long long)info.tick);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), hash);
+    i_step(w);
+    ck_assert_uint_eq(keel_runtime_tick(w->rt), tick + 1);
+    keel_runtime_close(w->rt);
+    free(w);
+}
+END_TEST
+
 /* ==== dur_recovery =================================================================== */
 
-/* One byte of a tick-5 record flipped on disk (every copy): the open is
- * refused naming the LSN and changes nothing; with truncate_bad_tail the
- * record's whole unit and everything after it go, and the state is the
- * reference's at tick 4. Variant 0 corrupts the unit's first record (a
- * TICK_CHUNK), variant 1 one in its middle (a LIFECYCLE record). */
+typedef struct wal_put {
+    uint64_t lsn;
+    const void *rec;
+    size_t len;
+} wal_put;
+
+static int fill_wal_put(kw_wtxn *t, void *arg)
+{
+    const wal_put *p = arg;
+    unsigned char key[8]; /* the WAL's keys: big-endian LSNs */
+    for (int i = 0; i < 8; i++)
+        key[i] = (unsigned char)(p->lsn >> (56 - 8 * i));
+    return kw_put(t, KW_DB_WAL, key, sizeof key, p->rec, p->len);
+}
+
+/* Replace the WAL record at lsn by one that passes every check of the
+ * record layer (magic, lengths, CRC) but whose payload does not decode:
+ * its real payload and one trailing byte, as a bug writing records (not
+ * the disk) would leave it. */
+static void rewrite_undecodable(const char *dir, uint64_t lsn)
+{
+    size_t len = 0;
+    unsigned char *rec = record_copy(dir, lsn, &len);
+    kw_header h;
+    ck_assert_ok(kw_record_check(rec, len, &h));
+    kw_codec_ctx *c = NULL;
+    ck_assert_ok(kw_codec_create(NULL, &c));
+    const void *p;
+    ck_assert_ok(kw_record_payload(c, rec, &h, &p));
+    unsigned char *bad = malloc((size_t)h.raw_len + 1);
+    ck_assert_ptr_nonnull(bad);
+    memcpy(bad, p, h.raw_len);
+    bad[h.raw_len] = 0xee;
+    kw_buf out = {0};
+    ck_assert_ok(kw_record_build(c, &out, h.kind, lsn, h.tick, h.flags, bad, (size_t)h.raw_len + 1));
+    /* the premise: the new record checks, its payload does not decode */
+    kw_header nh;
+    ck_assert_ok(kw_record_check(out.p, out.len, &nh));
+    ck_assert_uint_eq(nh.lsn, lsn);
+    ck_assert_uint_eq(nh.kind, h.kind);
+    ck_assert_ok(kw_record_payload(c, out.p, &nh, &p));
+    kw_decoder dec;
+    kw_change ch;
+    int rc = kw_decode_begin(&dec, nh.kind, lsn, p, nh.raw_len, NULL);
+    while (rc == KEEL_OK && (rc = kw_decode_next(&dec, &ch)) == 1)
+        rc = KEEL_OK;
+    ck_assert_rc(rc, KEEL_ECORRUPT);
+    kw_store *st = NULL;
+    kw_store_desc sd = {0};
+    ck_assert_ok(kw_store_open(dir, &sd, &st));
+    wal_put wp = {lsn, out.p, out.len};
+    ck_assert_ok(kw_store_write(st, fill_wal_put, &wp));
+    kw_store_close(st);
+    kw_buf_free(&out);
+    free(bad);
+    kw_codec_destroy(c);
+    free(rec);
+}
+
+/* A bad tick-5 record: the open is refused naming the LSN and changes
+ * nothing; with truncate_bad_tail the record's whole unit and everything
+ * after it go, nothing of that unit stays applied, and the state is the
+ * reference's at tick 4 exactly. Variant 0 flips a byte of the unit's
+ * first record (a TICK_CHUNK; every copy on disk), variant 1 of one in its
+ * middle (a LIFECYCLE record, after the TICK_CHUNK records). Variant 2
+ * rewrites that LIFECYCLE record with a valid CRC and a payload that does
+ * not decode: only decoding finds it, after the unit's TICK_CHUNK records
+ * checked fine (their rows were once applied before the unit was dropped,
+ * leaving tick 5's values on the tick-4 state). */
 START_TEST(test_corrupt_record)
 {
     static wref ref;
     w_reference(&ref, 8, 1, true);
-    for (int variant = 0; variant < 2; variant++) {
+    static const char *const names[3] = {"corrupt-chunk", "corrupt-life", "undecodable-life"};
+    for (int variant = 0; variant < 3; variant++) {
         uint32_t kind = variant ? KW_KIND_LIFECYCLE : KW_KIND_TICK_CHUNK;
         char dir[256], mdb[300];
-        tdir(dir, sizeof dir, variant ? "corrupt-life" : "corrupt-chunk");
+        tdir(dir, sizeof dir, names[variant]);
         mdb_path(mdb, sizeof mdb, dir);
         keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
         wworld *w = w_new(true);
@@ -2011,18 +2439,22 @@ START_TEST(test_corrupt_record)
                 bad = r->lsn;
         }
         ck_assert_uint_ne(bad, 0);
-        if (variant)
+        if (variant) /* TICK_CHUNK records of the unit precede it */
             ck_assert_uint_gt(bad, unit_first);
         else
             ck_assert_uint_eq(bad, unit_first);
         uint64_t expect_trunc = last - unit_first + 1;
         dir_view_free(&v);
-        size_t len = 0;
-        unsigned char *rec = record_copy(dir, bad, &len);
-        ck_assert_uint_gt(len, KW_HEADER_SIZE);
-        uint32_t copies = flip_copies(mdb, rec, len, KW_HEADER_SIZE + (len - KW_HEADER_SIZE) / 2);
-        ck_assert_uint_ge(copies, 1);
-        free(rec);
+        if (variant < 2) {
+            size_t len = 0;
+            unsigned char *rec = record_copy(dir, bad, &len);
+            ck_assert_uint_gt(len, KW_HEADER_SIZE);
+            uint32_t copies = flip_copies(mdb, rec, len, KW_HEADER_SIZE + (len - KW_HEADER_SIZE) / 2);
+            ck_assert_uint_ge(copies, 1);
+            free(rec);
+        } else {
+            rewrite_undecodable(dir, bad);
+        }
         fdigest d1 = dir_digest(dir);
 
         /* refused by default */
@@ -2057,6 +2489,10 @@ START_TEST(test_corrupt_record)
         ck_assert_uint_eq(info.tick, 4);
         ck_assert_uint_eq(info.last_lsn, unit_first - 1);
         ck_assert(!info.fresh);
+        uint64_t h4 = keel_world_hash(keel_runtime_world(w->rt));
+        ck_assert_msg(h4 == ref.hash[4], "%s: after dropping tick 5's unit the hash is %016llx, the reference's at "
+                      "tick 4 %016llx: part of the dropped unit stayed applied", names[variant],
+                      (unsigned long long)h4, (unsigned long long)ref.hash[4]);
         w_expect(w, &ref, 4);
         for (uint64_t t = 5; t <= 8; t++) {
             w_drive(w, t);
@@ -2884,6 +3320,84 @@ START_TEST(test_bad_desc)
 }
 END_TEST
 
+/* A sync point whose commands fail part-way (the world's injected failure
+ * of its nth command), then keel_runtime_sync_retry: the commands the
+ * retry applies are durable like the tick's others. Variant 0 fails tick
+ * 4's sync point; variant 1 the first step's on_first_tick commands (the
+ * hook spawns 6 entities when the world is empty; the 3rd spawn fails).
+ * After the retry the runtime runs on, closes, and reopens at the same
+ * tick and hash, with the reference's handles for later spawns. (The
+ * retried commands were once never logged: the directory then failed to
+ * open, "a spawn created a different entity handle than the one logged".) */
+START_TEST(test_sync_retry_durable)
+{
+    for (int variant = 0; variant < 2; variant++) {
+        bool hook = variant == 1;
+        const uint32_t nspawn = hook ? 6 : 0;
+        const uint64_t fail_tick = hook ? 1 : 4, last = 7, more = 10;
+        static wref ref;
+        w_reference_hook(&ref, more, 1, true, nspawn);
+        char dir[256];
+        tdir(dir, sizeof dir, hook ? "retry-hook" : "retry-sync");
+        keel_runtime_desc d = desc_dir(dir, 2, 16, KEEL_DURABLE_GROUP);
+        wworld *w = w_new(true);
+        w->hook_spawn = nspawn;
+        w_open(w, &d, false);
+        ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+        keel_world *wd = keel_runtime_world(w->rt);
+        for (uint64_t t = 1; t < fail_tick; t++) {
+            w_drive(w, t);
+            w_expect(w, &ref, t);
+        }
+        if (hook)
+            w->hook_inject = 3; /* set by the hook itself, during the step */
+        else
+            world_test_inject_failure(wd, 3, KEEL_ENOMEM);
+        ck_assert_rc(keel_runtime_step(w->rt), KEEL_ENOMEM);
+        ck_assert_berr(&w->err);
+        if (hook) { /* the hook's first two spawns applied; no system ran, the tick did not count */
+            ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
+            ck_assert_uint_eq(keel_world_count(wd), 2);
+            ck_assert_uint_eq(w->sys_runs, 0);
+        } else { /* part-way: the tick counts, its state is not the reference's yet */
+            ck_assert_uint_eq(keel_runtime_tick(w->rt), fail_tick);
+            ck_assert_uint_ne(keel_world_hash(wd), ref.hash[fail_tick]);
+        }
+        ck_assert_rc(keel_runtime_step(w->rt), KEEL_EBUSY); /* the rest is pending */
+        ck_assert_ok(keel_runtime_sync_retry(w->rt));
+        ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
+        if (hook) {
+            ck_assert_uint_eq(keel_world_count(wd), nspawn);
+        } else {
+            w_expect(w, &ref, fail_tick);
+        }
+        for (uint64_t t = hook ? 1 : fail_tick + 1; t <= last; t++) {
+            w_drive(w, t);
+            w_expect(w, &ref, t);
+        }
+        ck_assert_uint_eq(w->hook_calls, 1);
+        uint64_t h = keel_world_hash(wd);
+        w_close(w);
+
+        w_reset(w, true);
+        w->hook_spawn = nspawn; /* the world is not empty: the hook spawns nothing */
+        w_open(w, &d, false);
+        keel_recovery info;
+        ck_assert_ok(keel_runtime_recover(w->rt, &info));
+        ck_assert_uint_eq(info.tick, last);
+        ck_assert_uint_eq(keel_runtime_tick(w->rt), last);
+        ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h);
+        w_expect(w, &ref, last);
+        for (uint64_t t = last + 1; t <= more; t++) {
+            w_drive(w, t);
+            w_expect(w, &ref, t);
+        }
+        w_close(w);
+        free(w);
+    }
+}
+END_TEST
+
 /* ==== dur_writer ===================================================================== */
 
 #define WR_THREADS 8
@@ -3226,6 +3740,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_checkpoint_periodic);
     tcase_add_test(tc, test_incremental_checkpoint);
     tcase_add_test(tc, test_reopen_right_after_checkpoint);
+    tcase_add_test(tc, test_checkpoint_many_tables);
     tcase_add_test(tc, test_stats_and_telemetry);
     tcase_add_test(tc, test_flush_deferred_and_no_dir);
     tcase_add_test(tc, test_hooks_first_tick_and_shutdown);
@@ -3233,6 +3748,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_recover_busy_while_driver_starts);
     tcase_add_test(tc, test_recover_again_after_ticks);
     tcase_add_test(tc, test_durable_lag_while_writer_blocked);
+    tcase_add_test(tc, test_idle_ticks_checkpoint);
     suite_add_tcase(s, tc);
     return s;
 }
@@ -3259,6 +3775,7 @@ static Suite *dur_errors(void)
     tcase_add_test(tc, test_fatal_fence_oom);
     tcase_add_test(tc, test_map_max_enospc);
     tcase_add_test(tc, test_bad_desc);
+    tcase_add_test(tc, test_sync_retry_durable);
     suite_add_tcase(s, tc);
     return s;
 }
