@@ -350,8 +350,7 @@ static int capture(keel_runtime *rt, uint64_t tick, ckpt_job **out)
 
 /* ---- serialising (checkpoint thread) ------------------------------------------------------ */
 
-static int add_put(dur_state *d, ckpt_job *j, kw_codec_ctx *c, uint64_t code, const kw_buf *payload, uint32_t kind,
-                   bool *seen_new)
+static int add_put(dur_state *d, ckpt_job *j, kw_codec_ctx *c, uint64_t code, const kw_buf *payload, uint32_t kind)
 {
     core_hasher h;
     core_hasher_init(&h, 0);
@@ -364,7 +363,6 @@ static int add_put(dur_state *d, ckpt_job *j, kw_codec_ctx *c, uint64_t code, co
         same = *s == code && d->stored->hashes[s - d->stored->keys] == hash;
     }
     pthread_mutex_unlock(&d->ckpt_mu);
-    (void)seen_new;
     if (j->nputs == j->puts_cap) {
         uint32_t cap = j->puts_cap ? j->puts_cap * 2 : 256;
         ckpt_put *p = realloc(j->puts, cap * sizeof *p);
@@ -425,18 +423,18 @@ static int serialize(keel_runtime *rt, ckpt_job *j, kw_codec_ctx *c)
 {
     dur_state *d = rt->dur;
     kw_buf b = {0};
-    int rc = add_put(d, j, c, key_code("T", 1), &j->tables, KW_KIND_SNAP_TABLES, NULL);
+    int rc = add_put(d, j, c, key_code("T", 1), &j->tables, KW_KIND_SNAP_TABLES);
     for (uint32_t p = 0; !rc && p < j->npages; p++) {
         unsigned char key[5];
         size_t kl = kw_snap_key_slots(key, p);
         rc = slots_payload(j, p, &b);
-        rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_SLOTS, NULL);
+        rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_SLOTS);
     }
     for (uint32_t i = 0; !rc && i < j->nsrcs; i++) {
         unsigned char key[9];
         size_t kl = kw_snap_key_chunk(key, j->srcs[i].table, j->srcs[i].chunk);
         rc = chunk_payload(&j->srcs[i], &b);
-        rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_CHUNK, NULL);
+        rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_CHUNK);
     }
     kw_buf_free(&b);
     pin_release(d); /* everything the job points at has been read */
@@ -460,12 +458,8 @@ static int serialize(keel_runtime *rt, ckpt_job *j, kw_codec_ctx *c)
 
 /* ---- the writer's part ---------------------------------------------------------------------- */
 
-int ckpt_write(kw_wtxn *txn, ckpt_job *j, uint64_t marker_lsn, const void *marker, size_t marker_len, bool retain,
-               uint64_t *wal_deleted)
+int ckpt_write(kw_wtxn *txn, ckpt_job *j, bool retain)
 {
-    (void)marker;
-    (void)marker_len;
-    (void)marker_lsn;
     int rc = KEEL_OK;
     for (uint32_t i = 0; !rc && i < j->nputs; i++) {
         if (!j->puts[i].len)
@@ -491,7 +485,7 @@ int ckpt_write(kw_wtxn *txn, ckpt_job *j, uint64_t marker_lsn, const void *marke
         rc = kw_put(txn, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), m, sizeof m);
     }
     if (!rc && !retain)
-        rc = kw_del_wal_upto(txn, j->covered_lsn, wal_deleted);
+        rc = kw_del_wal_upto(txn, j->covered_lsn, NULL);
     return rc;
 }
 
@@ -510,7 +504,6 @@ void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
         atomic_fetch_add(&d->ckpt_taken, 1);
     }
     d->ckpt_busy = false;
-    d->ckpt_done++;
     pthread_cond_broadcast(&d->ckpt_cv);
     pthread_mutex_unlock(&d->ckpt_mu);
     ckpt_job_free(j);

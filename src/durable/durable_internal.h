@@ -102,7 +102,6 @@ typedef struct dur_state {
     ckpt_job *ckpt_next;       /* handed to the checkpoint thread */
     bool ckpt_busy;            /* a job is being written */
     bool ckpt_quit;
-    uint64_t ckpt_done;        /* jobs completed (for keel_checkpoint) */
     struct ckpt_stored *stored; /* content hashes of what snap holds (checkpoint thread) */
     /* buffers of an in-flight checkpoint are not freed by view reclamation */
     pthread_mutex_t pin_mu;
@@ -171,9 +170,9 @@ void ckpt_fini(dur_state *d);
 int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force);
 /* Wait until every checkpoint taken so far is committed. */
 int ckpt_wait(keel_runtime *rt);
-/* The writer's part, inside its write transaction. */
-int ckpt_write(kw_wtxn *txn, ckpt_job *job, uint64_t marker_lsn, const void *marker, size_t marker_len,
-               bool retain, uint64_t *wal_deleted);
+/* The writer's part, inside its write transaction (after it appended the
+ * job's CHECKPOINT marker): snap puts and deletes, meta, covered WAL. */
+int ckpt_write(kw_wtxn *txn, ckpt_job *job, bool retain);
 /* After the writer committed (rc 0) or failed. */
 void ckpt_committed(keel_runtime *rt, ckpt_job *job, int rc);
 void ckpt_job_free(ckpt_job *job);

@@ -232,7 +232,6 @@ typedef struct batch {
     uint64_t oldest_ns;
     bool need_sync;
     dur_state *d;
-    uint64_t wal_deleted;
 } batch;
 
 static uint64_t now_ns(void)
@@ -245,7 +244,6 @@ static uint64_t now_ns(void)
 static int fill(kw_wtxn *txn, void *arg)
 {
     batch *b = arg;
-    b->wal_deleted = 0;
     for (dur_item *it = b->head; it; it = it->next) {
         size_t off = 0, len;
         unsigned char *rec;
@@ -255,7 +253,7 @@ static int fill(kw_wtxn *txn, void *arg)
                 return core_fail(KEEL_EINVAL, "checkpoint item without a marker record");
             int rc = kw_put_wal(txn, it->first_lsn, rec, len);
             if (!rc)
-                rc = ckpt_write(txn, it->ckpt, it->first_lsn, rec, len, b->d->wal_retain, &b->wal_deleted);
+                rc = ckpt_write(txn, it->ckpt, b->d->wal_retain);
             if (rc)
                 return rc;
             continue;
