@@ -42,7 +42,8 @@ typedef struct keel_tick_record {
     uint64_t fence_ns;            /* duration of the fence (serialize, compress, hand-off) */
     uint64_t durable_lag;         /* ticks completed but not yet durable at the tick's end */
     uint32_t side_txns;           /* side transactions committed in the tick (closures included) */
-    uint64_t sync_ns;             /* duration of the structural sync point */
+    uint64_t sync_start_ns;       /* CLOCK_MONOTONIC when the structural sync point started */
+    uint64_t sync_ns;             /* duration of the structural sync point (the fence follows it) */
 } keel_tick_record;
 
 typedef struct keel_system_record {
@@ -84,7 +85,8 @@ void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out);
 
 /* Write the ring as Chrome trace-event JSON (loads in Perfetto and
  * chrome://tracing): one track per worker with one slice per system run,
- * a driver track with one slice per tick and per sync point. System names
+ * a driver track with one slice per tick, per sync point and per fence,
+ * and a WAL writer track with one slice per synced commit. System names
  * are written as given: keep them UTF-8 for the JSON to be valid.
  * Errors: KEEL_EINVAL, KEEL_EIO (the last error names the file). */
 int keel_trace_export(const keel_runtime *rt, const char *path);

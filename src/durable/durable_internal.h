@@ -51,6 +51,8 @@ typedef struct dur_waiter {
 
 typedef struct dur_pin dur_pin;
 
+#define DUR_SPANS 1024                  /* writer commits kept for the trace */
+
 typedef struct dur_state {
     kw_store *store;
     keel_durability mode;      /* the runtime's mode for ticks */
@@ -81,6 +83,12 @@ typedef struct dur_state {
     _Atomic int fatal;         /* 0, or the KEEL_E* code that latched the runtime */
     pthread_t thread;
     bool thread_running;
+
+    /* the writer's last commits, for the trace (under mu) */
+    struct dur_span {
+        uint64_t start_ns, ns, bytes, last_lsn;
+    } spans[DUR_SPANS];
+    uint64_t nspans;           /* commits recorded so far (index = nspans % DUR_SPANS) */
 
     /* counters (writer thread; read racily for telemetry) */
     _Atomic uint64_t fsyncs, wal_bytes, wal_raw_bytes;
@@ -139,6 +147,8 @@ static inline int dur_fatal(const dur_state *d)
 {
     return d ? atomic_load_explicit(&((dur_state *)d)->fatal, memory_order_acquire) : 0;
 }
+/* Copy up to cap of the writer's most recent commits (oldest first). */
+uint32_t dur_spans(keel_runtime *rt, struct dur_span *out, uint32_t cap);
 /* The last LSN handed out. */
 uint64_t dur_last_lsn(keel_runtime *rt);
 /* The same, recorded as covered by a checkpoint being captured. */

@@ -146,6 +146,19 @@ int dur_wait(keel_runtime *rt, uint64_t lsn, bool flush)
     return rc;
 }
 
+uint32_t dur_spans(keel_runtime *rt, struct dur_span *out, uint32_t cap)
+{
+    dur_state *d = rt->dur;
+    pthread_mutex_lock(&d->mu);
+    uint64_t n = d->nspans < DUR_SPANS ? d->nspans : DUR_SPANS;
+    if (n > cap)
+        n = cap;
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = d->spans[(d->nspans - n + i) % DUR_SPANS];
+    pthread_mutex_unlock(&d->mu);
+    return (uint32_t)n;
+}
+
 uint64_t dur_cover(keel_runtime *rt)
 {
     dur_state *d = rt->dur;
@@ -291,7 +304,9 @@ static void batch_commit(keel_runtime *rt, batch *b)
     bool work = b->last_lsn != 0;
     for (dur_item *it = b->head; it && !work; it = it->next)
         work = it->kind == DUR_CHECKPOINT;
+    uint64_t t0 = now_ns();
     int rc = work ? kw_store_write(d->store, fill, b) : KEEL_OK;
+    uint64_t t1 = now_ns();
     if (!rc && work) {
         atomic_fetch_add(&d->fsyncs, 1);
         atomic_fetch_add(&d->wal_bytes, b->bytes);
@@ -307,6 +322,8 @@ static void batch_commit(keel_runtime *rt, batch *b)
     }
     pthread_mutex_lock(&d->mu);
     d->queued_bytes -= b->bytes < d->queued_bytes ? b->bytes : d->queued_bytes;
+    if (!rc && work)
+        d->spans[d->nspans++ % DUR_SPANS] = (struct dur_span){t0, t1 - t0, b->bytes, b->last_lsn};
     if (!rc) {
         if (b->last_lsn)
             atomic_store_explicit(&d->durable_lsn, b->last_lsn, memory_order_release);

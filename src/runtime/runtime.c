@@ -439,7 +439,8 @@ static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
         .actual_ns = end - start,
         .multiplier = 1,
         .entities = keel_world_count(rt->world),
-        .sync_ns = end - sync_start,
+        .sync_start_ns = sync_start,
+        .sync_ns = rt->sync_end_ns - sync_start,
     };
     if (rt->dur) {
         rec.wal_raw_bytes = rt->fence_raw_bytes;
@@ -507,8 +508,9 @@ int runtime_step(keel_runtime *rt)
     int sync_rc = sync_point(rt);
     uint64_t tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
     int fence_rc = KEEL_OK;
+    rt->sync_end_ns = rt_now_ns();
     if (rt->dur) {
-        uint64_t f0 = rt_now_ns();
+        uint64_t f0 = rt->sync_end_ns;
         if ((fence_rc = fence_tick(rt, tick)))
             dur_latch_fatal(rt, fence_rc == KEEL_EFATAL ? dur_fatal(rt->dur) : fence_rc);
         rt->fence_ns = rt_now_ns() - f0;

@@ -172,6 +172,7 @@ struct keel_runtime {
     keel_recovery recovery;
     size_t fence_rows_from, fence_life_from; /* the hook's unit was logged up to here */
     uint64_t fence_raw_bytes, fence_stored_bytes, fence_ns; /* of the last tick */
+    uint64_t sync_end_ns;          /* the last sync point's end (the fence starts there) */
 
     /* TickDriver */
     pthread_t driver;

@@ -175,13 +175,32 @@ static void trace_thread_names(FILE *f, bool *first, uint32_t workers)
     for (uint32_t w = 0; w < workers; w++)
         fprintf(f, ",\n{\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"name\":\"thread_name\",\"args\":{\"name\":\"worker-%u\"}}",
                 w + 1, w);
+    fprintf(f, ",\n{\"ph\":\"M\",\"pid\":1,\"tid\":%u,\"name\":\"thread_name\",\"args\":{\"name\":\"wal-writer\"}}",
+            workers + 1);
+}
+
+/* The WAL writer's commits (one slice per synced LMDB transaction) that
+ * fall in the exported ticks' time range. */
+static void trace_writer(const keel_runtime *rt, FILE *f, bool *first, uint64_t origin)
+{
+    if (!rt->dur)
+        return;
+    struct dur_span *spans = malloc(DUR_SPANS * sizeof *spans);
+    uint32_t n = spans ? dur_spans((keel_runtime *)rt, spans, DUR_SPANS) : 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (spans[i].start_ns >= origin)
+            trace_slice(f, first, "wal commit", rt->workers + 1, us(spans[i].start_ns, origin),
+                        (double)spans[i].ns / 1000.0, spans[i].last_lsn);
+    free(spans);
 }
 
 static void trace_tick(const keel_runtime *rt, FILE *f, bool *first, const keel_tick_record *t, uint64_t origin)
 {
     trace_slice(f, first, "tick", 0, us(t->start_ns, origin), (double)t->actual_ns / 1000.0, t->tick);
-    uint64_t sync_start = t->start_ns + t->actual_ns - t->sync_ns;
+    uint64_t sync_start = t->sync_start_ns;
     trace_slice(f, first, "sync", 0, us(sync_start, origin), (double)t->sync_ns / 1000.0, t->tick);
+    if (t->fence_ns)
+        trace_slice(f, first, "fence", 0, us(sync_start + t->sync_ns, origin), (double)t->fence_ns / 1000.0, t->tick);
     const keel_system_record *sys = &rt->tel.systems[(size_t)(t->tick & rt->tel.mask) * rt->tel.nsys];
     for (uint32_t i = 0; i < rt->tel.nsys; i++) {
         if (!sys[i].start_ns || sys[i].end_ns < sys[i].start_ns)
@@ -211,6 +230,7 @@ int keel_trace_export(const keel_runtime *rt, const char *path)
         if (rec)
             trace_tick(rt, f, &first, rec, origin);
     }
+    trace_writer(rt, f, &first, origin);
     fputs("\n]}\n", f);
     if (ferror(f) | fclose(f))
         return core_fail(KEEL_EIO, "keel_trace_export: writing '%s' failed: %s", path, strerror(errno));
