@@ -2410,9 +2410,12 @@ START_TEST(test_corrupt_record)
 {
     static wref ref;
     w_reference(&ref, 8, 1, true);
-    static const char *const names[3] = {"corrupt-chunk", "corrupt-life", "undecodable-life"};
-    for (int variant = 0; variant < 3; variant++) {
-        uint32_t kind = variant ? KW_KIND_LIFECYCLE : KW_KIND_TICK_CHUNK;
+    /* variant 3 breaks the magic: the record is no record at all, and the
+     * refusal must still name its LSN (from the key) */
+    static const char *const names[4] = {"corrupt-chunk", "corrupt-life", "undecodable-life", "bad-magic"};
+    for (int variant = 0; variant < 4; variant++) {
+        bool life = variant == 1 || variant == 2;
+        uint32_t kind = life ? KW_KIND_LIFECYCLE : KW_KIND_TICK_CHUNK;
         char dir[256], mdb[300];
         tdir(dir, sizeof dir, names[variant]);
         mdb_path(mdb, sizeof mdb, dir);
@@ -2439,17 +2442,17 @@ START_TEST(test_corrupt_record)
                 bad = r->lsn;
         }
         ck_assert_uint_ne(bad, 0);
-        if (variant) /* TICK_CHUNK records of the unit precede it */
+        if (life) /* TICK_CHUNK records of the unit precede it */
             ck_assert_uint_gt(bad, unit_first);
         else
             ck_assert_uint_eq(bad, unit_first);
         uint64_t expect_trunc = last - unit_first + 1;
         dir_view_free(&v);
-        if (variant < 2) {
+        if (variant != 2) {
             size_t len = 0;
             unsigned char *rec = record_copy(dir, bad, &len);
             ck_assert_uint_gt(len, KW_HEADER_SIZE);
-            uint32_t copies = flip_copies(mdb, rec, len, KW_HEADER_SIZE + (len - KW_HEADER_SIZE) / 2);
+            uint32_t copies = flip_copies(mdb, rec, len, variant == 3 ? 0 : KW_HEADER_SIZE + (len - KW_HEADER_SIZE) / 2);
             ck_assert_uint_ge(copies, 1);
             free(rec);
         } else {
