@@ -3085,6 +3085,23 @@ static void f_expect_reopen(const keel_runtime_desc *d, uint64_t tick, uint64_t 
     free(w);
 }
 
+/* The fatal tests' common start: a fresh directory `name`, a world that
+ * fails at tick 4 in `mode`, ticks 1-3 run and durable (their hash, money
+ * and last LSN in the out-parameters). */
+static fworld *f_start(char dir[256], const char *name, int mode, keel_runtime_desc *d, uint64_t *h3, int64_t m3[2],
+                       uint64_t *l3)
+{
+    tdir(dir, 256, name);
+    *d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    fworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    f_open(w, d);
+    w->fail_tick = 4;
+    w->mode = mode;
+    f_prefix(w, h3, m3, l3);
+    return w;
+}
+
 /* An I/O error on a WAL commit latches the runtime: nothing is acknowledged
  * any more (side commits, tickets, ticks, flush, checkpoint), on_shutdown
  * does not run, and the directory reopens at the last durable tick. */
@@ -3093,16 +3110,10 @@ START_TEST(test_fatal_injected)
     static const int codes[2] = {KEEL_EIO, KEEL_ENOSPC};
     for (int i = 0; i < 2; i++) {
         char dir[256];
-        tdir(dir, sizeof dir, i ? "fatal-enospc" : "fatal-eio");
-        keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-        fworld *w = calloc(1, sizeof *w);
-        ck_assert_ptr_nonnull(w);
-        f_open(w, &d);
-        w->fail_tick = 4;
-        w->mode = F_IMMEDIATE_TWICE;
+        keel_runtime_desc d;
         uint64_t h3, l3;
         int64_t m3[2];
-        f_prefix(w, &h3, m3, &l3);
+        fworld *w = f_start(dir, i ? "fatal-enospc" : "fatal-eio", F_IMMEDIATE_TWICE, &d, &h3, m3, &l3);
         ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
         log_capture_on();
         /* the writer is idle (flushed): the next commit is the closure's */
@@ -3153,16 +3164,10 @@ END_TEST
 START_TEST(test_fatal_after_acknowledged_immediate)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "fatal-acked");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    fworld *w = calloc(1, sizeof *w);
-    ck_assert_ptr_nonnull(w);
-    f_open(w, &d);
-    w->fail_tick = 4;
-    w->mode = F_IMMEDIATE_ONCE;
+    keel_runtime_desc d;
     uint64_t h3, l3;
     int64_t m3[2];
-    f_prefix(w, &h3, m3, &l3);
+    fworld *w = f_start(dir, "fatal-acked", F_IMMEDIATE_ONCE, &d, &h3, m3, &l3);
     /* commit 1: the side record (acknowledged); commit 2 fails (the tick's
      * batch, or an empty flush before it) */
     log_capture_on();
@@ -3195,16 +3200,10 @@ END_TEST
 START_TEST(test_fatal_fence_oom)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "fatal-oom");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    fworld *w = calloc(1, sizeof *w);
-    ck_assert_ptr_nonnull(w);
-    f_open(w, &d);
-    w->fail_tick = 4;
-    w->mode = F_FENCE_OOM;
+    keel_runtime_desc d;
     uint64_t h3, l3;
     int64_t m3[2];
-    f_prefix(w, &h3, m3, &l3);
+    fworld *w = f_start(dir, "fatal-oom", F_FENCE_OOM, &d, &h3, m3, &l3);
     log_capture_on();
     ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
     ck_assert_int_eq(keel_runtime_fatal(w->rt), KEEL_ENOMEM);
