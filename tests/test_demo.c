@@ -1,0 +1,382 @@
+/*
+ * test_demo.c -- keel-world, the demo world server, as a black box: the
+ * built binary (KEEL_WORLD_BIN) run in child processes, read through its
+ * report protocol (--report-fd, docs/demo.md) and its stdout.
+ *
+ *   demo_cli       bad arguments exit 2 naming the culprit; --help exits 0
+ *   demo_runs      the same final hash in memory on 1 and 2 workers and
+ *                  with a data directory; the economy's totals hold; the
+ *                  trade prefix hashes chain (prefix j=0 of tick t+1 is
+ *                  tick t's hash: the market runs first)
+ *   demo_crash     SIGKILL after an acknowledged trade, restart: the
+ *                  restarted run reports the acknowledged trade's ledgers
+ *                  and values, and ends with the reference hash (the
+ *                  TRANSIENT grid was rebuilt, or foraging would diverge)
+ *   demo_sigint    SIGINT stops a --forever run cleanly: exit 0, a final
+ *                  line, a final checkpoint at the stop tick; a restart
+ *                  continues to the reference hash
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ftw.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "keel_test.h"
+
+#define ENTITIES "3000"
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void demo_rmdir(const char *dir)
+{
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+typedef struct child {
+    pid_t pid;
+    FILE *report; /* the read end of --report-fd */
+    FILE *out;    /* stdout */
+} child;
+
+/* Start keel-world with args (NULL-terminated) plus --report-fd 3. */
+static void child_start(child *c, const char *const *args)
+{
+    int rep[2], out[2];
+    ck_assert_int_eq(pipe(rep), 0);
+    ck_assert_int_eq(pipe(out), 0);
+    c->pid = fork();
+    ck_assert_int_ge(c->pid, 0);
+    if (c->pid == 0) {
+        const char *argv[40] = {KEEL_WORLD_BIN};
+        int n = 1;
+        for (; args[n - 1] && n < 36; n++)
+            argv[n] = args[n - 1];
+        argv[n++] = "--report-fd";
+        argv[n++] = "3";
+        argv[n] = NULL;
+        dup2(out[1], 1);
+        dup2(rep[1], 3);
+        for (int fd = 4; fd < 64; fd++)
+            close(fd);
+        execv(KEEL_WORLD_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    close(rep[1]);
+    close(out[1]);
+    c->report = fdopen(rep[0], "r");
+    c->out = fdopen(out[0], "r");
+    ck_assert_ptr_nonnull(c->report);
+    ck_assert_ptr_nonnull(c->out);
+}
+
+/* Next report line (without its newline) into buf; false at EOF. */
+static bool child_line(child *c, char *buf, size_t cap)
+{
+    if (!fgets(buf, (int)cap, c->report))
+        return false;
+    buf[strcspn(buf, "\n")] = 0;
+    return true;
+}
+
+/* Read the rest of the report and stdout, reap the child; its wait status. */
+static int child_finish(child *c, char *last_out, size_t cap)
+{
+    char buf[600];
+    while (child_line(c, buf, sizeof buf))
+        ;
+    if (last_out)
+        last_out[0] = 0;
+    while (fgets(buf, sizeof buf, c->out))
+        if (last_out)
+            snprintf(last_out, cap, "%s", buf);
+    fclose(c->report);
+    fclose(c->out);
+    int st = 0;
+    ck_assert_int_eq(waitpid(c->pid, &st, 0), c->pid);
+    return st;
+}
+
+/* Run to completion; the `final` line's hash (fails the test on a bad exit). */
+static uint64_t run_final(const char *const *args)
+{
+    child c;
+    child_start(&c, args);
+    char buf[600];
+    uint64_t hash = 0, tick;
+    bool seen = false;
+    while (child_line(&c, buf, sizeof buf))
+        if (sscanf(buf, "final tick=%" SCNu64 " hash=%" SCNx64, &tick, &hash) == 2)
+            seen = true;
+    int st = child_finish(&c, NULL, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "keel-world exited with status %d", st);
+    ck_assert_msg(seen, "no final line in the report");
+    return hash;
+}
+
+static int run_status(const char *const *args, char *err_line, size_t cap)
+{
+    int errp[2];
+    ck_assert_int_eq(pipe(errp), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        const char *argv[20] = {KEEL_WORLD_BIN};
+        for (int n = 1; args[n - 1] && n < 19; n++)
+            argv[n] = args[n - 1];
+        dup2(errp[1], 2);
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        execv(KEEL_WORLD_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    close(errp[1]);
+    FILE *f = fdopen(errp[0], "r");
+    char buf[600];
+    err_line[0] = 0;
+    while (fgets(buf, sizeof buf, f))
+        if (!err_line[0])
+            snprintf(err_line, cap, "%s", buf);
+    fclose(f);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+START_TEST(cli_bad_arguments)
+{
+    char err[600];
+    static const char *const cases[][4] = {
+        {"--workers", "0", NULL},      {"--durability", "sometimes", NULL}, {"--until-tick", "-3", NULL},
+        {"--bogus", NULL},             {"--forever", "--until-tick", "5", NULL}, {"--data", NULL},
+        {"--report-fd", "x", NULL},
+    };
+    static const char *const culprit[] = {"--workers", "--durability", "--until-tick", "--bogus",
+                                          "--forever", "--data", "--report-fd"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ck_assert_int_eq(run_status(cases[i], err, sizeof err), 2);
+        ck_assert_msg(strstr(err, culprit[i]), "stderr '%s' does not name %s", err, culprit[i]);
+    }
+    ck_assert_int_eq(run_status((const char *const[]){"--help", NULL}, err, sizeof err), 0);
+}
+END_TEST
+
+START_TEST(runs_same_hash_everywhere)
+{
+    char dir[] = "/tmp/keel-demo-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char data[300];
+    snprintf(data, sizeof data, "%s/w", dir);
+    uint64_t h1 = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
+                                                  "--tick-rate", "0", "--quiet", "--workers", "1", NULL});
+    uint64_t h2 = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
+                                                  "--tick-rate", "0", "--quiet", "--workers", "2", NULL});
+    uint64_t h3 = run_final((const char *const[]){"--data", data, "--entities", ENTITIES, "--until-tick", "60",
+                                                  "--tick-rate", "0", "--quiet", "--workers", "2", NULL});
+    ck_assert_uint_eq(h1, h2);
+    ck_assert_uint_eq(h1, h3);
+    uint64_t h4 = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
+                                                  "--tick-rate", "0", "--quiet", "--seed", "2", NULL});
+    ck_assert_uint_ne(h1, h4); /* the seed matters */
+    demo_rmdir(dir);
+}
+END_TEST
+
+/* The report of one run: prefix hashes chain with tick hashes, every trade
+ * is acknowledged once, the final state-end keeps the economy's totals. */
+START_TEST(runs_report_protocol)
+{
+    child c;
+    child_start(&c, (const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "30", "--tick-rate",
+                                          "0", "--quiet", "--report-prefix", NULL});
+    char buf[600];
+    uint64_t tick_hash[32] = {0}, t, h, id, last_id = 0;
+    unsigned j, items, dups, acks = 0, prefixes = 0, chained = 0;
+    int64_t money = -1;
+    while (child_line(&c, buf, sizeof buf)) {
+        if (sscanf(buf, "tick t=%" SCNu64 " hash=%" SCNx64, &t, &h) == 2 && t < 32) {
+            tick_hash[t] = h;
+        } else if (sscanf(buf, "prefix t=%" SCNu64 " j=%u hash=%" SCNx64, &t, &j, &h) == 3) {
+            prefixes++;
+            if (j == 0 && t >= 2 && t < 32) {
+                ck_assert_uint_eq(h, tick_hash[t - 1]);
+                chained++;
+            }
+        } else if (sscanf(buf, "ack id=%" SCNu64 " t=%" SCNu64, &id, &t) == 2) {
+            ck_assert_uint_gt(id, last_id); /* acknowledged in trade order, each once */
+            ck_assert_uint_eq((id - 1) / 8, t);
+            last_id = id;
+            acks++;
+        } else if (sscanf(buf, "state-end money=%" SCNd64 " items=%u dups=%u", &money, &items, &dups) == 3) {
+            ;
+        }
+    }
+    int st = child_finish(&c, NULL, 0);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert_uint_eq(acks, 30 * 8);          /* every trade of every tick, refused ones included */
+    ck_assert_uint_eq(prefixes, 30 * (8 + 1)); /* j = 0..8 per tick */
+    ck_assert_uint_eq(chained, 29);
+    ck_assert_int_eq(money, 64 * 1000 + 8 * 5000);
+    ck_assert_uint_eq(items, 48);
+    ck_assert_uint_eq(dups, 0);
+}
+END_TEST
+
+typedef struct acked {
+    uint64_t id, a, b;
+    int64_t a_coins, b_coins;
+} acked;
+
+/* Kill a durable run right after its n-th acknowledgement; restart it to
+ * the end and check the acknowledged trades and the final hash. */
+static void crash_after_ack(unsigned n, uint64_t ref)
+{
+    char dir[] = "/tmp/keel-demo-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char data[300], buf[600];
+    snprintf(data, sizeof data, "%s/w", dir);
+    const char *const args[] = {"--data", data, "--entities", ENTITIES, "--until-tick", "80", "--tick-rate", "0",
+                                "--quiet", "--checkpoint-every", "25", NULL};
+    child c;
+    child_start(&c, args);
+    acked last = {0};
+    unsigned acks = 0;
+    while (acks < n && child_line(&c, buf, sizeof buf))
+        if (sscanf(buf, "ack id=%" SCNu64 " t=%*u a=%" SCNx64 " b=%" SCNx64 " a_coins=%" SCNd64 " b_coins=%" SCNd64,
+                   &last.id, &last.a, &last.b, &last.a_coins, &last.b_coins) == 5)
+            acks++;
+    ck_assert_uint_eq(acks, n);
+    kill(c.pid, SIGKILL);
+    int st = child_finish(&c, NULL, 0);
+    ck_assert(WIFSIGNALED(st));
+
+    child_start(&c, args);
+    uint64_t e, ledger, final = 0, t;
+    int64_t coins;
+    bool saw_a = false, saw_b = false, started = false;
+    while (child_line(&c, buf, sizeof buf)) {
+        if (!strncmp(buf, "start fresh=0", 13))
+            started = true;
+        if (sscanf(buf, "acct e=%" SCNx64 " kind=%*s coins=%" SCNd64 " ledger=%" SCNu64, &e, &coins, &ledger) == 3 &&
+            !final) {
+            if (e == last.a || e == last.b) {
+                /* the acknowledged trade survived: ledger at least its id,
+                 * and exactly its values when nothing later touched it */
+                ck_assert_uint_ge(ledger, last.id);
+                if (ledger == last.id)
+                    ck_assert_int_eq(coins, e == last.a ? last.a_coins : last.b_coins);
+                *(e == last.a ? &saw_a : &saw_b) = true;
+            }
+        }
+        sscanf(buf, "final tick=%" SCNu64 " hash=%" SCNx64, &t, &final);
+    }
+    st = child_finish(&c, NULL, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "restart exited with status %d", st);
+    ck_assert(started && saw_a && saw_b);
+    ck_assert_uint_eq(final, ref);
+    demo_rmdir(dir);
+}
+
+START_TEST(crash_after_acknowledgements)
+{
+    uint64_t ref = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "80",
+                                                   "--tick-rate", "0", "--quiet", NULL});
+    const unsigned n[] = {1, 37, 203, 401};
+    for (size_t i = 0; i < sizeof n / sizeof n[0]; i++)
+        crash_after_ack(n[i], ref);
+}
+END_TEST
+
+START_TEST(sigint_stops_cleanly)
+{
+    char dir[] = "/tmp/keel-demo-XXXXXX";
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    char data[300], buf[600], out[600];
+    snprintf(data, sizeof data, "%s/w", dir);
+    child c;
+    child_start(&c, (const char *const[]){"--data", data, "--entities", ENTITIES, "--forever", "--tick-rate", "0",
+                                          "--quiet", NULL});
+    uint64_t t = 0, h, stop_tick = 0, stop_hash = 0;
+    while (child_line(&c, buf, sizeof buf)) {
+        if (sscanf(buf, "tick t=%" SCNu64, &t) == 1 && t == 12)
+            kill(c.pid, SIGINT);
+        if (sscanf(buf, "final tick=%" SCNu64 " hash=%" SCNx64, &stop_tick, &h) == 2)
+            stop_hash = h;
+    }
+    int st = child_finish(&c, out, sizeof out);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "SIGINT: status %d", st);
+    ck_assert_uint_ge(stop_tick, 12);
+    ck_assert_msg(strstr(out, "final tick="), "last stdout line '%s'", out);
+    ck_assert(stop_hash != 0);
+
+    /* the restart starts from the stop tick's final checkpoint and ends on the reference */
+    const char *const args[] = {"--data", data, "--entities", ENTITIES, "--until-tick", "60", "--tick-rate", "0",
+                                "--quiet", NULL};
+    child_start(&c, args);
+    uint64_t start_tick = 0, final = 0;
+    while (child_line(&c, buf, sizeof buf)) {
+        sscanf(buf, "start fresh=0 tick=%" SCNu64, &start_tick);
+        sscanf(buf, "final tick=%" SCNu64 " hash=%" SCNx64, &t, &final);
+    }
+    uint64_t rec_tick = 0, ckpt_tick = 0;
+    ck_assert_msg(fgets(out, sizeof out, c.out) && sscanf(out, "recovered tick=%" SCNu64 " in %*f ms (checkpoint tick %"
+                  SCNu64, &rec_tick, &ckpt_tick) == 2, "first stdout line '%s'", out);
+    st = child_finish(&c, out, sizeof out);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert_uint_eq(start_tick, stop_tick);
+    ck_assert_uint_eq(rec_tick, stop_tick);
+    ck_assert_uint_eq(ckpt_tick, stop_tick); /* the final checkpoint of the clean stop */
+    uint64_t ref = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
+                                                   "--tick-rate", "0", "--quiet", NULL});
+    ck_assert_uint_eq(final, ref);
+    demo_rmdir(dir);
+}
+END_TEST
+
+static Suite *one_case(const char *name, const TTest *test, int timeout)
+{
+    Suite *s = suite_create(name);
+    TCase *t = tcase_create(name);
+    tcase_set_timeout(t, timeout);
+    tcase_add_test(t, test);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+static Suite *demo_cli(void)
+{
+    return one_case("demo_cli", cli_bad_arguments, 60);
+}
+
+static Suite *demo_runs(void)
+{
+    Suite *s = one_case("demo_runs", runs_same_hash_everywhere, 300);
+    TCase *t = tcase_create("report");
+    tcase_set_timeout(t, 300);
+    tcase_add_test(t, runs_report_protocol);
+    suite_add_tcase(s, t);
+    return s;
+}
+
+static Suite *demo_crash(void)
+{
+    return one_case("demo_crash", crash_after_acknowledgements, 300);
+}
+
+static Suite *demo_sigint(void)
+{
+    return one_case("demo_sigint", sigint_stops_cleanly, 300);
+}
+
+KEEL_TEST_MAIN(demo_cli, demo_runs, demo_crash, demo_sigint)
