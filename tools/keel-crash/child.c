@@ -309,19 +309,24 @@ int kc_child_run(const kc_spec *s, kc_line_fn fn, void *user, kc_exit *out)
     return 0;
 }
 
-int kc_capture(char *const argv[], char *buf, size_t cap)
+int kc_capture(char *const argv[], const char *env_add, char *buf, size_t cap)
 {
+    kc_spec s = {.env = {env_add}};
+    char preload[4096], asan[1024];
+    char **env = child_env(&s, preload, sizeof preload, asan, sizeof asan);
     int p[2];
-    if (cap == 0 || pipe2(p, O_CLOEXEC))
+    if (!env || cap == 0 || pipe2(p, O_CLOEXEC)) {
+        free(env);
         return -1;
+    }
     pid_t pid = fork();
     if (pid == 0) {
-        int nul = open("/dev/null", O_WRONLY);
-        if (dup2(p[1], 1) < 0 || (nul >= 0 && dup2(nul, 2) < 0))
+        if (dup2(p[1], 1) < 0 || dup2(p[1], 2) < 0)
             _exit(126);
-        execv(argv[0], argv);
+        execve(argv[0], argv, env);
         _exit(127);
     }
+    free(env);
     close(p[1]);
     if (pid < 0) {
         close(p[0]);

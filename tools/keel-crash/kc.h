@@ -91,8 +91,10 @@ typedef void (*kc_line_fn)(void *user, const kc_line *l);
  * 0, or -1 when it could not be started (errno set, nothing to wait for). */
 int kc_child_run(const kc_spec *s, kc_line_fn fn, void *user, kc_exit *out);
 
-/* Run argv, its stdout into buf (NUL-terminated, truncated to cap); its exit status or -1. */
-int kc_capture(char *const argv[], char *buf, size_t cap);
+/* Run argv with env_add (NAME=VALUE or NULL) added to the environment, its
+ * stdout and stderr into buf (NUL-terminated, truncated to cap); its exit
+ * status, or -1. */
+int kc_capture(char *const argv[], const char *env_add, char *buf, size_t cap);
 
 /* Set by SIGINT / SIGTERM: the current child is killed, the run stops. */
 extern volatile int kc_stop;

@@ -58,13 +58,19 @@ typedef struct ctx {
     char world[PATH_MAX], shim[PATH_MAX], work[PATH_MAX], log[PATH_MAX + 128];
     const kc_ref *ref;
     char *fp_buf;                /* --list-failpoints output; names point into it */
-    const char **fp;
+    struct failpoint {
+        const char *name;
+        bool io;                 /* eio / enospc apply (keel accepts them there) */
+        uint64_t max_n;          /* N is drawn in [1, max_n]: learned from whether it fired */
+    } *fp;
     uint32_t nfp;
     uint64_t ref_seed;           /* the reference's world seed (KEEL_CRASH_SELFTEST=hash skews it) */
     kc_stats st[M_COUNT];
     uint32_t laps;
     double start_ms;             /* the last fork-to-start time seen: the EXEC trigger's scale */
     double writes_per_tick;      /* powerloss: tracked writes per tick, learned */
+    char pl_stats[PATH_MAX + 128]; /* the shim's KEEL_POWERLOSS_STATS file */
+    uint64_t pl_cuts, pl_tear, pl_bytes_undone, pl_pages_dropped, pl_pages_torn;
 } ctx;
 
 /* The lap in progress: a data directory and the oracle's view of it. */
@@ -221,14 +227,30 @@ static void rm_tree(const char *path)
     nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* `keel-world --list-failpoints`: one name per line. */
+/* Does keel accept `action` at failpoint `name`? A spec it refuses is
+ * ignored with a warning (KEEL_FAILPOINTS ignored: ...): run keel-world for
+ * one tick in memory with the point armed for a hit that never comes. */
+static int failpoint_accepts(const ctx *c, const char *name, const char *action, bool *yes)
+{
+    char env[256], out[4096];
+    snprintf(env, sizeof env, "KEEL_FAILPOINTS=%.160s=%s@1000000000", name, action);
+    char *argv[] = {(char *)c->world, "--memory", "--until-tick", "1", "--entities", "0", "--quiet", NULL};
+    int rc = kc_capture(argv, env, out, sizeof out);
+    *yes = !strstr(out, "KEEL_FAILPOINTS ignored");
+    if (rc != 0)
+        fprintf(stderr, "keel-crash: probing failpoint %s: keel-world exited with %d: %s\n", name, rc, out);
+    return rc;
+}
+
+/* `keel-world --list-failpoints`: one name per line (a first word per line
+ * is taken, should the list grow columns). Each is probed for eio. */
 static int load_failpoints(ctx *c)
 {
     c->fp_buf = malloc(1 << 16);
     if (!c->fp_buf)
         return -1;
     char *argv[] = {c->world, "--list-failpoints", NULL};
-    int rc = kc_capture(argv, c->fp_buf, 1 << 16);
+    int rc = kc_capture(argv, NULL, c->fp_buf, 1 << 16);
     if (rc != 0) {
         fprintf(stderr, "keel-crash: `%s --list-failpoints` failed (exit %d): failpoint mode needs a keel-world "
                 "built with failpoints\n", c->world, rc);
@@ -236,27 +258,39 @@ static int load_failpoints(ctx *c)
     }
     uint32_t cap = 0;
     for (char *save = NULL, *tok = strtok_r(c->fp_buf, "\n", &save); tok; tok = strtok_r(NULL, "\n", &save)) {
+        tok[strcspn(tok, " \t")] = '\0';
         if (!*tok)
             continue;
         if (c->nfp == cap) {
             cap = cap ? cap * 2 : 32;
-            const char **n = realloc(c->fp, cap * sizeof *n);
+            struct failpoint *n = realloc(c->fp, cap * sizeof *n);
             if (!n)
                 return -1;
             c->fp = n;
         }
-        c->fp[c->nfp++] = tok;
+        c->fp[c->nfp++] = (struct failpoint){.name = tok, .max_n = 64};
     }
     if (!c->nfp) {
         fprintf(stderr, "keel-crash: `%s --list-failpoints` lists none (built with -DKEEL_FAILPOINTS=OFF?)\n",
                 c->world);
         return -1;
     }
+    for (uint32_t i = 0; i < c->nfp; i++) {
+        bool crash_ok;
+        if (failpoint_accepts(c, c->fp[i].name, "crash", &crash_ok) ||
+            failpoint_accepts(c, c->fp[i].name, "eio", &c->fp[i].io))
+            return -1;
+        if (!crash_ok) {
+            fprintf(stderr, "keel-crash: keel-world refuses KEEL_FAILPOINTS=%s=crash (failpoints compiled out?)\n",
+                    c->fp[i].name);
+            return -1;
+        }
+    }
     /* a seeded order, so a short run does not always try the same few first */
     uint64_t rng = kc_mix(c->o->seed ^ 0x6670u);
     for (uint32_t i = c->nfp; i > 1; i--) {
         uint32_t k = (uint32_t)(kc_rand(&rng) % i);
-        const char *t = c->fp[i - 1];
+        struct failpoint t = c->fp[i - 1];
         c->fp[i - 1] = c->fp[k];
         c->fp[k] = t;
     }
@@ -300,6 +334,40 @@ static const char *trig_name(kc_trig_kind k)
     return n[k];
 }
 
+/* The shim's counters after a powerloss child: the cut happened where it
+ * died (nothing else killed it), what it undid, and the writes per tick, so
+ * that later cut points land inside the run. */
+static void powerloss_account(ctx *c, kc_lap *lap, const kc_exit *ex, uint64_t ticks)
+{
+    FILE *f = fopen(c->pl_stats, "r");
+    unsigned long long writes = 0, cut = 0, undone = 0, dropped = 0, torn = 0;
+    char mode[8] = "";
+    int n = f ? fscanf(f, "writes=%llu syncs=%*u cut=%llu mode=%7s seed=%*u bytes_journaled=%*u bytes_undone=%llu "
+                       "pages_dropped=%llu pages_torn=%llu", &writes, &cut, mode, &undone, &dropped, &torn) : 0;
+    if (f)
+        fclose(f);
+    remove(c->pl_stats);
+    bool died = WIFSIGNALED(ex->status) && !ex->killed;
+    if (n != 6) {
+        if (died)
+            kc_problem(lap, &lap->st->violations, "a powerloss child died by signal %d and the shim wrote no "
+                       "statistics (%s)", WTERMSIG(ex->status), c->pl_stats);
+        return;
+    }
+    if (died && !cut)
+        kc_problem(lap, &lap->st->violations, "a powerloss child died by signal %d, but the shim did not cut",
+                   WTERMSIG(ex->status));
+    if (cut) {
+        c->pl_cuts++;
+        c->pl_tear += !strcmp(mode, "tear");
+        c->pl_bytes_undone += undone;
+        c->pl_pages_dropped += dropped;
+        c->pl_pages_torn += torn;
+    }
+    if (ticks > 0)
+        c->writes_per_tick = 0.7 * c->writes_per_tick + 0.3 * ((double)(cut ? cut : writes) / (double)ticks);
+}
+
 /* Run one child on the lap's directory and account for it. Returns whether
  * it crashed (or failed as injected). cut: the powerloss cut, 0 without. */
 static bool run_child(ctx *c, lap_state *ls, kc_spec *s, const char *fault, uint64_t cut, const char *what)
@@ -338,10 +406,8 @@ static bool run_child(ctx *c, lap_state *ls, kc_spec *s, const char *fault, uint
         fprintf(stderr, "%" PRIu64 " ticks to %" PRIu64 ", %" PRIu64 " acks, %s%s\n", run.ticks, run.last_tick,
                 run.acks, st, crashed ? ", crashed" : "");
     }
-    if (crashed && cut && run.ticks > 0) {
-        /* learn the writes per tick, so cut points land inside the run */
-        c->writes_per_tick = 0.7 * c->writes_per_tick + 0.3 * ((double)cut / (double)run.ticks);
-    }
+    if (cut)
+        powerloss_account(c, lap, &ex, run.ticks);
     kc_run_free(&run);
     return crashed;
 }
@@ -426,19 +492,31 @@ static kc_trigger plan_kill(const ctx *c, const lap_state *ls, uint64_t *rng)
     return (kc_trigger){KC_TRIG_STATE, 0, (uint32_t)(kc_rand(rng) % 800)};
 }
 
-/* Failpoint mode: the r-th round arms the next name, crash / eio / crash /
- * enospc in turn (shifted every pass over the names). */
-static void plan_failpoint(const ctx *c, uint64_t r, uint64_t *rng, char *spec, size_t cap, const char **fault)
+/* Failpoint mode: the r-th round arms the next name, crash at points that
+ * guard no I/O; crash / eio / crash / enospc in turn at the others (shifted
+ * every pass over the names). The hit N is drawn in [1, max_n]. */
+static struct failpoint *plan_failpoint(ctx *c, uint64_t r, uint64_t *rng, char *spec, size_t cap, const char **fault)
 {
     static const char *const actions[] = {"crash", "eio", "crash", "enospc"};
-    const char *name = c->fp[r % c->nfp];
-    const char *act = actions[(r + r / c->nfp) % 4];
-    snprintf(spec, cap, "KEEL_FAILPOINTS=%s=%s@%" PRIu64, name, act, 1 + kc_rand(rng) % 3);
+    struct failpoint *fp = &c->fp[r % c->nfp];
+    const char *act = fp->io ? actions[(r + r / c->nfp) % 4] : "crash";
+    snprintf(spec, cap, "KEEL_FAILPOINTS=%s=%s@%" PRIu64, fp->name, act, 1 + kc_rand(rng) % fp->max_n);
     *fault = strcmp(act, "crash") ? "eio" : "crash";
+    return fp;
+}
+
+/* A point that did not fire in a whole run is hit fewer times than N: aim
+ * lower next time; one that fired may be hit more often: aim higher. */
+static void failpoint_learn(struct failpoint *fp, bool fired)
+{
+    if (fired)
+        fp->max_n = fp->max_n < 2048 ? fp->max_n * 2 : fp->max_n;
+    else
+        fp->max_n = fp->max_n > 4 ? fp->max_n / 4 : 1;
 }
 
 /* Powerloss mode: the cut at a write some ticks ahead. */
-static uint64_t plan_powerloss(ctx *c, const lap_state *ls, uint64_t *rng, char env[4][PATH_MAX + 128])
+static uint64_t plan_powerloss(ctx *c, const lap_state *ls, uint64_t *rng, char env[5][PATH_MAX + 160])
 {
     uint64_t ticks = 1 + kc_rand(rng) % 30;
     double wpt = c->writes_per_tick > 0.5 ? c->writes_per_tick : 0.5;
@@ -447,6 +525,7 @@ static uint64_t plan_powerloss(ctx *c, const lap_state *ls, uint64_t *rng, char 
     snprintf(env[1], sizeof env[1], "KEEL_POWERLOSS_CUT=%" PRIu64, cut);
     snprintf(env[2], sizeof env[2], "KEEL_POWERLOSS_MODE=%s", kc_rand(rng) % 2 ? "tear" : "drop");
     snprintf(env[3], sizeof env[3], "KEEL_POWERLOSS_SEED=%" PRIu64, kc_rand(rng) % 1000000007u);
+    snprintf(env[4], sizeof env[4], "KEEL_POWERLOSS_STATS=%s", c->pl_stats);
     return cut;
 }
 
@@ -454,7 +533,7 @@ static void run_mode(ctx *c, int mode, uint64_t rounds)
 {
     kc_stats *st = &c->st[mode];
     lap_state ls = {0};
-    char preload[PATH_MAX + 16], fpspec[512], plenv[4][PATH_MAX + 128];
+    char preload[PATH_MAX + 16], fpspec[512], plenv[5][PATH_MAX + 160], what[96];
     snprintf(preload, sizeof preload, "LD_PRELOAD=%s", c->shim);
     for (uint64_t r = 0; r < rounds && !kc_stop; r++) {
         uint64_t rng = kc_mix(c->o->seed ^ kc_mix(((uint64_t)mode << 40) ^ r));
@@ -466,19 +545,28 @@ static void run_mode(ctx *c, int mode, uint64_t rounds)
         kc_spec s = lap_spec(c, &ls, &rng);
         const char *fault = NULL;
         uint64_t cut = 0;
+        struct failpoint *fp = NULL;
         if (mode == M_KILL) {
             s.trig = plan_kill(c, &ls, &rng);
         } else if (mode == M_FAILPOINT) {
-            plan_failpoint(c, r, &rng, fpspec, sizeof fpspec, &fault);
+            fp = plan_failpoint(c, r, &rng, fpspec, sizeof fpspec, &fault);
             s.env[0] = fpspec;
         } else {
             cut = plan_powerloss(c, &ls, &rng, plenv);
             s.env[0] = preload;
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 5; i++)
                 s.env[1 + i] = plenv[i];
             fault = "powerloss";
         }
-        bool crashed = run_child(c, &ls, &s, fault, cut, mode == M_FAILPOINT ? fpspec + 16 : "crash");
+        if (mode == M_FAILPOINT)
+            snprintf(what, sizeof what, "%.63s", fpspec + strlen("KEEL_FAILPOINTS="));
+        else if (mode == M_POWERLOSS)
+            snprintf(what, sizeof what, "cut@%" PRIu64 " %.4s", cut, plenv[2] + strlen("KEEL_POWERLOSS_MODE="));
+        else
+            snprintf(what, sizeof what, "kill");
+        bool crashed = run_child(c, &ls, &s, fault, cut, what);
+        if (fp)
+            failpoint_learn(fp, crashed);
         /* now and then the restart is crashed at once, during or right after its recovery */
         if (crashed && !kc_stop && kc_rand(&rng) % 5 == 0) {
             kc_spec s2 = lap_spec(c, &ls, &rng);
@@ -603,6 +691,7 @@ int main(int argc, char **argv)
         }
     }
     snprintf(c.log, sizeof c.log, "%s/child.log", c.work);
+    snprintf(c.pl_stats, sizeof c.pl_stats, "%s/powerloss.stats", c.work);
     struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: poll returns EINTR */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -632,8 +721,12 @@ int main(int argc, char **argv)
            o.until, (kc_now_ms() - t0) / 1e3, ref.money, ref.items, ref.accounts, o.rounds,
            o.modes[M_KILL] ? " kill" : "", o.modes[M_FAILPOINT] ? " failpoint" : "",
            o.modes[M_POWERLOSS] ? " powerloss" : "", self ? " (KEEL_CRASH_SELFTEST: the oracle must fail)" : "");
-    if (o.modes[M_FAILPOINT])
-        printf("keel-crash: %u failpoints\n", c.nfp);
+    if (o.modes[M_FAILPOINT]) {
+        uint32_t io = 0;
+        for (uint32_t i = 0; i < c.nfp; i++)
+            io += c.fp[i].io;
+        printf("keel-crash: %u failpoints (%u at I/O: crash, eio, enospc; the others: crash)\n", c.nfp, io);
+    }
     fflush(stdout);
 
     int nmodes = o.modes[M_KILL] + o.modes[M_FAILPOINT] + o.modes[M_POWERLOSS], k = 0;
@@ -644,7 +737,11 @@ int main(int argc, char **argv)
         run_mode(&c, m, share);
     }
     printf("keel-crash: %.1f s%s\n", (kc_now_ms() - t0) / 1e3, kc_stop ? ", interrupted" : "");
-    bool bad = !print_table(&c);
+    if (o.modes[M_POWERLOSS] && c.pl_cuts)
+        printf("keel-crash: powerloss: %" PRIu64 " cuts (%" PRIu64 " drop, %" PRIu64 " tear) undid %.1f MiB of unsynced "
+               "writes, %" PRIu64 " pages dropped, %" PRIu64 " torn\n", c.pl_cuts, c.pl_cuts - c.pl_tear, c.pl_tear,
+               (double)c.pl_bytes_undone / 1048576.0, c.pl_pages_dropped, c.pl_pages_torn);
+    bool bad = !print_table(&c); /* its last line is the summary */
     for (int m = 0; m < M_COUNT; m++)
         free(c.st[m].rticks);
     kc_ref_free(&ref);
