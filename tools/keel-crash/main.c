@@ -62,6 +62,7 @@ typedef struct ctx {
         const char *name;
         bool io;                 /* eio / enospc apply (keel accepts them there) */
         uint64_t max_n;          /* N is drawn in [1, max_n]: learned from whether it fired */
+        uint64_t armed, fired, io_fired; /* rounds, of which it fired, of which with eio / enospc */
     } *fp;
     uint32_t nfp;
     uint64_t ref_seed;           /* the reference's world seed (KEEL_CRASH_SELFTEST=hash skews it) */
@@ -268,7 +269,7 @@ static int load_failpoints(ctx *c)
                 return -1;
             c->fp = n;
         }
-        c->fp[c->nfp++] = (struct failpoint){.name = tok, .max_n = 64};
+        c->fp[c->nfp++] = (struct failpoint){.name = tok, .max_n = 4};
     }
     if (!c->nfp) {
         fprintf(stderr, "keel-crash: `%s --list-failpoints` lists none (built with -DKEEL_FAILPOINTS=OFF?)\n",
@@ -370,7 +371,8 @@ static void powerloss_account(ctx *c, kc_lap *lap, const kc_exit *ex, uint64_t t
 
 /* Run one child on the lap's directory and account for it. Returns whether
  * it crashed (or failed as injected). cut: the powerloss cut, 0 without. */
-static bool run_child(ctx *c, lap_state *ls, kc_spec *s, const char *fault, uint64_t cut, const char *what)
+static bool run_child(ctx *c, lap_state *ls, kc_spec *s, const char *fault, uint64_t cut, const char *what,
+                      bool *ours)
 {
     kc_lap *lap = &ls->lap;
     if (c->o->keep)
@@ -409,6 +411,8 @@ static bool run_child(ctx *c, lap_state *ls, kc_spec *s, const char *fault, uint
     if (cut)
         powerloss_account(c, lap, &ex, run.ticks);
     kc_run_free(&run);
+    if (ours)
+        *ours = ex.killed;
     return crashed;
 }
 
@@ -450,7 +454,7 @@ static void lap_end(ctx *c, lap_state *ls)
         if (pass == 0 && ls->lap.reached_end)
             continue;
         kc_spec s = lap_spec(c, ls, &rng);
-        run_child(c, ls, &s, NULL, 0, pass ? "reopen" : "run to the end");
+        run_child(c, ls, &s, NULL, 0, pass ? "reopen" : "run to the end", NULL);
         if (pass == 0 && !ls->lap.reached_end)
             break; /* already reported */
     }
@@ -494,21 +498,37 @@ static kc_trigger plan_kill(const ctx *c, const lap_state *ls, uint64_t *rng)
 
 /* Failpoint mode: the r-th round arms the next name, crash at points that
  * guard no I/O; crash / eio / crash / enospc in turn at the others (shifted
- * every pass over the names). The hit N is drawn in [1, max_n]. */
-static struct failpoint *plan_failpoint(ctx *c, uint64_t r, uint64_t *rng, char *spec, size_t cap, const char **fault)
+ * every pass over the names). The hit N is drawn in [1, max_n]. A recovery
+ * point cannot fire on a fresh directory: there it trades places with the
+ * next name in the order. If the point has not fired 40 to 80 ticks on, the
+ * child is killed (a kill round then, and the point aims lower next time). */
+static struct failpoint *plan_failpoint(ctx *c, const lap_state *ls, uint64_t r, uint64_t *rng, kc_spec *s,
+                                        char *spec, size_t cap, const char **fault)
 {
     static const char *const actions[] = {"crash", "eio", "crash", "enospc"};
-    struct failpoint *fp = &c->fp[r % c->nfp];
+    uint32_t i = (uint32_t)(r % c->nfp);
+    for (uint32_t k = 1; ls->lap.child == 0 && k < c->nfp && !strncmp(c->fp[i].name, "recover.", 8); k++) {
+        uint32_t other = (uint32_t)((r + k) % c->nfp);
+        struct failpoint t = c->fp[i];
+        c->fp[i] = c->fp[other];
+        c->fp[other] = t;
+    }
+    struct failpoint *fp = &c->fp[i];
     const char *act = fp->io ? actions[(r + r / c->nfp) % 4] : "crash";
     snprintf(spec, cap, "KEEL_FAILPOINTS=%s=%s@%" PRIu64, fp->name, act, 1 + kc_rand(rng) % fp->max_n);
     *fault = strcmp(act, "crash") ? "eio" : "crash";
+    s->env[0] = spec;
+    s->trig = (kc_trigger){KC_TRIG_TICK, tick_ahead(c, &ls->lap, rng, 1) + 39 + kc_rand(rng) % 41, 0};
     return fp;
 }
 
-/* A point that did not fire in a whole run is hit fewer times than N: aim
- * lower next time; one that fired may be hit more often: aim higher. */
-static void failpoint_learn(struct failpoint *fp, bool fired)
+/* A point that did not fire in its child's run is hit fewer times than N
+ * there: aim lower next time; one that fired may be hit more often: aim higher. */
+static void failpoint_learn(struct failpoint *fp, bool fired, const char *fault)
 {
+    fp->armed++;
+    fp->fired += fired;
+    fp->io_fired += fired && !strcmp(fault, "eio");
     if (fired)
         fp->max_n = fp->max_n < 2048 ? fp->max_n * 2 : fp->max_n;
     else
@@ -549,8 +569,7 @@ static void run_mode(ctx *c, int mode, uint64_t rounds)
         if (mode == M_KILL) {
             s.trig = plan_kill(c, &ls, &rng);
         } else if (mode == M_FAILPOINT) {
-            fp = plan_failpoint(c, r, &rng, fpspec, sizeof fpspec, &fault);
-            s.env[0] = fpspec;
+            fp = plan_failpoint(c, &ls, r, &rng, &s, fpspec, sizeof fpspec, &fault);
         } else {
             cut = plan_powerloss(c, &ls, &rng, plenv);
             s.env[0] = preload;
@@ -564,16 +583,17 @@ static void run_mode(ctx *c, int mode, uint64_t rounds)
             snprintf(what, sizeof what, "cut@%" PRIu64 " %.4s", cut, plenv[2] + strlen("KEEL_POWERLOSS_MODE="));
         else
             snprintf(what, sizeof what, "kill");
-        bool crashed = run_child(c, &ls, &s, fault, cut, what);
+        bool ours = false;
+        bool crashed = run_child(c, &ls, &s, fault, cut, what, &ours);
         if (fp)
-            failpoint_learn(fp, crashed);
+            failpoint_learn(fp, crashed && !ours, fault);
         /* now and then the restart is crashed at once, during or right after its recovery */
         if (crashed && !kc_stop && kc_rand(&rng) % 5 == 0) {
             kc_spec s2 = lap_spec(c, &ls, &rng);
             s2.trig = kc_rand(&rng) % 2 ? (kc_trigger){KC_TRIG_START, 0, 0}
                                         : (kc_trigger){KC_TRIG_EXEC, 0,
                                                        (uint32_t)(kc_rand(&rng) % (uint64_t)(c->start_ms * 1000 + 1))};
-            run_child(c, &ls, &s2, NULL, 0, "second crash");
+            run_child(c, &ls, &s2, NULL, 0, "second crash", NULL);
         }
     }
     lap_end(c, &ls);
@@ -741,6 +761,15 @@ int main(int argc, char **argv)
         printf("keel-crash: powerloss: %" PRIu64 " cuts (%" PRIu64 " drop, %" PRIu64 " tear) undid %.1f MiB of unsynced "
                "writes, %" PRIu64 " pages dropped, %" PRIu64 " torn\n", c.pl_cuts, c.pl_cuts - c.pl_tear, c.pl_tear,
                (double)c.pl_bytes_undone / 1048576.0, c.pl_pages_dropped, c.pl_pages_torn);
+    if (o.modes[M_FAILPOINT]) {
+        printf("keel-crash: failpoints fired/armed (of which eio or enospc):");
+        for (uint32_t i = 0; i < c.nfp; i++) {
+            printf(" %s %" PRIu64 "/%" PRIu64, c.fp[i].name, c.fp[i].fired, c.fp[i].armed);
+            if (c.fp[i].io)
+                printf(" (%" PRIu64 ")", c.fp[i].io_fired);
+        }
+        putchar('\n');
+    }
     bool bad = !print_table(&c); /* its last line is the summary */
     for (int m = 0; m < M_COUNT; m++)
         free(c.st[m].rticks);
