@@ -191,6 +191,8 @@ static bool trig_fires(const kc_trigger *t, reader *r, const kc_line *l)
     }
     case KC_TRIG_ACKS:
         return !strcmp(l->kind, "ack") && r->acks == t->n;
+    case KC_TRIG_FINAL:
+        return !strcmp(l->kind, "final");
     default:
         return false;
     }

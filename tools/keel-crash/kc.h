@@ -51,6 +51,7 @@ typedef enum kc_trig_kind {
     KC_TRIG_STATE, /* the first `state-end` line: recovery done and reported, the first tick starting */
     KC_TRIG_TICK,  /* the `tick` line of tick >= n */
     KC_TRIG_ACKS,  /* the n-th `ack` line of this child */
+    KC_TRIG_FINAL, /* the `final` line: during the clean close */
 } kc_trig_kind;
 
 typedef struct kc_trigger {

@@ -331,7 +331,7 @@ static void read_log(const char *path, char *tail, size_t cap, double *rec_ms)
 
 static const char *trig_name(kc_trig_kind k)
 {
-    static const char *const n[] = {"none", "exec+delay", "start", "state", "tick", "acks"};
+    static const char *const n[] = {"none", "exec+delay", "start", "state", "tick", "acks", "final"};
     return n[k];
 }
 
@@ -479,21 +479,23 @@ static kc_trigger plan_kill(const ctx *c, const lap_state *ls, uint64_t *rng)
     const kc_lap *lap = &ls->lap;
     uint64_t r = kc_rand(rng) % 100;
     uint32_t jitter = kc_rand(rng) % 2 ? 0 : (uint32_t)(kc_rand(rng) % 1500);
-    if (r < 20) /* after the n-th acknowledged trade: mid-tick, trades durable, the tick not */
+    if (r < 18) /* after the n-th acknowledged trade: mid-tick, trades durable, the tick not */
         return (kc_trigger){KC_TRIG_ACKS, 1 + kc_rand(rng) % (4 * KC_TPT), jitter};
-    if (r < 40 && ls->ckpt_every > 0) { /* on a checkpoint tick: the checkpoint runs behind it */
+    if (r < 38 && ls->ckpt_every > 0) { /* on a checkpoint tick: the checkpoint runs behind it */
         uint64_t e = (uint64_t)ls->ckpt_every, t = tick_ahead(c, lap, rng, 20);
         t += (e - t % e) % e;
         return (kc_trigger){KC_TRIG_TICK, t < c->o->until ? t : c->o->until - 1, (uint32_t)(kc_rand(rng) % 4000)};
     }
-    if (r < 65)
+    if (r < 63)
         return (kc_trigger){KC_TRIG_TICK, tick_ahead(c, lap, rng, 30), jitter};
-    if (r < 73) /* right after recovery */
+    if (r < 71) /* right after recovery */
         return (kc_trigger){KC_TRIG_START, 0, 0};
-    if (r < 88) /* during exec, open, replay: a fraction of the last fork-to-start time */
+    if (r < 86) /* during exec, open, replay: a fraction of the last fork-to-start time */
         return (kc_trigger){KC_TRIG_EXEC, 0, (uint32_t)(kc_rand(rng) % (uint64_t)(c->start_ms * 1300 + 1))};
-    /* the recovered state reported, the first tick starting */
-    return (kc_trigger){KC_TRIG_STATE, 0, (uint32_t)(kc_rand(rng) % 800)};
+    if (r < 96) /* the recovered state reported, the first tick starting */
+        return (kc_trigger){KC_TRIG_STATE, 0, (uint32_t)(kc_rand(rng) % 800)};
+    /* at the end: the clean close (on_shutdown, the last syncs) under way */
+    return (kc_trigger){KC_TRIG_FINAL, 0, (uint32_t)(kc_rand(rng) % 2000)};
 }
 
 /* Failpoint mode: the r-th round arms the next name, crash at points that
