@@ -17,8 +17,9 @@
  *   kill       SIGKILL chosen from the child's own reports: after the n-th
  *              ack, on the tick line of tick n (checkpoint ticks among them),
  *              at the start line (right after recovery), after the recovered
- *              state was reported (the first tick starting), or a delay after
- *              the fork (during exec, open, replay), each plus a random delay
+ *              state was reported (the first tick starting), at the final
+ *              line (the clean close under way), or a delay after the fork
+ *              (during exec, open, replay), most plus a random delay
  *   failpoint  each name of `keel-world --list-failpoints` in turn, armed in
  *              KEEL_FAILPOINTS as crash@N, eio@N or enospc@N
  *   powerloss  the LD_PRELOAD shim cuts the power at the N-th write to the
@@ -400,9 +401,10 @@ static bool run_child(ctx *c, lap_state *ls, kc_spec *s, const char *fault, uint
         fprintf(stderr, "[%s lap %u child %u] %s (trigger %s n=%" PRIu64 " +%uus, workers %d, ckpt %" PRId64 ", %s%s): ",
                 lap->mode, lap->lap, lap->child, what, trig_name(s->trig.kind), s->trig.n, s->trig.delay_us,
                 s->workers, s->ckpt_every, s->durability ? s->durability : "group", s->wal_retain ? ", wal-retain" : "");
-        if (run.started)
-            fprintf(stderr, "recovered tick %" PRIu64 " +%d trades%s in %.1f ms, ", run.R, run.j,
-                    run.fresh ? " (fresh)" : "", rec_ms);
+        if (run.started && run.fresh)
+            fprintf(stderr, "fresh, ");
+        else if (run.started)
+            fprintf(stderr, "recovered tick %" PRIu64 " +%d trades in %.1f ms, ", run.R, run.j, rec_ms);
         else
             fprintf(stderr, "no start line, ");
         fprintf(stderr, "%" PRIu64 " ticks to %" PRIu64 ", %" PRIu64 " acks, %s%s\n", run.ticks, run.last_tick,
