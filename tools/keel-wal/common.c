@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -103,6 +104,30 @@ int kwt_opt_u64(const char *cmd, int argc, char **argv, int *i, const char *name
         return -1;
     }
     return 1;
+}
+
+bool kwt_output_broken(void)
+{
+    return ferror(stdout) != 0;
+}
+
+/* The reader of a pipe went away: Linux reports POLLERR on its write end. */
+bool kwt_output_reader_gone(void)
+{
+    struct pollfd p = {.fd = STDOUT_FILENO, .events = POLLOUT};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLERR);
+}
+
+int kwt_output_finish(int rc)
+{
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return rc;
+    int e = errno;
+    if (e == EPIPE || kwt_output_reader_gone())
+        return rc;
+    kwt_err("stdout", "write error: %s", e ? strerror(e) : "the output could not be written");
+    return KWT_EXIT_USAGE;
 }
 
 /* ---- fault guard ------------------------------------------------------------------ */
@@ -312,6 +337,17 @@ int kwt_payload(kwt_dir *d, const kw_record *r, const void **payload)
     return kw_record_payload(d->codec, r->rec, &r->h, payload);
 }
 
+int kwt_scan_next(kw_scan *s, kw_record *out)
+{
+    out->rec = NULL;
+    out->len = 0;
+    int rc = kw_scan_next(s, out);
+    if (rc >= 0)
+        return rc;
+    /* kw_scan_next fills rec only when it got a record to check */
+    return out->rec ? KWT_SCAN_INVALID : rc;
+}
+
 const char *kwt_comp_name(const kwt_dir *d, uint32_t id, char buf[16])
 {
     const kw_component *c = d->has_schema ? kw_schema_get(&d->schema, id) : NULL;
@@ -470,6 +506,27 @@ void kwt_json_value(FILE *f, const kwt_dir *d, uint32_t comp, const void *value,
         kwt_json_field(f, &c->fields[i], value, size);
     }
     fputc('}', f);
+}
+
+void kwt_json_schema(FILE *f, const kw_schema *s)
+{
+    fputc('[', f);
+    for (uint32_t i = 0; i < s->ncomps; i++) {
+        const kw_component *c = &s->comps[i];
+        fprintf(f, "%s{\"id\":%u,\"name\":", i ? "," : "", c->id);
+        kwt_json_string(f, c->name);
+        fprintf(f, ",\"size\":%u,\"align\":%u,\"discipline\":\"%s\",\"fields\":[", c->size, c->align,
+                kwt_discipline_name(c->discipline));
+        for (uint32_t j = 0; j < c->nfields; j++) {
+            const kw_field *fl = &c->fields[j];
+            fprintf(f, "%s{\"name\":", j ? "," : "");
+            kwt_json_string(f, fl->name);
+            fprintf(f, ",\"type\":\"%s\",\"offset\":%u,\"count\":%u}", kwt_type_name(fl->type), fl->offset,
+                    fl->count);
+        }
+        fputs("]}", f);
+    }
+    fputc(']', f);
 }
 
 static void json_comp_key(FILE *f, const kwt_dir *d, uint32_t comp)

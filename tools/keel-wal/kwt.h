@@ -71,6 +71,17 @@ int kwt_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
  * code to KWT_EXIT_PROBLEM while it scans. dir may be NULL. */
 void kwt_guard_set(const char *dir, int code);
 
+/* Output to a closed pipe (keel-wal dump | head): SIGPIPE is ignored, so
+ * writes fail with EPIPE. Loops stop when kwt_output_broken(); at the end
+ * kwt_output_finish(rc) flushes stdout and returns rc, unchanged when all
+ * was written or the reader went away (EPIPE), else it reports the write
+ * error and returns KWT_EXIT_USAGE. */
+bool kwt_output_broken(void);
+/* True when stdout is a pipe whose reader has gone (checked without
+ * writing: tail -f asks between polls). */
+bool kwt_output_reader_gone(void);
+int kwt_output_finish(int rc);
+
 /* True when argv[1..] holds --help or -h. */
 bool kwt_help_requested(int argc, char **argv);
 /* Print text on stdout and return KWT_EXIT_OK. */
@@ -129,6 +140,14 @@ int kwt_read_begin(kwt_dir *d, kw_rtxn **out);
  * valid until the next call). 0 or a KEEL_E* code (keel_last_error says why). */
 int kwt_payload(kwt_dir *d, const kw_record *r, const void **payload);
 
+/* kw_scan_next, telling a bad record from a failed scan: 1 a valid record
+ * in *out; KWT_SCAN_INVALID a record that fails its checks (out->lsn names
+ * it, keel_last_error() says why; the next call continues after it); 0 at
+ * the end; a negative KEEL_E* code when the scan cannot go on (an LMDB
+ * error, a WAL key that is not 8 bytes). */
+#define KWT_SCAN_INVALID 2
+int kwt_scan_next(kw_scan *s, kw_record *out);
+
 /* The component's name from the stored schema, or "#<id>" when unknown
  * (written into buf). */
 const char *kwt_comp_name(const kwt_dir *d, uint32_t id, char buf[16]);
@@ -158,10 +177,17 @@ void kwt_json_hex(FILE *f, const void *p, size_t n);
 void kwt_json_field(FILE *f, const kw_field *fl, const void *value, size_t size);
 /* A whole component value. */
 void kwt_json_value(FILE *f, const kwt_dir *d, uint32_t comp, const void *value, size_t size);
+/* A schema: [{"id":1,"name":"pos","size":12,"align":4,"discipline":"versioned",
+ * "fields":[{"name":"x","type":"f32","offset":0,"count":1},...]},...] */
+void kwt_json_schema(FILE *f, const kw_schema *s);
 /* One decoded change: {"op":"set","entity":"..","component":"Name","value":{..}};
  * spawn lists "components":{"Name":{..},...}; destroy has neither; remove
  * has "component" only. */
 void kwt_json_change(FILE *f, const kwt_dir *d, const kw_change *c);
+
+/* Print one WAL record as `dump` does (text or JSON line, no filters);
+ * KWT_EXIT_PROBLEM after reporting a record that does not decode (dump.c). */
+int kwt_print_record(kwt_dir *d, const kw_record *r, bool json);
 
 /* ---- progress on a TTY --------------------------------------------------------
  * Long work (verify, stats, replay...) shows "<what> <done>/<total> (<pct>%)"
