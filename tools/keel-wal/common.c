@@ -130,6 +130,21 @@ int kwt_output_finish(int rc)
     return KWT_EXIT_USAGE;
 }
 
+int kwt_arg_dir(const char *cmd, const char *arg, const char **dir)
+{
+    if (arg[0] == '-')
+        return kwt_usage_error(cmd, "unknown option '%s'", arg);
+    if (*dir)
+        return kwt_usage_error(cmd, "one directory only ('%s' and '%s')", *dir, arg);
+    *dir = arg;
+    return KWT_EXIT_OK;
+}
+
+int kwt_need_dir(const char *cmd, const char *dir)
+{
+    return dir ? KWT_EXIT_OK : kwt_usage_error(cmd, "give the data directory");
+}
+
 /* ---- fault guard ------------------------------------------------------------------ */
 
 static char guard_msg[4400];
@@ -150,7 +165,7 @@ void kwt_guard_set(const char *dir, int code)
     guard_code = code;
     if (dir)
         guard_len = (size_t)snprintf(guard_msg, sizeof guard_msg,
-                                     "\nkeel-wal: %s/data.mdb: the LMDB file is damaged (reading it faulted)\n", dir);
+                                     "keel-wal: %s/data.mdb: the LMDB file is damaged (reading it faulted)\n", dir);
     if (guard_len >= sizeof guard_msg)
         guard_len = sizeof guard_msg - 1;
     if (!installed) {
@@ -285,8 +300,8 @@ int kwt_dir_open(const char *path, kwt_dir *d)
 {
     memset(d, 0, sizeof *d);
     d->path = path;
-    if (strlen(path) >= 4000) {
-        kwt_err("keel-wal", "the directory name is too long");
+    if (!*path || strlen(path) >= 4000) {
+        kwt_err(*path ? "keel-wal" : "''", "the directory name is %s", *path ? "too long" : "empty");
         return KWT_EXIT_USAGE;
     }
     int rc = precheck(path);
@@ -295,7 +310,11 @@ int kwt_dir_open(const char *path, kwt_dir *d)
     kwt_guard_set(path, KWT_EXIT_USAGE);
     kw_store_desc desc = {.flags = KW_OPEN_READONLY};
     if ((rc = kw_store_open(path, &desc, &d->store))) {
-        kwt_err(path, "%s", keel_last_error());
+        const char *why = keel_last_error();
+        size_t n = strlen(path);
+        if (!strncmp(why, path, n) && why[n] == ' ') /* "DIR is not ..." reads "keel-wal: DIR: is not ..." */
+            why += n + 1;
+        kwt_err(path, "%s", why);
         return KWT_EXIT_USAGE;
     }
     if ((rc = kw_codec_create(NULL, &d->codec))) {

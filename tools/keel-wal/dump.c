@@ -106,15 +106,11 @@ static int parse_args(int argc, char **argv, dump_opts *o)
             o->has_entity = true;
         } else if (!strcmp(argv[i], "--json")) {
             o->json = true;
-        } else if (argv[i][0] == '-') {
-            return kwt_usage_error("dump", "unknown option '%s'", argv[i]);
-        } else if (o->dir) {
-            return kwt_usage_error("dump", "one directory only ('%s' and '%s')", o->dir, argv[i]);
-        } else {
-            o->dir = argv[i];
+        } else if (kwt_arg_dir("dump", argv[i], &o->dir)) {
+            return KWT_EXIT_USAGE;
         }
     }
-    return o->dir ? KWT_EXIT_OK : kwt_usage_error("dump", "give the data directory");
+    return kwt_need_dir("dump", o->dir);
 }
 
 /* The component filter names a component of the stored schema, by name or id. */

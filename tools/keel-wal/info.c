@@ -244,15 +244,11 @@ int kwt_cmd_info(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = true;
-        else if (argv[i][0] == '-')
-            return kwt_usage_error("info", "unknown option '%s'", argv[i]);
-        else if (dir)
-            return kwt_usage_error("info", "one directory only ('%s' and '%s')", dir, argv[i]);
-        else
-            dir = argv[i];
+        else if (kwt_arg_dir("info", argv[i], &dir))
+            return KWT_EXIT_USAGE;
     }
-    if (!dir)
-        return kwt_usage_error("info", "give the data directory");
+    if (kwt_need_dir("info", dir))
+        return KWT_EXIT_USAGE;
     kwt_dir d;
     int rc = kwt_dir_open(dir, &d);
     if (rc)

@@ -93,6 +93,12 @@ int kwt_print_help(const char *text);
 int kwt_opt(const char *cmd, int argc, char **argv, int *i, const char *name, const char **val);
 /* The same for an unsigned decimal (or 0x hex) number; -1 on a bad number. */
 int kwt_opt_u64(const char *cmd, int argc, char **argv, int *i, const char *name, uint64_t *val);
+/* An argument the subcommand has no option for: a word starting with '-'
+ * is an unknown option, anything else the data directory (one only).
+ * 0, or KWT_EXIT_USAGE after the usage error. kwt_need_dir ends the loop:
+ * the usage error when no directory was given. */
+int kwt_arg_dir(const char *cmd, const char *arg, const char **dir);
+int kwt_need_dir(const char *cmd, const char *dir);
 /* Parse an unsigned decimal or 0x-hex number, the whole string; false when bad. */
 bool kwt_parse_u64(const char *s, uint64_t *out);
 

@@ -352,17 +352,11 @@ static int parse_args(int argc, char **argv, stats_opts *o)
                 return KWT_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--json")) {
             o->json = true;
-        } else if (argv[i][0] == '-') {
-            return kwt_usage_error("stats", "unknown option '%s'", argv[i]);
-        } else if (o->dir) {
-            return kwt_usage_error("stats", "one directory only ('%s' and '%s')", o->dir, argv[i]);
-        } else {
-            o->dir = argv[i];
+        } else if (kwt_arg_dir("stats", argv[i], &o->dir)) {
+            return KWT_EXIT_USAGE;
         }
     }
-    if (!o->dir)
-        return kwt_usage_error("stats", "give the data directory");
-    return KWT_EXIT_OK;
+    return kwt_need_dir("stats", o->dir);
 }
 
 static int report(const kwt_dir *d, const stats *st, const stats_opts *o)

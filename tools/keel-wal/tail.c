@@ -60,16 +60,12 @@ static int parse_args(int argc, char **argv, tail_opts *o)
             o->follow = true;
         } else if (!strcmp(argv[i], "--json")) {
             o->json = true;
-        } else if (argv[i][0] == '-') {
-            return kwt_usage_error("tail", "unknown option '%s'", argv[i]);
-        } else if (o->dir) {
-            return kwt_usage_error("tail", "one directory only ('%s' and '%s')", o->dir, argv[i]);
-        } else {
-            o->dir = argv[i];
+        } else if (kwt_arg_dir("tail", argv[i], &o->dir)) {
+            return KWT_EXIT_USAGE;
         }
     }
-    if (!o->dir)
-        return kwt_usage_error("tail", "give the data directory");
+    if (kwt_need_dir("tail", o->dir))
+        return KWT_EXIT_USAGE;
     if (o->interval_ms < 1 || o->interval_ms > 60000)
         return kwt_usage_error("tail", "--interval wants 1..60000 milliseconds");
     return KWT_EXIT_OK;
