@@ -1014,6 +1014,12 @@ START_TEST(test_stats_match_info)
     ck_assert(js_has(rs.out, "  0..4 "));
     ck_assert(js_has(rs.out, "  10..14 "));
     run_free(&rs);
+    rs = wal_ok("stats", dir);
+    ck_assert(js_has(rs.out, ": 28 records, "));
+    ck_assert(js_has(rs.out, "by tick range (1 tick)"));
+    ck_assert(js_has(rs.out, "\n  tick 11 "));
+    ck_assert(js_has(rs.out, "\n  side                            1             80             80    1.00x\n"));
+    run_free(&rs);
 }
 END_TEST
 

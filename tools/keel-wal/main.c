@@ -32,7 +32,8 @@ static int usage(FILE *f)
         fprintf(f, "  %-7s %s\n", c->name, c->summary);
     fprintf(f, "\n"
                "'keel-wal <command> --help' describes a command. Entity handles are 16 hex digits\n"
-               "(as printed), 0x<hex> or INDEX:GEN. Exit status: 0 ok, 1 verify found problems,\n"
+               "(as printed), 0x<hex> or INDEX:GEN. Exit status: 0 ok; 1 a problem found (verify's\n"
+               "findings, or invalid records another command met and skipped);\n"
                "2 bad arguments or the directory cannot be opened. Manual: docs/tools.md.\n");
     return f == stdout ? KWT_EXIT_OK : KWT_EXIT_USAGE;
 }

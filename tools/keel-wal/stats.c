@@ -244,6 +244,11 @@ static void text_row(const char *name, const tally *t)
            ratio(t->raw, t->stored));
 }
 
+static void table_head(const char *title, const char *a, const char *b, const char *c, const char *d)
+{
+    printf("\n%-24s %10s %14s %14s %8s\n", title, a, b, c, d);
+}
+
 static void print_text(const kwt_dir *d, const stats *st, uint64_t width, const tally *b, uint64_t base, size_t nb,
                        const tick_slot *top, size_t ntop)
 {
@@ -251,27 +256,31 @@ static void print_text(const kwt_dir *d, const stats *st, uint64_t width, const 
     printf("%s: %" PRIu64 " records, %" PRIu64 " bytes raw, %" PRIu64 " stored, ratio %.2fx", d->path,
            st->all.records, st->all.raw, st->all.stored, ratio(st->all.raw, st->all.stored));
     printf(st->invalid ? ", %" PRIu64 " invalid (skipped)\n" : "\n", st->invalid);
-    printf("\nby kind                   records      raw bytes   stored bytes   ratio\n");
+    table_head("by kind", "records", "raw bytes", "stored bytes", "ratio");
     for (uint32_t k = 1; k < 32; k++)
         if (st->kind[k].records)
             text_row(kw_kind_name(k), &st->kind[k]);
-    printf("\nby component              changes    value bytes   stored (est)   share\n");
+    table_head("by component", "changes", "value bytes", "stored (est)", "share");
     for (uint32_t c = 1; c < 256; c++) {
         const comp_tally *ct = &st->comp[c];
         if (!ct->changes)
             continue;
         char nb16[16];
-        printf("  %-22s %10" PRIu64 " %14" PRIu64 " %14.0f %6.1f%%\n", kwt_comp_name(d, c, nb16), ct->changes,
+        printf("  %-22s %10" PRIu64 " %14" PRIu64 " %14.0f %7.1f%%\n", kwt_comp_name(d, c, nb16), ct->changes,
                ct->value_bytes, ct->stored_est, st->all.stored ? 100.0 * ct->stored_est / st->all.stored : 0.0);
     }
-    printf("\nby tick range (%" PRIu64 " ticks) records      raw bytes   stored bytes   ratio\n", width);
+    snprintf(name, sizeof name, "by tick range (%" PRIu64 " tick%s)", width, width == 1 ? "" : "s");
+    table_head(name, "records", "raw bytes", "stored bytes", "ratio");
     for (size_t i = 0; i < nb; i++) {
         if (!b[i].records)
             continue;
-        snprintf(name, sizeof name, "%" PRIu64 "..%" PRIu64, base + i * width, base + (i + 1) * width - 1);
+        if (width == 1)
+            snprintf(name, sizeof name, "tick %" PRIu64, base + i);
+        else
+            snprintf(name, sizeof name, "%" PRIu64 "..%" PRIu64, base + i * width, base + (i + 1) * width - 1);
         text_row(name, &b[i]);
     }
-    printf("\ntop ticks by stored bytes records      raw bytes   stored bytes   ratio\n");
+    table_head("top ticks (stored bytes)", "records", "raw bytes", "stored bytes", "ratio");
     for (size_t i = 0; i < ntop; i++) {
         snprintf(name, sizeof name, "tick %" PRIu64, top[i].key - 1);
         text_row(name, &top[i].t);
