@@ -272,7 +272,8 @@ static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
     while ((rc = kw_db_next(it, &key, &klen, &val, &vlen)) == 1) {
         const void *p;
         size_t plen;
-        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_CHUNK, &p, &plen)) || (rc = load_chunk(l, p, plen)))
+        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_CHUNK, &p, &plen)) ||
+            (rc = load_chunk(l, p, plen)))
             break;
     }
     kw_wal_iter_end(it);
