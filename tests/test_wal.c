@@ -1,7 +1,7 @@
 /*
  * test_wal -- libkeel_wal on its own: the KWR1 record (CRC32C, build,
  * check, seal, codecs, corruption), the payload layer (cursor, schema,
- * checkpoint meta, snap keys) and the LMDB store (open, append, iterate,
+ * checkpoint meta, snap keys, the snap payload decoders) and the LMDB store (open, append, iterate,
  * delete, map growth, injected failures, format versions).
  *
  * Expected bytes are computed here independently of the library where
@@ -1034,6 +1034,232 @@ START_TEST(snap_keys_are_big_endian_and_sort_numerically)
 }
 END_TEST
 
+/* ---- snap payloads (wal/snap.c) ---------------------------------------------------- */
+
+/* A SNAP_TABLES payload: two tables ({1,3} with 5 rows, {2} with 0). */
+static void tables_payload(kw_buf *b)
+{
+    b->len = 0;
+    ck_assert_ok(kw_put_u32(b, 2));
+    ck_assert_ok(kw_put_u32(b, 1030)); /* nslots */
+    ck_assert_ok(kw_put_u32(b, 5));    /* nlive */
+    ck_assert_ok(kw_put_u32(b, 5));
+    ck_assert_ok(kw_put_u32(b, 2));
+    ck_assert_ok(kw_put_u32(b, 1));
+    ck_assert_ok(kw_put_u32(b, 3));
+    ck_assert_ok(kw_put_u32(b, 0));
+    ck_assert_ok(kw_put_u32(b, 1));
+    ck_assert_ok(kw_put_u32(b, 2));
+}
+
+START_TEST(snap_tables_decode_and_refuse_bad_lengths)
+{
+    kw_buf b = {0};
+    tables_payload(&b);
+    kw_snap_tables t;
+    kw_snap_table tb;
+    ck_assert_ok(kw_snap_tables_begin(&t, b.p, b.len));
+    ck_assert_uint_eq(t.ntables, 2);
+    ck_assert_uint_eq(t.nslots, 1030);
+    ck_assert_uint_eq(t.nlive, 5);
+    ck_assert_int_eq(kw_snap_tables_next(&t, &tb), 1);
+    ck_assert_uint_eq(tb.rows, 5);
+    ck_assert_uint_eq(tb.ncols, 2);
+    ck_assert_uint_eq(tb.comps[0], 1);
+    ck_assert_uint_eq(tb.comps[1], 3);
+    ck_assert_int_eq(kw_snap_tables_next(&t, &tb), 1);
+    ck_assert_uint_eq(tb.rows, 0);
+    ck_assert_uint_eq(tb.ncols, 1);
+    ck_assert_uint_eq(tb.comps[0], 2);
+    ck_assert_int_eq(kw_snap_tables_next(&t, &tb), 0);
+    /* every truncation and one extra byte are corrupt, never a crash */
+    for (size_t n = 0; n < b.len; n++) {
+        int rc = kw_snap_tables_begin(&t, b.p, n);
+        while (rc == KEEL_OK && (rc = kw_snap_tables_next(&t, &tb)) == 1)
+            rc = KEEL_OK;
+        ck_assert_msg(rc == KEEL_ECORRUPT, "%zu of %zu bytes decoded (%d)", n, b.len, rc);
+    }
+    ck_assert_ok(kw_put_u8(&b, 0));
+    ck_assert_ok(kw_snap_tables_begin(&t, b.p, b.len));
+    ck_assert_int_eq(kw_snap_tables_next(&t, &tb), 1);
+    ck_assert_int_eq(kw_snap_tables_next(&t, &tb), 1);
+    ck_assert_int_eq(kw_snap_tables_next(&t, &tb), KEEL_ECORRUPT);
+    ck_assert(has(keel_last_error(), "after its 2 tables"));
+    /* a table count the payload cannot hold is refused before anyone allocates by it */
+    unsigned char hdr[12] = {0};
+    wr32(hdr, 0xffffffffu);
+    ck_assert_int_eq(kw_snap_tables_begin(&t, hdr, sizeof hdr), KEEL_ECORRUPT);
+    ck_assert(has(keel_last_error(), "4294967295 tables"));
+    /* more than 255 columns */
+    b.len = 0;
+    kw_put_u32(&b, 1), kw_put_u32(&b, 0), kw_put_u32(&b, 0), kw_put_u32(&b, 0), kw_put_u32(&b, 256);
+    for (int i = 0; i < 256; i++)
+        kw_put_u32(&b, 1);
+    ck_assert_ok(kw_snap_tables_begin(&t, b.p, b.len));
+    ck_assert_int_eq(kw_snap_tables_next(&t, &tb), KEEL_ECORRUPT);
+    kw_buf_free(&b);
+}
+END_TEST
+
+START_TEST(snap_slots_decode_and_refuse_bad_lengths)
+{
+    kw_buf b = {0};
+    kw_put_u32(&b, 2048);
+    kw_put_u32(&b, 3);
+    kw_put_u32(&b, 1), kw_put_u32(&b, 0x01020304u), kw_put_u32(&b, UINT32_MAX);
+    kw_put_u8(&b, 1), kw_put_u8(&b, 0), kw_put_u8(&b, 1);
+    kw_snap_slots s;
+    ck_assert_ok(kw_snap_slots_decode(b.p, b.len, &s));
+    ck_assert_uint_eq(s.first, 2048);
+    ck_assert_uint_eq(s.n, 3);
+    ck_assert_uint_eq(kw_snap_slot_gen(&s, 0), 1);
+    ck_assert_uint_eq(kw_snap_slot_gen(&s, 1), 0x01020304u);
+    ck_assert_uint_eq(kw_snap_slot_gen(&s, 2), UINT32_MAX);
+    ck_assert_uint_eq(s.live[0], 1);
+    ck_assert_uint_eq(s.live[1], 0);
+    for (size_t n = 0; n < b.len; n++)
+        ck_assert_int_eq(kw_snap_slots_decode(b.p, n, &s), KEEL_ECORRUPT);
+    kw_put_u8(&b, 0);
+    ck_assert_int_eq(kw_snap_slots_decode(b.p, b.len, &s), KEEL_ECORRUPT);
+    ck_assert(has(keel_last_error(), "wrong length"));
+    unsigned char hdr[8];
+    wr32(hdr, 100), wr32(hdr + 4, 0); /* not the first slot of a page */
+    ck_assert_int_eq(kw_snap_slots_decode(hdr, 8, &s), KEEL_ECORRUPT);
+    wr32(hdr, 0), wr32(hdr + 4, KW_SNAP_PAGE_SLOTS + 1);
+    ck_assert_int_eq(kw_snap_slots_decode(hdr, 8, &s), KEEL_ECORRUPT);
+    wr32(hdr + 4, 0);
+    ck_assert_ok(kw_snap_slots_decode(hdr, 8, &s));
+    kw_buf_free(&b);
+}
+END_TEST
+
+/* A SNAP_CHUNK payload: table 3, chunk 1, two rows, columns 2 (8 bytes) and 5 (2 bytes). */
+static void chunk_payload(kw_buf *b)
+{
+    b->len = 0;
+    kw_put_u32(b, 3), kw_put_u32(b, 1), kw_put_u32(b, 2), kw_put_u32(b, 2);
+    kw_put_u32(b, 2), kw_put_u32(b, 8), kw_put_u32(b, 5), kw_put_u32(b, 2);
+    kw_put_u64(b, 0x0000000200000007ull), kw_put_u64(b, 0x0000000100000009ull);
+    kw_put_u64(b, 111), kw_put_u64(b, 222);
+    kw_put_u8(b, 0xa1), kw_put_u8(b, 0xa2), kw_put_u8(b, 0xb1), kw_put_u8(b, 0xb2);
+}
+
+START_TEST(snap_chunk_decode_and_refuse_bad_lengths)
+{
+    kw_buf b = {0};
+    chunk_payload(&b);
+    kw_snap_chunk *c = malloc(sizeof *c);
+    ck_assert_ptr_nonnull(c);
+    ck_assert_ok(kw_snap_chunk_decode(b.p, b.len, c));
+    ck_assert_uint_eq(c->table, 3);
+    ck_assert_uint_eq(c->chunk, 1);
+    ck_assert_uint_eq(c->count, 2);
+    ck_assert_uint_eq(c->ncols, 2);
+    ck_assert_uint_eq(c->comps[1], 5);
+    ck_assert_uint_eq(c->sizes[1], 2);
+    ck_assert_uint_eq(kw_snap_chunk_entity(c, 0), 0x0000000200000007ull);
+    ck_assert_uint_eq(kw_snap_chunk_entity(c, 1), 0x0000000100000009ull);
+    ck_assert_uint_eq(rd64(c->vals[0] + 8), 222);
+    ck_assert_uint_eq(c->vals[1][2], 0xb1);
+    for (size_t n = 0; n < b.len; n++)
+        ck_assert_int_eq(kw_snap_chunk_decode(b.p, n, c), KEEL_ECORRUPT);
+    kw_put_u8(&b, 0);
+    ck_assert_int_eq(kw_snap_chunk_decode(b.p, b.len, c), KEEL_ECORRUPT);
+    ck_assert(has(keel_last_error(), "chunk 1 of table 3 has the wrong length"));
+    /* sizes that overflow the payload, and too many columns */
+    chunk_payload(&b);
+    wr32(b.p + 20, 0xffffffffu);
+    ck_assert_int_eq(kw_snap_chunk_decode(b.p, b.len, c), KEEL_ECORRUPT);
+    chunk_payload(&b);
+    wr32(b.p + 12, 256);
+    ck_assert_int_eq(kw_snap_chunk_decode(b.p, b.len, c), KEEL_ECORRUPT);
+    ck_assert(has(keel_last_error(), "bad header"));
+    free(c);
+    kw_buf_free(&b);
+}
+END_TEST
+
+START_TEST(snap_payload_checks_the_record_and_its_kind)
+{
+    kw_codec_ctx *cc = codec();
+    kw_buf b = {0}, rec = {0};
+    kw_snap_chunk *c = malloc(sizeof *c);
+    ck_assert_ptr_nonnull(c);
+    /* a big chunk goes through zstd; the decoder reads it decompressed */
+    b.len = 0;
+    kw_put_u32(&b, 0), kw_put_u32(&b, 0), kw_put_u32(&b, 500), kw_put_u32(&b, 1);
+    kw_put_u32(&b, 1), kw_put_u32(&b, 8);
+    for (uint32_t i = 0; i < 500; i++)
+        kw_put_u64(&b, (uint64_t)1 << 32 | i);
+    for (uint32_t i = 0; i < 500; i++)
+        kw_put_u64(&b, 7);
+    ck_assert_ok(kw_record_build(cc, &rec, KW_KIND_SNAP_CHUNK, 0, 9, 0, b.p, b.len));
+    ck_assert_uint_eq(rec.p[7], KW_CODEC_ZSTD);
+    const void *p;
+    size_t plen;
+    ck_assert_ok(kw_snap_payload(cc, rec.p, rec.len, KW_KIND_SNAP_CHUNK, &p, &plen));
+    ck_assert_uint_eq(plen, b.len);
+    ck_assert_ok(kw_snap_chunk_decode(p, plen, c));
+    ck_assert_uint_eq(kw_snap_chunk_entity(c, 499), (uint64_t)1 << 32 | 499);
+    ck_assert_int_eq(kw_snap_payload(cc, rec.p, rec.len, KW_KIND_SNAP_SLOTS, &p, &plen), KEEL_ECORRUPT);
+    ck_assert(has(keel_last_error(), "snap record is a snap_chunk, expected snap_slots"));
+    rec.p[60] ^= 1;
+    ck_assert_int_eq(kw_snap_payload(cc, rec.p, rec.len, KW_KIND_SNAP_CHUNK, &p, &plen), KEEL_ECORRUPT);
+    free(c);
+    kw_buf_free(&b);
+    kw_buf_free(&rec);
+    kw_codec_destroy(cc);
+}
+END_TEST
+
+START_TEST(snap_random_damage_never_crashes)
+{
+    kw_buf b = {0};
+    kw_snap_chunk *c = malloc(sizeof *c);
+    ck_assert_ptr_nonnull(c);
+    for (int round = 0; round < 3000; round++) {
+        int which = round % 3;
+        if (which == 0)
+            tables_payload(&b);
+        else if (which == 1)
+            chunk_payload(&b);
+        else {
+            b.len = 0;
+            kw_put_u32(&b, 0), kw_put_u32(&b, 2), kw_put_u32(&b, 1), kw_put_u32(&b, 2);
+            kw_put_u8(&b, 1), kw_put_u8(&b, 1);
+        }
+        size_t n = b.len;
+        b.p[rnd() % n] = (unsigned char)rnd();
+        if (rnd() % 4 == 0)
+            n = rnd() % n;
+        kw_snap_tables t;
+        kw_snap_table tb;
+        kw_snap_slots sl;
+        int rc;
+        switch (which) {
+        case 0:
+            rc = kw_snap_tables_begin(&t, b.p, n);
+            while (rc == KEEL_OK && (rc = kw_snap_tables_next(&t, &tb)) == 1) {
+                ck_assert_uint_le(tb.ncols, KW_SNAP_MAX_COLS);
+                rc = KEEL_OK;
+            }
+            ck_assert(rc == KEEL_OK || rc == KEEL_ECORRUPT);
+            break;
+        case 1:
+            rc = kw_snap_chunk_decode(b.p, n, c);
+            ck_assert(rc == KEEL_OK || rc == KEEL_ECORRUPT);
+            break;
+        default:
+            rc = kw_snap_slots_decode(b.p, n, &sl);
+            ck_assert(rc == KEEL_OK || rc == KEEL_ECORRUPT);
+            break;
+        }
+    }
+    free(c);
+    kw_buf_free(&b);
+}
+END_TEST
+
 static Suite *payload_suite(void)
 {
     Suite *s = suite_create("wal_payload");
@@ -1050,6 +1276,13 @@ static Suite *payload_suite(void)
     tc = tcase_create("keys");
     tcase_add_test(tc, checkpoint_meta_layout_and_round_trip);
     tcase_add_test(tc, snap_keys_are_big_endian_and_sort_numerically);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("snap");
+    tcase_add_test(tc, snap_tables_decode_and_refuse_bad_lengths);
+    tcase_add_test(tc, snap_slots_decode_and_refuse_bad_lengths);
+    tcase_add_test(tc, snap_chunk_decode_and_refuse_bad_lengths);
+    tcase_add_test(tc, snap_payload_checks_the_record_and_its_kind);
+    tcase_add_test(tc, snap_random_damage_never_crashes);
     suite_add_tcase(s, tc);
     return s;
 }

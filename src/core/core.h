@@ -33,36 +33,7 @@ void core_log(keel_log_level level, const char *subsystem, const char *event,
  * reads; NULL restores CLOCK_MONOTONIC. Also forgets all rate-limit state. */
 void core_log_set_clock(uint64_t (*now_ns)(void));
 
-/* ---- hashing ------------------------------------------------------------
- * core_hasher: a streaming 64-bit hash over 8-byte words (a multiply-xorshift
- * construction of our own). Order-sensitive; the result of feeding the same
- * byte sequence is the same on every run and platform of the same
- * endianness. Used by the state hash; pinned by a known-answer test, so a
- * change here is a format change. */
-typedef struct core_hasher {
-    uint64_t h;
-    uint64_t len;
-} core_hasher;
-
-void core_hasher_init(core_hasher *s, uint64_t seed);
-void core_hasher_u64(core_hasher *s, uint64_t v);
-void core_hasher_bytes(core_hasher *s, const void *p, size_t n);
-uint64_t core_hasher_final(const core_hasher *s);
-
-/* 64-bit FNV-1a, for the schedule hash and name hashing (SPEC §5). */
-uint64_t core_fnv1a64(uint64_t h, const void *p, size_t n);
-#define CORE_FNV1A64_INIT 0xcbf29ce484222325ull
-
-/* Finalising mixer for 64-bit keys (hash tables). */
-static inline uint64_t core_mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+#include "core/hash.h"
 
 /* Happens-before annotations for synchronisation ThreadSanitizer cannot see
  * (liburcu's grace periods and wfcqueue are not instrumented). */

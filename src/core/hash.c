@@ -1,5 +1,6 @@
 /*
- * core/hash.c -- the streaming state hasher and FNV-1a.
+ * core/hash.c -- the streaming state hasher, the state hash's canonical
+ * feed and FNV-1a. Built into keel_base: the runtime and keel-wal share it.
  *
  * core_hasher folds the input as little-endian 8-byte words; each word is
  * mixed (core_mix64) before it is combined, so every input bit reaches every
@@ -9,7 +10,7 @@
  */
 #include <string.h>
 
-#include "core/core.h"
+#include "core/hash.h"
 
 #define HASH_MUL 0x9e3779b97f4a7c15ull
 
@@ -50,6 +51,40 @@ void core_hasher_bytes(core_hasher *s, const void *p, size_t n)
 uint64_t core_hasher_final(const core_hasher *s)
 {
     return core_mix64(s->h ^ core_mix64(s->len));
+}
+
+/* ---- the world state hash's feed (keel_world_hash, keel-wal replay) ---- */
+
+#define STATE_HASH_SEED 0x6b65656c2d737431ull /* "keel-st1" */
+
+void core_state_hash_begin(core_hasher *h, uint32_t nslots)
+{
+    core_hasher_init(h, STATE_HASH_SEED);
+    core_hasher_u64(h, nslots);
+}
+
+void core_state_hash_slot(core_hasher *h, uint32_t gen, bool live)
+{
+    core_hasher_u64(h, (uint64_t)gen << 1 | live);
+}
+
+void core_state_hash_component(core_hasher *h, uint32_t component, const void *value, uint32_t size)
+{
+    core_hasher_u64(h, component);
+    if (size)
+        core_hasher_bytes(h, value, size);
+}
+
+void core_state_hash_entity_end(core_hasher *h)
+{
+    core_hasher_u64(h, 0); /* (c, bytes) sequences cannot run into the next slot */
+}
+
+uint64_t core_state_hash_none(void)
+{
+    core_hasher h;
+    core_hasher_init(&h, STATE_HASH_SEED);
+    return core_hasher_final(&h);
 }
 
 uint64_t core_fnv1a64(uint64_t h, const void *p, size_t n)

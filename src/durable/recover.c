@@ -109,67 +109,94 @@ typedef struct loader {
     keel_recovery *out;
     uint32_t *counts;          /* rows per table, as the checkpoint's table list says */
     uint32_t ntables, nlive;
+    kw_snap_chunk chunk;       /* the chunk being loaded (too big for the stack frame) */
 } loader;
 
-/* Check and decode a snap value of the expected kind. */
+/* Check and decode a snap value of the expected kind (the payload stays in
+ * the codec's scratch until the next snap value). */
 static int snap_payload(loader *l, const void *key, size_t klen, const void *val, size_t vlen, uint32_t kind,
-                        kw_cursor *cur)
+                        const void **p, size_t *plen)
 {
-    kw_header h;
-    const void *p;
-    int rc = kw_record_check(val, vlen, &h);
-    if (!rc && h.kind != kind)
-        rc = core_fail(KEEL_ECORRUPT, "snap record is a %s, expected %s", kw_kind_name(h.kind), kw_kind_name(kind));
-    if (!rc)
-        rc = kw_record_payload(l->c, val, &h, &p);
+    int rc = kw_snap_payload(l->c, val, vlen, kind, p, plen);
     if (rc)
         return core_fail(rc, "checkpoint of tick %llu is unreadable (snap key '%c', %zu bytes): %s",
                          (unsigned long long)l->out->checkpoint_tick, klen ? *(const char *)key : '?', klen,
                          keel_last_error());
-    *cur = kw_cursor_make(p, h.raw_len);
     core_hasher hs;
     core_hasher_init(&hs, 0);
-    core_hasher_bytes(&hs, p, h.raw_len);
+    core_hasher_bytes(&hs, *p, *plen);
     return ckpt_stored_note(l->rt->dur, key, klen, core_hasher_final(&hs));
 }
 
-static int load_slots_and_tables(loader *l, kw_cursor *c, uint32_t *nslots_out);
+/* A decoder's KEEL_ECORRUPT, with the checkpoint named. */
+static int snap_corrupt(loader *l, int rc)
+{
+    if (rc != KEEL_ECORRUPT)
+        return rc;
+    char why[400];
+    snprintf(why, sizeof why, "%s", keel_last_error());
+    return core_fail(rc, "checkpoint of tick %llu: %s", (unsigned long long)l->out->checkpoint_tick, why);
+}
+
+static int load_slots_and_tables(loader *l, const void *tables, size_t tlen, uint32_t *nslots_out);
 
 static int load_tables(loader *l, uint32_t *nslots_out)
 {
-    const void *val;
-    size_t vlen;
+    const void *val, *p;
+    size_t vlen, plen;
     int rc = kw_get(l->r, KW_DB_SNAP, "T", 1, &val, &vlen);
     if (rc)
         return rc == KEEL_ENOENT ? core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu has no table list",
                                              (unsigned long long)l->out->checkpoint_tick)
                                  : rc;
-    kw_cursor c;
-    if ((rc = snap_payload(l, "T", 1, val, vlen, KW_KIND_SNAP_TABLES, &c)))
+    if ((rc = snap_payload(l, "T", 1, val, vlen, KW_KIND_SNAP_TABLES, &p, &plen)))
         return rc;
     /* the payload lives in the codec's scratch, which the slot pages below
      * reuse: keep a copy for the table list */
-    size_t tlen = (size_t)(c.end - c.p);
-    unsigned char *tables = malloc(tlen ? tlen : 1);
+    unsigned char *tables = malloc(plen ? plen : 1);
     if (!tables)
         return core_fail(KEEL_ENOMEM, "out of memory loading the checkpoint's table list");
-    memcpy(tables, c.p, tlen);
-    c = kw_cursor_make(tables, tlen);
-    rc = load_slots_and_tables(l, &c, nslots_out);
+    memcpy(tables, p, plen);
+    rc = load_slots_and_tables(l, tables, plen, nslots_out);
     free(tables);
     return rc;
 }
 
-static int load_slots_and_tables(loader *l, kw_cursor *cp, uint32_t *nslots_out)
+/* Every "S" page into gens (slots no page covers keep generation 1). */
+static int load_slots(loader *l, uint32_t nslots, uint32_t *gens)
 {
-    kw_cursor c = *cp;
-    const void *val;
-    size_t vlen;
-    int rc = KEEL_OK;
-    uint32_t ntables = kw_get_u32(&c), nslots = kw_get_u32(&c);
-    l->nlive = kw_get_u32(&c); /* checked after the rows are in */
-    if (c.bad || ntables > (1u << 24) || !(l->counts = calloc(ntables + 1, sizeof *l->counts)))
-        return core_fail(c.bad ? KEEL_ECORRUPT : KEEL_ENOMEM, "checkpoint table list is unreadable");
+    kw_walit *it;
+    int rc = kw_db_iter(l->r, KW_DB_SNAP, "S", 1, &it);
+    const void *key, *val, *p;
+    size_t klen, vlen, plen;
+    while (!rc && (rc = kw_db_next(it, &key, &klen, &val, &vlen)) == 1) {
+        kw_snap_slots s;
+        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_SLOTS, &p, &plen)))
+            break;
+        if ((rc = snap_corrupt(l, kw_snap_slots_decode(p, plen, &s))))
+            break;
+        if ((uint64_t)s.first + s.n > nslots) {
+            rc = core_fail(KEEL_ECORRUPT, "checkpoint slot page at %u (+%u) lies outside %u slots", s.first, s.n,
+                           nslots);
+            break;
+        }
+        for (uint32_t i = 0; i < s.n; i++)
+            gens[s.first + i] = kw_snap_slot_gen(&s, i);
+    }
+    kw_wal_iter_end(it);
+    return rc;
+}
+
+static int load_slots_and_tables(loader *l, const void *tables, size_t tlen, uint32_t *nslots_out)
+{
+    kw_snap_tables tl;
+    int rc = snap_corrupt(l, kw_snap_tables_begin(&tl, tables, tlen));
+    if (rc)
+        return rc;
+    uint32_t ntables = tl.ntables, nslots = tl.nslots;
+    l->nlive = tl.nlive; /* checked after the rows are in */
+    if (!(l->counts = calloc(ntables + 1, sizeof *l->counts)))
+        return core_fail(KEEL_ENOMEM, "out of memory loading the checkpoint's %u tables", ntables);
     l->ntables = ntables;
     /* the slots first: rows need their generations */
     uint32_t *gens = calloc(nslots ? nslots : 1, sizeof *gens);
@@ -177,72 +204,45 @@ static int load_slots_and_tables(loader *l, kw_cursor *cp, uint32_t *nslots_out)
         return core_fail(KEEL_ENOMEM, "out of memory loading %u entity slots", nslots);
     for (uint32_t i = 0; i < nslots; i++)
         gens[i] = 1;
-    kw_walit *it;
-    rc = kw_db_iter(l->r, KW_DB_SNAP, "S", 1, &it);
-    const void *key;
-    size_t klen;
-    while (!rc && (rc = kw_db_next(it, &key, &klen, &val, &vlen)) == 1) {
-        kw_cursor s;
-        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_SLOTS, &s)))
-            break;
-        uint32_t first = kw_get_u32(&s), n = kw_get_u32(&s);
-        if (s.bad || (uint64_t)first + n > nslots) {
-            rc = core_fail(KEEL_ECORRUPT, "checkpoint slot page at %u (+%u) lies outside %u slots", first, n, nslots);
-            break;
-        }
-        for (uint32_t i = 0; i < n; i++)
-            gens[first + i] = kw_get_u32(&s);
-        rc = s.bad ? core_fail(KEEL_ECORRUPT, "checkpoint slot page at %u is short", first) : KEEL_OK;
-    }
-    kw_wal_iter_end(it);
+    rc = load_slots(l, nslots, gens);
     if (!rc)
         rc = world_restore_begin(l->rt->world, nslots, gens);
     free(gens);
-    for (uint32_t t = 0; !rc && t < ntables; t++) {
-        l->counts[t] = kw_get_u32(&c);
-        uint32_t n = kw_get_u32(&c);
-        keel_component comps[KEEL_MAX_COMPONENTS];
-        if (c.bad || n > KEEL_MAX_COMPONENTS)
-            return core_fail(KEEL_ECORRUPT, "checkpoint table list is malformed at table %u", t);
-        for (uint32_t i = 0; i < n; i++)
-            comps[i] = kw_get_u32(&c);
-        rc = c.bad ? core_fail(KEEL_ECORRUPT, "checkpoint table list is short") : world_restore_table(l->rt->world, comps, n, t);
+    kw_snap_table t;
+    for (uint32_t id = 0; !rc && (rc = snap_corrupt(l, kw_snap_tables_next(&tl, &t))) == 1; id++) {
+        l->counts[id] = t.rows;
+        if (t.ncols > KEEL_MAX_COMPONENTS)
+            return core_fail(KEEL_ECORRUPT, "checkpoint table list is malformed at table %u", id);
+        rc = world_restore_table(l->rt->world, t.comps, t.ncols, id);
     }
     *nslots_out = nslots;
     return rc;
 }
 
-static int load_chunk(loader *l, kw_cursor *c)
+static int load_chunk(loader *l, const void *p, size_t plen)
 {
     keel_world *w = l->rt->world;
-    uint32_t table = kw_get_u32(c), chunk = kw_get_u32(c), count = kw_get_u32(c), ncols = kw_get_u32(c);
-    if (c->bad || table >= w->ntables || ncols > KEEL_MAX_COMPONENTS)
-        return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u has a bad header", chunk, table);
-    const world_table *t = w->tables[table];
-    uint32_t col_of[KEEL_MAX_COMPONENTS], size_of[KEEL_MAX_COMPONENTS];
-    for (uint32_t i = 0; i < ncols; i++) {
-        keel_component comp = kw_get_u32(c);
-        size_of[i] = kw_get_u32(c);
+    kw_snap_chunk *k = &l->chunk;
+    int rc = snap_corrupt(l, kw_snap_chunk_decode(p, plen, k));
+    if (rc)
+        return rc;
+    if (k->table >= w->ntables || k->ncols > KEEL_MAX_COMPONENTS)
+        return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u has a bad header", k->chunk, k->table);
+    const world_table *t = w->tables[k->table];
+    uint32_t col_of[KEEL_MAX_COMPONENTS];
+    for (uint32_t i = 0; i < k->ncols; i++) {
+        keel_component comp = k->comps[i];
         col_of[i] = comp <= KEEL_MAX_COMPONENTS ? t->col_of[comp] : 0;
-        if (c->bad || !col_of[i] || t->cols[col_of[i] - 1].size != size_of[i])
-            return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u names a column the table lacks", chunk,
-                             table);
+        if (!col_of[i] || t->cols[col_of[i] - 1].size != k->sizes[i])
+            return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u names a column the table lacks", k->chunk,
+                             k->table);
     }
-    const unsigned char *ents = kw_get_bytes(c, (size_t)count * 8);
-    const unsigned char *vals[KEEL_MAX_COMPONENTS];
-    for (uint32_t i = 0; i < ncols; i++)
-        vals[i] = kw_get_bytes(c, (size_t)count * size_of[i]);
-    if (c->bad || !kw_cursor_done(c))
-        return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u has the wrong length", chunk, table);
     const void *row[KEEL_MAX_COMPONENTS + 1];
-    for (uint32_t r = 0; r < count; r++) {
+    for (uint32_t r = 0; r < k->count; r++) {
         memset(row, 0, t->ncols * sizeof *row);
-        for (uint32_t i = 0; i < ncols; i++)
-            row[col_of[i] - 1] = vals[i] + (size_t)r * size_of[i];
-        keel_entity e;
-        memcpy(&e, ents + (size_t)r * 8, 8);
-        int rc = world_restore_row(w, table, e, row);
-        if (rc)
+        for (uint32_t i = 0; i < k->ncols; i++)
+            row[col_of[i] - 1] = k->vals[i] + (size_t)r * k->sizes[i];
+        if ((rc = world_restore_row(w, k->table, kw_snap_chunk_entity(k, r), row)))
             return rc;
     }
     return KEEL_OK;
@@ -270,8 +270,10 @@ static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
     if ((rc = kw_db_iter(l->r, KW_DB_SNAP, "C", 1, &it)))
         return rc;
     while ((rc = kw_db_next(it, &key, &klen, &val, &vlen)) == 1) {
-        kw_cursor c;
-        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_CHUNK, &c)) || (rc = load_chunk(l, &c)))
+        const void *p;
+        size_t plen;
+        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_CHUNK, &p, &plen)) ||
+            (rc = load_chunk(l, p, plen)))
             break;
     }
     kw_wal_iter_end(it);

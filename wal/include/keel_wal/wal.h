@@ -390,6 +390,58 @@ int kw_checkpoint_meta_decode(const void *p, size_t n, kw_checkpoint_meta *out);
 size_t kw_snap_key_slots(unsigned char out[5], uint32_t page);
 size_t kw_snap_key_chunk(unsigned char out[9], uint32_t table, uint32_t chunk);
 
+/* ---- checkpoint (snap) payloads ---------------------------------------------
+ * Decoders for the three snap record kinds (docs/wal-format.md §4), shared
+ * by recovery and keel-wal. Lengths are checked exactly; pointers point
+ * into the payload. */
+
+#define KW_SNAP_PAGE_SLOTS 1024u /* slots per SNAP_SLOTS page */
+#define KW_SNAP_MAX_COLS 255u    /* columns of a table (component ids 1..255) */
+
+/* Check a snap value as a record of `kind` and return its payload
+ * (decompressed into c's scratch when needed: valid until the next call on
+ * c). Errors: KEEL_ECORRUPT (bad record, another kind), KEEL_ENOMEM. */
+int kw_snap_payload(kw_codec_ctx *c, const void *rec, size_t len, uint32_t kind, const void **payload,
+                    size_t *plen);
+
+/* SNAP_TABLES: the header, then kw_snap_tables_next per table (1 with *out
+ * filled, 0 after the last one when the payload was consumed exactly, or
+ * KEEL_ECORRUPT). */
+typedef struct kw_snap_tables {
+    uint32_t ntables, nslots, nlive;
+    uint32_t next;            /* tables returned so far */
+    kw_cursor cur;
+} kw_snap_tables;
+
+typedef struct kw_snap_table {
+    uint32_t rows, ncols;
+    uint32_t comps[KW_SNAP_MAX_COLS]; /* the archetype, in column order */
+} kw_snap_table;
+
+int kw_snap_tables_begin(kw_snap_tables *t, const void *payload, size_t len);
+int kw_snap_tables_next(kw_snap_tables *t, kw_snap_table *out);
+
+/* SNAP_SLOTS: one page of the entity index. */
+typedef struct kw_snap_slots {
+    uint32_t first, n;
+    const unsigned char *gens; /* n little-endian u32: kw_snap_slot_gen */
+    const unsigned char *live; /* n bytes, 1 = live */
+} kw_snap_slots;
+
+int kw_snap_slots_decode(const void *payload, size_t len, kw_snap_slots *out);
+uint32_t kw_snap_slot_gen(const kw_snap_slots *s, uint32_t i);
+
+/* SNAP_CHUNK: the rows of one chunk of one table. */
+typedef struct kw_snap_chunk {
+    uint32_t table, chunk, count, ncols;
+    uint32_t comps[KW_SNAP_MAX_COLS], sizes[KW_SNAP_MAX_COLS];
+    const unsigned char *ents; /* count little-endian u64 handles: kw_snap_chunk_entity */
+    const unsigned char *vals[KW_SNAP_MAX_COLS]; /* column i: count x sizes[i] bytes */
+} kw_snap_chunk;
+
+int kw_snap_chunk_decode(const void *payload, size_t len, kw_snap_chunk *out);
+uint64_t kw_snap_chunk_entity(const kw_snap_chunk *c, uint32_t row);
+
 #ifdef __cplusplus
 }
 #endif

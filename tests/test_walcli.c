@@ -1,0 +1,1374 @@
+/*
+ * test_walcli.c -- the keel-wal tool (info, dump, verify, stats, tail and
+ * the argument and directory handling), run as a child process against
+ * data directories the runtime produced.
+ *
+ * The workload (W, 11 ticks, one worker, no checkpoint unless asked) makes
+ * every kind of record with values the tests know exactly:
+ *   tick 1   spawn E0..E3 with acct, pos, link (acct_of(i), pos_of(i))
+ *   tick t   (2..11) acct.coins of the entity at index t % 4 := 1000*t + index
+ *            (skipped at tick 7: index 3 is free then)
+ *   tick 3   a side transaction: E0.coins -= 7, E1.coins += 7
+ *   tick 4   link of E0 := {E2, -4, 4, -1, 200}
+ *   tick 5   destroy E3        tick 6  add the tag `marked` to E0
+ *   tick 7   remove it         tick 8  spawn E4 (slot 3 again, generation 2)
+ * so the WAL holds: 1 schema, 12 tick_commit (tick 1 has an empty HOOK unit
+ * first), 9 tick_chunk, 5 lifecycle, 1 side = 28 records, LSN 1..28. The
+ * tick_chunk of tick 3 also holds E0's and E1's rows: the fence logs the
+ * rows that differ from the tick's start, and the side transaction changed
+ * them during the tick.
+ *
+ * keel-wal's path comes from CMake (KEEL_WAL_BIN). Output is read through
+ * pipes, never a terminal, so the TTY-only progress must stay off: every
+ * successful run is checked to leave stderr empty. No sleeps: tail -f is
+ * synchronised by the lines it prints.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <lmdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "keel/keel.h"
+#include "keel_test.h"
+#include "keel_wal/wal.h"
+
+#ifndef KEEL_WAL_BIN
+#error "KEEL_WAL_BIN (the keel-wal executable) must be defined by the build"
+#endif
+
+/* ---- temporary directories ---------------------------------------------------------- */
+
+static char g_base[128];
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *f)
+{
+    (void)sb;
+    (void)flag;
+    (void)f;
+    remove(path);
+    return 0;
+}
+
+static void base_setup(void)
+{
+    snprintf(g_base, sizeof g_base, "/tmp/keel-walcli-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(g_base));
+}
+
+/* KEEL_WALCLI_KEEP=1 keeps the directories for a look after a failure. */
+static void base_teardown(void)
+{
+    if (g_base[0] && !getenv("KEEL_WALCLI_KEEP"))
+        nftw(g_base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    g_base[0] = 0;
+}
+
+/* The fixture's base is shared by the tests of a case (each runs in its own
+ * forked process): the pid keeps their directories apart. */
+static void tdir(char *out, size_t n, const char *name)
+{
+    ck_assert_int_lt(snprintf(out, n, "%s/%s-%d", g_base, name, (int)getpid()), (int)n);
+}
+
+/* ---- running keel-wal ---------------------------------------------------------------- */
+
+typedef struct run {
+    int status;                /* exit status; 128 + signal when killed */
+    char *out, *err;
+    size_t outlen, errlen;
+} run;
+
+static void run_free(run *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+static void append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        *cap = (*len + n + 1) * 2;
+        *buf = realloc(*buf, *cap);
+        ck_assert_ptr_nonnull(*buf);
+    }
+    memcpy(*buf + *len, p, n);
+    *len += n;
+    (*buf)[*len] = 0;
+}
+
+/* keel-wal with args (NULL-terminated): stdout and stderr captured. */
+static run wal_argv(const char *const *args)
+{
+    const char *argv[32] = {KEEL_WAL_BIN};
+    int n = 1;
+    for (; args[n - 1]; n++) {
+        ck_assert_int_lt(n, 31);
+        argv[n] = args[n - 1];
+    }
+    argv[n] = NULL;
+    int po[2], pe[2];
+    ck_assert_int_eq(pipe(po), 0);
+    ck_assert_int_eq(pipe(pe), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(po[1], 1);
+        dup2(pe[1], 2);
+        close(po[0]);
+        close(pe[0]);
+        close(po[1]);
+        close(pe[1]);
+        execv(KEEL_WAL_BIN, (char *const *)argv);
+        _exit(127);
+    }
+    close(po[1]);
+    close(pe[1]);
+    run r = {0};
+    size_t ocap = 0, ecap = 0;
+    append(&r.out, &r.outlen, &ocap, "", 0);
+    append(&r.err, &r.errlen, &ecap, "", 0);
+    struct pollfd fds[2] = {{.fd = po[0], .events = POLLIN}, {.fd = pe[0], .events = POLLIN}};
+    int open_fds = 2;
+    char buf[65536];
+    while (open_fds) {
+        ck_assert_int_ge(poll(fds, 2, -1), 0);
+        for (int i = 0; i < 2; i++) {
+            if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            ssize_t k = read(fds[i].fd, buf, sizeof buf);
+            if (k > 0) {
+                if (i == 0)
+                    append(&r.out, &r.outlen, &ocap, buf, (size_t)k);
+                else
+                    append(&r.err, &r.errlen, &ecap, buf, (size_t)k);
+            } else if (k == 0 || errno != EINTR) {
+                close(fds[i].fd);
+                fds[i].fd = -1;
+                open_fds--;
+            }
+        }
+    }
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return r;
+}
+
+#define wal(...) wal_argv((const char *const[]){__VA_ARGS__, NULL})
+
+/* A run that must succeed quietly (no progress or messages in a pipe). */
+static run wal_ok_argv(const char *const *args)
+{
+    run r = wal_argv(args);
+    ck_assert_msg(r.status == 0, "keel-wal %s %s exited %d: %s", args[0], args[1] ? args[1] : "", r.status, r.err);
+    ck_assert_msg(r.errlen == 0, "keel-wal %s wrote to stderr in a pipe: %s", args[0], r.err);
+    return r;
+}
+
+#define wal_ok(...) wal_ok_argv((const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- reading the output: lines and a minimal JSON reader ---------------------------------- */
+
+/* The next line of *p (NUL-terminated copy in buf), false at the end. */
+static bool next_line(const char **p, char *buf, size_t n)
+{
+    if (!**p)
+        return false;
+    const char *e = strchr(*p, '\n');
+    size_t len = e ? (size_t)(e - *p) : strlen(*p);
+    ck_assert_uint_lt(len, n);
+    memcpy(buf, *p, len);
+    buf[len] = 0;
+    *p += len + (e ? 1 : 0);
+    return true;
+}
+
+static uint32_t count_lines(const char *s)
+{
+    uint32_t n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
+
+static const char *js_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+        p++;
+    return p;
+}
+
+static const char *js_string(const char *p)
+{
+    if (*p++ != '"')
+        return NULL;
+    for (; *p && *p != '"'; p++) {
+        if ((unsigned char)*p < 0x20)
+            return NULL;
+        if (*p == '\\' && !*++p)
+            return NULL;
+    }
+    return *p == '"' ? p + 1 : NULL;
+}
+
+static const char *js_digits(const char *p)
+{
+    if (!isdigit((unsigned char)*p))
+        return NULL;
+    while (isdigit((unsigned char)*p))
+        p++;
+    return p;
+}
+
+static const char *js_number(const char *p)
+{
+    if (*p == '-')
+        p++;
+    if (!(p = js_digits(p)))
+        return NULL;
+    if (*p == '.' && !(p = js_digits(p + 1)))
+        return NULL;
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-')
+            p++;
+        p = js_digits(p);
+    }
+    return p;
+}
+
+/* One JSON value at p; the end of it, or NULL when it is not JSON. */
+static const char *js_value(const char *p, int depth)
+{
+    p = js_ws(p);
+    if (depth > 32)
+        return NULL;
+    if (*p == '{' || *p == '[') {
+        bool obj = *p == '{';
+        char close = obj ? '}' : ']';
+        p = js_ws(p + 1);
+        if (*p == close)
+            return p + 1;
+        for (;;) {
+            if (obj) {
+                if (!(p = js_string(p)))
+                    return NULL;
+                p = js_ws(p);
+                if (*p++ != ':')
+                    return NULL;
+            }
+            if (!(p = js_value(p, depth + 1)))
+                return NULL;
+            p = js_ws(p);
+            if (*p == close)
+                return p + 1;
+            if (*p++ != ',')
+                return NULL;
+            p = js_ws(p);
+        }
+    }
+    if (*p == '"')
+        return js_string(p);
+    if (!strncmp(p, "true", 4) || !strncmp(p, "null", 4))
+        return p + 4;
+    if (!strncmp(p, "false", 5))
+        return p + 5;
+    return js_number(p);
+}
+
+static void assert_json(const char *text)
+{
+    const char *e = js_value(text, 0);
+    ck_assert_msg(e && !*js_ws(e), "not one JSON value: %.300s", text);
+}
+
+/* The unsigned number after the first "key": in s (the top-level keys come first). */
+static uint64_t js_u64(const char *s, const char *key)
+{
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(s, k);
+    ck_assert_msg(p != NULL, "no %s in %.300s", k, s);
+    return strtoull(p + strlen(k), NULL, 10);
+}
+
+static bool js_has(const char *s, const char *fragment)
+{
+    return strstr(s, fragment) != NULL;
+}
+
+/* The JSON string after the first "key": (copied into buf). */
+static const char *js_str(const char *s, const char *key, char *buf, size_t n)
+{
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":\"", key);
+    const char *p = strstr(s, k);
+    ck_assert_msg(p != NULL, "no %s in %.300s", k, s);
+    p += strlen(k);
+    const char *e = strchr(p, '"');
+    ck_assert_ptr_nonnull(e);
+    ck_assert_uint_lt((size_t)(e - p), n);
+    memcpy(buf, p, (size_t)(e - p));
+    buf[e - p] = 0;
+    return buf;
+}
+
+/* ---- the workload --------------------------------------------------------------------------- */
+
+typedef struct w_acct {
+    int64_t coins;
+    uint32_t level;
+    uint8_t vip;
+    char code[3];
+} w_acct;
+
+typedef struct w_pos {
+    double x;
+    float v[2];
+} w_pos;
+
+typedef struct w_link {
+    keel_entity target;
+    int16_t delta;
+    uint16_t n;
+    int8_t s;
+    uint8_t b;
+    uint8_t pad[2];
+} w_link;
+
+static const keel_field acct_fields[] = {
+    {.name = "coins", .type = KEEL_I64, .offset = 0},
+    {.name = "level", .type = KEEL_U32, .offset = 8},
+    {.name = "vip", .type = KEEL_BOOL, .offset = 12},
+    {.name = "code", .type = KEEL_BYTES, .offset = 13, .count = 3},
+};
+static const keel_field pos_fields[] = {
+    {.name = "x", .type = KEEL_F64, .offset = 0},
+    {.name = "v", .type = KEEL_F32, .offset = 8, .count = 2},
+};
+static const keel_field link_fields[] = {
+    {.name = "target", .type = KEEL_ENTITY, .offset = 0},
+    {.name = "delta", .type = KEEL_I16, .offset = 8},
+    {.name = "n", .type = KEEL_U16, .offset = 10},
+    {.name = "s", .type = KEEL_I8, .offset = 12},
+    {.name = "b", .type = KEEL_U8, .offset = 13},
+    {.name = "pad", .type = KEEL_BYTES, .offset = 14, .count = 2},
+};
+
+#define W_TICKS 11
+
+typedef struct wl {
+    keel_runtime *rt;
+    keel_component ACCT, POS, LINK, MARK;
+    keel_entity e[5];          /* E0..E3, then E4 in slot 3 */
+    uint32_t bad;
+    char msg[256];
+} wl;
+
+#define WL_CHECK(w, expr)                                                                           \
+    do {                                                                                            \
+        int wl_rc_ = (expr);                                                                        \
+        if (wl_rc_ && (w)->bad++ == 0)                                                              \
+            snprintf((w)->msg, sizeof (w)->msg, "%s: %s (%s)", #expr, keel_strerror(wl_rc_), keel_last_error()); \
+    } while (0)
+
+static w_acct acct_of(uint32_t i)
+{
+    return (w_acct){.coins = 100 * (int64_t)i, .level = i, .vip = (uint8_t)(i % 2), .code = {'a', 'b', (char)('0' + i)}};
+}
+
+static w_pos pos_of(uint32_t i)
+{
+    return (w_pos){.x = i + 0.5, .v = {(float)i * 0.25f, -(float)i}};
+}
+
+static void spawn(wl *w, keel_cmdbuf *cb, uint32_t i)
+{
+    w_acct a = acct_of(i);
+    w_pos p = pos_of(i);
+    w_link l = {0};
+    keel_init in[3] = {{w->ACCT, &a}, {w->POS, &p}, {w->LINK, &l}};
+    WL_CHECK(w, keel_cmd_spawn(cb, in, 3));
+}
+
+/* The entity at index i at tick t (0 when the slot is free). */
+static keel_entity at(const wl *w, uint32_t i, uint64_t t)
+{
+    if (i == 3)
+        return t <= 5 ? w->e[3] : t >= 9 ? w->e[4] : 0;
+    return w->e[i];
+}
+
+static int life(keel_ctx *ctx, void *user)
+{
+    wl *w = user;
+    uint64_t t = keel_ctx_tick(ctx);
+    keel_cmdbuf *cb = keel_ctx_commands(ctx);
+    if (t == 1)
+        for (uint32_t i = 0; i < 4; i++)
+            spawn(w, cb, i);
+    keel_entity e = t >= 2 ? at(w, (uint32_t)(t % 4), t) : 0;
+    if (e) {
+        w_acct a;
+        WL_CHECK(w, keel_txn_get(ctx, e, w->ACCT, &a));
+        a.coins = 1000 * (int64_t)t + (int64_t)(t % 4);
+        WL_CHECK(w, keel_txn_set(ctx, e, w->ACCT, &a));
+    }
+    if (t == 4) {
+        w_link l = {.target = w->e[2], .delta = -4, .n = 4, .s = -1, .b = 200};
+        WL_CHECK(w, keel_txn_set(ctx, w->e[0], w->LINK, &l));
+    }
+    if (t == 5)
+        WL_CHECK(w, keel_cmd_destroy(cb, w->e[3]));
+    if (t == 6)
+        WL_CHECK(w, keel_cmd_add(cb, w->e[0], w->MARK, NULL));
+    if (t == 7)
+        WL_CHECK(w, keel_cmd_remove(cb, w->e[0], w->MARK));
+    if (t == 8)
+        spawn(w, cb, 4);
+    return 0;
+}
+
+static int bank(keel_ctx *ctx, void *user)
+{
+    wl *w = user;
+    if (keel_ctx_tick(ctx) != 3)
+        return 0;
+    keel_side_txn *tx = NULL;
+    w_acct a, b;
+    WL_CHECK(w, keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &tx));
+    if (!tx)
+        return 0;
+    WL_CHECK(w, keel_side_get(tx, w->e[0], w->ACCT, &a));
+    WL_CHECK(w, keel_side_get(tx, w->e[1], w->ACCT, &b));
+    a.coins -= 7;
+    b.coins += 7;
+    WL_CHECK(w, keel_side_set(tx, w->e[0], w->ACCT, &a));
+    WL_CHECK(w, keel_side_set(tx, w->e[1], w->ACCT, &b));
+    WL_CHECK(w, keel_side_txn_commit(tx));
+    return 0;
+}
+
+typedef struct wl_opts {
+    bool retain;
+    uint64_t checkpoint_after; /* 0 = none */
+    bool keep_open;            /* leave the runtime open (a live directory) */
+} wl_opts;
+
+/* Run W for 11 ticks into DIR. Returns the runtime when keep_open. */
+static wl *wl_run(const char *dir, wl_opts o)
+{
+    wl *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    for (uint32_t i = 0; i < 4; i++)
+        w->e[i] = KEEL_ENTITY_MAKE(i, 1);
+    w->e[4] = KEEL_ENTITY_MAKE(3, 2);
+    keel_runtime_desc d = {.workers = 1, .tick_rate_hz = -1};
+    d.durable.dir = dir;
+    d.durable.checkpoint_every_ticks = -1;
+    d.durable.checkpoint_every_bytes = -1;
+    d.durable.checkpoint_every_seconds = -1;
+    d.durable.wal_retain = o.retain;
+    ck_assert_ok(keel_runtime_create(&d, &w->rt));
+    keel_world *wd = keel_runtime_world(w->rt);
+    keel_component_desc ca = {.name = "acct", .size = sizeof(w_acct), .fields = acct_fields, .field_count = 4};
+    keel_component_desc cp = {.name = "pos", .size = sizeof(w_pos), .fields = pos_fields, .field_count = 2};
+    keel_component_desc cl = {.name = "link", .size = sizeof(w_link), .fields = link_fields, .field_count = 6};
+    keel_component_desc cm = {.name = "marked"};
+    ck_assert_ok(keel_component_register(wd, &ca, &w->ACCT));
+    ck_assert_ok(keel_component_register(wd, &cp, &w->POS));
+    ck_assert_ok(keel_component_register(wd, &cl, &w->LINK));
+    ck_assert_ok(keel_component_register(wd, &cm, &w->MARK));
+    keel_schedule *s = sched_new(w->rt);
+    keel_system_desc sl = {.name = "life", .kind = KEEL_SYSTEM_CALLBACK, .run = life, .user = w,
+                           .access = {.writes = {w->ACCT, w->LINK}}};
+    keel_system_desc sb = {.name = "bank", .kind = KEEL_SYSTEM_CALLBACK, .run = bank, .user = w,
+                           .access = {.side_writes = {w->ACCT}}, .after = {"life"}};
+    add_sys(s, &sl);
+    add_sys(s, &sb);
+    ck_assert_ok(keel_schedule_build(s));
+    ck_assert_ok(keel_runtime_set_schedule(w->rt, s));
+    for (uint64_t t = 1; t <= W_TICKS; t++) {
+        ck_assert_ok(keel_runtime_step(w->rt));
+        ck_assert_msg(w->bad == 0, "tick %llu: %s", (unsigned long long)t, w->msg);
+        if (t == o.checkpoint_after)
+            ck_assert_ok(keel_checkpoint(w->rt));
+    }
+    ck_assert_ok(keel_uow_flush(w->rt));
+    if (o.keep_open)
+        return w;
+    keel_runtime_close(w->rt);
+    free(w);
+    return NULL;
+}
+
+static void wl_close(wl *w)
+{
+    if (!w)
+        return;
+    keel_runtime_close(w->rt);
+    free(w);
+}
+
+/* Run W into a fresh directory named name under the base. */
+static void make_dir(char *dir, size_t n, const char *name, wl_opts o)
+{
+    tdir(dir, n, name);
+    ck_assert_ptr_null(wl_run(dir, o));
+}
+
+/* ---- suite walcli_args: --help, bad arguments, directories that are not keel's ---------------- */
+
+static const char *const commands[] = {"info", "dump", "verify", "stats", "tail", "replay", "diff"};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+START_TEST(test_help)
+{
+    run r = wal_ok("--help");
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        ck_assert_msg(strstr(r.out, commands[i]), "keel-wal --help does not list %s: %s", commands[i], r.out);
+    run_free(&r);
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        r = wal_ok(commands[i], "--help");
+        char want[64];
+        snprintf(want, sizeof want, "keel-wal %s", commands[i]);
+        ck_assert_msg(strstr(r.out, want), "%s --help: no usage line: %s", commands[i], r.out);
+        run_free(&r);
+        r = wal_ok("help", commands[i]);
+        ck_assert_msg(strstr(r.out, want), "help %s: no usage line: %s", commands[i], r.out);
+        run_free(&r);
+    }
+    r = wal_argv((const char *const[]){NULL});
+    ck_assert_int_eq(r.status, 2);
+    ck_assert(strstr(r.err, "usage: keel-wal"));
+    run_free(&r);
+}
+END_TEST
+
+START_TEST(test_bad_arguments)
+{
+    char dir[256];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    /* "@" stands for the data directory */
+    static const char *const bad[][6] = {
+        {"frobnicate", "@", NULL},
+        {"info", NULL},
+        {"info", "@", "--bogus", NULL},
+        {"info", "@", "@", NULL},
+        {"dump", NULL},
+        {"dump", "@", "--kind", "nosuchkind", NULL},
+        {"dump", "@", "--kind", "snap_chunk", NULL},
+        {"dump", "@", "--component", "nosuchcomp", NULL},
+        {"dump", "@", "--entity", "xyz", NULL},
+        {"dump", "@", "--entity", "1:99999999999", NULL},
+        {"dump", "@", "--from-lsn", "-3", NULL},
+        {"dump", "@", "--to-tick", NULL},
+        {"verify", "@", "--fast", NULL},
+        {"stats", "@", "--top", "x", NULL},
+        {"tail", "@", "--interval", "0", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *args[8] = {0};
+        for (size_t n = 0; bad[i][n]; n++)
+            args[n] = strcmp(bad[i][n], "@") ? bad[i][n] : dir;
+        run r = wal_argv(args);
+        ck_assert_msg(r.status == 2, "keel-wal %s %s: exit %d (want 2); stderr: %s", args[0], args[1] ? args[1] : "",
+                      r.status, r.err);
+        ck_assert_msg(r.errlen > 0 && strstr(r.err, "keel-wal"), "no message for case %zu", i);
+        ck_assert_msg(r.outlen == 0, "case %zu printed on stdout: %s", i, r.out);
+        run_free(&r);
+    }
+}
+END_TEST
+
+/* Every subcommand on dir exits 2 with "keel-wal: <dir>..." and the cause. */
+static void assert_cannot_open(const char *dir, const char *cause)
+{
+    static const char *const cmds[][3] = {{"info"}, {"dump"}, {"dump", "--json"}, {"verify"}, {"stats"}, {"tail"}};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        const char *args[5] = {cmds[i][0], dir, cmds[i][1], NULL};
+        run r = wal_argv(args);
+        char want[320];
+        snprintf(want, sizeof want, "keel-wal: %s", dir);
+        ck_assert_msg(r.status == 2, "keel-wal %s %s: exit %d (want 2): %s", cmds[i][0], dir, r.status, r.err);
+        ck_assert_msg(!strncmp(r.err, want, strlen(want)), "keel-wal %s: message does not name %s: %s", cmds[i][0],
+                      dir, r.err);
+        ck_assert_msg(strstr(r.err, cause), "keel-wal %s %s: '%s' not in: %s", cmds[i][0], dir, cause, r.err);
+        ck_assert_uint_eq(r.outlen, 0);
+        run_free(&r);
+    }
+}
+
+static void write_file(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(p, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* An LMDB environment in dir holding one key in its main database: LMDB, not keel. */
+static void make_plain_lmdb(const char *dir)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_open(env, dir, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    MDB_val k = {1, "k"}, v = {1, "v"};
+    ck_assert_int_eq(mdb_put(txn, dbi, &k, &v, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* Rewrite meta "format" of a keel directory (no process has it open). */
+static void set_format(const char *dir, uint32_t version)
+{
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    unsigned char f[4] = {(unsigned char)version, (unsigned char)(version >> 8), (unsigned char)(version >> 16),
+                          (unsigned char)(version >> 24)};
+    ck_assert_int_eq(mdb_env_create(&env), 0);
+    ck_assert_int_eq(mdb_env_set_maxdbs(env, 8), 0);
+    ck_assert_int_eq(mdb_env_open(env, dir, 0, 0644), 0);
+    ck_assert_int_eq(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    ck_assert_int_eq(mdb_dbi_open(txn, "meta", 0, &dbi), 0);
+    MDB_val k = {6, "format"}, v = {4, f};
+    ck_assert_int_eq(mdb_put(txn, dbi, &k, &v, 0), 0);
+    ck_assert_int_eq(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+START_TEST(test_bad_directories)
+{
+    char missing[256], empty[256], garbage[256], plain[256], file[256], newer[256], p[300];
+    tdir(missing, sizeof missing, "missing");
+    assert_cannot_open(missing, "No such file or directory");
+
+    tdir(empty, sizeof empty, "empty");
+    ck_assert_int_eq(mkdir(empty, 0755), 0);
+    assert_cannot_open(empty, "not a keel data directory");
+
+    tdir(garbage, sizeof garbage, "garbage");
+    ck_assert_int_eq(mkdir(garbage, 0755), 0);
+    snprintf(p, sizeof p, "%s/data.mdb", garbage);
+    char junk[20000];
+    for (size_t i = 0; i < sizeof junk; i++)
+        junk[i] = (char)(i * 131 + 7);
+    write_file(p, junk, sizeof junk);
+    assert_cannot_open(garbage, "not an LMDB file");
+    write_file(p, "", 0); /* an empty data.mdb */
+    assert_cannot_open(garbage, "empty file");
+
+    tdir(plain, sizeof plain, "plain");
+    make_plain_lmdb(plain);
+    assert_cannot_open(plain, "not a keel data directory");
+
+    tdir(file, sizeof file, "file");
+    write_file(file, "x", 1);
+    assert_cannot_open(file, "not a directory");
+
+    make_dir(newer, sizeof newer, "newer", (wl_opts){0});
+    set_format(newer, 2);
+    assert_cannot_open(newer, "format version 2");
+}
+END_TEST
+
+/* A data.mdb cut short: LMDB faults reading it; keel-wal says so and exits 2. */
+START_TEST(test_truncated_file)
+{
+    char dir[256], p[300];
+    make_dir(dir, sizeof dir, "cut", (wl_opts){0});
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    struct stat st;
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert_int_eq(truncate(p, 3 * 4096), 0); /* the meta pages survive, the trees do not */
+    static const char *const cmds[] = {"info", "dump", "verify", "stats", "tail"};
+    for (size_t i = 0; i < 5; i++) {
+        run r = wal(cmds[i], dir);
+        ck_assert_msg(r.status == 2 || (i == 2 && r.status == 1), "keel-wal %s on a truncated file: exit %d: %s",
+                      cmds[i], r.status, r.err);
+        ck_assert_msg(strstr(r.err, "keel-wal: "), "no message: %s", r.err);
+        run_free(&r);
+    }
+}
+END_TEST
+
+/* ---- suite walcli_read: info, dump, stats against W ------------------------------------------ */
+
+START_TEST(test_info)
+{
+    char dir[256];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    run r = wal_ok("info", dir, "--json");
+    assert_json(r.out);
+    ck_assert_uint_eq(count_lines(r.out), 1);
+    ck_assert(js_has(r.out, "\"format\":1"));
+    ck_assert(js_has(r.out, "\"checkpoint\":null"));
+    ck_assert_uint_eq(js_u64(r.out, "records"), 0); /* the snapshot's: there is no checkpoint */
+    const char *wal = strstr(r.out, "\"wal\":");
+    ck_assert_ptr_nonnull(wal);
+    ck_assert_uint_eq(js_u64(wal, "records"), 28);
+    ck_assert_uint_eq(js_u64(wal, "invalid"), 0);
+    ck_assert_uint_eq(js_u64(wal, "first_lsn"), 1);
+    ck_assert_uint_eq(js_u64(wal, "last_lsn"), 28);
+    ck_assert_uint_eq(js_u64(wal, "first_tick"), 1);
+    ck_assert_uint_eq(js_u64(wal, "last_tick"), 11);
+    ck_assert_uint_eq(js_u64(wal, "last_committed_tick"), 11);
+    ck_assert_uint_eq(js_u64(strstr(wal, "\"tick_chunk\":"), "records"), 9);
+    ck_assert_uint_eq(js_u64(strstr(wal, "\"tick_commit\":"), "records"), 12);
+    ck_assert_uint_eq(js_u64(strstr(wal, "\"side\":"), "records"), 1);
+    ck_assert_uint_eq(js_u64(strstr(wal, "\"lifecycle\":"), "records"), 5);
+    ck_assert_uint_eq(js_u64(strstr(wal, "\"schema\":"), "records"), 1);
+    ck_assert_uint_eq(js_u64(strstr(wal, "\"checkpoint\":"), "records"), 0);
+    /* the side record is raw: 16 bytes of header + 2 writes of 8 + 4 + 4 + 16 */
+    ck_assert_uint_eq(js_u64(strstr(wal, "\"side\":"), "raw_bytes"), 16 + 2 * 32);
+    ck_assert_uint_eq(js_u64(strstr(wal, "\"tick_commit\":"), "raw_bytes"), 12 * 16);
+    /* the schema, with fields by type */
+    ck_assert(js_has(r.out, "{\"id\":1,\"name\":\"acct\",\"size\":16,\"align\":8,\"discipline\":\"versioned\",\"fields\":["
+                            "{\"name\":\"coins\",\"type\":\"i64\",\"offset\":0,\"count\":1},"
+                            "{\"name\":\"level\",\"type\":\"u32\",\"offset\":8,\"count\":1},"
+                            "{\"name\":\"vip\",\"type\":\"bool\",\"offset\":12,\"count\":1},"
+                            "{\"name\":\"code\",\"type\":\"bytes\",\"offset\":13,\"count\":3}]}"));
+    ck_assert(js_has(r.out, "{\"id\":4,\"name\":\"marked\",\"size\":0,"));
+    run_free(&r);
+
+    r = wal_ok("info", dir);
+    ck_assert(js_has(r.out, "LSN 1..28, 28 records"));
+    ck_assert(js_has(r.out, "last committed tick 11"));
+    ck_assert(js_has(r.out, "tick_chunk 9, tick_commit 12, side 1, lifecycle 5, schema 1, checkpoint 0"));
+    ck_assert(js_has(r.out, "checkpoint   none"));
+    ck_assert(js_has(r.out, "        code             bytes[3] @13"));
+    run_free(&r);
+}
+END_TEST
+
+/* The LSNs and ticks of dump --json's lines, each checked to be JSON. */
+typedef struct dumped {
+    uint32_t n;
+    uint64_t lsn[64], tick[64];
+    char kind[64][16];
+} dumped;
+
+static dumped parse_dump(const char *out)
+{
+    dumped l = {0};
+    char line[8192];
+    const char *p = out;
+    while (next_line(&p, line, sizeof line)) {
+        ck_assert_uint_lt(l.n, 64);
+        assert_json(line);
+        l.lsn[l.n] = js_u64(line, "lsn");
+        l.tick[l.n] = js_u64(line, "tick");
+        js_str(line, "kind", l.kind[l.n], sizeof l.kind[0]);
+        l.n++;
+    }
+    return l;
+}
+
+/* The dump line of LSN lsn in out (copied into buf). */
+static const char *line_of(const char *out, uint64_t lsn, char *buf, size_t n)
+{
+    const char *p = out;
+    while (next_line(&p, buf, n))
+        if (js_u64(buf, "lsn") == lsn)
+            return buf;
+    ck_abort_msg("no line for LSN %llu", (unsigned long long)lsn);
+    return NULL;
+}
+
+START_TEST(test_dump_json_values)
+{
+    char dir[256], line[8192];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    run r = wal_ok("dump", dir, "--json");
+    dumped l = parse_dump(r.out);
+    ck_assert_uint_eq(l.n, 28);
+    for (uint32_t i = 0; i < l.n; i++)
+        ck_assert_uint_eq(l.lsn[i], i + 1);
+    ck_assert_str_eq(l.kind[0], "schema");
+    ck_assert(js_has(line_of(r.out, 1, line, sizeof line), "\"components\":[{\"id\":1,\"name\":\"acct\""));
+
+    /* tick 1: four spawns with every value by field name */
+    uint64_t spawn_lsn = 0, side_lsn = 0, t4_chunk = 0, t8_spawn = 0, t11_chunk = 0;
+    for (uint32_t i = 0; i < l.n; i++) {
+        if (l.tick[i] == 1 && !strcmp(l.kind[i], "lifecycle"))
+            spawn_lsn = l.lsn[i];
+        if (!strcmp(l.kind[i], "side"))
+            side_lsn = l.lsn[i];
+        if (l.tick[i] == 4 && !strcmp(l.kind[i], "tick_chunk"))
+            t4_chunk = l.lsn[i];
+        if (l.tick[i] == 8 && !strcmp(l.kind[i], "lifecycle"))
+            t8_spawn = l.lsn[i];
+        if (l.tick[i] == 11 && !strcmp(l.kind[i], "tick_chunk"))
+            t11_chunk = l.lsn[i];
+    }
+    ck_assert(spawn_lsn && side_lsn && t4_chunk && t8_spawn && t11_chunk);
+    line_of(r.out, spawn_lsn, line, sizeof line);
+    ck_assert_msg(js_has(line, "{\"op\":\"spawn\",\"entity\":\"0000000100000001\",\"components\":{"
+                               "\"acct\":{\"coins\":100,\"level\":1,\"vip\":true,\"code\":\"616231\"},"
+                               "\"pos\":{\"x\":1.5,\"v\":[0.25,-1]},"
+                               "\"link\":{\"target\":\"0000000000000000\",\"delta\":0,\"n\":0,\"s\":0,\"b\":0,"
+                               "\"pad\":\"0000\"}}}"), "%s", line);
+    ck_assert(js_has(line, "\"entity\":\"0000000100000003\""));
+    /* tick 3's side transaction, before tick 3's unit */
+    ck_assert_uint_eq(l.tick[side_lsn - 1], 3);
+    line_of(r.out, side_lsn, line, sizeof line);
+    ck_assert(js_has(line, "\"mode\":\"immediate\""));
+    ck_assert_msg(js_has(line, "\"changes\":[{\"op\":\"set\",\"entity\":\"0000000100000000\",\"component\":\"acct\","
+                               "\"value\":{\"coins\":-7,\"level\":0,\"vip\":false,\"code\":\"616230\"}},"
+                               "{\"op\":\"set\",\"entity\":\"0000000100000001\",\"component\":\"acct\","
+                               "\"value\":{\"coins\":107,\"level\":1,\"vip\":true,\"code\":\"616231\"}}]"), "%s", line);
+    /* tick 4: E0's coins and its link to E2 (entity, i16, u16, i8, u8 fields) */
+    line_of(r.out, t4_chunk, line, sizeof line);
+    ck_assert_msg(js_has(line, "{\"op\":\"set\",\"entity\":\"0000000100000000\",\"component\":\"acct\",\"value\":"
+                               "{\"coins\":4000,\"level\":0,\"vip\":false,\"code\":\"616230\"}}"), "%s", line);
+    ck_assert_msg(js_has(line, "{\"op\":\"set\",\"entity\":\"0000000100000000\",\"component\":\"link\",\"value\":"
+                               "{\"target\":\"0000000100000002\",\"delta\":-4,\"n\":4,\"s\":-1,\"b\":200,"
+                               "\"pad\":\"0000\"}}"), "%s", line);
+    /* tick 8: E4 takes slot 3 with generation 2 */
+    line_of(r.out, t8_spawn, line, sizeof line);
+    ck_assert_msg(js_has(line, "{\"op\":\"spawn\",\"entity\":\"0000000200000003\",\"components\":{\"acct\":"
+                               "{\"coins\":400,\"level\":4,\"vip\":false,\"code\":\"616234\"},"
+                               "\"pos\":{\"x\":4.5,\"v\":[1,-4]}"), "%s", line);
+    line_of(r.out, t11_chunk, line, sizeof line);
+    ck_assert(js_has(line, "\"entity\":\"0000000200000003\",\"component\":\"acct\",\"value\":{\"coins\":11003,"));
+    /* the lifecycle commands of ticks 5, 6, 7 */
+    run_free(&r);
+    r = wal_ok("dump", dir, "--json", "--kind", "lifecycle", "--from-tick", "5", "--to-tick", "7");
+    l = parse_dump(r.out);
+    ck_assert_uint_eq(l.n, 3);
+    ck_assert(js_has(r.out, "\"changes\":[{\"op\":\"destroy\",\"entity\":\"0000000100000003\"}]"));
+    ck_assert(js_has(r.out, "\"changes\":[{\"op\":\"add\",\"entity\":\"0000000100000000\",\"component\":\"marked\","
+                            "\"value\":{}}]"));
+    ck_assert(js_has(r.out, "\"changes\":[{\"op\":\"remove\",\"entity\":\"0000000100000000\",\"component\":"
+                            "\"marked\"}]"));
+    run_free(&r);
+    /* tick commits carry their counts */
+    r = wal_ok("dump", dir, "--json", "--kind", "tick_commit", "--from-tick", "8", "--to-tick", "8");
+    ck_assert_uint_eq(count_lines(r.out), 1);
+    ck_assert(js_has(r.out, "\"nrecords\":2,\"nlive\":4,\"nslots\":4"));
+    run_free(&r);
+}
+END_TEST
+
+/* The records dump selects with the filter args, as "tick:kind ..." */
+static void assert_selects(const char *dir, const char *const *filter, const char *want)
+{
+    const char *args[16] = {"dump", dir, "--json"};
+    size_t n = 3;
+    for (; *filter; filter++)
+        args[n++] = *filter;
+    run r = wal_ok_argv(args);
+    dumped l = parse_dump(r.out);
+    char got[1024] = "";
+    for (uint32_t i = 0; i < l.n; i++) {
+        size_t k = strlen(got);
+        snprintf(got + k, sizeof got - k, "%s%" PRIu64 ":%s", i ? " " : "", l.tick[i], l.kind[i]);
+    }
+    ck_assert_msg(!strcmp(got, want), "dump %s %s...: got [%s], want [%s]", args[3] ? args[3] : "",
+                  args[4] ? args[4] : "", got, want);
+    run_free(&r);
+}
+
+#define SELECTS(dir, want, ...) assert_selects(dir, (const char *const[]){__VA_ARGS__, NULL}, want)
+
+START_TEST(test_dump_filters)
+{
+    char dir[256];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    /* entity E0: its spawn, the side write (and its row in tick 3's chunk), ticks 4 and 8 (acct,
+     * link), the tag's add and remove */
+    const char *e0 = "1:lifecycle 3:side 3:tick_chunk 4:tick_chunk 6:lifecycle 7:lifecycle 8:tick_chunk";
+    SELECTS(dir, e0, "--entity", "0000000100000000");
+    SELECTS(dir, e0, "--entity", "0:1"); /* INDEX:GEN */
+    SELECTS(dir, e0, "--entity=0x100000000");
+    /* E4 (slot 3, generation 2), not E3 (slot 3, generation 1) */
+    SELECTS(dir, "8:lifecycle 11:tick_chunk", "--entity", "0x200000003");
+    SELECTS(dir, "1:lifecycle 3:tick_chunk 5:lifecycle", "--entity", "3:1");
+    SELECTS(dir, "", "--entity", "7:1"); /* never existed */
+    /* components: link in the spawns and tick 4's set; the tag; pos by id */
+    SELECTS(dir, "1:lifecycle 4:tick_chunk 8:lifecycle", "--component", "link");
+    SELECTS(dir, "6:lifecycle 7:lifecycle", "--component", "marked");
+    SELECTS(dir, "1:lifecycle 8:lifecycle", "--component", "2");
+    /* kinds */
+    SELECTS(dir, "3:side", "--kind", "side");
+    SELECTS(dir, "0:schema 3:side", "--kind", "schema,side");
+    SELECTS(dir, "0:schema 3:side", "--kind", "5", "--kind", "side");
+    SELECTS(dir, "1:lifecycle 5:lifecycle 6:lifecycle 7:lifecycle 8:lifecycle", "--kind", "lifecycle");
+    /* ticks: 4..6 (tick 7 writes no value: slot 3 is free then) */
+    SELECTS(dir, "4:tick_chunk 4:tick_commit 5:tick_chunk 5:lifecycle 5:tick_commit 6:tick_chunk 6:lifecycle "
+                 "6:tick_commit", "--from-tick", "4", "--to-tick", "6");
+    SELECTS(dir, "7:lifecycle 7:tick_commit", "--from-tick", "7", "--to-tick", "7");
+    SELECTS(dir, "0:schema", "--to-tick", "0");
+    /* combined: the tick_chunks of ticks 2..5 that touch acct */
+    SELECTS(dir, "2:tick_chunk 3:tick_chunk 4:tick_chunk 5:tick_chunk", "--from-tick", "2", "--to-tick", "5",
+            "--kind", "tick_chunk", "--component", "acct");
+
+    /* LSN range: exactly those LSNs */
+    run r = wal_ok("dump", dir, "--json", "--from-lsn", "5", "--to-lsn", "9");
+    dumped l = parse_dump(r.out);
+    ck_assert_uint_eq(l.n, 5);
+    for (uint32_t i = 0; i < 5; i++)
+        ck_assert_uint_eq(l.lsn[i], 5 + i);
+    run_free(&r);
+    r = wal_ok("dump", dir, "--from-lsn=27");
+    ck_assert_uint_eq(count_lines(r.out), 2);
+    ck_assert(!strncmp(r.out, "lsn=27 ", 7));
+    run_free(&r);
+    r = wal_ok("dump", dir, "--from-lsn", "100");
+    ck_assert_uint_eq(r.outlen, 0);
+    run_free(&r);
+
+    /* --entity in text mode lists only the matching changes */
+    r = wal_ok("dump", dir, "--kind", "side", "--entity", "1:1");
+    ck_assert_uint_eq(count_lines(r.out), 1);
+    ck_assert_msg(js_has(r.out, "kind=side flags=0 codec=raw raw=80 stored=80 seq=") &&
+                  js_has(r.out, "mode=immediate writes=1 | set 0000000100000001 acct={\"coins\":107,"), "%s", r.out);
+    ck_assert(!js_has(r.out, "0000000100000000"));
+    run_free(&r);
+
+    /* a dump of 11 ticks has at least 10 lines (the acceptance floor) */
+    r = wal_ok("dump", dir, "--from-tick", "1", "--to-tick", "11");
+    ck_assert_uint_ge(count_lines(r.out), 10);
+    ck_assert_uint_eq(count_lines(r.out), 27);
+    run_free(&r);
+}
+END_TEST
+
+START_TEST(test_stats_match_info)
+{
+    char dir[256];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    run ri = wal_ok("info", dir, "--json");
+    run rs = wal_ok("stats", dir, "--json", "--top", "3");
+    assert_json(rs.out);
+    const char *wal = strstr(ri.out, "\"wal\":");
+    /* totals and per kind equal info's */
+    ck_assert_uint_eq(js_u64(rs.out, "records"), js_u64(wal, "records"));
+    ck_assert_uint_eq(js_u64(rs.out, "raw_bytes"), js_u64(wal, "raw_bytes"));
+    ck_assert_uint_eq(js_u64(rs.out, "stored_bytes"), js_u64(wal, "stored_bytes"));
+    static const char *const kinds[] = {"\"tick_chunk\":", "\"tick_commit\":", "\"side\":", "\"lifecycle\":",
+                                        "\"schema\":"};
+    const char *sk = strstr(rs.out, "\"kinds\":");
+    for (size_t i = 0; i < 5; i++) {
+        const char *a = strstr(sk, kinds[i]), *b = strstr(wal, kinds[i]);
+        ck_assert_uint_eq(js_u64(a, "records"), js_u64(b, "records"));
+        ck_assert_uint_eq(js_u64(a, "raw_bytes"), js_u64(b, "raw_bytes"));
+        ck_assert_uint_eq(js_u64(a, "stored_bytes"), js_u64(b, "stored_bytes"));
+    }
+    /* per component: acct 4 + 1 spawns, 9 tick sets, 2 side writes and their 2 rows in tick 3's
+     * chunk; link 5 spawns + 1 set */
+    const char *c = strstr(rs.out, "\"components\":");
+    ck_assert_uint_eq(js_u64(strstr(c, "\"acct\":"), "changes"), 18);
+    ck_assert_uint_eq(js_u64(strstr(c, "\"acct\":"), "value_bytes"), 18 * 16);
+    ck_assert_uint_eq(js_u64(strstr(c, "\"link\":"), "changes"), 6);
+    ck_assert_uint_eq(js_u64(strstr(c, "\"pos\":"), "changes"), 5);
+    ck_assert_uint_eq(js_u64(strstr(c, "\"marked\":"), "changes"), 2);
+    ck_assert_uint_eq(js_u64(strstr(c, "\"marked\":"), "value_bytes"), 0);
+    /* the tick ranges add up to the total; ticks 0..11 fit one-tick ranges */
+    ck_assert_uint_eq(js_u64(rs.out, "bucket_ticks"), 1);
+    const char *p = strstr(rs.out, "\"tick_ranges\":[");
+    const char *end = strstr(rs.out, "\"top_ticks\":");
+    uint64_t sum = 0, ranges = 0, max = 0, max_tick = 0;
+    for (p = strstr(p, "{\"from_tick\":"); p && p < end; p = strstr(p + 1, "{\"from_tick\":")) {
+        sum += js_u64(p, "records");
+        ranges++;
+        if (js_u64(p, "stored_bytes") > max) {
+            max = js_u64(p, "stored_bytes");
+            max_tick = js_u64(p, "from_tick");
+        }
+    }
+    ck_assert_uint_eq(sum, 28);
+    ck_assert_uint_eq(ranges, 12);
+    /* top ticks: three, in descending stored bytes, the first the largest one-tick range */
+    ck_assert_uint_eq(js_u64(end, "tick"), max_tick);
+    ck_assert_uint_eq(js_u64(end, "stored_bytes"), max);
+    uint64_t prev = UINT64_MAX, n = 0;
+    for (p = strstr(end, "{\"tick\":"); p; p = strstr(p + 1, "{\"tick\":"), n++) {
+        ck_assert_uint_le(js_u64(p, "stored_bytes"), prev);
+        prev = js_u64(p, "stored_bytes");
+    }
+    ck_assert_uint_eq(n, 3);
+    run_free(&ri);
+    run_free(&rs);
+
+    rs = wal_ok("stats", dir, "--bucket", "5");
+    ck_assert(js_has(rs.out, "by tick range (5 ticks)"));
+    ck_assert(js_has(rs.out, "  0..4 "));
+    ck_assert(js_has(rs.out, "  10..14 "));
+    run_free(&rs);
+    rs = wal_ok("stats", dir);
+    ck_assert(js_has(rs.out, ": 28 records, "));
+    ck_assert(js_has(rs.out, "by tick range (1 tick)"));
+    ck_assert(js_has(rs.out, "\n  tick 11 "));
+    ck_assert(js_has(rs.out, "\n  side                            1             80             80    1.00x\n"));
+    run_free(&rs);
+}
+END_TEST
+
+/* ---- suite walcli_verify ----------------------------------------------------------------------- */
+
+/* A copy of the WAL record at lsn. */
+static void *record_bytes(const char *dir, uint64_t lsn, size_t *len)
+{
+    kw_store *st = NULL;
+    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
+    ck_assert_ok(kw_store_open(dir, &sd, &st));
+    kw_rtxn *r = NULL;
+    ck_assert_ok(kw_read_begin(st, &r));
+    kw_walit *it = NULL;
+    ck_assert_ok(kw_wal_iter(r, lsn, &it));
+    uint64_t got = 0;
+    const void *rec = NULL;
+    ck_assert_int_eq(kw_wal_next(it, &got, &rec, len), 1);
+    ck_assert_uint_eq(got, lsn);
+    void *copy = malloc(*len);
+    ck_assert_ptr_nonnull(copy);
+    memcpy(copy, rec, *len);
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    kw_store_close(st);
+    return copy;
+}
+
+/* Flip one payload byte of the record at lsn wherever its bytes sit in
+ * data.mdb (as ../shared/acceptance/tools does). */
+static void corrupt_record(const char *dir, uint64_t lsn)
+{
+    size_t len;
+    unsigned char *rec = record_bytes(dir, lsn, &len);
+    char p[300];
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    FILE *f = fopen(p, "r+b");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+    long size = ftell(f);
+    unsigned char *data = malloc((size_t)size);
+    ck_assert_ptr_nonnull(data);
+    rewind(f);
+    ck_assert_uint_eq(fread(data, 1, (size_t)size, f), (size_t)size);
+    uint32_t hits = 0;
+    for (long i = 0; i + (long)len <= size; i++) {
+        if (memcmp(data + i, rec, len))
+            continue;
+        data[i + (long)len - 8] ^= 0x5a;
+        hits++;
+    }
+    ck_assert_uint_ge(hits, 1);
+    rewind(f);
+    ck_assert_uint_eq(fwrite(data, 1, (size_t)size, f), (size_t)size);
+    ck_assert_int_eq(fclose(f), 0);
+    free(data);
+    free(rec);
+}
+
+static bool has_lsn_line(const char *out, uint64_t lsn, const char *why)
+{
+    char want[64], line[2048];
+    snprintf(want, sizeof want, "LSN %" PRIu64 ": ", lsn);
+    const char *p = out;
+    while (next_line(&p, line, sizeof line))
+        if (!strncmp(line, want, strlen(want)) && strstr(line, why))
+            return true;
+    return false;
+}
+
+START_TEST(test_verify_good)
+{
+    char dir[256];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    run r = wal_ok("verify", dir);
+    ck_assert_uint_eq(count_lines(r.out), 1);
+    ck_assert_msg(js_has(r.out, ": 28 WAL records (LSN 1..28), 0 snapshot records: ok"), "%s", r.out);
+    run_free(&r);
+}
+END_TEST
+
+START_TEST(test_verify_corrupt_record)
+{
+    char dir[256], line[8192];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    run r = wal_ok("dump", dir, "--json", "--kind", "side");
+    uint64_t lsn = js_u64(r.out, "lsn");
+    run_free(&r);
+    corrupt_record(dir, lsn);
+
+    r = wal("verify", dir);
+    ck_assert_msg(r.status == 1, "verify on a corrupted record: exit %d: %s %s", r.status, r.out, r.err);
+    ck_assert_msg(has_lsn_line(r.out, lsn, "CRC32C"), "no line naming LSN %llu: %s", (unsigned long long)lsn, r.out);
+    ck_assert_msg(js_has(r.out, ": 1 problem\n"), "%s", r.out);
+    run_free(&r);
+
+    /* dump skips it (saying so) and prints the rest; exit 1 */
+    r = wal("dump", dir, "--json");
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_uint_eq(count_lines(r.out), 27);
+    snprintf(line, sizeof line, "LSN %" PRIu64 ": ", lsn);
+    ck_assert_msg(strstr(r.err, line) && strstr(r.err, "CRC32C"), "%s", r.err);
+    run_free(&r);
+    r = wal("info", dir);
+    ck_assert_int_eq(r.status, 1);
+    ck_assert(js_has(r.out, "28 records (1 INVALID"));
+    run_free(&r);
+    r = wal("stats", dir, "--json");
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_uint_eq(js_u64(r.out, "invalid"), 1);
+    run_free(&r);
+}
+END_TEST
+
+/* Delete the WAL record at lsn (no process has dir open). */
+static int del_fill(kw_wtxn *t, void *arg)
+{
+    unsigned char k[8];
+    uint64_t lsn = *(uint64_t *)arg;
+    for (int i = 0; i < 8; i++)
+        k[i] = (unsigned char)(lsn >> (56 - 8 * i));
+    return kw_del(t, KW_DB_WAL, k, 8);
+}
+
+static void delete_record(const char *dir, uint64_t lsn)
+{
+    kw_store *st = NULL;
+    ck_assert_ok(kw_store_open(dir, NULL, &st));
+    ck_assert_ok(kw_store_write(st, del_fill, &lsn));
+    kw_store_close(st);
+}
+
+START_TEST(test_verify_gap_and_unit)
+{
+    char dir[256];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    run r = wal_ok("dump", dir, "--json", "--kind", "tick_chunk", "--from-tick", "6", "--to-tick", "6");
+    uint64_t lsn = js_u64(r.out, "lsn");
+    run_free(&r);
+    delete_record(dir, lsn);
+    r = wal("verify", dir);
+    ck_assert_int_eq(r.status, 1);
+    /* the gap is named at the LSN after it, and tick 6's commit counts a record that is gone */
+    ck_assert_msg(has_lsn_line(r.out, lsn + 1, "not consecutive"), "%s", r.out);
+    ck_assert_msg(js_has(r.out, "the tick_commit of tick 6 counts 2 records, 1 precede it"), "%s", r.out);
+    run_free(&r);
+
+    /* the first records gone without a checkpoint */
+    char dir2[256];
+    make_dir(dir2, sizeof dir2, "w2", (wl_opts){0});
+    delete_record(dir2, 1);
+    r = wal("verify", dir2);
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_msg(has_lsn_line(r.out, 2, "LSNs 1..1 are missing"), "%s", r.out);
+    run_free(&r);
+}
+END_TEST
+
+START_TEST(test_verify_checkpoint)
+{
+    char keep[256], drop[256], line[4096];
+    make_dir(keep, sizeof keep, "retain", (wl_opts){.retain = true, .checkpoint_after = 6});
+    make_dir(drop, sizeof drop, "drop", (wl_opts){.checkpoint_after = 6});
+    for (int i = 0; i < 2; i++) {
+        const char *dir = i ? drop : keep;
+        run r = wal_ok("info", dir, "--json");
+        const char *ck = strstr(r.out, "\"checkpoint\":{");
+        ck_assert_ptr_nonnull(ck);
+        ck_assert_uint_eq(js_u64(ck, "tick"), 6);
+        ck_assert_uint_eq(js_u64(ck, "count"), 1);
+        uint64_t covered = js_u64(ck, "lsn");
+        ck_assert_uint_eq(covered, 17); /* schema, the hook unit, ticks 1..6 (the side record included) */
+        ck_assert_uint_gt(js_u64(strstr(r.out, "\"snapshot\":"), "records"), 1);
+        const char *wal = strstr(r.out, "\"wal\":");
+        ck_assert_uint_eq(js_u64(wal, "first_lsn"), i ? covered + 1 : 1);
+        ck_assert_uint_eq(js_u64(wal, "last_lsn"), 29); /* 28 + the checkpoint marker */
+        run_free(&r);
+        r = wal_ok("dump", dir, "--json", "--kind", "checkpoint");
+        ck_assert_uint_eq(count_lines(r.out), 1);
+        next_line(&(const char *){r.out}, line, sizeof line);
+        ck_assert_uint_eq(js_u64(line, "covered_lsn"), covered);
+        ck_assert_uint_eq(js_u64(line, "checkpoint_tick"), 6);
+        ck_assert_uint_gt(js_u64(line, "lsn"), covered);
+        run_free(&r);
+        r = wal_ok("verify", dir);
+        ck_assert_msg(js_has(r.out, "snapshot records: ok"), "%s", r.out);
+        run_free(&r);
+    }
+}
+END_TEST
+
+/* ---- suite walcli_live: beside an open runtime; tail and tail -f ------------------------------ */
+
+/* keel-wal tail -f with stdout on a pipe (read end returned); stderr to a file. */
+static pid_t spawn_tail(const char *dir, const char *lines, FILE **out)
+{
+    int po[2];
+    char errpath[300];
+    snprintf(errpath, sizeof errpath, "%s/tail.err", g_base);
+    ck_assert_int_eq(pipe(po), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(po[1], 1);
+        close(po[0]);
+        close(po[1]);
+        if (!freopen(errpath, "w", stderr))
+            _exit(126);
+        execl(KEEL_WAL_BIN, KEEL_WAL_BIN, "tail", dir, "-f", "-n", lines, "--interval", "20", (char *)NULL);
+        _exit(127);
+    }
+    close(po[1]);
+    *out = fdopen(po[0], "r");
+    ck_assert_ptr_nonnull(*out);
+    return pid;
+}
+
+static int wait_exit(pid_t pid)
+{
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+START_TEST(test_live_read)
+{
+    char dir[256];
+    tdir(dir, sizeof dir, "live");
+    wl *w = wl_run(dir, (wl_opts){.keep_open = true});
+    /* the runtime holds the directory open: the tools read it beside it */
+    run r = wal_ok("info", dir, "--json");
+    ck_assert_uint_eq(js_u64(strstr(r.out, "\"wal\":"), "last_lsn"), 28);
+    run_free(&r);
+    r = wal_ok("verify", dir);
+    ck_assert(js_has(r.out, ": ok\n"));
+    run_free(&r);
+    /* tail without -f: the last records */
+    r = wal_ok("tail", dir, "-n", "3");
+    ck_assert_uint_eq(count_lines(r.out), 3);
+    ck_assert(!strncmp(r.out, "lsn=26 ", 7));
+    ck_assert(js_has(r.out, "lsn=28 tick=11 kind=tick_commit "));
+    run_free(&r);
+    r = wal_ok("tail", dir, "-n", "2", "--json");
+    dumped l = parse_dump(r.out);
+    ck_assert_uint_eq(l.n, 2);
+    ck_assert_uint_eq(l.lsn[1], 28);
+    run_free(&r);
+    wl_close(w);
+}
+END_TEST
+
+START_TEST(test_tail_follow)
+{
+    char dir[256], line[8192];
+    tdir(dir, sizeof dir, "follow");
+    wl *w = wl_run(dir, (wl_opts){.keep_open = true});
+    FILE *out;
+    pid_t pid = spawn_tail(dir, "1", &out);
+    /* the first line is the last record: tail has taken its snapshot */
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, out));
+    ck_assert_msg(!strncmp(line, "lsn=28 tick=11 kind=tick_commit", 31), "%s", line);
+    /* two more ticks, committed while tail follows */
+    for (int t = 12; t <= 13; t++)
+        ck_assert_ok(keel_runtime_step(w->rt));
+    ck_assert_ok(keel_uow_flush(w->rt));
+    uint64_t expect = 29;
+    bool seen13 = false;
+    while (!seen13 && fgets(line, sizeof line, out)) {
+        char want[32];
+        snprintf(want, sizeof want, "lsn=%" PRIu64 " ", expect++);
+        ck_assert_msg(!strncmp(line, want, strlen(want)), "want %s..., got %s", want, line);
+        seen13 = strstr(line, " tick=13 kind=tick_commit ") != NULL;
+    }
+    ck_assert_msg(seen13, "tail -f ended before tick 13's commit");
+    /* tick 12 sets slot 0 (E0), tick 13 slot 1: two chunks and two commits */
+    ck_assert_uint_eq(expect, 33);
+    ck_assert_int_eq(kill(pid, SIGINT), 0);
+    ck_assert_int_eq(wait_exit(pid), 0);
+    fclose(out);
+
+    /* a reader that goes away ends it too, quietly, with exit 0 */
+    pid = spawn_tail(dir, "1", &out);
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, out));
+    ck_assert_msg(!strncmp(line, "lsn=32 ", 7), "%s", line);
+    fclose(out);
+    ck_assert_int_eq(wait_exit(pid), 0);
+    char errpath[300];
+    snprintf(errpath, sizeof errpath, "%s/tail.err", g_base);
+    struct stat st;
+    ck_assert_int_eq(stat(errpath, &st), 0);
+    ck_assert_int_eq(st.st_size, 0);
+    wl_close(w);
+}
+END_TEST
+
+/* ---- suites --------------------------------------------------------------------------------- */
+
+static TCase *tcase(const char *name)
+{
+    TCase *tc = tcase_create(name);
+    tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
+    tcase_set_timeout(tc, 120);
+    return tc;
+}
+
+static Suite *args_suite(void)
+{
+    Suite *s = suite_create("walcli_args");
+    TCase *tc = tcase("args");
+    tcase_add_test(tc, test_help);
+    tcase_add_test(tc, test_bad_arguments);
+    tcase_add_test(tc, test_bad_directories);
+    tcase_add_test(tc, test_truncated_file);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *read_suite(void)
+{
+    Suite *s = suite_create("walcli_read");
+    TCase *tc = tcase("read");
+    tcase_add_test(tc, test_info);
+    tcase_add_test(tc, test_dump_json_values);
+    tcase_add_test(tc, test_dump_filters);
+    tcase_add_test(tc, test_stats_match_info);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *verify_suite(void)
+{
+    Suite *s = suite_create("walcli_verify");
+    TCase *tc = tcase("verify");
+    tcase_add_test(tc, test_verify_good);
+    tcase_add_test(tc, test_verify_corrupt_record);
+    tcase_add_test(tc, test_verify_gap_and_unit);
+    tcase_add_test(tc, test_verify_checkpoint);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+static Suite *live_suite(void)
+{
+    Suite *s = suite_create("walcli_live");
+    TCase *tc = tcase("live");
+    tcase_add_test(tc, test_live_read);
+    tcase_add_test(tc, test_tail_follow);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(args_suite, read_suite, verify_suite, live_suite)
