@@ -154,6 +154,7 @@ typedef struct kc_lap {
     bool reached_end;        /* a child ran to --until-tick and exited 0 */
     bool broken;             /* it left the reference (a mismatch): later restarts would only
                                 repeat it, so the lap ends there */
+    bool openable;           /* a child opened it as an existing directory, or closed it cleanly */
     bool selftest_ack;       /* KEEL_CRASH_SELFTEST=ack: book acks one tick late */
     int64_t selftest_money;  /* KEEL_CRASH_SELFTEST=money: expect this many coins more */
 } kc_lap;

@@ -420,6 +420,7 @@ static void on_start(kc_run *run, const kc_line *l)
     }
     run->started = true;
     run->fresh = fresh != 0;
+    lap->openable |= !run->fresh;
     run->R = R;
     run->rec_hash = h;
     run->last_tick = R;
@@ -639,7 +640,7 @@ bool kc_run_end(kc_run *run, const kc_exit *ex, const char *fault, double rec_ms
             kc_problem(lap, &st->violations, "the child exited 0 without reporting its accounts at the end");
         lap->min_durable = run->final_seen ? run->final_tick : lap->min_durable; /* a clean close syncs */
         lap->pos = lap->max_ran = lap->ref->until;
-        lap->reached_end = true;
+        lap->reached_end = lap->openable = true;
     } else if (exited && fault && !strcmp(fault, "eio")) {
         /* an injected I/O error: the runtime latched fatal and keel-world gave up */
     } else if (exited && !run->started) {
