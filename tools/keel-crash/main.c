@@ -563,12 +563,15 @@ static void failpoint_learn(struct failpoint *fp, bool fired, const char *fault)
         fp->max_n = fp->max_n > 4 ? fp->max_n / 4 : 1;
 }
 
-/* Powerloss mode: the cut at a write some ticks ahead. */
+/* Powerloss mode: the cut at a write some ticks ahead; on a fresh directory,
+ * one time in three among its first writes (the directory being created). */
 static uint64_t plan_powerloss(ctx *c, const lap_state *ls, uint64_t *rng, char env[5][PATH_MAX + 160])
 {
     uint64_t ticks = 1 + kc_rand(rng) % 30;
     double wpt = c->writes_per_tick > 0.5 ? c->writes_per_tick : 0.5;
     uint64_t cut = 1 + (uint64_t)((double)ticks * wpt) + kc_rand(rng) % 4;
+    if (ls->lap.child == 0 && kc_rand(rng) % 3 == 0)
+        cut = 1 + kc_rand(rng) % 6;
     snprintf(env[0], sizeof env[0], "KEEL_POWERLOSS_DIR=%s", ls->dir);
     snprintf(env[1], sizeof env[1], "KEEL_POWERLOSS_CUT=%" PRIu64, cut);
     snprintf(env[2], sizeof env[2], "KEEL_POWERLOSS_MODE=%s", kc_rand(rng) % 2 ? "tear" : "drop");
