@@ -510,7 +510,7 @@ static void sweep(const refdata *ref, const char *mode, uint64_t salt)
         ofail(&o, "the calibration run: done %d, %" PRIu64 " tracked writes", out.done, total);
     oracle_assert(&o, &d);
     uint64_t rng = rng_seed(salt);
-    unsigned cuts = 0, points = 0, removed = 0, torn = 0, creation_window = 0;
+    unsigned cuts = 0, points = 0, removed = 0, torn = 0;
     for (uint64_t k = 0; k < 22; k++, points++) {
         uint64_t n = k < 6 ? k + 1 : 7 + (total - 7) * (k - 6) / 16 + rng_next(&rng) % ((total - 7) / 16 + 1);
         char name[96];
@@ -523,30 +523,16 @@ static void sweep(const refdata *ref, const char *mode, uint64_t salt)
         p.async_bank = k % 4 == 3;
         out = shimmed_child(&o, p, n, mode, crash_mix(n ^ salt));
         cuts += out.died;
-        uint64_t barriers = read_stat("syncs"), acked = o.nacks;
+        uint64_t acked = o.nacks;
         removed += read_stat("files_removed") != UINT64_MAX && read_stat("files_removed") > 0;
         torn += read_stat("pages_torn") != UINT64_MAX && read_stat("pages_torn") > 0;
         if (!o.failed && !out.died && !out.done)
             ofail(&o, "the shimmed child neither finished nor died at its cut");
         /* recover without the shim: a reference state with every acknowledged
          * transfer (checked on RECOVERED), then the reference's ticks */
-        bool was_failed = o.failed;
         out = run_child(&o, &(plan){.dir = d.data, .mode = KEEL_DURABLE_GROUP, .ckpt_every = 4, .workers = 2,
                                     .until = SWEEP_CHECK},
                         (trigger){TRIG_NONE, 0});
-        if (!was_failed && o.failed && !out.died && barriers == 0 && acked == 0 &&
-            strstr(o.fail, "MDB_INVALID") && !getenv("KEEL_POWERLOSS_STRICT")) {
-            /* The known bug (docs/testing.md, "Simulated power loss"): a cut
-             * before LMDB's first commit of a new directory completed can
-             * leave data.mdb with part of its two initial meta pages, which
-             * LMDB refuses. Nothing was ever committed or acknowledged. Said
-             * loudly, counted, and nothing else is forgiven. */
-            fprintf(stderr, "powerloss_runtime: KNOWN BUG (a cut while the directory was created): %s\n", o.fail);
-            creation_window++;
-            oracle_init(&o, ref, name);
-            oracle_assert(&o, &d);
-            continue;
-        }
         if (!o.failed && (!out.done || out.last_tick != SWEEP_CHECK))
             ofail(&o, "the recovering child ended at tick %" PRIu64 " (done %d)", out.last_tick, out.done);
         if (getenv("KEEL_CRASH_VERBOSE"))
@@ -554,9 +540,6 @@ static void sweep(const refdata *ref, const char *mode, uint64_t salt)
                     name, o.last_rec.tick, o.last_j, acked);
         oracle_assert(&o, &d);
     }
-    if (creation_window)
-        fprintf(stderr, "powerloss_runtime: %s: %u of %u cuts hit the known bug of a directory being created "
-                        "(KEEL_POWERLOSS_STRICT=1 fails on them)\n", mode, creation_window, points);
     ck_assert_msg(cuts >= points * 3 / 4, "%s: only %u of %u children were cut", mode, cuts, points);
     ck_assert_msg(removed > 0, "%s: no cut removed a new file", mode); /* lock.mdb, or data.mdb early on */
     if (!strcmp(mode, "tear"))
@@ -586,7 +569,7 @@ static void chain(const refdata *ref, const char *mode, uint64_t salt)
     uint64_t rng = rng_seed(salt), end = 60;
     unsigned cuts = 0;
     /* the directory is created without the shim: cuts while it is being
-     * created are the sweep's (and hit a known bug in tear mode) */
+     * created are the sweep's */
     run_child(&o, &(plan){.dir = d.data, .mode = KEEL_DURABLE_GROUP, .ckpt_every = 5, .workers = 1, .until = 2},
               (trigger){TRIG_NONE, 0});
     for (int r = 0; r < 14 && !o.failed && o.max_ran + 3 < end; r++) {
