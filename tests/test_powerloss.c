@@ -529,9 +529,7 @@ static void sweep(const refdata *ref, const char *mode, uint64_t salt)
         if (!o.failed && !out.died && !out.done)
             ofail(&o, "the shimmed child neither finished nor died at its cut");
         /* recover without the shim: a reference state with every acknowledged
-         * transfer (checked on RECOVERED), then the reference's ticks; also
-         * after a cut while the directory was being created (wal/store.c
-         * publishes data.mdb only once it is whole) */
+         * transfer (checked on RECOVERED), then the reference's ticks */
         out = run_child(&o, &(plan){.dir = d.data, .mode = KEEL_DURABLE_GROUP, .ckpt_every = 4, .workers = 2,
                                     .until = SWEEP_CHECK},
                         (trigger){TRIG_NONE, 0});
