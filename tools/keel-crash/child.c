@@ -212,7 +212,8 @@ static void deliver(reader *r, const kc_trigger *t, kc_line_fn fn, void *user, b
         }
         if (l.kind && !strcmp(l.kind, "start"))
             *started = true;
-        fn(user, &l);
+        if (fn)
+            fn(user, &l);
         if (trig_fires(t, r, &l))
             *fired = true;
         start = i + 1;
@@ -221,7 +222,8 @@ static void deliver(reader *r, const kc_trigger *t, kc_line_fn fn, void *user, b
     r->len -= start;
     if (r->len == sizeof r->buf) { /* no newline in 64 KiB: a protocol break */
         kc_line l = {.kind = NULL};
-        fn(user, &l);
+        if (fn)
+            fn(user, &l);
         r->len = 0;
     }
 }

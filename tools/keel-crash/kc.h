@@ -88,7 +88,7 @@ typedef struct kc_exit {
 
 typedef void (*kc_line_fn)(void *user, const kc_line *l);
 
-/* Run keel-world with s, hand every report line to fn, kill it per s->trig.
+/* Run keel-world with s, hand every report line to fn (if not NULL), kill it per s->trig.
  * 0, or -1 when it could not be started (errno set, nothing to wait for). */
 int kc_child_run(const kc_spec *s, kc_line_fn fn, void *user, kc_exit *out);
 

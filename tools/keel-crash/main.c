@@ -307,6 +307,41 @@ static kc_spec base_spec(const ctx *c, const char *data)
                      .entities = c->o->entities, .workers = 1, .log = c->log, .hang_ms = 120000};
 }
 
+/* Does the shim work in keel-world? A one-tick run on a scratch directory
+ * with the shim preloaded and no cut must leave its statistics with tracked
+ * writes. It does not in a sanitizer build (the sanitizer's runtime must come
+ * first; its interceptors bypass the shim): then powerloss mode would test
+ * nothing, and says so instead. */
+static int probe_powerloss(const ctx *c)
+{
+    char dir[PATH_MAX + 32], stats[PATH_MAX + 64], env[4][PATH_MAX + 96];
+    snprintf(dir, sizeof dir, "%s/probe", c->work);
+    snprintf(stats, sizeof stats, "%s/probe.stats", c->work);
+    snprintf(env[0], sizeof env[0], "LD_PRELOAD=%s", c->shim);
+    snprintf(env[1], sizeof env[1], "KEEL_POWERLOSS_DIR=%s", dir);
+    snprintf(env[2], sizeof env[2], "KEEL_POWERLOSS_STATS=%s", stats);
+    snprintf(env[3], sizeof env[3], "KEEL_POWERLOSS_CUT=0");
+    kc_spec s = base_spec(c, dir);
+    s.until = 1;
+    s.entities = 0;
+    s.log = NULL;
+    for (int i = 0; i < 4; i++)
+        s.env[i] = env[i];
+    kc_exit ex;
+    int rc = kc_child_run(&s, NULL, NULL, &ex);
+    FILE *f = fopen(stats, "r");
+    unsigned long long writes = 0;
+    bool ok = !rc && f && fscanf(f, "writes=%llu", &writes) == 1 && writes > 0;
+    if (f)
+        fclose(f);
+    remove(stats);
+    rm_tree(dir);
+    if (!ok)
+        fprintf(stderr, "keel-crash: the power-loss shim %s does not act in %s (no statistics after a run: a "
+                "sanitizer build?); powerloss mode cannot run\n", c->shim, c->world);
+    return ok ? 0 : -1;
+}
+
 /* The child's log: its last line (keel-world's error message), and the
  * recovery time from `recovered tick=<T> in <X> ms`. */
 static void read_log(const char *path, char *tail, size_t cap, double *rec_ms)
@@ -744,6 +779,11 @@ int main(int argc, char **argv)
     if (!find_beside("keel-wal", NULL, c.wal, sizeof c.wal))
         c.wal[0] = '\0';
     snprintf(c.log, sizeof c.log, "%s/child.log", c.work);
+    if (o.modes[M_POWERLOSS] && probe_powerloss(&c)) {
+        if (!o.keep)
+            rm_tree(c.work);
+        return 2;
+    }
     snprintf(c.pl_stats, sizeof c.pl_stats, "%s/powerloss.stats", c.work);
     struct sigaction sa = {.sa_handler = on_signal}; /* no SA_RESTART: poll returns EINTR */
     sigaction(SIGINT, &sa, NULL);
