@@ -57,7 +57,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -77,51 +76,9 @@
 #include "keel_test.h"
 #include "keel_wal/wal.h"
 #include "runtime/runtime_internal.h"
+#include "test_util.h"
 
-/* ---- temporary directories --------------------------------------------------------- */
-
-static char g_base[128];
-
-static int rm_chmod(const char *path, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)f;
-    if (flag == FTW_D || flag == FTW_DNR)
-        chmod(path, 0700);
-    return 0;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
-
-/* Unchecked fixture: runs in the runner process, so the base directory is
- * removed even when a test failed (or crashed) half way. */
-static void base_setup(void)
-{
-    snprintf(g_base, sizeof g_base, "/tmp/keel-durable-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_base));
-}
-
-static void base_teardown(void)
-{
-    if (!g_base[0])
-        return;
-    nftw(g_base, rm_chmod, 16, FTW_PHYS);
-    nftw(g_base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    g_base[0] = 0;
-}
-
-/* A path under the base; not created (the runtime creates its directory). */
-static void tdir(char *out, size_t n, const char *name)
-{
-    ck_assert_int_lt(snprintf(out, n, "%s/%s", g_base, name), (int)n);
-}
+/* ---- files ------------------------------------------------------------------------ */
 
 static bool path_exists(const char *p)
 {
@@ -375,58 +332,6 @@ static uint32_t snap_count_tick(const dir_view *v, uint64_t tick)
     return n;
 }
 
-/* Flip byte `at` of every copy of the record's bytes in the file, as an
- * offline attacker (or a bad disk) would; LMDB may hold stale copies of a
- * page, so all of them. Returns the number of copies. */
-static uint32_t flip_copies(const char *path, const void *needle, size_t n, size_t at)
-{
-    int fd = open(path, O_RDWR);
-    ck_assert_msg(fd >= 0, "open %s: %s", path, strerror(errno));
-    struct stat st;
-    ck_assert_int_eq(fstat(fd, &st), 0);
-    size_t size = (size_t)st.st_size;
-    unsigned char *buf = malloc(size ? size : 1);
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_int_eq(pread(fd, buf, size, 0), (ssize_t)size);
-    uint32_t copies = 0;
-    for (size_t off = 0; off + n <= size;) {
-        unsigned char *p = memmem(buf + off, size - off, needle, n);
-        if (!p)
-            break;
-        p[at] ^= 0x5a;
-        copies++;
-        off = (size_t)(p - buf) + n;
-    }
-    ck_assert_int_eq(pwrite(fd, buf, size, 0), (ssize_t)size);
-    ck_assert_int_eq(fsync(fd), 0);
-    close(fd);
-    free(buf);
-    return copies;
-}
-
-/* A copy of the record with LSN lsn. */
-static void *record_copy(const char *dir, uint64_t lsn, size_t *len)
-{
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, lsn, &it));
-    uint64_t got = 0;
-    const void *rec = NULL;
-    ck_assert_int_eq(kw_wal_next(it, &got, &rec, len), 1);
-    ck_assert_uint_eq(got, lsn);
-    void *copy = malloc(*len);
-    ck_assert_ptr_nonnull(copy);
-    memcpy(copy, rec, *len);
-    kw_wal_iter_end(it);
-    kw_read_end(r);
-    kw_store_close(st);
-    return copy;
-}
-
 /* ---- runtime helpers ---------------------------------------------------------------- */
 
 static keel_runtime_desc desc_dir(const char *dir, int32_t workers, uint32_t chunk_rows, keel_durability mode)
@@ -465,16 +370,6 @@ static void install(keel_runtime *rt, keel_schedule *s)
 {
     ck_assert_ok(keel_schedule_build(s));
     ck_assert_ok(keel_runtime_set_schedule(rt, s));
-}
-
-static bool has_lsn_text(const char *msg, uint64_t lsn)
-{
-    char want[40];
-    snprintf(want, sizeof want, "LSN %llu", (unsigned long long)lsn);
-    for (const char *p = strstr(msg, want); p; p = strstr(p + 1, want))
-        if (p[strlen(want)] < '0' || p[strlen(want)] > '9')
-            return true;
-    return false;
 }
 
 static const keel_field i64_fields[] = {{.name = "v", .type = KEEL_I64, .offset = 0, .count = 0}};
@@ -925,7 +820,7 @@ START_TEST(test_reopen_matches_reference)
     static wref ref;
     w_reference(&ref, 12, 1, false);
     char dir[256];
-    tdir(dir, sizeof dir, "reopen");
+    tu_path(dir, sizeof dir, "reopen");
     ck_assert(!path_exists(dir));
     keel_runtime_desc d = desc_dir(dir, 2, 16, KEEL_DURABLE_DEFAULT);
     wworld *w = w_new(false);
@@ -1064,7 +959,7 @@ START_TEST(test_checkpoint_reopen)
     w_reference(&ref, 10, 1, false);
     for (int retain = 0; retain <= 1; retain++) {
         char dir[256];
-        tdir(dir, sizeof dir, retain ? "ckpt-retain" : "ckpt");
+        tu_path(dir, sizeof dir, retain ? "ckpt-retain" : "ckpt");
         keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
         d.durable.wal_retain = retain;
         wworld *w = w_new(false);
@@ -1156,7 +1051,7 @@ START_TEST(test_checkpoint_periodic)
     static wref ref;
     w_reference(&ref, 14, 1, false);
     char dir[256];
-    tdir(dir, sizeof dir, "ckpt-periodic");
+    tu_path(dir, sizeof dir, "ckpt-periodic");
     keel_runtime_desc d = desc_dir(dir, 2, 16, KEEL_DURABLE_IMMEDIATE);
     d.durable.checkpoint_every_ticks = 4;
     wworld *w = w_new(false);
@@ -1267,7 +1162,7 @@ static uint64_t snap_chunk_tick(const dir_view *v, uint32_t chunk, bool *found)
 START_TEST(test_incremental_checkpoint)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "incremental");
+    tu_path(dir, sizeof dir, "incremental");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     iworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
@@ -1362,7 +1257,7 @@ START_TEST(test_reopen_right_after_checkpoint)
     static wref ref;
     w_reference(&ref, 8, 1, false);
     char dir[256];
-    tdir(dir, sizeof dir, "ckpt-last");
+    tu_path(dir, sizeof dir, "ckpt-last");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     wworld *w = w_new(false);
     w_open(w, &d, false);
@@ -1562,7 +1457,7 @@ START_TEST(test_checkpoint_many_tables)
     mt_close(w);
 
     char dir[256];
-    tdir(dir, sizeof dir, "many-tables");
+    tu_path(dir, sizeof dir, "many-tables");
     keel_runtime_desc d = desc_dir(dir, 2, 64, KEEL_DURABLE_GROUP);
     mt_open(w, &d);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
@@ -1685,7 +1580,7 @@ static void b_close(bworld *w)
 START_TEST(test_stats_and_telemetry)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "stats");
+    tu_path(dir, sizeof dir, "stats");
     keel_runtime_desc d = desc_dir(dir, 2, 1024, KEEL_DURABLE_GROUP);
     bworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
@@ -1771,7 +1666,7 @@ START_TEST(test_flush_deferred_and_no_dir)
     static wref ref;
     w_reference(&ref, 4, 1, false);
     char dir[256];
-    tdir(dir, sizeof dir, "deferred");
+    tu_path(dir, sizeof dir, "deferred");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_DEFERRED);
     wworld *w = w_new(false);
     w_open(w, &d, false);
@@ -1835,7 +1730,7 @@ END_TEST
 START_TEST(test_hooks_first_tick_and_shutdown)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "hooks");
+    tu_path(dir, sizeof dir, "hooks");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     wworld *w = w_new(false);
     w_open(w, &d, true);
@@ -1914,7 +1809,7 @@ END_TEST
 START_TEST(test_writes_before_recover_refused)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "before-recover");
+    tu_path(dir, sizeof dir, "before-recover");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     keel_runtime *rt = rt_create(&d);
     keel_component V = reg_i64(rt, "v", KEEL_VERSIONED);
@@ -2025,7 +1920,7 @@ static keel_runtime *gate_runtime(const keel_runtime_desc *d, gate *g)
 START_TEST(test_recover_busy_while_driver_starts)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "driver-first");
+    tu_path(dir, sizeof dir, "driver-first");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     gate g;
     gate_init(&g, false);
@@ -2063,7 +1958,7 @@ END_TEST
 START_TEST(test_recover_again_after_ticks)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "driver-after");
+    tu_path(dir, sizeof dir, "driver-after");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     gate g;
     gate_init(&g, true);
@@ -2174,7 +2069,7 @@ static void holder_release(holder *h)
 START_TEST(test_durable_lag_while_writer_blocked)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "lag");
+    tu_path(dir, sizeof dir, "lag");
     holder h;
     holder_fork(&h, dir);
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
@@ -2284,7 +2179,7 @@ static bool tick_marker_before_checkpoint(keel_runtime *rt, uint64_t tick)
 START_TEST(test_idle_ticks_checkpoint)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "idle-ckpt");
+    tu_path(dir, sizeof dir, "idle-ckpt");
     holder h;
     holder_fork(&h, dir);
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
@@ -2337,21 +2232,6 @@ END_TEST
 
 /* ==== dur_recovery =================================================================== */
 
-typedef struct wal_put {
-    uint64_t lsn;
-    const void *rec;
-    size_t len;
-} wal_put;
-
-static int fill_wal_put(kw_wtxn *t, void *arg)
-{
-    const wal_put *p = arg;
-    unsigned char key[8]; /* the WAL's keys: big-endian LSNs */
-    for (int i = 0; i < 8; i++)
-        key[i] = (unsigned char)(p->lsn >> (56 - 8 * i));
-    return kw_put(t, KW_DB_WAL, key, sizeof key, p->rec, p->len);
-}
-
 /* Replace the WAL record at lsn by one that passes every check of the
  * record layer (magic, lengths, CRC) but whose payload does not decode:
  * its real payload and one trailing byte, as a bug writing records (not
@@ -2359,7 +2239,7 @@ static int fill_wal_put(kw_wtxn *t, void *arg)
 static void rewrite_undecodable(const char *dir, uint64_t lsn)
 {
     size_t len = 0;
-    unsigned char *rec = record_copy(dir, lsn, &len);
+    unsigned char *rec = tu_record_copy(dir, lsn, &len);
     kw_header h;
     ck_assert_ok(kw_record_check(rec, len, &h));
     kw_codec_ctx *c = NULL;
@@ -2384,12 +2264,7 @@ static void rewrite_undecodable(const char *dir, uint64_t lsn)
     while (rc == KEEL_OK && (rc = kw_decode_next(&dec, &ch)) == 1)
         rc = KEEL_OK;
     ck_assert_rc(rc, KEEL_ECORRUPT);
-    kw_store *st = NULL;
-    kw_store_desc sd = {0};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    wal_put wp = {lsn, out.p, out.len};
-    ck_assert_ok(kw_store_write(st, fill_wal_put, &wp));
-    kw_store_close(st);
+    tu_wal_put(dir, lsn, out.p, out.len);
     kw_buf_free(&out);
     free(bad);
     kw_codec_destroy(c);
@@ -2417,7 +2292,7 @@ START_TEST(test_corrupt_record)
         bool life = variant == 1 || variant == 2;
         uint32_t kind = life ? KW_KIND_LIFECYCLE : KW_KIND_TICK_CHUNK;
         char dir[256], mdb[300];
-        tdir(dir, sizeof dir, names[variant]);
+        tu_path(dir, sizeof dir, names[variant]);
         mdb_path(mdb, sizeof mdb, dir);
         keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
         wworld *w = w_new(true);
@@ -2450,9 +2325,9 @@ START_TEST(test_corrupt_record)
         dir_view_free(&v);
         if (variant != 2) {
             size_t len = 0;
-            unsigned char *rec = record_copy(dir, bad, &len);
+            unsigned char *rec = tu_record_copy(dir, bad, &len);
             ck_assert_uint_gt(len, KW_HEADER_SIZE);
-            uint32_t copies = flip_copies(mdb, rec, len, variant == 3 ? 0 : KW_HEADER_SIZE + (len - KW_HEADER_SIZE) / 2);
+            uint32_t copies = tu_flip_copies(mdb, rec, len, variant == 3 ? 0 : KW_HEADER_SIZE + (len - KW_HEADER_SIZE) / 2);
             ck_assert_uint_ge(copies, 1);
             free(rec);
         } else {
@@ -2467,7 +2342,7 @@ START_TEST(test_corrupt_record)
         ck_assert_rc(keel_runtime_recover(w->rt, &info), KEEL_ECORRUPT);
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", keel_last_error());
-        ck_assert_msg(has_lsn_text(msg, bad), "the error does not name LSN %llu: %s", (unsigned long long)bad, msg);
+        ck_assert_msg(tu_names_lsn(msg, bad), "the error does not name LSN %llu: %s", (unsigned long long)bad, msg);
         ck_assert_msg(strstr(msg, dir) != NULL, "the error does not name the directory: %s", msg);
         ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ECORRUPT); /* the same result again */
         ck_assert_str_eq(keel_last_error(), msg);
@@ -2623,7 +2498,7 @@ static void s_open(sworld *w, const keel_runtime_desc *d, int variant)
 START_TEST(test_schema_extend_and_mismatch)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "schema");
+    tu_path(dir, sizeof dir, "schema");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     sworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
@@ -2703,14 +2578,6 @@ END_TEST
 
 /* ---- bad data directories ------------------------------------------------------------- */
 
-static void write_file(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_msg(f != NULL, "cannot create %s", path);
-    ck_assert_uint_eq(fwrite(p, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
 /* Open dir, expect recovery to fail with one of the codes, a sentence naming
  * `names`, the same result from a step; close cleanly. */
 static int try_bad_dir(const char *dir, const char *names, const int *codes, int ncodes)
@@ -2752,31 +2619,31 @@ START_TEST(test_bad_data_dirs)
     static const int corrupt[] = {KEEL_ECORRUPT};
     char plain[256], under[300], isdir[256], sub[300], garbage[256], mdb[300], newer[256];
     /* a path under a plain file (the plain file itself: test_data_dir_is_plain_file) */
-    tdir(plain, sizeof plain, "a-file");
-    write_file(plain, "not a directory\n", 16);
+    tu_path(plain, sizeof plain, "a-file");
+    tu_write_file(plain, "not a directory\n", 16);
     fdigest fd0 = file_digest(plain);
     snprintf(under, sizeof under, "%s/sub", plain);
     try_bad_dir(under, under, io, 2);
     ck_assert_digest_eq(fd0, file_digest(plain));
     /* data.mdb is a directory */
-    tdir(isdir, sizeof isdir, "mdb-is-dir");
+    tu_path(isdir, sizeof isdir, "mdb-is-dir");
     ck_assert_int_eq(mkdir(isdir, 0755), 0);
     snprintf(sub, sizeof sub, "%s/data.mdb", isdir);
     ck_assert_int_eq(mkdir(sub, 0755), 0);
     try_bad_dir(isdir, isdir, io, 2);
     /* data.mdb is not LMDB */
-    tdir(garbage, sizeof garbage, "garbage");
+    tu_path(garbage, sizeof garbage, "garbage");
     ck_assert_int_eq(mkdir(garbage, 0755), 0);
     mdb_path(mdb, sizeof mdb, garbage);
     unsigned char junk[65536];
     for (size_t i = 0; i < sizeof junk; i++)
         junk[i] = (unsigned char)(i * 131 + 7);
-    write_file(mdb, junk, sizeof junk);
+    tu_write_file(mdb, junk, sizeof junk);
     fdigest g0 = file_digest(mdb);
     try_bad_dir(garbage, garbage, corrupt, 1);
     ck_assert_digest_eq(g0, file_digest(mdb));
     /* a format version from the future */
-    tdir(newer, sizeof newer, "newer-format");
+    tu_path(newer, sizeof newer, "newer-format");
     {
         keel_runtime_desc d = desc_dir(newer, 1, 16, KEEL_DURABLE_GROUP);
         keel_runtime *rt = rt_create(&d);
@@ -2795,7 +2662,7 @@ START_TEST(test_bad_data_dirs)
     /* an unreadable directory (root reads everything: only checked as a user) */
     if (geteuid() != 0) {
         char locked[256];
-        tdir(locked, sizeof locked, "locked");
+        tu_path(locked, sizeof locked, "locked");
         ck_assert_int_eq(mkdir(locked, 0755), 0);
         ck_assert_int_eq(chmod(locked, 0), 0);
         try_bad_dir(locked, locked, io, 2);
@@ -2809,8 +2676,8 @@ START_TEST(test_data_dir_is_plain_file)
 {
     static const int io[] = {KEEL_EIO, KEEL_EINVAL};
     char plain[256];
-    tdir(plain, sizeof plain, "plain-file");
-    write_file(plain, "not a directory\n", 16);
+    tu_path(plain, sizeof plain, "plain-file");
+    tu_write_file(plain, "not a directory\n", 16);
     fdigest fd0 = file_digest(plain);
     try_bad_dir(plain, plain, io, 2);
     ck_assert_digest_eq(fd0, file_digest(plain));
@@ -2893,7 +2760,7 @@ static void g_close(gworld *w)
 START_TEST(test_map_growth)
 {
     char dir[256], mdb[300];
-    tdir(dir, sizeof dir, "growth");
+    tu_path(dir, sizeof dir, "growth");
     mdb_path(mdb, sizeof mdb, dir);
     keel_runtime_desc d = desc_dir(dir, 1, 64, KEEL_DURABLE_GROUP);
     d.durable.map_size = 1u << 20;
@@ -3091,7 +2958,7 @@ static void f_expect_reopen(const keel_runtime_desc *d, uint64_t tick, uint64_t 
 static fworld *f_start(char dir[256], const char *name, int mode, keel_runtime_desc *d, uint64_t *h3, int64_t m3[2],
                        uint64_t *l3)
 {
-    tdir(dir, 256, name);
+    tu_path(dir, 256, name);
     *d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     fworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
@@ -3228,7 +3095,7 @@ END_TEST
 START_TEST(test_map_max_enospc)
 {
     char dir[256], mdb[300];
-    tdir(dir, sizeof dir, "map-max");
+    tu_path(dir, sizeof dir, "map-max");
     mdb_path(mdb, sizeof mdb, dir);
     keel_runtime_desc d = desc_dir(dir, 1, 64, KEEL_DURABLE_IMMEDIATE);
     d.durable.map_max = 512u << 10;
@@ -3276,7 +3143,7 @@ END_TEST
 START_TEST(test_bad_desc)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "desc");
+    tu_path(dir, sizeof dir, "desc");
     struct {
         keel_durable_desc dd;
         const char *field;
@@ -3340,7 +3207,7 @@ START_TEST(test_sync_retry_durable)
         static wref ref;
         w_reference_hook(&ref, more, 1, true, nspawn);
         char dir[256];
-        tdir(dir, sizeof dir, hook ? "retry-hook" : "retry-sync");
+        tu_path(dir, sizeof dir, hook ? "retry-hook" : "retry-sync");
         keel_runtime_desc d = desc_dir(dir, 2, 16, KEEL_DURABLE_GROUP);
         wworld *w = w_new(true);
         w->hook_spawn = nspawn;
@@ -3690,7 +3557,7 @@ static void wr_verify(const char *dir, uint32_t per_thread, const wr_report *rep
 START_TEST(test_writer_transfers_close_reopen)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "writer");
+    tu_path(dir, sizeof dir, "writer");
     wr_report rep;
     memset(&rep, 0, sizeof rep);
     wr_run(dir, 100, &rep, false);
@@ -3703,7 +3570,7 @@ END_TEST
 START_TEST(test_writer_transfers_crash)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "writer-crash");
+    tu_path(dir, sizeof dir, "writer-crash");
     wr_report *rep = mmap(NULL, sizeof *rep, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert_ptr_ne(rep, MAP_FAILED);
     memset(rep, 0, sizeof *rep);
@@ -3728,7 +3595,7 @@ END_TEST
 static TCase *tcase_with_dirs(const char *name, int timeout)
 {
     TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
+    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
     tcase_set_timeout(tc, timeout);
     return tc;
 }

@@ -27,12 +27,10 @@
  *
  * The runtime (linked here) produces the directories and the expected
  * values; keel-wal runs as a child process (fork + exec of KEEL_WAL_BIN,
- * stdout and stderr to files), as a user would run it. Every test works in
- * its own directory under a mkdtemp base the unchecked fixture removes.
+ * stdout and stderr through pipes: test_util.h), as a user would run it.
+ * Every test works in its own directory under a mkdtemp base the unchecked
+ * fixture removes.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -40,120 +38,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "keel/keel.h"
 #include "keel_test.h"
 #include "keel_wal/wal.h"
+#include "test_util.h"
 
 #ifndef KEEL_WAL_BIN
 #error "KEEL_WAL_BIN (the keel-wal binary) must be defined by the build"
 #endif
 
-/* ---- temporary directories ------------------------------------------------------------- */
-
-static char g_base[128];
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
-
-static void base_setup(void)
-{
-    snprintf(g_base, sizeof g_base, "/tmp/keel-walstate-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_base));
-}
-
-static void base_teardown(void)
-{
-    if (g_base[0])
-        nftw(g_base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    g_base[0] = 0;
-}
-
-static void tdir(char *out, size_t n, const char *name)
-{
-    ck_assert_int_lt(snprintf(out, n, "%s/%s", g_base, name), (int)n);
-}
-
 /* ---- running keel-wal ------------------------------------------------------------------ */
 
-typedef struct run_out {
-    int status;                /* exit status; -1 when it did not exit normally */
-    char *out, *err;           /* stdout and stderr, NUL-terminated */
-} run_out;
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
-    size_t cap = 4096, len = 0, n;
-    char *buf = malloc(cap);
-    ck_assert_ptr_nonnull(buf);
-    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (cap - len < 2) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            ck_assert_ptr_nonnull(buf);
-        }
-    }
-    fclose(f);
-    buf[len] = 0;
-    return buf;
-}
-
-/* keel-wal arg0 ap... (NULL-terminated), stdout and stderr captured. */
-static run_out kwal_va(const char *arg0, va_list ap)
-{
-    const char *argv[32] = {KEEL_WAL_BIN, arg0};
-    int argc = 2;
-    const char *a;
-    while ((a = va_arg(ap, const char *)) != NULL) {
-        ck_assert_int_lt(argc, 31);
-        argv[argc++] = a;
-    }
-    argv[argc] = NULL;
-    char out[256], err[256];
-    tdir(out, sizeof out, "kwal.out");
-    tdir(err, sizeof err, "kwal.err");
-    fflush(NULL);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0)
-            _exit(127);
-        execv(KEEL_WAL_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    run_out r = {.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1, .out = slurp(out), .err = slurp(err)};
-    return r;
-}
-
-static run_out kwal(const char *arg0, ...)
-{
-    va_list ap;
-    va_start(ap, arg0);
-    run_out r = kwal_va(arg0, ap);
-    va_end(ap);
-    return r;
-}
-
-static void run_free(run_out *r)
-{
-    free(r->out);
-    free(r->err);
-}
+/* keel-wal with the arguments (a NULL ends them), stdout and stderr captured. */
+#define kwal(...) tu_run_argv(KEEL_WAL_BIN, (const char *const[]){__VA_ARGS__})
 
 #define ck_assert_exit(r, code)                                                                              \
     ck_assert_msg((r).status == (code), "keel-wal exited %d, expected %d; stdout:\n%s\nstderr:\n%s", (r).status, \
@@ -167,28 +65,27 @@ static bool contains(const char *hay, const char *needle)
 #define ck_assert_contains(hay, needle) \
     ck_assert_msg(contains((hay), (needle)), "expected \"%s\" in:\n%s", (needle), (hay))
 
-/* keel-wal arg0... exits with `code` and, when err_has is given, says it
- * on stderr; nothing on stdout when it fails. */
-static void kwal_expect(int code, const char *err_has, const char *arg0, ...)
+/* keel-wal args... (NULL-terminated) exits with `code` and, when err_has is
+ * given, says it on stderr; nothing on stdout when it fails. */
+static void kwal_expect_argv(int code, const char *err_has, const char *const *args)
 {
-    va_list ap;
-    va_start(ap, arg0);
-    run_out r = kwal_va(arg0, ap);
-    va_end(ap);
+    tu_run r = tu_run_argv(KEEL_WAL_BIN, args);
     ck_assert_exit(r, code);
     if (err_has)
         ck_assert_contains(r.err, err_has);
     if (code == 2)
         ck_assert_str_eq(r.out, "");
-    run_free(&r);
+    tu_run_free(&r);
 }
+
+#define kwal_expect(code, err_has, ...) kwal_expect_argv((code), (err_has), (const char *const[]){__VA_ARGS__})
 
 /* A suite of one test case holding `tests` (the base directory fixture set). */
 static Suite *suite_of(const char *name, const TTest *const *tests, size_t n)
 {
     Suite *s = suite_create(name);
     TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
+    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
     tcase_set_timeout(tc, 300);
     for (size_t i = 0; i < n; i++)
         tcase_add_test(tc, tests[i]);
@@ -196,33 +93,22 @@ static Suite *suite_of(const char *name, const TTest *const *tests, size_t n)
     return s;
 }
 
-/* The message names "LSN <lsn>" (not a longer number starting with it). */
-static bool names_lsn(const char *msg, uint64_t lsn)
-{
-    char want[40];
-    snprintf(want, sizeof want, "LSN %" PRIu64, lsn);
-    for (const char *p = strstr(msg, want); p; p = strstr(p + 1, want))
-        if (p[strlen(want)] < '0' || p[strlen(want)] > '9')
-            return true;
-    return false;
-}
-
 #define ck_assert_names_lsn(msg, lsn) \
-    ck_assert_msg(names_lsn((msg), (lsn)), "expected LSN %" PRIu64 " named in:\n%s", (uint64_t)(lsn), (msg))
+    ck_assert_msg(tu_names_lsn((msg), (lsn)), "expected LSN %" PRIu64 " named in:\n%s", (uint64_t)(lsn), (msg))
 
 /* `keel-wal replay DIR --to-tick t [extra]`: the hash it printed. */
 static uint64_t replay_hash(const char *dir, uint64_t t, const char *extra)
 {
     char tick[32];
     snprintf(tick, sizeof tick, "%" PRIu64, t);
-    run_out r = kwal("replay", dir, "--to-tick", tick, extra, NULL); /* extra NULL ends the list early */
+    tu_run r = kwal("replay", dir, "--to-tick", tick, extra, NULL); /* extra NULL ends the list early */
     ck_assert_exit(r, 0);
     char want[64];
     snprintf(want, sizeof want, "tick=%" PRIu64 " hash=", t);
     ck_assert_msg(!strncmp(r.out, want, strlen(want)) && strlen(r.out) == strlen(want) + 17,
                   "replay printed '%s'", r.out);
     uint64_t h = strtoull(r.out + strlen(want), NULL, 16);
-    run_free(&r);
+    tu_run_free(&r);
     return h;
 }
 
@@ -555,7 +441,7 @@ static bool wl_reused_slot(wl *w)
 START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "retain");
+    tu_path(dir, sizeof dir, "retain");
     wl w = {0};
     uint64_t hash[MAXT + 1] = {0};
     wl_open(&w, dir, true);
@@ -598,18 +484,18 @@ START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
     static const uint64_t audit[] = {38, 41, 45};
     for (size_t i = 0; i < sizeof audit / sizeof audit[0]; i++)
         ck_assert_uint_eq(replay_hash(dir, audit[i], "--no-checkpoint"), hash[audit[i]]);
-    run_out r = kwal("replay", dir, "--to-tick", "40", "--json", NULL);
+    tu_run r = kwal("replay", dir, "--to-tick", "40", "--json", NULL);
     ck_assert_exit(r, 0);
     char want[200];
     snprintf(want, sizeof want, "{\"tick\":40,\"hash\":\"%016" PRIx64 "\",", hash[40]);
     ck_assert_msg(!strncmp(r.out, want, strlen(want)), "json: %s", r.out);
     ck_assert_contains(r.out, "\"from_checkpoint\":true,\"checkpoint_tick\":38,");
-    run_free(&r);
+    tu_run_free(&r);
     r = kwal("replay", dir, "--to-tick", "46", NULL);
     ck_assert_exit(r, 1);
     ck_assert_contains(r.err, "tick 46 is beyond the last completed tick 45");
     ck_assert_str_eq(r.out, "");
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
@@ -618,7 +504,7 @@ END_TEST
 START_TEST(without_retain_replay_starts_at_the_checkpoint)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "noretain");
+    tu_path(dir, sizeof dir, "noretain");
     wl w = {0};
     uint64_t hash[MAXT + 1] = {0};
     wl_open(&w, dir, false);
@@ -633,7 +519,7 @@ START_TEST(without_retain_replay_starts_at_the_checkpoint)
         ck_assert_uint_eq(replay_hash(dir, t, NULL), hash[t]);
     static const char *const before[] = {"19", "10", "0"};
     for (size_t i = 0; i < 3; i++) {
-        run_out r = kwal("replay", dir, "--to-tick", before[i], NULL);
+        tu_run r = kwal("replay", dir, "--to-tick", before[i], NULL);
         ck_assert_exit(r, 1);
         char want[80];
         snprintf(want, sizeof want, "tick %s is no longer reachable", before[i]);
@@ -642,7 +528,7 @@ START_TEST(without_retain_replay_starts_at_the_checkpoint)
         ck_assert_contains(r.err, "wal_retain");
         ck_assert_contains(r.err, "The earliest tick replay can rebuild is 20");
         ck_assert_str_eq(r.out, "");
-        run_free(&r);
+        tu_run_free(&r);
     }
     kwal_expect(1, "--no-checkpoint needs the WAL from LSN 1", "replay", dir, "--to-tick", "22", "--no-checkpoint",
                 NULL);
@@ -654,7 +540,7 @@ END_TEST
 START_TEST(entity_json_holds_the_values_that_were_set)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "entity");
+    tu_path(dir, sizeof dir, "entity");
     wl w = {0};
     wl_open(&w, dir, true);
     keel_entity mx = 0, a[4];
@@ -682,14 +568,14 @@ START_TEST(entity_json_holds_the_values_that_were_set)
 
     char eh[32], want[512];
     snprintf(eh, sizeof eh, "%016" PRIx64, e);
-    run_out r = kwal("replay", dir, "--to-tick", "8", "--entity", eh, NULL);
+    tu_run r = kwal("replay", dir, "--to-tick", "8", "--entity", eh, NULL);
     ck_assert_exit(r, 0);
     snprintf(want, sizeof want,
              "{\"tick\":8,\"entity\":\"%s\",\"live\":true,\"generation\":%u,\"components\":{\"pos\":{\"x\":%" PRId64
              ",\"born\":%" PRId64 "},\"hp\":{\"v\":%" PRId64 "}%s},\"transient\":[\"tmp\"]}\n",
              eh, KEEL_ENTITY_GEN(e), p.x, p.born, hp, has_flag == 1 ? ",\"flag\":{}" : "");
     ck_assert_str_eq(r.out, want);
-    run_free(&r);
+    tu_run_free(&r);
 
     /* the misc entity before (tick 4: the spawn's values) and after tick 5's write;
      * INDEX:GEN and 0x forms name the same entity */
@@ -705,7 +591,7 @@ START_TEST(entity_json_holds_the_values_that_were_set)
              "\"transient\":[]}\n",
              me, KEEL_ENTITY_GEN(mx));
     ck_assert_str_eq(r.out, want);
-    run_free(&r);
+    tu_run_free(&r);
     r = kwal("replay", dir, "--to-tick", "7", "--entity", hx, NULL); /* from the checkpoint of tick 6 */
     ck_assert_exit(r, 0);
     snprintf(want, sizeof want,
@@ -713,7 +599,7 @@ START_TEST(entity_json_holds_the_values_that_were_set)
              "\"arr\":[7,8,65535],\"b\":true,\"ref\":\"%s\",\"raw\":\"dead0001\",\"neg\":-42}},\"transient\":[]}\n",
              me, KEEL_ENTITY_GEN(mx), me);
     ck_assert_str_eq(r.out, want);
-    run_free(&r);
+    tu_run_free(&r);
 
     /* not live: a generation the slot never had, and a slot never used */
     char stale[32];
@@ -722,7 +608,7 @@ START_TEST(entity_json_holds_the_values_that_were_set)
     ck_assert_exit(r, 1);
     ck_assert_contains(r.out, "\"live\":false}");
     ck_assert_contains(r.err, "is not live at tick 8");
-    run_free(&r);
+    tu_run_free(&r);
     kwal_expect(1, "slot 900000 was never used", "replay", dir, "--to-tick", "8", "--entity", "900000:1", NULL);
     kwal_expect(2, NULL, "replay", dir, "--to-tick", "8", "--entity", "bogus", NULL);
 }
@@ -985,7 +871,7 @@ static void ck_lines_eq(const char *got, const char *want)
 START_TEST(diff_sets_and_values_equal_the_runtime_states)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "diff");
+    tu_path(dir, sizeof dir, "diff");
     wl w = {0};
     wl_open(&w, dir, true);
     wsnap at[MAXT + 1] = {{0}};
@@ -1009,12 +895,12 @@ START_TEST(diff_sets_and_values_equal_the_runtime_states)
             char *want = expect_diff(&at[from], &at[to], from, to, json, counts);
             if (from != to) /* the workload creates, destroys and changes in every window */
                 ck_assert(counts[0] && counts[1] && counts[2]);
-            run_out r = json ? kwal("diff", dir, "--from-tick", fa, "--to-tick", ta, "--json", NULL)
+            tu_run r = json ? kwal("diff", dir, "--from-tick", fa, "--to-tick", ta, "--json", NULL)
                              : kwal("diff", dir, "--tick", fa, "--tick", ta, NULL);
             ck_assert_exit(r, 0);
             ck_lines_eq(r.out, want);
             free(want);
-            run_free(&r);
+            tu_run_free(&r);
         }
     }
     for (uint64_t t = 0; t <= MAXT; t++)
@@ -1037,25 +923,9 @@ static Suite *diff_suite(void)
 /* The record at lsn (a copy), and its header. */
 static void *record_copy(const char *dir, uint64_t lsn, size_t *len, kw_header *h)
 {
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, lsn, &it));
-    uint64_t got = 0;
-    const void *rec = NULL;
-    ck_assert_int_eq(kw_wal_next(it, &got, &rec, len), 1);
-    ck_assert_uint_eq(got, lsn);
+    void *rec = tu_record_copy(dir, lsn, len);
     ck_assert_ok(kw_record_check(rec, *len, h));
-    void *copy = malloc(*len);
-    ck_assert_ptr_nonnull(copy);
-    memcpy(copy, rec, *len);
-    kw_wal_iter_end(it);
-    kw_read_end(r);
-    kw_store_close(st);
-    return copy;
+    return rec;
 }
 
 /* The LSN of the first record of `kind` with tick >= tick (not on_first_tick's). */
@@ -1084,30 +954,12 @@ static uint64_t find_record(const char *dir, uint32_t kind, uint64_t tick)
     return found;
 }
 
-/* Flip byte `at` of every copy of the record in data.mdb (LMDB may hold
- * stale copies of a page), as a bad disk would. */
+/* Flip byte `at` of every copy of the record in data.mdb. */
 static void flip_copies(const char *dir, const void *rec, size_t n, size_t at)
 {
     char path[300];
     snprintf(path, sizeof path, "%s/data.mdb", dir);
-    int fd = open(path, O_RDWR);
-    ck_assert_msg(fd >= 0, "open %s: %s", path, strerror(errno));
-    struct stat st;
-    ck_assert_int_eq(fstat(fd, &st), 0);
-    size_t size = (size_t)st.st_size;
-    unsigned char *buf = malloc(size);
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_int_eq(pread(fd, buf, size, 0), (ssize_t)size);
-    uint32_t copies = 0;
-    for (unsigned char *p = buf; (p = memmem(p, size - (size_t)(p - buf), rec, n)) != NULL; p += n) {
-        p[at] ^= 0x5a;
-        copies++;
-    }
-    ck_assert_uint_gt(copies, 0);
-    ck_assert_int_eq(pwrite(fd, buf, size, 0), (ssize_t)size);
-    ck_assert_int_eq(fsync(fd), 0);
-    close(fd);
-    free(buf);
+    ck_assert_uint_gt(tu_flip_copies(path, rec, n, at), 0);
 }
 
 static void make_run(const char *dir, uint64_t ticks)
@@ -1122,7 +974,7 @@ static void make_run(const char *dir, uint64_t ticks)
 START_TEST(a_flipped_byte_is_corrupt_naming_the_lsn)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "flip");
+    tu_path(dir, sizeof dir, "flip");
     make_run(dir, 12);
     uint64_t lsn = find_record(dir, KW_KIND_SIDE, 8);
     size_t len;
@@ -1134,17 +986,17 @@ START_TEST(a_flipped_byte_is_corrupt_naming_the_lsn)
     free(rec);
     static const char *const ticks[] = {"8", "12"};
     for (int i = 0; i < 2; i++) {
-        run_out r = kwal("replay", dir, "--to-tick", ticks[i], NULL);
+        tu_run r = kwal("replay", dir, "--to-tick", ticks[i], NULL);
         ck_assert_exit(r, 1);
         ck_assert_contains(r.err, "KEEL_ECORRUPT");
         ck_assert_names_lsn(r.err, lsn);
         ck_assert_str_eq(r.out, "");
-        run_free(&r);
+        tu_run_free(&r);
     }
-    run_out r = kwal("diff", dir, "--from-tick", "2", "--to-tick", "10", "--json", NULL);
+    tu_run r = kwal("diff", dir, "--from-tick", "2", "--to-tick", "10", "--json", NULL);
     ck_assert_exit(r, 1);
     ck_assert_names_lsn(r.err, lsn);
-    run_free(&r);
+    tu_run_free(&r);
     /* the state before the damaged record is still there; tick 7 is not:
      * replay reads on to the first record of a later tick, and the damaged
      * one may be it (its tick cannot be trusted) */
@@ -1152,28 +1004,13 @@ START_TEST(a_flipped_byte_is_corrupt_naming_the_lsn)
 }
 END_TEST
 
-typedef struct rewrite {
-    uint64_t lsn;
-    const void *rec;
-    size_t len;
-} rewrite;
-
-static int fill_rewrite(kw_wtxn *t, void *arg)
-{
-    rewrite *rw = arg;
-    unsigned char key[8];
-    for (int i = 0; i < 8; i++)
-        key[i] = (unsigned char)(rw->lsn >> (56 - 8 * i));
-    return kw_put(t, KW_DB_WAL, key, 8, rw->rec, rw->len);
-}
-
 /* A LIFECYCLE record whose CRC is valid but whose first spawn names a
  * handle the allocator would not hand out: what recovery refuses, replay
  * refuses too, naming the LSN. */
 START_TEST(a_valid_record_that_does_not_replay_is_corrupt)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "spawn");
+    tu_path(dir, sizeof dir, "spawn");
     make_run(dir, 10);
     uint64_t lsn = find_record(dir, KW_KIND_LIFECYCLE, 6);
     size_t len;
@@ -1209,41 +1046,36 @@ START_TEST(a_valid_record_that_does_not_replay_is_corrupt)
     free(rec);
     free(payload);
     kw_codec_destroy(c);
-    kw_store *st = NULL;
-    kw_store_desc sd = {0};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    rewrite rw = {lsn, out.p, out.len};
-    ck_assert_ok(kw_store_write(st, fill_rewrite, &rw));
-    kw_store_close(st);
+    tu_wal_put(dir, lsn, out.p, out.len);
     kw_buf_free(&out);
-    run_out r = kwal("replay", dir, "--to-tick", "10", NULL);
+    tu_run r = kwal("replay", dir, "--to-tick", "10", NULL);
     ck_assert_exit(r, 1);
     ck_assert_contains(r.err, "KEEL_ECORRUPT");
     ck_assert_names_lsn(r.err, lsn);
     ck_assert_contains(r.err, "a spawn created a different entity handle than the one logged");
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
 START_TEST(usage_errors_and_help)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "usage");
+    tu_path(dir, sizeof dir, "usage");
     make_run(dir, 2);
-    run_out r = kwal("replay", "--help", NULL);
+    tu_run r = kwal("replay", "--help", NULL);
     ck_assert_exit(r, 0);
     ck_assert_contains(r.out, "usage: keel-wal replay DIR --to-tick N");
     ck_assert_contains(r.out, "wal_retain");
-    run_free(&r);
+    tu_run_free(&r);
     r = kwal("diff", "-h", NULL);
     ck_assert_exit(r, 0);
     ck_assert_contains(r.out, "usage: keel-wal diff DIR --from-tick A --to-tick B");
-    run_free(&r);
+    tu_run_free(&r);
     kwal_expect(2, "--to-tick N is required", "replay", dir, NULL);
     kwal_expect(2, NULL, "replay", dir, "--to-tick", "-3", NULL);
     kwal_expect(2, "unknown option '--frobnicate'", "replay", dir, "--to-tick", "1", "--frobnicate", NULL);
     char missing[300];
-    tdir(missing, sizeof missing, "no-such-dir");
+    tu_path(missing, sizeof missing, "no-such-dir");
     kwal_expect(2, missing, "replay", missing, "--to-tick", "1", NULL);
     kwal_expect(2, NULL, "diff", missing, "--from-tick", "1", "--to-tick", "2", NULL);
 }
