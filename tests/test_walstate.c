@@ -25,11 +25,11 @@
  *                    before the damage still replays); usage errors exit 2;
  *                    --help.
  *
- * The runtime (linked here) produces the directories and the expected
- * values; keel-wal runs as a child process (fork + exec of KEEL_WAL_BIN,
- * stdout and stderr through pipes: test_util.h), as a user would run it.
- * Every test works in its own directory under a mkdtemp base the unchecked
- * fixture removes.
+ * The runtime (linked here, running the workload W of wworld.h) produces
+ * the directories and the expected values; keel-wal runs as a child
+ * process (fork + exec of KEEL_WAL_BIN, stdout and stderr through pipes:
+ * test_util.h), as a user would run it. Every test works in its own
+ * directory under a mkdtemp base the unchecked fixture removes.
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -43,6 +43,7 @@
 #include "keel_test.h"
 #include "keel_wal/wal.h"
 #include "test_util.h"
+#include "wworld.h"
 
 #ifndef KEEL_WAL_BIN
 #error "KEEL_WAL_BIN (the keel-wal binary) must be defined by the build"
@@ -112,316 +113,39 @@ static uint64_t replay_hash(const char *dir, uint64_t t, const char *extra)
     return h;
 }
 
-/* ---- the workload ---------------------------------------------------------------------- */
+/* ---- the workload: W (wworld.h) ---------------------------------------------------------- */
 
-typedef struct pos_t {
-    int64_t x;
-    int64_t born;              /* tick of the spawn */
-} pos_t;
+#define MAXT W_MAXT
 
-/* Every field type the JSON formatter knows. */
-typedef struct misc_t {
-    float f;
-    uint16_t arr[3];
-    uint8_t b;                 /* bool */
-    uint8_t pad[5];
-    uint64_t ref;              /* an entity */
-    uint8_t raw[4];
-    int32_t neg;
-} misc_t;
-
-static const keel_field pos_fields[] = {
-    {.name = "x", .type = KEEL_I64, .offset = 0},
-    {.name = "born", .type = KEEL_I64, .offset = 8},
-};
-static const keel_field v_fields[] = {{.name = "v", .type = KEEL_I64, .offset = 0}};
-static const keel_field misc_fields[] = {
-    {.name = "f", .type = KEEL_F32, .offset = 0},
-    {.name = "arr", .type = KEEL_U16, .offset = 4, .count = 3},
-    {.name = "b", .type = KEEL_BOOL, .offset = 10},
-    {.name = "ref", .type = KEEL_ENTITY, .offset = 16},
-    {.name = "raw", .type = KEEL_BYTES, .offset = 24, .count = 4},
-    {.name = "neg", .type = KEEL_I32, .offset = 28},
-};
-
-#define MAXT 64
-
-typedef struct xfer {
-    keel_entity from, to;
-    int64_t amount;
-    keel_component c;
-} xfer;
-
-typedef struct wl {
-    keel_runtime *rt;
-    keel_component POS, HP, TMP, FLAG, MONEY, MISC;
-    keel_query *q_pos, *q_money, *q_tmp, *q_misc;
-    uint32_t bad;              /* failed calls inside bodies (asserted on the test thread) */
-    char bad_msg[256];
-    xfer xf[MAXT + 1];
-    xfer shutdown_xf;
-    bool shutdown_writes;
-    keel_entity misc_entity;   /* spawned by the first session's hook */
-} wl;
-
-static void note(wl *w, int line, int rc)
+/* W in this file's flavour: the misc entity, 20 entities from
+ * on_first_tick (tmp 3), two spawns per tick, pos moved every other tick
+ * by handle, on_shutdown (a transfer once shutdown_xfer is set). Open the
+ * runtime on dir (retain: wal_retain), no automatic checkpoints, recover. */
+static void wl_open(wworld *w, const char *dir, bool retain)
 {
-    if (rc && w->bad++ == 0)
-        snprintf(w->bad_msg, sizeof w->bad_msg, "line %d: %s: %s", line, keel_strerror(rc), keel_last_error());
-}
-#define CHECK(w, expr) note((w), __LINE__, (expr))
-
-static int cmp_entity(const void *a, const void *b)
-{
-    keel_entity x = *(const keel_entity *)a, y = *(const keel_entity *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint32_t query_entities(const keel_query *q, keel_entity *out, uint32_t max)
-{
-    uint32_t n = 0;
-    keel_iter it;
-    keel_query_iter(q, &it);
-    while (keel_iter_next(&it))
-        for (uint32_t r = 0; r < it.count; r++)
-            if (n < max)
-                out[n++] = it.entities[r];
-    qsort(out, n, sizeof *out, cmp_entity);
-    return n;
-}
-
-static int xfer_fn(keel_side_txn *tx, void *arg)
-{
-    xfer *x = arg;
-    int64_t a = 0, b = 0;
-    int rc = keel_side_get(tx, x->from, x->c, &a);
-    rc = rc ? rc : keel_side_get(tx, x->to, x->c, &b);
-    if (rc)
-        return rc;
-    a -= x->amount;
-    b += x->amount;
-    rc = keel_side_set(tx, x->from, x->c, &a);
-    return rc ? rc : keel_side_set(tx, x->to, x->c, &b);
-}
-
-/* on_first_tick: a new world gets its population (one entity with every
- * field type among them); every open rebuilds the TRANSIENT column. */
-static int hook(keel_ctx *ctx, void *user)
-{
-    wl *w = user;
-    keel_iter it;
-    keel_txn_iter(ctx, w->q_tmp, &it);
-    while (keel_txn_next(ctx, &it)) {
-        int64_t *v = it.columns[0];
-        for (uint32_t r = 0; r < it.count; r++)
-            v[r] = 7;
-    }
-    if (keel_world_count(keel_ctx_world(ctx)))
-        return 0;
-    keel_cmdbuf *cb = keel_ctx_commands(ctx);
-    for (uint32_t i = 0; i < 20; i++) {
-        pos_t p = {50 + (int64_t)i, 0};
-        int64_t hp = (int64_t)i, tmp = 3;
-        keel_init in[4] = {{w->POS, &p}, {w->HP, &hp}, {w->TMP, &tmp}, {w->FLAG, NULL}};
-        CHECK(w, keel_cmd_spawn(cb, in, i % 2 ? 4 : 3));
-    }
-    misc_t m = {.f = 1.5f, .arr = {1, 2, 3}, .raw = {0xab, 0, 0, 0}, .neg = -1};
-    keel_init in[1] = {{w->MISC, &m}};
-    CHECK(w, keel_cmd_spawn(cb, in, 1));
-    return 0;
-}
-
-/* life: moves, damages (SINGLE_VERSION), writes TRANSIENT values, kills,
- * tags, untags and spawns, decided by handle and tick only. */
-static int life(keel_ctx *ctx, void *user)
-{
-    wl *w = user;
-    uint64_t t = keel_ctx_tick(ctx);
-    keel_cmdbuf *cb = keel_ctx_commands(ctx);
-    keel_iter it;
-    keel_txn_iter(ctx, w->q_pos, &it);
-    while (keel_txn_next(ctx, &it)) {
-        pos_t *p = it.columns[0];
-        for (uint32_t r = 0; r < it.count; r++) {
-            keel_entity e = it.entities[r];
-            uint64_t idx = KEEL_ENTITY_INDEX(e);
-            if ((idx + t) % 2 == 0)
-                p[r].x += (int64_t)idx + 1;
-            if ((idx + t) % 3 == 0) {
-                int64_t hp = 0;
-                CHECK(w, keel_txn_get(ctx, e, w->HP, &hp));
-                hp += (int64_t)t;
-                CHECK(w, keel_txn_set(ctx, e, w->HP, &hp));
-            }
-            if ((idx + t) % 4 == 0) {
-                int64_t v = 1000 + (int64_t)t;
-                CHECK(w, keel_txn_set(ctx, e, w->TMP, &v));
-            }
-            if ((idx * 7 + t) % 11 == 0)
-                CHECK(w, keel_cmd_destroy(cb, e));
-            else if ((idx + t) % 5 == 0)
-                CHECK(w, keel_cmd_add(cb, e, w->FLAG, NULL));
-            else if ((idx + t) % 5 == 2)
-                CHECK(w, keel_cmd_remove(cb, e, w->FLAG));
-        }
-    }
-    for (int k = 0; k < 2; k++) {
-        pos_t p = {(int64_t)t * 100 + k, (int64_t)t};
-        int64_t hp = (int64_t)t, tmp = 5;
-        keel_init in[4] = {{w->POS, &p}, {w->HP, &hp}, {w->TMP, &tmp}, {w->FLAG, NULL}};
-        CHECK(w, keel_cmd_spawn(cb, in, k == 1 ? 4 : 3));
-    }
-    if (t == 1) { /* the bank's two accounts */
-        int64_t m = 1000;
-        keel_init in[1] = {{w->MONEY, &m}};
-        CHECK(w, keel_cmd_spawn(cb, in, 1));
-        CHECK(w, keel_cmd_spawn(cb, in, 1));
-    }
-    return 0;
-}
-
-/* The misc entity gets every field rewritten at tick 5. */
-static int misc(keel_ctx *ctx, void *user)
-{
-    wl *w = user;
-    if (keel_ctx_tick(ctx) != 5)
-        return 0;
-    keel_iter it;
-    keel_txn_iter(ctx, w->q_misc, &it);
-    while (keel_txn_next(ctx, &it)) {
-        misc_t *m = it.columns[0];
-        for (uint32_t r = 0; r < it.count; r++) {
-            misc_t v = {.f = 2.25f, .arr = {7, 8, 65535}, .b = 1, .ref = it.entities[r],
-                        .raw = {0xde, 0xad, 0x00, 0x01}, .neg = -42};
-            m[r] = v;
-        }
-    }
-    return 0;
-}
-
-/* bank: one side transaction per tick inside a system. */
-static int bank(keel_ctx *ctx, void *user)
-{
-    wl *w = user;
-    keel_entity a[4];
-    if (query_entities(w->q_money, a, 4) < 2)
-        return 0;
-    uint64_t t = keel_ctx_tick(ctx);
-    xfer x = {a[t % 2], a[1 - t % 2], (int64_t)(t % 7) + 1, w->MONEY};
-    keel_side_txn *tx = NULL;
-    CHECK(w, keel_side_txn_begin(ctx, (keel_durability)(1 + t % 3), &tx));
-    if (!tx)
-        return 0;
-    int rc = xfer_fn(tx, &x);
-    if (rc) {
-        keel_side_txn_abort(tx);
-        note(w, __LINE__, rc);
-        return 0;
-    }
-    CHECK(w, keel_side_txn_commit(tx));
-    return 0;
-}
-
-static int on_shutdown(keel_side_txn *tx, void *arg)
-{
-    wl *w = arg;
-    return w->shutdown_writes ? xfer_fn(tx, &w->shutdown_xf) : 0;
-}
-
-static void wl_register(wl *w)
-{
-    keel_world *wd = keel_runtime_world(w->rt);
-    keel_component_desc pos = {.name = "pos", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
-    keel_component_desc hp = {.name = "hp", .size = 8, .discipline = KEEL_SINGLE_VERSION, .fields = v_fields,
-                              .field_count = 1};
-    keel_component_desc tmp = {.name = "tmp", .size = 8, .discipline = KEEL_TRANSIENT, .fields = v_fields,
-                               .field_count = 1};
-    keel_component_desc flag = {.name = "flag"};
-    keel_component_desc money = {.name = "money", .size = 8, .fields = v_fields, .field_count = 1};
-    keel_component_desc mi = {.name = "misc", .size = sizeof(misc_t), .fields = misc_fields, .field_count = 6};
-    ck_assert_ok(keel_component_register(wd, &pos, &w->POS));
-    ck_assert_ok(keel_component_register(wd, &hp, &w->HP));
-    ck_assert_ok(keel_component_register(wd, &tmp, &w->TMP));
-    ck_assert_ok(keel_component_register(wd, &flag, &w->FLAG));
-    ck_assert_ok(keel_component_register(wd, &money, &w->MONEY));
-    ck_assert_ok(keel_component_register(wd, &mi, &w->MISC));
-    keel_query_desc qp = {.with = {w->POS}}, qm = {.with = {w->MONEY}}, qt = {.with = {w->TMP}},
-                    qx = {.with = {w->MISC}};
-    ck_assert_ok(keel_query_create(wd, &qp, &w->q_pos));
-    ck_assert_ok(keel_query_create(wd, &qm, &w->q_money));
-    ck_assert_ok(keel_query_create(wd, &qt, &w->q_tmp));
-    ck_assert_ok(keel_query_create(wd, &qx, &w->q_misc));
-}
-
-static void wl_schedule(wl *w)
-{
-    keel_schedule *s = sched_new(w->rt);
-    keel_system_desc l = {.name = "life", .run = life, .user = w, .access = {.writes = {w->POS, w->HP, w->TMP}}};
-    keel_system_desc m = {.name = "misc", .run = misc, .user = w, .access = {.writes = {w->MISC}}};
-    keel_system_desc b = {.name = "bank", .run = bank, .user = w, .access = {.side_writes = {w->MONEY}},
-                          .after = {"life"}};
-    add_sys(s, &l);
-    add_sys(s, &m);
-    add_sys(s, &b);
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(w->rt, s));
-}
-
-/* Open the runtime on dir (retain: wal_retain), no automatic checkpoints. */
-static void wl_open(wl *w, const char *dir, bool retain)
-{
-    keel_runtime_desc d = {.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1,
-                           .on_first_tick = hook, .hook_user = w};
+    w_reset(w, false);
+    w->misc = true;
+    w->hook_spawn = 20;
+    w->hook_tmp = 3;
+    w->life_spawns = 2;
+    w->move_every = 2;
+    keel_runtime_desc d = {.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1};
     d.durable.dir = dir;
     d.durable.wal_retain = retain;
     d.durable.checkpoint_every_ticks = -1;
     d.durable.checkpoint_every_bytes = -1;
     d.durable.checkpoint_every_seconds = -1;
-    d.durable.on_shutdown = on_shutdown;
-    d.durable.shutdown_arg = w;
-    ck_assert_ok(keel_runtime_create(&d, &w->rt));
-    wl_register(w);
-    wl_schedule(w);
+    w_open(w, &d, true);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
 }
 
-/* Queries belong to the world: destroyed before the runtime closes it. */
-static void wl_close(wl *w)
-{
-    keel_query_destroy(w->q_pos);
-    keel_query_destroy(w->q_money);
-    keel_query_destroy(w->q_tmp);
-    keel_query_destroy(w->q_misc);
-    keel_runtime_close(w->rt);
-    w->rt = NULL;
-}
-
-/* Tick t: a submitted transfer (once the accounts exist), the step. */
-static void wl_step(wl *w, uint64_t t)
-{
-    ck_assert_uint_le(t, MAXT);
-    ck_assert_uint_eq(keel_runtime_tick(w->rt), t - 1);
-    keel_entity a[4];
-    keel_ticket *tk = NULL;
-    if (query_entities(w->q_money, a, 4) >= 2) {
-        w->xf[t] = (xfer){a[0], a[1], (int64_t)t, w->MONEY};
-        ck_assert_ok(keel_submit(w->rt, xfer_fn, &w->xf[t], (keel_durability)(1 + (t + 1) % 3), &tk));
-    }
-    ck_assert_ok(keel_runtime_step(w->rt));
-    ck_assert_msg(w->bad == 0, "tick %" PRIu64 ": %u failed calls in bodies, first: %s", t, w->bad, w->bad_msg);
-    if (tk) {
-        ck_assert_ok(keel_ticket_wait(tk, -1));
-        keel_ticket_release(tk);
-    }
-}
-
-static uint64_t wl_hash(wl *w)
+static uint64_t wl_hash(wworld *w)
 {
     return keel_world_hash(keel_runtime_world(w->rt));
 }
 
 /* Some slot was reused: a live entity has generation >= 2. */
-static bool wl_reused_slot(wl *w)
+static bool wl_reused_slot(wworld *w)
 {
     keel_entity e[4096];
     uint32_t n = query_entities(w->q_pos, e, 4096);
@@ -442,12 +166,12 @@ START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
 {
     char dir[256];
     tu_path(dir, sizeof dir, "retain");
-    wl w = {0};
+    wworld w = {0};
     uint64_t hash[MAXT + 1] = {0};
     wl_open(&w, dir, true);
     hash[0] = wl_hash(&w);
     for (uint64_t t = 1; t <= 30; t++) {
-        wl_step(&w, t);
+        w_drive(&w, t);
         hash[t] = wl_hash(&w);
         if (t % 7 == 0)
             ck_assert_ok(keel_checkpoint(w.rt));
@@ -455,17 +179,16 @@ START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
     ck_assert(wl_reused_slot(&w));
     keel_entity acc[4];
     ck_assert_uint_eq(query_entities(w.q_money, acc, 4), 2);
-    w.shutdown_xf = (xfer){acc[1], acc[0], 333, w.MONEY};
-    w.shutdown_writes = true;
-    wl_close(&w);
+    w.shutdown_xfer = (xfer){acc[1], acc[0], 333, w.MONEY};
+    w_close(&w);
 
-    wl w2 = {0};
+    wworld w2 = {0};
     wl_open(&w2, dir, true);
     ck_assert_uint_eq(keel_runtime_tick(w2.rt), 30);
     uint64_t recovered30 = wl_hash(&w2);
     ck_assert_uint_ne(recovered30, hash[30]); /* on_shutdown moved money */
     for (uint64_t t = 31; t <= 45; t++) {
-        wl_step(&w2, t);
+        w_drive(&w2, t);
         hash[t] = wl_hash(&w2);
         if (t == 38)
             ck_assert_ok(keel_checkpoint(w2.rt));
@@ -473,7 +196,7 @@ START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
     /* beside the live runtime (a read-only reader of its LMDB environment) */
     ck_assert_ok(keel_uow_flush(w2.rt));
     ck_assert_uint_eq(replay_hash(dir, 45, NULL), hash[45]);
-    wl_close(&w2);
+    w_close(&w2);
 
     for (uint64_t t = 0; t <= 45; t++) {
         uint64_t want = t == 30 ? recovered30 : hash[t];
@@ -505,16 +228,16 @@ START_TEST(without_retain_replay_starts_at_the_checkpoint)
 {
     char dir[256];
     tu_path(dir, sizeof dir, "noretain");
-    wl w = {0};
+    wworld w = {0};
     uint64_t hash[MAXT + 1] = {0};
     wl_open(&w, dir, false);
     for (uint64_t t = 1; t <= 25; t++) {
-        wl_step(&w, t);
+        w_drive(&w, t);
         hash[t] = wl_hash(&w);
         if (t == 10 || t == 20)
             ck_assert_ok(keel_checkpoint(w.rt));
     }
-    wl_close(&w);
+    w_close(&w);
     for (uint64_t t = 20; t <= 25; t++)
         ck_assert_uint_eq(replay_hash(dir, t, NULL), hash[t]);
     static const char *const before[] = {"19", "10", "0"};
@@ -541,11 +264,11 @@ START_TEST(entity_json_holds_the_values_that_were_set)
 {
     char dir[256];
     tu_path(dir, sizeof dir, "entity");
-    wl w = {0};
+    wworld w = {0};
     wl_open(&w, dir, true);
     keel_entity mx = 0, a[4];
     for (uint64_t t = 1; t <= 8; t++) {
-        wl_step(&w, t);
+        w_drive(&w, t);
         if (t == 1) {
             ck_assert_uint_eq(query_entities(w.q_misc, a, 4), 1);
             mx = a[0];
@@ -564,7 +287,7 @@ START_TEST(entity_json_holds_the_values_that_were_set)
     ck_assert_ok(keel_get(wd, e, w.POS, &p));
     ck_assert_ok(keel_get(wd, e, w.HP, &hp));
     int has_flag = keel_has(wd, e, w.FLAG);
-    wl_close(&w);
+    w_close(&w);
 
     char eh[32], want[512];
     snprintf(eh, sizeof eh, "%016" PRIx64, e);
@@ -643,7 +366,7 @@ static int cmp_index(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static wsnap take_snap(wl *w)
+static wsnap take_snap(wworld *w)
 {
     keel_world *wd = keel_runtime_world(w->rt);
     keel_entity *e = malloc(8192 * sizeof *e);
@@ -872,17 +595,17 @@ START_TEST(diff_sets_and_values_equal_the_runtime_states)
 {
     char dir[256];
     tu_path(dir, sizeof dir, "diff");
-    wl w = {0};
+    wworld w = {0};
     wl_open(&w, dir, true);
     wsnap at[MAXT + 1] = {{0}};
     for (uint64_t t = 1; t <= 24; t++) {
-        wl_step(&w, t);
+        w_drive(&w, t);
         if (t == 3 || t == 12 || t == 19 || t == 24)
             at[t] = take_snap(&w);
         if (t == 14)
             ck_assert_ok(keel_checkpoint(w.rt));
     }
-    wl_close(&w);
+    w_close(&w);
     /* 12 -> 19 crosses the checkpoint (wal_retain reaches back); 19 -> 24 after it; 3 -> 3 is empty */
     static const uint64_t pairs[][2] = {{12, 19}, {19, 24}, {3, 24}, {3, 3}};
     for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
@@ -964,11 +687,11 @@ static void flip_copies(const char *dir, const void *rec, size_t n, size_t at)
 
 static void make_run(const char *dir, uint64_t ticks)
 {
-    wl w = {0};
+    wworld w = {0};
     wl_open(&w, dir, true);
     for (uint64_t t = 1; t <= ticks; t++)
-        wl_step(&w, t);
-    wl_close(&w);
+        w_drive(&w, t);
+    w_close(&w);
 }
 
 START_TEST(a_flipped_byte_is_corrupt_naming_the_lsn)
