@@ -4,8 +4,8 @@
  * report protocol (--report-fd, docs/demo.md) and its stdout.
  *
  *   demo_cli       bad arguments exit 2 naming the culprit; --help exits 0
- *   demo_runs      the same final hash in memory on 1 and 2 workers and
- *                  with a data directory; the economy's totals hold; the
+ *   demo_runs      the same final hash in memory on 1 and 2 workers, with
+ *                  a data directory, and at a tick rate beyond the machine; the economy's totals hold; the
  *                  trade prefix hashes chain (prefix j=0 of tick t+1 is
  *                  tick t's hash: the market runs first)
  *   demo_crash     SIGKILL after an acknowledged trade, restart: the
@@ -150,8 +150,14 @@ START_TEST(runs_same_hash_everywhere)
                                                   "--tick-rate", "0", "--quiet", "--workers", "2", NULL});
     uint64_t h3 = run_final((const char *const[]){"--data", data, "--entities", ENTITIES, "--until-tick", "60",
                                                   "--tick-rate", "0", "--quiet", "--workers", "2", NULL});
+    /* a tick rate the machine cannot hold: the overload detector may throttle
+     * and modulate, but the world's systems are HIGH/CRITICAL and world time
+     * is per tick, so the hash cannot move */
+    uint64_t h5 = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
+                                                  "--tick-rate", "20000", "--quiet", NULL});
     ck_assert_uint_eq(h1, h2);
     ck_assert_uint_eq(h1, h3);
+    ck_assert_uint_eq(h1, h5);
     uint64_t h4 = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
                                                   "--tick-rate", "0", "--quiet", "--seed", "2", NULL});
     ck_assert_uint_ne(h1, h4); /* the seed matters */

@@ -2337,6 +2337,14 @@ static size_t check_events(const jval *events, uint32_t workers)
             ck_assert(j_num(args, "tick", &tick));
             ck_assert(tick >= 1);
             x++;
+        } else if (strcmp(ph, "C") == 0) { /* the overload counter track: one sample per tick */
+            double ts, level, mult;
+            ck_assert_str_eq(j_str(e, "name"), "overload");
+            ck_assert(j_num(e, "ts", &ts) && ts >= 0);
+            const jval *args = j_get(e, "args");
+            ck_assert(args && args->t == J_OBJ);
+            ck_assert(j_num(args, "level", &level) && level >= 0 && level <= 4);
+            ck_assert(j_num(args, "multiplier", &mult) && mult >= 1 && mult <= 6);
         } else {
             ck_assert_msg(strcmp(ph, "M") == 0, "unexpected phase %s", ph);
             const char *nm = j_str(e, "name");

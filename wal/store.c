@@ -12,11 +12,13 @@
  * to threads, and stale reader slots are cleared at open.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "keel_wal/wal.h"
@@ -127,6 +129,44 @@ static int open_dbs(kw_store *s, bool create)
     return KEEL_OK;
 }
 
+/* A new data.mdb gets its name only once it is whole on disk. LMDB writes a
+ * new file's two meta pages without a sync (the first commit's fdatasync
+ * covers them), so a power cut before that commit could leave a file of the
+ * right size with a missing or torn meta page, which LMDB then refuses for
+ * good (found by the power-loss shim, docs/testing.md). So the file is made
+ * as data.mdb.new (MDB_NOSUBDIR), the databases and the format version are
+ * committed in it (a synced commit), and only then is it renamed to
+ * data.mdb and the directory synced: a cut leaves no data.mdb (the next
+ * open starts over, removing the leftovers) or a whole one. */
+static int create_data_file(kw_store *s, const char *final)
+{
+    char tmp[4200], lock[4220];
+    snprintf(tmp, sizeof tmp, "%s/data.mdb.new", s->dir);
+    snprintf(lock, sizeof lock, "%s-lock", tmp);
+    unlink(tmp);
+    unlink(lock);
+    int rc = mdb_env_create(&s->env);
+    if (rc)
+        return core_fail(KEEL_ENOMEM, "cannot create an LMDB environment: %s", mdb_strerror(rc));
+    mdb_env_set_maxdbs(s->env, KW_DB_COUNT_ + 2);
+    mdb_env_set_mapsize(s->env, s->map_size);
+    rc = mdb_env_open(s->env, tmp, MDB_NOSUBDIR | MDB_NOTLS, 0644);
+    rc = rc ? from_mdb(rc, "cannot create", s) : open_dbs(s, true);
+    mdb_env_close(s->env);
+    s->env = NULL;
+    unlink(lock);
+    if (!rc && rename(tmp, final))
+        rc = core_fail(KEEL_EIO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+    int dfd = rc ? -1 : open(s->dir, O_RDONLY | O_DIRECTORY);
+    if (!rc && (dfd < 0 || fsync(dfd)))
+        rc = core_fail(KEEL_EIO, "cannot sync data directory %s: %s", s->dir, strerror(errno));
+    if (dfd >= 0)
+        close(dfd);
+    if (rc)
+        unlink(tmp);
+    return rc;
+}
+
 int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
 {
     kw_store_desc d = desc ? *desc : (kw_store_desc){0};
@@ -156,7 +196,12 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
     s->map_max = d.map_max ? d.map_max : 1ull << 40;
     if (s->map_size > s->map_max)
         s->map_size = s->map_max;
-    int rc = mdb_env_create(&s->env);
+    int rc = create && !readonly && stat(path, &st) ? create_data_file(s, path) : KEEL_OK;
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    rc = mdb_env_create(&s->env);
     if (rc) {
         free(s);
         return core_fail(KEEL_ENOMEM, "cannot create an LMDB environment: %s", mdb_strerror(rc));

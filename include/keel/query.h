@@ -49,7 +49,8 @@ uint32_t keel_query_count(const keel_query *q);
 /* One chunk of matching rows. The public fields are valid after
  * keel_iter_next returned true and until the next call. */
 typedef struct keel_iter {
-    uint32_t count;                          /* rows in this chunk (>= 1) */
+    uint32_t count;                          /* rows in this chunk (>= 1); in a system with an
+                                                entity_budget, possibly part of a chunk */
     const keel_entity *entities;             /* count handles */
     void *columns[KEEL_QUERY_MAX_TERMS];     /* column i: count values of with[i]; NULL for tags */
     /* The values before this system's writes: equal to columns[i] except for

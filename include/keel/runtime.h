@@ -39,6 +39,57 @@ extern "C" {
  * point's (keel_runtime_sync_retry / _discard) and the hook does not rerun. */
 typedef int (*keel_hook_fn)(keel_ctx *ctx, void *user);
 
+/* Overload levels (SPEC §6, docs/overload.md), in escalation order. The
+ * detector moves one step at a time in both directions. */
+typedef enum keel_overload_level {
+    KEEL_OVERLOAD_NORMAL = 0,                /* everything runs every tick */
+    KEEL_OVERLOAD_SYSTEM_THROTTLING = 1,     /* LOW-priority systems skipped, NORMAL ones every
+                                                throttled_tick_divisor ticks */
+    KEEL_OVERLOAD_SCOPE_REDUCTION = 2,       /* ... and query systems honour their entity_budget */
+    KEEL_OVERLOAD_TICK_RATE_MODULATION = 3,  /* ... and the tick interval (and dt) is multiplied
+                                                by 2, 3, 4 or 6 */
+    KEEL_OVERLOAD_PLAYER_SHEDDING = 4,       /* ... and on_critical_overload was called on entry */
+} keel_overload_level;
+
+#define KEEL_OVERLOAD_LEVELS 5
+
+/* "NORMAL", "SYSTEM_THROTTLING", "SCOPE_REDUCTION", "TICK_RATE_MODULATION",
+ * "PLAYER_SHEDDING"; "?" for anything else. */
+const char *keel_overload_level_name(keel_overload_level level);
+
+/* Called once per entry into KEEL_OVERLOAD_PLAYER_SHEDDING, on the thread
+ * that runs the ticks, right after the tick that escalated (`tick`). It may
+ * read the runtime's counters and telemetry and call keel_submit; it must
+ * not step, run, start, stop or close the runtime. Typical use: tell the
+ * network layer to refuse or drop players. */
+typedef void (*keel_overload_fn)(keel_runtime *rt, uint64_t tick, void *user);
+
+/* The overload detector (SPEC §6; docs/overload.md). It runs after every
+ * tick the metronome runs (keel_runtime_run, keel_runtime_start) on a
+ * throttled runtime (tick_rate_hz > 0): a tick that ran longer than
+ * overrun_threshold x its budget is an overrun, one that ran at most
+ * deescalation_ratio x its budget is calm, anything between is neither and
+ * breaks both streaks. The budget is the tick's interval: 1 / tick_rate_hz
+ * times the current tick multiplier. keel_runtime_step never feeds it (the
+ * caller sets the pace), and an unthrottled runtime has no budget: the
+ * level then stays where it is (NORMAL unless a metronome moved it).
+ * Zero = the default, everywhere. */
+typedef struct keel_overload_desc {
+    bool disabled;                   /* true: no detector; the level stays NORMAL */
+    double overrun_threshold;        /* > 0; 0 = 1.2 */
+    double deescalation_ratio;       /* in (0, overrun_threshold); 0 = 0.6 */
+    uint32_t escalation_ticks;       /* consecutive overruns for one step up; 0 = 5 */
+    uint32_t deescalation_ticks;     /* consecutive calm ticks for one step down; 0 = 20 */
+    uint32_t throttled_tick_divisor; /* from SYSTEM_THROTTLING on, a NORMAL-priority system runs on
+                                        one tick in this many (staggered by registration index:
+                                        (tick + index) % divisor == 0); 0 = 2; 1 = every tick */
+    double min_tick_rate_hz;         /* floor of tick-rate modulation: multipliers above
+                                        tick_rate_hz / min_tick_rate_hz are not used; in
+                                        (0, 100000]; 0 = 10 */
+    keel_overload_fn on_critical_overload; /* NULL: none */
+    void *user;                      /* handed to on_critical_overload */
+} keel_overload_desc;
+
 typedef struct keel_runtime_desc {
     keel_world_desc world;        /* the world the runtime creates and owns */
     int32_t workers;              /* threads running systems, the caller included: -1 or 0 = online
@@ -51,6 +102,7 @@ typedef struct keel_runtime_desc {
     keel_hook_fn on_first_tick;   /* runs once, before the first tick's systems, in a transaction
                                      that may read and write every component */
     void *hook_user;
+    keel_overload_desc overload;  /* the overload detector; zero = SPEC §6 defaults, enabled */
 } keel_runtime_desc;
 
 /* Errors: KEEL_EINVAL (bad desc field: the last error names it), KEEL_ENOMEM. */
@@ -108,12 +160,18 @@ int keel_runtime_stop(keel_runtime *rt);
 /* Ticks completed so far. Thread-safe. */
 uint64_t keel_runtime_tick(const keel_runtime *rt);
 
+/* The overload level the next tick runs at, and its tick multiplier
+ * (*multiplier: 1, 2, 3, 4 or 6; may be NULL). Thread-safe. */
+keel_overload_level keel_runtime_overload(const keel_runtime *rt, uint32_t *multiplier);
+
 /* ---- inside a system ---------------------------------------------------- */
 
 keel_world *keel_ctx_world(keel_ctx *ctx);
 /* The running tick's number (the first tick is 1). */
 uint64_t keel_ctx_tick(const keel_ctx *ctx);
-/* Seconds per tick at the current rate: 1 / tick_rate_hz (1/60 when unthrottled). */
+/* Seconds per tick at the current rate: multiplier / tick_rate_hz, where the
+ * multiplier is 1 unless tick-rate modulation is on (keel/runtime.h,
+ * keel_overload_desc); 1/60 when unthrottled. */
 float keel_ctx_dt(const keel_ctx *ctx);
 /* Index of the worker running the body (0 = the thread that called step). */
 uint32_t keel_ctx_worker(const keel_ctx *ctx);

@@ -70,6 +70,19 @@ typedef struct keel_access {
     bool exclusive;                                 /* runs alone: no other system of its track overlaps it */
 } keel_access;
 
+/* What the overload detector may shed (keel/runtime.h, docs/overload.md).
+ * From SYSTEM_THROTTLING on: LOW systems are skipped (KEEL_SKIP_THROTTLED),
+ * NORMAL ones run on one tick in `throttled_tick_divisor`; HIGH and
+ * CRITICAL ones run every tick. From SCOPE_REDUCTION on, query systems with
+ * an entity_budget honour it, except CRITICAL ones. A throttled system is
+ * not a failure: its successors run. */
+typedef enum keel_priority {
+    KEEL_PRIORITY_LOW = -1,
+    KEEL_PRIORITY_NORMAL = 0,
+    KEEL_PRIORITY_HIGH = 1,
+    KEEL_PRIORITY_CRITICAL = 2,
+} keel_priority;
+
 typedef struct keel_system_desc {
     const char *name;        /* required, unique in the schedule, <= 63 bytes */
     const char *track;       /* NULL = "Public"; a user track declared with keel_schedule_add_track */
@@ -88,6 +101,13 @@ typedef struct keel_system_desc {
     keel_access access;
     const char *after[KEEL_EDGE_MAX];  /* run after these systems (names; forward references fine) */
     const char *before[KEEL_EDGE_MAX]; /* run before these systems */
+    keel_priority priority;            /* 0 = NORMAL; see keel_priority */
+    /* QUERY: from SCOPE_REDUCTION on, visit at most this many rows per tick,
+     * resuming next tick where this one stopped (a pass over the query's rows
+     * spans several ticks; the rows left for later are reported as
+     * `deferred` in the telemetry). A budget may end inside a chunk: the
+     * iterator then covers part of it. 0 = no budget. */
+    uint32_t entity_budget;
 } keel_system_desc;
 
 typedef uint32_t keel_system;  /* index in registration order */

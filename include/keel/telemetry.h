@@ -21,7 +21,8 @@ typedef enum keel_skip_reason {
     KEEL_SKIP_NONE = 0,           /* ran */
     KEEL_SKIP_FAILED = 1,         /* ran and failed (error return, keel_txn_fail) */
     KEEL_SKIP_DEPENDENCY_FAILED,  /* not run: a transitive predecessor failed */
-    KEEL_SKIP_THROTTLED,          /* not run: overload throttling (later) */
+    KEEL_SKIP_THROTTLED,          /* not run: shed by overload throttling (not a failure:
+                                     its successors run) */
 } keel_skip_reason;
 
 const char *keel_skip_reason_name(keel_skip_reason r);
@@ -29,11 +30,12 @@ const char *keel_skip_reason_name(keel_skip_reason r);
 typedef struct keel_tick_record {
     uint64_t tick;
     uint64_t start_ns;            /* CLOCK_MONOTONIC at tick start */
-    uint64_t target_ns;           /* the tick budget: 1e9 / tick_rate_hz (0 when unthrottled) */
+    uint64_t target_ns;           /* the tick budget: multiplier x 1e9 / tick_rate_hz (0 when unthrottled) */
     uint64_t actual_ns;           /* duration of the tick */
     double overrun;               /* actual / target (0 when unthrottled) */
-    uint32_t overload_level;      /* 0 = Normal (overload handling: later) */
-    uint32_t multiplier;          /* tick-rate multiplier, 1 */
+    uint32_t overload_level;      /* keel_overload_level the tick ran at (the detector's verdict on
+                                     this tick shows in the next tick's record) */
+    uint32_t multiplier;          /* tick-rate multiplier the tick ran at: 1, 2, 3, 4 or 6 */
     uint32_t entities;            /* live entities at tick end */
     uint32_t systems_run, systems_failed, systems_skipped;
     uint32_t watchdog_reports;    /* systems that outran the watchdog this tick */
@@ -44,6 +46,10 @@ typedef struct keel_tick_record {
     uint32_t side_txns;           /* side transactions committed in the tick (closures included) */
     uint64_t sync_start_ns;       /* CLOCK_MONOTONIC when the structural sync point started */
     uint64_t sync_ns;             /* duration of the structural sync point (the fence follows it) */
+    uint32_t systems_throttled;   /* of systems_skipped: shed by overload throttling */
+    uint32_t checkpoint;          /* 1 when a checkpoint was in progress (captured, being written or
+                                     waiting to be recorded) during the tick's step */
+    uint64_t deferred_rows;       /* rows entity budgets left for later ticks (sum over systems) */
 } keel_tick_record;
 
 typedef struct keel_system_record {
@@ -55,6 +61,7 @@ typedef struct keel_system_record {
                                      0 when skipped */
     keel_skip_reason skip;
     uint8_t watchdog;             /* 1 when it outran the watchdog */
+    uint64_t deferred;            /* rows of its query its entity budget left for later ticks */
 } keel_system_record;
 
 /* The record of tick `tick` if still in the ring. Errors: KEEL_ENOENT (not
@@ -79,6 +86,15 @@ typedef struct keel_runtime_stats {
     uint64_t checkpoints;         /* checkpoints this runtime recorded */
     uint64_t checkpoint_age_ticks;/* ticks since the last checkpoint */
     uint64_t recovery_ns;         /* time keel_runtime_recover took */
+    /* Overload (docs/overload.md): */
+    uint32_t overload_level;      /* the level the next tick runs at (keel_overload_level) */
+    uint32_t multiplier;          /* the tick multiplier the next tick runs at */
+    uint64_t overload_escalations;   /* steps up: levels, and multipliers inside TICK_RATE_MODULATION */
+    uint64_t overload_deescalations; /* steps down, counted the same way */
+    uint64_t critical_overloads;  /* entries into PLAYER_SHEDDING (= on_critical_overload calls) */
+    uint64_t ticks_at_level[KEEL_OVERLOAD_LEVELS]; /* ticks run at each level */
+    uint64_t systems_throttled;   /* system runs shed by throttling (also in systems_skipped) */
+    uint64_t rows_deferred;       /* sum over ticks of the rows entity budgets deferred */
 } keel_runtime_stats;
 
 void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out);
@@ -86,7 +102,8 @@ void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out);
 /* Write the ring as Chrome trace-event JSON (loads in Perfetto and
  * chrome://tracing): one track per worker with one slice per system run,
  * a driver track with one slice per tick, per sync point and per fence,
- * and a WAL writer track with one slice per synced commit. System names
+ * a WAL writer track with one slice per synced commit, and an "overload"
+ * counter track (level and multiplier per tick). System names
  * are written as given: keep them UTF-8 for the JSON to be valid.
  * Errors: KEEL_EINVAL, KEEL_EIO (the last error names the file). */
 int keel_trace_export(const keel_runtime *rt, const char *path);

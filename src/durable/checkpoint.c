@@ -606,6 +606,15 @@ int ckpt_wait(keel_runtime *rt)
     return dur_fatal(d) ? KEEL_EFATAL : KEEL_OK;
 }
 
+bool ckpt_active(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    pthread_mutex_lock(&d->ckpt_mu);
+    bool busy = d->ckpt_busy || d->ckpt_next;
+    pthread_mutex_unlock(&d->ckpt_mu);
+    return busy;
+}
+
 int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force)
 {
     dur_state *d = rt->dur;

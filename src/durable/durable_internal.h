@@ -180,6 +180,9 @@ void ckpt_fini(dur_state *d);
 int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force);
 /* Wait until every checkpoint taken so far is committed. */
 int ckpt_wait(keel_runtime *rt);
+/* True while a checkpoint is in progress: captured and not yet recorded
+ * (telemetry's per-tick flag). */
+bool ckpt_active(keel_runtime *rt);
 /* The writer's part, inside its write transaction (after it appended the
  * job's CHECKPOINT marker): snap puts and deletes, meta, covered WAL. */
 int ckpt_write(kw_wtxn *txn, ckpt_job *job, bool retain);

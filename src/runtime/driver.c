@@ -9,6 +9,12 @@
  * clock_nanosleep until RT_SLEEP_SLACK_NS before the deadline (the kernel may
  * overshoot a sleep by tens of microseconds), then sched_yield until the last
  * RT_SPIN_NS, then a pause-loop to the deadline.
+ *
+ * After every tick the driver feeds the overload detector (overload.c) with
+ * the tick's duration and its budget; under TICK_RATE_MODULATION the next
+ * deadline is the previous one plus interval x multiplier, so the grid
+ * stays absolute (never computed from a wake-up) while its spacing follows
+ * the multiplier.
  */
 #include <errno.h>
 #include <sched.h>
@@ -72,18 +78,56 @@ static void driver_wait(const keel_runtime *rt, uint64_t deadline)
         wait_until_real(deadline);
 }
 
+void runtime_test_set_tick_cost(keel_runtime *rt, uint64_t (*cost)(void *user, uint64_t tick, uint64_t measured_ns),
+                                void *user)
+{
+    rt->tick_cost = cost;
+    rt->tick_cost_user = user;
+}
+
+void overload_publish(keel_runtime *rt)
+{
+    atomic_store_explicit(&rt->ovl_pub, (uint32_t)rt->ovl.level | ovl_multiplier(&rt->ovl) << 8,
+                          memory_order_relaxed);
+}
+
+void overload_after_tick(keel_runtime *rt)
+{
+    if (!rt->ovl_enabled)
+        return;
+    ovl_change c = ovl_feed(&rt->ovl, rt->last_actual_ns, rt->last_target_ns);
+    if (c == OVL_STAY)
+        return;
+    bool up = c == OVL_LEVEL_UP || c == OVL_MULT_UP;
+    uint64_t tick = atomic_load(&rt->tick);
+    if (up)
+        rt->stats.overload_escalations++;
+    else
+        rt->stats.overload_deescalations++;
+    overload_publish(rt);
+    core_log(up ? KEEL_LOG_WARN : KEEL_LOG_INFO, "runtime", up ? "overload_up" : "overload_down",
+             "level=%s multiplier=%u tick=%llu", keel_overload_level_name(rt->ovl.level), ovl_multiplier(&rt->ovl),
+             (unsigned long long)tick);
+    if (c == OVL_LEVEL_UP && rt->ovl.level == KEEL_OVERLOAD_PLAYER_SHEDDING) {
+        rt->stats.critical_overloads++;
+        if (rt->on_critical)
+            rt->on_critical(rt, tick, rt->critical_user);
+    }
+}
+
 /* Run up to `ticks` ticks (UINT64_MAX: until stopped) on this thread. */
 static int drive(keel_runtime *rt, uint64_t ticks)
 {
-    bool throttled = rt->tick_rate_hz > 0;
-    uint64_t interval = throttled ? (uint64_t)(1e9 / rt->tick_rate_hz) : 0;
-    uint64_t start = driver_now(rt);
+    bool throttled = rt->interval_ns > 0;
+    uint64_t deadline = driver_now(rt);
     for (uint64_t k = 0; k < ticks && !atomic_load(&rt->stop_requested); k++) {
         if (throttled && k)
-            driver_wait(rt, start + k * interval);
+            driver_wait(rt, deadline);
         int rc = runtime_step(rt);
         if (rc)
             return rc;
+        overload_after_tick(rt);
+        deadline += rt->interval_ns * ovl_multiplier(&rt->ovl); /* the next tick's interval */
     }
     return KEEL_OK;
 }

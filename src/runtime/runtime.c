@@ -86,7 +86,20 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     memset(rt, 0, sizeof *rt);
     rt->workers = d.workers > 0 ? (uint32_t)d.workers : online_cpus();
     rt->tick_rate_hz = d.tick_rate_hz ? d.tick_rate_hz : 60.0;
-    rt->dt = rt->tick_rate_hz > 0 ? (float)(1.0 / rt->tick_rate_hz) : 1.0f / 60.0f;
+    rt->interval_ns = rt->tick_rate_hz > 0 ? (uint64_t)(1e9 / rt->tick_rate_hz) : 0;
+    rt->base_dt = rt->dt = rt->tick_rate_hz > 0 ? (float)(1.0 / rt->tick_rate_hz) : 1.0f / 60.0f;
+    ovl_config ovl;
+    rc = ovl_config_resolve(&d.overload, rt->tick_rate_hz, &ovl);
+    if (rc) {
+        free(rt);
+        return rc;
+    }
+    ovl_init(&rt->ovl, &ovl);
+    rt->ovl_enabled = !d.overload.disabled && rt->interval_ns > 0;
+    rt->ovl_divisor = d.overload.throttled_tick_divisor ? d.overload.throttled_tick_divisor : OVL_DEFAULT_DIVISOR;
+    rt->on_critical = d.overload.on_critical_overload;
+    rt->critical_user = d.overload.user;
+    overload_publish(rt);
     rt->watchdog_ns = (uint64_t)((d.watchdog_seconds ? d.watchdog_seconds : 30.0) * 1e9);
     rt->on_first_tick = d.on_first_tick;
     rt->hook_user = d.hook_user;
@@ -205,6 +218,14 @@ uint32_t keel_runtime_workers(const keel_runtime *rt)
 uint64_t keel_runtime_tick(const keel_runtime *rt)
 {
     return rt ? atomic_load(&rt->tick) : 0;
+}
+
+keel_overload_level keel_runtime_overload(const keel_runtime *rt, uint32_t *multiplier)
+{
+    uint32_t v = rt ? atomic_load_explicit(&rt->ovl_pub, memory_order_relaxed) : 1u << 8;
+    if (multiplier)
+        *multiplier = v >> 8;
+    return (keel_overload_level)(v & 0xff);
 }
 
 int keel_runtime_set_schedule(keel_runtime *rt, keel_schedule *s)
@@ -429,15 +450,25 @@ static void txn_tick_end(keel_runtime *rt)
     rt->side_commits_tick = 0;
 }
 
+/* The overload level and multiplier the detector left apply to this whole
+ * tick: copied here, before any system runs, for dispatch and keel_ctx_dt. */
+static void overload_tick_start(keel_runtime *rt)
+{
+    rt->tick_level = rt->ovl.level;
+    rt->tick_mult = ovl_multiplier(&rt->ovl);
+    rt->dt = rt->base_dt * (float)rt->tick_mult;
+}
+
 static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
 {
     uint64_t end = rt_now_ns();
     keel_tick_record rec = {
         .tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed),
         .start_ns = start,
-        .target_ns = rt->tick_rate_hz > 0 ? (uint64_t)(1e9 / rt->tick_rate_hz) : 0,
+        .target_ns = rt->interval_ns * rt->tick_mult,
         .actual_ns = end - start,
-        .multiplier = 1,
+        .overload_level = rt->tick_level,
+        .multiplier = rt->tick_mult,
         .entities = keel_world_count(rt->world),
         .sync_start_ns = sync_start,
         .sync_ns = rt->sync_end_ns - sync_start,
@@ -449,22 +480,31 @@ static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
         uint64_t durable = atomic_load_explicit(&rt->dur->durable_tick, memory_order_acquire);
         rec.durable_lag = rec.tick > durable ? rec.tick - durable : 0;
     }
+    if (rt->tick_cost)
+        rec.actual_ns = rt->tick_cost(rt->tick_cost_user, rec.tick, rec.actual_ns);
     rec.overrun = rec.target_ns ? (double)rec.actual_ns / (double)rec.target_ns : 0;
     rec.side_txns = rt->side_commits_tick;
+    rec.checkpoint = rt->tick_ckpt || (rt->dur && ckpt_active(rt));
     for (uint32_t w = 0; w < rt->workers; w++) {
         rt_scratch *sc = &rt->scratch[w];
         rec.systems_run += sc->run;
         rec.systems_failed += sc->failed;
         rec.systems_skipped += sc->skipped;
+        rec.systems_throttled += sc->throttled;
         rt->stats.commits += sc->commits;
         rt->stats.aborts += sc->aborts;
-        sc->run = sc->failed = sc->skipped = sc->commits = sc->aborts = 0;
+        sc->run = sc->failed = sc->skipped = sc->throttled = sc->commits = sc->aborts = 0;
     }
-    telemetry_record(rt, &rec); /* adds the watchdog reports */
+    telemetry_record(rt, &rec); /* adds the watchdog reports and the deferred rows */
+    rt->last_actual_ns = rec.actual_ns;
+    rt->last_target_ns = rec.target_ns;
     rt->stats.systems_run += rec.systems_run;
     rt->stats.systems_failed += rec.systems_failed;
     rt->stats.systems_skipped += rec.systems_skipped;
     rt->stats.watchdog_reports += rec.watchdog_reports;
+    rt->stats.systems_throttled += rec.systems_throttled;
+    rt->stats.rows_deferred += rec.deferred_rows;
+    rt->stats.ticks_at_level[rec.overload_level]++;
 }
 
 /* The tick itself, without the driver check (the driver thread uses it). */
@@ -479,6 +519,8 @@ int runtime_step(keel_runtime *rt)
         return rc;
     uint64_t start = rt_now_ns();
     atomic_store_explicit(&rt->running_tick, atomic_load(&rt->tick) + 1, memory_order_relaxed);
+    overload_tick_start(rt);
+    rt->tick_ckpt = rt->dur && ckpt_active(rt);
     uow_reset(&rt->uow);
     rt->fence_rows_from = rt->fence_life_from = 0;
     w->in_tick = true;
@@ -529,6 +571,8 @@ int runtime_step(keel_runtime *rt)
             fence_rc = dur_wait(rt, dur_last_lsn(rt), false); /* the tick returns only once it is on disk */
         if (!fence_rc && w->mutations == rt->pub_mutations)
             fence_rc = ckpt_maybe(rt, tick, false);
+        if (!fence_rc && ckpt_active(rt))
+            telemetry_mark_checkpoint(rt, tick); /* the capture was part of this tick's step */
         if (fence_rc && fence_rc != KEEL_EFATAL)
             dur_latch_fatal(rt, fence_rc);
     }

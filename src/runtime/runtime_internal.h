@@ -16,6 +16,7 @@
 #include "keel/telemetry.h"
 #include <urcu/wfcqueue.h>
 
+#include "runtime/overload.h"
 #include "sched/sched_internal.h"
 #include "txn/txn_internal.h"
 #include "durable/durable_internal.h"
@@ -60,6 +61,10 @@ typedef struct rt_sys {
     /* QUERY systems: the chunks of this tick, split into ntasks tasks */
     uint32_t nchunks, chunks_cap;
     world_chunk_ref *chunks;
+    /* entity budget (overload SCOPE_REDUCTION): where the next tick resumes,
+     * in rows of the query's iteration order, and the rows this tick left */
+    uint64_t cursor;
+    uint64_t deferred;
     /* cold, on a line of its own: one command buffer and one transaction
      * part per task (callback and query systems); read by the sync point and
      * the unit of work, written only when they grow */
@@ -102,7 +107,7 @@ typedef struct rt_pool {
  * tick end. One cache line each. */
 typedef struct rt_scratch {
     alignas(64) uint32_t *ready, *stack;
-    uint32_t run, failed, skipped;
+    uint32_t run, failed, skipped, throttled;
     uint32_t commits, aborts;      /* system transactions */
 } rt_scratch;
 
@@ -117,7 +122,9 @@ struct keel_runtime {
     keel_world *world;
     uint32_t workers;
     double tick_rate_hz;           /* < 0: unthrottled */
-    float dt;
+    uint64_t interval_ns;          /* 1e9 / tick_rate_hz, the budget at 1x; 0 when unthrottled */
+    float base_dt;                 /* 1 / tick_rate_hz (1/60 unthrottled) */
+    float dt;                      /* of the running tick: base_dt x tick_mult */
     uint64_t watchdog_ns;
     keel_hook_fn on_first_tick;
     void *hook_user;
@@ -173,6 +180,22 @@ struct keel_runtime {
     size_t fence_rows_from, fence_life_from; /* the hook's unit was logged up to here */
     uint64_t fence_raw_bytes, fence_stored_bytes, fence_ns; /* of the last tick */
     uint64_t sync_end_ns;          /* the last sync point's end (the fence starts there) */
+    bool tick_ckpt;                /* a checkpoint was in progress when the running tick started */
+
+    /* overload (runtime/overload.c; fed by driver.c). ovl is the driver's:
+     * it changes only between ticks, and tick_level / tick_mult copy it at
+     * each tick's start for the systems (dispatch reads them). */
+    bool ovl_enabled;              /* configured on and the runtime is throttled */
+    ovl_state ovl;
+    uint32_t ovl_divisor;          /* throttled_tick_divisor */
+    keel_overload_fn on_critical;
+    void *critical_user;
+    _Atomic uint32_t ovl_pub;      /* level | multiplier << 8, for keel_runtime_overload */
+    keel_overload_level tick_level;
+    uint32_t tick_mult;
+    uint64_t last_actual_ns, last_target_ns; /* the last tick, as the detector sees it */
+    uint64_t (*tick_cost)(void *user, uint64_t tick, uint64_t measured_ns); /* test seam */
+    void *tick_cost_user;
 
     /* TickDriver */
     pthread_t driver;
@@ -217,6 +240,8 @@ int telemetry_init(keel_runtime *rt, uint32_t capacity);
 int telemetry_size(keel_runtime *rt, uint32_t nsys);
 /* Record the tick (adds the systems' watchdog reports to it). */
 void telemetry_record(keel_runtime *rt, keel_tick_record *tick);
+/* Set the checkpoint flag of a recorded tick (a checkpoint it started). */
+void telemetry_mark_checkpoint(keel_runtime *rt, uint64_t tick);
 void telemetry_fini(keel_runtime *rt);
 
 /* runtime/driver.c: the wait strategy of the metronome, exposed for tests. */
@@ -224,6 +249,18 @@ typedef enum rt_wait_phase { RT_WAIT_DONE, RT_WAIT_SLEEP, RT_WAIT_YIELD, RT_WAIT
 rt_wait_phase driver_wait_phase(uint64_t now_ns, uint64_t deadline_ns);
 #define RT_SPIN_NS 50000ull        /* spin the last 50 µs */
 #define RT_SLEEP_SLACK_NS 1000000ull /* sleep until 1 ms before the deadline, then yield */
+
+/* runtime/driver.c: feed the last tick to the overload detector and act on
+ * its verdict (stats, log, on_critical_overload). */
+void overload_after_tick(keel_runtime *rt);
+/* Publish rt->ovl for keel_runtime_overload. */
+void overload_publish(keel_runtime *rt);
+
+/* Test hook: the tick's measured duration becomes cost(user, tick,
+ * measured_ns) -- in its telemetry record and for the overload detector --
+ * so tests drive the detector without timing anything. NULL restores. */
+void runtime_test_set_tick_cost(keel_runtime *rt, uint64_t (*cost)(void *user, uint64_t tick, uint64_t measured_ns),
+                                void *user);
 
 /* Test hook: replace the metronome's clock and wait (NULL restores them). */
 void runtime_test_set_clock(keel_runtime *rt, uint64_t (*clock_ns)(void *user),

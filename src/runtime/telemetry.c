@@ -68,10 +68,19 @@ void telemetry_record(keel_runtime *rt, keel_tick_record *tick)
             .tasks = skipped ? 0 : st->ntasks,
             .skip = st->skip,
             .watchdog = (uint8_t)watchdog,
+            .deferred = skipped ? 0 : st->deferred,
         };
         tick->watchdog_reports += watchdog;
+        tick->deferred_rows += out[i].deferred;
     }
     t->ticks[slot] = *tick;
+}
+
+void telemetry_mark_checkpoint(keel_runtime *rt, uint64_t tick)
+{
+    keel_tick_record *r = &rt->tel.ticks[tick & rt->tel.mask];
+    if (r->tick == tick)
+        r->checkpoint = 1;
 }
 
 void telemetry_fini(keel_runtime *rt)
@@ -130,6 +139,7 @@ void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out)
         out->checkpoint_age_ticks = tick > d->last_ckpt_tick ? tick - d->last_ckpt_tick : 0;
     }
     out->recovery_ns = rt->recovery.ns;
+    out->overload_level = (uint32_t)keel_runtime_overload(rt, &out->multiplier);
 }
 
 /* ---- trace export --------------------------------------------------------------- */
@@ -194,9 +204,19 @@ static void trace_writer(const keel_runtime *rt, FILE *f, bool *first, uint64_t 
     free(spans);
 }
 
+/* The overload counter track: the level and multiplier each tick ran at,
+ * so a throttled or slowed-down runtime does not look like a stalled one. */
+static void trace_overload(FILE *f, const keel_tick_record *t, uint64_t origin)
+{
+    fprintf(f, ",\n{\"ph\":\"C\",\"pid\":1,\"name\":\"overload\",\"ts\":%.3f,\"args\":{\"level\":%u,"
+               "\"multiplier\":%u}}",
+            us(t->start_ns, origin), t->overload_level, t->multiplier);
+}
+
 static void trace_tick(const keel_runtime *rt, FILE *f, bool *first, const keel_tick_record *t, uint64_t origin)
 {
     trace_slice(f, first, "tick", 0, us(t->start_ns, origin), (double)t->actual_ns / 1000.0, t->tick);
+    trace_overload(f, t, origin);
     uint64_t sync_start = t->sync_start_ns;
     trace_slice(f, first, "sync", 0, us(sync_start, origin), (double)t->sync_ns / 1000.0, t->tick);
     if (t->fence_ns)

@@ -148,6 +148,48 @@ static void run_task(keel_runtime *rt, uint32_t s, uint32_t task, uint32_t worke
 
 /* ---- readiness and completion ------------------------------------------------ */
 
+/* Entity budget (overload SCOPE_REDUCTION, docs/overload.md): keep only the
+ * rows [cursor, cursor + budget) of the query's iteration order, cutting the
+ * chunks where that window starts and ends. The next tick resumes after the
+ * window; a window that reaches the last row ends the pass, and the next
+ * tick starts over at row 0. Below SCOPE_REDUCTION (and for CRITICAL
+ * systems) every row is visited and the next reduction starts a fresh pass. */
+static void budget_trim(keel_runtime *rt, uint32_t s)
+{
+    const keel_system_desc *d = &rt->sched->sys[s].d;
+    rt_sys *st = &rt->st[s];
+    if (!d->entity_budget || d->priority == KEEL_PRIORITY_CRITICAL ||
+        rt->tick_level < KEEL_OVERLOAD_SCOPE_REDUCTION) {
+        st->cursor = 0;
+        return;
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < st->nchunks; i++)
+        total += st->chunks[i].rows;
+    if (st->cursor >= total)
+        st->cursor = 0; /* rows were destroyed since the pass began */
+    uint64_t skip = st->cursor, left = d->entity_budget;
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < st->nchunks && left; i++) {
+        world_chunk_ref r = st->chunks[i];
+        if (skip >= r.rows) {
+            skip -= r.rows;
+            continue;
+        }
+        r.first = (uint32_t)skip;
+        r.rows -= (uint32_t)skip;
+        skip = 0;
+        if (r.rows > left)
+            r.rows = (uint32_t)left;
+        left -= r.rows;
+        st->chunks[kept++] = r;
+    }
+    uint64_t visited = d->entity_budget - left;
+    st->nchunks = kept;
+    st->deferred = total - visited;
+    st->cursor = st->cursor + visited >= total ? 0 : st->cursor + visited;
+}
+
 /* Split a query system's chunks into tasks; called by the thread that makes
  * the system ready, before any ticket for it is published. */
 static int plan_tasks(keel_runtime *rt, uint32_t s)
@@ -171,6 +213,8 @@ static int plan_tasks(keel_runtime *rt, uint32_t s)
         n = query_chunk_refs(sys->query, st->chunks, st->chunks_cap);
     }
     st->nchunks = n;
+    budget_trim(rt, s);
+    n = st->nchunks;
     if (!sys->d.parallel || rt->workers == 1 || n <= 1)
         return KEEL_OK;
     uint64_t rows = 0;
@@ -208,10 +252,26 @@ static int ensure_cmdbufs(keel_runtime *rt, uint32_t s)
     return KEEL_OK;
 }
 
+/* Overload throttling (docs/overload.md): from SYSTEM_THROTTLING on, LOW
+ * systems are shed and NORMAL ones run on one tick in `divisor`, staggered
+ * by registration index so that every tick carries a share of them rather
+ * than all of them on one tick in `divisor` (which would overrun that tick
+ * as much as before). */
+static bool throttled(const keel_runtime *rt, uint32_t s)
+{
+    if (rt->tick_level < KEEL_OVERLOAD_SYSTEM_THROTTLING)
+        return false;
+    keel_priority p = rt->sched->sys[s].d.priority;
+    if (p != KEEL_PRIORITY_LOW && p != KEEL_PRIORITY_NORMAL)
+        return false;
+    uint64_t tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
+    return p == KEEL_PRIORITY_LOW || (tick + s) % rt->ovl_divisor != 0;
+}
+
 /* Prepare a system whose predecessors completed. Returns true when it has
  * tasks to run; false when it completes on the spot: skipped (a predecessor
- * failed, or its tasks could not be planned: skip is set) or empty (a
- * pipeline of 0 indices). */
+ * failed, it is throttled, or its tasks could not be planned: skip is set)
+ * or empty (a pipeline of 0 indices). */
 static void reset_run(rt_sys *st);
 
 static bool make_ready(keel_runtime *rt, uint32_t s)
@@ -220,6 +280,10 @@ static bool make_ready(keel_runtime *rt, uint32_t s)
     reset_run(st);
     if (atomic_load_explicit(&st->dep_failed, memory_order_relaxed)) {
         st->skip = KEEL_SKIP_DEPENDENCY_FAILED;
+        return false;
+    }
+    if (throttled(rt, s)) {
+        st->skip = KEEL_SKIP_THROTTLED;
         return false;
     }
     int rc = plan_tasks(rt, s);
@@ -249,6 +313,7 @@ static void reset_run(rt_sys *st)
     st->worker = 0;
     st->start_ns = st->end_ns = 0;
     st->skip = KEEL_SKIP_NONE;
+    st->deferred = 0;
 }
 
 /* Readiness fields: reset when the system completes (every system completes
@@ -280,6 +345,7 @@ static void finish_system(keel_runtime *rt, uint32_t s, uint32_t worker)
     w->run += !skipped;
     w->failed += st->skip == KEEL_SKIP_FAILED;
     w->skipped += skipped;
+    w->throttled += st->skip == KEEL_SKIP_THROTTLED;
     reset_readiness(rt, s);
 }
 
@@ -287,11 +353,13 @@ static void finish_system(keel_runtime *rt, uint32_t s, uint32_t worker)
  * a successful system's transaction commits; a failed one is rolled back --
  * its VERSIONED writes and its commands vanish -- and its end time is
  * recorded. A commit that cannot get memory fails the system the same way.
- * Returns true when its successors must be skipped. */
+ * Returns true when its successors must be skipped: a throttled system did
+ * not fail (it ran nothing), so its successors run. */
 static bool settle(keel_runtime *rt, uint32_t s, uint64_t now)
 {
     rt_sys *st = &rt->st[s];
-    bool failed = st->skip != KEEL_SKIP_NONE || atomic_load(&st->fail_rc) != 0;
+    bool shed = st->skip == KEEL_SKIP_THROTTLED;
+    bool failed = (st->skip != KEEL_SKIP_NONE && !shed) || atomic_load(&st->fail_rc) != 0;
     if (!failed && st->ntasks && st->ncmds) {
         int rc = txn_commit(rt->world, st->parts, st->ncmds, &st->changes);
         if (rc) {
@@ -307,7 +375,7 @@ static bool settle(keel_runtime *rt, uint32_t s, uint64_t now)
         for (uint32_t k = 0; k < st->ncmds; k++)
             keel_cmdbuf_discard(st->cmds[k]);
     }
-    st->end_ns = st->skip == KEEL_SKIP_DEPENDENCY_FAILED ? 0 : now;
+    st->end_ns = st->skip == KEEL_SKIP_DEPENDENCY_FAILED || shed ? 0 : now;
     if (!st->start_ns && st->skip == KEEL_SKIP_NONE)
         st->start_ns = st->end_ns; /* nothing to run (a pipeline of 0 indices) */
     return failed;

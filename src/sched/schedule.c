@@ -375,6 +375,12 @@ static void check_body(keel_schedule *s, sched_system *sys)
     }
     if (d->kind == KEEL_SYSTEM_QUERY && keel_query_create(s->world, &d->query, &sys->query))
         diag_add(s, KEEL_SCHED_BAD_SYSTEM, NAMES(d->name), "system '%s' has a bad query: %s", d->name, keel_last_error());
+    if (d->priority < KEEL_PRIORITY_LOW || d->priority > KEEL_PRIORITY_CRITICAL)
+        diag_add(s, KEEL_SCHED_BAD_SYSTEM, NAMES(d->name), "system '%s' has unknown priority %d", d->name,
+                 (int)d->priority);
+    if (d->entity_budget && d->kind != KEEL_SYSTEM_QUERY)
+        diag_add(s, KEEL_SCHED_BAD_SYSTEM, NAMES(d->name),
+                 "system '%s' has an entity_budget but is not a query system (only queries visit rows)", d->name);
 }
 
 /* Mark the components of a 0-terminated list in a bitset; report bad ids. */

@@ -120,6 +120,21 @@ static bool writes_component(const keel_ctx *ctx, keel_component c)
 
 /* ---- iteration ---------------------------------------------------------------- */
 
+/* Narrow an iterator over a whole chunk to the rows [first, first + rows)
+ * of a budgeted visit (docs/overload.md). */
+static void iter_narrow(keel_iter *it, const world_table *t, const keel_component *terms, world_chunk_ref ref)
+{
+    it->entities += ref.first;
+    it->count = ref.rows;
+    for (uint32_t i = 0; i < KEEL_QUERY_MAX_TERMS && terms[i]; i++) {
+        size_t off = (size_t)ref.first * t->cols[t->col_of[terms[i]] - 1].size;
+        if (!off || !it->columns[i])
+            continue;
+        it->columns[i] = (char *)it->columns[i] + off;
+        it->prev[i] = (const char *)it->prev[i] + off;
+    }
+}
+
 int txn_iter_chunk(keel_ctx *ctx, const keel_query *q, const keel_component *terms, world_chunk_ref ref,
                    keel_iter *it)
 {
@@ -127,6 +142,10 @@ int txn_iter_chunk(keel_ctx *ctx, const keel_query *q, const keel_component *ter
     keel_world *w = ctx->rt->world;
     const world_table *t = w->tables[ref.table];
     const sched_access *acc = ctx->acc;
+    /* a visit of part of a chunk leaves rows the body does not write: a
+     * `rewrites` column then gets a copy, not a fresh buffer, so they keep
+     * their values (prev still holds the current values) */
+    bool part = ref.first || ref.rows < it->count;
     for (uint32_t i = 0; i < KEEL_QUERY_MAX_TERMS && terms[i]; i++) {
         keel_component c = terms[i];
         uint32_t col = t->col_of[c] - 1;
@@ -139,7 +158,7 @@ int txn_iter_chunk(keel_ctx *ctx, const keel_query *q, const keel_component *ter
                 bool rewrite = acc && compset_has(&acc->rewrite, c);
                 void *own = atomic_load_explicit(&v->priv, memory_order_acquire);
                 it->prev[i] = own ? own : colver_cur(v);
-                void *p = private_column(ctx, t, ref.chunk, col, rewrite);
+                void *p = private_column(ctx, t, ref.chunk, col, rewrite && !part);
                 if (!p)
                     return KEEL_ENOMEM;
                 it->columns[i] = p;
@@ -155,6 +174,8 @@ int txn_iter_chunk(keel_ctx *ctx, const keel_query *q, const keel_component *ter
             it->prev[i] = v->pub;
         }
     }
+    if (part)
+        iter_narrow(it, t, terms, ref);
     return KEEL_OK;
 }
 

@@ -177,7 +177,7 @@ world_chunk_ref query_iter_ref(const keel_iter *it)
 {
     const keel_query *q = it->query_;
     uint32_t table = q->tables[it->table_pos_];
-    return (world_chunk_ref){table, it->chunk_ - 1, it->count};
+    return (world_chunk_ref){table, it->chunk_ - 1, it->count, 0};
 }
 
 const keel_component *query_terms(const keel_query *q)
@@ -193,7 +193,7 @@ uint32_t query_chunk_refs(const keel_query *q, world_chunk_ref *out, uint32_t ca
         const world_table *t = w->tables[q->tables[i]];
         for (uint32_t c = 0; c < t->nchunks && t->chunks[c]->count; c++, n++)
             if (n < cap)
-                out[n] = (world_chunk_ref){q->tables[i], c, t->chunks[c]->count};
+                out[n] = (world_chunk_ref){q->tables[i], c, t->chunks[c]->count, 0};
     }
     return n;
 }

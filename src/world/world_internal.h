@@ -295,7 +295,8 @@ int query_on_new_table(keel_world *w, world_table *t);
 typedef struct world_chunk_ref {
     uint32_t table;
     uint32_t chunk;
-    uint32_t rows;
+    uint32_t rows;              /* rows visited, from `first` */
+    uint32_t first;             /* first row visited (0 but for an entity-budgeted visit) */
 } world_chunk_ref;
 
 /* Write up to cap of the query's non-empty chunks, in iteration order, to

@@ -207,6 +207,16 @@ static int check(int rc, const char *what)
     return rc;
 }
 
+/* PlayerShedding (docs/overload.md): a real server would now refuse logins
+ * and disconnect idle players; the demo has no connections to drop, so it
+ * says so, once per entry into the level. */
+static void shed_players(keel_runtime *rt, uint64_t tick, void *user)
+{
+    (void)rt;
+    (void)user;
+    fprintf(stderr, "keel-world: critical overload at tick %" PRIu64 ": a game server would shed players now\n", tick);
+}
+
 static int setup(world_app *app, keel_schedule **sched, const options *o)
 {
     app->seed = o->seed;
@@ -218,6 +228,7 @@ static int setup(world_app *app, keel_schedule **sched, const options *o)
         .tick_rate_hz = o->tick_rate > 0 ? o->tick_rate : -1,
         .on_first_tick = world_first_tick,
         .hook_user = app,
+        .overload = {.on_critical_overload = shed_players, .user = app},
         .durability = o->durability,
         .durable = {.dir = o->memory ? NULL : o->data, .checkpoint_every_ticks = o->checkpoint_every,
                     .wal_retain = o->wal_retain, .on_shutdown = world_shutdown, .shutdown_arg = app},
@@ -259,12 +270,6 @@ typedef struct status_line {
     uint64_t last_tick, last_trades;
 } status_line;
 
-static const char *level_name(uint32_t level)
-{
-    static const char *const names[] = {"normal", "throttling", "scope-reduction", "tick-rate", "shedding"};
-    return level < sizeof names / sizeof names[0] ? names[level] : "?";
-}
-
 static void status_print(world_app *app, status_line *st, uint64_t tick)
 {
     double t = now_s(), dt = t - st->last_t;
@@ -275,12 +280,14 @@ static void status_print(world_app *app, status_line *st, uint64_t tick)
     keel_runtime_stats rs;
     keel_runtime_stats_get(app->rt, &rs);
     uint64_t trades = atomic_load(&app->trades) + atomic_load(&app->refused);
+    uint64_t busiest = atomic_load(&app->busiest_cell);
     printf("%stick=%" PRIu64 " tps=%.1f entities=%u trades/s=%.0f tick_ms=%.2f wal_mb=%.1f wal_ratio=%.2f "
-           "durable_lag=%" PRIu64 " level=%s%s",
+           "durable_lag=%" PRIu64 " level=%s x%u busiest_cell=%" PRIu64 ":%" PRIu64 "%s",
            st->tty ? "\r" : "", tick, (double)(tick - st->last_tick) / dt, rec.entities,
            (double)(trades - st->last_trades) / dt, (double)rec.actual_ns / 1e6, (double)rs.wal_bytes / 1e6,
            rec.wal_stored_bytes ? (double)rec.wal_raw_bytes / (double)rec.wal_stored_bytes : 0, rec.durable_lag,
-           level_name(rec.overload_level), st->tty ? "\033[K" : "\n");
+           keel_overload_level_name((keel_overload_level)rec.overload_level), rec.multiplier ? rec.multiplier : 1,
+           busiest >> 32, busiest & 0xffffffffu, st->tty ? "\033[K" : "\n");
     fflush(stdout);
     st->last_t = t;
     st->last_tick = tick;

@@ -24,6 +24,14 @@
  *                        same, plus a chance to eat that depends on the
  *                        fertility of the agent's grid cell
  *   phase 2  births      callback: spawns replace the tick's dead, plus noise
+ *            census      LOW priority, every 30th tick: agents per grid cell
+ *                        for the status line's busiest cell
+ *
+ * Overload (docs/overload.md): market and settle are CRITICAL, the world's
+ * systems HIGH, so throttling never skips them and the world stays a pure
+ * function of (seed, tick) on a loaded machine; only census, which writes
+ * nothing durable, is LOW and the first to be skipped. World time is a fixed
+ * 1/60 s per tick (TICK_SECONDS), not the modulated keel_ctx_dt.
  *
  * grid_cell is TRANSIENT: it is never logged, comes back as zeros after a
  * restart, and on_first_tick rebuilds it from pos. movement checks every
@@ -55,6 +63,10 @@
 #define HUNGER_LINE 200u
 #define TURN 10u   /* an agent acts every TURN ticks */
 #define GRID 16u   /* the plane is GRID x GRID cells */
+/* World time per tick. Not keel_ctx_dt: that follows the tick rate and the
+ * overload detector's tick-rate modulation, and the world must stay a pure
+ * function of (seed, tick) whatever the rate or the machine's load. */
+#define TICK_SECONDS (1.0f / 60.0f)
 
 /* splitmix64 finaliser: the same on every platform. */
 static uint64_t mix(uint64_t z)
@@ -196,7 +208,7 @@ static bool my_turn(keel_entity e, uint64_t tick)
 static int movement(keel_ctx *ctx, const keel_iter *it, void *user)
 {
     world_app *app = user;
-    float dt = keel_ctx_dt(ctx) * TURN;
+    float dt = TICK_SECONDS * TURN;
     uint64_t tick = keel_ctx_tick(ctx), stale = 0;
     vec3 *p = KEEL_COLUMN(it, vec3, 0), *v = KEEL_COLUMN(it, vec3, 1);
     uint32_t *cell = KEEL_COLUMN(it, uint32_t, 2);
@@ -465,23 +477,48 @@ static int settle(keel_ctx *ctx, void *user)
     return rc;
 }
 
+/* census (LOW priority: the first thing overload throttling skips): every
+ * 30th tick, agents per grid cell, for the status line's busiest cell. It
+ * writes nothing durable, so skipping it cannot change the world. */
+static int census(keel_ctx *ctx, void *user)
+{
+    world_app *app = user;
+    if (keel_ctx_tick(ctx) % 30)
+        return 0;
+    uint32_t count[GRID * GRID + 1] = {0}, best = 0;
+    keel_iter it;
+    keel_txn_iter(ctx, app->agents, &it);
+    while (keel_txn_next(ctx, &it)) {
+        const uint32_t *cell = KEEL_COLUMN(&it, uint32_t, 1);
+        for (uint32_t i = 0; i < it.count; i++)
+            count[cell[i] <= GRID * GRID ? cell[i] : 0]++;
+    }
+    for (uint32_t c = 1; c <= GRID * GRID; c++)
+        best = count[c] > count[best] ? c : best;
+    atomic_store(&app->busiest_cell, (uint64_t)best << 32 | count[best]);
+    return 0;
+}
+
 int world_add_systems(world_app *app, keel_schedule *s)
 {
     keel_system_desc sys[] = {
-        {.name = "market", .kind = KEEL_SYSTEM_CALLBACK, .run = market, .user = app,
+        {.name = "market", .kind = KEEL_SYSTEM_CALLBACK, .run = market, .user = app, .priority = KEEL_PRIORITY_CRITICAL,
          .access = {.side_writes = {app->wallet, app->ledger, app->inventory}, .exclusive = true},
          .before = {"movement", "metabolism", "foraging", "births", "settle"}},
-        {.name = "settle", .kind = KEEL_SYSTEM_CALLBACK, .run = settle, .user = app, .after = {"market"}},
-        {.name = "movement", .phase = 0, .kind = KEEL_SYSTEM_QUERY, .each_chunk = movement,
+        {.name = "settle", .kind = KEEL_SYSTEM_CALLBACK, .run = settle, .user = app, .after = {"market"},
+         .priority = KEEL_PRIORITY_CRITICAL},
+        {.name = "census", .phase = 2, .kind = KEEL_SYSTEM_CALLBACK, .run = census, .user = app,
+         .priority = KEEL_PRIORITY_LOW, .access = {.reads = {app->pos, app->grid_cell}}},
+        {.name = "movement", .priority = KEEL_PRIORITY_HIGH, .phase = 0, .kind = KEEL_SYSTEM_QUERY, .each_chunk = movement,
          .query = {.with = {app->pos, app->vel, app->grid_cell}}, .parallel = true, .user = app,
          .access = {.writes = {app->pos, app->vel, app->grid_cell}}},
-        {.name = "metabolism", .phase = 0, .kind = KEEL_SYSTEM_QUERY, .each_chunk = metabolism,
+        {.name = "metabolism", .priority = KEEL_PRIORITY_HIGH, .phase = 0, .kind = KEEL_SYSTEM_QUERY, .each_chunk = metabolism,
          .query = {.with = {app->energy}, .without = {app->hungry}}, .parallel = true, .user = app,
          .access = {.writes = {app->energy}, .events_produce = {"death"}}},
-        {.name = "foraging", .phase = 1, .kind = KEEL_SYSTEM_QUERY, .each_chunk = foraging,
+        {.name = "foraging", .priority = KEEL_PRIORITY_HIGH, .phase = 1, .kind = KEEL_SYSTEM_QUERY, .each_chunk = foraging,
          .query = {.with = {app->energy, app->hungry, app->grid_cell}}, .parallel = true, .user = app,
          .access = {.writes = {app->energy}, .reads = {app->grid_cell}, .events_produce = {"death"}}},
-        {.name = "births", .phase = 2, .kind = KEEL_SYSTEM_CALLBACK, .run = births, .user = app,
+        {.name = "births", .priority = KEEL_PRIORITY_HIGH, .phase = 2, .kind = KEEL_SYSTEM_CALLBACK, .run = births, .user = app,
          .access = {.events_consume = {"death"}}},
     };
     int rc = 0;

@@ -51,6 +51,7 @@ typedef struct world_app {
     _Atomic uint64_t refused;    /* trades refused (funds, stock, space) */
     _Atomic uint32_t deaths;     /* this tick's deaths, summed over tasks */
     _Atomic uint64_t grid_mismatches; /* TRANSIENT grid cells found stale: must stay 0 */
+    _Atomic uint64_t busiest_cell;    /* census: cell << 32 | agents in it */
     keel_entity accounts[PLAYERS + MERCHANTS]; /* players, then merchants, as the market last saw them */
     uint32_t naccounts;
     pending_trade pending[TRADES_PER_TICK];

@@ -1,0 +1,144 @@
+/*
+ * tools/bench/bench.h -- what the keel-bench files share: the run's
+ * configuration, figures and their reporting (one line or one JSON object
+ * per figure, and the summary table), the side-by-side runner, utilities,
+ * data directories, and the demo-like workload of the durability figures.
+ * Method and figures: the top comment of keel_bench.c.
+ */
+#ifndef KEEL_BENCH_H
+#define KEEL_BENCH_H
+
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keel/keel.h"
+
+/* ---- configuration and figures ------------------------------------------- */
+
+typedef struct config {
+    uint32_t entities;     /* of the in-memory figures */
+    uint32_t rounds;       /* figures are medians over rounds */
+    bool json;
+} config;
+
+typedef struct figure {
+    const char *name;
+    double value;          /* median of the subject */
+    double baseline;       /* median of the baseline */
+    const char *unit;      /* of value and baseline */
+    double target;         /* a bound ... */
+    bool target_on_ratio;  /* ... on the ratio (true) or on the value */
+    bool at_least;         /* the bound is a lower bound (ticks/s, speed-ups), else an upper bound */
+    bool no_target;        /* SPEC §10 sets none: the figure is printed for the record */
+} figure;
+
+/* Print a figure (text line or JSON object) and keep it for the summary. */
+void report(const config *cfg, const figure *f);
+/* A comment line in text mode only (JSON mode prints figures and nothing else). */
+void note(const config *cfg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The table of every figure reported so far (text mode only). */
+void report_summary(const config *cfg);
+
+/* ---- side-by-side runner -------------------------------------------------- */
+
+/* One measurement of one side: untimed setup, the timed part, untimed
+ * teardown; returns the figure's quantity (ms per pass, ns per entity). */
+typedef double (*measure_fn)(void *ctx);
+
+/* Keep freed memory resident between rounds (see bench_util.c). */
+void keep_heap_resident(void);
+/* After one untimed warm-up of each side, each round alternates `reps`
+ * measurements of each side (baseline first in even rounds) and keeps each
+ * side's mean; f gets the medians of those means over the rounds. */
+void run_pair(const config *cfg, uint32_t reps, measure_fn baseline, measure_fn subject, void *ctx, figure *f);
+
+/* ---- utilities ------------------------------------------------------------ */
+
+typedef struct vec3 {
+    float x, y, z;
+} vec3;
+
+/* Read once per pass, so the compiler cannot fold or hoist the work away. */
+extern volatile float g_dt;
+/* Results are folded into this, so no measured loop is dead code. */
+extern volatile double g_sink;
+
+void *xmalloc(size_t n);
+/* Exit with the library's sentence when rc is not 0. */
+void check(int rc, const char *what);
+uint64_t now_ns(void);
+double process_cpu_s(void);
+/* Median of v[0..n-1] (sorts v). */
+double median(double *v, uint32_t n);
+/* Nearest-rank percentile p in [0, 1] of v[0..n-1] (sorts v). */
+double percentile(double *v, size_t n, double p);
+uint64_t splitmix64(uint64_t *state);
+uint32_t pow2_at_least(uint32_t n);
+/* A VERSIONED 12-byte component {x, y, z: f32}. */
+keel_component register_vec3(keel_world *w, const char *name);
+
+/* A fresh directory under $TMPDIR (default /tmp) for a data directory;
+ * removed (files and all) and freed by remove_tmpdir. */
+char *make_tmpdir(const char *tag);
+void remove_tmpdir(char *dir);
+/* Copy the flat files of data directory `from` into `to`. */
+void copy_tmpdir(const char *from, const char *to);
+
+/* ---- the demo-like workload (bench_demo.c) --------------------------------- */
+
+#define DEMO_ENTITIES 100000u      /* the demo-like workload of SPEC §10 */
+#define DEMO_TURN 10u              /* a row changes when (index + tick) % turn == 0 */
+#define DEMO_CHURN 5u              /* spawns and destroys per tick (each) */
+#define WAL_WARM_TICKS 20u         /* untimed ticks after the populating first tick */
+
+/* n entities with VERSIONED pos and vel; on tick t a parallel query system
+ * rewrites pos and vel of the rows whose (entity index + t) % turn == 0, a
+ * callback system destroys `churn` entities and spawns `churn` new ones;
+ * on_first_tick spawns the population. */
+typedef struct demo {
+    keel_runtime *rt;
+    keel_component pos, vel;
+    keel_query *all;
+    uint32_t n, turn, churn;
+    _Atomic uint64_t changed;  /* value rows the systems changed (pos and vel count one each) */
+} demo;
+
+typedef struct demo_opts {
+    uint32_t n, turn, churn;
+    const char *dir;           /* NULL: WAL off */
+    int32_t zstd_level;
+    int64_t ckpt_ticks;        /* checkpoint_every_ticks; byte and time triggers are off */
+    uint32_t telemetry;        /* ring capacity, a power of two */
+    bool schedule;             /* false: components only (a runtime to recover into) */
+} demo_opts;
+
+void demo_open(demo *d, const demo_opts *o);
+void demo_close(demo *d);
+void step(keel_runtime *rt);
+
+/* ---- the benchmarks --------------------------------------------------------- */
+
+/* bench_memory.c: in-memory figures against plain-C baselines */
+void bench_memory(const config *cfg);
+void bench_iterate(const config *cfg);
+void bench_parallel(const config *cfg);
+void bench_spawn(const config *cfg);
+void bench_destroy(const config *cfg);
+void bench_systems(const config *cfg);
+void bench_side(const config *cfg);
+/* bench_demo.c: the demo workload with the WAL on and off */
+void bench_wal(const config *cfg);
+void bench_fence(const config *cfg);
+void bench_checkpoint(const config *cfg);
+/* bench_commit.c: against one synced LMDB commit per record */
+void bench_commit(const config *cfg);
+void bench_immediate(const config *cfg);
+void bench_recovery(const config *cfg);
+
+#endif

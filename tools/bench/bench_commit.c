@@ -1,0 +1,650 @@
+/*
+ * tools/bench/bench_commit.c -- the figures measured against one synced
+ * LMDB commit per record (the "one fsync per commit" baseline): immediate
+ * (IMMEDIATE side transactions from submitting threads), commit (durable
+ * ticks in GROUP and IMMEDIATE mode), and recovery (replay rate against
+ * reading the same WAL with libkeel_wal alone).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "keel_wal/wal.h"
+
+#define IMM_THREADS 8u
+#define IMM_ACCOUNTS 1024u
+#define IMM_WINDOW 64u             /* transfers in flight per submitting thread (headline figure) */
+#define IMM_SECONDS 1.0            /* submitting time per measurement */
+#define IMM_RECORD 96u             /* payload bytes of the baseline's one record per commit */
+#define IMM_BASE_SECONDS 0.5       /* baseline commit loop per measurement */
+#define COMMIT_ROWS 64u            /* rows the commit figure's system changes per tick */
+#define COMMIT_SECONDS 0.5         /* stepping time per measurement of the commit figure */
+#define RECOVERY_ENTITIES 1000000u
+#define RECOVERY_TURN 100u         /* 1M entities, 1%: the same 20k changed rows per tick as the wal figure */
+#define RECOVERY_TICKS 1000u
+#define RECOVERY_OFF_TICKS 100u    /* ticks timed with the WAL off, for the record */
+
+/* ---- immediate -------------------------------------------------------------- */
+
+typedef struct imm_run imm_run;
+
+typedef struct imm_transfer {
+    imm_run *run;
+    keel_entity from, to;
+} imm_transfer;
+
+typedef struct imm_thread {
+    imm_run *run;
+    uint32_t id;
+    double *lat;               /* ms, one per completed transfer */
+    size_t nlat, cap;
+    uint64_t failed;
+    pthread_t th;
+} imm_thread;
+
+struct imm_run {
+    keel_runtime *rt;
+    keel_component coins;
+    keel_entity acct[IMM_ACCOUNTS];
+    uint32_t window;
+    _Atomic bool stop;
+    _Atomic uint32_t running;
+    imm_thread th[IMM_THREADS];
+};
+
+/* Record n spawns of an entity whose i64 component c holds value. */
+static int spawn_i64(keel_ctx *ctx, keel_component c, uint32_t n, int64_t value)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = keel_cmd_spawn(keel_ctx_commands(ctx), (keel_init[]){ { c, &value } }, 1);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int imm_accounts(keel_ctx *ctx, void *user)
+{
+    return spawn_i64(ctx, ((imm_run *)user)->coins, IMM_ACCOUNTS, 1000000);
+}
+
+static int imm_idle(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    (void)user;
+    return 0;
+}
+
+static int imm_transfer_fn(keel_side_txn *tx, void *arg)
+{
+    const imm_transfer *t = arg;
+    int64_t a, b;
+    int rc = keel_side_get(tx, t->from, t->run->coins, &a);
+    if (!rc)
+        rc = keel_side_get(tx, t->to, t->run->coins, &b);
+    if (rc)
+        return rc;
+    a -= 1;
+    b += 1;
+    rc = keel_side_set(tx, t->from, t->run->coins, &a);
+    return rc ? rc : keel_side_set(tx, t->to, t->run->coins, &b);
+}
+
+static void imm_record(imm_thread *t, double ms)
+{
+    if (t->nlat == t->cap) {
+        t->cap = t->cap ? t->cap * 2 : 4096;
+        t->lat = realloc(t->lat, t->cap * sizeof *t->lat);
+        if (!t->lat) {
+            fprintf(stderr, "keel-bench: out of memory\n");
+            exit(1);
+        }
+    }
+    t->lat[t->nlat++] = ms;
+}
+
+/* A submitting thread: keeps `window` transfers in flight (submit until
+ * the window is full, then wait for the oldest ticket), until told to stop;
+ * then drains. Latency = submit to the return of keel_ticket_wait. */
+static void *imm_thread_main(void *arg)
+{
+    imm_thread *t = arg;
+    imm_run *r = t->run;
+    uint32_t W = r->window;
+    imm_transfer *tr = xmalloc(W * sizeof *tr);
+    keel_ticket **tk = xmalloc(W * sizeof *tk);
+    uint64_t *sub = xmalloc(W * sizeof *sub);
+    uint64_t rng = 0x696d6d6564696174ull ^ ((uint64_t)t->id << 32);
+    uint32_t head = 0, inflight = 0;
+    for (;;) {
+        while (!atomic_load_explicit(&r->stop, memory_order_relaxed) && inflight < W) {
+            uint32_t slot = (head + inflight) % W;
+            uint64_t x = splitmix64(&rng);
+            uint32_t i = (uint32_t)(x % IMM_ACCOUNTS), j = (uint32_t)((x >> 32) % (IMM_ACCOUNTS - 1));
+            j += j >= i;
+            tr[slot] = (imm_transfer){ r, r->acct[i], r->acct[j] };
+            sub[slot] = now_ns();
+            check(keel_submit(r->rt, imm_transfer_fn, &tr[slot], KEEL_DURABLE_IMMEDIATE, &tk[slot]), "keel_submit");
+            inflight++;
+        }
+        if (!inflight)
+            break;
+        int rc = keel_ticket_wait(tk[head], -1);
+        uint64_t done = now_ns();
+        keel_ticket_release(tk[head]);
+        if (rc == 0)
+            imm_record(t, (double)(done - sub[head]) / 1e6);
+        else
+            t->failed++;
+        head = (head + 1) % W;
+        inflight--;
+    }
+    free(tr);
+    free(tk);
+    free(sub);
+    atomic_fetch_sub(&r->running, 1);
+    return NULL;
+}
+
+typedef struct imm_sample {
+    double tps, p50, p99, fsyncs_per_s;
+    double ticks_per_s, wal_mb_per_s;  /* of the stepping loop, the WAL writer */
+    uint64_t failed;
+} imm_sample;
+
+/* IMM_THREADS threads submit IMMEDIATE transfers (window in flight each)
+ * for IMM_SECONDS while this thread steps the runtime unthrottled. */
+static imm_sample imm_measure(uint32_t window, double rate_hz)
+{
+    char *dir = make_tmpdir("imm");
+    imm_run *r = calloc(1, sizeof *r);
+    if (!r) {
+        fprintf(stderr, "keel-bench: out of memory\n");
+        exit(1);
+    }
+    r->window = window;
+    keel_runtime_desc desc = {
+        .workers = 1, .tick_rate_hz = rate_hz, .on_first_tick = imm_accounts, .hook_user = r,
+        .durable = { .dir = dir, .checkpoint_every_ticks = -1 },
+        .overload = { .disabled = true }, /* at 1 kHz: measure the rate asked for, not a modulated one */
+    };
+    check(keel_runtime_create(&desc, &r->rt), "keel_runtime_create");
+    keel_world *w = keel_runtime_world(r->rt);
+    static const keel_field f[] = { { .name = "coins", .type = KEEL_I64 } };
+    check(keel_component_register(w, &(keel_component_desc){ .name = "coins", .size = 8, .fields = f,
+                                                             .field_count = 1 }, &r->coins), "register");
+    keel_schedule *s;
+    check(keel_schedule_create(r->rt, &s), "keel_schedule_create");
+    keel_system_desc idle = { .name = "idle", .kind = KEEL_SYSTEM_CALLBACK, .run = imm_idle };
+    check(keel_schedule_add_system(s, &idle, NULL), "keel_schedule_add_system");
+    check(keel_schedule_build(s), "keel_schedule_build");
+    check(keel_runtime_set_schedule(r->rt, s), "keel_runtime_set_schedule");
+    step(r->rt);
+    check(keel_uow_flush(r->rt), "keel_uow_flush");
+    keel_query *q;
+    check(keel_query_create(w, &(keel_query_desc){ .with = { r->coins } }, &q), "keel_query_create");
+    uint32_t n = 0;
+    keel_iter it;
+    keel_query_iter(q, &it);
+    while (keel_iter_next(&it))
+        for (uint32_t i = 0; i < it.count && n < IMM_ACCOUNTS; i++)
+            r->acct[n++] = it.entities[i];
+    keel_query_destroy(q);
+    if (n != IMM_ACCOUNTS) {
+        fprintf(stderr, "keel-bench: immediate: %u accounts, expected %u\n", n, IMM_ACCOUNTS);
+        exit(1);
+    }
+    keel_runtime_stats s0, s1;
+    keel_runtime_stats_get(r->rt, &s0);
+    atomic_store(&r->running, IMM_THREADS);
+    uint64_t t0 = now_ns();
+    for (uint32_t i = 0; i < IMM_THREADS; i++) {
+        r->th[i] = (imm_thread){ .run = r, .id = i };
+        if (pthread_create(&r->th[i].th, NULL, imm_thread_main, &r->th[i])) {
+            fprintf(stderr, "keel-bench: pthread_create failed\n");
+            exit(1);
+        }
+    }
+    uint64_t stop_at = t0 + (uint64_t)(IMM_SECONDS * 1e9);
+    if (rate_hz > 0) { /* the TickDriver at rate_hz instead of an unthrottled loop */
+        check(keel_runtime_start(r->rt), "keel_runtime_start");
+        struct timespec ts = { (time_t)IMM_SECONDS, (long)((IMM_SECONDS - (double)(time_t)IMM_SECONDS) * 1e9) };
+        nanosleep(&ts, NULL);
+        atomic_store(&r->stop, true);
+        while (atomic_load(&r->running)) {
+            struct timespec ms = { 0, 1000000 };
+            nanosleep(&ms, NULL);
+        }
+        check(keel_runtime_stop(r->rt), "keel_runtime_stop");
+    }
+    while (atomic_load(&r->running)) {
+        step(r->rt);
+        if (!atomic_load_explicit(&r->stop, memory_order_relaxed) && now_ns() >= stop_at)
+            atomic_store(&r->stop, true);
+    }
+    uint64_t t1 = now_ns();
+    keel_runtime_stats_get(r->rt, &s1);
+    double secs = (double)(t1 - t0) / 1e9;
+    imm_sample out = { .fsyncs_per_s = (double)(s1.fsyncs - s0.fsyncs) / secs,
+                       .ticks_per_s = (double)(s1.ticks - s0.ticks) / secs,
+                       .wal_mb_per_s = (double)(s1.wal_bytes - s0.wal_bytes) / 1e6 / secs };
+    size_t total = 0;
+    for (uint32_t i = 0; i < IMM_THREADS; i++) {
+        pthread_join(r->th[i].th, NULL);
+        total += r->th[i].nlat;
+        out.failed += r->th[i].failed;
+    }
+    double *all = xmalloc((total ? total : 1) * sizeof *all);
+    size_t k = 0;
+    for (uint32_t i = 0; i < IMM_THREADS; i++) {
+        memcpy(all + k, r->th[i].lat, r->th[i].nlat * sizeof *all);
+        k += r->th[i].nlat;
+        free(r->th[i].lat);
+    }
+    out.tps = (double)total / ((double)(t1 - t0) / 1e9);
+    out.p50 = percentile(all, total, 0.50);
+    out.p99 = percentile(all, total, 0.99);
+    free(all);
+    keel_runtime_close(r->rt);
+    free(r);
+    remove_tmpdir(dir);
+    return out;
+}
+
+typedef struct fsync_base {
+    kw_codec_ctx *codec;
+    kw_buf rec;
+    uint64_t lsn;
+} fsync_base;
+
+static int fsync_fill(kw_wtxn *txn, void *arg)
+{
+    fsync_base *b = arg;
+    return kw_put_wal(txn, b->lsn, b->rec.p, b->rec.len);
+}
+
+/* Baseline: one synced LMDB commit per record (one IMM_RECORD-byte
+ * SIDE-like record per kw_store_write) into a directory of its own, for
+ * IMM_BASE_SECONDS; commits/s and per-commit latency percentiles. */
+static imm_sample fsync_measure(void)
+{
+    char *dir = make_tmpdir("fsync");
+    kw_store *st;
+    check(kw_store_open(dir, &(kw_store_desc){ .flags = KW_OPEN_CREATE }, &st), "kw_store_open");
+    fsync_base b = { .lsn = 0 };
+    check(kw_codec_create(&(kw_codec_desc){ 0 }, &b.codec), "kw_codec_create");
+    unsigned char payload[IMM_RECORD];
+    for (size_t i = 0; i < sizeof payload; i++)
+        payload[i] = (unsigned char)(i * 37u);
+    size_t cap = 1024, n = 0;
+    double *lat = xmalloc(cap * sizeof *lat);
+    uint64_t t0 = now_ns(), stop_at = t0 + (uint64_t)(IMM_BASE_SECONDS * 1e9), t = t0;
+    while (t < stop_at) {
+        b.rec.len = 0;
+        b.lsn++;
+        check(kw_record_build(b.codec, &b.rec, KW_KIND_SIDE, b.lsn, 0, 0, payload, sizeof payload), "kw_record_build");
+        check(kw_store_write(st, fsync_fill, &b), "kw_store_write");
+        uint64_t t2 = now_ns();
+        if (n == cap) {
+            cap *= 2;
+            lat = realloc(lat, cap * sizeof *lat);
+            if (!lat)
+                exit(1);
+        }
+        lat[n++] = (double)(t2 - t) / 1e6;
+        t = t2;
+    }
+    imm_sample out = { .tps = (double)n / ((double)(t - t0) / 1e9), .fsyncs_per_s = (double)n / ((double)(t - t0) / 1e9) };
+    out.p50 = percentile(lat, n, 0.50);
+    out.p99 = percentile(lat, n, 0.99);
+    free(lat);
+    kw_buf_free(&b.rec);
+    kw_codec_destroy(b.codec);
+    kw_store_close(st);
+    remove_tmpdir(dir);
+    return out;
+}
+
+/* Median over R samples of the double at byte offset `off` of each. */
+static double imm_median(const imm_sample *v, uint32_t R, size_t off)
+{
+    double *x = xmalloc(R * sizeof *x);
+    for (uint32_t r = 0; r < R; r++)
+        memcpy(&x[r], (const char *)&v[r] + off, sizeof x[r]);
+    double m = median(x, R);
+    free(x);
+    return m;
+}
+
+void bench_immediate(const config *cfg)
+{
+    keep_heap_resident();
+    static const struct { const char *name; uint32_t window; double rate; } runs[] = {
+        { "immediate", IMM_WINDOW, -1 },       /* SPEC §10: unthrottled stepping */
+        { "immediate_w1", 1, -1 },             /* one transfer in flight per thread */
+        { "immediate_1khz", IMM_WINDOW, 1000 },/* the TickDriver at 1 kHz instead */
+    };
+    enum { NRUNS = sizeof runs / sizeof runs[0] };
+    uint32_t R = cfg->rounds;
+    imm_sample *b = xmalloc(R * sizeof *b), *s[NRUNS];
+    for (int k = 0; k < NRUNS; k++)
+        s[k] = xmalloc(R * sizeof *s[k]);
+    (void)fsync_measure(); /* warm-up */
+    (void)imm_measure(IMM_WINDOW, -1);
+    for (uint32_t r = 0; r < R; r++) {
+        if (r % 2 == 0)
+            b[r] = fsync_measure();
+        for (int k = 0; k < NRUNS; k++)
+            s[k][r] = imm_measure(runs[k].window, runs[k].rate);
+        if (r % 2 == 1)
+            b[r] = fsync_measure();
+    }
+    double base = imm_median(b, R, offsetof(imm_sample, tps));
+    double base50 = imm_median(b, R, offsetof(imm_sample, p50)), base99 = imm_median(b, R, offsetof(imm_sample, p99));
+    uint64_t failed = 0;
+    for (int k = 0; k < NRUNS; k++) {
+        for (uint32_t r = 0; r < R; r++)
+            failed += s[k][r].failed;
+        figure f = { .name = runs[k].name, .unit = "commits/s", .value = imm_median(s[k], R, offsetof(imm_sample, tps)),
+                     .baseline = base, .target = 20, .target_on_ratio = true, .at_least = true };
+        report(cfg, &f);
+        char n50[32], n99[32];
+        snprintf(n50, sizeof n50, "%s_p50", runs[k].name);
+        snprintf(n99, sizeof n99, "%s_p99", runs[k].name);
+        figure l50 = { .name = n50, .unit = "ms", .value = imm_median(s[k], R, offsetof(imm_sample, p50)),
+                       .baseline = base50, .no_target = true };
+        figure l99 = { .name = n99, .unit = "ms", .value = imm_median(s[k], R, offsetof(imm_sample, p99)),
+                       .baseline = base99, .no_target = true };
+        report(cfg, &l50);
+        report(cfg, &l99);
+        double fs = imm_median(s[k], R, offsetof(imm_sample, fsyncs_per_s));
+        note(cfg, "%s: %u threads x %u transfers in flight, %s; %.0f ticks/s, %.0f synced LMDB commits/s by the "
+                  "WAL writer (%.1f transfers per commit), %.1f MB/s of WAL", runs[k].name, IMM_THREADS,
+             runs[k].window, runs[k].rate > 0 ? "TickDriver at 1 kHz (overload detector off)" : "unthrottled keel_runtime_step loop",
+             imm_median(s[k], R, offsetof(imm_sample, ticks_per_s)), fs, fs > 0 ? f.value / fs : 0,
+             imm_median(s[k], R, offsetof(imm_sample, wal_mb_per_s)));
+        free(s[k]);
+    }
+    if (failed)
+        fprintf(stderr, "keel-bench: immediate: %llu transfers failed\n", (unsigned long long)failed);
+    note(cfg, "immediate: value = IMMEDIATE two-account transfers/s (keel_submit + keel_ticket_wait from %u "
+              "threads for %.1f s, latency = submit to the return of the wait) while the main thread steps the "
+              "runtime (1 worker, %u accounts, GROUP ticks, tick-count checkpoints off); baseline = one synced "
+              "LMDB commit per %u-byte record (kw_store_write loop, a directory of its own, %.1f s): commits/s "
+              "and per-commit latency", IMM_THREADS, IMM_SECONDS, IMM_ACCOUNTS, IMM_RECORD, IMM_BASE_SECONDS);
+    free(b);
+}
+
+/* ---- commit ------------------------------------------------------------------ */
+
+/* Durable ticks: a system changes COMMIT_ROWS rows of a VERSIONED i64 every
+ * tick; the runtime steps unthrottled for COMMIT_SECONDS in GROUP mode (the
+ * final keel_uow_flush timed) or IMMEDIATE mode (every tick returns once it
+ * is on disk). Durable ticks per second, against the one-synced-commit-per-
+ * record rate of fsync_measure. */
+typedef struct commit_run {
+    keel_component v;
+} commit_run;
+
+/* on_first_tick: the rows the system changes. */
+static int commit_spawn(keel_ctx *ctx, void *user)
+{
+    return spawn_i64(ctx, ((commit_run *)user)->v, COMMIT_ROWS, 0);
+}
+
+static int commit_bump(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)ctx;
+    (void)user;
+    int64_t *v = KEEL_COLUMN(it, int64_t, 0);
+    for (uint32_t i = 0; i < it->count; i++)
+        v[i]++;
+    return 0;
+}
+
+typedef struct commit_sample {
+    double tps;                /* durable ticks per second */
+    double ticks_per_fsync;
+} commit_sample;
+
+static commit_sample commit_measure(keel_durability mode)
+{
+    char *dir = make_tmpdir("commit");
+    commit_run c = { 0 };
+    keel_runtime *rt;
+    keel_runtime_desc desc = { .workers = 1, .tick_rate_hz = -1, .durability = mode, .on_first_tick = commit_spawn,
+                               .hook_user = &c, .durable = { .dir = dir, .checkpoint_every_ticks = -1 } };
+    check(keel_runtime_create(&desc, &rt), "keel_runtime_create");
+    static const keel_field f[] = { { .name = "v", .type = KEEL_I64 } };
+    check(keel_component_register(keel_runtime_world(rt), &(keel_component_desc){ .name = "v", .size = 8,
+                                  .fields = f, .field_count = 1 }, &c.v), "register");
+    keel_schedule *s;
+    check(keel_schedule_create(rt, &s), "keel_schedule_create");
+    keel_system_desc bump = { .name = "bump", .kind = KEEL_SYSTEM_QUERY, .each_chunk = commit_bump,
+                              .query = { .with = { c.v } }, .access = { .writes = { c.v } } };
+    check(keel_schedule_add_system(s, &bump, NULL), "keel_schedule_add_system");
+    check(keel_schedule_build(s), "keel_schedule_build");
+    check(keel_runtime_set_schedule(rt, s), "keel_runtime_set_schedule");
+    step(rt);
+    check(keel_uow_flush(rt), "keel_uow_flush");
+    keel_runtime_stats s0, s1;
+    keel_runtime_stats_get(rt, &s0);
+    uint64_t t0 = now_ns(), stop_at = t0 + (uint64_t)(COMMIT_SECONDS * 1e9), n = 0;
+    do {
+        step(rt);
+        n++;
+    } while (now_ns() < stop_at);
+    check(keel_uow_flush(rt), "keel_uow_flush");
+    uint64_t t1 = now_ns();
+    keel_runtime_stats_get(rt, &s1);
+    commit_sample out = { .tps = (double)n / ((double)(t1 - t0) / 1e9) };
+    out.ticks_per_fsync = s1.fsyncs > s0.fsyncs ? (double)n / (double)(s1.fsyncs - s0.fsyncs) : 0;
+    keel_runtime_close(rt);
+    remove_tmpdir(dir);
+    return out;
+}
+
+void bench_commit(const config *cfg)
+{
+    keep_heap_resident();
+    uint32_t R = cfg->rounds;
+    double *base = xmalloc(R * sizeof *base), *grp = xmalloc(R * sizeof *grp), *imm = xmalloc(R * sizeof *imm);
+    double *gpf = xmalloc(R * sizeof *gpf), *ipf = xmalloc(R * sizeof *ipf);
+    (void)fsync_measure(); /* warm-up */
+    (void)commit_measure(KEEL_DURABLE_GROUP);
+    for (uint32_t r = 0; r < R; r++) {
+        if (r % 2 == 0)
+            base[r] = fsync_measure().tps;
+        commit_sample g = commit_measure(KEEL_DURABLE_GROUP), i = commit_measure(KEEL_DURABLE_IMMEDIATE);
+        grp[r] = g.tps;
+        gpf[r] = g.ticks_per_fsync;
+        imm[r] = i.tps;
+        ipf[r] = i.ticks_per_fsync;
+        if (r % 2 == 1)
+            base[r] = fsync_measure().tps;
+    }
+    double b = median(base, R);
+    figure g = { .name = "commit_group", .unit = "ticks/s", .value = median(grp, R), .baseline = b, .no_target = true };
+    figure i = { .name = "commit_immediate", .unit = "ticks/s", .value = median(imm, R), .baseline = b,
+                 .no_target = true };
+    report(cfg, &g);
+    report(cfg, &i);
+    note(cfg, "commit: durable ticks/s of a tick that changes %u rows of a VERSIONED i64 (1 worker, unthrottled "
+              "keel_runtime_step for %.1f s, checkpoints off): GROUP (the final keel_uow_flush timed; %.1f ticks "
+              "per synced commit) and IMMEDIATE (each tick waits for its sync; %.1f ticks per synced commit); "
+              "baseline = one synced LMDB commit per %u-byte record (kw_store_write loop), commits/s",
+         COMMIT_ROWS, COMMIT_SECONDS, median(gpf, R), median(ipf, R), IMM_RECORD);
+    free(base);
+    free(grp);
+    free(imm);
+    free(gpf);
+    free(ipf);
+}
+
+/* ---- recovery --------------------------------------------------------------- */
+
+typedef struct rec_sample {
+    double wall_s, cpu_s, raw_mb;
+    uint64_t records, tick, checkpoint_tick, hash;
+} rec_sample;
+
+/* Recover `dir` into a fresh runtime (components registered, no schedule). */
+static rec_sample recovery_measure(const char *dir)
+{
+    demo d;
+    demo_open(&d, &(demo_opts){ .n = RECOVERY_ENTITIES, .turn = RECOVERY_TURN, .dir = dir, .ckpt_ticks = -1 });
+    keel_recovery rec;
+    double c0 = process_cpu_s();
+    uint64_t t0 = now_ns();
+    check(keel_runtime_recover(d.rt, &rec), "keel_runtime_recover");
+    uint64_t t1 = now_ns();
+    double c1 = process_cpu_s();
+    rec_sample s = { .wall_s = (double)(t1 - t0) / 1e9, .cpu_s = c1 - c0, .raw_mb = (double)rec.raw_bytes / 1e6,
+                     .records = rec.records, .tick = rec.tick, .checkpoint_tick = rec.checkpoint_tick, .hash = keel_world_hash(keel_runtime_world(d.rt)) };
+    demo_close(&d);
+    return s;
+}
+
+/* Read, CRC-check and decompress every WAL record of dir through
+ * libkeel_wal alone: what any replay must at least do. MB/s of raw payload
+ * per CPU second. */
+static double wal_read_mbps(const char *dir)
+{
+    kw_store *st;
+    check(kw_store_open(dir, &(kw_store_desc){ .flags = KW_OPEN_READONLY }, &st), "kw_store_open");
+    kw_codec_ctx *c;
+    check(kw_codec_create(&(kw_codec_desc){ 0 }, &c), "kw_codec_create");
+    kw_rtxn *r;
+    check(kw_read_begin(st, &r), "kw_read_begin");
+    kw_walit *it;
+    check(kw_wal_iter(r, 0, &it), "kw_wal_iter");
+    double c0 = process_cpu_s(), raw = 0, sum = 0;
+    uint64_t lsn;
+    const void *rec, *payload;
+    size_t len;
+    int rc;
+    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
+        kw_header h;
+        check(kw_record_check(rec, len, &h), "kw_record_check");
+        check(kw_record_payload(c, rec, &h, &payload), "kw_record_payload");
+        raw += h.raw_len;
+        if (h.raw_len)
+            sum += ((const unsigned char *)payload)[h.raw_len - 1];
+    }
+    double c1 = process_cpu_s();
+    if (rc < 0)
+        check(rc, "kw_wal_next");
+    g_sink = sum;
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    kw_codec_destroy(c);
+    kw_store_close(st);
+    return raw / 1e6 / (c1 - c0);
+}
+
+void bench_recovery(const config *cfg)
+{
+    keep_heap_resident();
+    demo_opts o = { .n = RECOVERY_ENTITIES, .turn = RECOVERY_TURN, .churn = DEMO_CHURN, .ckpt_ticks = -1,
+                    .telemetry = 1024, .schedule = true };
+    demo d;
+    /* For the record: the same ticks without a data directory. */
+    demo_open(&d, &o);
+    for (uint32_t t = 0; t <= WAL_WARM_TICKS; t++)
+        step(d.rt);
+    uint64_t m0 = now_ns();
+    for (uint32_t t = 0; t < RECOVERY_OFF_TICKS; t++)
+        step(d.rt);
+    double off_ms = (double)(now_ns() - m0) / 1e6 / RECOVERY_OFF_TICKS;
+    demo_close(&d);
+    /* Build: populate 1M (the first tick's hook), checkpoint, close: dir
+     * `ckpt`; a copy of it, `full`, then gets RECOVERY_TICKS ticks of WAL. */
+    uint64_t b0 = now_ns();
+    char *ckpt = make_tmpdir("rec-ckpt"), *full = make_tmpdir("rec-full");
+    o.dir = ckpt;
+    demo_open(&d, &o);
+    step(d.rt);
+    check(keel_checkpoint(d.rt), "keel_checkpoint");
+    uint64_t ckpt_hash = keel_world_hash(keel_runtime_world(d.rt)), ckpt_tick = keel_runtime_tick(d.rt);
+    demo_close(&d);
+    copy_tmpdir(ckpt, full);
+    uint64_t b1 = now_ns();
+    o.dir = full;
+    demo_open(&d, &o);
+    for (uint32_t t = 0; t < RECOVERY_TICKS; t++)
+        step(d.rt);
+    check(keel_uow_flush(d.rt), "keel_uow_flush");
+    uint64_t full_hash = keel_world_hash(keel_runtime_world(d.rt)), full_tick = keel_runtime_tick(d.rt);
+    keel_runtime_stats bs;
+    keel_runtime_stats_get(d.rt, &bs);
+    demo_close(&d);
+    uint64_t b2 = now_ns();
+    note(cfg, "recovery: built in %.1f s: populate %u, checkpoint of tick %llu, copy: %.1f s; %u ticks with the WAL "
+              "on: %.1f s (%.1f ms/tick, flush included; the same ticks with the WAL off: %.1f ms/tick); "
+              "%.1f MB WAL stored", (double)(b2 - b0) / 1e9, RECOVERY_ENTITIES, (unsigned long long)ckpt_tick,
+         (double)(b1 - b0) / 1e9, RECOVERY_TICKS, (double)(b2 - b1) / 1e9, (double)(b2 - b1) / 1e6 / RECOVERY_TICKS,
+         off_ms, (double)bs.wal_bytes / 1e6);
+
+    uint32_t R = cfg->rounds;
+    double *bw = xmalloc(R * sizeof *bw), *sw = xmalloc(R * sizeof *sw), *sc = xmalloc(R * sizeof *sc);
+    double *rp = xmalloc(R * sizeof *rp), *rd = xmalloc(R * sizeof *rd);
+    rec_sample last = { 0 };
+    (void)recovery_measure(ckpt); /* warm-up: the page cache holds both directories */
+    (void)recovery_measure(full);
+    for (uint32_t r = 0; r < R; r++) {
+        rec_sample a, b;
+        if (r % 2 == 0) {
+            a = recovery_measure(ckpt);
+            b = recovery_measure(full);
+        } else {
+            b = recovery_measure(full);
+            a = recovery_measure(ckpt);
+        }
+        if (a.hash != ckpt_hash || b.hash != full_hash || b.tick != full_tick) {
+            fprintf(stderr, "keel-bench: recovery: recovered state differs (tick %llu, expected %llu; "
+                    "hashes %s/%s)\n", (unsigned long long)b.tick, (unsigned long long)full_tick,
+                    a.hash == ckpt_hash ? "ok" : "DIFFER", b.hash == full_hash ? "ok" : "DIFFER");
+            exit(1);
+        }
+        if (r == 0 && a.tick != ckpt_tick) /* not fatal for the figure: the state is the checkpoint's */
+            fprintf(stderr, "keel-bench: recovery: the checkpoint-only directory (checkpoint of tick %llu, no WAL "
+                    "after it) recovers to tick %llu\n", (unsigned long long)ckpt_tick, (unsigned long long)a.tick);
+        bw[r] = a.wall_s;
+        sw[r] = b.wall_s;
+        sc[r] = b.raw_mb / b.cpu_s;
+        rp[r] = b.cpu_s > a.cpu_s ? b.raw_mb / (b.cpu_s - a.cpu_s) : NAN;
+        rd[r] = wal_read_mbps(full);
+        last = b;
+    }
+    double read_rate = median(rd, R);
+    figure t = { .name = "recovery", .unit = "s", .value = median(sw, R), .baseline = median(bw, R), .no_target = true };
+    report(cfg, &t);
+    figure m = { .name = "recovery_mbps", .unit = "MB/s", .value = median(sc, R), .baseline = read_rate,
+                 .target = 200, .at_least = true };
+    report(cfg, &m);
+    figure p = { .name = "recovery_replay", .unit = "MB/s", .value = median(rp, R), .baseline = read_rate,
+                 .target = 200, .at_least = true };
+    report(cfg, &p);
+    note(cfg, "recovery: %u entities + %u ticks (rows with (index + tick) %% %u == 0 of pos and vel, %u spawns + "
+              "%u destroys per tick): checkpoint of tick %llu, then %.1f MB raw WAL in %llu records replayed "
+              "to tick %llu", RECOVERY_ENTITIES, RECOVERY_TICKS, RECOVERY_TURN, DEMO_CHURN, DEMO_CHURN,
+         (unsigned long long)last.checkpoint_tick, last.raw_mb, (unsigned long long)last.records,
+         (unsigned long long)last.tick);
+    note(cfg, "recovery: value = keel_runtime_recover seconds (checkpoint + WAL), baseline = the same "
+              "checkpoint without the WAL; recovery_mbps = raw WAL MB per CPU second of the whole recovery "
+              "(checkpoint load included); recovery_replay = raw WAL MB / (recovery - checkpoint-only) "
+              "CPU seconds; their baseline: reading, CRC-checking and decompressing the same records with "
+              "libkeel_wal alone, MB per CPU second; page cache warm");
+    free(bw);
+    free(sw);
+    free(sc);
+    free(rp);
+    free(rd);
+    remove_tmpdir(ckpt);
+    remove_tmpdir(full);
+}
+
