@@ -24,6 +24,7 @@
  * synchronised by the lines it prints.
  */
 #include <ctype.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <lmdb.h>
 #include <signal.h>
@@ -643,6 +644,18 @@ START_TEST(test_info)
     ck_assert(js_has(r.out, "checkpoint   none"));
     ck_assert(js_has(r.out, "        code             bytes[3] @13"));
     tu_run_free(&r);
+
+    /* output that cannot be written is an error, named, not a success */
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int full = open("/dev/full", O_WRONLY);
+        if (full < 0 || dup2(full, 1) < 0)
+            _exit(99);
+        execl(KEEL_WAL_BIN, KEEL_WAL_BIN, "info", dir, (char *)NULL);
+        _exit(98);
+    }
+    ck_assert_int_eq(tu_wait(pid), 2);
 }
 END_TEST
 
