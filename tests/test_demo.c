@@ -17,33 +17,18 @@
  *                  continues to the reference hash
  */
 #include <check.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <ftw.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "keel_test.h"
+#include "test_util.h"
 
 #define ENTITIES "3000"
-
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)flag;
-    (void)ftw;
-    return remove(path);
-}
-
-static void demo_rmdir(const char *dir)
-{
-    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 typedef struct child {
     pid_t pid;
@@ -126,32 +111,15 @@ static uint64_t run_final(const char *const *args)
     return hash;
 }
 
+/* keel-world with args: its exit status; the first line of its stderr in err_line. */
 static int run_status(const char *const *args, char *err_line, size_t cap)
 {
-    int errp[2];
-    ck_assert_int_eq(pipe(errp), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        const char *argv[20] = {KEEL_WORLD_BIN};
-        for (int n = 1; args[n - 1] && n < 19; n++)
-            argv[n] = args[n - 1];
-        dup2(errp[1], 2);
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        execv(KEEL_WORLD_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    close(errp[1]);
-    FILE *f = fdopen(errp[0], "r");
-    char buf[600];
-    err_line[0] = 0;
-    while (fgets(buf, sizeof buf, f))
-        if (!err_line[0])
-            snprintf(err_line, cap, "%s", buf);
-    fclose(f);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    tu_run r = tu_run_argv(KEEL_WORLD_BIN, args);
+    size_t n = strcspn(r.err, "\n");
+    snprintf(err_line, cap, "%.*s", (int)(n + (r.err[n] == '\n')), r.err);
+    int status = r.status;
+    tu_run_free(&r);
+    return status;
 }
 
 START_TEST(cli_bad_arguments)
@@ -174,10 +142,8 @@ END_TEST
 
 START_TEST(runs_same_hash_everywhere)
 {
-    char dir[] = "/tmp/keel-demo-XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
     char data[300];
-    snprintf(data, sizeof data, "%s/w", dir);
+    tu_path(data, sizeof data, "w");
     uint64_t h1 = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
                                                   "--tick-rate", "0", "--quiet", "--workers", "1", NULL});
     uint64_t h2 = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
@@ -195,7 +161,6 @@ START_TEST(runs_same_hash_everywhere)
     uint64_t h4 = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
                                                   "--tick-rate", "0", "--quiet", "--seed", "2", NULL});
     ck_assert_uint_ne(h1, h4); /* the seed matters */
-    demo_rmdir(dir);
 }
 END_TEST
 
@@ -248,10 +213,9 @@ typedef struct acked {
  * the end and check the acknowledged trades and the final hash. */
 static void crash_after_ack(unsigned n, uint64_t ref)
 {
-    char dir[] = "/tmp/keel-demo-XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-    char data[300], buf[600];
-    snprintf(data, sizeof data, "%s/w", dir);
+    char name[32], data[300], buf[600];
+    snprintf(name, sizeof name, "crash-%u", n);
+    tu_path(data, sizeof data, name);
     const char *const args[] = {"--data", data, "--entities", ENTITIES, "--until-tick", "80", "--tick-rate", "0",
                                 "--quiet", "--checkpoint-every", "25", NULL};
     child c;
@@ -291,7 +255,6 @@ static void crash_after_ack(unsigned n, uint64_t ref)
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "restart exited with status %d", st);
     ck_assert(started && saw_a && saw_b);
     ck_assert_uint_eq(final, ref);
-    demo_rmdir(dir);
 }
 
 START_TEST(crash_after_acknowledgements)
@@ -306,10 +269,8 @@ END_TEST
 
 START_TEST(sigint_stops_cleanly)
 {
-    char dir[] = "/tmp/keel-demo-XXXXXX";
-    ck_assert_ptr_nonnull(mkdtemp(dir));
     char data[300], buf[600], out[600];
-    snprintf(data, sizeof data, "%s/w", dir);
+    tu_path(data, sizeof data, "w");
     child c;
     child_start(&c, (const char *const[]){"--data", data, "--entities", ENTITIES, "--forever", "--tick-rate", "0",
                                           "--quiet", NULL});
@@ -346,14 +307,16 @@ START_TEST(sigint_stops_cleanly)
     uint64_t ref = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "60",
                                                    "--tick-rate", "0", "--quiet", NULL});
     ck_assert_uint_eq(final, ref);
-    demo_rmdir(dir);
 }
 END_TEST
 
+/* A suite of one case holding test; its data directories live under the
+ * case's base directory, removed by the fixture (after a failure too). */
 static Suite *one_case(const char *name, const TTest *test, int timeout)
 {
     Suite *s = suite_create(name);
     TCase *t = tcase_create(name);
+    tcase_add_unchecked_fixture(t, tu_base_setup, tu_base_teardown);
     tcase_set_timeout(t, timeout);
     tcase_add_test(t, test);
     suite_add_tcase(s, t);

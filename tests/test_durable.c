@@ -57,7 +57,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <sched.h>
@@ -77,51 +76,10 @@
 #include "keel_test.h"
 #include "keel_wal/wal.h"
 #include "runtime/runtime_internal.h"
+#include "test_util.h"
+#include "wworld.h"
 
-/* ---- temporary directories --------------------------------------------------------- */
-
-static char g_base[128];
-
-static int rm_chmod(const char *path, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)f;
-    if (flag == FTW_D || flag == FTW_DNR)
-        chmod(path, 0700);
-    return 0;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
-
-/* Unchecked fixture: runs in the runner process, so the base directory is
- * removed even when a test failed (or crashed) half way. */
-static void base_setup(void)
-{
-    snprintf(g_base, sizeof g_base, "/tmp/keel-durable-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_base));
-}
-
-static void base_teardown(void)
-{
-    if (!g_base[0])
-        return;
-    nftw(g_base, rm_chmod, 16, FTW_PHYS);
-    nftw(g_base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    g_base[0] = 0;
-}
-
-/* A path under the base; not created (the runtime creates its directory). */
-static void tdir(char *out, size_t n, const char *name)
-{
-    ck_assert_int_lt(snprintf(out, n, "%s/%s", g_base, name), (int)n);
-}
+/* ---- files ------------------------------------------------------------------------ */
 
 static bool path_exists(const char *p)
 {
@@ -375,58 +333,6 @@ static uint32_t snap_count_tick(const dir_view *v, uint64_t tick)
     return n;
 }
 
-/* Flip byte `at` of every copy of the record's bytes in the file, as an
- * offline attacker (or a bad disk) would; LMDB may hold stale copies of a
- * page, so all of them. Returns the number of copies. */
-static uint32_t flip_copies(const char *path, const void *needle, size_t n, size_t at)
-{
-    int fd = open(path, O_RDWR);
-    ck_assert_msg(fd >= 0, "open %s: %s", path, strerror(errno));
-    struct stat st;
-    ck_assert_int_eq(fstat(fd, &st), 0);
-    size_t size = (size_t)st.st_size;
-    unsigned char *buf = malloc(size ? size : 1);
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_int_eq(pread(fd, buf, size, 0), (ssize_t)size);
-    uint32_t copies = 0;
-    for (size_t off = 0; off + n <= size;) {
-        unsigned char *p = memmem(buf + off, size - off, needle, n);
-        if (!p)
-            break;
-        p[at] ^= 0x5a;
-        copies++;
-        off = (size_t)(p - buf) + n;
-    }
-    ck_assert_int_eq(pwrite(fd, buf, size, 0), (ssize_t)size);
-    ck_assert_int_eq(fsync(fd), 0);
-    close(fd);
-    free(buf);
-    return copies;
-}
-
-/* A copy of the record with LSN lsn. */
-static void *record_copy(const char *dir, uint64_t lsn, size_t *len)
-{
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, lsn, &it));
-    uint64_t got = 0;
-    const void *rec = NULL;
-    ck_assert_int_eq(kw_wal_next(it, &got, &rec, len), 1);
-    ck_assert_uint_eq(got, lsn);
-    void *copy = malloc(*len);
-    ck_assert_ptr_nonnull(copy);
-    memcpy(copy, rec, *len);
-    kw_wal_iter_end(it);
-    kw_read_end(r);
-    kw_store_close(st);
-    return copy;
-}
-
 /* ---- runtime helpers ---------------------------------------------------------------- */
 
 static keel_runtime_desc desc_dir(const char *dir, int32_t workers, uint32_t chunk_rows, keel_durability mode)
@@ -467,46 +373,6 @@ static void install(keel_runtime *rt, keel_schedule *s)
     ck_assert_ok(keel_runtime_set_schedule(rt, s));
 }
 
-static bool has_lsn_text(const char *msg, uint64_t lsn)
-{
-    char want[40];
-    snprintf(want, sizeof want, "LSN %llu", (unsigned long long)lsn);
-    for (const char *p = strstr(msg, want); p; p = strstr(p + 1, want))
-        if (p[strlen(want)] < '0' || p[strlen(want)] > '9')
-            return true;
-    return false;
-}
-
-static const keel_field i64_fields[] = {{.name = "v", .type = KEEL_I64, .offset = 0, .count = 0}};
-
-static keel_component reg_i64(keel_runtime *rt, const char *name, keel_discipline disc)
-{
-    keel_component c = 0;
-    keel_component_desc cd = {.name = name, .size = 8, .discipline = disc, .fields = i64_fields, .field_count = 1};
-    ck_assert_ok(keel_component_register(keel_runtime_world(rt), &cd, &c));
-    return c;
-}
-
-static int cmp_entity(const void *a, const void *b)
-{
-    keel_entity x = *(const keel_entity *)a, y = *(const keel_entity *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* Entities matching q (world read), sorted, at most max. */
-static uint32_t query_entities(const keel_query *q, keel_entity *out, uint32_t max)
-{
-    uint32_t n = 0;
-    keel_iter it;
-    keel_query_iter(q, &it);
-    while (keel_iter_next(&it))
-        for (uint32_t r = 0; r < it.count; r++)
-            if (n < max)
-                out[n++] = it.entities[r];
-    qsort(out, n, sizeof *out, cmp_entity);
-    return n;
-}
-
 static int64_t get_i64(keel_runtime *rt, keel_entity e, keel_component c)
 {
     int64_t v = -999999;
@@ -514,294 +380,7 @@ static int64_t get_i64(keel_runtime *rt, keel_entity e, keel_component c)
     return v;
 }
 
-/* ---- the workload W: every kind of change ------------------------------------------ */
-
-typedef struct pos_t {
-    int64_t x;
-    int64_t born;              /* tick of the spawn */
-} pos_t;
-
-static const keel_field pos_fields[] = {
-    {.name = "x", .type = KEEL_I64, .offset = 0, .count = 0},
-    {.name = "born", .type = KEEL_I64, .offset = 8, .count = 0},
-};
-
-/* What bodies saw go wrong (they may run on workers: the test thread asserts). */
-typedef struct berr {
-    uint32_t bad;
-    char msg[320];
-} berr;
-
-static void berr_note(berr *b, int line, const char *what, int rc)
-{
-    if (b->bad++ == 0)
-        snprintf(b->msg, sizeof b->msg, "line %d: %s: %s (%s)", line, what, keel_strerror(rc), keel_last_error());
-}
-
-#define B_CHECK(b, expr)                                \
-    do {                                                \
-        int b_rc_ = (expr);                             \
-        if (b_rc_)                                      \
-            berr_note((b), __LINE__, #expr, b_rc_);     \
-    } while (0)
-
-#define ck_assert_berr(b) ck_assert_msg((b)->bad == 0, "%u bad checks in the bodies, first: %s", (b)->bad, (b)->msg)
-
-typedef struct xfer {
-    keel_entity from, to;
-    int64_t amount;
-    keel_component c;
-} xfer;
-
-/* A transfer in a side transaction (closures and on_shutdown). */
-static int closure_xfer(keel_side_txn *tx, void *arg)
-{
-    xfer *x = arg;
-    int64_t a = 0, b = 0;
-    int rc = keel_side_get(tx, x->from, x->c, &a);
-    rc = rc ? rc : keel_side_get(tx, x->to, x->c, &b);
-    if (rc)
-        return rc;
-    a -= x->amount;
-    b += x->amount;
-    rc = keel_side_set(tx, x->from, x->c, &a);
-    return rc ? rc : keel_side_set(tx, x->to, x->c, &b);
-}
-
-#define W_MAXT 40
-
-typedef struct wworld {
-    keel_runtime *rt;
-    keel_component POS, HP, TMP, FLAG, MONEY;
-    keel_query *q_pos, *q_money, *q_tmp;
-    bool no_side;              /* no side transactions (bank off, no closures) */
-    uint32_t hook_spawn;       /* on_first_tick spawns this many when the world is empty */
-    uint32_t hook_inject;      /* ... and the nth of its commands fails (once) */
-    uint32_t sys_runs;
-    uint32_t hook_calls, hook_rows, hook_nonzero, hook_sys_before;
-    uint64_t hook_tick;
-    berr err;
-    uint32_t bank_commits[4];  /* by mode */
-    xfer xf[W_MAXT + 1];       /* the closure of each tick */
-    keel_durability xf_mode[W_MAXT + 1];
-    uint32_t shutdown_calls;
-    int shutdown_ret;
-    xfer shutdown_xfer;
-} wworld;
-
-#define W_CHECK(w, expr) B_CHECK(&(w)->err, expr)
-
-/* on_first_tick: rebuild the TRANSIENT column (tmp = 7 everywhere). */
-static int w_hook(keel_ctx *ctx, void *user)
-{
-    wworld *w = user;
-    w->hook_calls++;
-    w->hook_tick = keel_ctx_tick(ctx);
-    w->hook_sys_before = w->sys_runs;
-    keel_iter it;
-    keel_txn_iter(ctx, w->q_tmp, &it);
-    while (keel_txn_next(ctx, &it)) {
-        int64_t *v = it.columns[0];
-        for (uint32_t r = 0; r < it.count; r++) {
-            w->hook_nonzero += v[r] != 0;
-            v[r] = 7;
-            w->hook_rows++;
-        }
-    }
-    keel_world *wd = keel_ctx_world(ctx);
-    if (!w->hook_spawn || keel_world_count(wd) != 0)
-        return 0;
-    if (w->hook_inject) /* counts the command playback that follows the hook */
-        world_test_inject_failure(wd, w->hook_inject, KEEL_ENOMEM);
-    w->hook_inject = 0;
-    for (uint32_t i = 0; i < w->hook_spawn; i++) {
-        pos_t p = {50 + (int64_t)i, 0};
-        int64_t hp = (int64_t)i, tmp = 0;
-        keel_init in[4] = {{w->POS, &p}, {w->HP, &hp}, {w->TMP, &tmp}, {w->FLAG, NULL}};
-        W_CHECK(w, keel_cmd_spawn(keel_ctx_commands(ctx), in, i % 2 ? 4 : 3));
-    }
-    return 0;
-}
-
-/* life: moves, damages, tags, kills and spawns, decided by handle and tick
- * only (never by TRANSIENT values), so the durable state is a function of
- * the history. */
-static int w_life(keel_ctx *ctx, void *user)
-{
-    wworld *w = user;
-    w->sys_runs++;
-    uint64_t t = keel_ctx_tick(ctx);
-    keel_cmdbuf *cb = keel_ctx_commands(ctx);
-    keel_iter it;
-    keel_txn_iter(ctx, w->q_pos, &it);
-    while (keel_txn_next(ctx, &it)) {
-        pos_t *p = it.columns[0];
-        for (uint32_t r = 0; r < it.count; r++) {
-            keel_entity e = it.entities[r];
-            uint64_t idx = KEEL_ENTITY_INDEX(e);
-            p[r].x += (int64_t)idx + 1;
-            if ((idx + t) % 3 == 0) { /* SINGLE_VERSION, in place */
-                int64_t hp = 0;
-                W_CHECK(w, keel_txn_get(ctx, e, w->HP, &hp));
-                hp += (int64_t)t;
-                W_CHECK(w, keel_txn_set(ctx, e, w->HP, &hp));
-            }
-            if ((idx + t) % 4 == 0) { /* TRANSIENT: never durable */
-                int64_t v = 1000 + (int64_t)t;
-                W_CHECK(w, keel_txn_set(ctx, e, w->TMP, &v));
-            }
-            if ((idx * 7 + t) % 11 == 0)
-                W_CHECK(w, keel_cmd_destroy(cb, e));
-            else if ((idx + t) % 5 == 0)
-                W_CHECK(w, keel_cmd_add(cb, e, w->FLAG, NULL));
-            else if ((idx + t) % 5 == 2)
-                W_CHECK(w, keel_cmd_remove(cb, e, w->FLAG));
-        }
-    }
-    for (int k = 0; k < 3; k++) {
-        pos_t p = {(int64_t)t * 100 + k, (int64_t)t};
-        int64_t hp = (int64_t)t, tmp = 5;
-        keel_init in[4] = {{w->POS, &p}, {w->HP, &hp}, {w->TMP, &tmp}, {w->FLAG, NULL}};
-        W_CHECK(w, keel_cmd_spawn(cb, in, k == 1 ? 4 : 3));
-    }
-    if (t == 1) { /* the bank's two accounts */
-        int64_t m = 1000;
-        keel_init in[1] = {{w->MONEY, &m}};
-        W_CHECK(w, keel_cmd_spawn(cb, in, 1));
-        W_CHECK(w, keel_cmd_spawn(cb, in, 1));
-    }
-    return 0;
-}
-
-/* bank: one side transaction per tick, the mode cycling IMMEDIATE, GROUP,
- * DEFERRED. */
-static int w_bank(keel_ctx *ctx, void *user)
-{
-    wworld *w = user;
-    w->sys_runs++;
-    keel_entity a[8];
-    if (w->no_side || query_entities(w->q_money, a, 8) < 2)
-        return 0;
-    uint64_t t = keel_ctx_tick(ctx);
-    keel_durability mode = (keel_durability)(1 + t % 3);
-    keel_entity from = a[t % 2], to = a[1 - t % 2];
-    int64_t amount = (int64_t)(t % 7) + 1, fv = 0, tv = 0;
-    keel_side_txn *tx = NULL;
-    W_CHECK(w, keel_side_txn_begin(ctx, mode, &tx));
-    if (!tx)
-        return 0;
-    W_CHECK(w, keel_side_get(tx, from, w->MONEY, &fv));
-    W_CHECK(w, keel_side_get(tx, to, w->MONEY, &tv));
-    fv -= amount;
-    tv += amount;
-    W_CHECK(w, keel_side_set(tx, from, w->MONEY, &fv));
-    W_CHECK(w, keel_side_set(tx, to, w->MONEY, &tv));
-    int rc = keel_side_txn_commit(tx);
-    if (rc)
-        berr_note(&w->err, __LINE__, "keel_side_txn_commit", rc);
-    else
-        w->bank_commits[mode]++;
-    return 0;
-}
-
-static int w_shutdown(keel_side_txn *tx, void *arg)
-{
-    wworld *w = arg;
-    w->shutdown_calls++;
-    if (w->shutdown_ret)
-        return w->shutdown_ret;
-    return closure_xfer(tx, &w->shutdown_xfer);
-}
-
-static void w_register(wworld *w)
-{
-    keel_world *wd = keel_runtime_world(w->rt);
-    keel_component_desc pos = {.name = "pos", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
-    ck_assert_ok(keel_component_register(wd, &pos, &w->POS));
-    w->HP = reg_i64(w->rt, "hp", KEEL_SINGLE_VERSION);
-    w->TMP = reg_i64(w->rt, "tmp", KEEL_TRANSIENT);
-    keel_component_desc flag = {.name = "flag"};
-    ck_assert_ok(keel_component_register(wd, &flag, &w->FLAG));
-    w->MONEY = reg_i64(w->rt, "money", KEEL_VERSIONED);
-    keel_query_desc qp = {.with = {w->POS}}, qm = {.with = {w->MONEY}}, qt = {.with = {w->TMP}};
-    ck_assert_ok(keel_query_create(wd, &qp, &w->q_pos));
-    ck_assert_ok(keel_query_create(wd, &qm, &w->q_money));
-    ck_assert_ok(keel_query_create(wd, &qt, &w->q_tmp));
-}
-
-static void w_install(wworld *w)
-{
-    keel_schedule *s = sched_new(w->rt);
-    keel_system_desc life = {.name = "life", .kind = KEEL_SYSTEM_CALLBACK, .run = w_life, .user = w,
-                             .access = {.writes = {w->POS, w->HP, w->TMP}}};
-    keel_system_desc bank = {.name = "bank", .kind = KEEL_SYSTEM_CALLBACK, .run = w_bank, .user = w,
-                             .access = {.side_writes = {w->MONEY}}, .after = {"life"}};
-    add_sys(s, &life);
-    add_sys(s, &bank);
-    install(w->rt, s);
-}
-
-/* Create the runtime (hooks wired to w), register, install. */
-static void w_open(wworld *w, const keel_runtime_desc *base, bool with_shutdown)
-{
-    keel_runtime_desc d = *base;
-    d.on_first_tick = w_hook;
-    d.hook_user = w;
-    if (with_shutdown) {
-        d.durable.on_shutdown = w_shutdown;
-        d.durable.shutdown_arg = w;
-    }
-    w->rt = rt_create(&d);
-    w_register(w);
-    w_install(w);
-}
-
-static void w_close(wworld *w)
-{
-    keel_query_destroy(w->q_pos);
-    keel_query_destroy(w->q_money);
-    keel_query_destroy(w->q_tmp);
-    w->q_pos = w->q_money = w->q_tmp = NULL;
-    keel_runtime_close(w->rt);
-    w->rt = NULL;
-}
-
-static wworld *w_new(bool no_side)
-{
-    wworld *w = calloc(1, sizeof *w);
-    ck_assert_ptr_nonnull(w);
-    w->no_side = no_side;
-    return w;
-}
-
-/* Reset what bodies recorded (a reopened runtime starts counting afresh). */
-static void w_reset(wworld *w, bool no_side)
-{
-    memset(w, 0, sizeof *w);
-    w->no_side = no_side;
-}
-
-/* Tick t: queue this tick's closure (once the accounts exist), step, wait
- * for the ticket. */
-static void w_drive(wworld *w, uint64_t t)
-{
-    ck_assert_uint_le(t, W_MAXT);
-    ck_assert_uint_eq(keel_runtime_tick(w->rt), t - 1);
-    keel_ticket *tk = NULL;
-    keel_entity a[8];
-    if (!w->no_side && query_entities(w->q_money, a, 8) >= 2) {
-        w->xf[t] = (xfer){a[0], a[1], (int64_t)t, w->MONEY};
-        w->xf_mode[t] = (keel_durability)(1 + (t + 1) % 3);
-        ck_assert_ok(keel_submit(w->rt, closure_xfer, &w->xf[t], w->xf_mode[t], &tk));
-    }
-    ck_assert_ok(keel_runtime_step(w->rt));
-    ck_assert_msg(w->err.bad == 0, "tick %llu: %u bad checks in the bodies, first: %s", (unsigned long long)t,
-                  w->err.bad, w->err.msg);
-    if (tk) {
-        ck_assert_ok(keel_ticket_wait(tk, -1));
-        keel_ticket_release(tk);
-    }
-}
+/* ---- the workload W (wworld.h): references ------------------------------------------ */
 
 /* What an uninterrupted in-memory run looks like after each tick. */
 typedef struct wref {
@@ -925,7 +504,7 @@ START_TEST(test_reopen_matches_reference)
     static wref ref;
     w_reference(&ref, 12, 1, false);
     char dir[256];
-    tdir(dir, sizeof dir, "reopen");
+    tu_path(dir, sizeof dir, "reopen");
     ck_assert(!path_exists(dir));
     keel_runtime_desc d = desc_dir(dir, 2, 16, KEEL_DURABLE_DEFAULT);
     wworld *w = w_new(false);
@@ -1064,7 +643,7 @@ START_TEST(test_checkpoint_reopen)
     w_reference(&ref, 10, 1, false);
     for (int retain = 0; retain <= 1; retain++) {
         char dir[256];
-        tdir(dir, sizeof dir, retain ? "ckpt-retain" : "ckpt");
+        tu_path(dir, sizeof dir, retain ? "ckpt-retain" : "ckpt");
         keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
         d.durable.wal_retain = retain;
         wworld *w = w_new(false);
@@ -1156,7 +735,7 @@ START_TEST(test_checkpoint_periodic)
     static wref ref;
     w_reference(&ref, 14, 1, false);
     char dir[256];
-    tdir(dir, sizeof dir, "ckpt-periodic");
+    tu_path(dir, sizeof dir, "ckpt-periodic");
     keel_runtime_desc d = desc_dir(dir, 2, 16, KEEL_DURABLE_IMMEDIATE);
     d.durable.checkpoint_every_ticks = 4;
     wworld *w = w_new(false);
@@ -1267,7 +846,7 @@ static uint64_t snap_chunk_tick(const dir_view *v, uint32_t chunk, bool *found)
 START_TEST(test_incremental_checkpoint)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "incremental");
+    tu_path(dir, sizeof dir, "incremental");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     iworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
@@ -1362,7 +941,7 @@ START_TEST(test_reopen_right_after_checkpoint)
     static wref ref;
     w_reference(&ref, 8, 1, false);
     char dir[256];
-    tdir(dir, sizeof dir, "ckpt-last");
+    tu_path(dir, sizeof dir, "ckpt-last");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     wworld *w = w_new(false);
     w_open(w, &d, false);
@@ -1562,7 +1141,7 @@ START_TEST(test_checkpoint_many_tables)
     mt_close(w);
 
     char dir[256];
-    tdir(dir, sizeof dir, "many-tables");
+    tu_path(dir, sizeof dir, "many-tables");
     keel_runtime_desc d = desc_dir(dir, 2, 64, KEEL_DURABLE_GROUP);
     mt_open(w, &d);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
@@ -1685,7 +1264,7 @@ static void b_close(bworld *w)
 START_TEST(test_stats_and_telemetry)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "stats");
+    tu_path(dir, sizeof dir, "stats");
     keel_runtime_desc d = desc_dir(dir, 2, 1024, KEEL_DURABLE_GROUP);
     bworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
@@ -1771,7 +1350,7 @@ START_TEST(test_flush_deferred_and_no_dir)
     static wref ref;
     w_reference(&ref, 4, 1, false);
     char dir[256];
-    tdir(dir, sizeof dir, "deferred");
+    tu_path(dir, sizeof dir, "deferred");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_DEFERRED);
     wworld *w = w_new(false);
     w_open(w, &d, false);
@@ -1835,7 +1414,7 @@ END_TEST
 START_TEST(test_hooks_first_tick_and_shutdown)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "hooks");
+    tu_path(dir, sizeof dir, "hooks");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     wworld *w = w_new(false);
     w_open(w, &d, true);
@@ -1914,7 +1493,7 @@ END_TEST
 START_TEST(test_writes_before_recover_refused)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "before-recover");
+    tu_path(dir, sizeof dir, "before-recover");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     keel_runtime *rt = rt_create(&d);
     keel_component V = reg_i64(rt, "v", KEEL_VERSIONED);
@@ -2025,7 +1604,7 @@ static keel_runtime *gate_runtime(const keel_runtime_desc *d, gate *g)
 START_TEST(test_recover_busy_while_driver_starts)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "driver-first");
+    tu_path(dir, sizeof dir, "driver-first");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     gate g;
     gate_init(&g, false);
@@ -2063,7 +1642,7 @@ END_TEST
 START_TEST(test_recover_again_after_ticks)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "driver-after");
+    tu_path(dir, sizeof dir, "driver-after");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     gate g;
     gate_init(&g, true);
@@ -2174,7 +1753,7 @@ static void holder_release(holder *h)
 START_TEST(test_durable_lag_while_writer_blocked)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "lag");
+    tu_path(dir, sizeof dir, "lag");
     holder h;
     holder_fork(&h, dir);
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
@@ -2284,7 +1863,7 @@ static bool tick_marker_before_checkpoint(keel_runtime *rt, uint64_t tick)
 START_TEST(test_idle_ticks_checkpoint)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "idle-ckpt");
+    tu_path(dir, sizeof dir, "idle-ckpt");
     holder h;
     holder_fork(&h, dir);
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
@@ -2337,21 +1916,6 @@ END_TEST
 
 /* ==== dur_recovery =================================================================== */
 
-typedef struct wal_put {
-    uint64_t lsn;
-    const void *rec;
-    size_t len;
-} wal_put;
-
-static int fill_wal_put(kw_wtxn *t, void *arg)
-{
-    const wal_put *p = arg;
-    unsigned char key[8]; /* the WAL's keys: big-endian LSNs */
-    for (int i = 0; i < 8; i++)
-        key[i] = (unsigned char)(p->lsn >> (56 - 8 * i));
-    return kw_put(t, KW_DB_WAL, key, sizeof key, p->rec, p->len);
-}
-
 /* Replace the WAL record at lsn by one that passes every check of the
  * record layer (magic, lengths, CRC) but whose payload does not decode:
  * its real payload and one trailing byte, as a bug writing records (not
@@ -2359,7 +1923,7 @@ static int fill_wal_put(kw_wtxn *t, void *arg)
 static void rewrite_undecodable(const char *dir, uint64_t lsn)
 {
     size_t len = 0;
-    unsigned char *rec = record_copy(dir, lsn, &len);
+    unsigned char *rec = tu_record_copy(dir, lsn, &len);
     kw_header h;
     ck_assert_ok(kw_record_check(rec, len, &h));
     kw_codec_ctx *c = NULL;
@@ -2384,12 +1948,7 @@ static void rewrite_undecodable(const char *dir, uint64_t lsn)
     while (rc == KEEL_OK && (rc = kw_decode_next(&dec, &ch)) == 1)
         rc = KEEL_OK;
     ck_assert_rc(rc, KEEL_ECORRUPT);
-    kw_store *st = NULL;
-    kw_store_desc sd = {0};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    wal_put wp = {lsn, out.p, out.len};
-    ck_assert_ok(kw_store_write(st, fill_wal_put, &wp));
-    kw_store_close(st);
+    tu_wal_put(dir, lsn, out.p, out.len);
     kw_buf_free(&out);
     free(bad);
     kw_codec_destroy(c);
@@ -2417,7 +1976,7 @@ START_TEST(test_corrupt_record)
         bool life = variant == 1 || variant == 2;
         uint32_t kind = life ? KW_KIND_LIFECYCLE : KW_KIND_TICK_CHUNK;
         char dir[256], mdb[300];
-        tdir(dir, sizeof dir, names[variant]);
+        tu_path(dir, sizeof dir, names[variant]);
         mdb_path(mdb, sizeof mdb, dir);
         keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
         wworld *w = w_new(true);
@@ -2450,9 +2009,9 @@ START_TEST(test_corrupt_record)
         dir_view_free(&v);
         if (variant != 2) {
             size_t len = 0;
-            unsigned char *rec = record_copy(dir, bad, &len);
+            unsigned char *rec = tu_record_copy(dir, bad, &len);
             ck_assert_uint_gt(len, KW_HEADER_SIZE);
-            uint32_t copies = flip_copies(mdb, rec, len, variant == 3 ? 0 : KW_HEADER_SIZE + (len - KW_HEADER_SIZE) / 2);
+            uint32_t copies = tu_flip_copies(mdb, rec, len, variant == 3 ? 0 : KW_HEADER_SIZE + (len - KW_HEADER_SIZE) / 2);
             ck_assert_uint_ge(copies, 1);
             free(rec);
         } else {
@@ -2467,7 +2026,7 @@ START_TEST(test_corrupt_record)
         ck_assert_rc(keel_runtime_recover(w->rt, &info), KEEL_ECORRUPT);
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", keel_last_error());
-        ck_assert_msg(has_lsn_text(msg, bad), "the error does not name LSN %llu: %s", (unsigned long long)bad, msg);
+        ck_assert_msg(tu_names_lsn(msg, bad), "the error does not name LSN %llu: %s", (unsigned long long)bad, msg);
         ck_assert_msg(strstr(msg, dir) != NULL, "the error does not name the directory: %s", msg);
         ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ECORRUPT); /* the same result again */
         ck_assert_str_eq(keel_last_error(), msg);
@@ -2623,7 +2182,7 @@ static void s_open(sworld *w, const keel_runtime_desc *d, int variant)
 START_TEST(test_schema_extend_and_mismatch)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "schema");
+    tu_path(dir, sizeof dir, "schema");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     sworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
@@ -2703,14 +2262,6 @@ END_TEST
 
 /* ---- bad data directories ------------------------------------------------------------- */
 
-static void write_file(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_msg(f != NULL, "cannot create %s", path);
-    ck_assert_uint_eq(fwrite(p, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
 /* Open dir, expect recovery to fail with one of the codes, a sentence naming
  * `names`, the same result from a step; close cleanly. */
 static int try_bad_dir(const char *dir, const char *names, const int *codes, int ncodes)
@@ -2752,31 +2303,31 @@ START_TEST(test_bad_data_dirs)
     static const int corrupt[] = {KEEL_ECORRUPT};
     char plain[256], under[300], isdir[256], sub[300], garbage[256], mdb[300], newer[256];
     /* a path under a plain file (the plain file itself: test_data_dir_is_plain_file) */
-    tdir(plain, sizeof plain, "a-file");
-    write_file(plain, "not a directory\n", 16);
+    tu_path(plain, sizeof plain, "a-file");
+    tu_write_file(plain, "not a directory\n", 16);
     fdigest fd0 = file_digest(plain);
     snprintf(under, sizeof under, "%s/sub", plain);
     try_bad_dir(under, under, io, 2);
     ck_assert_digest_eq(fd0, file_digest(plain));
     /* data.mdb is a directory */
-    tdir(isdir, sizeof isdir, "mdb-is-dir");
+    tu_path(isdir, sizeof isdir, "mdb-is-dir");
     ck_assert_int_eq(mkdir(isdir, 0755), 0);
     snprintf(sub, sizeof sub, "%s/data.mdb", isdir);
     ck_assert_int_eq(mkdir(sub, 0755), 0);
     try_bad_dir(isdir, isdir, io, 2);
     /* data.mdb is not LMDB */
-    tdir(garbage, sizeof garbage, "garbage");
+    tu_path(garbage, sizeof garbage, "garbage");
     ck_assert_int_eq(mkdir(garbage, 0755), 0);
     mdb_path(mdb, sizeof mdb, garbage);
     unsigned char junk[65536];
     for (size_t i = 0; i < sizeof junk; i++)
         junk[i] = (unsigned char)(i * 131 + 7);
-    write_file(mdb, junk, sizeof junk);
+    tu_write_file(mdb, junk, sizeof junk);
     fdigest g0 = file_digest(mdb);
     try_bad_dir(garbage, garbage, corrupt, 1);
     ck_assert_digest_eq(g0, file_digest(mdb));
     /* a format version from the future */
-    tdir(newer, sizeof newer, "newer-format");
+    tu_path(newer, sizeof newer, "newer-format");
     {
         keel_runtime_desc d = desc_dir(newer, 1, 16, KEEL_DURABLE_GROUP);
         keel_runtime *rt = rt_create(&d);
@@ -2795,7 +2346,7 @@ START_TEST(test_bad_data_dirs)
     /* an unreadable directory (root reads everything: only checked as a user) */
     if (geteuid() != 0) {
         char locked[256];
-        tdir(locked, sizeof locked, "locked");
+        tu_path(locked, sizeof locked, "locked");
         ck_assert_int_eq(mkdir(locked, 0755), 0);
         ck_assert_int_eq(chmod(locked, 0), 0);
         try_bad_dir(locked, locked, io, 2);
@@ -2809,8 +2360,8 @@ START_TEST(test_data_dir_is_plain_file)
 {
     static const int io[] = {KEEL_EIO, KEEL_EINVAL};
     char plain[256];
-    tdir(plain, sizeof plain, "plain-file");
-    write_file(plain, "not a directory\n", 16);
+    tu_path(plain, sizeof plain, "plain-file");
+    tu_write_file(plain, "not a directory\n", 16);
     fdigest fd0 = file_digest(plain);
     try_bad_dir(plain, plain, io, 2);
     ck_assert_digest_eq(fd0, file_digest(plain));
@@ -2893,7 +2444,7 @@ static void g_close(gworld *w)
 START_TEST(test_map_growth)
 {
     char dir[256], mdb[300];
-    tdir(dir, sizeof dir, "growth");
+    tu_path(dir, sizeof dir, "growth");
     mdb_path(mdb, sizeof mdb, dir);
     keel_runtime_desc d = desc_dir(dir, 1, 64, KEEL_DURABLE_GROUP);
     d.durable.map_size = 1u << 20;
@@ -3091,7 +2642,7 @@ static void f_expect_reopen(const keel_runtime_desc *d, uint64_t tick, uint64_t 
 static fworld *f_start(char dir[256], const char *name, int mode, keel_runtime_desc *d, uint64_t *h3, int64_t m3[2],
                        uint64_t *l3)
 {
-    tdir(dir, 256, name);
+    tu_path(dir, 256, name);
     *d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
     fworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
@@ -3228,7 +2779,7 @@ END_TEST
 START_TEST(test_map_max_enospc)
 {
     char dir[256], mdb[300];
-    tdir(dir, sizeof dir, "map-max");
+    tu_path(dir, sizeof dir, "map-max");
     mdb_path(mdb, sizeof mdb, dir);
     keel_runtime_desc d = desc_dir(dir, 1, 64, KEEL_DURABLE_IMMEDIATE);
     d.durable.map_max = 512u << 10;
@@ -3276,7 +2827,7 @@ END_TEST
 START_TEST(test_bad_desc)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "desc");
+    tu_path(dir, sizeof dir, "desc");
     struct {
         keel_durable_desc dd;
         const char *field;
@@ -3340,7 +2891,7 @@ START_TEST(test_sync_retry_durable)
         static wref ref;
         w_reference_hook(&ref, more, 1, true, nspawn);
         char dir[256];
-        tdir(dir, sizeof dir, hook ? "retry-hook" : "retry-sync");
+        tu_path(dir, sizeof dir, hook ? "retry-hook" : "retry-sync");
         keel_runtime_desc d = desc_dir(dir, 2, 16, KEEL_DURABLE_GROUP);
         wworld *w = w_new(true);
         w->hook_spawn = nspawn;
@@ -3690,7 +3241,7 @@ static void wr_verify(const char *dir, uint32_t per_thread, const wr_report *rep
 START_TEST(test_writer_transfers_close_reopen)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "writer");
+    tu_path(dir, sizeof dir, "writer");
     wr_report rep;
     memset(&rep, 0, sizeof rep);
     wr_run(dir, 100, &rep, false);
@@ -3703,7 +3254,7 @@ END_TEST
 START_TEST(test_writer_transfers_crash)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "writer-crash");
+    tu_path(dir, sizeof dir, "writer-crash");
     wr_report *rep = mmap(NULL, sizeof *rep, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     ck_assert_ptr_ne(rep, MAP_FAILED);
     memset(rep, 0, sizeof *rep);
@@ -3728,7 +3279,7 @@ END_TEST
 static TCase *tcase_with_dirs(const char *name, int timeout)
 {
     TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
+    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
     tcase_set_timeout(tc, timeout);
     return tc;
 }

@@ -24,154 +24,50 @@
  * synchronised by the lines it prints.
  */
 #include <ctype.h>
-#include <errno.h>
-#include <ftw.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <lmdb.h>
-#include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "keel/keel.h"
 #include "keel_test.h"
 #include "keel_wal/wal.h"
+#include "test_util.h"
 
 #ifndef KEEL_WAL_BIN
 #error "KEEL_WAL_BIN (the keel-wal executable) must be defined by the build"
 #endif
 
-/* ---- temporary directories ---------------------------------------------------------- */
-
-static char g_base[128];
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
-
-static void base_setup(void)
-{
-    snprintf(g_base, sizeof g_base, "/tmp/keel-walcli-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_base));
-}
-
-/* KEEL_WALCLI_KEEP=1 keeps the directories for a look after a failure. */
-static void base_teardown(void)
-{
-    if (g_base[0] && !getenv("KEEL_WALCLI_KEEP"))
-        nftw(g_base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    g_base[0] = 0;
-}
+/* ---- directories and running keel-wal (test_util.h) ------------------------------------ */
 
 /* The fixture's base is shared by the tests of a case (each runs in its own
  * forked process): the pid keeps their directories apart. */
 static void tdir(char *out, size_t n, const char *name)
 {
-    ck_assert_int_lt(snprintf(out, n, "%s/%s-%d", g_base, name, (int)getpid()), (int)n);
-}
-
-/* ---- running keel-wal ---------------------------------------------------------------- */
-
-typedef struct run {
-    int status;                /* exit status; 128 + signal when killed */
-    char *out, *err;
-    size_t outlen, errlen;
-} run;
-
-static void run_free(run *r)
-{
-    free(r->out);
-    free(r->err);
-}
-
-static void append(char **buf, size_t *len, size_t *cap, const char *p, size_t n)
-{
-    if (*len + n + 1 > *cap) {
-        *cap = (*len + n + 1) * 2;
-        *buf = realloc(*buf, *cap);
-        ck_assert_ptr_nonnull(*buf);
-    }
-    memcpy(*buf + *len, p, n);
-    *len += n;
-    (*buf)[*len] = 0;
+    char own[128];
+    ck_assert_int_lt(snprintf(own, sizeof own, "%s-%d", name, (int)getpid()), (int)sizeof own);
+    tu_path(out, n, own);
 }
 
 /* keel-wal with args (NULL-terminated): stdout and stderr captured. */
-static run wal_argv(const char *const *args)
+static tu_run wal_argv(const char *const *args)
 {
-    const char *argv[32] = {KEEL_WAL_BIN};
-    int n = 1;
-    for (; args[n - 1]; n++) {
-        ck_assert_int_lt(n, 31);
-        argv[n] = args[n - 1];
-    }
-    argv[n] = NULL;
-    int po[2], pe[2];
-    ck_assert_int_eq(pipe(po), 0);
-    ck_assert_int_eq(pipe(pe), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(po[1], 1);
-        dup2(pe[1], 2);
-        close(po[0]);
-        close(pe[0]);
-        close(po[1]);
-        close(pe[1]);
-        execv(KEEL_WAL_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    close(po[1]);
-    close(pe[1]);
-    run r = {0};
-    size_t ocap = 0, ecap = 0;
-    append(&r.out, &r.outlen, &ocap, "", 0);
-    append(&r.err, &r.errlen, &ecap, "", 0);
-    struct pollfd fds[2] = {{.fd = po[0], .events = POLLIN}, {.fd = pe[0], .events = POLLIN}};
-    int open_fds = 2;
-    char buf[65536];
-    while (open_fds) {
-        ck_assert_int_ge(poll(fds, 2, -1), 0);
-        for (int i = 0; i < 2; i++) {
-            if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
-                continue;
-            ssize_t k = read(fds[i].fd, buf, sizeof buf);
-            if (k > 0) {
-                if (i == 0)
-                    append(&r.out, &r.outlen, &ocap, buf, (size_t)k);
-                else
-                    append(&r.err, &r.errlen, &ecap, buf, (size_t)k);
-            } else if (k == 0 || errno != EINTR) {
-                close(fds[i].fd);
-                fds[i].fd = -1;
-                open_fds--;
-            }
-        }
-    }
-    int st = 0;
-    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return r;
+    return tu_run_argv(KEEL_WAL_BIN, args);
 }
 
 #define wal(...) wal_argv((const char *const[]){__VA_ARGS__, NULL})
 
 /* A run that must succeed quietly (no progress or messages in a pipe). */
-static run wal_ok_argv(const char *const *args)
+static tu_run wal_ok_argv(const char *const *args)
 {
-    run r = wal_argv(args);
+    tu_run r = wal_argv(args);
     ck_assert_msg(r.status == 0, "keel-wal %s %s exited %d: %s", args[0], args[1] ? args[1] : "", r.status, r.err);
     ck_assert_msg(r.errlen == 0, "keel-wal %s wrote to stderr in a pipe: %s", args[0], r.err);
     return r;
@@ -536,24 +432,24 @@ static const char *const commands[] = {"info", "dump", "verify", "stats", "tail"
 
 START_TEST(test_help)
 {
-    run r = wal_ok("--help");
+    tu_run r = wal_ok("--help");
     for (size_t i = 0; i < NCOMMANDS; i++)
         ck_assert_msg(strstr(r.out, commands[i]), "keel-wal --help does not list %s: %s", commands[i], r.out);
-    run_free(&r);
+    tu_run_free(&r);
     for (size_t i = 0; i < NCOMMANDS; i++) {
         r = wal_ok(commands[i], "--help");
         char want[64];
         snprintf(want, sizeof want, "keel-wal %s", commands[i]);
         ck_assert_msg(strstr(r.out, want), "%s --help: no usage line: %s", commands[i], r.out);
-        run_free(&r);
+        tu_run_free(&r);
         r = wal_ok("help", commands[i]);
         ck_assert_msg(strstr(r.out, want), "help %s: no usage line: %s", commands[i], r.out);
-        run_free(&r);
+        tu_run_free(&r);
     }
     r = wal_argv((const char *const[]){NULL});
     ck_assert_int_eq(r.status, 2);
     ck_assert(strstr(r.err, "usage: keel-wal"));
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
@@ -583,12 +479,12 @@ START_TEST(test_bad_arguments)
         const char *args[8] = {0};
         for (size_t n = 0; bad[i][n]; n++)
             args[n] = strcmp(bad[i][n], "@") ? bad[i][n] : dir;
-        run r = wal_argv(args);
+        tu_run r = wal_argv(args);
         ck_assert_msg(r.status == 2, "keel-wal %s %s: exit %d (want 2); stderr: %s", args[0], args[1] ? args[1] : "",
                       r.status, r.err);
         ck_assert_msg(r.errlen > 0 && strstr(r.err, "keel-wal"), "no message for case %zu", i);
         ck_assert_msg(r.outlen == 0, "case %zu printed on stdout: %s", i, r.out);
-        run_free(&r);
+        tu_run_free(&r);
     }
 }
 END_TEST
@@ -599,7 +495,7 @@ static void assert_cannot_open(const char *dir, const char *cause)
     static const char *const cmds[][3] = {{"info"}, {"dump"}, {"dump", "--json"}, {"verify"}, {"stats"}, {"tail"}};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         const char *args[5] = {cmds[i][0], dir, cmds[i][1], NULL};
-        run r = wal_argv(args);
+        tu_run r = wal_argv(args);
         char want[320];
         snprintf(want, sizeof want, "keel-wal: %s", dir);
         ck_assert_msg(r.status == 2, "keel-wal %s %s: exit %d (want 2): %s", cmds[i][0], dir, r.status, r.err);
@@ -607,16 +503,8 @@ static void assert_cannot_open(const char *dir, const char *cause)
                       dir, r.err);
         ck_assert_msg(strstr(r.err, cause), "keel-wal %s %s: '%s' not in: %s", cmds[i][0], dir, cause, r.err);
         ck_assert_uint_eq(r.outlen, 0);
-        run_free(&r);
+        tu_run_free(&r);
     }
-}
-
-static void write_file(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(p, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
 }
 
 /* An LMDB environment in dir holding one key in its main database: LMDB, not keel. */
@@ -671,9 +559,9 @@ START_TEST(test_bad_directories)
     char junk[20000];
     for (size_t i = 0; i < sizeof junk; i++)
         junk[i] = (char)(i * 131 + 7);
-    write_file(p, junk, sizeof junk);
+    tu_write_file(p, junk, sizeof junk);
     assert_cannot_open(garbage, "not an LMDB file");
-    write_file(p, "", 0); /* an empty data.mdb */
+    tu_write_file(p, "", 0); /* an empty data.mdb */
     assert_cannot_open(garbage, "empty file");
 
     tdir(plain, sizeof plain, "plain");
@@ -681,7 +569,7 @@ START_TEST(test_bad_directories)
     assert_cannot_open(plain, "not a keel data directory");
 
     tdir(file, sizeof file, "file");
-    write_file(file, "x", 1);
+    tu_write_file(file, "x", 1);
     assert_cannot_open(file, "not a directory");
 
     make_dir(newer, sizeof newer, "newer", (wl_opts){0});
@@ -701,11 +589,11 @@ START_TEST(test_truncated_file)
     ck_assert_int_eq(truncate(p, 3 * 4096), 0); /* the meta pages survive, the trees do not */
     static const char *const cmds[] = {"info", "dump", "verify", "stats", "tail"};
     for (size_t i = 0; i < 5; i++) {
-        run r = wal(cmds[i], dir);
+        tu_run r = wal(cmds[i], dir);
         ck_assert_msg(r.status == 2 || (i == 2 && r.status == 1), "keel-wal %s on a truncated file: exit %d: %s",
                       cmds[i], r.status, r.err);
         ck_assert_msg(strstr(r.err, "keel-wal: "), "no message: %s", r.err);
-        run_free(&r);
+        tu_run_free(&r);
     }
 }
 END_TEST
@@ -716,7 +604,7 @@ START_TEST(test_info)
 {
     char dir[256];
     make_dir(dir, sizeof dir, "w", (wl_opts){0});
-    run r = wal_ok("info", dir, "--json");
+    tu_run r = wal_ok("info", dir, "--json");
     assert_json(r.out);
     ck_assert_uint_eq(count_lines(r.out), 1);
     ck_assert(js_has(r.out, "\"format\":1"));
@@ -747,7 +635,7 @@ START_TEST(test_info)
                             "{\"name\":\"vip\",\"type\":\"bool\",\"offset\":12,\"count\":1},"
                             "{\"name\":\"code\",\"type\":\"bytes\",\"offset\":13,\"count\":3}]}"));
     ck_assert(js_has(r.out, "{\"id\":4,\"name\":\"marked\",\"size\":0,"));
-    run_free(&r);
+    tu_run_free(&r);
 
     r = wal_ok("info", dir);
     ck_assert(js_has(r.out, "LSN 1..28, 28 records"));
@@ -755,7 +643,19 @@ START_TEST(test_info)
     ck_assert(js_has(r.out, "tick_chunk 9, tick_commit 12, side 1, lifecycle 5, schema 1, checkpoint 0"));
     ck_assert(js_has(r.out, "checkpoint   none"));
     ck_assert(js_has(r.out, "        code             bytes[3] @13"));
-    run_free(&r);
+    tu_run_free(&r);
+
+    /* output that cannot be written is an error, named, not a success */
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int full = open("/dev/full", O_WRONLY);
+        if (full < 0 || dup2(full, 1) < 0)
+            _exit(99);
+        execl(KEEL_WAL_BIN, KEEL_WAL_BIN, "info", dir, (char *)NULL);
+        _exit(98);
+    }
+    ck_assert_int_eq(tu_wait(pid), 2);
 }
 END_TEST
 
@@ -797,7 +697,7 @@ START_TEST(test_dump_json_values)
 {
     char dir[256], line[8192];
     make_dir(dir, sizeof dir, "w", (wl_opts){0});
-    run r = wal_ok("dump", dir, "--json");
+    tu_run r = wal_ok("dump", dir, "--json");
     dumped l = parse_dump(r.out);
     ck_assert_uint_eq(l.n, 28);
     for (uint32_t i = 0; i < l.n; i++)
@@ -850,7 +750,7 @@ START_TEST(test_dump_json_values)
     line_of(r.out, t11_chunk, line, sizeof line);
     ck_assert(js_has(line, "\"entity\":\"0000000200000003\",\"component\":\"acct\",\"value\":{\"coins\":11003,"));
     /* the lifecycle commands of ticks 5, 6, 7 */
-    run_free(&r);
+    tu_run_free(&r);
     r = wal_ok("dump", dir, "--json", "--kind", "lifecycle", "--from-tick", "5", "--to-tick", "7");
     l = parse_dump(r.out);
     ck_assert_uint_eq(l.n, 3);
@@ -859,12 +759,12 @@ START_TEST(test_dump_json_values)
                             "\"value\":{}}]"));
     ck_assert(js_has(r.out, "\"changes\":[{\"op\":\"remove\",\"entity\":\"0000000100000000\",\"component\":"
                             "\"marked\"}]"));
-    run_free(&r);
+    tu_run_free(&r);
     /* tick commits carry their counts */
     r = wal_ok("dump", dir, "--json", "--kind", "tick_commit", "--from-tick", "8", "--to-tick", "8");
     ck_assert_uint_eq(count_lines(r.out), 1);
     ck_assert(js_has(r.out, "\"nrecords\":2,\"nlive\":4,\"nslots\":4"));
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
@@ -875,7 +775,7 @@ static void assert_selects(const char *dir, const char *const *filter, const cha
     size_t n = 3;
     for (; *filter; filter++)
         args[n++] = *filter;
-    run r = wal_ok_argv(args);
+    tu_run r = wal_ok_argv(args);
     dumped l = parse_dump(r.out);
     char got[1024] = "";
     for (uint32_t i = 0; i < l.n; i++) {
@@ -884,7 +784,7 @@ static void assert_selects(const char *dir, const char *const *filter, const cha
     }
     ck_assert_msg(!strcmp(got, want), "dump %s %s...: got [%s], want [%s]", args[3] ? args[3] : "",
                   args[4] ? args[4] : "", got, want);
-    run_free(&r);
+    tu_run_free(&r);
 }
 
 #define SELECTS(dir, want, ...) assert_selects(dir, (const char *const[]){__VA_ARGS__, NULL}, want)
@@ -922,19 +822,19 @@ START_TEST(test_dump_filters)
             "--kind", "tick_chunk", "--component", "acct");
 
     /* LSN range: exactly those LSNs */
-    run r = wal_ok("dump", dir, "--json", "--from-lsn", "5", "--to-lsn", "9");
+    tu_run r = wal_ok("dump", dir, "--json", "--from-lsn", "5", "--to-lsn", "9");
     dumped l = parse_dump(r.out);
     ck_assert_uint_eq(l.n, 5);
     for (uint32_t i = 0; i < 5; i++)
         ck_assert_uint_eq(l.lsn[i], 5 + i);
-    run_free(&r);
+    tu_run_free(&r);
     r = wal_ok("dump", dir, "--from-lsn=27");
     ck_assert_uint_eq(count_lines(r.out), 2);
     ck_assert(!strncmp(r.out, "lsn=27 ", 7));
-    run_free(&r);
+    tu_run_free(&r);
     r = wal_ok("dump", dir, "--from-lsn", "100");
     ck_assert_uint_eq(r.outlen, 0);
-    run_free(&r);
+    tu_run_free(&r);
 
     /* --entity in text mode lists only the matching changes */
     r = wal_ok("dump", dir, "--kind", "side", "--entity", "1:1");
@@ -942,13 +842,13 @@ START_TEST(test_dump_filters)
     ck_assert_msg(js_has(r.out, "kind=side flags=0 codec=raw raw=80 stored=80 seq=") &&
                   js_has(r.out, "mode=immediate writes=1 | set 0000000100000001 acct={\"coins\":107,"), "%s", r.out);
     ck_assert(!js_has(r.out, "0000000100000000"));
-    run_free(&r);
+    tu_run_free(&r);
 
     /* a dump of 11 ticks has at least 10 lines (the acceptance floor) */
     r = wal_ok("dump", dir, "--from-tick", "1", "--to-tick", "11");
     ck_assert_uint_ge(count_lines(r.out), 10);
     ck_assert_uint_eq(count_lines(r.out), 27);
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
@@ -956,8 +856,8 @@ START_TEST(test_stats_match_info)
 {
     char dir[256];
     make_dir(dir, sizeof dir, "w", (wl_opts){0});
-    run ri = wal_ok("info", dir, "--json");
-    run rs = wal_ok("stats", dir, "--json", "--top", "3");
+    tu_run ri = wal_ok("info", dir, "--json");
+    tu_run rs = wal_ok("stats", dir, "--json", "--top", "3");
     assert_json(rs.out);
     const char *wal = strstr(ri.out, "\"wal\":");
     /* totals and per kind equal info's */
@@ -1006,76 +906,34 @@ START_TEST(test_stats_match_info)
         prev = js_u64(p, "stored_bytes");
     }
     ck_assert_uint_eq(n, 3);
-    run_free(&ri);
-    run_free(&rs);
+    tu_run_free(&ri);
+    tu_run_free(&rs);
 
     rs = wal_ok("stats", dir, "--bucket", "5");
     ck_assert(js_has(rs.out, "by tick range (5 ticks)"));
     ck_assert(js_has(rs.out, "  0..4 "));
     ck_assert(js_has(rs.out, "  10..14 "));
-    run_free(&rs);
+    tu_run_free(&rs);
     rs = wal_ok("stats", dir);
     ck_assert(js_has(rs.out, ": 28 records, "));
     ck_assert(js_has(rs.out, "by tick range (1 tick)"));
     ck_assert(js_has(rs.out, "\n  tick 11 "));
     ck_assert(js_has(rs.out, "\n  side                            1             80             80    1.00x\n"));
-    run_free(&rs);
+    tu_run_free(&rs);
 }
 END_TEST
 
 /* ---- suite walcli_verify ----------------------------------------------------------------------- */
-
-/* A copy of the WAL record at lsn. */
-static void *record_bytes(const char *dir, uint64_t lsn, size_t *len)
-{
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, lsn, &it));
-    uint64_t got = 0;
-    const void *rec = NULL;
-    ck_assert_int_eq(kw_wal_next(it, &got, &rec, len), 1);
-    ck_assert_uint_eq(got, lsn);
-    void *copy = malloc(*len);
-    ck_assert_ptr_nonnull(copy);
-    memcpy(copy, rec, *len);
-    kw_wal_iter_end(it);
-    kw_read_end(r);
-    kw_store_close(st);
-    return copy;
-}
 
 /* Flip one payload byte of the record at lsn wherever its bytes sit in
  * data.mdb (as ../shared/acceptance/tools does). */
 static void corrupt_record(const char *dir, uint64_t lsn)
 {
     size_t len;
-    unsigned char *rec = record_bytes(dir, lsn, &len);
+    unsigned char *rec = tu_record_copy(dir, lsn, &len);
     char p[300];
     snprintf(p, sizeof p, "%s/data.mdb", dir);
-    FILE *f = fopen(p, "r+b");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
-    long size = ftell(f);
-    unsigned char *data = malloc((size_t)size);
-    ck_assert_ptr_nonnull(data);
-    rewind(f);
-    ck_assert_uint_eq(fread(data, 1, (size_t)size, f), (size_t)size);
-    uint32_t hits = 0;
-    for (long i = 0; i + (long)len <= size; i++) {
-        if (memcmp(data + i, rec, len))
-            continue;
-        data[i + (long)len - 8] ^= 0x5a;
-        hits++;
-    }
-    ck_assert_uint_ge(hits, 1);
-    rewind(f);
-    ck_assert_uint_eq(fwrite(data, 1, (size_t)size, f), (size_t)size);
-    ck_assert_int_eq(fclose(f), 0);
-    free(data);
+    ck_assert_uint_ge(tu_flip_copies(p, rec, len, len - 8), 1);
     free(rec);
 }
 
@@ -1094,10 +952,10 @@ START_TEST(test_verify_good)
 {
     char dir[256];
     make_dir(dir, sizeof dir, "w", (wl_opts){0});
-    run r = wal_ok("verify", dir);
+    tu_run r = wal_ok("verify", dir);
     ck_assert_uint_eq(count_lines(r.out), 1);
     ck_assert_msg(js_has(r.out, ": 28 WAL records (LSN 1..28), 0 snapshot records: ok"), "%s", r.out);
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
@@ -1105,16 +963,16 @@ START_TEST(test_verify_corrupt_record)
 {
     char dir[256], line[8192];
     make_dir(dir, sizeof dir, "w", (wl_opts){0});
-    run r = wal_ok("dump", dir, "--json", "--kind", "side");
+    tu_run r = wal_ok("dump", dir, "--json", "--kind", "side");
     uint64_t lsn = js_u64(r.out, "lsn");
-    run_free(&r);
+    tu_run_free(&r);
     corrupt_record(dir, lsn);
 
     r = wal("verify", dir);
     ck_assert_msg(r.status == 1, "verify on a corrupted record: exit %d: %s %s", r.status, r.out, r.err);
     ck_assert_msg(has_lsn_line(r.out, lsn, "CRC32C"), "no line naming LSN %llu: %s", (unsigned long long)lsn, r.out);
     ck_assert_msg(js_has(r.out, ": 1 problem\n"), "%s", r.out);
-    run_free(&r);
+    tu_run_free(&r);
 
     /* dump skips it (saying so) and prints the rest; exit 1 */
     r = wal("dump", dir, "--json");
@@ -1122,15 +980,15 @@ START_TEST(test_verify_corrupt_record)
     ck_assert_uint_eq(count_lines(r.out), 27);
     snprintf(line, sizeof line, "LSN %" PRIu64 ": ", lsn);
     ck_assert_msg(strstr(r.err, line) && strstr(r.err, "CRC32C"), "%s", r.err);
-    run_free(&r);
+    tu_run_free(&r);
     r = wal("info", dir);
     ck_assert_int_eq(r.status, 1);
     ck_assert(js_has(r.out, "28 records (1 INVALID"));
-    run_free(&r);
+    tu_run_free(&r);
     r = wal("stats", dir, "--json");
     ck_assert_int_eq(r.status, 1);
     ck_assert_uint_eq(js_u64(r.out, "invalid"), 1);
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
@@ -1156,16 +1014,16 @@ START_TEST(test_verify_gap_and_unit)
 {
     char dir[256];
     make_dir(dir, sizeof dir, "w", (wl_opts){0});
-    run r = wal_ok("dump", dir, "--json", "--kind", "tick_chunk", "--from-tick", "6", "--to-tick", "6");
+    tu_run r = wal_ok("dump", dir, "--json", "--kind", "tick_chunk", "--from-tick", "6", "--to-tick", "6");
     uint64_t lsn = js_u64(r.out, "lsn");
-    run_free(&r);
+    tu_run_free(&r);
     delete_record(dir, lsn);
     r = wal("verify", dir);
     ck_assert_int_eq(r.status, 1);
     /* the gap is named at the LSN after it, and tick 6's commit counts a record that is gone */
     ck_assert_msg(has_lsn_line(r.out, lsn + 1, "not consecutive"), "%s", r.out);
     ck_assert_msg(js_has(r.out, "the tick_commit of tick 6 counts 2 records, 1 precede it"), "%s", r.out);
-    run_free(&r);
+    tu_run_free(&r);
 
     /* the first records gone without a checkpoint */
     char dir2[256];
@@ -1174,7 +1032,7 @@ START_TEST(test_verify_gap_and_unit)
     r = wal("verify", dir2);
     ck_assert_int_eq(r.status, 1);
     ck_assert_msg(has_lsn_line(r.out, 2, "LSNs 1..1 are missing"), "%s", r.out);
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
@@ -1185,7 +1043,7 @@ START_TEST(test_verify_checkpoint)
     make_dir(drop, sizeof drop, "drop", (wl_opts){.checkpoint_after = 6});
     for (int i = 0; i < 2; i++) {
         const char *dir = i ? drop : keep;
-        run r = wal_ok("info", dir, "--json");
+        tu_run r = wal_ok("info", dir, "--json");
         const char *ck = strstr(r.out, "\"checkpoint\":{");
         ck_assert_ptr_nonnull(ck);
         ck_assert_uint_eq(js_u64(ck, "tick"), 6);
@@ -1196,17 +1054,17 @@ START_TEST(test_verify_checkpoint)
         const char *wal = strstr(r.out, "\"wal\":");
         ck_assert_uint_eq(js_u64(wal, "first_lsn"), i ? covered + 1 : 1);
         ck_assert_uint_eq(js_u64(wal, "last_lsn"), 29); /* 28 + the checkpoint marker */
-        run_free(&r);
+        tu_run_free(&r);
         r = wal_ok("dump", dir, "--json", "--kind", "checkpoint");
         ck_assert_uint_eq(count_lines(r.out), 1);
         next_line(&(const char *){r.out}, line, sizeof line);
         ck_assert_uint_eq(js_u64(line, "covered_lsn"), covered);
         ck_assert_uint_eq(js_u64(line, "checkpoint_tick"), 6);
         ck_assert_uint_gt(js_u64(line, "lsn"), covered);
-        run_free(&r);
+        tu_run_free(&r);
         r = wal_ok("verify", dir);
         ck_assert_msg(js_has(r.out, "snapshot records: ok"), "%s", r.out);
-        run_free(&r);
+        tu_run_free(&r);
     }
 }
 END_TEST
@@ -1218,7 +1076,7 @@ static pid_t spawn_tail(const char *dir, const char *lines, FILE **out)
 {
     int po[2];
     char errpath[300];
-    snprintf(errpath, sizeof errpath, "%s/tail.err", g_base);
+    snprintf(errpath, sizeof errpath, "%s/tail.err", tu_base());
     ck_assert_int_eq(pipe(po), 0);
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
@@ -1237,36 +1095,29 @@ static pid_t spawn_tail(const char *dir, const char *lines, FILE **out)
     return pid;
 }
 
-static int wait_exit(pid_t pid)
-{
-    int st = 0;
-    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 START_TEST(test_live_read)
 {
     char dir[256];
     tdir(dir, sizeof dir, "live");
     wl *w = wl_run(dir, (wl_opts){.keep_open = true});
     /* the runtime holds the directory open: the tools read it beside it */
-    run r = wal_ok("info", dir, "--json");
+    tu_run r = wal_ok("info", dir, "--json");
     ck_assert_uint_eq(js_u64(strstr(r.out, "\"wal\":"), "last_lsn"), 28);
-    run_free(&r);
+    tu_run_free(&r);
     r = wal_ok("verify", dir);
     ck_assert(js_has(r.out, ": ok\n"));
-    run_free(&r);
+    tu_run_free(&r);
     /* tail without -f: the last records */
     r = wal_ok("tail", dir, "-n", "3");
     ck_assert_uint_eq(count_lines(r.out), 3);
     ck_assert(!strncmp(r.out, "lsn=26 ", 7));
     ck_assert(js_has(r.out, "lsn=28 tick=11 kind=tick_commit "));
-    run_free(&r);
+    tu_run_free(&r);
     r = wal_ok("tail", dir, "-n", "2", "--json");
     dumped l = parse_dump(r.out);
     ck_assert_uint_eq(l.n, 2);
     ck_assert_uint_eq(l.lsn[1], 28);
-    run_free(&r);
+    tu_run_free(&r);
     wl_close(w);
 }
 END_TEST
@@ -1297,7 +1148,7 @@ START_TEST(test_tail_follow)
     /* tick 12 sets slot 0 (E0), tick 13 slot 1: two chunks and two commits */
     ck_assert_uint_eq(expect, 33);
     ck_assert_int_eq(kill(pid, SIGINT), 0);
-    ck_assert_int_eq(wait_exit(pid), 0);
+    ck_assert_int_eq(tu_wait(pid), 0);
     fclose(out);
 
     /* a reader that goes away ends it too, quietly, with exit 0 */
@@ -1305,9 +1156,9 @@ START_TEST(test_tail_follow)
     ck_assert_ptr_nonnull(fgets(line, sizeof line, out));
     ck_assert_msg(!strncmp(line, "lsn=32 ", 7), "%s", line);
     fclose(out);
-    ck_assert_int_eq(wait_exit(pid), 0);
+    ck_assert_int_eq(tu_wait(pid), 0);
     char errpath[300];
-    snprintf(errpath, sizeof errpath, "%s/tail.err", g_base);
+    snprintf(errpath, sizeof errpath, "%s/tail.err", tu_base());
     struct stat st;
     ck_assert_int_eq(stat(errpath, &st), 0);
     ck_assert_int_eq(st.st_size, 0);
@@ -1320,7 +1171,7 @@ END_TEST
 static TCase *tcase(const char *name)
 {
     TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
+    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
     tcase_set_timeout(tc, 120);
     return tc;
 }

@@ -25,14 +25,12 @@
  *                    before the damage still replays); usage errors exit 2;
  *                    --help.
  *
- * The runtime (linked here) produces the directories and the expected
- * values; keel-wal runs as a child process (fork + exec of KEEL_WAL_BIN,
- * stdout and stderr to files), as a user would run it. Every test works in
- * its own directory under a mkdtemp base the unchecked fixture removes.
+ * The runtime (linked here, running the workload W of wworld.h) produces
+ * the directories and the expected values; keel-wal runs as a child
+ * process (fork + exec of KEEL_WAL_BIN, stdout and stderr through pipes:
+ * test_util.h), as a user would run it. Every test works in its own
+ * directory under a mkdtemp base the unchecked fixture removes.
  */
-#include <errno.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -40,120 +38,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "keel/keel.h"
 #include "keel_test.h"
 #include "keel_wal/wal.h"
+#include "test_util.h"
+#include "wworld.h"
 
 #ifndef KEEL_WAL_BIN
 #error "KEEL_WAL_BIN (the keel-wal binary) must be defined by the build"
 #endif
 
-/* ---- temporary directories ------------------------------------------------------------- */
-
-static char g_base[128];
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *f)
-{
-    (void)sb;
-    (void)flag;
-    (void)f;
-    remove(path);
-    return 0;
-}
-
-static void base_setup(void)
-{
-    snprintf(g_base, sizeof g_base, "/tmp/keel-walstate-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_base));
-}
-
-static void base_teardown(void)
-{
-    if (g_base[0])
-        nftw(g_base, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    g_base[0] = 0;
-}
-
-static void tdir(char *out, size_t n, const char *name)
-{
-    ck_assert_int_lt(snprintf(out, n, "%s/%s", g_base, name), (int)n);
-}
-
 /* ---- running keel-wal ------------------------------------------------------------------ */
 
-typedef struct run_out {
-    int status;                /* exit status; -1 when it did not exit normally */
-    char *out, *err;           /* stdout and stderr, NUL-terminated */
-} run_out;
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
-    size_t cap = 4096, len = 0, n;
-    char *buf = malloc(cap);
-    ck_assert_ptr_nonnull(buf);
-    while ((n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += n;
-        if (cap - len < 2) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            ck_assert_ptr_nonnull(buf);
-        }
-    }
-    fclose(f);
-    buf[len] = 0;
-    return buf;
-}
-
-/* keel-wal arg0 ap... (NULL-terminated), stdout and stderr captured. */
-static run_out kwal_va(const char *arg0, va_list ap)
-{
-    const char *argv[32] = {KEEL_WAL_BIN, arg0};
-    int argc = 2;
-    const char *a;
-    while ((a = va_arg(ap, const char *)) != NULL) {
-        ck_assert_int_lt(argc, 31);
-        argv[argc++] = a;
-    }
-    argv[argc] = NULL;
-    char out[256], err[256];
-    tdir(out, sizeof out, "kwal.out");
-    tdir(err, sizeof err, "kwal.err");
-    fflush(NULL);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (fo < 0 || fe < 0 || dup2(fo, 1) < 0 || dup2(fe, 2) < 0)
-            _exit(127);
-        execv(KEEL_WAL_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    run_out r = {.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1, .out = slurp(out), .err = slurp(err)};
-    return r;
-}
-
-static run_out kwal(const char *arg0, ...)
-{
-    va_list ap;
-    va_start(ap, arg0);
-    run_out r = kwal_va(arg0, ap);
-    va_end(ap);
-    return r;
-}
-
-static void run_free(run_out *r)
-{
-    free(r->out);
-    free(r->err);
-}
+/* keel-wal with the arguments (a NULL ends them), stdout and stderr captured. */
+#define kwal(...) tu_run_argv(KEEL_WAL_BIN, (const char *const[]){__VA_ARGS__})
 
 #define ck_assert_exit(r, code)                                                                              \
     ck_assert_msg((r).status == (code), "keel-wal exited %d, expected %d; stdout:\n%s\nstderr:\n%s", (r).status, \
@@ -167,28 +66,27 @@ static bool contains(const char *hay, const char *needle)
 #define ck_assert_contains(hay, needle) \
     ck_assert_msg(contains((hay), (needle)), "expected \"%s\" in:\n%s", (needle), (hay))
 
-/* keel-wal arg0... exits with `code` and, when err_has is given, says it
- * on stderr; nothing on stdout when it fails. */
-static void kwal_expect(int code, const char *err_has, const char *arg0, ...)
+/* keel-wal args... (NULL-terminated) exits with `code` and, when err_has is
+ * given, says it on stderr; nothing on stdout when it fails. */
+static void kwal_expect_argv(int code, const char *err_has, const char *const *args)
 {
-    va_list ap;
-    va_start(ap, arg0);
-    run_out r = kwal_va(arg0, ap);
-    va_end(ap);
+    tu_run r = tu_run_argv(KEEL_WAL_BIN, args);
     ck_assert_exit(r, code);
     if (err_has)
         ck_assert_contains(r.err, err_has);
     if (code == 2)
         ck_assert_str_eq(r.out, "");
-    run_free(&r);
+    tu_run_free(&r);
 }
+
+#define kwal_expect(code, err_has, ...) kwal_expect_argv((code), (err_has), (const char *const[]){__VA_ARGS__})
 
 /* A suite of one test case holding `tests` (the base directory fixture set). */
 static Suite *suite_of(const char *name, const TTest *const *tests, size_t n)
 {
     Suite *s = suite_create(name);
     TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
+    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
     tcase_set_timeout(tc, 300);
     for (size_t i = 0; i < n; i++)
         tcase_add_test(tc, tests[i]);
@@ -196,346 +94,58 @@ static Suite *suite_of(const char *name, const TTest *const *tests, size_t n)
     return s;
 }
 
-/* The message names "LSN <lsn>" (not a longer number starting with it). */
-static bool names_lsn(const char *msg, uint64_t lsn)
-{
-    char want[40];
-    snprintf(want, sizeof want, "LSN %" PRIu64, lsn);
-    for (const char *p = strstr(msg, want); p; p = strstr(p + 1, want))
-        if (p[strlen(want)] < '0' || p[strlen(want)] > '9')
-            return true;
-    return false;
-}
-
 #define ck_assert_names_lsn(msg, lsn) \
-    ck_assert_msg(names_lsn((msg), (lsn)), "expected LSN %" PRIu64 " named in:\n%s", (uint64_t)(lsn), (msg))
+    ck_assert_msg(tu_names_lsn((msg), (lsn)), "expected LSN %" PRIu64 " named in:\n%s", (uint64_t)(lsn), (msg))
 
 /* `keel-wal replay DIR --to-tick t [extra]`: the hash it printed. */
 static uint64_t replay_hash(const char *dir, uint64_t t, const char *extra)
 {
     char tick[32];
     snprintf(tick, sizeof tick, "%" PRIu64, t);
-    run_out r = kwal("replay", dir, "--to-tick", tick, extra, NULL); /* extra NULL ends the list early */
+    tu_run r = kwal("replay", dir, "--to-tick", tick, extra, NULL); /* extra NULL ends the list early */
     ck_assert_exit(r, 0);
     char want[64];
     snprintf(want, sizeof want, "tick=%" PRIu64 " hash=", t);
     ck_assert_msg(!strncmp(r.out, want, strlen(want)) && strlen(r.out) == strlen(want) + 17,
                   "replay printed '%s'", r.out);
     uint64_t h = strtoull(r.out + strlen(want), NULL, 16);
-    run_free(&r);
+    tu_run_free(&r);
     return h;
 }
 
-/* ---- the workload ---------------------------------------------------------------------- */
+/* ---- the workload: W (wworld.h) ---------------------------------------------------------- */
 
-typedef struct pos_t {
-    int64_t x;
-    int64_t born;              /* tick of the spawn */
-} pos_t;
+#define MAXT W_MAXT
 
-/* Every field type the JSON formatter knows. */
-typedef struct misc_t {
-    float f;
-    uint16_t arr[3];
-    uint8_t b;                 /* bool */
-    uint8_t pad[5];
-    uint64_t ref;              /* an entity */
-    uint8_t raw[4];
-    int32_t neg;
-} misc_t;
-
-static const keel_field pos_fields[] = {
-    {.name = "x", .type = KEEL_I64, .offset = 0},
-    {.name = "born", .type = KEEL_I64, .offset = 8},
-};
-static const keel_field v_fields[] = {{.name = "v", .type = KEEL_I64, .offset = 0}};
-static const keel_field misc_fields[] = {
-    {.name = "f", .type = KEEL_F32, .offset = 0},
-    {.name = "arr", .type = KEEL_U16, .offset = 4, .count = 3},
-    {.name = "b", .type = KEEL_BOOL, .offset = 10},
-    {.name = "ref", .type = KEEL_ENTITY, .offset = 16},
-    {.name = "raw", .type = KEEL_BYTES, .offset = 24, .count = 4},
-    {.name = "neg", .type = KEEL_I32, .offset = 28},
-};
-
-#define MAXT 64
-
-typedef struct xfer {
-    keel_entity from, to;
-    int64_t amount;
-    keel_component c;
-} xfer;
-
-typedef struct wl {
-    keel_runtime *rt;
-    keel_component POS, HP, TMP, FLAG, MONEY, MISC;
-    keel_query *q_pos, *q_money, *q_tmp, *q_misc;
-    uint32_t bad;              /* failed calls inside bodies (asserted on the test thread) */
-    char bad_msg[256];
-    xfer xf[MAXT + 1];
-    xfer shutdown_xf;
-    bool shutdown_writes;
-    keel_entity misc_entity;   /* spawned by the first session's hook */
-} wl;
-
-static void note(wl *w, int line, int rc)
+/* W in this file's flavour: the misc entity, 20 entities from
+ * on_first_tick (tmp 3), two spawns per tick, pos moved every other tick
+ * by handle, on_shutdown (a transfer once shutdown_xfer is set). Open the
+ * runtime on dir (retain: wal_retain), no automatic checkpoints, recover. */
+static void wl_open(wworld *w, const char *dir, bool retain)
 {
-    if (rc && w->bad++ == 0)
-        snprintf(w->bad_msg, sizeof w->bad_msg, "line %d: %s: %s", line, keel_strerror(rc), keel_last_error());
-}
-#define CHECK(w, expr) note((w), __LINE__, (expr))
-
-static int cmp_entity(const void *a, const void *b)
-{
-    keel_entity x = *(const keel_entity *)a, y = *(const keel_entity *)b;
-    return x < y ? -1 : x > y;
-}
-
-static uint32_t query_entities(const keel_query *q, keel_entity *out, uint32_t max)
-{
-    uint32_t n = 0;
-    keel_iter it;
-    keel_query_iter(q, &it);
-    while (keel_iter_next(&it))
-        for (uint32_t r = 0; r < it.count; r++)
-            if (n < max)
-                out[n++] = it.entities[r];
-    qsort(out, n, sizeof *out, cmp_entity);
-    return n;
-}
-
-static int xfer_fn(keel_side_txn *tx, void *arg)
-{
-    xfer *x = arg;
-    int64_t a = 0, b = 0;
-    int rc = keel_side_get(tx, x->from, x->c, &a);
-    rc = rc ? rc : keel_side_get(tx, x->to, x->c, &b);
-    if (rc)
-        return rc;
-    a -= x->amount;
-    b += x->amount;
-    rc = keel_side_set(tx, x->from, x->c, &a);
-    return rc ? rc : keel_side_set(tx, x->to, x->c, &b);
-}
-
-/* on_first_tick: a new world gets its population (one entity with every
- * field type among them); every open rebuilds the TRANSIENT column. */
-static int hook(keel_ctx *ctx, void *user)
-{
-    wl *w = user;
-    keel_iter it;
-    keel_txn_iter(ctx, w->q_tmp, &it);
-    while (keel_txn_next(ctx, &it)) {
-        int64_t *v = it.columns[0];
-        for (uint32_t r = 0; r < it.count; r++)
-            v[r] = 7;
-    }
-    if (keel_world_count(keel_ctx_world(ctx)))
-        return 0;
-    keel_cmdbuf *cb = keel_ctx_commands(ctx);
-    for (uint32_t i = 0; i < 20; i++) {
-        pos_t p = {50 + (int64_t)i, 0};
-        int64_t hp = (int64_t)i, tmp = 3;
-        keel_init in[4] = {{w->POS, &p}, {w->HP, &hp}, {w->TMP, &tmp}, {w->FLAG, NULL}};
-        CHECK(w, keel_cmd_spawn(cb, in, i % 2 ? 4 : 3));
-    }
-    misc_t m = {.f = 1.5f, .arr = {1, 2, 3}, .raw = {0xab, 0, 0, 0}, .neg = -1};
-    keel_init in[1] = {{w->MISC, &m}};
-    CHECK(w, keel_cmd_spawn(cb, in, 1));
-    return 0;
-}
-
-/* life: moves, damages (SINGLE_VERSION), writes TRANSIENT values, kills,
- * tags, untags and spawns, decided by handle and tick only. */
-static int life(keel_ctx *ctx, void *user)
-{
-    wl *w = user;
-    uint64_t t = keel_ctx_tick(ctx);
-    keel_cmdbuf *cb = keel_ctx_commands(ctx);
-    keel_iter it;
-    keel_txn_iter(ctx, w->q_pos, &it);
-    while (keel_txn_next(ctx, &it)) {
-        pos_t *p = it.columns[0];
-        for (uint32_t r = 0; r < it.count; r++) {
-            keel_entity e = it.entities[r];
-            uint64_t idx = KEEL_ENTITY_INDEX(e);
-            if ((idx + t) % 2 == 0)
-                p[r].x += (int64_t)idx + 1;
-            if ((idx + t) % 3 == 0) {
-                int64_t hp = 0;
-                CHECK(w, keel_txn_get(ctx, e, w->HP, &hp));
-                hp += (int64_t)t;
-                CHECK(w, keel_txn_set(ctx, e, w->HP, &hp));
-            }
-            if ((idx + t) % 4 == 0) {
-                int64_t v = 1000 + (int64_t)t;
-                CHECK(w, keel_txn_set(ctx, e, w->TMP, &v));
-            }
-            if ((idx * 7 + t) % 11 == 0)
-                CHECK(w, keel_cmd_destroy(cb, e));
-            else if ((idx + t) % 5 == 0)
-                CHECK(w, keel_cmd_add(cb, e, w->FLAG, NULL));
-            else if ((idx + t) % 5 == 2)
-                CHECK(w, keel_cmd_remove(cb, e, w->FLAG));
-        }
-    }
-    for (int k = 0; k < 2; k++) {
-        pos_t p = {(int64_t)t * 100 + k, (int64_t)t};
-        int64_t hp = (int64_t)t, tmp = 5;
-        keel_init in[4] = {{w->POS, &p}, {w->HP, &hp}, {w->TMP, &tmp}, {w->FLAG, NULL}};
-        CHECK(w, keel_cmd_spawn(cb, in, k == 1 ? 4 : 3));
-    }
-    if (t == 1) { /* the bank's two accounts */
-        int64_t m = 1000;
-        keel_init in[1] = {{w->MONEY, &m}};
-        CHECK(w, keel_cmd_spawn(cb, in, 1));
-        CHECK(w, keel_cmd_spawn(cb, in, 1));
-    }
-    return 0;
-}
-
-/* The misc entity gets every field rewritten at tick 5. */
-static int misc(keel_ctx *ctx, void *user)
-{
-    wl *w = user;
-    if (keel_ctx_tick(ctx) != 5)
-        return 0;
-    keel_iter it;
-    keel_txn_iter(ctx, w->q_misc, &it);
-    while (keel_txn_next(ctx, &it)) {
-        misc_t *m = it.columns[0];
-        for (uint32_t r = 0; r < it.count; r++) {
-            misc_t v = {.f = 2.25f, .arr = {7, 8, 65535}, .b = 1, .ref = it.entities[r],
-                        .raw = {0xde, 0xad, 0x00, 0x01}, .neg = -42};
-            m[r] = v;
-        }
-    }
-    return 0;
-}
-
-/* bank: one side transaction per tick inside a system. */
-static int bank(keel_ctx *ctx, void *user)
-{
-    wl *w = user;
-    keel_entity a[4];
-    if (query_entities(w->q_money, a, 4) < 2)
-        return 0;
-    uint64_t t = keel_ctx_tick(ctx);
-    xfer x = {a[t % 2], a[1 - t % 2], (int64_t)(t % 7) + 1, w->MONEY};
-    keel_side_txn *tx = NULL;
-    CHECK(w, keel_side_txn_begin(ctx, (keel_durability)(1 + t % 3), &tx));
-    if (!tx)
-        return 0;
-    int rc = xfer_fn(tx, &x);
-    if (rc) {
-        keel_side_txn_abort(tx);
-        note(w, __LINE__, rc);
-        return 0;
-    }
-    CHECK(w, keel_side_txn_commit(tx));
-    return 0;
-}
-
-static int on_shutdown(keel_side_txn *tx, void *arg)
-{
-    wl *w = arg;
-    return w->shutdown_writes ? xfer_fn(tx, &w->shutdown_xf) : 0;
-}
-
-static void wl_register(wl *w)
-{
-    keel_world *wd = keel_runtime_world(w->rt);
-    keel_component_desc pos = {.name = "pos", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
-    keel_component_desc hp = {.name = "hp", .size = 8, .discipline = KEEL_SINGLE_VERSION, .fields = v_fields,
-                              .field_count = 1};
-    keel_component_desc tmp = {.name = "tmp", .size = 8, .discipline = KEEL_TRANSIENT, .fields = v_fields,
-                               .field_count = 1};
-    keel_component_desc flag = {.name = "flag"};
-    keel_component_desc money = {.name = "money", .size = 8, .fields = v_fields, .field_count = 1};
-    keel_component_desc mi = {.name = "misc", .size = sizeof(misc_t), .fields = misc_fields, .field_count = 6};
-    ck_assert_ok(keel_component_register(wd, &pos, &w->POS));
-    ck_assert_ok(keel_component_register(wd, &hp, &w->HP));
-    ck_assert_ok(keel_component_register(wd, &tmp, &w->TMP));
-    ck_assert_ok(keel_component_register(wd, &flag, &w->FLAG));
-    ck_assert_ok(keel_component_register(wd, &money, &w->MONEY));
-    ck_assert_ok(keel_component_register(wd, &mi, &w->MISC));
-    keel_query_desc qp = {.with = {w->POS}}, qm = {.with = {w->MONEY}}, qt = {.with = {w->TMP}},
-                    qx = {.with = {w->MISC}};
-    ck_assert_ok(keel_query_create(wd, &qp, &w->q_pos));
-    ck_assert_ok(keel_query_create(wd, &qm, &w->q_money));
-    ck_assert_ok(keel_query_create(wd, &qt, &w->q_tmp));
-    ck_assert_ok(keel_query_create(wd, &qx, &w->q_misc));
-}
-
-static void wl_schedule(wl *w)
-{
-    keel_schedule *s = sched_new(w->rt);
-    keel_system_desc l = {.name = "life", .run = life, .user = w, .access = {.writes = {w->POS, w->HP, w->TMP}}};
-    keel_system_desc m = {.name = "misc", .run = misc, .user = w, .access = {.writes = {w->MISC}}};
-    keel_system_desc b = {.name = "bank", .run = bank, .user = w, .access = {.side_writes = {w->MONEY}},
-                          .after = {"life"}};
-    add_sys(s, &l);
-    add_sys(s, &m);
-    add_sys(s, &b);
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(w->rt, s));
-}
-
-/* Open the runtime on dir (retain: wal_retain), no automatic checkpoints. */
-static void wl_open(wl *w, const char *dir, bool retain)
-{
-    keel_runtime_desc d = {.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1,
-                           .on_first_tick = hook, .hook_user = w};
+    w_reset(w, false);
+    w->misc = true;
+    w->hook_spawn = 20;
+    w->hook_tmp = 3;
+    w->life_spawns = 2;
+    w->move_every = 2;
+    keel_runtime_desc d = {.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1};
     d.durable.dir = dir;
     d.durable.wal_retain = retain;
     d.durable.checkpoint_every_ticks = -1;
     d.durable.checkpoint_every_bytes = -1;
     d.durable.checkpoint_every_seconds = -1;
-    d.durable.on_shutdown = on_shutdown;
-    d.durable.shutdown_arg = w;
-    ck_assert_ok(keel_runtime_create(&d, &w->rt));
-    wl_register(w);
-    wl_schedule(w);
+    w_open(w, &d, true);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
 }
 
-/* Queries belong to the world: destroyed before the runtime closes it. */
-static void wl_close(wl *w)
-{
-    keel_query_destroy(w->q_pos);
-    keel_query_destroy(w->q_money);
-    keel_query_destroy(w->q_tmp);
-    keel_query_destroy(w->q_misc);
-    keel_runtime_close(w->rt);
-    w->rt = NULL;
-}
-
-/* Tick t: a submitted transfer (once the accounts exist), the step. */
-static void wl_step(wl *w, uint64_t t)
-{
-    ck_assert_uint_le(t, MAXT);
-    ck_assert_uint_eq(keel_runtime_tick(w->rt), t - 1);
-    keel_entity a[4];
-    keel_ticket *tk = NULL;
-    if (query_entities(w->q_money, a, 4) >= 2) {
-        w->xf[t] = (xfer){a[0], a[1], (int64_t)t, w->MONEY};
-        ck_assert_ok(keel_submit(w->rt, xfer_fn, &w->xf[t], (keel_durability)(1 + (t + 1) % 3), &tk));
-    }
-    ck_assert_ok(keel_runtime_step(w->rt));
-    ck_assert_msg(w->bad == 0, "tick %" PRIu64 ": %u failed calls in bodies, first: %s", t, w->bad, w->bad_msg);
-    if (tk) {
-        ck_assert_ok(keel_ticket_wait(tk, -1));
-        keel_ticket_release(tk);
-    }
-}
-
-static uint64_t wl_hash(wl *w)
+static uint64_t wl_hash(wworld *w)
 {
     return keel_world_hash(keel_runtime_world(w->rt));
 }
 
 /* Some slot was reused: a live entity has generation >= 2. */
-static bool wl_reused_slot(wl *w)
+static bool wl_reused_slot(wworld *w)
 {
     keel_entity e[4096];
     uint32_t n = query_entities(w->q_pos, e, 4096);
@@ -555,13 +165,13 @@ static bool wl_reused_slot(wl *w)
 START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "retain");
-    wl w = {0};
+    tu_path(dir, sizeof dir, "retain");
+    wworld w = {0};
     uint64_t hash[MAXT + 1] = {0};
     wl_open(&w, dir, true);
     hash[0] = wl_hash(&w);
     for (uint64_t t = 1; t <= 30; t++) {
-        wl_step(&w, t);
+        w_drive(&w, t);
         hash[t] = wl_hash(&w);
         if (t % 7 == 0)
             ck_assert_ok(keel_checkpoint(w.rt));
@@ -569,17 +179,16 @@ START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
     ck_assert(wl_reused_slot(&w));
     keel_entity acc[4];
     ck_assert_uint_eq(query_entities(w.q_money, acc, 4), 2);
-    w.shutdown_xf = (xfer){acc[1], acc[0], 333, w.MONEY};
-    w.shutdown_writes = true;
-    wl_close(&w);
+    w.shutdown_xfer = (xfer){acc[1], acc[0], 333, w.MONEY};
+    w_close(&w);
 
-    wl w2 = {0};
+    wworld w2 = {0};
     wl_open(&w2, dir, true);
     ck_assert_uint_eq(keel_runtime_tick(w2.rt), 30);
     uint64_t recovered30 = wl_hash(&w2);
     ck_assert_uint_ne(recovered30, hash[30]); /* on_shutdown moved money */
     for (uint64_t t = 31; t <= 45; t++) {
-        wl_step(&w2, t);
+        w_drive(&w2, t);
         hash[t] = wl_hash(&w2);
         if (t == 38)
             ck_assert_ok(keel_checkpoint(w2.rt));
@@ -587,7 +196,7 @@ START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
     /* beside the live runtime (a read-only reader of its LMDB environment) */
     ck_assert_ok(keel_uow_flush(w2.rt));
     ck_assert_uint_eq(replay_hash(dir, 45, NULL), hash[45]);
-    wl_close(&w2);
+    w_close(&w2);
 
     for (uint64_t t = 0; t <= 45; t++) {
         uint64_t want = t == 30 ? recovered30 : hash[t];
@@ -598,18 +207,18 @@ START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
     static const uint64_t audit[] = {38, 41, 45};
     for (size_t i = 0; i < sizeof audit / sizeof audit[0]; i++)
         ck_assert_uint_eq(replay_hash(dir, audit[i], "--no-checkpoint"), hash[audit[i]]);
-    run_out r = kwal("replay", dir, "--to-tick", "40", "--json", NULL);
+    tu_run r = kwal("replay", dir, "--to-tick", "40", "--json", NULL);
     ck_assert_exit(r, 0);
     char want[200];
     snprintf(want, sizeof want, "{\"tick\":40,\"hash\":\"%016" PRIx64 "\",", hash[40]);
     ck_assert_msg(!strncmp(r.out, want, strlen(want)), "json: %s", r.out);
     ck_assert_contains(r.out, "\"from_checkpoint\":true,\"checkpoint_tick\":38,");
-    run_free(&r);
+    tu_run_free(&r);
     r = kwal("replay", dir, "--to-tick", "46", NULL);
     ck_assert_exit(r, 1);
     ck_assert_contains(r.err, "tick 46 is beyond the last completed tick 45");
     ck_assert_str_eq(r.out, "");
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
@@ -618,22 +227,22 @@ END_TEST
 START_TEST(without_retain_replay_starts_at_the_checkpoint)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "noretain");
-    wl w = {0};
+    tu_path(dir, sizeof dir, "noretain");
+    wworld w = {0};
     uint64_t hash[MAXT + 1] = {0};
     wl_open(&w, dir, false);
     for (uint64_t t = 1; t <= 25; t++) {
-        wl_step(&w, t);
+        w_drive(&w, t);
         hash[t] = wl_hash(&w);
         if (t == 10 || t == 20)
             ck_assert_ok(keel_checkpoint(w.rt));
     }
-    wl_close(&w);
+    w_close(&w);
     for (uint64_t t = 20; t <= 25; t++)
         ck_assert_uint_eq(replay_hash(dir, t, NULL), hash[t]);
     static const char *const before[] = {"19", "10", "0"};
     for (size_t i = 0; i < 3; i++) {
-        run_out r = kwal("replay", dir, "--to-tick", before[i], NULL);
+        tu_run r = kwal("replay", dir, "--to-tick", before[i], NULL);
         ck_assert_exit(r, 1);
         char want[80];
         snprintf(want, sizeof want, "tick %s is no longer reachable", before[i]);
@@ -642,7 +251,7 @@ START_TEST(without_retain_replay_starts_at_the_checkpoint)
         ck_assert_contains(r.err, "wal_retain");
         ck_assert_contains(r.err, "The earliest tick replay can rebuild is 20");
         ck_assert_str_eq(r.out, "");
-        run_free(&r);
+        tu_run_free(&r);
     }
     kwal_expect(1, "--no-checkpoint needs the WAL from LSN 1", "replay", dir, "--to-tick", "22", "--no-checkpoint",
                 NULL);
@@ -654,12 +263,12 @@ END_TEST
 START_TEST(entity_json_holds_the_values_that_were_set)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "entity");
-    wl w = {0};
+    tu_path(dir, sizeof dir, "entity");
+    wworld w = {0};
     wl_open(&w, dir, true);
     keel_entity mx = 0, a[4];
     for (uint64_t t = 1; t <= 8; t++) {
-        wl_step(&w, t);
+        w_drive(&w, t);
         if (t == 1) {
             ck_assert_uint_eq(query_entities(w.q_misc, a, 4), 1);
             mx = a[0];
@@ -678,18 +287,18 @@ START_TEST(entity_json_holds_the_values_that_were_set)
     ck_assert_ok(keel_get(wd, e, w.POS, &p));
     ck_assert_ok(keel_get(wd, e, w.HP, &hp));
     int has_flag = keel_has(wd, e, w.FLAG);
-    wl_close(&w);
+    w_close(&w);
 
     char eh[32], want[512];
     snprintf(eh, sizeof eh, "%016" PRIx64, e);
-    run_out r = kwal("replay", dir, "--to-tick", "8", "--entity", eh, NULL);
+    tu_run r = kwal("replay", dir, "--to-tick", "8", "--entity", eh, NULL);
     ck_assert_exit(r, 0);
     snprintf(want, sizeof want,
              "{\"tick\":8,\"entity\":\"%s\",\"live\":true,\"generation\":%u,\"components\":{\"pos\":{\"x\":%" PRId64
              ",\"born\":%" PRId64 "},\"hp\":{\"v\":%" PRId64 "}%s},\"transient\":[\"tmp\"]}\n",
              eh, KEEL_ENTITY_GEN(e), p.x, p.born, hp, has_flag == 1 ? ",\"flag\":{}" : "");
     ck_assert_str_eq(r.out, want);
-    run_free(&r);
+    tu_run_free(&r);
 
     /* the misc entity before (tick 4: the spawn's values) and after tick 5's write;
      * INDEX:GEN and 0x forms name the same entity */
@@ -705,7 +314,7 @@ START_TEST(entity_json_holds_the_values_that_were_set)
              "\"transient\":[]}\n",
              me, KEEL_ENTITY_GEN(mx));
     ck_assert_str_eq(r.out, want);
-    run_free(&r);
+    tu_run_free(&r);
     r = kwal("replay", dir, "--to-tick", "7", "--entity", hx, NULL); /* from the checkpoint of tick 6 */
     ck_assert_exit(r, 0);
     snprintf(want, sizeof want,
@@ -713,7 +322,7 @@ START_TEST(entity_json_holds_the_values_that_were_set)
              "\"arr\":[7,8,65535],\"b\":true,\"ref\":\"%s\",\"raw\":\"dead0001\",\"neg\":-42}},\"transient\":[]}\n",
              me, KEEL_ENTITY_GEN(mx), me);
     ck_assert_str_eq(r.out, want);
-    run_free(&r);
+    tu_run_free(&r);
 
     /* not live: a generation the slot never had, and a slot never used */
     char stale[32];
@@ -722,7 +331,7 @@ START_TEST(entity_json_holds_the_values_that_were_set)
     ck_assert_exit(r, 1);
     ck_assert_contains(r.out, "\"live\":false}");
     ck_assert_contains(r.err, "is not live at tick 8");
-    run_free(&r);
+    tu_run_free(&r);
     kwal_expect(1, "slot 900000 was never used", "replay", dir, "--to-tick", "8", "--entity", "900000:1", NULL);
     kwal_expect(2, NULL, "replay", dir, "--to-tick", "8", "--entity", "bogus", NULL);
 }
@@ -757,7 +366,7 @@ static int cmp_index(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static wsnap take_snap(wl *w)
+static wsnap take_snap(wworld *w)
 {
     keel_world *wd = keel_runtime_world(w->rt);
     keel_entity *e = malloc(8192 * sizeof *e);
@@ -985,18 +594,18 @@ static void ck_lines_eq(const char *got, const char *want)
 START_TEST(diff_sets_and_values_equal_the_runtime_states)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "diff");
-    wl w = {0};
+    tu_path(dir, sizeof dir, "diff");
+    wworld w = {0};
     wl_open(&w, dir, true);
     wsnap at[MAXT + 1] = {{0}};
     for (uint64_t t = 1; t <= 24; t++) {
-        wl_step(&w, t);
+        w_drive(&w, t);
         if (t == 3 || t == 12 || t == 19 || t == 24)
             at[t] = take_snap(&w);
         if (t == 14)
             ck_assert_ok(keel_checkpoint(w.rt));
     }
-    wl_close(&w);
+    w_close(&w);
     /* 12 -> 19 crosses the checkpoint (wal_retain reaches back); 19 -> 24 after it; 3 -> 3 is empty */
     static const uint64_t pairs[][2] = {{12, 19}, {19, 24}, {3, 24}, {3, 3}};
     for (size_t k = 0; k < sizeof pairs / sizeof pairs[0]; k++) {
@@ -1009,12 +618,12 @@ START_TEST(diff_sets_and_values_equal_the_runtime_states)
             char *want = expect_diff(&at[from], &at[to], from, to, json, counts);
             if (from != to) /* the workload creates, destroys and changes in every window */
                 ck_assert(counts[0] && counts[1] && counts[2]);
-            run_out r = json ? kwal("diff", dir, "--from-tick", fa, "--to-tick", ta, "--json", NULL)
+            tu_run r = json ? kwal("diff", dir, "--from-tick", fa, "--to-tick", ta, "--json", NULL)
                              : kwal("diff", dir, "--tick", fa, "--tick", ta, NULL);
             ck_assert_exit(r, 0);
             ck_lines_eq(r.out, want);
             free(want);
-            run_free(&r);
+            tu_run_free(&r);
         }
     }
     for (uint64_t t = 0; t <= MAXT; t++)
@@ -1037,25 +646,9 @@ static Suite *diff_suite(void)
 /* The record at lsn (a copy), and its header. */
 static void *record_copy(const char *dir, uint64_t lsn, size_t *len, kw_header *h)
 {
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, lsn, &it));
-    uint64_t got = 0;
-    const void *rec = NULL;
-    ck_assert_int_eq(kw_wal_next(it, &got, &rec, len), 1);
-    ck_assert_uint_eq(got, lsn);
+    void *rec = tu_record_copy(dir, lsn, len);
     ck_assert_ok(kw_record_check(rec, *len, h));
-    void *copy = malloc(*len);
-    ck_assert_ptr_nonnull(copy);
-    memcpy(copy, rec, *len);
-    kw_wal_iter_end(it);
-    kw_read_end(r);
-    kw_store_close(st);
-    return copy;
+    return rec;
 }
 
 /* The LSN of the first record of `kind` with tick >= tick (not on_first_tick's). */
@@ -1084,45 +677,27 @@ static uint64_t find_record(const char *dir, uint32_t kind, uint64_t tick)
     return found;
 }
 
-/* Flip byte `at` of every copy of the record in data.mdb (LMDB may hold
- * stale copies of a page), as a bad disk would. */
+/* Flip byte `at` of every copy of the record in data.mdb. */
 static void flip_copies(const char *dir, const void *rec, size_t n, size_t at)
 {
     char path[300];
     snprintf(path, sizeof path, "%s/data.mdb", dir);
-    int fd = open(path, O_RDWR);
-    ck_assert_msg(fd >= 0, "open %s: %s", path, strerror(errno));
-    struct stat st;
-    ck_assert_int_eq(fstat(fd, &st), 0);
-    size_t size = (size_t)st.st_size;
-    unsigned char *buf = malloc(size);
-    ck_assert_ptr_nonnull(buf);
-    ck_assert_int_eq(pread(fd, buf, size, 0), (ssize_t)size);
-    uint32_t copies = 0;
-    for (unsigned char *p = buf; (p = memmem(p, size - (size_t)(p - buf), rec, n)) != NULL; p += n) {
-        p[at] ^= 0x5a;
-        copies++;
-    }
-    ck_assert_uint_gt(copies, 0);
-    ck_assert_int_eq(pwrite(fd, buf, size, 0), (ssize_t)size);
-    ck_assert_int_eq(fsync(fd), 0);
-    close(fd);
-    free(buf);
+    ck_assert_uint_gt(tu_flip_copies(path, rec, n, at), 0);
 }
 
 static void make_run(const char *dir, uint64_t ticks)
 {
-    wl w = {0};
+    wworld w = {0};
     wl_open(&w, dir, true);
     for (uint64_t t = 1; t <= ticks; t++)
-        wl_step(&w, t);
-    wl_close(&w);
+        w_drive(&w, t);
+    w_close(&w);
 }
 
 START_TEST(a_flipped_byte_is_corrupt_naming_the_lsn)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "flip");
+    tu_path(dir, sizeof dir, "flip");
     make_run(dir, 12);
     uint64_t lsn = find_record(dir, KW_KIND_SIDE, 8);
     size_t len;
@@ -1134,17 +709,17 @@ START_TEST(a_flipped_byte_is_corrupt_naming_the_lsn)
     free(rec);
     static const char *const ticks[] = {"8", "12"};
     for (int i = 0; i < 2; i++) {
-        run_out r = kwal("replay", dir, "--to-tick", ticks[i], NULL);
+        tu_run r = kwal("replay", dir, "--to-tick", ticks[i], NULL);
         ck_assert_exit(r, 1);
         ck_assert_contains(r.err, "KEEL_ECORRUPT");
         ck_assert_names_lsn(r.err, lsn);
         ck_assert_str_eq(r.out, "");
-        run_free(&r);
+        tu_run_free(&r);
     }
-    run_out r = kwal("diff", dir, "--from-tick", "2", "--to-tick", "10", "--json", NULL);
+    tu_run r = kwal("diff", dir, "--from-tick", "2", "--to-tick", "10", "--json", NULL);
     ck_assert_exit(r, 1);
     ck_assert_names_lsn(r.err, lsn);
-    run_free(&r);
+    tu_run_free(&r);
     /* the state before the damaged record is still there; tick 7 is not:
      * replay reads on to the first record of a later tick, and the damaged
      * one may be it (its tick cannot be trusted) */
@@ -1152,28 +727,13 @@ START_TEST(a_flipped_byte_is_corrupt_naming_the_lsn)
 }
 END_TEST
 
-typedef struct rewrite {
-    uint64_t lsn;
-    const void *rec;
-    size_t len;
-} rewrite;
-
-static int fill_rewrite(kw_wtxn *t, void *arg)
-{
-    rewrite *rw = arg;
-    unsigned char key[8];
-    for (int i = 0; i < 8; i++)
-        key[i] = (unsigned char)(rw->lsn >> (56 - 8 * i));
-    return kw_put(t, KW_DB_WAL, key, 8, rw->rec, rw->len);
-}
-
 /* A LIFECYCLE record whose CRC is valid but whose first spawn names a
  * handle the allocator would not hand out: what recovery refuses, replay
  * refuses too, naming the LSN. */
 START_TEST(a_valid_record_that_does_not_replay_is_corrupt)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "spawn");
+    tu_path(dir, sizeof dir, "spawn");
     make_run(dir, 10);
     uint64_t lsn = find_record(dir, KW_KIND_LIFECYCLE, 6);
     size_t len;
@@ -1209,41 +769,36 @@ START_TEST(a_valid_record_that_does_not_replay_is_corrupt)
     free(rec);
     free(payload);
     kw_codec_destroy(c);
-    kw_store *st = NULL;
-    kw_store_desc sd = {0};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    rewrite rw = {lsn, out.p, out.len};
-    ck_assert_ok(kw_store_write(st, fill_rewrite, &rw));
-    kw_store_close(st);
+    tu_wal_put(dir, lsn, out.p, out.len);
     kw_buf_free(&out);
-    run_out r = kwal("replay", dir, "--to-tick", "10", NULL);
+    tu_run r = kwal("replay", dir, "--to-tick", "10", NULL);
     ck_assert_exit(r, 1);
     ck_assert_contains(r.err, "KEEL_ECORRUPT");
     ck_assert_names_lsn(r.err, lsn);
     ck_assert_contains(r.err, "a spawn created a different entity handle than the one logged");
-    run_free(&r);
+    tu_run_free(&r);
 }
 END_TEST
 
 START_TEST(usage_errors_and_help)
 {
     char dir[256];
-    tdir(dir, sizeof dir, "usage");
+    tu_path(dir, sizeof dir, "usage");
     make_run(dir, 2);
-    run_out r = kwal("replay", "--help", NULL);
+    tu_run r = kwal("replay", "--help", NULL);
     ck_assert_exit(r, 0);
     ck_assert_contains(r.out, "usage: keel-wal replay DIR --to-tick N");
     ck_assert_contains(r.out, "wal_retain");
-    run_free(&r);
+    tu_run_free(&r);
     r = kwal("diff", "-h", NULL);
     ck_assert_exit(r, 0);
     ck_assert_contains(r.out, "usage: keel-wal diff DIR --from-tick A --to-tick B");
-    run_free(&r);
+    tu_run_free(&r);
     kwal_expect(2, "--to-tick N is required", "replay", dir, NULL);
     kwal_expect(2, NULL, "replay", dir, "--to-tick", "-3", NULL);
     kwal_expect(2, "unknown option '--frobnicate'", "replay", dir, "--to-tick", "1", "--frobnicate", NULL);
     char missing[300];
-    tdir(missing, sizeof missing, "no-such-dir");
+    tu_path(missing, sizeof missing, "no-such-dir");
     kwal_expect(2, missing, "replay", missing, "--to-tick", "1", NULL);
     kwal_expect(2, NULL, "diff", missing, "--from-tick", "1", "--to-tick", "2", NULL);
 }

@@ -342,6 +342,22 @@ void kwt_dir_close(kwt_dir *d)
     memset(d, 0, sizeof *d);
 }
 
+int kwt_run_on_dir(int argc, char **argv, const char *help, kwt_parse_fn parse, void *opts, const char *const *dir,
+                   kwt_body_fn body)
+{
+    if (kwt_help_requested(argc, argv))
+        return kwt_print_help(help);
+    int rc = parse(argc, argv, opts);
+    if (rc)
+        return rc;
+    kwt_dir d;
+    if ((rc = kwt_dir_open(*dir, &d)))
+        return rc;
+    rc = body(&d, opts);
+    kwt_dir_close(&d);
+    return kwt_output_finish(rc);
+}
+
 int kwt_read_begin(kwt_dir *d, kw_rtxn **out)
 {
     if (kw_read_begin(d->store, out)) {

@@ -43,9 +43,9 @@ static const char diff_help[] =
     "2 bad arguments or the directory cannot be opened.\n";
 
 typedef struct diff_args {
-    const char *dir;
+    kws_args c;
     uint64_t from, to;
-    bool has_from, has_to, json, no_checkpoint;
+    bool has_from, has_to;
 } diff_args;
 
 typedef struct differ {
@@ -55,8 +55,9 @@ typedef struct differ {
     uint64_t created, destroyed, changed;
 } differ;
 
-static int parse(int argc, char **argv, diff_args *a)
+static int parse(int argc, char **argv, void *opts)
 {
+    diff_args *a = opts;
     const char *cmd = "diff";
     for (int i = 1; i < argc; i++) {
         int rc;
@@ -72,22 +73,14 @@ static int parse(int argc, char **argv, diff_args *a)
                 a->from = t, a->has_from = true;
             else if (rc > 0)
                 a->to = t, a->has_to = true;
-        } else if (!strcmp(argv[i], "--json")) {
-            a->json = true;
-        } else if (!strcmp(argv[i], "--no-checkpoint")) {
-            a->no_checkpoint = true;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return kwt_usage_error(cmd, "unknown option '%s'", argv[i]);
-        } else if (a->dir) {
-            return kwt_usage_error(cmd, "one data directory only ('%s' and '%s')", a->dir, argv[i]);
-        } else {
-            a->dir = argv[i];
+        } else if (kws_arg(cmd, argv[i], &a->c)) {
+            return KWT_EXIT_USAGE;
         }
         if (rc < 0)
             return KWT_EXIT_USAGE;
     }
-    if (!a->dir)
-        return kwt_usage_error(cmd, "no data directory given");
+    if (kws_need_dir(cmd, &a->c))
+        return KWT_EXIT_USAGE;
     if (!a->has_from || !a->has_to)
         return kwt_usage_error(cmd, "both --from-tick A and --to-tick B are required");
     if (a->from > a->to)
@@ -278,30 +271,32 @@ static void print_diff(differ *df, uint64_t from, uint64_t to)
     walk(df, true);
 }
 
-int kwt_cmd_diff(int argc, char **argv)
+static int run(kwt_dir *d, void *opts)
 {
-    if (kwt_help_requested(argc, argv))
-        return kwt_print_help(diff_help);
-    diff_args a = {0};
-    int rc = parse(argc, argv, &a);
+    const diff_args *a = opts;
+    kws_replay *rp;
+    int rc = kws_replay_open(d, a->from, a->c.no_checkpoint, &rp);
     if (rc)
         return rc;
-    kws_session ss;
-    if ((rc = kws_session_open(&ss, a.dir, a.from, a.no_checkpoint)))
-        return rc;
     kws_state at_a;
-    if (!(rc = kws_replay_to(ss.replay, a.from))) {
-        if (kws_state_clone(&at_a, kws_replay_state(ss.replay))) {
-            kwt_err(a.dir, "KEEL_ENOMEM: out of memory copying the state of tick %" PRIu64, a.from);
+    if (!(rc = kws_replay_to(rp, a->from))) {
+        if (kws_state_clone(&at_a, kws_replay_state(rp))) {
+            kwt_err(d->path, "KEEL_ENOMEM: out of memory copying the state of tick %" PRIu64, a->from);
             rc = KWT_EXIT_PROBLEM;
         } else {
-            if (!(rc = kws_replay_to(ss.replay, a.to))) {
-                differ df = {.d = &ss.dir, .a = &at_a, .b = kws_replay_state(ss.replay), .json = a.json};
-                print_diff(&df, a.from, a.to);
+            if (!(rc = kws_replay_to(rp, a->to))) {
+                differ df = {.d = d, .a = &at_a, .b = kws_replay_state(rp), .json = a->c.json};
+                print_diff(&df, a->from, a->to);
             }
             kws_state_free(&at_a);
         }
     }
-    kws_session_close(&ss);
-    return kwt_output_finish(rc);
+    kws_replay_close(rp);
+    return rc;
+}
+
+int kwt_cmd_diff(int argc, char **argv)
+{
+    diff_args a = {0};
+    return kwt_run_on_dir(argc, argv, diff_help, parse, &a, &a.c.dir, run);
 }

@@ -74,8 +74,9 @@ static int parse_kinds(const char *list, uint32_t *mask)
     return *mask ? KWT_EXIT_OK : kwt_usage_error("dump", "--kind needs a kind");
 }
 
-static int parse_args(int argc, char **argv, dump_opts *o)
+static int parse_args(int argc, char **argv, void *opts)
 {
+    dump_opts *o = opts;
     for (int i = 1; i < argc; i++) {
         const char *v;
         int rc;
@@ -405,19 +406,14 @@ int kwt_print_record(kwt_dir *d, const kw_record *r, bool json)
     return dump_record(d, &o, r, &dec, &sm);
 }
 
+static int run(kwt_dir *d, void *opts)
+{
+    int rc = resolve_component(d, opts);
+    return rc ? rc : dump(d, opts);
+}
+
 int kwt_cmd_dump(int argc, char **argv)
 {
-    if (kwt_help_requested(argc, argv))
-        return kwt_print_help(dump_help);
     dump_opts o = {0};
-    int rc = parse_args(argc, argv, &o);
-    if (rc)
-        return rc;
-    kwt_dir d;
-    if ((rc = kwt_dir_open(o.dir, &d)))
-        return rc;
-    if (!(rc = resolve_component(&d, &o)))
-        rc = dump(&d, &o);
-    kwt_dir_close(&d);
-    return kwt_output_finish(rc);
+    return kwt_run_on_dir(argc, argv, dump_help, parse_args, &o, &o.dir, run);
 }

@@ -235,40 +235,45 @@ static void print_json(const kwt_dir *d, const info *in)
     printf("}\n");
 }
 
-int kwt_cmd_info(int argc, char **argv)
+typedef struct info_opts {
+    const char *dir;
+    bool json;
+} info_opts;
+
+static int parse_args(int argc, char **argv, void *opts)
 {
-    if (kwt_help_requested(argc, argv))
-        return kwt_print_help(info_help);
-    const char *dir = NULL;
-    bool json = false;
+    info_opts *o = opts;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
-            json = true;
-        else if (kwt_arg_dir("info", argv[i], &dir))
+            o->json = true;
+        else if (kwt_arg_dir("info", argv[i], &o->dir))
             return KWT_EXIT_USAGE;
     }
-    if (kwt_need_dir("info", dir))
-        return KWT_EXIT_USAGE;
-    kwt_dir d;
-    int rc = kwt_dir_open(dir, &d);
+    return kwt_need_dir("info", o->dir);
+}
+
+static int run(kwt_dir *d, void *opts)
+{
+    const info_opts *o = opts;
+    kw_rtxn *r;
+    int rc = kwt_read_begin(d, &r);
     if (rc)
         return rc;
-    kw_rtxn *r;
-    if ((rc = kwt_read_begin(&d, &r))) {
-        kwt_dir_close(&d);
-        return rc;
-    }
     info in = {0};
-    rc = scan_wal(&d, r, &in);
+    rc = scan_wal(d, r, &in);
     scan_snap(r, &in);
     kw_read_end(r);
-    if (!rc) {
-        if (json)
-            print_json(&d, &in);
-        else
-            print_text(&d, &in);
-        rc = in.invalid ? KWT_EXIT_PROBLEM : KWT_EXIT_OK;
-    }
-    kwt_dir_close(&d);
-    return rc;
+    if (rc)
+        return rc;
+    if (o->json)
+        print_json(d, &in);
+    else
+        print_text(d, &in);
+    return in.invalid ? KWT_EXIT_PROBLEM : KWT_EXIT_OK;
+}
+
+int kwt_cmd_info(int argc, char **argv)
+{
+    info_opts o = {0};
+    return kwt_run_on_dir(argc, argv, info_help, parse_args, &o, &o.dir, run);
 }

@@ -18,7 +18,9 @@
  *     KWT_EXIT_USAGE 2 (bad arguments, or the directory cannot be opened);
  *   - errors go to stderr as "keel-wal: <dir or file>: <cause>" (kwt_err);
  *     usage errors as "keel-wal <cmd>: <problem> (try 'keel-wal <cmd> --help')";
- *   - data on stdout, nothing else; progress only on a TTY stderr.
+ *   - data on stdout, nothing else; progress only on a TTY stderr;
+ *   - a subcommand that reads one directory is a parser and a body handed
+ *     to kwt_run_on_dir, which does the rest (help, open, close, output).
  *
  * Entity handles (docs/tools.md): printed as 16 lower-case hex digits, the
  * raw u64 handle (generation in the high 8 digits, slot index in the low 8),
@@ -136,6 +138,17 @@ typedef struct kwt_dir {
  * format version, I/O error). */
 int kwt_dir_open(const char *path, kwt_dir *d);
 void kwt_dir_close(kwt_dir *d);
+
+/* The shape of a subcommand that reads one data directory (all but info):
+ * --help anywhere prints help; parse(argc, argv, opts) reads the arguments
+ * into opts and returns 0 or, after a usage error, the exit status; *dir
+ * (read after parse: opts' directory field) is opened (kwt_dir_open),
+ * body(d, opts) runs, the directory is closed and body's status goes
+ * through kwt_output_finish. */
+typedef int (*kwt_parse_fn)(int argc, char **argv, void *opts);
+typedef int (*kwt_body_fn)(kwt_dir *d, void *opts);
+int kwt_run_on_dir(int argc, char **argv, const char *help, kwt_parse_fn parse, void *opts, const char *const *dir,
+                   kwt_body_fn body);
 
 /* Begin a read transaction (a fresh snapshot each call; tail -f calls it
  * per poll). Prints the error and returns KWT_EXIT_USAGE on failure. Hold

@@ -44,14 +44,15 @@ static const char replay_help[] =
     "cannot be opened.\n";
 
 typedef struct replay_args {
-    const char *dir;
+    kws_args c;
     uint64_t tick;
-    bool has_tick, json, no_checkpoint, has_entity;
+    bool has_tick, has_entity;
     uint64_t entity;
 } replay_args;
 
-static int parse(int argc, char **argv, replay_args *a)
+static int parse(int argc, char **argv, void *opts)
 {
+    replay_args *a = opts;
     const char *cmd = "replay", *v;
     for (int i = 1; i < argc; i++) {
         int rc;
@@ -66,20 +67,12 @@ static int parse(int argc, char **argv, replay_args *a)
                 return kwt_usage_error(cmd, "--entity wants a handle (16 hex digits, 0x<hex> or INDEX:GEN), not '%s'",
                                        v);
             a->has_entity = true;
-        } else if (!strcmp(argv[i], "--json")) {
-            a->json = true;
-        } else if (!strcmp(argv[i], "--no-checkpoint")) {
-            a->no_checkpoint = true;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return kwt_usage_error(cmd, "unknown option '%s'", argv[i]);
-        } else if (a->dir) {
-            return kwt_usage_error(cmd, "one data directory only ('%s' and '%s')", a->dir, argv[i]);
-        } else {
-            a->dir = argv[i];
+        } else if (kws_arg(cmd, argv[i], &a->c)) {
+            return KWT_EXIT_USAGE;
         }
     }
-    if (!a->dir)
-        return kwt_usage_error(cmd, "no data directory given");
+    if (kws_need_dir(cmd, &a->c))
+        return KWT_EXIT_USAGE;
     if (!a->has_tick)
         return kwt_usage_error(cmd, "--to-tick N is required");
     return KWT_EXIT_OK;
@@ -149,23 +142,25 @@ static void print_hash(const kws_state *s, const kws_info *in, uint64_t tick, bo
            in->lsn, in->records);
 }
 
-int kwt_cmd_replay(int argc, char **argv)
+static int run(kwt_dir *d, void *opts)
 {
-    if (kwt_help_requested(argc, argv))
-        return kwt_print_help(replay_help);
-    replay_args a = {0};
-    int rc = parse(argc, argv, &a);
+    const replay_args *a = opts;
+    kws_replay *rp;
+    int rc = kws_replay_open(d, a->tick, a->c.no_checkpoint, &rp);
     if (rc)
         return rc;
-    kws_session ss;
-    if ((rc = kws_session_open(&ss, a.dir, a.tick, a.no_checkpoint)))
-        return rc;
-    if (!(rc = kws_replay_to(ss.replay, a.tick))) {
-        if (a.has_entity)
-            rc = print_entity(&ss.dir, kws_replay_state(ss.replay), a.tick, a.entity);
+    if (!(rc = kws_replay_to(rp, a->tick))) {
+        if (a->has_entity)
+            rc = print_entity(d, kws_replay_state(rp), a->tick, a->entity);
         else
-            print_hash(kws_replay_state(ss.replay), kws_replay_info(ss.replay), a.tick, a.json);
+            print_hash(kws_replay_state(rp), kws_replay_info(rp), a->tick, a->c.json);
     }
-    kws_session_close(&ss);
-    return kwt_output_finish(rc);
+    kws_replay_close(rp);
+    return rc;
+}
+
+int kwt_cmd_replay(int argc, char **argv)
+{
+    replay_args a = {0};
+    return kwt_run_on_dir(argc, argv, replay_help, parse, &a, &a.c.dir, run);
 }

@@ -873,6 +873,7 @@ static int replay_start(kws_replay *r, uint64_t first_tick, bool no_checkpoint)
 
 int kws_replay_open(kwt_dir *d, uint64_t first_tick, bool no_checkpoint, kws_replay **out)
 {
+    kwt_guard_set(d->path, KWT_EXIT_PROBLEM);
     kws_replay *r = calloc(1, sizeof *r);
     *out = NULL;
     if (!r) {
@@ -921,21 +922,24 @@ void kws_replay_close(kws_replay *r)
     free(r);
 }
 
-int kws_session_open(kws_session *s, const char *path, uint64_t first_tick, bool no_checkpoint)
+/* ---- the arguments replay and diff share ------------------------------------------------ */
+
+int kws_arg(const char *cmd, const char *arg, kws_args *a)
 {
-    s->replay = NULL;
-    int rc = kwt_dir_open(path, &s->dir);
-    if (rc)
-        return rc;
-    kwt_guard_set(path, KWT_EXIT_PROBLEM);
-    if ((rc = kws_replay_open(&s->dir, first_tick, no_checkpoint, &s->replay)))
-        kwt_dir_close(&s->dir);
-    return rc;
+    if (!strcmp(arg, "--json"))
+        a->json = true;
+    else if (!strcmp(arg, "--no-checkpoint"))
+        a->no_checkpoint = true;
+    else if (arg[0] == '-' && arg[1])
+        return kwt_usage_error(cmd, "unknown option '%s'", arg);
+    else if (a->dir)
+        return kwt_usage_error(cmd, "one data directory only ('%s' and '%s')", a->dir, arg);
+    else
+        a->dir = arg;
+    return KWT_EXIT_OK;
 }
 
-void kws_session_close(kws_session *s)
+int kws_need_dir(const char *cmd, const kws_args *a)
 {
-    kws_replay_close(s->replay);
-    kwt_dir_close(&s->dir);
-    s->replay = NULL;
+    return a->dir ? KWT_EXIT_OK : kwt_usage_error(cmd, "no data directory given");
 }

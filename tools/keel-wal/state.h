@@ -81,7 +81,8 @@ typedef struct kws_replay kws_replay;
 
 /* Prepare a replay of d that will be asked for ticks >= first_tick:
  * loads the checkpoint when its tick <= first_tick (unless no_checkpoint),
- * else starts from the empty world at LSN 1. Returns 0; or KWT_EXIT_PROBLEM
+ * else starts from the empty world at LSN 1. From here a damaged data file
+ * is a finding (exit 1), not a bad argument. Returns 0; or KWT_EXIT_PROBLEM
  * after printing why (the WAL no longer reaches back to first_tick, a
  * corrupt checkpoint or record naming the LSN, no schema), or
  * KWT_EXIT_USAGE (the directory cannot be read). */
@@ -94,17 +95,19 @@ kws_state *kws_replay_state(kws_replay *r);
 const kws_info *kws_replay_info(const kws_replay *r);
 void kws_replay_close(kws_replay *r);
 
-/* The directory and a replay over it, as `replay` and `diff` use them. */
-typedef struct kws_session {
-    kwt_dir dir;
-    kws_replay *replay;
-} kws_session;
+/* ---- the arguments replay and diff share --------------------------------- */
 
-/* Open `path` read-only (kwt_dir_open: exit 2 when it cannot be opened)
- * and prepare a replay for ticks >= first_tick (kws_replay_open). From
- * here a damaged data file is a finding (exit 1), not a bad argument.
- * Returns 0, or the exit status after printing why. */
-int kws_session_open(kws_session *s, const char *path, uint64_t first_tick, bool no_checkpoint);
-void kws_session_close(kws_session *s);
+typedef struct kws_args {
+    const char *dir;
+    bool json, no_checkpoint;
+} kws_args;
+
+/* A word the command has no option of its own for: --json, --no-checkpoint,
+ * or the data directory (one only; "-" is a name); any other word starting
+ * with '-' is an unknown option. 0, or KWT_EXIT_USAGE after the usage
+ * error. kws_need_dir ends the loop: the usage error when no directory was
+ * given. */
+int kws_arg(const char *cmd, const char *arg, kws_args *a);
+int kws_need_dir(const char *cmd, const kws_args *a);
 
 #endif

@@ -351,8 +351,9 @@ typedef struct stats_opts {
     uint64_t top, bucket;
 } stats_opts;
 
-static int parse_args(int argc, char **argv, stats_opts *o)
+static int parse_args(int argc, char **argv, void *opts)
 {
+    stats_opts *o = opts;
     for (int i = 1; i < argc; i++) {
         int rc;
         if ((rc = kwt_opt_u64("stats", argc, argv, &i, "--top", &o->top)) ||
@@ -395,27 +396,23 @@ static int report(const kwt_dir *d, const stats *st, const stats_opts *o)
     return st->invalid ? KWT_EXIT_PROBLEM : KWT_EXIT_OK;
 }
 
-int kwt_cmd_stats(int argc, char **argv)
+static int run(kwt_dir *d, void *opts)
 {
-    if (kwt_help_requested(argc, argv))
-        return kwt_print_help(stats_help);
-    stats_opts o = {.top = 10};
-    int rc = parse_args(argc, argv, &o);
-    if (rc)
-        return rc;
-    kwt_dir d;
-    if ((rc = kwt_dir_open(o.dir, &d)))
-        return rc;
     stats *st = calloc(1, sizeof *st);
     if (!st) {
-        kwt_err(o.dir, "out of memory");
-        rc = KWT_EXIT_USAGE;
-    } else if (!(rc = gather(&d, st))) {
-        rc = report(&d, st, &o);
+        kwt_err(d->path, "out of memory");
+        return KWT_EXIT_USAGE;
     }
-    if (st)
-        free(st->ticks);
+    int rc = gather(d, st);
+    if (!rc)
+        rc = report(d, st, opts);
+    free(st->ticks);
     free(st);
-    kwt_dir_close(&d);
-    return kwt_output_finish(rc);
+    return rc;
+}
+
+int kwt_cmd_stats(int argc, char **argv)
+{
+    stats_opts o = {.top = 10};
+    return kwt_run_on_dir(argc, argv, stats_help, parse_args, &o, &o.dir, run);
 }

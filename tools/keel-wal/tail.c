@@ -47,8 +47,9 @@ static void on_stop(int sig)
     tail_stop = 1;
 }
 
-static int parse_args(int argc, char **argv, tail_opts *o)
+static int parse_args(int argc, char **argv, void *opts)
 {
+    tail_opts *o = opts;
     for (int i = 1; i < argc; i++) {
         int rc;
         if ((rc = kwt_opt_u64("tail", argc, argv, &i, "-n", &o->lines)) ||
@@ -151,28 +152,24 @@ static int follow(kwt_dir *d, const tail_opts *o, uint64_t next, bool *problem)
     return rc;
 }
 
-int kwt_cmd_tail(int argc, char **argv)
+static int run(kwt_dir *d, void *opts)
 {
-    if (kwt_help_requested(argc, argv))
-        return kwt_print_help(tail_help);
-    tail_opts o = {.lines = 10, .interval_ms = 200};
-    int rc = parse_args(argc, argv, &o);
-    if (rc)
-        return rc;
-    kwt_dir d;
-    if ((rc = kwt_dir_open(o.dir, &d)))
-        return rc;
+    const tail_opts *o = opts;
     uint64_t last = 0, next;
     bool problem = false;
-    if (!(rc = last_lsn(&d, &last))) {
+    int rc = last_lsn(d, &last);
+    if (!rc) {
         next = last + 1;
-        if (o.lines)
-            rc = print_from(&d, &o, last >= o.lines ? last - o.lines + 1 : 1, &next, &problem);
-        if (!rc && o.follow)
-            rc = follow(&d, &o, last + 1 > next ? last + 1 : next, &problem);
+        if (o->lines)
+            rc = print_from(d, o, last >= o->lines ? last - o->lines + 1 : 1, &next, &problem);
+        if (!rc && o->follow)
+            rc = follow(d, o, last + 1 > next ? last + 1 : next, &problem);
     }
-    kwt_dir_close(&d);
-    if (!rc && problem)
-        rc = KWT_EXIT_PROBLEM;
-    return kwt_output_finish(rc);
+    return !rc && problem ? KWT_EXIT_PROBLEM : rc;
+}
+
+int kwt_cmd_tail(int argc, char **argv)
+{
+    tail_opts o = {.lines = 10, .interval_ms = 200};
+    return kwt_run_on_dir(argc, argv, tail_help, parse_args, &o, &o.dir, run);
 }

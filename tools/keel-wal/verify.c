@@ -622,21 +622,24 @@ static int verify(kwt_dir *d)
     return rc;
 }
 
+/* verify takes the directory only: opts is its name. */
+static int parse_args(int argc, char **argv, void *opts)
+{
+    const char **dir = opts;
+    for (int i = 1; i < argc; i++)
+        if (kwt_arg_dir("verify", argv[i], dir))
+            return KWT_EXIT_USAGE;
+    return kwt_need_dir("verify", *dir);
+}
+
+static int run(kwt_dir *d, void *opts)
+{
+    (void)opts;
+    return verify(d);
+}
+
 int kwt_cmd_verify(int argc, char **argv)
 {
-    if (kwt_help_requested(argc, argv))
-        return kwt_print_help(verify_help);
     const char *dir = NULL;
-    for (int i = 1; i < argc; i++)
-        if (kwt_arg_dir("verify", argv[i], &dir))
-            return KWT_EXIT_USAGE;
-    if (kwt_need_dir("verify", dir))
-        return KWT_EXIT_USAGE;
-    kwt_dir d;
-    int rc = kwt_dir_open(dir, &d);
-    if (rc)
-        return rc;
-    rc = verify(&d);
-    kwt_dir_close(&d);
-    return kwt_output_finish(rc);
+    return kwt_run_on_dir(argc, argv, verify_help, parse_args, &dir, &dir, run);
 }
