@@ -18,85 +18,49 @@
  *                      exit 2
  */
 #include <check.h>
-#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "keel_test.h"
+#include "test_util.h"
 
 /* Small and short: the sanitizer builds run these too. */
 #define SMALL "--entities", "2000", "--until-tick", "60"
 
 typedef struct summary {
-    int status;            /* exit status, -1: died by a signal */
+    int status;            /* exit status; 128 + the signal when killed */
     bool have;             /* the last line parsed */
     uint64_t crashes, lost, mismatches, violations;
-    char out[1 << 16];     /* the output's tail, for failure messages */
+    char out[1 << 16];     /* the end of stdout and stderr, for failure messages */
 } summary;
 
 /* Run keel-crash with args (NULL-terminated), KEEL_CRASH_SELFTEST = selftest
- * (NULL: unset); its stdout and stderr into s->out. */
+ * (NULL: unset; each test runs in its own forked process, so the variable
+ * reaches this run only). */
 static void run_keel_crash(const char *selftest, const char *const *args, summary *s)
 {
     memset(s, 0, sizeof *s);
-    int p[2];
-    ck_assert_int_eq(pipe(p), 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        const char *argv[48] = {KEEL_CRASH_BIN};
-        int n = 1;
-        for (; args[n - 1] && n < 46; n++)
-            argv[n] = args[n - 1];
-        argv[n] = NULL;
-        if (selftest)
-            setenv("KEEL_CRASH_SELFTEST", selftest, 1);
-        else
-            unsetenv("KEEL_CRASH_SELFTEST");
-        dup2(p[1], 1);
-        dup2(p[1], 2);
-        close(p[0]);
-        close(p[1]);
-        execv(KEEL_CRASH_BIN, (char *const *)argv);
-        _exit(127);
-    }
-    close(p[1]);
-    size_t len = 0;
-    char buf[4096];
-    ssize_t n;
-    while ((n = read(p[0], buf, sizeof buf)) != 0) {
-        if (n < 0) {
-            ck_assert_int_eq(errno, EINTR);
-            continue;
-        }
-        /* keep the tail: the summary is the last line */
-        if (len + (size_t)n >= sizeof s->out) {
-            size_t drop = len + (size_t)n - (sizeof s->out - 1);
-            memmove(s->out, s->out + drop, len - drop);
-            len -= drop;
-        }
-        memcpy(s->out + len, buf, (size_t)n);
-        len += (size_t)n;
-    }
-    s->out[len] = '\0';
-    close(p[0]);
-    int status;
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    s->status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (selftest)
+        setenv("KEEL_CRASH_SELFTEST", selftest, 1);
+    else
+        unsetenv("KEEL_CRASH_SELFTEST");
+    tu_run r = tu_run_argv(KEEL_CRASH_BIN, args);
+    unsetenv("KEEL_CRASH_SELFTEST");
+    s->status = r.status;
+    size_t keep = sizeof s->out / 2 - 1;
+    snprintf(s->out, sizeof s->out, "%s%s", r.outlen > keep ? r.out + r.outlen - keep : r.out,
+             r.errlen > keep ? r.err + r.errlen - keep : r.err);
     const char *last = NULL;
-    for (const char *q = s->out; (q = strstr(q, "crashes=")); q++)
-        if (q == s->out || q[-1] == '\n')
+    for (const char *q = r.out; (q = strstr(q, "crashes=")); q++)
+        if (q == r.out || q[-1] == '\n')
             last = q;
     s->have = last && sscanf(last, "crashes=%" SCNu64 " lost_acknowledged=%" SCNu64 " hash_mismatches=%" SCNu64
                              " invariant_violations=%" SCNu64, &s->crashes, &s->lost, &s->mismatches,
                              &s->violations) == 4;
+    tu_run_free(&r);
 }
 
 static void assert_clean(const summary *s, uint64_t min_crashes)
