@@ -20,16 +20,17 @@
  * (tests/fuzz/corpus/reader). Each input is written in one kw_store_write
  * into an emptied store (one directory per process, on tmpfs when
  * /dev/shm is there, or under $KEEL_FUZZ_TMP; the write first deletes
- * every key with kw_del_prefix). One input in 32 (chosen by the
+ * every key with kw_del_prefix; a new store starts with a map of 8 pages,
+ * so growing it is exercised too). One input in 32 (chosen by the
  * input), and every input that overwrites the format version, is then
  * read through the directory opened read-only (the writer closed first:
  * one LMDB environment per directory and process); the others through the
- * writer's environment, which keeps the target fast. Every reader call is
- * checked against a model of what was written: kw_wal_bounds, kw_wal_iter from several
- * LSNs, kw_scan_begin/next over ranges of LSNs, ticks and kinds,
- * kw_db_iter over every database and snap prefix, kw_get, and every
- * record found is decoded (fz_decode_record) against the stored schema
- * when it decodes.
+ * writer's environment, which keeps the target fast. Every reader call
+ * is checked against a model of what was written: kw_wal_bounds,
+ * kw_wal_iter from several LSNs, kw_scan_begin/next over ranges of LSNs,
+ * ticks and kinds, kw_db_iter over every database and snap prefix,
+ * kw_get, and every record found is decoded (fz_decode_record) against
+ * the stored schema when it decodes.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -245,10 +246,12 @@ static int clear_and_fill(kw_wtxn *t, void *arg)
     return rc ? rc : fill(t, arg);
 }
 
+/* A fresh store with a map of 8 pages: the first inputs that need more
+ * take kw_store_write's MDB_MAP_FULL path (abort, grow, fill again). */
 static void open_writer(void)
 {
     remove_store();
-    kw_store_desc d = {.flags = KW_OPEN_CREATE, .map_size = 256 << 10, .map_max = 1u << 30};
+    kw_store_desc d = {.flags = KW_OPEN_CREATE, .map_size = 32 << 10, .map_max = 1u << 30};
     FZ_CHECK(kw_store_open(g.dir, &d, &g.writer) == KEEL_OK, "cannot create a store in %s", g.dir);
 }
 
