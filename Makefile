@@ -4,7 +4,9 @@
 #   make test   the same set-up, then the whole test suite through ctest
 #
 # Developer targets: build, test-asan (ASan+UBSan), test-tsan (TSan, thread
-# suites), bench (Release build; BENCH_ARGS="systems --json"), clean.
+# suites), bench (Release build; BENCH_ARGS="systems --json"), fuzz
+# (libFuzzer targets of tests/fuzz for FUZZ_SECONDS each; needs the Debian
+# packages clang and libclang-rt-dev, docs/testing.md), clean.
 # WERROR=ON turns warnings into errors (CI does).
 
 BUILD      ?= build
@@ -14,11 +16,12 @@ JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 RUN_ARGS   ?=
 BENCH_ARGS ?=
 CTEST_ARGS ?=
+FUZZ_SECONDS ?= 60
 
 # Debian packages the build and the tests need.
 DEB_PACKAGES := build-essential cmake pkg-config liblmdb-dev lmdb-utils liburcu-dev libzstd-dev check
 
-.PHONY: all deps build run test test-asan test-tsan bench clean
+.PHONY: all deps build run test test-asan test-tsan bench fuzz clean
 
 all: build
 
@@ -71,5 +74,13 @@ bench: deps
 	cmake --build $(BUILD)-release -j$(JOBS) --target keel-bench
 	./$(BUILD)-release/tools/keel-bench $(BENCH_ARGS)
 
+# Fuzzing: a clang build of its own (libFuzzer + ASan + UBSan), each
+# target run for FUZZ_SECONDS on a copy of its corpus; fails on any finding.
+fuzz: deps
+	@command -v clang >/dev/null || { echo "keel: make fuzz needs clang: apt-get install -y clang libclang-rt-dev" >&2; exit 1; }
+	CC=clang cmake -S . -B $(BUILD)-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKEEL_FUZZ=ON -DKEEL_BUILD_TESTS=OFF -DKEEL_WERROR=$(WERROR)
+	cmake --build $(BUILD)-fuzz -j$(JOBS) --target fuzz_record fuzz_reader
+	tests/fuzz/run-fuzz.sh $(BUILD)-fuzz $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-release
+	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-tsan $(BUILD)-release $(BUILD)-fuzz

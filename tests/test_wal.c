@@ -2,7 +2,8 @@
  * test_wal -- libkeel_wal on its own: the KWR1 record (CRC32C, build,
  * check, seal, codecs, corruption), the payload layer (cursor, schema,
  * checkpoint meta, snap keys, the snap payload decoders) and the LMDB store (open, append, iterate,
- * delete, map growth, injected failures, format versions).
+ * delete, map growth, injected failures, format versions), and the
+ * regressions for what the fuzz targets of tests/fuzz found (wal_fuzz).
  *
  * Expected bytes are computed here independently of the library where
  * possible: a bitwise CRC32C, a reseal helper that applies the documented
@@ -2632,4 +2633,279 @@ static Suite *store_suite(void)
     return s;
 }
 
-KEEL_TEST_MAIN(record_suite, payload_suite, store_suite)
+/* ---- wal_fuzz: regressions for what the fuzz targets found (tests/fuzz) ---------------- */
+
+/* A zstd record whose header claims more than its frame holds is refused
+ * before the payload buffer is allocated. Found by fuzz_record: a
+ * 440-byte input whose header claimed 1.7 GB made kw_record_payload
+ * allocate 2 GiB before zstd refused the frame (libFuzzer: out-of-memory
+ * (malloc(2147483648)); tests/fuzz/corpus/record/regress-zstd-claims-2gib). */
+START_TEST(zstd_raw_length_is_checked_against_the_frame_before_allocating)
+{
+    kw_codec_ctx *c = codec();
+    unsigned char payload[4096] = {0};
+    kw_buf b = {0};
+    ck_assert_ok(kw_record_build(c, &b, KW_KIND_TICK_CHUNK, 7, 1, 0, payload, sizeof payload));
+    ck_assert_uint_eq(b.p[7], KW_CODEC_ZSTD);
+    kw_header h;
+    const void *p;
+    static const uint32_t lies[] = {0x7fffffffu, 4095, 4097, 0};
+    for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+        wr32(b.p + 32, lies[i]); /* raw_len, the CRC made valid again */
+        reseal(b.p, b.len);
+        ck_assert_ok(kw_record_check(b.p, b.len, &h));
+        ck_assert_rc(kw_record_payload(c, b.p, &h, &p), KEEL_ECORRUPT);
+        ck_assert_msg(has(keel_last_error(), "LSN 7") && has(keel_last_error(), "declares another size"), "%s",
+                      keel_last_error());
+    }
+    wr32(b.p + 32, sizeof payload);
+    reseal(b.p, b.len);
+    ck_assert_ok(kw_record_check(b.p, b.len, &h));
+    ck_assert_ok(kw_record_payload(c, b.p, &h, &p));
+    ck_assert(memcmp(p, payload, sizeof payload) == 0);
+
+    /* a frame that itself declares 2 GiB - 1 in 13 bytes: no zstd frame
+     * expands that far (a block of >= 4 bytes yields <= 128 KiB) */
+    static const unsigned char frame[] = {0x28, 0xb5, 0x2f, 0xfd, 0xa0, 0xff, 0xff, 0xff, 0x7f, 0x83, 0x00, 0x00, 0x41};
+    unsigned char rec[KW_HEADER_SIZE + sizeof frame];
+    kw_buf one = {0};
+    ck_assert_ok(kw_record_build(c, &one, KW_KIND_SIDE, 8, 1, 0, "x", 1));
+    memcpy(rec, one.p, KW_HEADER_SIZE);
+    memcpy(rec + KW_HEADER_SIZE, frame, sizeof frame);
+    rec[7] = KW_CODEC_ZSTD;
+    wr32(rec + 32, 0x7fffffffu);
+    wr32(rec + 36, sizeof frame);
+    reseal(rec, sizeof rec);
+    ck_assert_ok(kw_record_check(rec, sizeof rec, &h));
+    ck_assert_rc(kw_record_payload(c, rec, &h, &p), KEEL_ECORRUPT);
+    ck_assert_msg(has(keel_last_error(), "LSN 8") && has(keel_last_error(), "cannot expand that far"), "%s",
+                  keel_last_error());
+    /* a frame without its content size */
+    static const unsigned char nosize[] = {0x28, 0xb5, 0x2f, 0xfd, 0x00, 0x48, 0x0b, 0x00, 0x00, 0x41};
+    memcpy(rec + KW_HEADER_SIZE, nosize, sizeof nosize);
+    wr32(rec + 32, 1);
+    wr32(rec + 36, sizeof nosize);
+    reseal(rec, KW_HEADER_SIZE + sizeof nosize);
+    ck_assert_ok(kw_record_check(rec, KW_HEADER_SIZE + sizeof nosize, &h));
+    ck_assert_rc(kw_record_payload(c, rec, &h, &p), KEEL_ECORRUPT);
+    ck_assert_msg(has(keel_last_error(), "does not declare its size"), "%s", keel_last_error());
+    kw_buf_free(&one);
+    kw_buf_free(&b);
+    kw_codec_destroy(c);
+}
+END_TEST
+
+/* A one-component schema payload: a component of `size` bytes and
+ * `discipline` with one field (type, offset, count), or none. */
+static void field_schema(kw_buf *b, uint32_t size, uint32_t discipline, bool field, uint32_t type, uint32_t offset,
+                         uint32_t count)
+{
+    b->len = 0;
+    ck_assert_ok(kw_put_u32(b, 1));
+    ck_assert_ok(kw_put_u32(b, 1));
+    ck_assert_ok(kw_put_u32(b, size));
+    ck_assert_ok(kw_put_u32(b, 8));
+    ck_assert_ok(kw_put_u32(b, discipline));
+    ck_assert_ok(kw_put_u8(b, 1));
+    ck_assert_ok(kw_put_bytes(b, "c", 1));
+    ck_assert_ok(kw_put_u32(b, field));
+    if (field) {
+        ck_assert_ok(kw_put_u8(b, 1));
+        ck_assert_ok(kw_put_bytes(b, "f", 1));
+        ck_assert_ok(kw_put_u32(b, type));
+        ck_assert_ok(kw_put_u32(b, offset));
+        ck_assert_ok(kw_put_u32(b, count));
+    }
+}
+
+/* A schema whose field lies outside its value (or has no known type) is
+ * corrupt: a reader that walks values by the stored schema (the tools
+ * print them so) would read past the value. Found by fuzz_record's
+ * schema walk: a mutated schema record decoded with field 'x' of 'pos' at
+ * byte 11534336 of an 8-byte value. */
+START_TEST(schema_fields_must_lie_inside_their_value)
+{
+    static const struct {
+        uint32_t size, discipline;
+        bool field;
+        uint32_t type, offset, count;
+        bool ok;
+    } cases[] = {
+        {8, 0, true, 4, 0, 1, true},                      /* a u64 filling the value */
+        {8, 0, true, 4, 0, 0, true},                      /* count 0 counts as 1 */
+        {8, 2, true, 13, 0, 8, true},                     /* 8 bytes, TRANSIENT */
+        {8, 1, true, 3, 4, 1, true},                      /* a u32 at the end */
+        {0, 0, false, 0, 0, 0, true},                     /* a tag */
+        {8, 0, true, 4, 1, 1, false},                     /* one byte past the end */
+        {8, 0, true, 4, 0, 2, false},                     /* an array past the end */
+        {8, 0, true, 13, 0, 9, false},                    /* bytes past the end */
+        {8, 0, true, 1, 0xffffffffu, 0xffffffffu, false}, /* 32-bit overflow must not wrap */
+        {8, 0, true, 12, 11534336, 1, false},             /* the fuzzer's field */
+        {8, 0, true, 0, 0, 1, false},                     /* type 0 */
+        {8, 0, true, 14, 0, 1, false},                    /* past the last type */
+        {8, 3, true, 4, 0, 1, false},                     /* unknown discipline */
+        {0, 0, true, 1, 0, 1, false},                     /* a tag with a field */
+    };
+    kw_buf b = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        field_schema(&b, cases[i].size, cases[i].discipline, cases[i].field, cases[i].type, cases[i].offset,
+                     cases[i].count);
+        kw_schema out;
+        int rc = kw_schema_decode(b.p, b.len, &out);
+        ck_assert_msg(rc == (cases[i].ok ? KEEL_OK : KEEL_ECORRUPT), "case %zu: %s: %s", i, keel_strerror(rc),
+                      keel_last_error());
+        if (rc == KEEL_OK)
+            kw_schema_free(&out);
+        else
+            ck_assert_msg(has(keel_last_error(), "component") && has(keel_last_error(), "'c'"), "case %zu: %s", i,
+                          keel_last_error());
+    }
+    kw_buf_free(&b);
+}
+END_TEST
+
+typedef struct raw_put {
+    kw_db db;
+    const void *key;
+    size_t klen;
+    uint64_t lsn;              /* db WAL and klen 0: kw_put_wal at lsn */
+    const void *val;
+    size_t vlen;
+} raw_put;
+
+typedef struct raw_fill {
+    const raw_put *p;
+    size_t n;
+} raw_fill;
+
+static int fill_raw(kw_wtxn *t, void *arg)
+{
+    const raw_fill *f = arg;
+    int rc = KEEL_OK;
+    for (size_t i = 0; !rc && i < f->n; i++)
+        rc = f->p[i].klen ? kw_put(t, f->p[i].db, f->p[i].key, f->p[i].klen, f->p[i].val, f->p[i].vlen)
+                          : kw_put_wal(t, f->p[i].lsn, f->p[i].val, f->p[i].vlen);
+    return rc;
+}
+
+/* kw_scan_next refuses a record that fails its check with a sentence that
+ * names the record's key LSN, whatever its header holds. Found by
+ * replaying fuzz_reader's corpus: a record one byte short at LSN 6 whose
+ * header said LSN 2 was reported as "record at LSN 2 claims 16 payload
+ * bytes but holds 15"; a record too short for a header, or without the
+ * magic, was reported without any LSN. */
+START_TEST(scan_names_the_key_lsn_of_a_record_that_fails_its_check)
+{
+    char dir[256];
+    new_dir(dir);
+    kw_codec_ctx *c = codec();
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    kw_buf r1 = {0}, r2 = {0}, r5 = {0};
+    make_rec(c, &r1, 1, 0);
+    make_rec(c, &r2, 2, 0);
+    make_rec(c, &r5, 5, 0);
+    unsigned char nomagic[256];
+    memcpy(nomagic, r1.p, r1.len);
+    memcpy(nomagic, "KWR2", 4);
+    wr32(nomagic + 8, 4);
+    reseal(nomagic, r1.len);
+    raw_put puts[] = {
+        {KW_DB_WAL, NULL, 0, 1, r1.p, r1.len},
+        {KW_DB_WAL, NULL, 0, 2, "short", 5},           /* shorter than a header */
+        {KW_DB_WAL, NULL, 0, 3, r2.p, r2.len - 1},     /* header LSN 2, one byte short */
+        {KW_DB_WAL, NULL, 0, 4, nomagic, r1.len},      /* no magic */
+        {KW_DB_WAL, NULL, 0, 5, r5.p, r5.len},
+    };
+    ck_assert_ok(kw_store_write(s, fill_raw, &(raw_fill){puts, 5}));
+    kw_rtxn *r;
+    kw_scan *sc;
+    ck_assert_ok(kw_read_begin(s, &r));
+    ck_assert_ok(kw_scan_begin(r, NULL, &sc));
+    kw_record out;
+    ck_assert_int_eq(kw_scan_next(sc, &out), 1);
+    ck_assert_uint_eq(out.lsn, 1);
+    static const char *const why[] = {"shorter than", "claims", "magic"};
+    for (uint64_t lsn = 2; lsn <= 4; lsn++) {
+        ck_assert_rc(kw_scan_next(sc, &out), KEEL_ECORRUPT);
+        ck_assert_uint_eq(out.lsn, lsn);
+        char want[32];
+        snprintf(want, sizeof want, "LSN %llu", (unsigned long long)lsn);
+        ck_assert_msg(has(keel_last_error(), want) && has(keel_last_error(), why[lsn - 2]), "LSN %llu: %s",
+                      (unsigned long long)lsn, keel_last_error());
+    }
+    ck_assert_int_eq(kw_scan_next(sc, &out), 1);
+    ck_assert_uint_eq(out.lsn, 5);
+    ck_assert_int_eq(kw_scan_next(sc, &out), 0);
+    kw_scan_end(sc);
+    kw_read_end(r);
+    kw_buf_free(&r1);
+    kw_buf_free(&r2);
+    kw_buf_free(&r5);
+    kw_store_close(s);
+    kw_codec_destroy(c);
+    rm_tree(dir);
+}
+END_TEST
+
+/* kw_wal_bounds reads an LSN only from an 8-byte key: a damaged WAL whose
+ * first or last key is shorter was answered with LSN bytes read past the
+ * key (found by fuzz_reader's model of the bounds). */
+START_TEST(wal_bounds_refuses_a_first_or_last_key_that_is_no_lsn)
+{
+    kw_codec_ctx *c = codec();
+    kw_buf rec = {0};
+    make_rec(c, &rec, 1, 0);
+    static const struct {
+        const char *key;
+        size_t klen;
+        int rc;
+    } cases[] = {
+        {"\xff", 1, KEEL_ECORRUPT},                         /* sorts last */
+        {"\0\0\0", 3, KEEL_ECORRUPT},                       /* sorts first */
+        {"\0\0\0\0\0\0\0\1x", 9, KEEL_OK},                  /* between LSN 1 and 2: no bound */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[256];
+        new_dir(dir);
+        kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+        raw_put puts[] = {
+            {KW_DB_WAL, NULL, 0, 1, rec.p, rec.len},
+            {KW_DB_WAL, NULL, 0, 2, rec.p, rec.len},
+            {KW_DB_WAL, cases[i].key, cases[i].klen, 0, rec.p, rec.len},
+        };
+        ck_assert_ok(kw_store_write(s, fill_raw, &(raw_fill){puts, 3}));
+        uint64_t first, last, count;
+        ck_assert_rc(bounds(s, &first, &last, &count), cases[i].rc);
+        ck_assert_uint_eq(count, 3);
+        if (cases[i].rc == KEEL_OK) {
+            ck_assert_uint_eq(first, 1);
+            ck_assert_uint_eq(last, 2);
+        } else {
+            char want[40];
+            snprintf(want, sizeof want, "a key of %zu bytes", cases[i].klen);
+            ck_assert_msg(has(keel_last_error(), want), "%s", keel_last_error());
+        }
+        kw_store_close(s);
+        rm_tree(dir);
+    }
+    kw_buf_free(&rec);
+    kw_codec_destroy(c);
+}
+END_TEST
+
+static Suite *fuzz_suite(void)
+{
+    Suite *s = suite_create("wal_fuzz");
+    TCase *tc = tcase_create("decoders");
+    tcase_add_test(tc, zstd_raw_length_is_checked_against_the_frame_before_allocating);
+    tcase_add_test(tc, schema_fields_must_lie_inside_their_value);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("readers");
+    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
+    tcase_add_test(tc, scan_names_the_key_lsn_of_a_record_that_fails_its_check);
+    tcase_add_test(tc, wal_bounds_refuses_a_first_or_last_key_that_is_no_lsn);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(record_suite, payload_suite, store_suite, fuzz_suite)

@@ -117,6 +117,18 @@ static bool get_name(kw_cursor *c, char *out)
     return true;
 }
 
+/* A reader walks a value field by field through the stored schema (the
+ * tools print values that way): a field of an unknown type, or one that
+ * ends past the value, would send it outside the value's bytes. The
+ * runtime never registers such a field (src/world/component.c). */
+static bool field_fits(const kw_field *f, uint32_t size)
+{
+    static const uint8_t width[] = {0, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8, 1, 8, 1}; /* keel_type, 1..13 */
+    if (f->type == 0 || f->type >= sizeof width)
+        return false;
+    return (uint64_t)f->offset + (uint64_t)width[f->type] * (f->count ? f->count : 1) <= size;
+}
+
 void kw_schema_free(kw_schema *s)
 {
     for (uint32_t i = 0; s && s->comps && i < s->ncomps; i++)
@@ -149,6 +161,12 @@ int kw_schema_decode(const void *payload, size_t len, kw_schema *out)
             kw_schema_free(&s);
             return core_fail(KEEL_ECORRUPT, "schema payload: component %u is malformed", i + 1);
         }
+        if (k->discipline > 2 || (!k->size && k->nfields)) {
+            int rc = core_fail(KEEL_ECORRUPT, "schema payload: component '%s' has discipline %u and %u fields for %u "
+                               "bytes", k->name, k->discipline, k->nfields, k->size);
+            kw_schema_free(&s);
+            return rc;
+        }
         k->fields = calloc(k->nfields ? k->nfields : 1, sizeof *k->fields);
         if (!k->fields) {
             kw_schema_free(&s);
@@ -159,8 +177,9 @@ int kw_schema_decode(const void *payload, size_t len, kw_schema *out)
             k->fields[f].type = kw_get_u32(&c);
             k->fields[f].offset = kw_get_u32(&c);
             k->fields[f].count = kw_get_u32(&c);
-            if (!ok || c.bad) {
-                int rc = core_fail(KEEL_ECORRUPT, "schema payload: field %u of component '%s' is malformed", f, k->name);
+            if (!ok || c.bad || !field_fits(&k->fields[f], k->size)) {
+                int rc = core_fail(KEEL_ECORRUPT, "schema payload: field %u of component '%s' is malformed or lies "
+                                   "outside the %u-byte value", f, k->name, k->size);
                 s.ncomps++;
                 kw_schema_free(&s);
                 return rc;

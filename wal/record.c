@@ -246,6 +246,19 @@ int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, cons
         *payload = body;
         return KEEL_OK;
     }
+    /* Refuse a header that claims more than its frame can hold before
+     * allocating raw_len bytes: the frame must declare raw_len itself
+     * (docs/wal-format.md), and no zstd frame expands more than 32768-fold
+     * (a block of at least 4 bytes yields at most 128 KiB). A CRC is no
+     * defence against a record crafted to pass it. */
+    unsigned long long declared = ZSTD_getFrameContentSize(body, h->stored_len);
+    if (declared != h->raw_len || h->raw_len / 32768 > h->stored_len)
+        return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u raw bytes; its %u-byte zstd frame %s",
+                         (unsigned long long)h->lsn, h->raw_len, h->stored_len,
+                         declared == ZSTD_CONTENTSIZE_ERROR     ? "is not a zstd frame"
+                         : declared == ZSTD_CONTENTSIZE_UNKNOWN ? "does not declare its size"
+                         : declared != h->raw_len               ? "declares another size"
+                                                                : "cannot expand that far");
     c->scratch.len = 0;
     int rc = kw_buf_reserve(&c->scratch, h->raw_len ? h->raw_len : 1);
     if (rc)

@@ -73,6 +73,11 @@ static void be64(unsigned char *p, uint64_t v)
         p[i] = (unsigned char)(v >> (56 - 8 * i));
 }
 
+static int bad_wal_key(const kw_store *s, size_t klen)
+{
+    return core_fail(KEEL_ECORRUPT, "a key of %zu bytes in the wal database of %s (LSN keys are 8 bytes)", klen, s->dir);
+}
+
 static uint64_t rdbe64(const unsigned char *p)
 {
     uint64_t v = 0;
@@ -501,8 +506,7 @@ int kw_wal_next(kw_walit *it, uint64_t *lsn, const void **rec, size_t *len)
     if (rc <= 0)
         return rc;
     if (k.mv_size != 8)
-        return core_fail(KEEL_ECORRUPT, "a key of %zu bytes in the wal database of %s (LSN keys are 8 bytes)",
-                         k.mv_size, it->r->s->dir);
+        return bad_wal_key(it->r->s, k.mv_size);
     *lsn = rdbe64(k.mv_data);
     *rec = v.mv_data;
     *len = v.mv_size;
@@ -544,13 +548,22 @@ int kw_wal_bounds(kw_rtxn *r, uint64_t *first, uint64_t *last, uint64_t *count)
     if ((rc = mdb_cursor_open(r->txn, r->s->dbi[KW_DB_WAL], &cur)))
         return from_mdb(rc, "cannot open a cursor on", r->s);
     MDB_val k, v;
-    rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
-    if (!rc && first)
-        *first = rdbe64(k.mv_data);
-    if (!rc)
-        rc = mdb_cursor_get(cur, &k, &v, MDB_LAST);
-    if (!rc && last)
-        *last = rdbe64(k.mv_data);
+    uint64_t lsn[2] = {0, 0};
+    for (int i = 0; i < 2 && !rc; i++) {
+        rc = mdb_cursor_get(cur, &k, &v, i ? MDB_LAST : MDB_FIRST);
+        if (!rc && k.mv_size != 8) { /* a damaged directory: there is no LSN to read */
+            mdb_cursor_close(cur);
+            return bad_wal_key(r->s, k.mv_size);
+        }
+        if (!rc)
+            lsn[i] = rdbe64(k.mv_data);
+    }
     mdb_cursor_close(cur);
-    return rc ? from_mdb(rc, "cannot read the WAL of", r->s) : KEEL_OK;
+    if (rc)
+        return from_mdb(rc, "cannot read the WAL of", r->s);
+    if (first)
+        *first = lsn[0];
+    if (last)
+        *last = lsn[1];
+    return KEEL_OK;
 }

@@ -339,7 +339,9 @@ void kw_wal_iter_end(kw_walit *it);
 /* Iterate the keys of db starting with prefix, in key order (same protocol). */
 int kw_db_iter(kw_rtxn *r, kw_db db, const void *prefix, size_t plen, kw_walit **out);
 int kw_db_next(kw_walit *it, const void **key, size_t *klen, const void **val, size_t *vlen);
-/* First and last LSN in the WAL (KEEL_ENOENT when it is empty) and count. */
+/* First and last LSN in the WAL (KEEL_ENOENT when it is empty) and count.
+ * KEEL_ECORRUPT when the first or last key is not an 8-byte LSN (a damaged
+ * directory; *count is still set). */
 int kw_wal_bounds(kw_rtxn *r, uint64_t *first, uint64_t *last, uint64_t *count);
 
 /* A filtered scan of the WAL: records in LSN order within [from_lsn,
@@ -348,8 +350,9 @@ int kw_wal_bounds(kw_rtxn *r, uint64_t *first, uint64_t *last, uint64_t *count);
  * in LSN order (a CHECKPOINT marker names the tick it covers and follows
  * later ticks), so the tick bounds filter, they do not stop the scan.
  * kw_scan_next checks each record it returns: 1 with *out filled, 0 at the
- * end, or KEEL_ECORRUPT for an invalid record (out->lsn names it; the
- * next call continues after it). */
+ * end, or KEEL_ECORRUPT for an invalid record (out->lsn and the sentence
+ * name its key's LSN; the next call continues after it) or for a key that
+ * is not an 8-byte LSN. */
 typedef struct kw_range {
     uint64_t from_lsn, to_lsn;
     uint64_t from_tick, to_tick;
