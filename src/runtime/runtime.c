@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/failpoint.h"
 #include "runtime/runtime_internal.h"
 
 uint64_t rt_now_ns(void)
@@ -76,6 +77,7 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
 {
     if (!out)
         return core_fail(KEEL_EINVAL, "keel_runtime_create: out is NULL");
+    core_fp_env_init(); /* KEEL_FAILPOINTS, once per process */
     keel_runtime_desc d = desc ? *desc : (keel_runtime_desc){0};
     int rc = check_desc(&d);
     if (rc)
