@@ -515,6 +515,8 @@ void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
             stored_put(d->stored, j->puts[i].code, j->puts[i].hash);
         d->ckpt_count = j->count;
         atomic_fetch_add(&d->ckpt_taken, 1);
+    } else if (!d->ckpt_rc) {
+        d->ckpt_rc = rc;
     }
     d->ckpt_busy = false;
     pthread_cond_broadcast(&d->ckpt_cv);
@@ -617,8 +619,14 @@ int ckpt_wait(keel_runtime *rt)
     pthread_mutex_lock(&d->ckpt_mu);
     while ((d->ckpt_busy || d->ckpt_next) && !dur_fatal(d))
         pthread_cond_wait(&d->ckpt_cv, &d->ckpt_mu);
+    /* the outcome of the checkpoints themselves, not only the latch: a
+     * failed one is never reported as taken */
+    int failed = d->ckpt_rc;
     pthread_mutex_unlock(&d->ckpt_mu);
-    return dur_fatal(d) ? KEEL_EFATAL : KEEL_OK;
+    if (failed || dur_fatal(d))
+        return core_fail(KEEL_EFATAL, "the checkpoint was not recorded: the runtime latched fatal (%s)",
+                         keel_strerror(dur_fatal(d) ? dur_fatal(d) : failed));
+    return KEEL_OK;
 }
 
 bool ckpt_active(keel_runtime *rt)
