@@ -173,6 +173,8 @@ static void shutdown_durable(keel_runtime *rt)
     if (rt->dur) {
         if (!dur_fatal(rt->dur))
             dur_wait(rt, dur_last_lsn(rt), true);
+        else
+            submit_refuse(rt, KEEL_EFATAL); /* closures queued before the latch never run */
         view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
         dur_close(rt);
     }
@@ -426,10 +428,12 @@ static int can_step(keel_runtime *rt)
         if (rc)
             return rc;
     }
-    if (rt->dur && dur_fatal(rt->dur))
+    if (rt->dur && dur_fatal(rt->dur)) {
+        submit_refuse(rt, KEEL_EFATAL); /* their tickets would otherwise wait for a step that never runs */
         return core_fail(KEEL_EFATAL, "keel_runtime_step: the runtime latched fatal (%s): nothing more can be made "
                                       "durable; close it and open the data directory again",
                          keel_strerror(dur_fatal(rt->dur)));
+    }
     if (!rt->sched)
         return core_fail(KEEL_EINVAL, "keel_runtime_step: no schedule is installed");
     if (rt->sched->registry_stamp != rt->world->ncomps)
