@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/failpoint.h"
 #include "crash_util.h"
 #include "keel/keel.h"
 #include "keel_test.h"
@@ -111,6 +112,8 @@ typedef struct app {
     uint64_t dep_tick;         /* the submitted deposit's tick, and the balances it wrote */
     int64_t dep_ba, dep_bb;
     int bank_rc;               /* first error of a transfer */
+    bool fatal_ok;             /* plan.fatal_ok: after a KEEL_EFATAL the bank tries its other transfers */
+    uint32_t late_commits;     /* bank commits that returned 0 after one returned KEEL_EFATAL */
 } app;
 
 static refdata *g_ref;         /* the reference child writes here */
@@ -249,22 +252,27 @@ static int bank(keel_ctx *ctx, void *user)
     if (a->ref && t <= TMAX)
         a->ref->prefix[t][1] = keel_world_hash(a->w);
     int rc = 0;
-    for (uint32_t k = 0; !rc && k < TPT; k++) {
+    /* the first error ends the run of transfers; with fatal_ok a KEEL_EFATAL
+     * does not: every later commit must then fail the same way */
+    for (uint32_t k = 0; k < TPT && (!rc || (a->fatal_ok && rc == KEEL_EFATAL)); k++) {
         keel_side_txn *tx = NULL;
-        rc = keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &tx);
-        if (!rc)
-            rc = transfer(a, tx, t, k + 1, &bal[k][0], &bal[k][1]);
-        if (rc) {
+        int r = keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &tx);
+        if (!r)
+            r = transfer(a, tx, t, k + 1, &bal[k][0], &bal[k][1]);
+        if (r) {
             keel_side_txn_abort(tx);
-            a->skipped += rc == 1;
-            rc = rc == 1 ? 0 : rc;
+            a->skipped += r == 1;
+            rc = rc ? rc : r == 1 ? 0 : r;
             continue;
         }
-        rc = a->async_bank ? keel_side_txn_commit_async(tx, &tickets[k]) : keel_side_txn_commit(tx);
-        if (!rc && !a->async_bank)
+        r = a->async_bank ? keel_side_txn_commit_async(tx, &tickets[k]) : keel_side_txn_commit(tx);
+        if (!r && rc == KEEL_EFATAL)
+            a->late_commits++;
+        if (!r && !a->async_bank)
             acknowledge(a, t, k + 1, bal[k][0], bal[k][1]);
-        if (!rc && a->ref && t <= TMAX)
+        if (!r && a->ref && t <= TMAX)
             a->ref->prefix[t][k + 2] = keel_world_hash(a->w);
+        rc = rc ? rc : r;
     }
     for (uint32_t k = 0; k < TPT; k++) {
         if (!tickets[k])
@@ -518,19 +526,77 @@ static void reference_tick(app *a, uint64_t t, const keel_entity *before, uint32
     }
 }
 
+/* The failpoint observer: every point that acts is reported before it acts
+ * (a crash's report is on the pipe before the SIGKILL). */
+static void fp_observe(const char *name, const char *action, uint64_t hit, void *arg)
+{
+    msg m = {.type = M_FIRED, .aux = hit};
+    snprintf(m.fp, sizeof m.fp, "%s", name);
+    snprintf(m.fp_action, sizeof m.fp_action, "%s", action);
+    send_msg(*(const int *)arg, &m);
+}
+
+static int noop_closure(keel_side_txn *tx, void *arg)
+{
+    (void)tx;
+    (void)arg;
+    return 0;
+}
+
+/* plan.fatal_ok: `where` failed with rc (KEEL_EFATAL, or the open's own
+ * code). Probe what a latched runtime still does (opened: recovery had
+ * succeeded), report, close, exit without M_DONE: nothing was drained. */
+static _Noreturn void fatal_report(app *a, const char *where, int rc, keel_ticket *dep, bool opened)
+{
+    msg m = {.type = M_FATAL, .rc = rc, .tick = keel_runtime_tick(a->rt), .late_commits = a->late_commits,
+             .bank_rc = a->bank_rc};
+    snprintf(m.text, sizeof m.text, "%s", where);
+    if (dep) { /* the step failed: the deposit's ticket completes all the same (0 only when durable) */
+        m.dep_rc = keel_ticket_wait(dep, -1);
+        keel_ticket_release(dep);
+        if (!m.dep_rc)
+            acknowledge(a, a->dep_tick, 0, a->dep_ba, a->dep_bb);
+    }
+    if (opened) {
+        m.probe_rc[PROBE_STEP] = keel_runtime_step(a->rt);
+        m.probe_rc[PROBE_FLUSH] = keel_uow_flush(a->rt);
+        m.probe_rc[PROBE_CHECKPOINT] = keel_checkpoint(a->rt);
+        keel_ticket *t = NULL;
+        m.probe_rc[PROBE_SUBMIT] = keel_submit(a->rt, noop_closure, NULL, KEEL_DURABLE_IMMEDIATE, &t);
+        if (!m.probe_rc[PROBE_SUBMIT]) { /* queued: it must never complete with 0 */
+            m.probe_rc[PROBE_SUBMIT] = keel_ticket_wait(t, 0);
+            keel_ticket_release(t);
+        }
+    }
+    m.fatal = keel_runtime_fatal(a->rt);
+    m.last_lsn = keel_durable_lsn(a->rt);
+    send_msg(a->out_fd, &m);
+    app_close(a);
+    exit(0);
+}
+
 static _Noreturn void child_main(const plan *p, int out_fd, int hold_fd)
 {
-    app a = {.out_fd = out_fd, .ref = p->reference ? g_ref : NULL, .async_bank = p->async_bank};
-    int rc = app_open(&a, p);
+    static int fp_fd;
+    fp_fd = out_fd;
+    app a = {.out_fd = out_fd, .ref = p->reference ? g_ref : NULL, .async_bank = p->async_bank,
+             .fatal_ok = p->fatal_ok};
+    core_fp_set_observer(fp_observe, &fp_fd);
+    int rc = keel_failpoints_set(p->failpoints ? p->failpoints : "");
     if (rc)
+        child_fail(out_fd, "keel_failpoints_set", rc);
+    if ((rc = app_open(&a, p)))
         child_fail(out_fd, "setting the runtime up", rc);
     msg m = {.type = M_STARTED}; /* a kill on this lands in (or right before) recovery */
     send_msg(out_fd, &m);
     keel_recovery info = {0};
-    if (p->dir && (rc = keel_runtime_recover(a.rt, &info)))
+    if (p->dir && (rc = keel_runtime_recover(a.rt, &info))) {
+        if (p->fatal_ok)
+            fatal_report(&a, "keel_runtime_recover", rc, NULL, false);
         child_fail(out_fd, "keel_runtime_recover", rc);
+    }
     m = (msg){.type = M_RECOVERED, .tick = keel_runtime_tick(a.rt), .hash = keel_world_hash(a.w),
-              .aux = info.checkpoint_tick, .aux2 = info.tick, .fresh = info.fresh};
+              .aux = info.checkpoint_tick, .aux2 = info.tick, .fresh = info.fresh, .last_lsn = info.last_lsn};
     for (uint32_t i = 0; i < NACC; i++) {
         keel_get(a.w, acc_entity(i), a.ledger, &m.ledger[i]);
         keel_get(a.w, acc_entity(i), a.account, &m.bal[i]);
@@ -556,20 +622,30 @@ static _Noreturn void child_main(const plan *p, int out_fd, int hold_fd)
         atomic_store(&a.mismatches, 0);
         keel_ticket *dep = NULL;
         a.dep_tick = t;
-        if ((rc = keel_submit(a.rt, deposit, &a, KEEL_DURABLE_IMMEDIATE, &dep)))
+        if ((rc = keel_submit(a.rt, deposit, &a, KEEL_DURABLE_IMMEDIATE, &dep))) {
+            if (p->fatal_ok && rc == KEEL_EFATAL)
+                fatal_report(&a, "keel_submit", rc, NULL, true);
             child_fail(out_fd, "keel_submit", rc);
-        if ((rc = keel_runtime_step(a.rt)))
+        }
+        if ((rc = keel_runtime_step(a.rt))) {
+            if (p->fatal_ok && rc == KEEL_EFATAL)
+                fatal_report(&a, "keel_runtime_step", rc, dep, true);
             child_fail(out_fd, "keel_runtime_step", rc);
+        }
         if (keel_runtime_tick(a.rt) != t)
             child_fail(out_fd, "keel_runtime_step did not advance the tick by one", KEEL_EINVAL);
         rc = keel_ticket_wait(dep, -1); /* 0: durable; 1: skipped (applied before a crash) */
         keel_ticket_release(dep);
         if (rc == 0)
             acknowledge(&a, t, 0, a.dep_ba, a.dep_bb);
+        else if (p->fatal_ok && rc == KEEL_EFATAL)
+            fatal_report(&a, "the deposit's ticket", rc, NULL, true);
         else if (rc != 1 || p->reference)
             child_fail(out_fd, "the submitted deposit", rc);
         else
             a.skipped++;
+        if (p->fatal_ok && a.bank_rc == KEEL_EFATAL)
+            fatal_report(&a, "a bank transfer", a.bank_rc, NULL, true);
         m = (msg){.type = M_TICK, .tick = t, .hash = keel_world_hash(a.w), .aux = atomic_load(&a.mismatches),
                   .aux2 = a.skipped, .rc = a.bank_rc};
         send_msg(out_fd, &m);
@@ -584,14 +660,21 @@ static _Noreturn void child_main(const plan *p, int out_fd, int hold_fd)
         }
         if (t == p->flush_at) {
             m = (msg){.type = M_FLUSHED, .tick = t, .rc = keel_uow_flush(a.rt)};
+            if (p->fatal_ok && m.rc == KEEL_EFATAL)
+                fatal_report(&a, "keel_uow_flush", m.rc, NULL, true);
             send_msg(out_fd, &m);
         }
         if (t == p->checkpoint_at) {
             m = (msg){.type = M_CKPT, .tick = t, .rc = keel_checkpoint(a.rt)};
+            if (p->fatal_ok && m.rc == KEEL_EFATAL)
+                fatal_report(&a, "keel_checkpoint", m.rc, NULL, true);
             send_msg(out_fd, &m);
         }
     }
     free(before);
+    /* fatal_ok: a failure in the last batches must not pass for a clean close */
+    if (p->fatal_ok && (rc = keel_uow_flush(a.rt)) == KEEL_EFATAL)
+        fatal_report(&a, "keel_uow_flush at the end", rc, NULL, true);
     if (p->hold_at_end)
         hold(out_fd, hold_fd, keel_runtime_tick(a.rt));
     app_close(&a);
@@ -611,19 +694,22 @@ typedef struct child {
 } child;
 
 /* The plan's fields as one argument of the exec'd child (dir apart). */
-#define PLAN_FMT "%d %" SCNd64 " %" SCNd32 " %" SCNu64 " %d %d %" SCNu64 " %" SCNu64 " %" SCNu64 " %d %d %" SCNu64 " %" SCNu64
+#define PLAN_FMT "%d %" SCNd64 " %" SCNd32 " %" SCNu64 " %d %d %" SCNu64 " %" SCNu64 " %" SCNu64 " %d %d %" SCNu64 " %" SCNu64 " %d"
 
 /* In the forked child: exec the test binary as a crash child with the plan's
- * extra environment (an LD_PRELOAD library is loaded only at exec). */
+ * extra environment (an LD_PRELOAD library is loaded only at exec). The
+ * failpoints travel in KEEL_FAILPOINTS (set, or unset: none). */
 static _Noreturn void child_exec(const plan *p, int out_fd, int hold_fd)
 {
     for (const char *const *e = p->exec_env; *e; e++)
         if (putenv((char *)*e))
             _exit(126);
+    if (p->failpoints ? setenv("KEEL_FAILPOINTS", p->failpoints, 1) : unsetenv("KEEL_FAILPOINTS"))
+        _exit(126);
     char fields[512], fds[64];
     snprintf(fields, sizeof fields, PLAN_FMT, (int)p->mode, p->ckpt_every, p->workers, p->map_size, (int)p->async_bank,
              (int)p->wal_retain, p->until, p->flush_at, p->checkpoint_at, (int)p->hold_after_recover,
-             (int)p->hold_at_end, p->probe[0], p->probe[1]);
+             (int)p->hold_at_end, p->probe[0], p->probe[1], (int)p->fatal_ok);
     snprintf(fds, sizeof fds, "%d %d", out_fd, hold_fd);
     char *argv[] = {"crash-child", CRASH_CHILD_ARG, (char *)(p->dir ? p->dir : ""), fields, fds, NULL};
     execv("/proc/self/exe", argv);
@@ -634,10 +720,11 @@ static _Noreturn void child_exec(const plan *p, int out_fd, int hold_fd)
 _Noreturn void crash_child_exec(int argc, char **argv)
 {
     plan p = {0};
-    int mode = 0, async_bank = 0, wal_retain = 0, hold_rec = 0, hold_end = 0, out_fd = -1, hold_fd = -1;
+    int mode = 0, async_bank = 0, wal_retain = 0, hold_rec = 0, hold_end = 0, fatal_ok = 0, out_fd = -1,
+        hold_fd = -1;
     if (argc != 5 || sscanf(argv[3], PLAN_FMT, &mode, &p.ckpt_every, &p.workers, &p.map_size, &async_bank, &wal_retain,
                             &p.until, &p.flush_at, &p.checkpoint_at, &hold_rec, &hold_end, &p.probe[0],
-                            &p.probe[1]) != 13 ||
+                            &p.probe[1], &fatal_ok) != 14 ||
         sscanf(argv[4], "%d %d", &out_fd, &hold_fd) != 2) {
         fprintf(stderr, "crash child: bad arguments\n");
         _exit(2);
@@ -648,7 +735,20 @@ _Noreturn void crash_child_exec(int argc, char **argv)
     p.wal_retain = wal_retain;
     p.hold_after_recover = hold_rec;
     p.hold_at_end = hold_end;
+    p.fatal_ok = fatal_ok;
+    p.failpoints = getenv("KEEL_FAILPOINTS"); /* child_exec set it (or removed it) */
     child_main(&p, out_fd, hold_fd);
+}
+
+pid_t fork_child(void)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+    return pid;
 }
 
 static child child_start(const plan *p)
@@ -656,12 +756,8 @@ static child child_start(const plan *p)
     int mp[2], hp[2];
     ck_assert_int_eq(pipe(mp), 0);
     ck_assert_int_eq(pipe(hp), 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
+    pid_t pid = fork_child();
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
         close(mp[0]);
         close(hp[1]);
         signal(SIGPIPE, SIG_IGN);
@@ -826,6 +922,7 @@ static outcome pump(oracle *o, child *c, trigger tr, const plan *p)
     outcome out = {0};
     msg m;
     uint64_t prev = UINT64_MAX;
+    bool crash_fired = false; /* a failpoint's crash reported itself: its SIGKILL is expected */
     while (read_msg(c->rfd, &m)) {
         bool fire = false;
         switch (m.type) {
@@ -886,6 +983,18 @@ static outcome pump(oracle *o, child *c, trigger tr, const plan *p)
         case M_FAIL:
             ofail(o, "a child failed: %s", m.text);
             break;
+        case M_FIRED:
+            if (!out.nfired++)
+                out.first_fired = m;
+            for (size_t i = 0; i < 64 && keel_failpoint_name(i); i++)
+                if (!strcmp(keel_failpoint_name(i), m.fp))
+                    out.fired_mask |= 1ull << i;
+            crash_fired |= !strcmp(m.fp_action, "crash");
+            break;
+        case M_FATAL:
+            out.fatal = true;
+            out.fatal_msg = m;
+            break;
         default:
             ofail(o, "unknown message %u", m.type);
             break;
@@ -902,7 +1011,7 @@ static outcome pump(oracle *o, child *c, trigger tr, const plan *p)
     close(c->rfd);
     close(c->hold_wfd);
     out.status = status;
-    out.died = !out.killed && p->may_die && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    out.died = !out.killed && (p->may_die || crash_fired) && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
     if (!out.killed && !out.died && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
         ofail(o, "a child ended with status 0x%x (signal %d, exit %d) before it was killed", status,
               WIFSIGNALED(status) ? WTERMSIG(status) : 0, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
@@ -915,9 +1024,11 @@ static outcome pump(oracle *o, child *c, trigger tr, const plan *p)
     o->slack = out.held ? 0 : 1;
     if (getenv("KEEL_CRASH_VERBOSE"))
         fprintf(stderr, "[%s] trigger %d/%" PRIu64 ": recovered %s tick %" PRIu64 " +%d transfers (checkpoint %" PRIu64
-                ") -> ran to %" PRIu64 ", %" PRIu64 " acks, %s%s\n", o->scenario, (int)tr.kind, tr.n,
+                ") -> ran to %" PRIu64 ", %" PRIu64 " acks, %s%s%s%s%s\n", o->scenario, (int)tr.kind, tr.n,
                 out.recovered ? "" : "(not reached)", out.rec.tick, o->last_j, out.rec.aux, out.last_tick, out.acks,
-                out.killed ? "killed" : out.died ? "died by its own SIGKILL" : "exited", out.held ? " (held)" : "");
+                out.killed ? "killed" : out.died ? "died by its own SIGKILL" : out.fatal ? "latched fatal in " : "exited",
+                crash_fired ? " at " : "", crash_fired ? out.first_fired.fp : "", out.held ? " (held)" : "",
+                out.fatal ? out.fatal_msg.text : "");
     return out;
 }
 

@@ -1,7 +1,8 @@
 /*
  * crash_util.h -- the crash-test workload, its children and its oracle, shared
- * by test_durable_crash (SIGKILL at chosen points) and test_powerloss
- * (simulated power cuts through libkeel_powerloss).
+ * by test_durable_crash (SIGKILL at chosen points), test_powerloss
+ * (simulated power cuts through libkeel_powerloss) and test_failpoint (deaths
+ * and I/O errors at named failpoints).
  *
  * The workload (deterministic: every decision is a pure function of
  * (SEED, tick, entity handle or counter), never of a worker or of time):
@@ -65,6 +66,15 @@
  * environment, so an LD_PRELOAD library (the power-loss shim) is loaded into
  * it; plan.may_die accepts a child that ends by SIGKILL on its own.
  *
+ * Failpoints: plan.failpoints is armed in the child before anything runs
+ * (the harness never lets a KEEL_FAILPOINTS of the environment in), and the
+ * child reports every point that acts, before it acts (M_FIRED: a crash's
+ * report is on the pipe before its SIGKILL, and a child that dies so counts
+ * as `died`). With plan.fatal_ok a KEEL_EFATAL (or an open failing with the
+ * injected code) ends the run with M_FATAL: what failed, the latched code,
+ * the durable LSN, and what step, flush, checkpoint and submit return after
+ * the latch.
+ *
  * Failures in the parent are collected (the first one is kept), the child is
  * killed and the temporary directory removed before the test asserts.
  * KEEL_CRASH_SEED=<n> changes the kill points; KEEL_CRASH_VERBOSE=1 prints every
@@ -75,6 +85,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "keel/keel.h"
 
@@ -117,7 +128,7 @@ typedef struct refdata {
 
 enum {
     M_STARTED = 1,  /* the runtime is set up: keel_runtime_recover starts now */
-    M_RECOVERED,    /* tick, hash, ledgers, balances, probes */
+    M_RECOVERED,    /* tick, hash, ledgers, balances, probes, last_lsn */
     M_ACK,          /* an IMMEDIATE transfer committed (returned 0) */
     M_TICK,         /* keel_runtime_step returned 0: tick, hash */
     M_FLUSHED,      /* keel_uow_flush returned rc after tick */
@@ -125,20 +136,31 @@ enum {
     M_HOLD,         /* the child stops and waits to be killed */
     M_DONE,         /* clean close done */
     M_FAIL,         /* text says what */
+    M_FIRED,        /* a failpoint acts: fp, fp_action, aux = its hit number */
+    M_FATAL,        /* plan.fatal_ok: a call failed with KEEL_EFATAL (or the open with rc); the probes after it */
 };
+
+/* M_FATAL's probes, made once the runtime latched fatal: each must be KEEL_EFATAL. */
+enum { PROBE_STEP, PROBE_FLUSH, PROBE_CHECKPOINT, PROBE_SUBMIT, NPROBES };
 
 typedef struct msg {
     uint32_t type;
-    int32_t rc;
+    int32_t rc;       /* FATAL: the failed call's code */
     uint64_t tick, hash, id;
-    uint64_t aux;     /* TICK: transient mismatches; RECOVERED: checkpoint tick */
+    uint64_t aux;     /* TICK: transient mismatches; RECOVERED: checkpoint tick; FIRED: hit */
     uint64_t aux2;    /* TICK: transfers skipped; RECOVERED: keel_recovery.tick */
+    uint64_t last_lsn; /* RECOVERED: keel_recovery.last_lsn; FATAL: keel_durable_lsn once latched */
     uint32_t a, b, slot, fresh;
     int64_t bal_a, bal_b;
     uint64_t ledger[NACC];
     int64_t bal[NACC];
     uint32_t probe_alive[2], probe_gen[2];
     born2 probe_born;
+    int32_t fatal;              /* FATAL: keel_runtime_fatal once latched */
+    int32_t probe_rc[NPROBES];  /* FATAL */
+    int32_t dep_rc, bank_rc;    /* FATAL: the deposit's ticket when the step failed, the bank's first error */
+    uint32_t late_commits;      /* FATAL: bank commits that returned 0 after one returned KEEL_EFATAL */
+    char fp[48], fp_action[16]; /* FIRED */
     char text[240];
 } msg;
 
@@ -161,6 +183,8 @@ typedef struct plan {
     keel_entity probe[2];
     const char *const *exec_env; /* non-NULL: exec the test binary with these "NAME=value" added (NULL-terminated) */
     bool may_die;              /* the child may end by SIGKILL on its own (a simulated power cut) */
+    const char *failpoints;    /* keel_failpoints_set in the child before anything else (NULL: none) */
+    bool fatal_ok;             /* KEEL_EFATAL (or a failed open) ends the run with M_FATAL instead of M_FAIL */
 } plan;
 
 /* ---- the parent: children and the oracle ---------------------------------------------------- */
@@ -197,10 +221,16 @@ typedef struct trigger {
 
 typedef struct outcome {
     bool started, recovered, held, done, killed;
-    bool died;               /* ended by SIGKILL it raised itself (plan.may_die) */
+    bool died;               /* ended by SIGKILL it raised itself (plan.may_die, or a failpoint's crash) */
     msg rec;
     uint64_t last_tick, acks;
     int status;
+    /* failpoints: the first that acted, and every one that did (bit i = keel_failpoint_name(i)) */
+    uint32_t nfired;
+    msg first_fired;
+    uint64_t fired_mask;
+    bool fatal;              /* M_FATAL arrived */
+    msg fatal_msg;
 } outcome;
 
 typedef struct tmpdir {
@@ -208,6 +238,8 @@ typedef struct tmpdir {
     char data[96];
 } tmpdir;
 
+/* fork(), stdio flushed first; the child dies with its parent (SIGKILL). */
+pid_t fork_child(void);
 /* The reference run, in a child; munmap(ref, sizeof *ref) when done. */
 refdata *reference_run(void);
 

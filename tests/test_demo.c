@@ -137,6 +137,22 @@ START_TEST(cli_bad_arguments)
         ck_assert_msg(strstr(err, culprit[i]), "stderr '%s' does not name %s", err, culprit[i]);
     }
     ck_assert_int_eq(run_status((const char *const[]){"--help", NULL}, err, sizeof err), 0);
+
+    /* --list-failpoints: keel_failpoint_name's list, one per line */
+    tu_run r = tu_run_argv(KEEL_WORLD_BIN, (const char *const[]){"--list-failpoints", NULL});
+    ck_assert_int_eq(r.status, 0);
+    size_t n = 0;
+    for (const char *p = r.out; *p; p++)
+        n += *p == '\n';
+    if (keel_failpoints_compiled()) {
+        ck_assert_ptr_nonnull(strstr(r.out, "wal.before_commit\n"));
+        ck_assert_ptr_nonnull(strstr(r.out, "recover.mid_replay\n"));
+        size_t want = 0;
+        while (keel_failpoint_name(want))
+            want++;
+        ck_assert_uint_eq(n, want);
+    }
+    tu_run_free(&r);
 }
 END_TEST
 

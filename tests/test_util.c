@@ -114,15 +114,10 @@ static void tu_append(char **buf, size_t *len, size_t *cap, const char *p, size_
     (*buf)[*len] = 0;
 }
 
-tu_run tu_run_argv(const char *bin, const char *const *args)
+/* Fork; the child gets pipes for stdout and stderr and runs run(arg), which
+ * execs or exits; the parent reads both pipes to their end and reaps it. */
+static tu_run tu_run_child(void (*run)(void *arg), void *arg)
 {
-    const char *argv[64] = {bin};
-    int n = 1;
-    for (; args[n - 1]; n++) {
-        ck_assert_int_lt(n, 63);
-        argv[n] = args[n - 1];
-    }
-    argv[n] = NULL;
     int po[2], pe[2];
     ck_assert_int_eq(pipe(po), 0);
     ck_assert_int_eq(pipe(pe), 0);
@@ -136,7 +131,7 @@ tu_run tu_run_argv(const char *bin, const char *const *args)
         close(pe[0]);
         close(po[1]);
         close(pe[1]);
-        execv(bin, (char *const *)argv);
+        run(arg);
         _exit(127);
     }
     close(po[1]);
@@ -169,6 +164,40 @@ tu_run tu_run_argv(const char *bin, const char *const *args)
     }
     r.status = tu_wait(pid);
     return r;
+}
+
+static void tu_exec(void *arg)
+{
+    char *const *argv = arg;
+    execv(argv[0], argv);
+}
+
+tu_run tu_run_argv(const char *bin, const char *const *args)
+{
+    const char *argv[64] = {bin};
+    int n = 1;
+    for (; args[n - 1]; n++) {
+        ck_assert_int_lt(n, 63);
+        argv[n] = args[n - 1];
+    }
+    argv[n] = NULL;
+    return tu_run_child(tu_exec, (void *)argv);
+}
+
+typedef struct tu_fn {
+    void (*fn)(void);
+} tu_fn;
+
+static void tu_call(void *arg)
+{
+    ((tu_fn *)arg)->fn();
+    exit(0); /* not _exit: a sanitizer build's leak check runs in the child too */
+}
+
+tu_run tu_run_fn(void (*fn)(void))
+{
+    tu_fn f = {fn};
+    return tu_run_child(tu_call, &f);
 }
 
 void tu_run_free(tu_run *r)

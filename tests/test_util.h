@@ -5,9 +5,9 @@
  *
  *   temporary directories  a mkdtemp base per test case, removed with all
  *                          in it by the case's unchecked fixture;
- *   running a tool         a built binary (keel-wal, keel-world) as a child
- *                          process, its stdout, stderr and exit status
- *                          captured through pipes;
+ *   running a tool         a built binary (keel-wal, keel-world), or a
+ *                          function, as a child process, its stdout,
+ *                          stderr and exit status captured through pipes;
  *   WAL records on disk    a copy of the record at an LSN, a byte flipped in
  *                          every copy of it in data.mdb, a record put back,
  *                          an error message naming an LSN.
@@ -54,6 +54,8 @@ typedef struct tu_run {
  * NULL) until it exits, stdout and stderr read through pipes (never a
  * terminal: a tool's TTY-only progress stays off). */
 tu_run tu_run_argv(const char *bin, const char *const *args);
+/* The same for fn() run in a forked child (which exits 0 when fn returns). */
+tu_run tu_run_fn(void (*fn)(void));
 void tu_run_free(tu_run *r);
 /* Reap pid: its exit status, 128 + the signal when it was killed. */
 int tu_wait(pid_t pid);

@@ -10,6 +10,14 @@
  * processes see the larger map on their next transaction (MDB_MAP_RESIZED
  * is handled in kw_read_begin). MDB_NOTLS: read transactions are not tied
  * to threads, and stale reader slots are cleared at open.
+ *
+ * Failpoints (docs/testing.md): wal.put before every write into a write
+ * transaction, wal.before_commit and wal.after_commit around
+ * mdb_txn_commit. LMDB's commit writes the dirty pages, fdatasyncs them and
+ * writes the meta page through an O_DSYNC descriptor; keel cannot stop
+ * between those steps and need not: a failed write or sync makes LMDB abort
+ * the transaction, which is what an injected failure at wal.before_commit
+ * does, and wal.after_commit is the instant after the meta page's sync.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +29,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/failpoint.h"
 #include "keel_wal/wal.h"
 
 static const char *const db_names[KW_DB_COUNT_] = {"meta", "schema", "wal", "snap", "dict"};
@@ -277,10 +286,25 @@ static int wtxn_err(kw_wtxn *t, int rc, const char *what)
     return from_mdb(rc, what, t->s);
 }
 
+/* wal.put: an injected error stands for the write's own (a spilled page
+ * that could not be written), named like one. */
+static int put_failpoint(kw_wtxn *t)
+{
+    int rc = KEEL_FAILPOINT(WAL_PUT);
+    if (!rc)
+        return KEEL_OK;
+    char why[400];
+    snprintf(why, sizeof why, "%s", keel_last_error());
+    return core_fail(rc, "cannot write to %s/data.mdb: %s", t->s->dir, why);
+}
+
 int kw_put(kw_wtxn *t, kw_db db, const void *key, size_t klen, const void *val, size_t vlen)
 {
     MDB_val k = {klen, (void *)key}, v = {vlen, (void *)val};
-    int rc = mdb_put(t->txn, t->s->dbi[db], &k, &v, 0);
+    int rc = put_failpoint(t);
+    if (rc)
+        return rc;
+    rc = mdb_put(t->txn, t->s->dbi[db], &k, &v, 0);
     return rc ? wtxn_err(t, rc, "cannot write to") : KEEL_OK;
 }
 
@@ -289,7 +313,10 @@ int kw_put_wal(kw_wtxn *t, uint64_t lsn, const void *rec, size_t len)
     unsigned char kb[8];
     be64(kb, lsn);
     MDB_val k = {8, kb}, v = {len, (void *)rec};
-    int rc = mdb_put(t->txn, t->s->dbi[KW_DB_WAL], &k, &v, MDB_APPEND);
+    int rc = put_failpoint(t);
+    if (rc)
+        return rc;
+    rc = mdb_put(t->txn, t->s->dbi[KW_DB_WAL], &k, &v, MDB_APPEND);
     if (rc == MDB_KEYEXIST)
         return core_fail(KEEL_EINVAL, "WAL record LSN %llu is not above the last LSN in %s", (unsigned long long)lsn,
                          t->s->dir);
@@ -299,7 +326,10 @@ int kw_put_wal(kw_wtxn *t, uint64_t lsn, const void *rec, size_t len)
 int kw_del(kw_wtxn *t, kw_db db, const void *key, size_t klen)
 {
     MDB_val k = {klen, (void *)key};
-    int rc = mdb_del(t->txn, t->s->dbi[db], &k, NULL);
+    int rc = put_failpoint(t);
+    if (rc)
+        return rc;
+    rc = mdb_del(t->txn, t->s->dbi[db], &k, NULL);
     return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot delete from") : KEEL_OK;
 }
 
@@ -308,7 +338,10 @@ static int del_wal_range(kw_wtxn *t, uint64_t from, uint64_t to, uint64_t *delet
 {
     MDB_cursor *cur;
     uint64_t n = 0;
-    int rc = mdb_cursor_open(t->txn, t->s->dbi[KW_DB_WAL], &cur);
+    int rc = put_failpoint(t);
+    if (rc)
+        return rc;
+    rc = mdb_cursor_open(t->txn, t->s->dbi[KW_DB_WAL], &cur);
     if (rc)
         return wtxn_err(t, rc, "cannot open a cursor on");
     unsigned char kb[8];
@@ -340,7 +373,10 @@ int kw_del_prefix(kw_wtxn *t, kw_db db, const void *prefix, size_t plen,
                   bool (*keep)(const void *key, size_t klen, void *arg), void *arg)
 {
     MDB_cursor *cur;
-    int rc = mdb_cursor_open(t->txn, t->s->dbi[db], &cur);
+    int rc = put_failpoint(t);
+    if (rc)
+        return rc;
+    rc = mdb_cursor_open(t->txn, t->s->dbi[db], &cur);
     if (rc)
         return wtxn_err(t, rc, "cannot open a cursor on");
     MDB_val k = {plen, (void *)prefix}, v;
@@ -387,6 +423,12 @@ int kw_store_write(kw_store *s, int (*fill)(kw_wtxn *txn, void *arg), void *arg)
             mdb_txn_abort(t.txn);
             return core_fail(s->fail_rc, "injected %s writing %s/data.mdb", keel_strerror(s->fail_rc), s->dir);
         }
+        if (!rc && (rc = KEEL_FAILPOINT(WAL_BEFORE_COMMIT))) { /* as a failed page write or sync: aborted */
+            char why[400];
+            snprintf(why, sizeof why, "%s", keel_last_error());
+            mdb_txn_abort(t.txn);
+            return core_fail(rc, "cannot commit to %s/data.mdb: %s", s->dir, why);
+        }
         if (rc) {
             mdb_txn_abort(t.txn);
             if (t.mdb_rc == MDB_MAP_FULL && !(rc = grow(s)))
@@ -399,7 +441,10 @@ int kw_store_write(kw_store *s, int (*fill)(kw_wtxn *txn, void *arg), void *arg)
                 return rc;
             continue;
         }
-        return rc ? from_mdb(rc, "cannot commit to", s) : KEEL_OK;
+        if (rc)
+            return from_mdb(rc, "cannot commit to", s);
+        (void)KEEL_FAILPOINT(WAL_AFTER_COMMIT); /* on disk, nobody told yet */
+        return KEEL_OK;
     }
 }
 

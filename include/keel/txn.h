@@ -118,15 +118,18 @@ typedef int (*keel_submit_fn)(keel_side_txn *tx, void *arg);
 /* Queue fn(tx, arg) for the start of the next tick (Engine-Pre, serial, in
  * submission order). Thread-safe, lock-free, never blocks. *out (may be NULL
  * for fire-and-forget) receives a ticket to wait on and release.
- * Errors: KEEL_EINVAL (NULL rt or fn, bad mode), KEEL_ENOMEM. */
+ * Errors: KEEL_EINVAL (NULL rt or fn, bad mode), KEEL_ENOMEM, KEEL_EFATAL
+ * (the runtime latched fatal: no tick will run it). */
 int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability mode, keel_ticket **out);
 
 /* Wait until the closure ran and its commit is durable per its mode (or,
  * for a ticket of keel_side_txn_commit_async, until that commit is); returns
  * its result: 0, the closure's own non-zero return, a commit error
- * (KEEL_ECONFLICT, KEEL_EFATAL ...), or KEEL_EBUSY when the runtime closed
- * before running it. timeout_ns < 0 waits for ever; on timeout returns
- * KEEL_ETIMEDOUT and the ticket stays valid. Thread-safe. */
+ * (KEEL_ECONFLICT, KEEL_EFATAL ...), KEEL_EBUSY when the runtime closed
+ * before running it, or KEEL_EFATAL when it latched fatal before running it
+ * (the ticket completes at the next keel_runtime_step attempt or at close).
+ * timeout_ns < 0 waits for ever; on timeout returns KEEL_ETIMEDOUT and the
+ * ticket stays valid. Thread-safe. */
 int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns);
 
 /* Give the ticket back (after or instead of waiting). NULL is ignored. */

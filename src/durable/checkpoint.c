@@ -26,12 +26,19 @@
  *      the old checkpoint with its WAL or the new one with the rest.
  * The content hash is core_hasher's 64 bits over the raw payload; a
  * collision would skip a changed chunk, with probability 2^-64 per chunk.
+ *
+ * Failpoints (docs/testing.md): ckpt.after_capture (tick thread),
+ * ckpt.after_serialize (checkpoint thread), ckpt.before_meta and
+ * ckpt.before_wal_delete (writer, inside the write transaction: eio/enospc
+ * make the meta put / the WAL deletion fail), ckpt.after_commit (writer,
+ * the transaction committed, before the checkpoint is confirmed).
  */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "core/core.h"
+#include "core/failpoint.h"
 #include "durable/durable_internal.h"
 #include "runtime/runtime_internal.h"
 
@@ -475,6 +482,8 @@ int ckpt_write(kw_wtxn *txn, ckpt_job *j, bool retain)
         code_key(j->dels[i], key, &kl);
         rc = kw_del(txn, KW_DB_SNAP, key, kl);
     }
+    if (!rc)
+        rc = KEEL_FAILPOINT(CKPT_BEFORE_META); /* the snapshot data is written, the meta not yet */
     if (!rc) {
         unsigned char m[32];
         kw_checkpoint_meta meta = {.tick = j->tick, .lsn = j->covered_lsn, .count = j->count};
@@ -485,6 +494,8 @@ int ckpt_write(kw_wtxn *txn, ckpt_job *j, bool retain)
         rc = kw_put(txn, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), m, sizeof m);
     }
     if (!rc && !retain)
+        rc = KEEL_FAILPOINT(CKPT_BEFORE_WAL_DELETE);
+    if (!rc && !retain)
         rc = kw_del_wal_upto(txn, j->covered_lsn, NULL);
     return rc;
 }
@@ -492,6 +503,8 @@ int ckpt_write(kw_wtxn *txn, ckpt_job *j, bool retain)
 void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
 {
     dur_state *d = rt->dur;
+    if (!rc)
+        (void)KEEL_FAILPOINT(CKPT_AFTER_COMMIT);
     pthread_mutex_lock(&d->ckpt_mu);
     if (!rc) {
         if (!d->stored)
@@ -502,6 +515,8 @@ void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
             stored_put(d->stored, j->puts[i].code, j->puts[i].hash);
         d->ckpt_count = j->count;
         atomic_fetch_add(&d->ckpt_taken, 1);
+    } else if (!d->ckpt_rc) {
+        d->ckpt_rc = rc;
     }
     d->ckpt_busy = false;
     pthread_cond_broadcast(&d->ckpt_cv);
@@ -528,6 +543,8 @@ static void *ckpt_main(void *arg)
             break;
         pthread_mutex_unlock(&d->ckpt_mu);
         int rc = crc ? crc : serialize(rt, j, c);
+        if (!rc)
+            (void)KEEL_FAILPOINT(CKPT_AFTER_SERIALIZE);
         if (!rc) {
             dur_item *it = dur_item_new(DUR_CHECKPOINT, KEEL_DURABLE_IMMEDIATE);
             unsigned char mp[16];
@@ -602,8 +619,14 @@ int ckpt_wait(keel_runtime *rt)
     pthread_mutex_lock(&d->ckpt_mu);
     while ((d->ckpt_busy || d->ckpt_next) && !dur_fatal(d))
         pthread_cond_wait(&d->ckpt_cv, &d->ckpt_mu);
+    /* the outcome of the checkpoints themselves, not only the latch: a
+     * failed one is never reported as taken */
+    int failed = d->ckpt_rc;
     pthread_mutex_unlock(&d->ckpt_mu);
-    return dur_fatal(d) ? KEEL_EFATAL : KEEL_OK;
+    if (failed || dur_fatal(d))
+        return core_fail(KEEL_EFATAL, "the checkpoint was not recorded: the runtime latched fatal (%s)",
+                         keel_strerror(dur_fatal(d) ? dur_fatal(d) : failed));
+    return KEEL_OK;
 }
 
 bool ckpt_active(keel_runtime *rt)
@@ -637,6 +660,7 @@ int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force)
         return rc;
     j->covered_lsn = dur_cover(rt);
     j->count = d->ckpt_count + 1;
+    (void)KEEL_FAILPOINT(CKPT_AFTER_CAPTURE);
     d->last_ckpt_tick = tick;
     d->last_ckpt_ns = now;
     d->bytes_since_ckpt = bytes;

@@ -3,6 +3,7 @@
  */
 #include <stdio.h>
 #include "core/core.h"
+#include "core/failpoint.h"
 #include "durable/durable_internal.h"
 #include "runtime/runtime_internal.h"
 
@@ -26,6 +27,8 @@ int keel_runtime_recover(keel_runtime *rt, keel_recovery *out)
             dur_close(rt);
             core_fail(rt->recover_rc, "cannot open data directory %s: %s", rt->data_dir, cause);
             snprintf(rt->recover_error, sizeof rt->recover_error, "%s", keel_last_error());
+        } else {
+            (void)KEEL_FAILPOINT(RECOVER_AFTER_REPLAY); /* recovered, before on_first_tick and any tick */
         }
     } else if (rt->recover_rc) {
         core_fail(rt->recover_rc, "%s", rt->recover_error);

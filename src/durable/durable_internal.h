@@ -109,6 +109,7 @@ typedef struct dur_state {
     pthread_cond_t ckpt_cv;
     ckpt_job *ckpt_next;       /* handed to the checkpoint thread */
     bool ckpt_busy;            /* a job is being written */
+    int ckpt_rc;               /* the first checkpoint that failed (its code), 0 while none did */
     bool ckpt_quit;
     struct ckpt_stored *stored; /* content hashes of what snap holds (checkpoint thread) */
     /* buffers of an in-flight checkpoint are not freed by view reclamation */
@@ -178,7 +179,8 @@ void ckpt_fini(dur_state *d);
 /* Tick end: take a checkpoint of the completed tick when one is due
  * (force: now). Never stalls for the writing; copies SINGLE_VERSION data. */
 int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force);
-/* Wait until every checkpoint taken so far is committed. */
+/* Wait until every checkpoint taken so far is committed: 0, or
+ * KEEL_EFATAL when one failed or the runtime latched. */
 int ckpt_wait(keel_runtime *rt);
 /* True while a checkpoint is in progress: captured and not yet recorded
  * (telemetry's per-tick flag). */

@@ -22,12 +22,17 @@
  * operands; SIDE = u64 seq, u32 mode, u32 nwrites, then per write u64
  * entity, u32 component, u32 size, value. TRANSIENT values are logged as
  * zeros: they are not durable.
+ *
+ * Failpoints between the stages (docs/testing.md): fence.after_prep,
+ * fence.after_compress, fence.before_enqueue; they fire for every unit (a
+ * tick's, the hook's, a retried sync point's).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
+#include "core/failpoint.h"
 #include "durable/durable_internal.h"
 #include "runtime/runtime_internal.h"
 
@@ -246,12 +251,14 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t ro
     uint32_t nseg = cut_segments(&rt->uow, rows_from, rows_to, &segs);
     if (nseg == UINT32_MAX)
         return core_fail(KEEL_ENOMEM, "out of memory in the fence");
+    (void)KEEL_FAILPOINT(FENCE_AFTER_PREP);
     fence_job job = {rt, tick, flags, segs};
     if (parallel && nseg > 1)
         dispatch_for(rt, nseg, serialize_task, &job);
     else
         for (uint32_t i = 0; i < nseg; i++)
             serialize_task(&job, i, 0);
+    (void)KEEL_FAILPOINT(FENCE_AFTER_COMPRESS);
     dur_item *item = dur_item_new(DUR_RECORDS, d->mode);
     kw_buf scratch = {0};
     uint32_t nrec = nseg;
@@ -275,6 +282,7 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t ro
     atomic_fetch_add(&d->wal_raw_bytes, raw);
     rt->fence_raw_bytes = raw;
     rt->fence_stored_bytes = item->recs.len;
+    (void)KEEL_FAILPOINT(FENCE_BEFORE_ENQUEUE);
     return dur_enqueue(rt, item, NULL);
 }
 

@@ -13,12 +13,18 @@
  * record stops the open with KEEL_ECORRUPT naming its LSN, unless
  * truncate_bad_tail asks to drop it and everything after it (the unit it
  * belongs to included, so nothing half-applied remains).
+ *
+ * Failpoints (docs/testing.md): recover.before_replay (the checkpoint is
+ * loaded), recover.mid_replay (after every applied unit: a tick's or the
+ * hook's records at their marker, or one side transaction), and
+ * recover.after_replay in keel_runtime_recover (durable.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
+#include "core/failpoint.h"
 #include "durable/durable_internal.h"
 #include "runtime/runtime_internal.h"
 
@@ -422,6 +428,7 @@ static int close_unit(replay *p, const unit_rec *marker)
     if (!(marker->h.flags & KW_FLAG_HOOK))
         p->l->out->tick = marker->h.tick;
     p->n = 0;
+    (void)KEEL_FAILPOINT(RECOVER_MID_REPLAY);
     return KEEL_OK;
 }
 
@@ -459,7 +466,10 @@ static int replay_one(replay *p, uint64_t lsn, const void *rec, size_t len)
     case KW_KIND_SIDE:
         if (p->n)
             return corrupt(lsn, "%s", "a side transaction inside an unfinished tick unit");
-        return apply_record(p, &u);
+        if ((rc = apply_record(p, &u)))
+            return rc;
+        (void)KEEL_FAILPOINT(RECOVER_MID_REPLAY);
+        return KEEL_OK;
     default: /* schema, checkpoint markers: nothing to apply */
         return KEEL_OK;
     }
@@ -642,6 +652,8 @@ static int recover(keel_runtime *rt, keel_recovery *out)
         rt->world->restoring = true;
         rc = load_checkpoint(&l, &m);
         last = m.lsn;
+        if (!rc)
+            (void)KEEL_FAILPOINT(RECOVER_BEFORE_REPLAY);
         if (!rc)
             rc = replay_wal(&l, m.lsn, &last);
         rt->world->restoring = false;

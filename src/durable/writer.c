@@ -311,6 +311,15 @@ static void batch_commit(keel_runtime *rt, batch *b)
         atomic_fetch_add(&d->fsyncs, 1);
         atomic_fetch_add(&d->wal_bytes, b->bytes);
     }
+    if (rc) {
+        /* latch before anyone learns of the failure: a checkpoint waiter
+         * woken by ckpt_committed below must find the runtime fatal, or it
+         * would report a checkpoint that never reached the disk as taken */
+        char cause[384];
+        snprintf(cause, sizeof cause, "%s", keel_last_error());
+        core_log(KEEL_LOG_ERROR, "wal", "commit_failed", "cause=\"%s\"", cause);
+        dur_latch_fatal(rt, rc);
+    }
     for (dur_item *it = b->head; it;) {
         dur_item *next = it->next;
         if (it->kind == DUR_CHECKPOINT) {
@@ -333,12 +342,6 @@ static void batch_commit(keel_runtime *rt, batch *b)
         pthread_cond_broadcast(&d->durable_cv);
     }
     pthread_mutex_unlock(&d->mu);
-    if (rc) {
-        char cause[384];
-        snprintf(cause, sizeof cause, "%s", keel_last_error());
-        core_log(KEEL_LOG_ERROR, "wal", "commit_failed", "cause=\"%s\"", cause);
-        dur_latch_fatal(rt, rc);
-    }
     *b = (batch){.tail = &b->head, .d = d};
 }
 

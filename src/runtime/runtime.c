@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
+#include "core/failpoint.h"
 #include "runtime/runtime_internal.h"
 
 uint64_t rt_now_ns(void)
@@ -76,6 +77,7 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
 {
     if (!out)
         return core_fail(KEEL_EINVAL, "keel_runtime_create: out is NULL");
+    core_fp_env_init(); /* KEEL_FAILPOINTS, once per process */
     keel_runtime_desc d = desc ? *desc : (keel_runtime_desc){0};
     int rc = check_desc(&d);
     if (rc)
@@ -171,6 +173,8 @@ static void shutdown_durable(keel_runtime *rt)
     if (rt->dur) {
         if (!dur_fatal(rt->dur))
             dur_wait(rt, dur_last_lsn(rt), true);
+        else
+            submit_refuse(rt, KEEL_EFATAL); /* closures queued before the latch never run */
         view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
         dur_close(rt);
     }
@@ -424,10 +428,12 @@ static int can_step(keel_runtime *rt)
         if (rc)
             return rc;
     }
-    if (rt->dur && dur_fatal(rt->dur))
+    if (rt->dur && dur_fatal(rt->dur)) {
+        submit_refuse(rt, KEEL_EFATAL); /* their tickets would otherwise wait for a step that never runs */
         return core_fail(KEEL_EFATAL, "keel_runtime_step: the runtime latched fatal (%s): nothing more can be made "
                                       "durable; close it and open the data directory again",
                          keel_strerror(dur_fatal(rt->dur)));
+    }
     if (!rt->sched)
         return core_fail(KEEL_EINVAL, "keel_runtime_step: no schedule is installed");
     if (rt->sched->registry_stamp != rt->world->ncomps)

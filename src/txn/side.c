@@ -20,11 +20,16 @@
  * already has a private version of that chunk, the private version too, so
  * the system's commit does not undo it (txn.c takes side_lock around
  * creating private versions for that reason).
+ *
+ * Failpoints (docs/testing.md): side.before_enqueue (applied and visible,
+ * its record not yet queued) and side.before_wait (queued, before the
+ * committer waits or hands out its ticket), in every commit path.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
+#include "core/failpoint.h"
 #include "runtime/runtime_internal.h"
 
 /* ---- row versions --------------------------------------------------------------- */
@@ -424,6 +429,8 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
         rt->stats.commits++;
         /* applied: logging must follow (a failure here latches the runtime:
          * the commit is then never acknowledged) */
+        if (rt->dur)
+            (void)KEEL_FAILPOINT(SIDE_BEFORE_ENQUEUE);
         if (rt->dur && (rc = fence_side(rt, seq, tx->mode, tick, side_off, lsn)))
             dur_latch_fatal(rt, rc == KEEL_EFATAL ? KEEL_EIO : rc), rc = KEEL_EFATAL;
     } else if (rc == KEEL_ECONFLICT) {
@@ -441,6 +448,8 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
                                "acknowledged any more", tx->name, keel_strerror(dur_fatal(rt->dur)));
     }
     side_free(tx);
+    if (!rc && rt->dur)
+        (void)KEEL_FAILPOINT(SIDE_BEFORE_WAIT);
     return rc;
 }
 

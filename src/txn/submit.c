@@ -62,6 +62,9 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
         return core_fail(KEEL_EINVAL, "keel_submit: runtime or closure is NULL");
     if (mode < KEEL_DURABLE_DEFAULT || mode > KEEL_DURABLE_DEFERRED)
         return core_fail(KEEL_EINVAL, "keel_submit: durability mode %d is not a keel_durability", (int)mode);
+    if (rt->dur && dur_fatal(rt->dur)) /* it would never run: no step runs after the latch */
+        return core_fail(KEEL_EFATAL, "keel_submit: the runtime latched fatal (%s); nothing more is run or made "
+                                      "durable", keel_strerror(dur_fatal(rt->dur)));
     keel_ticket *t = malloc(sizeof *t);
     if (!t)
         return core_fail(KEEL_ENOMEM, "keel_submit: out of memory");
@@ -135,8 +138,9 @@ static void run_closure(keel_runtime *rt, keel_ticket *t)
     ticket_complete(t, rc);
 }
 
-/* Take every queued ticket in order; `run` false completes them unrun. */
-static void drain(keel_runtime *rt, bool run)
+/* Take every queued ticket in order; `run` false completes them unrun
+ * with `rc`. Only the stepping thread drains (the queue's one consumer). */
+static void drain(keel_runtime *rt, bool run, int rc)
 {
     struct cds_wfcq_head head;
     struct cds_wfcq_tail tail;
@@ -150,18 +154,23 @@ static void drain(keel_runtime *rt, bool run)
         if (run)
             run_closure(rt, t);
         else
-            ticket_complete(t, KEEL_EBUSY);
+            ticket_complete(t, rc);
     }
 }
 
 void submit_run(keel_runtime *rt)
 {
-    drain(rt, true);
+    drain(rt, true, 0);
+}
+
+void submit_refuse(keel_runtime *rt, int rc)
+{
+    drain(rt, false, rc);
 }
 
 void submit_fini(keel_runtime *rt)
 {
-    drain(rt, false);
+    drain(rt, false, KEEL_EBUSY);
     cds_wfcq_destroy(&rt->submit_head, &rt->submit_tail);
 }
 

@@ -75,6 +75,9 @@ void side_tick_end(keel_runtime *rt);
 int submit_init(keel_runtime *rt);
 /* Engine-Pre: run every closure queued so far, in order. */
 void submit_run(keel_runtime *rt);
+/* The runtime latched fatal: complete every queued closure, unrun, with
+ * rc (the stepping thread only). */
+void submit_refuse(keel_runtime *rt, int rc);
 /* At close: complete what never ran with KEEL_EBUSY. */
 void submit_fini(keel_runtime *rt);
 

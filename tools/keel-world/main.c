@@ -72,6 +72,8 @@ static void usage(FILE *to)
             "  --report-fd FD  write the report protocol (docs/demo.md) to FD: used by\n"
             "                  keel-crash; the run then steps one tick at a time\n"
             "  --report-prefix with --report-fd: also the hash after every trade\n"
+            "  --list-failpoints  print the failpoints compiled in, one per line\n"
+            "                  (arm them with KEEL_FAILPOINTS, docs/testing.md)\n"
             "On a terminal the status is one line kept up to date; otherwise a line every\n"
             "5 seconds. A restart prints `recovered tick=<T> in <ms> ms`; the last line is\n"
             "`final tick=<N> hash=<16 hex digits>`.\n");
@@ -117,12 +119,23 @@ static int parse_workers(const char *v, int32_t *out)
     return 0;
 }
 
+static int list_failpoints(void)
+{
+    if (!keel_failpoints_compiled())
+        fprintf(stderr, "keel-world: built with KEEL_FAILPOINTS=OFF: no failpoints\n");
+    for (size_t i = 0; keel_failpoint_name(i); i++)
+        printf("%s\n", keel_failpoint_name(i));
+    return 0;
+}
+
 /* Flags without a value; 1 when `a` was one of them. */
 static int parse_flag(const char *a, options *o)
 {
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
         usage(stdout);
         exit(0);
+    } else if (!strcmp(a, "--list-failpoints")) {
+        exit(list_failpoints());
     }
     bool *flags[] = {&o->memory, &o->forever, &o->wal_retain, &o->report_prefix};
     const char *names[] = {"--memory", "--forever", "--wal-retain", "--report-prefix"};
