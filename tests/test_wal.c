@@ -1519,6 +1519,59 @@ START_TEST(create_opens_a_fresh_directory)
 }
 END_TEST
 
+/* A new data.mdb appears whole or not at all: it is built as data.mdb.new,
+ * committed, synced and renamed (a power cut before LMDB's first commit of a
+ * new file could leave a data.mdb it refuses, MDB_INVALID, for ever). What a
+ * crashed creation left behind is discarded by the next creation, and is no
+ * keel directory to an open without CREATE. */
+static void write_file(const char *dir, const char *name, size_t len, unsigned char byte)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    int fd = open(p, O_CREAT | O_TRUNC | O_WRONLY, 0644);
+    ck_assert_int_ge(fd, 0);
+    unsigned char buf[4096];
+    memset(buf, byte, sizeof buf);
+    for (size_t done = 0; done < len; done += sizeof buf)
+        ck_assert_int_eq(write(fd, buf, sizeof buf), (ssize_t)sizeof buf);
+    close(fd);
+}
+
+START_TEST(creation_is_atomic_and_discards_a_crashed_creation)
+{
+    char dir[256];
+    new_dir(dir);
+    /* a creation that crashed: half a staging file and its lock, no data.mdb */
+    write_file(dir, "data.mdb.new", 8192, 0);
+    write_file(dir, "data.mdb.new-lock", 4096, 0xa5);
+    kw_store *s = (kw_store *)0x1;
+    ck_assert_rc(kw_store_open(dir, NULL, &s), KEEL_ENOENT);
+    ck_assert(has(keel_last_error(), "no data.mdb"));
+    ck_assert_rc(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &s), KEEL_ENOENT);
+    ck_assert(file_exists(dir, "data.mdb.new")); /* only a creation discards it */
+    s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    ck_assert(file_exists(dir, "data.mdb") && file_exists(dir, "lock.mdb"));
+    ck_assert(!file_exists(dir, "data.mdb.new") && !file_exists(dir, "data.mdb.new-lock"));
+    kw_store_close(s);
+    /* what was published is a whole keel directory: it opens without CREATE,
+     * read-only too, and a second CREATE open changes nothing */
+    s = open_store(dir, 0, 0, 0);
+    kw_store_close(s);
+    s = open_store(dir, KW_OPEN_READONLY, 0, 0);
+    kw_store_close(s);
+    struct stat before, after;
+    char p[300];
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    ck_assert_int_eq(stat(p, &before), 0);
+    s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    kw_store_close(s);
+    ck_assert_int_eq(stat(p, &after), 0);
+    ck_assert_uint_eq(before.st_ino, after.st_ino); /* not created again */
+    ck_assert(!file_exists(dir, "data.mdb.new"));
+    rm_tree(dir);
+}
+END_TEST
+
 START_TEST(missing_directory_without_create_is_enoent)
 {
     char base[256], dir[300];
@@ -2547,6 +2600,7 @@ static Suite *store_suite(void)
     TCase *tc = tcase_create("open");
     tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
     tcase_add_test(tc, create_opens_a_fresh_directory);
+    tcase_add_test(tc, creation_is_atomic_and_discards_a_crashed_creation);
     tcase_add_test(tc, missing_directory_without_create_is_enoent);
     tcase_add_test(tc, directory_without_keel_data_is_refused);
     tcase_add_test(tc, readonly_open_sees_a_live_writers_commits);
