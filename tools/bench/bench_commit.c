@@ -323,10 +323,15 @@ static double imm_median(const imm_sample *v, uint32_t R, size_t off)
 void bench_immediate(const config *cfg)
 {
     keep_heap_resident();
-    static const struct { const char *name; uint32_t window; double rate; } runs[] = {
-        { "immediate", IMM_WINDOW, -1 },       /* SPEC §10: unthrottled stepping */
-        { "immediate_w1", 1, -1 },             /* one transfer in flight per thread */
-        { "immediate_1khz", IMM_WINDOW, 1000 },/* the TickDriver at 1 kHz instead */
+    /* Only the SPEC §10 configuration carries the target. immediate_w1 shows
+     * the latency-bound case: with one transfer in flight per thread, a
+     * synced commit can carry at most 8 transfers, so it cannot exceed about
+     * 8x the one-fsync-per-commit rate by construction; group commit needs
+     * transfers in flight to have anything to group. */
+    static const struct { const char *name; uint32_t window; double rate; bool spec; } runs[] = {
+        { "immediate", IMM_WINDOW, -1, true },        /* SPEC §10: unthrottled stepping */
+        { "immediate_w1", 1, -1, false },             /* one transfer in flight per thread */
+        { "immediate_1khz", IMM_WINDOW, 1000, false },/* the TickDriver at 1 kHz instead */
     };
     enum { NRUNS = sizeof runs / sizeof runs[0] };
     uint32_t R = cfg->rounds;
@@ -350,7 +355,8 @@ void bench_immediate(const config *cfg)
         for (uint32_t r = 0; r < R; r++)
             failed += s[k][r].failed;
         figure f = { .name = runs[k].name, .unit = "commits/s", .value = imm_median(s[k], R, offsetof(imm_sample, tps)),
-                     .baseline = base, .target = 20, .target_on_ratio = true, .at_least = true };
+                     .baseline = base, .target = 20, .target_on_ratio = true, .at_least = true,
+                     .no_target = !runs[k].spec };
         report(cfg, &f);
         char n50[32], n99[32];
         snprintf(n50, sizeof n50, "%s_p50", runs[k].name);

@@ -265,8 +265,11 @@ static void wal_rounds(const config *cfg, size_t n, double med[NWAL][WAL_NMETRIC
 /* The figures of configuration c against WAL off (configuration 0). */
 static void wal_report_config(const config *cfg, double med[NWAL][WAL_NMETRICS], size_t c)
 {
+    /* The target is SPEC §10's, for the default level (c == 1); the other
+     * levels are a sweep printed for the record. */
     figure f = { .name = WAL_CONFIGS[c].name, .unit = "ticks/s", .value = med[c][WAL_TPS],
-                 .baseline = med[0][WAL_TPS], .target = 0.8, .target_on_ratio = true, .at_least = true };
+                 .baseline = med[0][WAL_TPS], .target = 0.8, .target_on_ratio = true, .at_least = true,
+                 .no_target = c != 1 };
     report(cfg, &f);
     figure b = { .name = WAL_CONFIGS[c].bytes_name, .unit = "B/row", .value = med[c][WAL_STORED],
                  .baseline = med[c][WAL_RAW], .no_target = true };
