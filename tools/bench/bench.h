@@ -60,9 +60,12 @@ void run_pair(const config *cfg, uint32_t reps, measure_fn baseline, measure_fn 
 
 /* ---- utilities ------------------------------------------------------------ */
 
+#ifndef KEEL_DEMO_VEC3 /* the same type in keel-world and keel-bench, which builds world.c */
+#define KEEL_DEMO_VEC3
 typedef struct vec3 {
     float x, y, z;
 } vec3;
+#endif
 
 /* Read once per pass, so the compiler cannot fold or hoist the work away. */
 extern volatile float g_dt;
@@ -96,6 +99,24 @@ void copy_tmpdir(const char *from, const char *to);
 #define DEMO_TURN 10u              /* a row changes when (index + tick) % turn == 0 */
 #define DEMO_CHURN 5u              /* spawns and destroys per tick (each) */
 #define WAL_WARM_TICKS 20u         /* untimed ticks after the populating first tick */
+#define WAL_TICKS 400u             /* timed ticks per measurement of the wal figures */
+#define WAL_OFF INT32_MIN          /* a zstd level meaning "no data directory" */
+
+/* One timed measurement of a runtime's ticks (wal_time_ticks). */
+typedef struct wal_sample {
+    double tps;                /* timed ticks / seconds (the last flush included) */
+    double raw, stored;        /* fence bytes of the timed ticks (telemetry) */
+    double rows;               /* value rows changed in the timed ticks (set by the caller) */
+    double fence_ms;           /* mean fence duration per tick */
+    double fsyncs;             /* synced LMDB commits during the timed ticks */
+    double max_lag;            /* largest durable lag seen at a tick end, in ticks */
+    double cpu_ms;             /* process CPU time per timed tick (all threads) */
+} wal_sample;
+
+/* Warm rt up (WAL_WARM_TICKS untimed ticks after the populating first one),
+ * then time WAL_TICKS ticks plus the keel_uow_flush that makes them durable;
+ * the telemetry ring must hold WAL_TICKS + WAL_WARM_TICKS + 2 ticks. */
+void wal_time_ticks(keel_runtime *rt, wal_sample *r);
 
 /* n entities with VERSIONED pos and vel; on tick t a parallel query system
  * rewrites pos and vel of the rows whose (entity index + t) % turn == 0, a
@@ -135,6 +156,8 @@ void bench_side(const config *cfg);
 /* bench_demo.c: the demo workload with the WAL on and off */
 void bench_wal(const config *cfg);
 void bench_fence(const config *cfg);
+/* bench_world.c: the demo (keel-world's world) with the WAL on and off */
+void bench_wal_world(const config *cfg);
 void bench_checkpoint(const config *cfg);
 /* bench_commit.c: against one synced LMDB commit per record */
 void bench_commit(const config *cfg);

@@ -12,7 +12,6 @@
 
 #include "bench.h"
 
-#define WAL_TICKS 400u             /* timed ticks per measurement of the wal figures */
 #define CKPT_EVERY 20              /* checkpoint_every_ticks of the checkpoint figure */
 #define CKPT_TICKS 400u            /* timed ticks per measurement of the checkpoint figure */
 
@@ -157,17 +156,36 @@ void step(keel_runtime *rt)
 
 /* ---- wal ------------------------------------------------------------------ */
 
-#define WAL_OFF INT32_MIN
-
-typedef struct wal_sample {
-    double tps;                /* timed ticks / seconds (the last flush included) */
-    double raw, stored;        /* fence bytes of the timed ticks (telemetry) */
-    double rows;               /* value rows changed in the timed ticks */
-    double fence_ms;           /* mean fence duration per tick */
-    double fsyncs;             /* synced LMDB commits during the timed ticks */
-    double max_lag;            /* largest durable lag seen at a tick end, in ticks */
-    double cpu_ms;             /* process CPU time per timed tick (all threads) */
-} wal_sample;
+/* Warm rt up (WAL_WARM_TICKS untimed ticks after the populating first one),
+ * then time WAL_TICKS ticks and the flush that makes them durable. */
+void wal_time_ticks(keel_runtime *rt, wal_sample *r)
+{
+    for (uint32_t t = 0; t <= WAL_WARM_TICKS; t++)
+        step(rt);
+    check(keel_uow_flush(rt), "keel_uow_flush");
+    uint64_t first = keel_runtime_tick(rt) + 1;
+    keel_runtime_stats s0, s1;
+    keel_runtime_stats_get(rt, &s0);
+    double c0 = process_cpu_s();
+    uint64_t t0 = now_ns();
+    for (uint32_t t = 0; t < WAL_TICKS; t++)
+        step(rt);
+    check(keel_uow_flush(rt), "keel_uow_flush");   /* every timed tick is on disk */
+    uint64_t t1 = now_ns();
+    double c1 = process_cpu_s();
+    keel_runtime_stats_get(rt, &s1);
+    *r = (wal_sample){ .tps = WAL_TICKS / ((double)(t1 - t0) / 1e9), .fsyncs = (double)(s1.fsyncs - s0.fsyncs),
+                       .cpu_ms = (c1 - c0) * 1e3 / WAL_TICKS };
+    for (uint64_t t = first; t < first + WAL_TICKS; t++) {
+        keel_tick_record rec;
+        check(keel_telemetry_tick(rt, t, &rec), "keel_telemetry_tick");
+        r->raw += (double)rec.wal_raw_bytes;
+        r->stored += (double)rec.wal_stored_bytes;
+        r->fence_ms += (double)rec.fence_ns / 1e6 / WAL_TICKS;
+        if ((double)rec.durable_lag > r->max_lag)
+            r->max_lag = (double)rec.durable_lag;
+    }
+}
 
 /* One measurement of the demo workload, WAL off (level WAL_OFF) or on in
  * GROUP mode at a zstd level, in a fresh runtime and directory. */
@@ -178,32 +196,10 @@ static wal_sample wal_measure(int32_t level)
     demo_open(&d, &(demo_opts){ .n = DEMO_ENTITIES, .turn = DEMO_TURN, .churn = DEMO_CHURN, .dir = dir,
                                 .zstd_level = level == WAL_OFF ? 0 : level, .ckpt_ticks = -1,
                                 .telemetry = pow2_at_least(WAL_TICKS + WAL_WARM_TICKS + 2), .schedule = true });
-    for (uint32_t t = 0; t <= WAL_WARM_TICKS; t++)
-        step(d.rt);
-    check(keel_uow_flush(d.rt), "keel_uow_flush");
-    uint64_t first = keel_runtime_tick(d.rt) + 1;
-    keel_runtime_stats s0, s1;
-    keel_runtime_stats_get(d.rt, &s0);
+    wal_sample r;
     atomic_store(&d.changed, 0);
-    double c0 = process_cpu_s();
-    uint64_t t0 = now_ns();
-    for (uint32_t t = 0; t < WAL_TICKS; t++)
-        step(d.rt);
-    check(keel_uow_flush(d.rt), "keel_uow_flush");   /* every timed tick is on disk */
-    uint64_t t1 = now_ns();
-    double c1 = process_cpu_s();
-    keel_runtime_stats_get(d.rt, &s1);
-    wal_sample r = { .tps = WAL_TICKS / ((double)(t1 - t0) / 1e9), .rows = (double)atomic_load(&d.changed),
-                     .fsyncs = (double)(s1.fsyncs - s0.fsyncs), .cpu_ms = (c1 - c0) * 1e3 / WAL_TICKS };
-    for (uint64_t t = first; t < first + WAL_TICKS; t++) {
-        keel_tick_record rec;
-        check(keel_telemetry_tick(d.rt, t, &rec), "keel_telemetry_tick");
-        r.raw += (double)rec.wal_raw_bytes;
-        r.stored += (double)rec.wal_stored_bytes;
-        r.fence_ms += (double)rec.fence_ns / 1e6 / WAL_TICKS;
-        if ((double)rec.durable_lag > r.max_lag)
-            r.max_lag = (double)rec.durable_lag;
-    }
+    wal_time_ticks(d.rt, &r);
+    r.rows = (double)atomic_load(&d.changed);
     if (keel_world_count(keel_runtime_world(d.rt)) != DEMO_ENTITIES) {
         fprintf(stderr, "keel-bench: wal: %u entities alive, expected %u\n",
                 keel_world_count(keel_runtime_world(d.rt)), DEMO_ENTITIES);
@@ -220,7 +216,7 @@ static const struct wal_config {
     int32_t level;                 /* WAL_OFF, or a zstd level (0 = the default, -1) */
 } WAL_CONFIGS[] = {
     { "wal_off", NULL, WAL_OFF },
-    { "wal", "wal_bytes", 0 },     /* the default level, -1 */
+    { "wal_min", "wal_bytes", 0 }, /* the default level, -1 */
     { "wal_zstd1", "wal_zstd1_bytes", 1 },
     { "wal_zstd-5", "wal_zstd-5_bytes", -5 },
     { "wal_zstd3", "wal_zstd3_bytes", 3 },
@@ -265,11 +261,12 @@ static void wal_rounds(const config *cfg, size_t n, double med[NWAL][WAL_NMETRIC
 /* The figures of configuration c against WAL off (configuration 0). */
 static void wal_report_config(const config *cfg, double med[NWAL][WAL_NMETRICS], size_t c)
 {
-    /* The target is SPEC §10's, for the default level (c == 1); the other
-     * levels are a sweep printed for the record. */
+    /* SPEC §10's target belongs to the demo (bench_world.c's wal figure):
+     * this workload does almost no work per tick, so its ratio is the
+     * WAL's own cost per changed row, printed for the record
+     * (docs/performance.md). */
     figure f = { .name = WAL_CONFIGS[c].name, .unit = "ticks/s", .value = med[c][WAL_TPS],
-                 .baseline = med[0][WAL_TPS], .target = 0.8, .target_on_ratio = true, .at_least = true,
-                 .no_target = c != 1 };
+                 .baseline = med[0][WAL_TPS], .no_target = true };
     report(cfg, &f);
     figure b = { .name = WAL_CONFIGS[c].bytes_name, .unit = "B/row", .value = med[c][WAL_STORED],
                  .baseline = med[c][WAL_RAW], .no_target = true };
@@ -287,19 +284,19 @@ static void wal_report_default(const config *cfg, double med[NWAL][WAL_NMETRICS]
     figure z = { .name = "wal_compression", .unit = "x", .baseline = 1, .no_target = true,
                  .value = med[1][WAL_STORED] > 0 ? med[1][WAL_RAW] / med[1][WAL_STORED] : 0 };
     report(cfg, &z);
-    figure cpu = { .name = "wal_cpu", .unit = "ms/tick", .value = med[1][WAL_CPU], .baseline = med[0][WAL_CPU],
+    figure cpu = { .name = "wal_min_cpu", .unit = "ms/tick", .value = med[1][WAL_CPU], .baseline = med[0][WAL_CPU],
                    .no_target = true };
     report(cfg, &cpu);
-    figure fence = { .name = "fence", .unit = "ms/tick", .value = med[1][WAL_FENCE],
+    figure fence = { .name = "fence_min", .unit = "ms/tick", .value = med[1][WAL_FENCE],
                      .baseline = med[0][WAL_TPS] > 0 ? 1e3 / med[0][WAL_TPS] : 0, .no_target = true };
     report(cfg, &fence);
-    note(cfg, "wal: %u entities, VERSIONED pos+vel (12 B each), rows with (index + tick) %% %u == 0 rewritten "
+    note(cfg, "wal_min: the synthetic workload: %u entities, VERSIONED pos+vel (12 B each), rows with (index + tick) %% %u == 0 rewritten "
               "(both components: %u%% of the durable rows), %u spawns + %u destroys per tick; %u workers, "
               "unthrottled keel_runtime_step, %u timed ticks per measurement after %u untimed, a fresh runtime "
               "(and a fresh directory under $TMPDIR or /tmp) per measurement, checkpoints off",
          DEMO_ENTITIES, DEMO_TURN, 100 / DEMO_TURN, DEMO_CHURN, DEMO_CHURN, (unsigned)sysconf(_SC_NPROCESSORS_ONLN),
          WAL_TICKS, WAL_WARM_TICKS);
-    note(cfg, "wal: value = ticks/s with the WAL on (GROUP; the final keel_uow_flush is timed), baseline = "
+    note(cfg, "wal_min: value = ticks/s with the WAL on (GROUP; the final keel_uow_flush is timed), baseline = "
               "ticks/s with durable.dir NULL; *_bytes: WAL bytes per changed value row, stored (zstd, 48-byte "
               "record headers and lifecycle/commit records included) vs raw payload; wal_compression = raw / "
               "stored; wal_cpu: process CPU time per tick (all threads), default level vs WAL off; fence: the "
@@ -309,6 +306,7 @@ static void wal_report_default(const config *cfg, double med[NWAL][WAL_NMETRICS]
 
 void bench_wal(const config *cfg)
 {
+    bench_wal_world(cfg);
     double med[NWAL][WAL_NMETRICS];
     wal_rounds(cfg, NWAL, med);
     for (size_t c = 1; c < NWAL; c++)
@@ -316,10 +314,11 @@ void bench_wal(const config *cfg)
     wal_report_default(cfg, med);
 }
 
-/* The default level against WAL off only (bench_wal reports the same figures
- * and more). */
+/* The demo, and the synthetic workload at the default level against WAL off
+ * only (bench_wal reports the same figures and more). */
 void bench_fence(const config *cfg)
 {
+    bench_wal_world(cfg);
     double med[NWAL][WAL_NMETRICS];
     wal_rounds(cfg, NWAL_FENCE, med);
     wal_report_config(cfg, med, 1);
@@ -440,7 +439,7 @@ void bench_checkpoint(const config *cfg)
                    .no_target = true };
     report(cfg, &j50);
     report(cfg, &j99);
-    note(cfg, "checkpoint: the wal figure's workload, WAL on (GROUP), %u timed ticks per measurement: tick time = "
+    note(cfg, "checkpoint: the wal_min figure's workload, WAL on (GROUP), %u timed ticks per measurement: tick time = "
               "keel_runtime_step wall time; ckpt_cpu = process CPU per tick; value = checkpoint_every_ticks %d "
               "(%.1f checkpoints per measurement), baseline = no checkpoints; SPEC §8 asks for no stall and sets "
               "no number", CKPT_TICKS, CKPT_EVERY, (double)checkpoints / R);
