@@ -43,25 +43,33 @@
  *
  * Durability figures. Each measurement opens a fresh runtime on a fresh data
  * directory (mkdtemp under $TMPDIR, default /tmp; removed afterwards).
- * bench_demo.c, the demo-like workload (100k entities, 10% of the durable
- * rows changing per tick, 5 spawns + 5 destroys, 2 workers, unthrottled):
- *  wal        ticks/s with the WAL on (GROUP, checkpoints off, the final
- *             keel_uow_flush timed) vs off (target: ratio >= 0.8), at the
- *             default zstd level (-1) and at levels 1, -5 and 3; *_bytes:
- *             WAL bytes per changed value row, stored vs raw;
- *             wal_compression: raw / stored; wal_cpu: CPU ms per tick.
- *  fence      the fence's wall time per tick (telemetry fence_ns) vs the
- *             whole WAL-off tick. `fence` alone measures the default level
- *             and WAL off only; `wal` reports the same figures.
+ * bench_world.c, the demo itself (tools/keel-world/world.c at 100k agents:
+ * about 10% of the durable rows change per tick, 8 IMMEDIATE trades per tick
+ * that `settle` waits for, 2 workers, unthrottled):
+ *  wal        ticks/s with the WAL on (GROUP, default zstd level, checkpoints
+ *             off, the final keel_uow_flush timed) vs off (target: ratio
+ *             >= 0.8); wal_cpu: CPU ms per tick; fence: the fence's wall
+ *             time per tick (telemetry fence_ns) vs the whole WAL-off tick;
+ *             wal_disk_bound: the ticks/s this disk admits at the tick's
+ *             stored WAL bytes (synced LMDB appends, 8 ticks per commit).
+ * bench_demo.c, a synthetic workload with the same share of changed rows
+ * and almost no work per tick (100k entities, pos+vel rewritten on 10% of
+ * the rows, 5 spawns + 5 destroys), which isolates the WAL's own cost:
+ *  wal_min    ticks/s WAL on vs off at the default zstd level (-1), and
+ *             wal_zstd1/-5/3 at other levels; *_bytes: WAL bytes per
+ *             changed value row, stored vs raw; wal_compression: raw /
+ *             stored; wal_min_cpu, fence_min as above. `fence` runs the
+ *             demo and the default level only; `wal` runs everything.
  *  checkpoint tick time p50/p99/max, ticks/s and CPU per tick with a
  *             checkpoint every CKPT_EVERY ticks vs none (SPEC §8: no stall,
  *             no number); ckpt_jitter_p50/p99: in the checkpointing run,
  *             ticks with a checkpoint in progress vs the others.
  * bench_commit.c, against one synced LMDB commit per 96-byte record:
- *  immediate  IMMEDIATE two-account transfers/s from 8 submitting threads
- *             while the main thread steps (target: ratio >= 20); p50/p99
- *             latency; immediate_w1 (1 in flight per thread) and
- *             immediate_1khz (TickDriver at 1 kHz).
+ *  immediate  IMMEDIATE two-account transfers/s from 8 submitting threads,
+ *             64 in flight each, while the main thread steps (target: ratio
+ *             >= 20); p50/p99 latency; for the record: immediate_w1 (1 in
+ *             flight per thread: at most 8 per synced commit, so about 8x at
+ *             best) and immediate_1khz (TickDriver at 1 kHz).
  *  commit     durable ticks/s of a tick changing 64 rows, GROUP
  *             (commit_group) and IMMEDIATE (commit_immediate) mode.
  *  recovery   keel_runtime_recover of 1M entities + 1000 ticks of WAL vs
