@@ -784,6 +784,151 @@ START_TEST(playback_many)
 }
 END_TEST
 
+/* ---- batched playback equals one command at a time ----------------------
+ * Playback prefetches what the next commands will touch in batches
+ * (command.c); that must never change what it does. One world applies a
+ * long mixed buffer (shuffled destroys, adds, removes, spawns into freed
+ * slots, stale and null targets) in one apply, the other the same commands
+ * one per apply, where no batch ever spans two commands. Receipts, counters,
+ * every slot, every table's row order and values, and the handles later
+ * spawns get (the free-slot order) must be identical. */
+
+#define EQ_ENTITIES 3000u
+#define EQ_COMMANDS 9000u
+
+static uint64_t eq_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Record command number i of the mixed workload, drawn from *rng, into cb;
+ * ents holds the handles the populate step created (in both worlds). */
+static void eq_record(keel_cmdbuf *cb, uint64_t *rng, const keel_entity *ents, uint32_t i)
+{
+    uint64_t r = eq_next(rng);
+    keel_entity e = ents[(r >> 8) % EQ_ENTITIES];
+    switch (r % 16) {
+    case 0: { /* spawn: takes the lowest free slot */
+        rec_spawn_pos(cb, (int32_t)i, 7);
+        break;
+    }
+    case 1: {
+        uint64_t hp = i;
+        ck_assert_ok(keel_cmd_add(cb, e, HP, &hp));
+        break;
+    }
+    case 2:
+        ck_assert_ok(keel_cmd_remove(cb, e, VEL));
+        break;
+    case 3:
+        ck_assert_ok(keel_cmd_add(cb, e, TAG, NULL));
+        break;
+    case 4:
+        ck_assert_ok(keel_cmd_destroy(cb, KEEL_ENTITY_NULL));
+        break;
+    default: /* destroys, often of an entity already destroyed (stale) */
+        ck_assert_ok(keel_cmd_destroy(cb, e));
+        break;
+    }
+}
+
+static void eq_populate(keel_world *w, keel_entity *ents)
+{
+    keel_cmdbuf *cb = make_cb(w);
+    for (uint32_t i = 0; i < EQ_ENTITIES; i++) {
+        pos_t p = {(int32_t)i, -(int32_t)i};
+        vel_t v = {(int32_t)(i % 5), 1};
+        uint64_t hp = i * 3u;
+        keel_init in[3] = {{POS, &p}, {VEL, &v}, {HP, &hp}};
+        ck_assert_ok(keel_cmd_spawn(cb, in, i % 3 == 0 ? 3 : 2)); /* two tables */
+    }
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    memcpy(ents, keel_cmdbuf_result(cb).created, EQ_ENTITIES * sizeof *ents);
+    keel_cmdbuf_destroy(cb);
+}
+
+static void eq_assert_same_layout(const keel_world *a, const keel_world *b)
+{
+    ck_assert_uint_eq(a->nslots, b->nslots);
+    ck_assert_uint_eq(a->nlive, b->nlive);
+    for (uint32_t i = 0; i < a->nslots; i++) {
+        const world_slot *sa = world_slot_at(a, i), *sb = world_slot_at(b, i);
+        ck_assert_uint_eq(sa->gen, sb->gen);
+        ck_assert_uint_eq(sa->table, sb->table);
+        if (sa->table != WORLD_NO_TABLE)
+            ck_assert_uint_eq(sa->row, sb->row);
+    }
+    ck_assert_uint_eq(a->ntables, b->ntables);
+    for (uint32_t id = 0; id < a->ntables; id++) {
+        const world_table *ta = a->tables[id], *tb = b->tables[id];
+        ck_assert(compset_eq(&ta->set, &tb->set));
+        ck_assert_uint_eq(ta->count, tb->count);
+        for (uint32_t row = 0; row < ta->count; row++) {
+            const world_chunk *ca = ta->chunks[row >> a->chunk_shift], *cbk = tb->chunks[row >> b->chunk_shift];
+            ck_assert_uint_eq(ca->entities[row & a->chunk_mask], cbk->entities[row & b->chunk_mask]);
+            for (uint32_t c = 0; c < ta->ncols; c++)
+                if (ta->cols[c].size)
+                    ck_assert_int_eq(memcmp(world_cell(a, ta, c, row), world_cell(b, tb, c, row), ta->cols[c].size), 0);
+        }
+    }
+    ck_assert_uint_eq(keel_world_hash(a), keel_world_hash(b));
+}
+
+START_TEST(playback_batched_equals_one_by_one)
+{
+    keel_world *wa = make_world(), *wb = make_world();
+    static keel_entity ents_a[EQ_ENTITIES], ents_b[EQ_ENTITIES];
+    eq_populate(wa, ents_a);
+    eq_populate(wb, ents_b);
+    ck_assert_int_eq(memcmp(ents_a, ents_b, sizeof ents_a), 0);
+
+    keel_cmdbuf *ca = make_cb(wa), *cbb = make_cb(wb);
+    uint64_t rng_a = 0x9e3779b97f4a7c15ull, rng_b = rng_a;
+    for (uint32_t i = 0; i < EQ_COMMANDS; i++)
+        eq_record(ca, &rng_a, ents_a, i);
+    ck_assert_ok(keel_cmdbuf_apply(ca)); /* batched: all at once */
+    for (uint32_t i = 0; i < EQ_COMMANDS; i++) {
+        eq_record(cbb, &rng_b, ents_b, i);
+        ck_assert_ok(keel_cmdbuf_apply(cbb)); /* one at a time */
+    }
+
+    keel_cmd_result ra = keel_cmdbuf_result(ca), rb = keel_cmdbuf_result(cbb);
+    ck_assert_uint_eq(ra.created_count, rb.created_count);
+    ck_assert_int_eq(memcmp(ra.created, rb.created, ra.created_count * sizeof *ra.created), 0);
+    ck_assert_uint_eq(ra.spawned, rb.spawned);
+    ck_assert_uint_eq(ra.destroyed, rb.destroyed);
+    ck_assert_uint_eq(ra.added, rb.added);
+    ck_assert_uint_eq(ra.removed, rb.removed);
+    ck_assert_uint_eq(ra.ignored_null, rb.ignored_null);
+    ck_assert_uint_eq(ra.ignored_stale, rb.ignored_stale);
+    ck_assert_uint_eq(ra.ignored_absent, rb.ignored_absent);
+    ck_assert_uint_gt(ra.destroyed, EQ_ENTITIES / 2); /* the workload did destroy in bulk */
+    ck_assert_uint_gt(ra.ignored_stale, 0);
+    eq_assert_same_layout(wa, wb);
+
+    /* the free-slot order: later spawns get the same handles */
+    ck_assert_ok(keel_cmdbuf_reset(ca));
+    ck_assert_ok(keel_cmdbuf_reset(cbb));
+    for (uint32_t i = 0; i < EQ_ENTITIES; i++) {
+        rec_spawn_pos(ca, 1, 2);
+        rec_spawn_pos(cbb, 1, 2);
+    }
+    ck_assert_ok(keel_cmdbuf_apply(ca));
+    ck_assert_ok(keel_cmdbuf_apply(cbb));
+    ck_assert_int_eq(memcmp(keel_cmdbuf_result(ca).created, keel_cmdbuf_result(cbb).created,
+                            EQ_ENTITIES * sizeof(keel_entity)), 0);
+    eq_assert_same_layout(wa, wb);
+
+    keel_cmdbuf_destroy(ca);
+    keel_cmdbuf_destroy(cbb);
+    keel_world_destroy(wa);
+    keel_world_destroy(wb);
+}
+END_TEST
+
 START_TEST(playback_hash_history_independent)
 {
     /* an entity that moved out of a table and back hashes like one that never
@@ -1677,6 +1822,7 @@ static Suite *playback_suite(void)
     tcase_add_test(tc, playback_empty_noop);
     tcase_add_test(tc, playback_destroy_clears);
     tcase_add_test(tc, playback_many);
+    tcase_add_test(tc, playback_batched_equals_one_by_one);
     tcase_add_test(tc, playback_hash_history_independent);
     suite_add_tcase(s, tc);
     return s;

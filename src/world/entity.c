@@ -43,11 +43,9 @@ static int grow_slots(keel_world *w)
     return KEEL_OK;
 }
 
-int entity_own_slot(keel_world *w, uint32_t idx)
+/* The slow path of entity_own_slot: page p is shared with the view. */
+int entity_copy_page(keel_world *w, uint32_t p)
 {
-    uint32_t p = idx >> WORLD_PAGE_SHIFT;
-    if (w->pages[p] != w->pub_pages[p])
-        return KEEL_OK;
     world_slot *copy = malloc(WORLD_PAGE_SLOTS * sizeof *copy);
     if (!copy)
         return core_fail(KEEL_ENOMEM, "out of memory copying a page of the entity index");

@@ -22,10 +22,9 @@
 
 #include "world/world_internal.h"
 
-int version_reserve_retire(keel_world *w, uint32_t n)
+/* The slow path of version_reserve_retire: grow the list. */
+int version_grow_retired(keel_world *w, uint32_t n)
 {
-    if (w->nretired + n <= w->retired_cap)
-        return KEEL_OK;
     uint32_t cap = w->retired_cap ? w->retired_cap * 2 : 64;
     while (cap < w->nretired + n)
         cap *= 2;

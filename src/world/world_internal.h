@@ -246,8 +246,14 @@ int entity_reserve(keel_world *w);                  /* ensure one allocation can
 keel_entity entity_alloc(keel_world *w);            /* after entity_reserve: cannot fail */
 void entity_free(keel_world *w, uint32_t index);    /* bumps the generation; page owned */
 void entity_index_fini(keel_world *w);
-/* Make the page of slot idx writable (copy it when the view shares it). */
-int entity_own_slot(keel_world *w, uint32_t idx);
+/* Make the page of slot idx writable (copy it when the view shares it).
+ * Inline: every destroy asks twice, and the page is nearly always owned. */
+int entity_copy_page(keel_world *w, uint32_t page);
+static inline int entity_own_slot(keel_world *w, uint32_t idx)
+{
+    uint32_t p = idx >> WORLD_PAGE_SHIFT;
+    return w->pages[p] != w->pub_pages[p] ? KEEL_OK : entity_copy_page(w, p);
+}
 /* A slot for writing: its page must be owned (entity_own_slot). */
 static inline world_slot *entity_slot_w(keel_world *w, uint32_t idx)
 {
@@ -281,7 +287,11 @@ int version_own_chunk(keel_world *w, const world_table *t, world_chunk *ch);
 /* A buffer the live world stopped using: freed now when the view does not
  * hold it, else with the view (never fails: the list is grown ahead). */
 void version_drop(keel_world *w, void *buf, const void *pub);
-int version_reserve_retire(keel_world *w, uint32_t n);
+int version_grow_retired(keel_world *w, uint32_t n);
+static inline int version_reserve_retire(keel_world *w, uint32_t n)
+{
+    return w->nretired + n <= w->retired_cap ? KEEL_OK : version_grow_retired(w, n);
+}
 /* Free a chunk's buffers (retiring those the view holds). */
 void version_free_chunk(keel_world *w, const world_table *t, world_chunk *ch);
 
