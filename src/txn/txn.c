@@ -8,8 +8,8 @@
  *     system `rewrites`, a buffer left as it is) in the column's spare
  *     buffer or a new allocation (world/version.c "Recycling"), then
  *     CAS(priv, NULL -> copy). The tasks of one parallel system may race to
- *     the same chunk column through keel_txn_set; the loser frees its copy
- *     and uses the winner's. Only the system now writing the component can
+ *     the same chunk column through keel_txn_set; the loser gives its buffer
+ *     back as the spare (or frees it) and uses the winner's. Only the system now writing the component can
  *     have a priv: the schedule orders every two writers of a component.
  *     The copy and the CAS happen under side_lock so that a side
  *     transaction committing into the same chunk (side.c) either precedes
