@@ -3275,6 +3275,138 @@ START_TEST(test_writer_transfers_crash)
 }
 END_TEST
 
+/* ---- recycling with checkpoints (world/version.c "Recycling") ------------------------ */
+
+/* A world whose VERSIONED a, b (a + b == K) are rewritten every tick by a
+ * parallel query system while periodic checkpoints run in the background:
+ * publication must not recycle a buffer a running checkpoint still reads.
+ * RCK_BULK more entities hold only `bulk`, never written after the spawn:
+ * they lengthen every checkpoint's serialisation, so that some
+ * publications happen while buffers are pinned (how many depends on the
+ * threads' timing: the checks hold either way). Spawned on tick 1 with
+ * a = i; after tick T every a is i + T - 1; the state recovered from the
+ * last checkpoint and the WAL after it is the same. */
+enum { RCK_N = 2000, RCK_BULK = 120000 };
+#define RCK_K 1000000000ll
+
+typedef struct rck_world {
+    keel_runtime *rt;
+    keel_component a, b, bulk;
+    keel_query *q;
+} rck_world;
+
+static int rck_spawn(keel_ctx *ctx, void *user)
+{
+    rck_world *r = user;
+    if (keel_ctx_tick(ctx) != 1)
+        return 0;
+    keel_cmdbuf *cb = keel_ctx_commands(ctx);
+    for (int64_t i = 0; i < RCK_N; i++) {
+        int64_t a = i, b = RCK_K - i;
+        int rc = keel_cmd_spawn(cb, (keel_init[]){{r->a, &a}, {r->b, &b}}, 2);
+        if (rc)
+            return rc;
+    }
+    for (int64_t i = 0; i < RCK_BULK; i++) {
+        int rc = keel_cmd_spawn(cb, (keel_init[]){{r->bulk, &i}}, 1);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int rck_rewrite(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)ctx;
+    (void)user;
+    int64_t *a = KEEL_COLUMN(it, int64_t, 0), *b = KEEL_COLUMN(it, int64_t, 1);
+    const int64_t *a0 = it->prev[0], *b0 = it->prev[1];
+    for (uint32_t i = 0; i < it->count; i++) {
+        a[i] = a0[i] + 1;
+        b[i] = b0[i] - 1;
+    }
+    return 0;
+}
+
+static void rck_open(rck_world *r, const keel_runtime_desc *d)
+{
+    r->rt = rt_create(d);
+    r->a = reg_i64(r->rt, "a", KEEL_VERSIONED);
+    r->b = reg_i64(r->rt, "b", KEEL_VERSIONED);
+    r->bulk = reg_i64(r->rt, "bulk", KEEL_VERSIONED);
+    ck_assert_ok(keel_query_create(keel_runtime_world(r->rt), &(keel_query_desc){.with = {r->a, r->b}}, &r->q));
+    keel_schedule *s = NULL;
+    ck_assert_ok(keel_schedule_create(r->rt, &s));
+    keel_system_desc rw = {.name = "rewrite", .kind = KEEL_SYSTEM_QUERY, .each_chunk = rck_rewrite,
+                           .query = {.with = {r->a, r->b}}, .parallel = true,
+                           .access = {.rewrites = {r->a, r->b}}};
+    keel_system_desc sp = {.name = "spawn", .run = rck_spawn, .user = r};
+    ck_assert_ok(keel_schedule_add_system(s, &rw, NULL));
+    ck_assert_ok(keel_schedule_add_system(s, &sp, NULL));
+    install(r->rt, s);
+}
+
+static void rck_close(rck_world *r)
+{
+    keel_query_destroy(r->q);
+    keel_runtime_close(r->rt);
+}
+
+/* Every entity is at tick t: a == i + t - 1 for the i-th value, a + b == K. */
+static void rck_expect(const rck_world *r, uint64_t t)
+{
+    static uint8_t seen[RCK_N];
+    memset(seen, 0, sizeof seen);
+    uint32_t n = 0;
+    keel_iter it;
+    keel_query_iter(r->q, &it);
+    while (keel_iter_next(&it)) {
+        const int64_t *a = KEEL_COLUMN(&it, const int64_t, 0), *b = KEEL_COLUMN(&it, const int64_t, 1);
+        for (uint32_t k = 0; k < it.count; k++, n++) {
+            int64_t i = a[k] - (int64_t)t + 1;
+            ck_assert_msg(i >= 0 && i < RCK_N && !seen[i], "tick %llu: a = %lld", (unsigned long long)t,
+                          (long long)a[k]);
+            seen[i] = 1;
+            ck_assert_int_eq(a[k] + b[k], RCK_K);
+        }
+    }
+    ck_assert_uint_eq(n, RCK_N);
+}
+
+START_TEST(test_recycle_with_checkpoints)
+{
+    enum { TICKS = 60, MORE = 10 };
+    char dir[256];
+    tu_path(dir, sizeof dir, "recycle-ckpt");
+    keel_runtime_desc d = desc_dir(dir, 2, 256, KEEL_DURABLE_DEFERRED);
+    d.durable.checkpoint_every_ticks = 2;
+    rck_world r;
+    rck_open(&r, &d);
+    ck_assert_ok(keel_runtime_recover(r.rt, NULL));
+    for (uint64_t t = 1; t <= TICKS; t++) {
+        ck_assert_ok(keel_runtime_step(r.rt));
+        if (t >= 2)
+            rck_expect(&r, t);
+    }
+    ck_assert_uint_gt(stats_of(r.rt).checkpoints, 3);
+    ck_assert_ok(keel_uow_flush(r.rt));
+    rck_close(&r);
+
+    /* the last checkpoint and the WAL after it give the same state back */
+    rck_open(&r, &d);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(r.rt, &info));
+    ck_assert_uint_eq(info.tick, TICKS);
+    ck_assert_uint_gt(info.checkpoint_tick, 0);
+    rck_expect(&r, TICKS);
+    for (uint64_t t = TICKS + 1; t <= TICKS + MORE; t++) {
+        ck_assert_ok(keel_runtime_step(r.rt));
+        rck_expect(&r, t);
+    }
+    rck_close(&r);
+}
+END_TEST
+
 /* ==== suites ========================================================================== */
 
 static TCase *tcase_with_dirs(const char *name, int timeout)
@@ -3303,6 +3435,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_recover_again_after_ticks);
     tcase_add_test(tc, test_durable_lag_while_writer_blocked);
     tcase_add_test(tc, test_idle_ticks_checkpoint);
+    tcase_add_test(tc, test_recycle_with_checkpoints);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -15,6 +15,12 @@
  *                    TickDriver runs hundreds of ticks with structural churn;
  *                    a reader holding a view does not block ticks and finds
  *                    its view unchanged after them.
+ *   view_recycle     world/version.c's recycling of rewritten columns: without
+ *                    readers a column alternates between two buffers (no
+ *                    third appears: memory does not grow); a held view's
+ *                    buffers are never recycled and its values stay intact
+ *                    across many ticks of rewrites; readers coming and going
+ *                    never see a value change under their view.
  *
  * The simulation ("sim"): every entity has VERSIONED a, b (a + b == K),
  * self (its own handle, filled in by the `fixup` system on the tick after
@@ -1232,4 +1238,277 @@ static Suite *view_concurrent(void)
     return s;
 }
 
-KEEL_TEST_MAIN(view_basic, view_concurrent)
+/* ---- recycling (world/version.c "Recycling") ------------------------------------ */
+
+/* The recycling world: RC_N entities with VERSIONED a, b (a + b == K, a ==
+ * a0 + tick for an entity whose a was a0 at tick 0), chunks of 32 rows,
+ * one parallel query system that `rewrites` both every tick. */
+enum { RC_N = 300, RC_MAXCOLS = 64 };
+
+typedef struct rc_world {
+    keel_runtime *rt;
+    keel_world *w;
+    keel_component a, b;
+    keel_entity e[RC_N];
+    int64_t a0[RC_N];
+} rc_world;
+
+static int sys_rewrite(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)ctx;
+    (void)user;
+    int64_t *a = KEEL_COLUMN(it, int64_t, 0), *b = KEEL_COLUMN(it, int64_t, 1);
+    const int64_t *a0 = it->prev[0], *b0 = it->prev[1];
+    for (uint32_t r = 0; r < it->count; r++) {
+        a[r] = a0[r] + 1;
+        b[r] = b0[r] - 1;
+    }
+    return 0;
+}
+
+static void rc_init(rc_world *r, int32_t workers)
+{
+    memset(r, 0, sizeof *r);
+    keel_runtime_desc d = {.workers = workers, .tick_rate_hz = -1, .world = {.chunk_rows = 32}};
+    ck_assert_ok(keel_runtime_create(&d, &r->rt));
+    r->w = keel_runtime_world(r->rt);
+    r->a = reg_comp(r->w, "a", 8, KEEL_VERSIONED, i64_field);
+    r->b = reg_comp(r->w, "b", 8, KEEL_VERSIONED, i64_field);
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(r->w, &cb));
+    for (uint32_t i = 0; i < RC_N; i++) {
+        int64_t a = (int64_t)i * 7 - 1000, b = K_SUM - a;
+        ck_assert_ok(keel_cmd_spawn(cb, (keel_init[]){{r->a, &a}, {r->b, &b}}, 2));
+    }
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).created_count, RC_N);
+    memcpy(r->e, keel_cmdbuf_result(cb).created, sizeof r->e);
+    keel_cmdbuf_destroy(cb);
+    for (uint32_t i = 0; i < RC_N; i++)
+        r->a0[i] = (int64_t)i * 7 - 1000;
+    keel_schedule *sc = sched_new(r->rt);
+    keel_system_desc rw = {.name = "rewrite", .kind = KEEL_SYSTEM_QUERY, .each_chunk = sys_rewrite,
+                           .query = {.with = {r->a, r->b}}, .parallel = true, .min_chunk_rows = 16,
+                           .access = {.rewrites = {r->a, r->b}}};
+    add_sys(sc, &rw);
+    ck_assert_ok(keel_schedule_build(sc));
+    ck_assert_ok(keel_runtime_set_schedule(r->rt, sc));
+}
+
+/* The column versions of the table holding a and b, in chunk order. */
+static uint32_t rc_colvers(const rc_world *r, world_colver **out)
+{
+    uint32_t n = 0;
+    for (uint32_t id = 0; id < r->w->ntables; id++) {
+        const world_table *t = r->w->tables[id];
+        if (!t->col_of[r->a] || !t->col_of[r->b])
+            continue;
+        for (uint32_t k = 0; k < t->nchunks; k++)
+            for (uint32_t c = 0; c < t->ncols; c++) {
+                ck_assert_uint_lt(n, RC_MAXCOLS);
+                out[n++] = &t->chunks[k]->cols[c];
+            }
+    }
+    return n;
+}
+
+static void *rc_spare(world_colver *v)
+{
+    return atomic_load_explicit(&v->spare, memory_order_relaxed);
+}
+
+/* Every entity's a and b, through the view v, are the values of tick `tick`. */
+static uint32_t rc_view_bad(const rc_world *r, const keel_view *v, uint64_t tick)
+{
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < RC_N; i++) {
+        int64_t a = 0, b = 0;
+        if (keel_view_get(v, r->e[i], r->a, &a) || keel_view_get(v, r->e[i], r->b, &b) ||
+            a != r->a0[i] + (int64_t)tick || a + b != K_SUM)
+            bad++;
+    }
+    return bad;
+}
+
+/* Without readers a rewritten column alternates between two buffers: the
+ * spare after a publication is the buffer of the tick before, the next
+ * tick writes it; no new buffer appears after the first tick, so memory
+ * does not grow; every value is right. */
+static void run_recycle_alternates(int32_t workers)
+{
+    enum { TICKS = 40 };
+    rc_world r;
+    rc_init(&r, workers);
+    world_colver *cv[RC_MAXCOLS];
+    uint32_t n = rc_colvers(&r, cv);
+    ck_assert_uint_eq(n, 2 * ((RC_N + 31) / 32));
+    ck_assert_ok(keel_runtime_step(r.rt));
+    void *prev[RC_MAXCOLS], *pool[2 * RC_MAXCOLS];
+    for (uint32_t i = 0; i < n; i++) {
+        prev[i] = colver_cur(cv[i]);
+        ck_assert_ptr_eq(cv[i]->pub, prev[i]);
+        ck_assert_ptr_nonnull(rc_spare(cv[i])); /* the populated buffer, unreachable now */
+        pool[2 * i] = prev[i];
+        pool[2 * i + 1] = rc_spare(cv[i]);
+    }
+    for (uint64_t t = 2; t <= TICKS; t++) {
+        ck_assert_ok(keel_runtime_step(r.rt));
+        for (uint32_t i = 0; i < n; i++) {
+            void *cur = colver_cur(cv[i]);
+            ck_assert_ptr_eq(cv[i]->pub, cur);
+            ck_assert_ptr_eq(rc_spare(cv[i]), prev[i]); /* last tick's, recycled */
+            ck_assert_ptr_ne(cur, prev[i]);
+            ck_assert(cur == pool[2 * i] || cur == pool[2 * i + 1]); /* no third buffer */
+            ck_assert_ptr_null(atomic_load(&cv[i]->priv));
+            prev[i] = cur;
+        }
+        const keel_view *v = NULL;
+        ck_assert_ok(keel_read_begin(r.rt, &v));
+        ck_assert_uint_eq(keel_view_tick(v), t);
+        ck_assert_uint_eq(rc_view_bad(&r, v, t), 0);
+        keel_read_end(v);
+    }
+    for (uint32_t i = 0; i < RC_N; i++) {
+        int64_t a = 0;
+        ck_assert_ok(keel_get(r.w, r.e[i], r.a, &a));
+        ck_assert_int_eq(a, r.a0[i] + TICKS);
+    }
+    keel_runtime_close(r.rt);
+}
+
+START_TEST(test_recycle_alternates_serial)
+{
+    run_recycle_alternates(1);
+}
+END_TEST
+
+START_TEST(test_recycle_alternates_parallel)
+{
+    run_recycle_alternates(2);
+}
+END_TEST
+
+/* A view held across many ticks of rewrites: no buffer it holds ever
+ * becomes a spare or a new version, and its values stay those of its
+ * tick; once it is released, recycling resumes. */
+START_TEST(test_recycle_skips_held_view)
+{
+    enum { HOLD = 25 };
+    rc_world r;
+    rc_init(&r, 2);
+    world_colver *cv[RC_MAXCOLS];
+    uint32_t n = rc_colvers(&r, cv);
+    for (int i = 0; i < 3; i++)
+        ck_assert_ok(keel_runtime_step(r.rt));
+    const keel_view *held = NULL;
+    ck_assert_ok(keel_read_begin(r.rt, &held));
+    ck_assert_uint_eq(keel_view_tick(held), 3);
+    void *in_view[RC_MAXCOLS];
+    for (uint32_t i = 0; i < n; i++)
+        in_view[i] = cv[i]->pub;
+    for (uint32_t s = 0; s < HOLD; s++) {
+        ck_assert_ok(keel_runtime_step(r.rt));
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t j = 0; j < n; j++) {
+                ck_assert_ptr_ne(rc_spare(cv[i]), in_view[j]);
+                ck_assert_ptr_ne(colver_cur(cv[i]), in_view[j]);
+            }
+        ck_assert_uint_eq(rc_view_bad(&r, held, 3), 0);
+    }
+    ck_assert_uint_eq(keel_view_tick(held), 3);
+    keel_read_end(held);
+    ck_assert_ok(keel_runtime_step(r.rt));
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_ptr_nonnull(rc_spare(cv[i]));
+    keel_runtime_close(r.rt);
+}
+END_TEST
+
+typedef struct rc_reader {
+    const rc_world *r;
+    _Atomic bool *stop;
+    _Atomic uint32_t views;
+    uint32_t bad, ticks_seen;
+} rc_reader;
+
+static void *rc_reader_main(void *arg)
+{
+    rc_reader *rd = arg;
+    uint64_t last = 0;
+    while (!atomic_load(rd->stop)) {
+        const keel_view *v = NULL;
+        if (keel_read_begin(rd->r->rt, &v)) {
+            rd->bad++;
+            break;
+        }
+        uint64_t t = keel_view_tick(v);
+        rd->bad += rc_view_bad(rd->r, v, t);
+        rd->bad += rc_view_bad(rd->r, v, t); /* twice: a write under the view shows as a change */
+        keel_read_end(v);
+        uint32_t views = atomic_fetch_add(&rd->views, 1) + 1;
+        rd->ticks_seen += t != last;
+        last = t;
+        for (uint32_t i = 0; i < views % 4; i++)
+            sched_yield(); /* leave ticks without readers, so both publication paths run */
+    }
+    return NULL;
+}
+
+/* Readers come and go while the runtime rewrites every tick on two
+ * workers: a view is never written under its reader (values match its
+ * tick, twice), whichever path each publication took. */
+START_TEST(test_recycle_readers_concurrent)
+{
+    enum { TICKS = 400, READERS = 2 };
+    rc_world r;
+    rc_init(&r, 2);
+    ck_assert_ok(keel_runtime_step(r.rt)); /* the view of tick 0 is empty */
+    _Atomic bool stop = false;
+    rc_reader rd[READERS];
+    pthread_t th[READERS];
+    for (int i = 0; i < READERS; i++) {
+        rd[i] = (rc_reader){.r = &r, .stop = &stop};
+        ck_assert_int_eq(pthread_create(&th[i], NULL, rc_reader_main, &rd[i]), 0);
+    }
+    /* at least TICKS more ticks, and on until every reader has opened a
+     * few views (the deadline turns a stuck reader into a failure below) */
+    int rc = KEEL_OK;
+    uint64_t deadline = now_ns() + GUARD_NS, ticks = 1;
+    for (bool more = true; more && !rc;) {
+        rc = keel_runtime_step(r.rt);
+        ticks++;
+        more = ticks <= TICKS;
+        for (int i = 0; i < READERS; i++)
+            more = more || atomic_load(&rd[i].views) < 20;
+        more = more && now_ns() < deadline;
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < READERS; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_ok(rc);
+    for (int i = 0; i < READERS; i++) {
+        ck_assert_uint_eq(rd[i].bad, 0);
+        ck_assert_uint_ge(atomic_load(&rd[i].views), 20);
+    }
+    const keel_view *v = NULL;
+    ck_assert_ok(keel_read_begin(r.rt, &v));
+    ck_assert_uint_eq(rc_view_bad(&r, v, ticks), 0);
+    keel_read_end(v);
+    keel_runtime_close(r.rt);
+}
+END_TEST
+
+static Suite *view_recycle(void)
+{
+    Suite *s = suite_create("view_recycle");
+    TCase *tc = tcase_create("recycle");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_recycle_alternates_serial);
+    tcase_add_test(tc, test_recycle_alternates_parallel);
+    tcase_add_test(tc, test_recycle_skips_held_view);
+    tcase_add_test(tc, test_recycle_readers_concurrent);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(view_basic, view_concurrent, view_recycle)

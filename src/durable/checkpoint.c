@@ -162,6 +162,11 @@ static void pin_add(dur_pin *p, void *buf)
     }
 }
 
+bool dur_pin_active(keel_runtime *rt)
+{
+    return rt->dur && atomic_load_explicit(&rt->dur->pin, memory_order_acquire);
+}
+
 bool dur_pin_hold(keel_runtime *rt, void *buf)
 {
     dur_state *d = rt->dur;

@@ -194,6 +194,9 @@ void ckpt_job_free(ckpt_job *job);
 /* View reclamation: true when buf belongs to an in-flight checkpoint (it
  * is then freed when the checkpoint has read it). */
 bool dur_pin_hold(keel_runtime *rt, void *buf);
+/* A checkpoint pins published buffers now (the publisher's question only:
+ * pins are taken on its thread, so the answer cannot turn true under it). */
+bool dur_pin_active(keel_runtime *rt);
 /* Record what a loaded snap chunk holds (recovery), so the next checkpoint
  * skips it when unchanged. */
 int ckpt_stored_note(dur_state *d, const void *key, size_t klen, uint64_t hash);

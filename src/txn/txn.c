@@ -4,11 +4,12 @@
  *
  * Protocol for a VERSIONED chunk column (world_colver in world_internal.h):
  *
- *   first write in a transaction: allocate a copy of `cur` (or, for a
- *     column the system `rewrites`, an uninitialised buffer), then
+ *   first write in a transaction: a copy of `cur` (or, for a column the
+ *     system `rewrites`, a buffer left as it is) in the column's spare
+ *     buffer or a new allocation (world/version.c "Recycling"), then
  *     CAS(priv, NULL -> copy). The tasks of one parallel system may race to
- *     the same chunk column through keel_txn_set; the loser frees its copy
- *     and uses the winner's. Only the system now writing the component can
+ *     the same chunk column through keel_txn_set; the loser gives its buffer
+ *     back as the spare (or frees it) and uses the winner's. Only the system now writing the component can
  *     have a priv: the schedule orders every two writers of a component.
  *     The copy and the CAS happen under side_lock so that a side
  *     transaction committing into the same chunk (side.c) either precedes
@@ -73,7 +74,7 @@ static void *private_column(keel_ctx *ctx, const world_table *t, uint32_t chunk,
     if (txn_vec_reserve(&ctx->part->priv, 1))
         return NULL;
     uint32_t size = t->cols[col].size;
-    void *copy = storage_column_alloc(ch->capacity, size);
+    void *copy = version_new_buffer(v, ch->capacity, size); /* the spare, if any: version.c */
     if (!copy) {
         core_fail(KEEL_ENOMEM, "system '%s': out of memory copying a chunk of '%s'", ctx->name,
                   rt->world->comps[t->cols[col].c].name);
@@ -87,7 +88,7 @@ static void *private_column(keel_ctx *ctx, const world_table *t, uint32_t chunk,
                                                        memory_order_acquire);
     pthread_mutex_unlock(&rt->side_lock);
     if (!won) {
-        free(copy);
+        version_put_spare(v, copy);
         return expected;
     }
     txn_vec_push(&ctx->part->priv, (txn_touch){t->id, chunk, col});

@@ -26,7 +26,10 @@
  * seq_cst, so a count of 0 proves that every later reader loads the new
  * view (Dekker): the old one is freed at once instead of after a grace
  * period. This keeps a server without readers at two versions of a
- * rewritten column instead of three (the call_rcu thread lags a tick).
+ * rewritten column instead of three (the call_rcu thread lags a tick),
+ * and it is the proof world/version.c's recycling needs: with a count of
+ * 0 the buffers only the old view held become spares, the next writes'
+ * targets (with readers they retire with the old view, as before).
  * The view pointer is a C11 atomic rather than rcu_assign_pointer so that
  * ThreadSanitizer sees the publication; the grace period itself is
  * invisible to TSan (liburcu is not instrumented), so keel_read_end
@@ -87,24 +90,35 @@ static uint32_t retire_bound(const keel_world *w)
 }
 
 /* Make the chunk's published state its live state (retiring what the view
- * held and the live chunk no longer uses) and describe it in vc. */
-static void publish_chunk(keel_world *w, const world_table *t, world_chunk *ch, view_chunk *vc, void **cols)
+ * held and the live chunk no longer uses) and describe it in vc. With
+ * `recycle`, a replaced column buffer becomes the column's spare instead
+ * of retiring (world/version.c "Recycling" step 1; view_publish revokes
+ * the spares when it finds readers). */
+static void publish_chunk(keel_world *w, const world_table *t, world_chunk *ch, view_chunk *vc, void **cols,
+                          bool recycle)
 {
     bool shared = false; /* a buffer stays shared with views published before */
+    recycle = recycle && ch->pub_capacity == ch->capacity; /* a grown chunk's old buffers are too small */
     for (uint32_t i = 0; i < t->ncols; i++) {
         world_colver *v = &ch->cols[i];
         atomic_store_explicit(&v->changed, 0, memory_order_relaxed);
         cols[i] = NULL;
         if (!world_col_versioned(w, t, i))
             continue;
+        version_free_spare(v); /* unused for a tick: give the memory back */
         void *cur = colver_cur(v);
-        if (v->pub && v->pub != cur)
-            version_drop(w, v->pub, v->pub);
-        else if (v->pub)
+        if (v->pub && v->pub != cur) {
+            if (recycle)
+                atomic_store_explicit(&v->spare, v->pub, memory_order_release);
+            else
+                version_drop(w, v->pub, v->pub);
+        } else if (v->pub) {
             shared = true;
+        }
         v->pub = cur;
         cols[i] = cur;
     }
+    ch->pub_capacity = ch->capacity;
     if (ch->pub_entities && ch->pub_entities != ch->entities)
         version_drop(w, ch->pub_entities, ch->pub_entities);
     else if (ch->pub_entities)
@@ -116,7 +130,7 @@ static void publish_chunk(keel_world *w, const world_table *t, world_chunk *ch, 
     *vc = (view_chunk){ch->count, ch->entities, cols};
 }
 
-static keel_view *build_view(keel_world *w, uint64_t tick, unsigned char *mem)
+static keel_view *build_view(keel_world *w, uint64_t tick, unsigned char *mem, bool recycle)
 {
     keel_view *v = (keel_view *)mem;
     unsigned char *p = mem + sizeof *v;
@@ -138,7 +152,7 @@ static keel_view *build_view(keel_world *w, uint64_t tick, unsigned char *mem)
         for (uint32_t k = 0; k < t->nchunks; k++) {
             void **cols = (void **)p;
             p += (size_t)t->ncols * sizeof *cols;
-            publish_chunk(w, t, t->chunks[k], &chunks[k], cols);
+            publish_chunk(w, t, t->chunks[k], &chunks[k], cols, recycle);
         }
         tables[id] = (view_table){t, t->count, t->nchunks, chunks};
     }
@@ -169,17 +183,23 @@ int view_publish(keel_runtime *rt, uint64_t tick)
         free(mem);
         return core_fail(KEEL_ENOMEM, "out of memory publishing the view of tick %llu", (unsigned long long)tick);
     }
-    keel_view *view = build_view(w, tick, mem);
+    /* no recycling while a checkpoint pins published buffers: a pinned
+     * one must be freed by the pin's owner, and only once no view holds it */
+    bool recycle = !dur_pin_active(rt);
+    keel_view *view = build_view(w, tick, mem, recycle);
     view->rt = rt;
     keel_view *old = atomic_load_explicit(&rt->view, memory_order_relaxed);
+    atomic_store(&rt->view, view);
+    rt->pub_mutations = w->mutations;
+    bool alone = atomic_load(&rt->readers) == 0;
+    if (!alone && recycle)
+        version_revoke_spares(w); /* a reader may be reading them through old */
     /* everything retired so far was reachable from the old view only */
     old->garbage = w->retired;
     old->ngarbage = w->nretired;
     w->retired = NULL;
     w->nretired = w->retired_cap = 0;
-    atomic_store(&rt->view, view);
-    rt->pub_mutations = w->mutations;
-    if (atomic_load(&rt->readers) == 0)
+    if (alone)
         view_free(old);
     else {
         CORE_TSAN_RELEASE(&tsan_grace_token); /* orders the publisher's writes before view_reclaim */

@@ -165,6 +165,7 @@ static int chunk_grow(const keel_world *w, const world_table *t, world_chunk *ch
         if (!t->cols[i].size)
             continue;
         memcpy(colver_cur(&bigger->cols[i]), colver_cur(v), (size_t)ch->count * t->cols[i].size);
+        version_free_spare(v); /* sized for the old capacity */
         if (colver_cur(v) != v->pub)
             free(colver_cur(v));
         colver_set_cur(v, colver_cur(&bigger->cols[i]));
@@ -181,6 +182,7 @@ static int chunk_grow(const keel_world *w, const world_table *t, world_chunk *ch
 static void chunk_free(const world_table *t, world_chunk *ch)
 {
     for (uint32_t i = 0; i < t->ncols; i++) {
+        version_free_spare(&ch->cols[i]);
         if (ch->cols[i].pub != colver_cur(&ch->cols[i]))
             free(ch->cols[i].pub);
         free(colver_cur(&ch->cols[i]));

@@ -85,6 +85,10 @@ typedef struct world_component {
  *   priv -- the private version of the system transaction now writing the
  *           component (at most one: writers of a component are ordered), or
  *           NULL. Tasks of one parallel system install it with a CAS.
+ *   spare -- a retired buffer of this column that no view, reader or
+ *           checkpoint can reach any more, kept as the target of the next
+ *           write (version.c "Recycling"), or NULL. It is never cur, pub or
+ *           priv; whoever takes it swaps it out atomically.
  * The entity array follows the same rule (entities / pub_entities), and
  * pub_count is the row count the view holds: rows at or past it are not in
  * the view, so appending there needs no copy. SINGLE_VERSION and TRANSIENT
@@ -93,6 +97,7 @@ typedef struct world_colver {
     _Atomic(void *) cur;      /* atomic: a side transaction may replace it while tasks of its system read it */
     void *pub;
     _Atomic(void *) priv;
+    _Atomic(void *) spare;    /* atomic: tasks of one system, or a side transaction, may race to take it */
     _Atomic uint8_t changed;  /* in this tick's change set (txn/uow.c) */
 } world_colver;
 
@@ -100,6 +105,7 @@ typedef struct world_chunk {
     uint32_t count;             /* live rows in this chunk */
     uint32_t capacity;          /* rows allocated: chunk_rows, except a table's only chunk may be smaller */
     uint32_t pub_count;         /* rows in the published view */
+    uint32_t pub_capacity;      /* capacity when last published: a pub buffer of another size is not recycled */
     keel_entity *entities;      /* capacity handles */
     keel_entity *pub_entities;  /* the published entity array (== entities when shared) */
     world_colver cols[];        /* table->ncols versions (all NULL for tags) */
@@ -294,6 +300,18 @@ static inline int version_reserve_retire(keel_world *w, uint32_t n)
 }
 /* Free a chunk's buffers (retiring those the view holds). */
 void version_free_chunk(keel_world *w, const world_table *t, world_chunk *ch);
+/* Recycling (version.c): a buffer for a new version of column v -- its
+ * spare when it has one, else a fresh allocation (NULL: out of memory). */
+void *version_new_buffer(world_colver *v, uint32_t rows, uint32_t size);
+/* Give back a buffer that nobody but the caller can reach: it becomes v's
+ * spare, or is freed when v already has one. */
+void version_put_spare(world_colver *v, void *buf);
+/* Free v's spare, if any (single-threaded: the chunk is changing shape or
+ * going away, or publication trims an unused spare). */
+void version_free_spare(world_colver *v);
+/* Publication found readers: move every spare to the retired list (room
+ * reserved by the caller), since those buffers may still be in their view. */
+void version_revoke_spares(keel_world *w);
 
 /* component.c */
 void component_fini(keel_world *w);
