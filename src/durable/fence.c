@@ -42,58 +42,59 @@ _Static_assert((int)WORLD_OP_SPAWN == (int)KW_OP_SPAWN && (int)WORLD_OP_DESTROY 
 
 /* ---- value rows -> TICK_CHUNK payload ------------------------------------------------ */
 
-static int rows_payload(const txn_uow *u, size_t from, size_t to, kw_buf *out)
-{
-    /* groups of consecutive rows of one component: entities, then values */
-    size_t count_at = out->len;
-    uint32_t ngroups = 0;
-    int rc = kw_put_u32(out, 0);
-    size_t off = from;
-    while (!rc && off < to) {
-        uow_row first, r;
-        size_t probe = off;
-        uow_next_row(u, &probe, &first);
-        uint32_t n = 1;
-        size_t end = probe;
-        while (end < to) {
-            size_t q = end;
-            uow_next_row(u, &q, &r);
-            if (r.component != first.component)
-                break;
-            end = q;
-            n++;
-        }
-        rc = kw_put_u32(out, first.component);
-        rc = rc ? rc : kw_put_u32(out, first.size);
-        rc = rc ? rc : kw_put_u32(out, n);
-        rc = rc ? rc : kw_buf_reserve(out, (size_t)n * (8 + first.size));
-        if (rc)
-            break;
-        for (size_t q = off; q < end;) {
-            uow_next_row(u, &q, &r);
-            kw_put_u64(out, r.entity);
-        }
-        for (size_t q = off; q < end;) {
-            uow_next_row(u, &q, &r);
-            kw_put_bytes(out, r.value, r.size);
-        }
-        ngroups++;
-        off = end;
-    }
-    if (!rc)
-        for (int i = 0; i < 4; i++)
-            out->p[count_at + i] = (unsigned char)(ngroups >> (8 * i));
-    return rc;
-}
-
-/* ---- parallel serialisation ----------------------------------------------------------- */
+/* A position in the unit of work's value rows: a group's offset and a row
+ * inside it. A segment is [from, to); a group cut by a segment boundary is
+ * split into two groups (its first rows end one record, the rest start the
+ * next). */
+typedef struct fence_pos {
+    size_t group;
+    uint32_t row;
+} fence_pos;
 
 typedef struct fence_seg {
-    size_t from, to;           /* uow row offsets */
+    fence_pos from, to;
+    size_t raw;                /* the payload's length */
     kw_buf payload;            /* scratch */
     kw_buf rec;                /* the unsealed record */
     int rc;
 } fence_seg;
+
+/* Rows of group g in the segment s. */
+static void seg_piece(const fence_seg *s, const uow_group *g, size_t off, uint32_t *lo, uint32_t *hi)
+{
+    *lo = off == s->from.group ? s->from.row : 0;
+    *hi = off == s->to.group ? s->to.row : g->n;
+}
+
+/* The TICK_CHUNK payload of segment s: the captured groups are in the
+ * payload's layout already, so each piece is three bulk copies. */
+static int rows_payload(const txn_uow *u, const fence_seg *s, kw_buf *out)
+{
+    out->len = 0;
+    int rc = kw_buf_reserve(out, s->raw);
+    if (rc)
+        return rc;
+    unsigned char *p = out->p + 4;
+    uint32_t ngroups = 0;
+    for (size_t off = s->from.group; off < s->to.group || (off == s->to.group && s->to.row);) {
+        uow_group g = uow_group_at(u, off);
+        uint32_t lo, hi, n;
+        seg_piece(s, &g, off, &lo, &hi);
+        n = hi - lo;
+        uint32_t h[3] = {g.component, g.size, n};
+        memcpy(p, h, sizeof h);
+        memcpy(p + 12, g.entities + (size_t)lo * 8, (size_t)n * 8);
+        memcpy(p + 12 + (size_t)n * 8, g.values + (size_t)lo * g.size, (size_t)n * g.size);
+        p += 12 + (size_t)n * (8 + g.size);
+        ngroups++;
+        off = g.end;
+    }
+    memcpy(out->p, &ngroups, 4); /* little-endian host (keel_wal/record.c) */
+    out->len = (size_t)(p - out->p);
+    return KEEL_OK;
+}
+
+/* ---- parallel serialisation ----------------------------------------------------------- */
 
 typedef struct fence_job {
     keel_runtime *rt;
@@ -107,27 +108,57 @@ static void serialize_task(void *arg, uint32_t i, uint32_t worker)
     fence_job *j = arg;
     fence_seg *s = &j->segs[i];
     dur_state *d = j->rt->dur;
-    s->payload.len = 0;
-    s->rc = rows_payload(&j->rt->uow, s->from, s->to, &s->payload);
+    s->rc = rows_payload(&j->rt->uow, s, &s->payload);
     if (!s->rc)
         s->rc = kw_record_build_unsealed(d->codec[worker % d->ncodec], &s->rec, KW_KIND_TICK_CHUNK, j->tick, j->flags,
                                          s->payload.p, s->payload.len);
 }
 
-/* Cut rows [from, to) into segments of about DUR_RECORD_TARGET bytes. */
+/* Cut the groups of rows [from, to) into segments of about
+ * DUR_RECORD_TARGET payload bytes, splitting a group where a segment fills
+ * (at least one row per segment). Depends on the captured rows only, so
+ * the records are the same whatever the worker count. */
 static uint32_t cut_segments(const txn_uow *u, size_t from, size_t to, fence_seg **out)
 {
-    uint32_t cap = (uint32_t)((to - from) / DUR_RECORD_TARGET) + 2, n = 0;
-    fence_seg *segs = calloc(cap, sizeof *segs);
+    uint32_t cap = 2, n = 0;
+    fence_seg *segs = malloc(cap * sizeof *segs);
     if (!segs)
         return UINT32_MAX;
-    size_t off = from, start = from;
-    uow_row r;
-    while (off < to && uow_next_row(u, &off, &r)) {
-        if (off - start >= DUR_RECORD_TARGET || off >= to) {
-            segs[n++] = (fence_seg){.from = start, .to = off};
-            start = off;
+    fence_seg cur = {.from = {from, 0}, .raw = 4};
+    for (size_t off = from; off < to;) {
+        uow_group g = uow_group_at(u, off);
+        size_t row_bytes = 8 + (size_t)g.size;
+        for (uint32_t r = 0; r < g.n;) {
+            size_t room = cur.raw < DUR_RECORD_TARGET ? DUR_RECORD_TARGET - cur.raw : 0;
+            size_t fit = room > UOW_GROUP_HDR ? (room - UOW_GROUP_HDR) / row_bytes : 0;
+            uint32_t take = fit >= g.n - r ? g.n - r : fit ? (uint32_t)fit : cur.raw > 4 ? 0 : 1;
+            if (take) {
+                cur.raw += UOW_GROUP_HDR + take * row_bytes;
+                r += take;
+            }
+            if (r < g.n || cur.raw >= DUR_RECORD_TARGET) { /* full: close it here */
+                if (n == cap) {
+                    fence_seg *p = realloc(segs, (cap *= 2) * sizeof *segs);
+                    if (!p)
+                        return free(segs), UINT32_MAX;
+                    segs = p;
+                }
+                cur.to = r < g.n ? (fence_pos){off, r} : (fence_pos){g.end, 0};
+                segs[n++] = cur;
+                cur = (fence_seg){.from = cur.to, .raw = 4};
+            }
         }
+        off = g.end;
+    }
+    if (cur.raw > 4) {
+        if (n == cap) {
+            fence_seg *p = realloc(segs, (cap + 1) * sizeof *segs);
+            if (!p)
+                return free(segs), UINT32_MAX;
+            segs = p;
+        }
+        cur.to = (fence_pos){to, 0};
+        segs[n++] = cur;
     }
     *out = segs;
     return n;
@@ -265,7 +296,7 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t ro
     int rc = item ? gather(item, segs, nseg) : KEEL_ENOMEM;
     uint64_t raw = 0;
     for (uint32_t i = 0; i < nseg; i++)
-        raw += segs[i].payload.len;
+        raw += segs[i].raw;
     free_segs(segs, nseg);
     if (!rc)
         rc = lifecycle_records(rt, d->codec[0], life_from, tick, flags, &scratch, &item->recs, &nrec, &raw);

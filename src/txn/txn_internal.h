@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "keel/txn.h"
 #include "keel/view.h"
@@ -117,8 +118,10 @@ typedef struct uow_side {
  * applied, and at any time the side transactions committed this tick. */
 typedef struct txn_uow {
     bool capture;
-    unsigned char *rows;
+    unsigned char *rows;       /* value rows: groups in the TICK_CHUNK layout (uow.c) */
     size_t rows_len, rows_cap;
+    uint32_t *idx;             /* capture scratch: changed row indices of one chunk */
+    uint32_t idx_cap;
     size_t hook_rows_end;      /* rows before it are on_first_tick's (captured before its commands) */
     uint32_t nrows;
     world_lifecycle_log lifecycle;
@@ -141,8 +144,32 @@ void uow_fini(txn_uow *u);
 int uow_side_reserve(txn_uow *u, uint32_t nwrites, uint32_t value_bytes);
 void uow_side_begin(txn_uow *u, uint64_t seq, uint64_t tick, keel_durability mode, uint32_t nwrites);
 void uow_side_write(txn_uow *u, keel_entity e, keel_component c, uint32_t size, const void *value);
-/* Iterate the captured rows / side records: *off starts at 0. A side
- * record's writes are decoded with uow_next_row over [writes, writes_end). */
+/* The value rows are groups {u32 component, u32 size, u32 n, n u64
+ * entities, n values}, back to back in rows[0, rows_len): a group starts at
+ * every offset a capture or the hook's end (hook_rows_end) names. */
+#define UOW_GROUP_HDR 12u
+typedef struct uow_group {
+    keel_component component;
+    uint32_t size, n;
+    const unsigned char *entities, *values;
+    size_t end;                /* the next group's offset */
+} uow_group;
+
+static inline uow_group uow_group_at(const txn_uow *u, size_t off)
+{
+    uint32_t h[3];
+    memcpy(h, u->rows + off, sizeof h);
+    const unsigned char *e = u->rows + off + UOW_GROUP_HDR;
+    return (uow_group){h[0], h[1], h[2], e, e + (size_t)h[2] * 8,
+                       off + UOW_GROUP_HDR + (size_t)h[2] * (8 + (size_t)h[1])};
+}
+
+/* Iterate the captured rows / side records: *off starts at 0. A value-row
+ * cursor is a group's offset, with the row's index inside the group in the
+ * bits above UOW_ROW_SHIFT; after a group's last row it is the next group's
+ * offset (so a unit's end, rows_len or hook_rows_end, is reached exactly). */
+#define UOW_ROW_SHIFT 40
+#define UOW_OFF_MASK (((size_t)1 << UOW_ROW_SHIFT) - 1)
 bool uow_next_row(const txn_uow *u, size_t *off, uow_row *out);
 bool uow_next_side(const txn_uow *u, size_t *off, uow_side *out, size_t *writes_off);
 bool uow_next_side_row(const txn_uow *u, size_t *off, uow_row *out);

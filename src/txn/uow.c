@@ -14,9 +14,13 @@
  *   lifecycle   -- the commands the sync point applied, in order
  *                  (world_lifecycle_log, recorded by command playback).
  *   side records -- each side transaction's after-images, in commit order.
- * Rows are stored as records {entity u64, component u32, size u32, value
- * padded to 8}; side records as {seq u64, tick u64, mode u32, nwrites u32}
- * followed by nwrites row records.
+ * Value rows are stored as groups, one per captured chunk column, already
+ * in the TICK_CHUNK payload's group layout (docs/wal-format.md: u32
+ * component, u32 size, u32 n, n entity handles, n values), so the fence
+ * serialises a segment with a few bulk copies instead of a walk per row.
+ * Side records are {seq u64, tick u64, mode u32, nwrites u32} followed by
+ * nwrites row records {entity u64, component u32, size u32, value padded
+ * to 8}.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +94,53 @@ static inline bool row_equal(const unsigned char *a, const unsigned char *b, uin
     }
 }
 
+/* Pass 1 of a chunk column's capture: the indices of the rows to log
+ * (VERSIONED: those whose bytes differ from the tick-start version). */
+static uint32_t changed_rows(const unsigned char *old, const unsigned char *now, uint32_t size, uint32_t count,
+                             uint32_t *idx)
+{
+    uint32_t n = 0;
+    if (!old) {
+        for (uint32_t r = 0; r < count; r++)
+            idx[r] = r;
+        return count;
+    }
+    switch (size) { /* the common sizes get a loop the compiler unrolls */
+    case 12:
+        for (uint32_t r = 0; r < count; r++) {
+            idx[n] = r;
+            n += !row_equal(old + (size_t)r * 12, now + (size_t)r * 12, 12);
+        }
+        return n;
+    case 8:
+        for (uint32_t r = 0; r < count; r++) {
+            idx[n] = r;
+            n += !row_equal(old + (size_t)r * 8, now + (size_t)r * 8, 8);
+        }
+        return n;
+    case 4:
+        for (uint32_t r = 0; r < count; r++) {
+            idx[n] = r;
+            n += !row_equal(old + (size_t)r * 4, now + (size_t)r * 4, 4);
+        }
+        return n;
+    default:
+        for (uint32_t r = 0; r < count; r++) {
+            idx[n] = r;
+            n += !row_equal(old + (size_t)r * size, now + (size_t)r * size, size);
+        }
+        return n;
+    }
+}
+
+static void put_u32le(unsigned char *p, uint32_t v)
+{
+    memcpy(p, &v, 4); /* the WAL is little-endian, and so is the host (keel_wal/record.c) */
+}
+
+/* One chunk column: its changed rows become one group in the TICK_CHUNK
+ * layout (docs/wal-format.md): u32 component, u32 size, u32 n, n entities,
+ * n values. The fence then copies whole runs of groups into payloads. */
 static int capture_chunk(txn_uow *u, const keel_world *w, txn_touch tc)
 {
     const world_table *t = w->tables[tc.table];
@@ -99,17 +150,34 @@ static int capture_chunk(txn_uow *u, const keel_world *w, txn_touch tc)
     keel_component c = t->cols[tc.col].c;
     const unsigned char *now = colver_cur(v);
     const unsigned char *old = w->comps[c].desc.discipline == KEEL_VERSIONED ? v->pub : NULL;
-    size_t rec = sizeof(row_hdr) + PAD8(size);
-    for (uint32_t r = 0; r < ch->count; r++) {
-        size_t off = (size_t)r * size;
-        if (old && row_equal(old + off, now + off, size))
-            continue;
-        if (buf_reserve(&u->rows, &u->rows_cap, u->rows_len, rec))
-            return KEEL_ENOMEM;
-        put_row(u->rows + u->rows_len, ch->entities[r], c, size, now + off);
-        u->rows_len += rec;
-        u->nrows++;
+    if (ch->count > u->idx_cap) {
+        uint32_t *p = realloc(u->idx, (size_t)ch->count * sizeof *p);
+        if (!p)
+            return core_fail(KEEL_ENOMEM, "out of memory capturing the unit of work");
+        u->idx = p;
+        u->idx_cap = ch->count;
     }
+    uint32_t n = changed_rows(old, now, size, ch->count, u->idx);
+    if (!n)
+        return KEEL_OK;
+    if (buf_reserve(&u->rows, &u->rows_cap, u->rows_len, UOW_GROUP_HDR + (size_t)n * (8 + size)))
+        return KEEL_ENOMEM;
+    unsigned char *g = u->rows + u->rows_len;
+    put_u32le(g, c);
+    put_u32le(g + 4, size);
+    put_u32le(g + 8, n);
+    unsigned char *ents = g + UOW_GROUP_HDR, *vals = ents + (size_t)n * 8;
+    const uint32_t *idx = u->idx;
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(ents + (size_t)i * 8, &ch->entities[idx[i]], 8);
+    if (size == 12)
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(vals + (size_t)i * 12, now + (size_t)idx[i] * 12, 12);
+    else
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(vals + (size_t)i * size, now + (size_t)idx[i] * size, size);
+    u->rows_len += UOW_GROUP_HDR + (size_t)n * (8 + size);
+    u->nrows += n;
     return KEEL_OK;
 }
 
@@ -158,6 +226,7 @@ void uow_reset(txn_uow *u)
 void uow_fini(txn_uow *u)
 {
     free(u->rows);
+    free(u->idx);
     free(u->lifecycle.buf);
     free(u->side);
     *u = (txn_uow){0};
@@ -165,12 +234,13 @@ void uow_fini(txn_uow *u)
 
 bool uow_next_row(const txn_uow *u, size_t *off, uow_row *out)
 {
-    if (*off >= u->rows_len)
+    size_t g = *off & UOW_OFF_MASK, i = *off >> UOW_ROW_SHIFT;
+    if (g >= u->rows_len)
         return false;
-    row_hdr h;
-    memcpy(&h, u->rows + *off, sizeof h);
-    *out = (uow_row){h.entity, h.component, h.size, u->rows + *off + sizeof h};
-    *off += sizeof h + PAD8(h.size);
+    uow_group h = uow_group_at(u, g);
+    *out = (uow_row){0, h.component, h.size, h.values + i * h.size};
+    memcpy(&out->entity, h.entities + i * 8, 8);
+    *off = i + 1 < h.n ? g | (i + 1) << UOW_ROW_SHIFT : h.end;
     return true;
 }
 
