@@ -47,7 +47,7 @@ _Static_assert((int)WORLD_OP_SPAWN == (int)KW_OP_SPAWN && (int)WORLD_OP_DESTROY 
  * split into two groups (its first rows end one record, the rest start the
  * next). */
 typedef struct fence_pos {
-    size_t group;
+    uint32_t group;
     uint32_t row;
 } fence_pos;
 
@@ -60,7 +60,7 @@ typedef struct fence_seg {
 } fence_seg;
 
 /* Rows of group g in the segment s. */
-static void seg_piece(const fence_seg *s, const uow_group *g, size_t off, uint32_t *lo, uint32_t *hi)
+static void seg_piece(const fence_seg *s, const uow_group *g, uint32_t off, uint32_t *lo, uint32_t *hi)
 {
     *lo = off == s->from.group ? s->from.row : 0;
     *hi = off == s->to.group ? s->to.row : g->n;
@@ -76,7 +76,7 @@ static int rows_payload(const txn_uow *u, const fence_seg *s, kw_buf *out)
         return rc;
     unsigned char *p = out->p + 4;
     uint32_t ngroups = 0;
-    for (size_t off = s->from.group; off < s->to.group || (off == s->to.group && s->to.row);) {
+    for (uint32_t off = s->from.group; off < s->to.group || (off == s->to.group && s->to.row); off++) {
         uow_group g = uow_group_at(u, off);
         uint32_t lo, hi, n;
         seg_piece(s, &g, off, &lo, &hi);
@@ -87,7 +87,6 @@ static int rows_payload(const txn_uow *u, const fence_seg *s, kw_buf *out)
         memcpy(p + 12 + (size_t)n * 8, g.values + (size_t)lo * g.size, (size_t)n * g.size);
         p += 12 + (size_t)n * (8 + g.size);
         ngroups++;
-        off = g.end;
     }
     memcpy(out->p, &ngroups, 4); /* little-endian host (keel_wal/record.c) */
     out->len = (size_t)(p - out->p);
@@ -118,14 +117,14 @@ static void serialize_task(void *arg, uint32_t i, uint32_t worker)
  * DUR_RECORD_TARGET payload bytes, splitting a group where a segment fills
  * (at least one row per segment). Depends on the captured rows only, so
  * the records are the same whatever the worker count. */
-static uint32_t cut_segments(const txn_uow *u, size_t from, size_t to, fence_seg **out)
+static uint32_t cut_segments(const txn_uow *u, uint32_t from, uint32_t to, fence_seg **out)
 {
     uint32_t cap = 2, n = 0;
     fence_seg *segs = malloc(cap * sizeof *segs);
     if (!segs)
         return UINT32_MAX;
     fence_seg cur = {.from = {from, 0}, .raw = 4};
-    for (size_t off = from; off < to;) {
+    for (uint32_t off = from; off < to; off++) {
         uow_group g = uow_group_at(u, off);
         size_t row_bytes = 8 + (size_t)g.size;
         for (uint32_t r = 0; r < g.n;) {
@@ -143,12 +142,11 @@ static uint32_t cut_segments(const txn_uow *u, size_t from, size_t to, fence_seg
                         return free(segs), UINT32_MAX;
                     segs = p;
                 }
-                cur.to = r < g.n ? (fence_pos){off, r} : (fence_pos){g.end, 0};
+                cur.to = r < g.n ? (fence_pos){off, r} : (fence_pos){off + 1, 0};
                 segs[n++] = cur;
                 cur = (fence_seg){.from = cur.to, .raw = 4};
             }
         }
-        off = g.end;
     }
     if (cur.raw > 4) {
         if (n == cap) {
@@ -271,7 +269,7 @@ static void free_segs(fence_seg *segs, uint32_t n)
 }
 
 /* One unit: value rows [rows_from, rows_to), lifecycle from life_from. */
-static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t rows_from, size_t rows_to,
+static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, uint32_t rows_from, uint32_t rows_to,
                       size_t life_from, bool parallel)
 {
     dur_state *d = rt->dur;
@@ -320,19 +318,19 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t ro
 int fence_hook(keel_runtime *rt, uint64_t tick)
 {
     int rc = fence_unit(rt, tick, KW_FLAG_HOOK, 0, rt->uow.hook_rows_end, 0, false);
-    rt->fence_rows_from = rt->uow.rows_len;
+    rt->fence_rows_from = rt->uow.ngroups;
     rt->fence_life_from = rt->uow.lifecycle.len;
     return rc;
 }
 
 int fence_retry(keel_runtime *rt, uint64_t tick, bool hook, size_t life_from)
 {
-    return fence_unit(rt, tick, hook ? KW_FLAG_HOOK : 0, rt->uow.rows_len, rt->uow.rows_len, life_from, false);
+    return fence_unit(rt, tick, hook ? KW_FLAG_HOOK : 0, rt->uow.ngroups, rt->uow.ngroups, life_from, false);
 }
 
 int fence_tick(keel_runtime *rt, uint64_t tick)
 {
-    int rc = fence_unit(rt, tick, 0, rt->fence_rows_from, rt->uow.rows_len, rt->fence_life_from, true);
+    int rc = fence_unit(rt, tick, 0, rt->fence_rows_from, rt->uow.ngroups, rt->fence_life_from, true);
     rt->fence_rows_from = rt->fence_life_from = 0;
     return rc;
 }
