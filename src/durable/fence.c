@@ -54,8 +54,7 @@ typedef struct fence_pos {
 typedef struct fence_seg {
     fence_pos from, to;
     size_t raw;                /* the payload's length */
-    kw_buf payload;            /* scratch */
-    kw_buf rec;                /* the unsealed record */
+    kw_buf rec;                /* the unsealed record (kept across ticks: no allocation once warm) */
     int rc;
 } fence_seg;
 
@@ -107,58 +106,68 @@ static void serialize_task(void *arg, uint32_t i, uint32_t worker)
     fence_job *j = arg;
     fence_seg *s = &j->segs[i];
     dur_state *d = j->rt->dur;
-    s->rc = rows_payload(&j->rt->uow, s, &s->payload);
+    kw_buf *payload = &d->fence_payload[worker % d->ncodec];
+    s->rec.len = 0;
+    s->rc = rows_payload(&j->rt->uow, s, payload);
     if (!s->rc)
         s->rc = kw_record_build_unsealed(d->codec[worker % d->ncodec], &s->rec, KW_KIND_TICK_CHUNK, j->tick, j->flags,
-                                         s->payload.p, s->payload.len);
+                                         payload->p, payload->len);
 }
 
-/* Cut the groups of rows [from, to) into segments of about
+/* The next segment slot of d->segs (its record buffer kept), or NULL. */
+static fence_seg *seg_slot(dur_state *d, uint32_t n)
+{
+    if (n == d->segs_cap) {
+        uint32_t cap = d->segs_cap ? d->segs_cap * 2 : 8;
+        fence_seg *p = realloc(d->segs, cap * sizeof *p);
+        if (!p)
+            return NULL;
+        memset(p + d->segs_cap, 0, (cap - d->segs_cap) * sizeof *p);
+        d->segs = p;
+        d->segs_cap = cap;
+    }
+    return &d->segs[n];
+}
+
+/* Cut the groups of rows [from, to) into segments (d->segs) of about
  * DUR_RECORD_TARGET payload bytes, splitting a group where a segment fills
  * (at least one row per segment). Depends on the captured rows only, so
  * the records are the same whatever the worker count. */
-static uint32_t cut_segments(const txn_uow *u, uint32_t from, uint32_t to, fence_seg **out)
+static uint32_t cut_segments(dur_state *d, const txn_uow *u, uint32_t from, uint32_t to)
 {
-    uint32_t cap = 2, n = 0;
-    fence_seg *segs = malloc(cap * sizeof *segs);
-    if (!segs)
-        return UINT32_MAX;
-    fence_seg cur = {.from = {from, 0}, .raw = 4};
+    uint32_t n = 0;
+    fence_pos start = {from, 0};
+    size_t raw = 4;
     for (uint32_t off = from; off < to; off++) {
         uow_group g = uow_group_at(u, off);
         size_t row_bytes = 8 + (size_t)g.size;
         for (uint32_t r = 0; r < g.n;) {
-            size_t room = cur.raw < DUR_RECORD_TARGET ? DUR_RECORD_TARGET - cur.raw : 0;
+            size_t room = raw < DUR_RECORD_TARGET ? DUR_RECORD_TARGET - raw : 0;
             size_t fit = room > UOW_GROUP_HDR ? (room - UOW_GROUP_HDR) / row_bytes : 0;
-            uint32_t take = fit >= g.n - r ? g.n - r : fit ? (uint32_t)fit : cur.raw > 4 ? 0 : 1;
+            uint32_t take = fit >= g.n - r ? g.n - r : fit ? (uint32_t)fit : raw > 4 ? 0 : 1;
             if (take) {
-                cur.raw += UOW_GROUP_HDR + take * row_bytes;
+                raw += UOW_GROUP_HDR + take * row_bytes;
                 r += take;
             }
-            if (r < g.n || cur.raw >= DUR_RECORD_TARGET) { /* full: close it here */
-                if (n == cap) {
-                    fence_seg *p = realloc(segs, (cap *= 2) * sizeof *segs);
-                    if (!p)
-                        return free(segs), UINT32_MAX;
-                    segs = p;
-                }
-                cur.to = r < g.n ? (fence_pos){off, r} : (fence_pos){off + 1, 0};
-                segs[n++] = cur;
-                cur = (fence_seg){.from = cur.to, .raw = 4};
+            if (r < g.n || raw >= DUR_RECORD_TARGET) { /* full: close it here */
+                fence_seg *s = seg_slot(d, n++);
+                if (!s)
+                    return UINT32_MAX;
+                s->from = start;
+                s->to = start = r < g.n ? (fence_pos){off, r} : (fence_pos){off + 1, 0};
+                s->raw = raw;
+                raw = 4;
             }
         }
     }
-    if (cur.raw > 4) {
-        if (n == cap) {
-            fence_seg *p = realloc(segs, (cap + 1) * sizeof *segs);
-            if (!p)
-                return free(segs), UINT32_MAX;
-            segs = p;
-        }
-        cur.to = (fence_pos){to, 0};
-        segs[n++] = cur;
+    if (raw > 4) {
+        fence_seg *s = seg_slot(d, n++);
+        if (!s)
+            return UINT32_MAX;
+        s->from = start;
+        s->to = (fence_pos){to, 0};
+        s->raw = raw;
     }
-    *out = segs;
     return n;
 }
 
@@ -246,26 +255,34 @@ static int commit_marker(keel_runtime *rt, kw_codec_ctx *c, uint64_t tick, uint3
     return kw_record_build_unsealed(c, out, KW_KIND_TICK_COMMIT, tick, flags, p, sizeof p);
 }
 
-/* Move the unsealed records of segs into item->recs, in order. */
+/* Move the unsealed records of segs into item->recs, in order (one
+ * allocation: the lifecycle records and the marker usually fit in the
+ * slack). */
 static int gather(dur_item *item, fence_seg *segs, uint32_t n)
 {
+    size_t total = 4096;
     for (uint32_t i = 0; i < n; i++) {
         if (segs[i].rc)
             return segs[i].rc;
-        int rc = kw_put_bytes(&item->recs, segs[i].rec.p, segs[i].rec.len);
-        if (rc)
-            return rc;
+        total += segs[i].rec.len;
     }
-    return KEEL_OK;
+    int rc = kw_buf_reserve(&item->recs, total);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        rc = kw_put_bytes(&item->recs, segs[i].rec.p, segs[i].rec.len);
+    return rc;
 }
 
-static void free_segs(fence_seg *segs, uint32_t n)
+void fence_fini(dur_state *d)
 {
-    for (uint32_t i = 0; segs && i < n; i++) {
-        kw_buf_free(&segs[i].payload);
-        kw_buf_free(&segs[i].rec);
-    }
-    free(segs);
+    for (uint32_t i = 0; i < d->segs_cap; i++)
+        kw_buf_free(&d->segs[i].rec);
+    free(d->segs);
+    d->segs = NULL;
+    d->segs_cap = 0;
+    for (uint32_t i = 0; d->fence_payload && i < d->ncodec; i++)
+        kw_buf_free(&d->fence_payload[i]);
+    free(d->fence_payload);
+    d->fence_payload = NULL;
 }
 
 /* One unit: value rows [rows_from, rows_to), lifecycle from life_from. */
@@ -276,10 +293,10 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, uint32_t 
     if (rt->uow.oom)
         return core_fail(KEEL_ENOMEM, "tick %llu: the unit of work ran out of memory; its changes cannot be logged",
                          (unsigned long long)tick);
-    fence_seg *segs = NULL;
-    uint32_t nseg = cut_segments(&rt->uow, rows_from, rows_to, &segs);
+    uint32_t nseg = cut_segments(d, &rt->uow, rows_from, rows_to);
     if (nseg == UINT32_MAX)
         return core_fail(KEEL_ENOMEM, "out of memory in the fence");
+    fence_seg *segs = d->segs;
     (void)KEEL_FAILPOINT(FENCE_AFTER_PREP);
     fence_job job = {rt, tick, flags, segs};
     if (parallel && nseg > 1)
@@ -295,7 +312,6 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, uint32_t 
     uint64_t raw = 0;
     for (uint32_t i = 0; i < nseg; i++)
         raw += segs[i].raw;
-    free_segs(segs, nseg);
     if (!rc)
         rc = lifecycle_records(rt, d->codec[0], life_from, tick, flags, &scratch, &item->recs, &nrec, &raw);
     kw_buf_free(&scratch);

@@ -618,7 +618,8 @@ static int make_state(keel_runtime *rt)
     d->wal_retain = dd->wal_retain;
     d->ncodec = rt->workers;
     d->codec = calloc(d->ncodec, sizeof *d->codec);
-    if (!d->codec)
+    d->fence_payload = calloc(d->ncodec, sizeof *d->fence_payload);
+    if (!d->codec || !d->fence_payload)
         return core_fail(KEEL_ENOMEM, "out of memory for codec contexts");
     kw_codec_desc cd = {.level = d->zstd_level};
     int rc = kw_codec_create(&cd, &d->side_codec);
@@ -730,6 +731,7 @@ void dur_close(keel_runtime *rt)
     free(d->codec);
     kw_codec_destroy(d->side_codec);
     kw_buf_free(&d->side_payload);
+    fence_fini(d);
     ckpt_fini(d);
     kw_store_close(d->store);
     pthread_mutex_destroy(&d->mu);
