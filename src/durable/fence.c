@@ -129,27 +129,50 @@ static fence_seg *seg_slot(dur_state *d, uint32_t n)
     return &d->segs[n];
 }
 
+/* The payload bytes per segment: DUR_RECORD_TARGET at most, and an even
+ * number of equal segments when there is more than one, so that the
+ * workers (2 on the machines keel is sized for) finish together instead of
+ * one compressing a last segment alone while the tick thread waits. A
+ * function of the captured rows only: the records are the same whatever
+ * the worker count. */
+static size_t seg_target(const txn_uow *u, uint32_t from, uint32_t to)
+{
+    size_t total = 0, row_max = 0;
+    for (uint32_t off = from; off < to; off++) {
+        uow_group g = uow_group_at(u, off);
+        total += UOW_GROUP_HDR + (size_t)g.n * (8 + g.size);
+        row_max = 8 + (size_t)g.size > row_max ? 8 + (size_t)g.size : row_max;
+    }
+    size_t n = (total + DUR_RECORD_TARGET - 1) / DUR_RECORD_TARGET;
+    if (n <= 1)
+        return DUR_RECORD_TARGET;
+    n += n & 1;
+    /* slack per segment: its u32 ngroups, the header of a group split at
+     * its start, and the row that does not fit at its end -- so the cut
+     * does not spill a few rows into one more segment */
+    return (total + n - 1) / n + 4 + UOW_GROUP_HDR + row_max;
+}
+
 /* Cut the groups of rows [from, to) into segments (d->segs) of about
- * DUR_RECORD_TARGET payload bytes, splitting a group where a segment fills
- * (at least one row per segment). Depends on the captured rows only, so
- * the records are the same whatever the worker count. */
+ * seg_target payload bytes, splitting a group where a segment fills (at
+ * least one row per segment). */
 static uint32_t cut_segments(dur_state *d, const txn_uow *u, uint32_t from, uint32_t to)
 {
     uint32_t n = 0;
     fence_pos start = {from, 0};
-    size_t raw = 4;
+    size_t raw = 4, target = seg_target(u, from, to);
     for (uint32_t off = from; off < to; off++) {
         uow_group g = uow_group_at(u, off);
         size_t row_bytes = 8 + (size_t)g.size;
         for (uint32_t r = 0; r < g.n;) {
-            size_t room = raw < DUR_RECORD_TARGET ? DUR_RECORD_TARGET - raw : 0;
+            size_t room = raw < target ? target - raw : 0;
             size_t fit = room > UOW_GROUP_HDR ? (room - UOW_GROUP_HDR) / row_bytes : 0;
             uint32_t take = fit >= g.n - r ? g.n - r : fit ? (uint32_t)fit : raw > 4 ? 0 : 1;
             if (take) {
                 raw += UOW_GROUP_HDR + take * row_bytes;
                 r += take;
             }
-            if (r < g.n || raw >= DUR_RECORD_TARGET) { /* full: close it here */
+            if (r < g.n || raw >= target) { /* full: close it here */
                 fence_seg *s = seg_slot(d, n++);
                 if (!s)
                     return UINT32_MAX;
