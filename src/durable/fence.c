@@ -2,11 +2,14 @@
  * durable/fence.c -- the fence: a tick's unit of work becomes WAL records.
  *
  * Engine-Post, after the sync point (SPEC §6 step 4), as a small DAG:
- *   prep      (tick thread) cut the captured value rows into segments of
- *             about DUR_RECORD_TARGET bytes, in capture order;
- *   serialize (workers, parallel) each segment becomes one TICK_CHUNK
- *             record, compressed with the worker's own zstd context and
- *             left unsealed (no LSN yet);
+ *   prep      (tick thread) cut the captured groups (txn/uow.c: already in
+ *             the TICK_CHUNK group layout, captured on the workers) into an
+ *             even number of equal segments of at most about
+ *             DUR_RECORD_TARGET bytes, in capture order;
+ *   serialize (workers, parallel) each segment's group pieces are copied
+ *             into a payload that becomes one TICK_CHUNK record, compressed
+ *             with the worker's own zstd context and left unsealed (no LSN
+ *             yet);
  *   finalize  (tick thread) LIFECYCLE records of the applied commands, the
  *             TICK_COMMIT marker, and one hand-off to the writer, which
  *             seals the records with consecutive LSNs.
@@ -42,7 +45,7 @@ _Static_assert((int)WORLD_OP_SPAWN == (int)KW_OP_SPAWN && (int)WORLD_OP_DESTROY 
 
 /* ---- value rows -> TICK_CHUNK payload ------------------------------------------------ */
 
-/* A position in the unit of work's value rows: a group's offset and a row
+/* A position in the unit of work's value rows: a group's index and a row
  * inside it. A segment is [from, to); a group cut by a segment boundary is
  * split into two groups (its first rows end one record, the rest start the
  * next). */
@@ -82,9 +85,9 @@ static int rows_payload(const txn_uow *u, const fence_seg *s, kw_buf *out)
         n = hi - lo;
         uint32_t h[3] = {g.component, g.size, n};
         memcpy(p, h, sizeof h);
-        memcpy(p + 12, g.entities + (size_t)lo * 8, (size_t)n * 8);
-        memcpy(p + 12 + (size_t)n * 8, g.values + (size_t)lo * g.size, (size_t)n * g.size);
-        p += 12 + (size_t)n * (8 + g.size);
+        memcpy(p + UOW_GROUP_HDR, g.entities + (size_t)lo * 8, (size_t)n * 8);
+        memcpy(p + UOW_GROUP_HDR + (size_t)n * 8, g.values + (size_t)lo * g.size, (size_t)n * g.size);
+        p += UOW_GROUP_HDR + (size_t)n * (8 + g.size);
         ngroups++;
     }
     memcpy(out->p, &ngroups, 4); /* little-endian host (keel_wal/record.c) */
