@@ -1343,6 +1343,58 @@ START_TEST(test_stats_and_telemetry)
 }
 END_TEST
 
+/* The fence cuts big groups across records: 20 000 rows of a 16-byte
+ * component rewritten in one tick (chunk columns of 8 192 rows: 196 KB of
+ * rows each) become an even number of TICK_CHUNK records of at most about
+ * DUR_RECORD_TARGET payload bytes each; the records are the same on 1 and
+ * on 2 workers (captured and compressed in parallel or not), and a reopen
+ * recovers the state the run ended with. */
+START_TEST(test_fence_splits_groups)
+{
+    uint64_t lens[2][64], nrec[2], hash[2];
+    for (int k = 0; k < 2; k++) {
+        char dir[256];
+        tu_path(dir, sizeof dir, k ? "split2" : "split1");
+        keel_runtime_desc d = desc_dir(dir, k + 1, 8192, KEEL_DURABLE_GROUP);
+        bworld *w = calloc(1, sizeof *w);
+        ck_assert_ptr_nonnull(w);
+        b_open(w, &d);
+        ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+        w->spawn_n = 20000;
+        ck_assert_ok(keel_runtime_step(w->rt));
+        ck_assert_berr(&w->err);
+        w->spawn_n = 0;
+        w->rewrite = true;
+        ck_assert_ok(keel_runtime_step(w->rt));
+        ck_assert_berr(&w->err);
+        ck_assert_uint_eq(w->rt->uow.nrows, 20000);
+        hash[k] = keel_world_hash(keel_runtime_world(w->rt));
+        b_close(w);
+        dir_view v;
+        dir_read(dir, &v);
+        nrec[k] = 0;
+        for (uint64_t i = 0; i < v.n; i++) {
+            if (v.r[i].kind != KW_KIND_TICK_CHUNK || v.r[i].tick != 2)
+                continue;
+            ck_assert_uint_le(v.r[i].raw_len, DUR_RECORD_TARGET + 64);
+            ck_assert_uint_lt(nrec[k], 64);
+            lens[k][nrec[k]++] = (uint64_t)v.r[i].raw_len << 32 | v.r[i].stored_len;
+        }
+        ck_assert_uint_ge(nrec[k], 4);
+        ck_assert_uint_eq(nrec[k] % 2, 0);
+        dir_view_free(&v);
+        b_open(w, &d);
+        ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+        ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), hash[k]);
+        b_close(w);
+        free(w);
+    }
+    ck_assert_uint_eq(nrec[0], nrec[1]);
+    ck_assert_mem_eq(lens[0], lens[1], nrec[0] * sizeof lens[0][0]);
+    ck_assert_uint_eq(hash[0], hash[1]);
+}
+END_TEST
+
 /* keel_uow_flush forces DEFERRED ticks and side transactions to disk; the
  * calls without a data directory. */
 START_TEST(test_flush_deferred_and_no_dir)
@@ -3428,6 +3480,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_reopen_right_after_checkpoint);
     tcase_add_test(tc, test_checkpoint_many_tables);
     tcase_add_test(tc, test_stats_and_telemetry);
+    tcase_add_test(tc, test_fence_splits_groups);
     tcase_add_test(tc, test_flush_deferred_and_no_dir);
     tcase_add_test(tc, test_hooks_first_tick_and_shutdown);
     tcase_add_test(tc, test_writes_before_recover_refused);

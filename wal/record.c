@@ -111,6 +111,10 @@ int kw_codec_create(const kw_codec_desc *desc, kw_codec_ctx **out)
     ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_compressionLevel, c->level);
     ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_checksumFlag, 0);
     ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_contentSizeFlag, 1);
+    if (d.hash_log && ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_hashLog, d.hash_log))) {
+        kw_codec_destroy(c);
+        return core_fail(KEEL_EINVAL, "zstd hashLog %d is out of range", d.hash_log);
+    }
     *out = c;
     return KEEL_OK;
 }

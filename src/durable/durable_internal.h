@@ -60,6 +60,9 @@ typedef struct dur_state {
     kw_codec_ctx *side_codec;  /* side records (under the runtime's side_lock) */
     kw_buf side_payload;       /* scratch for side records (under side_lock) */
     uint32_t ncodec;
+    kw_buf *fence_payload;     /* one per worker: the fence's payload scratch */
+    struct fence_seg *segs;    /* the fence's segments (tick thread; buffers kept across ticks) */
+    uint32_t segs_cap;
 
     /* ---- the writer queue (mu) ---------------------------------------------------------
      * Producers (the tick thread, side commits under side_lock) take mu,
@@ -123,6 +126,8 @@ typedef struct dur_state {
 #define DUR_DEFER_MAX_NS 1000000000ull
 #define DUR_QUEUE_MAX_BYTES (256u << 20) /* a producer waits while more than this is queued */
 #define DUR_RECORD_TARGET (64u << 10)    /* fence records aim at this many raw bytes */
+#define DUR_HASH_LOG 10                  /* zstd hashLog of the fence's and side records' codecs ... */
+#define DUR_SMALL_HASH_MAX_LEVEL 3       /* ... at levels up to this one (measured: docs/performance.md) */
 
 /* ---- writer.c ------------------------------------------------------------------------ */
 
@@ -168,6 +173,8 @@ int fence_hook(keel_runtime *rt, uint64_t tick);
 int fence_retry(keel_runtime *rt, uint64_t tick, bool hook, size_t life_from);
 /* Encode and queue one side transaction (under side_lock, after it applied). */
 int fence_side(keel_runtime *rt, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn);
+/* Free the fence's scratch (at close). */
+void fence_fini(dur_state *d);
 /* Serialise a SCHEMA payload of the world's components. */
 int fence_schema_payload(keel_runtime *rt, kw_buf *out);
 

@@ -2,11 +2,14 @@
  * durable/fence.c -- the fence: a tick's unit of work becomes WAL records.
  *
  * Engine-Post, after the sync point (SPEC §6 step 4), as a small DAG:
- *   prep      (tick thread) cut the captured value rows into segments of
- *             about DUR_RECORD_TARGET bytes, in capture order;
- *   serialize (workers, parallel) each segment becomes one TICK_CHUNK
- *             record, compressed with the worker's own zstd context and
- *             left unsealed (no LSN yet);
+ *   prep      (tick thread) cut the captured groups (txn/uow.c: already in
+ *             the TICK_CHUNK group layout, captured on the workers) into an
+ *             even number of equal segments of at most about
+ *             DUR_RECORD_TARGET bytes, in capture order;
+ *   serialize (workers, parallel) each segment's group pieces are copied
+ *             into a payload that becomes one TICK_CHUNK record, compressed
+ *             with the worker's own zstd context and left unsealed (no LSN
+ *             yet);
  *   finalize  (tick thread) LIFECYCLE records of the applied commands, the
  *             TICK_COMMIT marker, and one hand-off to the writer, which
  *             seals the records with consecutive LSNs.
@@ -42,58 +45,57 @@ _Static_assert((int)WORLD_OP_SPAWN == (int)KW_OP_SPAWN && (int)WORLD_OP_DESTROY 
 
 /* ---- value rows -> TICK_CHUNK payload ------------------------------------------------ */
 
-static int rows_payload(const txn_uow *u, size_t from, size_t to, kw_buf *out)
+/* A position in the unit of work's value rows: a group's index and a row
+ * inside it. A segment is [from, to); a group cut by a segment boundary is
+ * split into two groups (its first rows end one record, the rest start the
+ * next). */
+typedef struct fence_pos {
+    uint32_t group;
+    uint32_t row;
+} fence_pos;
+
+typedef struct fence_seg {
+    fence_pos from, to;
+    size_t raw;                /* the payload's length */
+    kw_buf rec;                /* the unsealed record (kept across ticks: no allocation once warm) */
+    int rc;
+} fence_seg;
+
+/* Rows of group g in the segment s. */
+static void seg_piece(const fence_seg *s, const uow_group *g, uint32_t off, uint32_t *lo, uint32_t *hi)
 {
-    /* groups of consecutive rows of one component: entities, then values */
-    size_t count_at = out->len;
+    *lo = off == s->from.group ? s->from.row : 0;
+    *hi = off == s->to.group ? s->to.row : g->n;
+}
+
+/* The TICK_CHUNK payload of segment s: the captured groups are in the
+ * payload's layout already, so each piece is three bulk copies. */
+static int rows_payload(const txn_uow *u, const fence_seg *s, kw_buf *out)
+{
+    out->len = 0;
+    int rc = kw_buf_reserve(out, s->raw);
+    if (rc)
+        return rc;
+    unsigned char *p = out->p + 4;
     uint32_t ngroups = 0;
-    int rc = kw_put_u32(out, 0);
-    size_t off = from;
-    while (!rc && off < to) {
-        uow_row first, r;
-        size_t probe = off;
-        uow_next_row(u, &probe, &first);
-        uint32_t n = 1;
-        size_t end = probe;
-        while (end < to) {
-            size_t q = end;
-            uow_next_row(u, &q, &r);
-            if (r.component != first.component)
-                break;
-            end = q;
-            n++;
-        }
-        rc = kw_put_u32(out, first.component);
-        rc = rc ? rc : kw_put_u32(out, first.size);
-        rc = rc ? rc : kw_put_u32(out, n);
-        rc = rc ? rc : kw_buf_reserve(out, (size_t)n * (8 + first.size));
-        if (rc)
-            break;
-        for (size_t q = off; q < end;) {
-            uow_next_row(u, &q, &r);
-            kw_put_u64(out, r.entity);
-        }
-        for (size_t q = off; q < end;) {
-            uow_next_row(u, &q, &r);
-            kw_put_bytes(out, r.value, r.size);
-        }
+    for (uint32_t off = s->from.group; off < s->to.group || (off == s->to.group && s->to.row); off++) {
+        uow_group g = uow_group_at(u, off);
+        uint32_t lo, hi, n;
+        seg_piece(s, &g, off, &lo, &hi);
+        n = hi - lo;
+        uint32_t h[3] = {g.component, g.size, n};
+        memcpy(p, h, sizeof h);
+        memcpy(p + UOW_GROUP_HDR, g.entities + (size_t)lo * 8, (size_t)n * 8);
+        memcpy(p + UOW_GROUP_HDR + (size_t)n * 8, g.values + (size_t)lo * g.size, (size_t)n * g.size);
+        p += UOW_GROUP_HDR + (size_t)n * (8 + g.size);
         ngroups++;
-        off = end;
     }
-    if (!rc)
-        for (int i = 0; i < 4; i++)
-            out->p[count_at + i] = (unsigned char)(ngroups >> (8 * i));
-    return rc;
+    memcpy(out->p, &ngroups, 4); /* little-endian host (keel_wal/record.c) */
+    out->len = (size_t)(p - out->p);
+    return KEEL_OK;
 }
 
 /* ---- parallel serialisation ----------------------------------------------------------- */
-
-typedef struct fence_seg {
-    size_t from, to;           /* uow row offsets */
-    kw_buf payload;            /* scratch */
-    kw_buf rec;                /* the unsealed record */
-    int rc;
-} fence_seg;
 
 typedef struct fence_job {
     keel_runtime *rt;
@@ -107,29 +109,91 @@ static void serialize_task(void *arg, uint32_t i, uint32_t worker)
     fence_job *j = arg;
     fence_seg *s = &j->segs[i];
     dur_state *d = j->rt->dur;
-    s->payload.len = 0;
-    s->rc = rows_payload(&j->rt->uow, s->from, s->to, &s->payload);
+    kw_buf *payload = &d->fence_payload[worker % d->ncodec];
+    s->rec.len = 0;
+    s->rc = rows_payload(&j->rt->uow, s, payload);
     if (!s->rc)
         s->rc = kw_record_build_unsealed(d->codec[worker % d->ncodec], &s->rec, KW_KIND_TICK_CHUNK, j->tick, j->flags,
-                                         s->payload.p, s->payload.len);
+                                         payload->p, payload->len);
 }
 
-/* Cut rows [from, to) into segments of about DUR_RECORD_TARGET bytes. */
-static uint32_t cut_segments(const txn_uow *u, size_t from, size_t to, fence_seg **out)
+/* The next segment slot of d->segs (its record buffer kept), or NULL. */
+static fence_seg *seg_slot(dur_state *d, uint32_t n)
 {
-    uint32_t cap = (uint32_t)((to - from) / DUR_RECORD_TARGET) + 2, n = 0;
-    fence_seg *segs = calloc(cap, sizeof *segs);
-    if (!segs)
-        return UINT32_MAX;
-    size_t off = from, start = from;
-    uow_row r;
-    while (off < to && uow_next_row(u, &off, &r)) {
-        if (off - start >= DUR_RECORD_TARGET || off >= to) {
-            segs[n++] = (fence_seg){.from = start, .to = off};
-            start = off;
+    if (n == d->segs_cap) {
+        uint32_t cap = d->segs_cap ? d->segs_cap * 2 : 8;
+        fence_seg *p = realloc(d->segs, cap * sizeof *p);
+        if (!p)
+            return NULL;
+        memset(p + d->segs_cap, 0, (cap - d->segs_cap) * sizeof *p);
+        d->segs = p;
+        d->segs_cap = cap;
+    }
+    return &d->segs[n];
+}
+
+/* The payload bytes per segment: DUR_RECORD_TARGET at most, and an even
+ * number of equal segments when there is more than one, so that the
+ * workers (2 on the machines keel is sized for) finish together instead of
+ * one compressing a last segment alone while the tick thread waits. A
+ * function of the captured rows only: the records are the same whatever
+ * the worker count. */
+static size_t seg_target(const txn_uow *u, uint32_t from, uint32_t to)
+{
+    size_t total = 0, row_max = 0;
+    for (uint32_t off = from; off < to; off++) {
+        uow_group g = uow_group_at(u, off);
+        total += UOW_GROUP_HDR + (size_t)g.n * (8 + g.size);
+        row_max = 8 + (size_t)g.size > row_max ? 8 + (size_t)g.size : row_max;
+    }
+    size_t n = (total + DUR_RECORD_TARGET - 1) / DUR_RECORD_TARGET;
+    if (n <= 1)
+        return DUR_RECORD_TARGET;
+    n += n & 1;
+    /* slack per segment: its u32 ngroups, the header of a group split at
+     * its start, and the row that does not fit at its end -- so the cut
+     * does not spill a few rows into one more segment */
+    return (total + n - 1) / n + 4 + UOW_GROUP_HDR + row_max;
+}
+
+/* Cut the groups of rows [from, to) into segments (d->segs) of about
+ * seg_target payload bytes, splitting a group where a segment fills (at
+ * least one row per segment). */
+static uint32_t cut_segments(dur_state *d, const txn_uow *u, uint32_t from, uint32_t to)
+{
+    uint32_t n = 0;
+    fence_pos start = {from, 0};
+    size_t raw = 4, target = seg_target(u, from, to);
+    for (uint32_t off = from; off < to; off++) {
+        uow_group g = uow_group_at(u, off);
+        size_t row_bytes = 8 + (size_t)g.size;
+        for (uint32_t r = 0; r < g.n;) {
+            size_t room = raw < target ? target - raw : 0;
+            size_t fit = room > UOW_GROUP_HDR ? (room - UOW_GROUP_HDR) / row_bytes : 0;
+            uint32_t take = fit >= g.n - r ? g.n - r : fit ? (uint32_t)fit : raw > 4 ? 0 : 1;
+            if (take) {
+                raw += UOW_GROUP_HDR + take * row_bytes;
+                r += take;
+            }
+            if (r < g.n || raw >= target) { /* full: close it here */
+                fence_seg *s = seg_slot(d, n++);
+                if (!s)
+                    return UINT32_MAX;
+                s->from = start;
+                s->to = start = r < g.n ? (fence_pos){off, r} : (fence_pos){off + 1, 0};
+                s->raw = raw;
+                raw = 4;
+            }
         }
     }
-    *out = segs;
+    if (raw > 4) {
+        fence_seg *s = seg_slot(d, n++);
+        if (!s)
+            return UINT32_MAX;
+        s->from = start;
+        s->to = (fence_pos){to, 0};
+        s->raw = raw;
+    }
     return n;
 }
 
@@ -217,40 +281,48 @@ static int commit_marker(keel_runtime *rt, kw_codec_ctx *c, uint64_t tick, uint3
     return kw_record_build_unsealed(c, out, KW_KIND_TICK_COMMIT, tick, flags, p, sizeof p);
 }
 
-/* Move the unsealed records of segs into item->recs, in order. */
+/* Move the unsealed records of segs into item->recs, in order (one
+ * allocation: the lifecycle records and the marker usually fit in the
+ * slack). */
 static int gather(dur_item *item, fence_seg *segs, uint32_t n)
 {
+    size_t total = 4096;
     for (uint32_t i = 0; i < n; i++) {
         if (segs[i].rc)
             return segs[i].rc;
-        int rc = kw_put_bytes(&item->recs, segs[i].rec.p, segs[i].rec.len);
-        if (rc)
-            return rc;
+        total += segs[i].rec.len;
     }
-    return KEEL_OK;
+    int rc = kw_buf_reserve(&item->recs, total);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        rc = kw_put_bytes(&item->recs, segs[i].rec.p, segs[i].rec.len);
+    return rc;
 }
 
-static void free_segs(fence_seg *segs, uint32_t n)
+void fence_fini(dur_state *d)
 {
-    for (uint32_t i = 0; segs && i < n; i++) {
-        kw_buf_free(&segs[i].payload);
-        kw_buf_free(&segs[i].rec);
-    }
-    free(segs);
+    for (uint32_t i = 0; i < d->segs_cap; i++)
+        kw_buf_free(&d->segs[i].rec);
+    free(d->segs);
+    d->segs = NULL;
+    d->segs_cap = 0;
+    for (uint32_t i = 0; d->fence_payload && i < d->ncodec; i++)
+        kw_buf_free(&d->fence_payload[i]);
+    free(d->fence_payload);
+    d->fence_payload = NULL;
 }
 
 /* One unit: value rows [rows_from, rows_to), lifecycle from life_from. */
-static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t rows_from, size_t rows_to,
+static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, uint32_t rows_from, uint32_t rows_to,
                       size_t life_from, bool parallel)
 {
     dur_state *d = rt->dur;
     if (rt->uow.oom)
         return core_fail(KEEL_ENOMEM, "tick %llu: the unit of work ran out of memory; its changes cannot be logged",
                          (unsigned long long)tick);
-    fence_seg *segs = NULL;
-    uint32_t nseg = cut_segments(&rt->uow, rows_from, rows_to, &segs);
+    uint32_t nseg = cut_segments(d, &rt->uow, rows_from, rows_to);
     if (nseg == UINT32_MAX)
         return core_fail(KEEL_ENOMEM, "out of memory in the fence");
+    fence_seg *segs = d->segs;
     (void)KEEL_FAILPOINT(FENCE_AFTER_PREP);
     fence_job job = {rt, tick, flags, segs};
     if (parallel && nseg > 1)
@@ -265,8 +337,7 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t ro
     int rc = item ? gather(item, segs, nseg) : KEEL_ENOMEM;
     uint64_t raw = 0;
     for (uint32_t i = 0; i < nseg; i++)
-        raw += segs[i].payload.len;
-    free_segs(segs, nseg);
+        raw += segs[i].raw;
     if (!rc)
         rc = lifecycle_records(rt, d->codec[0], life_from, tick, flags, &scratch, &item->recs, &nrec, &raw);
     kw_buf_free(&scratch);
@@ -289,19 +360,19 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, size_t ro
 int fence_hook(keel_runtime *rt, uint64_t tick)
 {
     int rc = fence_unit(rt, tick, KW_FLAG_HOOK, 0, rt->uow.hook_rows_end, 0, false);
-    rt->fence_rows_from = rt->uow.rows_len;
+    rt->fence_rows_from = rt->uow.ngroups;
     rt->fence_life_from = rt->uow.lifecycle.len;
     return rc;
 }
 
 int fence_retry(keel_runtime *rt, uint64_t tick, bool hook, size_t life_from)
 {
-    return fence_unit(rt, tick, hook ? KW_FLAG_HOOK : 0, rt->uow.rows_len, rt->uow.rows_len, life_from, false);
+    return fence_unit(rt, tick, hook ? KW_FLAG_HOOK : 0, rt->uow.ngroups, rt->uow.ngroups, life_from, false);
 }
 
 int fence_tick(keel_runtime *rt, uint64_t tick)
 {
-    int rc = fence_unit(rt, tick, 0, rt->fence_rows_from, rt->uow.rows_len, rt->fence_life_from, true);
+    int rc = fence_unit(rt, tick, 0, rt->fence_rows_from, rt->uow.ngroups, rt->fence_life_from, true);
     rt->fence_rows_from = rt->fence_life_from = 0;
     return rc;
 }

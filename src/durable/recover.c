@@ -618,9 +618,15 @@ static int make_state(keel_runtime *rt)
     d->wal_retain = dd->wal_retain;
     d->ncodec = rt->workers;
     d->codec = calloc(d->ncodec, sizeof *d->codec);
-    if (!d->codec)
+    d->fence_payload = calloc(d->ncodec, sizeof *d->fence_payload);
+    if (!d->codec || !d->fence_payload)
         return core_fail(KEEL_ENOMEM, "out of memory for codec contexts");
-    kw_codec_desc cd = {.level = d->zstd_level};
+    /* fence and side records are at most about DUR_RECORD_TARGET bytes: at
+     * the fast levels a 4 KiB hash table (hashLog 10) stays in L1 and
+     * compresses ECS deltas ~15% faster at the same ratio than the level's
+     * own (13) -- docs/performance.md, "Durability cost" */
+    kw_codec_desc cd = {.level = d->zstd_level,
+                        .hash_log = d->zstd_level <= DUR_SMALL_HASH_MAX_LEVEL ? DUR_HASH_LOG : 0};
     int rc = kw_codec_create(&cd, &d->side_codec);
     for (uint32_t i = 0; !rc && i < d->ncodec; i++)
         rc = kw_codec_create(&cd, &d->codec[i]);
@@ -730,6 +736,7 @@ void dur_close(keel_runtime *rt)
     free(d->codec);
     kw_codec_destroy(d->side_codec);
     kw_buf_free(&d->side_payload);
+    fence_fini(d);
     ckpt_fini(d);
     kw_store_close(d->store);
     pthread_mutex_destroy(&d->mu);

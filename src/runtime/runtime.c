@@ -414,7 +414,7 @@ static int first_tick_hook(keel_runtime *rt)
     rt->first_tick_done = true;
     /* the hook's values are captured before its commands move any row */
     uow_capture_changes(rt, &rt->hook_changes);
-    rt->uow.hook_rows_end = rt->uow.rows_len;
+    rt->uow.hook_rows_end = rt->uow.ngroups;
     rc = apply_hook_commands(rt);
     if (!rc)
         rc = view_publish(rt, atomic_load(&rt->tick)); /* the tick starts from the hook's state */

@@ -177,7 +177,8 @@ struct keel_runtime {
     int recover_rc;
     char recover_error[512];       /* the failed recovery's sentence, repeated on later calls */
     keel_recovery recovery;
-    size_t fence_rows_from, fence_life_from; /* the hook's unit was logged up to here */
+    uint32_t fence_rows_from;  /* the hook's unit was logged up to this group of the unit of work */
+    size_t fence_life_from;    /* ... and up to here in its lifecycle log */
     uint64_t fence_raw_bytes, fence_stored_bytes, fence_ns; /* of the last tick */
     uint64_t sync_end_ns;          /* the last sync point's end (the fence starts there) */
     bool tick_ckpt;                /* a checkpoint was in progress when the running tick started */

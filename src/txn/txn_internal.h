@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "keel/txn.h"
 #include "keel/view.h"
@@ -115,12 +116,35 @@ typedef struct uow_side {
  * rows whose bytes differ from the tick-start version; SINGLE_VERSION: every
  * row of a dirty chunk), after the sync point every lifecycle command
  * applied, and at any time the side transactions committed this tick. */
+/* A worker's capture buffer: the groups it captured this tick, back to
+ * back, and its scratch of changed row indices. */
+typedef struct uow_wbuf {
+    unsigned char *p;
+    size_t len, cap;
+    uint32_t *idx;
+    uint32_t idx_cap;
+} uow_wbuf;
+
+/* Where a captured group is: wbuf[buf].p + off, n rows. */
+typedef struct uow_ref {
+    uint32_t buf;
+    uint32_t n;
+    size_t off;
+} uow_ref;
+#define UOW_REF_OOM UINT32_MAX
+
 typedef struct txn_uow {
     bool capture;
-    unsigned char *rows;
-    size_t rows_len, rows_cap;
-    size_t hook_rows_end;      /* rows before it are on_first_tick's (captured before its commands) */
+    uow_ref *groups;           /* value rows: the captured groups, in capture order */
+    uint32_t ngroups, groups_cap;
+    uint32_t hook_rows_end;    /* groups before it are on_first_tick's (captured before its commands) */
     uint32_t nrows;
+    uow_wbuf *wbuf;            /* one per worker (a worker appends only to its own) */
+    uint32_t nwbuf, nwbuf_used;
+    txn_touch *flat;           /* capture scratch: the durable touches, in order */
+    uint32_t nflat, flat_cap;
+    const txn_vec **lists;     /* capture scratch: the systems' change lists, in order */
+    uint32_t lists_cap;
     world_lifecycle_log lifecycle;
     unsigned char *side;       /* side records, in commit order (under the side lock) */
     size_t side_len, side_cap;
@@ -128,8 +152,13 @@ typedef struct txn_uow {
     bool oom;                  /* a capture ran out of memory: the change set is incomplete */
 } txn_uow;
 
+/* Below this many rows in the touched chunks the capture runs on the
+ * caller: waking the workers costs more than it saves. */
+#define UOW_PARALLEL_ROWS 16384u
+
 /* After the user tracks: capture the value changes of every committed
- * system transaction, in execution order. */
+ * system transaction, in execution order (one task per chunk column on the
+ * workers, when there are enough rows). */
 void uow_capture(keel_runtime *rt);
 /* Capture one list (on_first_tick's, before its commands are applied). */
 void uow_capture_changes(keel_runtime *rt, const txn_vec *changes);
@@ -141,8 +170,30 @@ void uow_fini(txn_uow *u);
 int uow_side_reserve(txn_uow *u, uint32_t nwrites, uint32_t value_bytes);
 void uow_side_begin(txn_uow *u, uint64_t seq, uint64_t tick, keel_durability mode, uint32_t nwrites);
 void uow_side_write(txn_uow *u, keel_entity e, keel_component c, uint32_t size, const void *value);
-/* Iterate the captured rows / side records: *off starts at 0. A side
- * record's writes are decoded with uow_next_row over [writes, writes_end). */
+/* A captured group, in the TICK_CHUNK layout: {u32 component, u32 size,
+ * u32 n, n u64 entities, n values}. */
+#define UOW_GROUP_HDR 12u
+typedef struct uow_group {
+    keel_component component;
+    uint32_t size, n;
+    const unsigned char *entities, *values;
+} uow_group;
+
+static inline uow_group uow_group_at(const txn_uow *u, uint32_t gi)
+{
+    const uow_ref *r = &u->groups[gi];
+    const unsigned char *p = u->wbuf[r->buf].p + r->off;
+    uint32_t h[3];
+    memcpy(h, p, sizeof h);
+    return (uow_group){h[0], h[1], h[2], p + UOW_GROUP_HDR, p + UOW_GROUP_HDR + (size_t)h[2] * 8};
+}
+
+/* Iterate the captured rows / side records: *off starts at 0. A value-row
+ * cursor is a group's index, with the row's index inside the group in the
+ * bits above UOW_ROW_SHIFT; after a group's last row it is the next group's
+ * index (so a unit's end, ngroups or hook_rows_end, is reached exactly). */
+#define UOW_ROW_SHIFT 40
+#define UOW_OFF_MASK (((size_t)1 << UOW_ROW_SHIFT) - 1)
 bool uow_next_row(const txn_uow *u, size_t *off, uow_row *out);
 bool uow_next_side(const txn_uow *u, size_t *off, uow_side *out, size_t *writes_off);
 bool uow_next_side_row(const txn_uow *u, size_t *off, uow_row *out);

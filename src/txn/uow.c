@@ -14,9 +14,13 @@
  *   lifecycle   -- the commands the sync point applied, in order
  *                  (world_lifecycle_log, recorded by command playback).
  *   side records -- each side transaction's after-images, in commit order.
- * Rows are stored as records {entity u64, component u32, size u32, value
- * padded to 8}; side records as {seq u64, tick u64, mode u32, nwrites u32}
- * followed by nwrites row records.
+ * Value rows are stored as groups, one per captured chunk column, already
+ * in the TICK_CHUNK payload's group layout (docs/wal-format.md: u32
+ * component, u32 size, u32 n, n entity handles, n values), so the fence
+ * serialises a segment with a few bulk copies instead of a walk per row.
+ * Side records are {seq u64, tick u64, mode u32, nwrites u32} followed by
+ * nwrites row records {entity u64, component u32, size u32, value padded
+ * to 8}.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -90,7 +94,56 @@ static inline bool row_equal(const unsigned char *a, const unsigned char *b, uin
     }
 }
 
-static int capture_chunk(txn_uow *u, const keel_world *w, txn_touch tc)
+/* Pass 1 of a chunk column's capture: the indices of the rows to log
+ * (VERSIONED: those whose bytes differ from the tick-start version). */
+static uint32_t changed_rows(const unsigned char *old, const unsigned char *now, uint32_t size, uint32_t count,
+                             uint32_t *idx)
+{
+    uint32_t n = 0;
+    if (!old) {
+        for (uint32_t r = 0; r < count; r++)
+            idx[r] = r;
+        return count;
+    }
+    switch (size) { /* the common sizes get a loop the compiler unrolls */
+    case 12:
+        for (uint32_t r = 0; r < count; r++) {
+            idx[n] = r;
+            n += !row_equal(old + (size_t)r * 12, now + (size_t)r * 12, 12);
+        }
+        return n;
+    case 8:
+        for (uint32_t r = 0; r < count; r++) {
+            idx[n] = r;
+            n += !row_equal(old + (size_t)r * 8, now + (size_t)r * 8, 8);
+        }
+        return n;
+    case 4:
+        for (uint32_t r = 0; r < count; r++) {
+            idx[n] = r;
+            n += !row_equal(old + (size_t)r * 4, now + (size_t)r * 4, 4);
+        }
+        return n;
+    default:
+        for (uint32_t r = 0; r < count; r++) {
+            idx[n] = r;
+            n += !row_equal(old + (size_t)r * size, now + (size_t)r * size, size);
+        }
+        return n;
+    }
+}
+
+static void put_u32le(unsigned char *p, uint32_t v)
+{
+    memcpy(p, &v, 4); /* the WAL is little-endian, and so is the host (keel_wal/record.c) */
+}
+
+/* One chunk column: its changed rows become one group in the TICK_CHUNK
+ * layout (docs/wal-format.md): u32 component, u32 size, u32 n, n entities,
+ * n values, appended to the capturing worker's buffer wb. The fence then
+ * copies whole runs of groups into payloads. Returns the group's reference
+ * (n = 0: nothing changed; buf = UOW_REF_OOM: out of memory). */
+static uow_ref capture_chunk(uow_wbuf *wb, uint32_t wi, const keel_world *w, txn_touch tc)
 {
     const world_table *t = w->tables[tc.table];
     const world_chunk *ch = t->chunks[tc.chunk];
@@ -99,35 +152,130 @@ static int capture_chunk(txn_uow *u, const keel_world *w, txn_touch tc)
     keel_component c = t->cols[tc.col].c;
     const unsigned char *now = colver_cur(v);
     const unsigned char *old = w->comps[c].desc.discipline == KEEL_VERSIONED ? v->pub : NULL;
-    size_t rec = sizeof(row_hdr) + PAD8(size);
-    for (uint32_t r = 0; r < ch->count; r++) {
-        size_t off = (size_t)r * size;
-        if (old && row_equal(old + off, now + off, size))
-            continue;
-        if (buf_reserve(&u->rows, &u->rows_cap, u->rows_len, rec))
+    uow_ref oom = {UOW_REF_OOM, 0, 0};
+    if (ch->count > wb->idx_cap) {
+        uint32_t *p = realloc(wb->idx, (size_t)ch->count * sizeof *p);
+        if (!p)
+            return oom;
+        wb->idx = p;
+        wb->idx_cap = ch->count;
+    }
+    uint32_t n = changed_rows(old, now, size, ch->count, wb->idx);
+    if (!n)
+        return (uow_ref){wi, 0, 0};
+    if (buf_reserve(&wb->p, &wb->cap, wb->len, UOW_GROUP_HDR + (size_t)n * (8 + size)))
+        return oom;
+    unsigned char *g = wb->p + wb->len;
+    put_u32le(g, c);
+    put_u32le(g + 4, size);
+    put_u32le(g + 8, n);
+    unsigned char *ents = g + UOW_GROUP_HDR, *vals = ents + (size_t)n * 8;
+    const uint32_t *idx = wb->idx;
+    for (uint32_t i = 0; i < n; i++)
+        memcpy(ents + (size_t)i * 8, &ch->entities[idx[i]], 8);
+    if (size == 12)
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(vals + (size_t)i * 12, now + (size_t)idx[i] * 12, 12);
+    else
+        for (uint32_t i = 0; i < n; i++)
+            memcpy(vals + (size_t)i * size, now + (size_t)idx[i] * size, size);
+    uow_ref r = {wi, n, wb->len};
+    wb->len += UOW_GROUP_HDR + (size_t)n * (8 + size);
+    return r;
+}
+
+/* The capture of a list of chunk columns (touches), one task each, on the
+ * workers: task i writes its group into its worker's own buffer and its
+ * reference into groups[base + i], so no two tasks share anything; the
+ * references are then compacted in touch order on the caller. The groups'
+ * content and order depend on the touches only, not on which worker
+ * captured what, so the WAL is the same whatever the worker count. */
+typedef struct capture_job {
+    txn_uow *u;
+    const keel_world *w;
+    uint32_t base;
+} capture_job;
+
+static void capture_task(void *arg, uint32_t i, uint32_t worker)
+{
+    capture_job *j = arg;
+    j->u->groups[j->base + i] = capture_chunk(&j->u->wbuf[worker], worker, j->w, j->u->flat[i]);
+}
+
+static int uow_grow(void **p, uint32_t *cap, uint32_t need, size_t elem)
+{
+    if (need <= *cap)
+        return KEEL_OK;
+    uint32_t c = *cap ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q)
+        return KEEL_ENOMEM;
+    *p = q;
+    *cap = c;
+    return KEEL_OK;
+}
+
+/* Collect the durable touches of lists[0..nlists) into flat; *rows gets
+ * the rows they hold (the work to do). */
+static int flatten(txn_uow *u, const keel_world *w, const txn_vec *const *lists, uint32_t nlists, size_t *rows)
+{
+    u->nflat = 0;
+    *rows = 0;
+    for (uint32_t l = 0; l < nlists; l++) {
+        const txn_vec *changes = lists[l];
+        if (uow_grow((void **)&u->flat, &u->flat_cap, u->nflat + changes->n, sizeof *u->flat))
             return KEEL_ENOMEM;
-        put_row(u->rows + u->rows_len, ch->entities[r], c, size, now + off);
-        u->rows_len += rec;
-        u->nrows++;
+        for (uint32_t i = 0; i < changes->n; i++) {
+            txn_touch tc = changes->v[i];
+            const world_table *t = w->tables[tc.table];
+            if (w->comps[t->cols[tc.col].c].desc.discipline == KEEL_TRANSIENT)
+                continue;
+            u->flat[u->nflat++] = tc;
+            *rows += t->chunks[tc.chunk]->count;
+        }
     }
     return KEEL_OK;
 }
 
-static void capture_list(txn_uow *u, const keel_world *w, const txn_vec *changes)
+/* Capture the touches of lists, in order (parallel when there is enough). */
+static void capture_lists(keel_runtime *rt, const txn_vec *const *lists, uint32_t nlists)
 {
-    for (uint32_t i = 0; i < changes->n && !u->oom; i++) {
-        const world_table *t = w->tables[changes->v[i].table];
-        if (w->comps[t->cols[changes->v[i].col].c].desc.discipline == KEEL_TRANSIENT)
-            continue;
-        if (capture_chunk(u, w, changes->v[i]))
+    txn_uow *u = &rt->uow;
+    size_t rows;
+    if (u->oom)
+        return;
+    if (uow_grow((void **)&u->wbuf, &u->nwbuf, rt->workers, sizeof *u->wbuf) ||
+        flatten(u, rt->world, lists, nlists, &rows) ||
+        uow_grow((void **)&u->groups, &u->groups_cap, u->ngroups + u->nflat, sizeof *u->groups)) {
+        u->oom = true;
+        return;
+    }
+    for (uint32_t i = u->nwbuf_used; i < u->nwbuf; i++)
+        u->wbuf[i] = (uow_wbuf){0};
+    u->nwbuf_used = u->nwbuf;
+    capture_job job = {u, rt->world, u->ngroups};
+    if (rows >= UOW_PARALLEL_ROWS)
+        dispatch_for(rt, u->nflat, capture_task, &job);
+    else
+        for (uint32_t i = 0; i < u->nflat; i++)
+            capture_task(&job, i, 0);
+    for (uint32_t i = 0; i < u->nflat; i++) {
+        uow_ref r = u->groups[job.base + i];
+        if (r.buf == UOW_REF_OOM)
             u->oom = true;
+        else if (r.n) {
+            u->groups[u->ngroups++] = r;
+            u->nrows += r.n;
+        }
     }
 }
 
 void uow_capture_changes(keel_runtime *rt, const txn_vec *changes)
 {
     if (rt->uow.capture)
-        capture_list(&rt->uow, rt->world, changes);
+        capture_lists(rt, &changes, 1);
 }
 
 void uow_capture(keel_runtime *rt)
@@ -136,8 +284,13 @@ void uow_capture(keel_runtime *rt)
     if (!u->capture)
         return;
     const keel_schedule *sc = rt->sched;
-    for (uint32_t p = 0; p < sc->nsys; p++)
-        capture_list(u, rt->world, &rt->st[sc->order[p]].changes);
+    if (uow_grow((void **)&u->lists, &u->lists_cap, sc->nsys, sizeof *u->lists)) {
+        u->oom = true;
+    } else {
+        for (uint32_t p = 0; p < sc->nsys; p++)
+            u->lists[p] = &rt->st[sc->order[p]].changes;
+        capture_lists(rt, u->lists, sc->nsys);
+    }
     if (u->oom)
         core_log(KEEL_LOG_ERROR, "txn", "uow_capture_oom", "tick=%llu",
                  (unsigned long long)atomic_load_explicit(&rt->running_tick, memory_order_relaxed));
@@ -145,7 +298,9 @@ void uow_capture(keel_runtime *rt)
 
 void uow_reset(txn_uow *u)
 {
-    u->rows_len = 0;
+    for (uint32_t i = 0; i < u->nwbuf_used; i++)
+        u->wbuf[i].len = 0;
+    u->ngroups = 0;
     u->hook_rows_end = 0;
     u->nrows = 0;
     u->lifecycle.len = 0;
@@ -157,7 +312,14 @@ void uow_reset(txn_uow *u)
 
 void uow_fini(txn_uow *u)
 {
-    free(u->rows);
+    for (uint32_t i = 0; i < u->nwbuf_used; i++) {
+        free(u->wbuf[i].p);
+        free(u->wbuf[i].idx);
+    }
+    free(u->wbuf);
+    free(u->groups);
+    free(u->flat);
+    free(u->lists);
     free(u->lifecycle.buf);
     free(u->side);
     *u = (txn_uow){0};
@@ -165,12 +327,13 @@ void uow_fini(txn_uow *u)
 
 bool uow_next_row(const txn_uow *u, size_t *off, uow_row *out)
 {
-    if (*off >= u->rows_len)
+    size_t g = *off & UOW_OFF_MASK, i = *off >> UOW_ROW_SHIFT;
+    if (g >= u->ngroups)
         return false;
-    row_hdr h;
-    memcpy(&h, u->rows + *off, sizeof h);
-    *out = (uow_row){h.entity, h.component, h.size, u->rows + *off + sizeof h};
-    *off += sizeof h + PAD8(h.size);
+    uow_group h = uow_group_at(u, (uint32_t)g);
+    *out = (uow_row){0, h.component, h.size, h.values + i * h.size};
+    memcpy(&out->entity, h.entities + i * 8, 8);
+    *off = i + 1 < h.n ? g | (i + 1) << UOW_ROW_SHIFT : g + 1;
     return true;
 }
 

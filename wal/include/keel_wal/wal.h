@@ -104,6 +104,7 @@ typedef struct kw_codec_ctx kw_codec_ctx;
 typedef struct kw_codec_desc {
     int level;                /* zstd level; 0 = 1 (measured: docs/performance.md) */
     uint32_t min_compress;    /* payloads shorter than this are stored raw; 0 = 128 bytes */
+    int hash_log;             /* zstd's hashLog (ZSTD_c_hashLog); 0 = the level's own */
 } kw_codec_desc;
 
 int kw_codec_create(const kw_codec_desc *desc, kw_codec_ctx **out);
