@@ -150,6 +150,8 @@ int keel_cmd_spawn(keel_cmdbuf *cb, const keel_init *inits, uint32_t n)
     h->n = (uint16_t)n;
     uint32_t *ids = (uint32_t *)(h + 1);
     unsigned char *val = (unsigned char *)h + sizeof(cmd_hdr) + ALIGN8((size_t)n * sizeof(uint32_t));
+    if (n & 1)
+        ids[n] = 0; /* the padding: the lifecycle log copies records byte for byte into the WAL */
     for (uint32_t i = 0; i < n; i++) {
         uint32_t sz = w->comps[inits[i].c].desc.size;
         ids[i] = inits[i].c;
@@ -388,6 +390,30 @@ static int apply_one(keel_cmdbuf *cb, const cmd_hdr *h)
     }
 }
 
+/* ---- batched destroy: state of a run (see "batched destroy" below) ------ */
+
+/* Per table touched by a run. win[r - base] is 0 or 1 + the row where the
+ * cells of the entity now at row r still are; rows below base never get an
+ * entry (they are recorded in the run's fill list instead). */
+typedef struct run_table {
+    uint32_t *win;
+    uint32_t base;
+    uint32_t nchunks;           /* chunks before the run: those past t->nchunks are freed at the end */
+} run_table;
+
+typedef struct run_fill {
+    uint32_t table, row, src;
+} run_fill;
+
+typedef struct destroy_run {
+    uint32_t len;               /* destroys left in the run when it started: bounds every table's shrink */
+    run_table *tabs;            /* indexed by table id (w->ntables when the run started) */
+    uint32_t ntabs;
+    run_fill *fills;
+    uint32_t nfills, fills_cap;
+    uint32_t retire;            /* retired-list entries the deferred chunk frees need */
+} destroy_run;
+
 /* ---- prefetching --------------------------------------------------------
  * Playback of destroys (and adds, removes) that hit rows in random order is
  * bound by cache and TLB misses, each depending on the one before: the
@@ -423,7 +449,7 @@ static int apply_one(keel_cmdbuf *cb, const cmd_hdr *h)
  * and the slot of the entity `back` rows from the end of its table: the one
  * the destroy `back` commands from now moves, when the commands in between
  * are destroys in that table. */
-static void pf_row(const keel_world *w, const world_slot *s, uint32_t back)
+static void pf_row(const keel_world *w, const world_slot *s, uint32_t back, const destroy_run *run)
 {
     if (s->table >= w->ntables)
         return;
@@ -433,8 +459,14 @@ static void pf_row(const keel_world *w, const world_slot *s, uint32_t back)
     const world_chunk *ch = t->chunks[s->row >> w->chunk_shift];
     size_t off = s->row & w->chunk_mask;
     __builtin_prefetch(&ch->entities[off], 1, 3);
-    for (uint32_t i = 0; i < t->ncols; i++)
-        __builtin_prefetch((const char *)colver_cur(&ch->cols[i]) + off * t->cols[i].size, 1, 3);
+    if (run) { /* a batched destroy touches no cell, only its window entry */
+        const run_table *rt = s->table < run->ntabs ? &run->tabs[s->table] : NULL;
+        if (rt && rt->win && s->row >= rt->base)
+            __builtin_prefetch(&rt->win[s->row - rt->base], 1, 3);
+    } else {
+        for (uint32_t i = 0; i < t->ncols; i++)
+            __builtin_prefetch((const char *)colver_cur(&ch->cols[i]) + off * t->cols[i].size, 1, 3);
+    }
     if (back < t->count) {
         uint32_t last = t->count - 1 - back;
         uint32_t moved = KEEL_ENTITY_INDEX(t->chunks[last >> w->chunk_shift]->entities[last & w->chunk_mask]);
@@ -444,8 +476,8 @@ static void pf_row(const keel_world *w, const world_slot *s, uint32_t back)
 }
 
 /* Prefetch for up to PF_BATCH commands from offset `off`; returns the
- * offset past them. */
-static size_t pf_batch(const keel_cmdbuf *cb, size_t off)
+ * offset past them. `run`: the commands are a batched destroy run. */
+static size_t pf_batch(const keel_cmdbuf *cb, size_t off, const destroy_run *run)
 {
     const keel_world *w = cb->world;
     uint32_t idx[PF_BATCH], n = 0, lo = UINT32_MAX, hi = 0;
@@ -466,7 +498,7 @@ static size_t pf_batch(const keel_cmdbuf *cb, size_t off)
         __builtin_prefetch(&w->free_bits[idx[i] >> 6], 1, 3);
     }
     for (uint32_t i = 0; i < n; i++)
-        pf_row(w, world_slot_at(w, idx[i]), i);
+        pf_row(w, world_slot_at(w, idx[i]), i, run);
     return off;
 }
 
@@ -517,6 +549,222 @@ bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lif
     return true;
 }
 
+/* ---- batched destroy ------------------------------------------------------
+ * Swap-remove copies a table's last row into the row a destroy frees: one
+ * cell per column, each a random cache line when destroys come in random
+ * order, and wasted when a later destroy of the same run removes the moved
+ * entity again (destroying a whole table moves every entity about once,
+ * and keeps none of the copies). So a run of at least RUN_MIN consecutive
+ * destroys is replayed on slots and entity arrays only, the way one-by-one
+ * playback would change them, and each moved row that survives the run has
+ * its cells copied once at the end, from where they were when it started.
+ *
+ * Why the sources are still there at the end: no cell is written during the
+ * run, so an entity's cells stay in the row it held when the run began (its
+ * original row) however often it moves. An entity first moves when it is
+ * its table's last row: its original row is then count - 1, and count only
+ * shrinks, so the original row is at or past the table's final count, while
+ * every row copied into is below it: sources and destinations never overlap
+ * and the order of the copies does not matter. A moved entity that moves
+ * again keeps its original row as source; one destroyed later in the run
+ * leaves its row to the next entity moved there (whose source replaces the
+ * entry) or past the final count (no copy). Trailing chunks the run empties
+ * hold sources, so they are freed only after the copies, the ones one-by-one
+ * playback would free, in the same order.
+ *
+ * Where the source of the entity now at row r is: win[r - base] for rows at
+ * or past base = count - (destroys left in the run) when the run first
+ * touches the table -- every row a later destroy moves from (the last) is
+ * there -- or, for rows below base (never a last row during the run), the
+ * run's fill list, copied in order so the latest entry for a row wins.
+ *
+ * A command the batched path cannot take exactly as one-by-one playback
+ * would -- a chunk or slot page the published view shares (copy-on-write),
+ * out of memory -- ends the run before it changes anything; the copies and
+ * frees are then done and the rest of the run is played one by one, which
+ * keeps the failure policy. The effects on slots, generations, the
+ * free-slot bitmap, row order, counters and the lifecycle log are those of
+ * one-by-one playback, in its order; tests/test_command.c
+ * (playback_batched_equals_one_by_one) checks it. */
+#define RUN_MIN 16u
+#define RUN_MAX (1u << 20)
+
+/* Consecutive destroys from offset off (at most RUN_MAX); *end: past them. */
+static uint32_t run_length(const keel_cmdbuf *cb, size_t off, size_t *end)
+{
+    uint32_t n = 0;
+    while (off < cb->len && n < RUN_MAX) {
+        const cmd_hdr *h = (const cmd_hdr *)(cb->buf + off);
+        if (h->op != CMD_DESTROY)
+            break;
+        off += h->size;
+        n++;
+    }
+    *end = off;
+    return n;
+}
+
+/* True when version_own_chunk(ch) would copy nothing. */
+static bool run_chunk_owned(const world_table *t, const world_chunk *ch)
+{
+    if (ch->pub_entities && ch->entities == ch->pub_entities)
+        return false;
+    for (uint32_t i = 0; t->versioned && i < t->ncols; i++)
+        if (ch->cols[i].pub && colver_cur(&ch->cols[i]) == ch->cols[i].pub)
+            return false;
+    return true;
+}
+
+static bool run_slot_owned(const keel_world *w, uint32_t idx)
+{
+    uint32_t p = idx >> WORLD_PAGE_SHIFT;
+    return w->pages[p] != w->pub_pages[p];
+}
+
+/* The run's state for table t, made on first touch (NULL: out of memory);
+ * `left` destroys remain in the run, the current one included. */
+static run_table *run_table_of(destroy_run *run, const world_table *t, uint32_t left)
+{
+    run_table *rt = &run->tabs[t->id];
+    if (rt->win)
+        return rt;
+    uint32_t span = left < t->count ? left : t->count;
+    rt->win = calloc(span, sizeof *rt->win);
+    if (!rt->win)
+        return NULL;
+    rt->base = t->count - span;
+    rt->nchunks = t->nchunks;
+    return rt;
+}
+
+static bool run_fill_room(destroy_run *run)
+{
+    if (run->nfills < run->fills_cap)
+        return true;
+    uint32_t cap = run->fills_cap ? run->fills_cap * 2 : 256;
+    run_fill *f = realloc(run->fills, (size_t)cap * sizeof *f);
+    if (!f)
+        return false;
+    run->fills = f;
+    run->fills_cap = cap;
+    return true;
+}
+
+/* Destroy h's target on slots and entity arrays only. False, with nothing
+ * changed, when one-by-one playback would copy a shared buffer here or
+ * memory runs out: the run ends before this command. */
+static bool run_step(keel_cmdbuf *cb, destroy_run *run, const cmd_hdr *h, uint32_t left)
+{
+    keel_world *w = cb->world;
+    const world_slot *s = world_slot_of(w, h->target);
+    if (!s) {
+        target_slot(cb, h); /* counts it as ignored */
+        return true;
+    }
+    uint32_t idx = KEEL_ENTITY_INDEX(h->target);
+    world_table *t = w->tables[s->table];
+    uint32_t row = s->row, last = t->count - 1;
+    world_chunk *dst = t->chunks[row >> w->chunk_shift];
+    world_chunk *src = t->chunks[last >> w->chunk_shift];
+    keel_entity moved = src->entities[last & w->chunk_mask];
+    if (!run_slot_owned(w, idx))
+        return false;
+    if (row != last && (!run_slot_owned(w, KEEL_ENTITY_INDEX(moved)) ||
+                        ((row & w->chunk_mask) < dst->pub_count && !run_chunk_owned(t, dst))))
+        return false;
+    /* room for the chunks freed so far and one more per column, as one-by-one reserves */
+    if (version_reserve_retire(w, run->retire + t->ncols * 2 + 2))
+        return false;
+    run_table *rt = run_table_of(run, t, left);
+    if (!rt || (row != last && row < rt->base && !run_fill_room(run)))
+        return false;
+
+    if (row != last) {
+        uint32_t from = rt->win[last - rt->base] ? rt->win[last - rt->base] - 1 : last;
+        dst->entities[row & w->chunk_mask] = moved;
+        entity_slot_w(w, KEEL_ENTITY_INDEX(moved))->row = row;
+        if (row >= rt->base)
+            rt->win[row - rt->base] = from + 1;
+        else
+            run->fills[run->nfills++] = (run_fill){t->id, row, from};
+    }
+    src->count--;
+    t->count--;
+    while (t->nchunks >= 2 && t->chunks[t->nchunks - 2]->count == 0) {
+        t->nchunks--; /* freed by run_finish, after the copies */
+        run->retire += t->ncols + 1;
+    }
+    entity_free(w, idx);
+    cb->res.destroyed++;
+    return true;
+}
+
+static void run_copy_row(keel_world *w, const world_table *t, uint32_t to, uint32_t from)
+{
+    for (uint32_t i = 0; i < t->ncols; i++)
+        if (t->cols[i].size)
+            memcpy(world_cell(w, t, i, to), world_cell(w, t, i, from), t->cols[i].size);
+}
+
+/* The copies into surviving moved rows, then the deferred chunk frees. */
+static void run_finish(keel_world *w, destroy_run *run)
+{
+    for (uint32_t i = 0; i < run->nfills; i++) {
+        const run_fill *f = &run->fills[i];
+        const world_table *t = w->tables[f->table];
+        if (f->row < t->count)
+            run_copy_row(w, t, f->row, f->src);
+    }
+    for (uint32_t id = 0; id < run->ntabs; id++) {
+        run_table *rt = &run->tabs[id];
+        if (!rt->win)
+            continue;
+        world_table *t = w->tables[id];
+        for (uint32_t r = rt->base; r < t->count; r++)
+            if (rt->win[r - rt->base])
+                run_copy_row(w, t, r, rt->win[r - rt->base] - 1);
+        while (rt->nchunks > t->nchunks)
+            version_free_chunk(w, t, t->chunks[--rt->nchunks]);
+        free(rt->win);
+    }
+    free(run->tabs);
+    free(run->fills);
+}
+
+/* The bookkeeping of a command playback took up (applied or ignored). */
+static void cmd_done(keel_cmdbuf *cb, const cmd_hdr *h, keel_entity created)
+{
+    keel_world *w = cb->world;
+    if (w->lifecycle)
+        log_append(w->lifecycle, h, created);
+    w->mutations++;
+    cb->head += h->size;
+    cb->queued--;
+    cb->applied++;
+}
+
+/* Apply up to n destroys from head as a batched run; may apply none. */
+static void apply_destroy_run(keel_cmdbuf *cb, uint32_t n)
+{
+    keel_world *w = cb->world;
+    destroy_run run = {.len = n, .ntabs = w->ntables};
+    run.tabs = calloc(w->ntables ? w->ntables : 1, sizeof *run.tabs);
+    if (!run.tabs)
+        return;
+    size_t batch_end = cb->head;
+    for (uint32_t left = n; left; left--) {
+        if (cb->head >= batch_end)
+            batch_end = pf_batch(cb, cb->head, &run);
+        const cmd_hdr *h = (const cmd_hdr *)(cb->buf + cb->head);
+        if (w->lifecycle && log_reserve(w->lifecycle, h->size))
+            break;
+        if (!run_step(cb, &run, h, left))
+            break;
+        cmd_done(cb, h, KEEL_ENTITY_NULL);
+    }
+    run_finish(w, &run);
+}
+
 int keel_cmdbuf_apply(keel_cmdbuf *cb)
 {
     if (!cb)
@@ -526,10 +774,20 @@ int keel_cmdbuf_apply(keel_cmdbuf *cb)
         return core_fail(KEEL_EBUSY, "keel_cmdbuf_apply: the world has a data directory and nothing would log these "
                                      "commands; record them in a system or hook (applied at the sync point)");
     size_t batch_end = cb->head; /* commands before it were prefetched */
+    size_t plain_until = cb->head; /* commands before it are played one by one */
     while (cb->head < cb->len) {
-        if (cb->head >= batch_end)
-            batch_end = pf_batch(cb, cb->head);
         const cmd_hdr *h = (const cmd_hdr *)(cb->buf + cb->head);
+        if (cb->head >= plain_until && h->op == CMD_DESTROY && !w->inject_countdown) {
+            uint32_t n = run_length(cb, cb->head, &plain_until);
+            if (n >= RUN_MIN) {
+                /* what a run that ends early leaves goes one by one */
+                apply_destroy_run(cb, n);
+                batch_end = cb->head;
+                continue;
+            }
+        }
+        if (cb->head >= batch_end)
+            batch_end = pf_batch(cb, cb->head, NULL);
         uint32_t spawned = cb->res.created_count;
         int rc = w->lifecycle ? log_reserve(w->lifecycle, h->size) : KEEL_OK;
         if (!rc)
@@ -541,12 +799,7 @@ int keel_cmdbuf_apply(keel_cmdbuf *cb)
             return core_fail(rc, "keel_cmdbuf_apply: command #%u (%s) failed, it and %u after it stay queued: %s",
                              cb->applied + 1, op_name(h->op), cb->queued - 1, cause);
         }
-        if (w->lifecycle)
-            log_append(w->lifecycle, h, cb->res.created_count > spawned ? cb->created[spawned] : KEEL_ENTITY_NULL);
-        w->mutations++;
-        cb->head += h->size;
-        cb->queued--;
-        cb->applied++;
+        cmd_done(cb, h, cb->res.created_count > spawned ? cb->created[spawned] : KEEL_ENTITY_NULL);
     }
     cb->head = cb->len = 0; /* reuse the buffer's memory for the next round */
     set_failed(cb, false);
