@@ -392,11 +392,13 @@ static int apply_one(keel_cmdbuf *cb, const cmd_hdr *h)
 
 /* ---- batched destroy: state of a run (see "batched destroy" below) ------ */
 
-/* Per table touched by a run. win[r - base] is 0 or 1 + the row where the
- * cells of the entity now at row r still are; rows below base never get an
- * entry (they are recorded in the run's fill list instead). */
+/* Per table touched by a run. Bit r - base of `moved` set: the entity now
+ * at row r >= base moved there during the run, and its entity-array entry
+ * holds its index and, in place of its generation, the row its cells are
+ * in (see "batched destroy"); rows below base are recorded in the run's
+ * fill list instead. */
 typedef struct run_table {
-    uint32_t *win;
+    uint64_t *moved;
     uint32_t base;
     uint32_t nchunks;           /* chunks before the run: those past t->nchunks are freed at the end */
 } run_table;
@@ -459,14 +461,8 @@ static void pf_row(const keel_world *w, const world_slot *s, uint32_t back, cons
     const world_chunk *ch = t->chunks[s->row >> w->chunk_shift];
     size_t off = s->row & w->chunk_mask;
     __builtin_prefetch(&ch->entities[off], 1, 3);
-    if (run) { /* a batched destroy touches no cell, only its window entry */
-        const run_table *rt = s->table < run->ntabs ? &run->tabs[s->table] : NULL;
-        if (rt && rt->win && s->row >= rt->base)
-            __builtin_prefetch(&rt->win[s->row - rt->base], 1, 3);
-    } else {
-        for (uint32_t i = 0; i < t->ncols; i++)
-            __builtin_prefetch((const char *)colver_cur(&ch->cols[i]) + off * t->cols[i].size, 1, 3);
-    }
+    for (uint32_t i = 0; !run && i < t->ncols; i++) /* a batched destroy touches no cell */
+        __builtin_prefetch((const char *)colver_cur(&ch->cols[i]) + off * t->cols[i].size, 1, 3);
     if (back < t->count) {
         uint32_t last = t->count - 1 - back;
         uint32_t moved = KEEL_ENTITY_INDEX(t->chunks[last >> w->chunk_shift]->entities[last & w->chunk_mask]);
@@ -572,11 +568,19 @@ bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lif
  * hold sources, so they are freed only after the copies, the ones one-by-one
  * playback would free, in the same order.
  *
- * Where the source of the entity now at row r is: win[r - base] for rows at
- * or past base = count - (destroys left in the run) when the run first
- * touches the table -- every row a later destroy moves from (the last) is
- * there -- or, for rows below base (never a last row during the run), the
- * run's fill list, copied in order so the latest entry for a row wins.
+ * Where the source of the entity now at row r is. For rows at or past
+ * base = count - (destroys left in the run) when the run first touches the
+ * table -- every row a later destroy moves from (the last) is there -- in
+ * the row's entity-array entry itself, which the move writes anyway: the
+ * index stays, the generation half holds the source row, and a bit per row
+ * (a bitmap a 64th of the entity array's size, cache-resident where a side
+ * table of rows would cost one more cache miss per destroy) says the entry
+ * is in that form. The generation comes back from the slot when the entity
+ * moves again and at the end. An entry in that form at or past the final
+ * count is left so: rows past a table's count are dead storage, read by
+ * nobody, in one-by-one playback as well. For rows below base (never a last
+ * row during the run) the run's fill list, copied in order so the latest
+ * entry for a row wins.
  *
  * A command the batched path cannot take exactly as one-by-one playback
  * would -- a chunk or slot page the published view shares (copy-on-write),
@@ -626,11 +630,11 @@ static bool run_slot_owned(const keel_world *w, uint32_t idx)
 static run_table *run_table_of(destroy_run *run, const world_table *t, uint32_t left)
 {
     run_table *rt = &run->tabs[t->id];
-    if (rt->win)
+    if (rt->moved)
         return rt;
     uint32_t span = left < t->count ? left : t->count;
-    rt->win = calloc(span, sizeof *rt->win);
-    if (!rt->win)
+    rt->moved = calloc(span / 64 + 1, sizeof *rt->moved);
+    if (!rt->moved)
         return NULL;
     rt->base = t->count - span;
     rt->nchunks = t->nchunks;
@@ -680,13 +684,21 @@ static bool run_step(keel_cmdbuf *cb, destroy_run *run, const cmd_hdr *h, uint32
         return false;
 
     if (row != last) {
-        uint32_t from = rt->win[last - rt->base] ? rt->win[last - rt->base] - 1 : last;
-        dst->entities[row & w->chunk_mask] = moved;
-        entity_slot_w(w, KEEL_ENTITY_INDEX(moved))->row = row;
-        if (row >= rt->base)
-            rt->win[row - rt->base] = from + 1;
-        else
+        uint32_t mi = KEEL_ENTITY_INDEX(moved), from = last, lb = last - rt->base;
+        world_slot *ms = entity_slot_w(w, mi);
+        if ((rt->moved[lb >> 6] >> (lb & 63)) & 1) { /* moved before: the entry holds its source row */
+            from = KEEL_ENTITY_GEN(moved);
+            moved = KEEL_ENTITY_MAKE(mi, ms->gen);
+        }
+        ms->row = row;
+        if (row >= rt->base) {
+            uint32_t rb = row - rt->base;
+            rt->moved[rb >> 6] |= 1ull << (rb & 63);
+            dst->entities[row & w->chunk_mask] = KEEL_ENTITY_MAKE(mi, from);
+        } else {
+            dst->entities[row & w->chunk_mask] = moved;
             run->fills[run->nfills++] = (run_fill){t->id, row, from};
+        }
     }
     src->count--;
     t->count--;
@@ -717,15 +729,21 @@ static void run_finish(keel_world *w, destroy_run *run)
     }
     for (uint32_t id = 0; id < run->ntabs; id++) {
         run_table *rt = &run->tabs[id];
-        if (!rt->win)
+        if (!rt->moved)
             continue;
         world_table *t = w->tables[id];
-        for (uint32_t r = rt->base; r < t->count; r++)
-            if (rt->win[r - rt->base])
-                run_copy_row(w, t, r, rt->win[r - rt->base] - 1);
+        for (uint32_t r = rt->base; r < t->count; r++) {
+            uint32_t rb = r - rt->base;
+            if (!((rt->moved[rb >> 6] >> (rb & 63)) & 1))
+                continue;
+            keel_entity *e = &t->chunks[r >> w->chunk_shift]->entities[r & w->chunk_mask];
+            uint32_t idx = KEEL_ENTITY_INDEX(*e), from = KEEL_ENTITY_GEN(*e);
+            *e = KEEL_ENTITY_MAKE(idx, world_slot_at(w, idx)->gen);
+            run_copy_row(w, t, r, from);
+        }
         while (rt->nchunks > t->nchunks)
             version_free_chunk(w, t, t->chunks[--rt->nchunks]);
-        free(rt->win);
+        free(rt->moved);
     }
     free(run->tabs);
     free(run->fills);
