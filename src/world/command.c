@@ -150,8 +150,6 @@ int keel_cmd_spawn(keel_cmdbuf *cb, const keel_init *inits, uint32_t n)
     h->n = (uint16_t)n;
     uint32_t *ids = (uint32_t *)(h + 1);
     unsigned char *val = (unsigned char *)h + sizeof(cmd_hdr) + ALIGN8((size_t)n * sizeof(uint32_t));
-    if (n & 1)
-        ids[n] = 0; /* the padding: the lifecycle log copies records byte for byte into the WAL */
     for (uint32_t i = 0; i < n; i++) {
         uint32_t sz = w->comps[inits[i].c].desc.size;
         ids[i] = inits[i].c;
@@ -523,8 +521,11 @@ static void log_append(world_lifecycle_log *log, const cmd_hdr *h, keel_entity c
 {
     cmd_hdr *copy = (cmd_hdr *)(log->buf + log->len);
     memcpy(copy, h, h->size);
-    if (h->op == CMD_SPAWN)
+    if (h->op == CMD_SPAWN) {
         copy->target = created;
+        if (h->n & 1) /* the id list's padding, never written by recording: the WAL gets fixed bytes */
+            ((uint32_t *)(copy + 1))[h->n] = 0;
+    }
     log->len += h->size;
     log->count++;
 }
@@ -749,18 +750,6 @@ static void run_finish(keel_world *w, destroy_run *run)
     free(run->fills);
 }
 
-/* The bookkeeping of a command playback took up (applied or ignored). */
-static void cmd_done(keel_cmdbuf *cb, const cmd_hdr *h, keel_entity created)
-{
-    keel_world *w = cb->world;
-    if (w->lifecycle)
-        log_append(w->lifecycle, h, created);
-    w->mutations++;
-    cb->head += h->size;
-    cb->queued--;
-    cb->applied++;
-}
-
 /* Apply up to n destroys from head as a batched run; may apply none. */
 static void apply_destroy_run(keel_cmdbuf *cb, uint32_t n)
 {
@@ -778,7 +767,12 @@ static void apply_destroy_run(keel_cmdbuf *cb, uint32_t n)
             break;
         if (!run_step(cb, &run, h, left))
             break;
-        cmd_done(cb, h, KEEL_ENTITY_NULL);
+        if (w->lifecycle) /* the bookkeeping of keel_cmdbuf_apply */
+            log_append(w->lifecycle, h, KEEL_ENTITY_NULL);
+        w->mutations++;
+        cb->head += h->size;
+        cb->queued--;
+        cb->applied++;
     }
     run_finish(w, &run);
 }
@@ -817,7 +811,12 @@ int keel_cmdbuf_apply(keel_cmdbuf *cb)
             return core_fail(rc, "keel_cmdbuf_apply: command #%u (%s) failed, it and %u after it stay queued: %s",
                              cb->applied + 1, op_name(h->op), cb->queued - 1, cause);
         }
-        cmd_done(cb, h, cb->res.created_count > spawned ? cb->created[spawned] : KEEL_ENTITY_NULL);
+        if (w->lifecycle)
+            log_append(w->lifecycle, h, cb->res.created_count > spawned ? cb->created[spawned] : KEEL_ENTITY_NULL);
+        w->mutations++;
+        cb->head += h->size;
+        cb->queued--;
+        cb->applied++;
     }
     cb->head = cb->len = 0; /* reuse the buffer's memory for the next round */
     set_failed(cb, false);
