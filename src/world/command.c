@@ -788,8 +788,8 @@ int keel_cmdbuf_apply(keel_cmdbuf *cb)
     size_t batch_end = cb->head; /* commands before it were prefetched */
     size_t plain_until = cb->head; /* commands before it are played one by one */
     while (cb->head < cb->len) {
-        const cmd_hdr *h = (const cmd_hdr *)(cb->buf + cb->head);
-        if (cb->head >= plain_until && h->op == CMD_DESTROY && !w->inject_countdown) {
+        if (cb->head >= plain_until && ((const cmd_hdr *)(cb->buf + cb->head))->op == CMD_DESTROY &&
+            !w->inject_countdown) {
             uint32_t n = run_length(cb, cb->head, &plain_until);
             if (n >= RUN_MIN) {
                 /* what a run that ends early leaves goes one by one */
@@ -800,6 +800,7 @@ int keel_cmdbuf_apply(keel_cmdbuf *cb)
         }
         if (cb->head >= batch_end)
             batch_end = pf_batch(cb, cb->head, NULL);
+        const cmd_hdr *h = (const cmd_hdr *)(cb->buf + cb->head);
         uint32_t spawned = cb->res.created_count;
         int rc = w->lifecycle ? log_reserve(w->lifecycle, h->size) : KEEL_OK;
         if (!rc)
