@@ -406,7 +406,6 @@ typedef struct run_fill {
 } run_fill;
 
 typedef struct destroy_run {
-    uint32_t len;               /* destroys left in the run when it started: bounds every table's shrink */
     run_table *tabs;            /* indexed by table id (w->ntables when the run started) */
     uint32_t ntabs;
     run_fill *fills;
@@ -754,7 +753,7 @@ static void run_finish(keel_world *w, destroy_run *run)
 static void apply_destroy_run(keel_cmdbuf *cb, uint32_t n)
 {
     keel_world *w = cb->world;
-    destroy_run run = {.len = n, .ntabs = w->ntables};
+    destroy_run run = {.ntabs = w->ntables};
     run.tabs = calloc(w->ntables ? w->ntables : 1, sizeof *run.tabs);
     if (!run.tabs)
         return;
