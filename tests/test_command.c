@@ -929,6 +929,118 @@ START_TEST(playback_batched_equals_one_by_one)
 }
 END_TEST
 
+/* Runs of destroys (world/command.c, "batched destroy": a run of at least
+ * 16 consecutive destroys is replayed on slots and entity arrays, its cells
+ * copied at the end). Segments of each kind, between a few adds, removes and
+ * spawns: shuffled runs spanning many chunks of both tables, with repeats
+ * (stale destroys, and destroys of entities moved earlier in the run), null
+ * targets; a run that empties the three-component table; runs longer than
+ * the table they hit. Applied at once in one world, one command per apply
+ * in the other, with a lifecycle log attached to both: everything, the log
+ * bytes included, must be identical. */
+/* After each recorded command: apply it at once when `each` (one by one). */
+static void runs_next(keel_cmdbuf *cb, bool each)
+{
+    if (each)
+        ck_assert_ok(keel_cmdbuf_apply(cb));
+}
+
+static void runs_record(keel_cmdbuf *cb, uint64_t *rng, const keel_entity *ents, uint32_t seg, bool each)
+{
+    if (seg == 5) { /* empty the three-component table (i % 3 == 0), in a shuffled order */
+        for (uint32_t k = 0; k < EQ_ENTITIES / 3; k++) {
+            uint32_t j = (uint32_t)((eq_next(rng) >> 8) % (EQ_ENTITIES / 3));
+            ck_assert_ok(keel_cmd_destroy(cb, ents[3 * j]));
+            runs_next(cb, each);
+        }
+        for (uint32_t j = 0; j < EQ_ENTITIES / 3; j++) {
+            ck_assert_ok(keel_cmd_destroy(cb, ents[3 * j]));
+            runs_next(cb, each);
+        }
+        return;
+    }
+    uint32_t len = 16 + (uint32_t)(eq_next(rng) % 400);
+    for (uint32_t k = 0; k < len; k++) {
+        uint64_t r = eq_next(rng);
+        keel_entity e = r % 29 == 0 ? KEEL_ENTITY_NULL : ents[(r >> 8) % EQ_ENTITIES];
+        ck_assert_ok(keel_cmd_destroy(cb, e));
+        runs_next(cb, each);
+    }
+    for (uint32_t k = 0; k < 6; k++) { /* a few mixed commands between runs */
+        eq_record(cb, rng, ents, seg * 100 + k);
+        runs_next(cb, each);
+    }
+    rec_spawn_pos(cb, (int32_t)seg, 1);
+    runs_next(cb, each);
+}
+
+START_TEST(playback_destroy_runs_equal_one_by_one)
+{
+    keel_world *wa = make_world(), *wb = make_world();
+    static keel_entity ents_a[EQ_ENTITIES], ents_b[EQ_ENTITIES];
+    eq_populate(wa, ents_a);
+    eq_populate(wb, ents_b);
+    world_lifecycle_log la = {0}, lb = {0};
+    wa->lifecycle = &la;
+    wb->lifecycle = &lb;
+
+    keel_cmdbuf *ca = make_cb(wa), *cbb = make_cb(wb);
+    uint64_t rng_a = 0x243f6a8885a308d3ull, rng_b = rng_a;
+    for (uint32_t seg = 0; seg < 12; seg++)
+        runs_record(ca, &rng_a, ents_a, seg, false);
+    ck_assert_ok(keel_cmdbuf_apply(ca)); /* batched: all at once */
+    for (uint32_t seg = 0; seg < 12; seg++)
+        runs_record(cbb, &rng_b, ents_b, seg, true); /* one at a time */
+
+    keel_cmd_result ra = keel_cmdbuf_result(ca), rb = keel_cmdbuf_result(cbb);
+    ck_assert_uint_eq(ra.created_count, rb.created_count);
+    ck_assert_int_eq(memcmp(ra.created, rb.created, ra.created_count * sizeof *ra.created), 0);
+    ck_assert_uint_eq(ra.spawned, rb.spawned);
+    ck_assert_uint_eq(ra.destroyed, rb.destroyed);
+    ck_assert_uint_eq(ra.added, rb.added);
+    ck_assert_uint_eq(ra.removed, rb.removed);
+    ck_assert_uint_eq(ra.ignored_null, rb.ignored_null);
+    ck_assert_uint_eq(ra.ignored_stale, rb.ignored_stale);
+    ck_assert_uint_eq(ra.ignored_absent, rb.ignored_absent);
+    ck_assert_uint_gt(ra.destroyed, EQ_ENTITIES / 2);
+    ck_assert_uint_gt(ra.ignored_stale, 0);
+    ck_assert_uint_gt(ra.ignored_null, 0);
+    ck_assert_uint_eq(wa->mutations, wb->mutations);
+    ck_assert_uint_eq(la.count, lb.count);
+    ck_assert_uint_eq(la.len, lb.len);
+    for (size_t k = 0; k < la.len; k++)
+        ck_assert_msg(la.buf[k] == lb.buf[k], "lifecycle logs differ at byte %zu of %zu", k, la.len);
+    uint32_t empty = 0;
+    for (uint32_t id = 0; id < wa->ntables; id++) {
+        empty += wa->tables[id]->count == 0;
+        ck_assert_uint_eq(wa->tables[id]->nchunks, wb->tables[id]->nchunks); /* the same chunks freed */
+    }
+    ck_assert_uint_gt(empty, 0); /* segment 5 emptied a table */
+    eq_assert_same_layout(wa, wb);
+    wa->lifecycle = wb->lifecycle = NULL;
+    free(la.buf);
+    free(lb.buf);
+
+    /* the free-slot order: later spawns get the same handles */
+    ck_assert_ok(keel_cmdbuf_reset(ca));
+    ck_assert_ok(keel_cmdbuf_reset(cbb));
+    for (uint32_t i = 0; i < EQ_ENTITIES; i++) {
+        rec_spawn_pos(ca, 1, 2);
+        rec_spawn_pos(cbb, 1, 2);
+    }
+    ck_assert_ok(keel_cmdbuf_apply(ca));
+    ck_assert_ok(keel_cmdbuf_apply(cbb));
+    ck_assert_int_eq(memcmp(keel_cmdbuf_result(ca).created, keel_cmdbuf_result(cbb).created,
+                            EQ_ENTITIES * sizeof(keel_entity)), 0);
+    eq_assert_same_layout(wa, wb);
+
+    keel_cmdbuf_destroy(ca);
+    keel_cmdbuf_destroy(cbb);
+    keel_world_destroy(wa);
+    keel_world_destroy(wb);
+}
+END_TEST
+
 START_TEST(playback_hash_history_independent)
 {
     /* an entity that moved out of a table and back hashes like one that never
@@ -1823,6 +1935,7 @@ static Suite *playback_suite(void)
     tcase_add_test(tc, playback_destroy_clears);
     tcase_add_test(tc, playback_many);
     tcase_add_test(tc, playback_batched_equals_one_by_one);
+    tcase_add_test(tc, playback_destroy_runs_equal_one_by_one);
     tcase_add_test(tc, playback_hash_history_independent);
     suite_add_tcase(s, tc);
     return s;

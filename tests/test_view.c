@@ -881,6 +881,167 @@ START_TEST(test_idle_tick_advances_view_tick)
 }
 END_TEST
 
+/* ---- batched destroy under a published view ---------------------------------
+ * Playback replays a long run of destroys on slots and entity arrays only
+ * and copies cells at the end (world/command.c, "batched destroy"); a chunk
+ * or slot page the view shares ends the run so the one-by-one path copies
+ * it first. Two runtimes hold the same published view; one applies three
+ * buffers at once (a lone destroy that owns chunk 0 and the slot page, a run
+ * that starts in chunk 0 and reaches shared chunks, a run over chunks the
+ * second buffer made private), the other applies the same destroys one per
+ * apply. The worlds must be identical and the held view unchanged. */
+enum { BD_N = 600, BD_RUN2 = 120, BD_RUN3 = 250 };
+
+typedef struct bd_world {
+    keel_runtime *rt;
+    keel_world *w;
+    keel_component a, sv;
+    keel_entity e[BD_N];
+} bd_world;
+
+static void bd_init(bd_world *b)
+{
+    memset(b, 0, sizeof *b);
+    keel_runtime_desc d = {.workers = 1, .tick_rate_hz = -1, .world = {.chunk_rows = 16}};
+    ck_assert_ok(keel_runtime_create(&d, &b->rt));
+    b->w = keel_runtime_world(b->rt);
+    b->a = reg_comp(b->w, "a", 8, KEEL_VERSIONED, i64_field);
+    b->sv = reg_comp(b->w, "sv", 4, KEEL_SINGLE_VERSION, i32_field);
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(b->w, &cb));
+    for (uint32_t i = 0; i < BD_N; i++) {
+        int64_t a = (int64_t)i * 11;
+        int32_t sv = (int32_t)i;
+        ck_assert_ok(keel_cmd_spawn(cb, (keel_init[]){{b->a, &a}, {b->sv, &sv}}, i % 3 == 0 ? 2 : 1));
+    }
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    memcpy(b->e, keel_cmdbuf_result(cb).created, sizeof b->e);
+    keel_cmdbuf_destroy(cb);
+    keel_schedule *sc = sched_new(b->rt);
+    keel_system_desc nd = {.name = "noop", .run = sys_noop};
+    add_sys(sc, &nd);
+    ck_assert_ok(keel_schedule_build(sc));
+    ck_assert_ok(keel_runtime_set_schedule(b->rt, sc));
+    ck_assert_ok(keel_runtime_step(b->rt)); /* publishes: the view shares every chunk */
+}
+
+/* Destroy targets[0..n) in one apply, or one command per apply. */
+static void bd_destroy(bd_world *b, const uint32_t *targets, uint32_t n, bool at_once)
+{
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(b->w, &cb));
+    for (uint32_t i = 0; i < n; i++) {
+        ck_assert_ok(keel_cmd_destroy(cb, b->e[targets[i]]));
+        if (!at_once)
+            ck_assert_ok(keel_cmdbuf_apply(cb));
+    }
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmdbuf_destroy(cb);
+}
+
+static void bd_assert_same(const bd_world *x, const bd_world *y)
+{
+    ck_assert_uint_eq(keel_world_hash(x->w), keel_world_hash(y->w));
+    ck_assert_uint_eq(x->w->nslots, y->w->nslots);
+    for (uint32_t i = 0; i < x->w->nslots; i++) {
+        const world_slot *sx = world_slot_at(x->w, i), *sy = world_slot_at(y->w, i);
+        ck_assert_uint_eq(sx->gen, sy->gen);
+        ck_assert_uint_eq(sx->table, sy->table);
+        if (sx->table != WORLD_NO_TABLE)
+            ck_assert_uint_eq(sx->row, sy->row);
+    }
+    for (uint32_t i = 0; i < BD_N; i++) {
+        int64_t ax = -1, ay = -2;
+        int32_t vx = -1, vy = -2;
+        ck_assert_int_eq(keel_get(x->w, x->e[i], x->a, &ax), keel_get(y->w, y->e[i], y->a, &ay));
+        int rc = keel_get(x->w, x->e[i], x->sv, &vx);
+        ck_assert_int_eq(rc, keel_get(y->w, y->e[i], y->sv, &vy));
+        if (keel_alive(x->w, x->e[i])) {
+            ck_assert_int_eq(ax, (int64_t)i * 11);
+            ck_assert_int_eq(ax, ay);
+        }
+        if (rc == KEEL_OK) {
+            ck_assert_int_eq(vx, (int32_t)i);
+            ck_assert_int_eq(vx, vy);
+        }
+    }
+}
+
+/* Every entity is alive in v with its spawn values. */
+static void bd_assert_view(const bd_world *b, const keel_view *v)
+{
+    ck_assert_uint_eq(keel_view_count(v), BD_N);
+    for (uint32_t i = 0; i < BD_N; i++) {
+        int64_t a = -1;
+        ck_assert(keel_view_alive(v, b->e[i]));
+        ck_assert_ok(keel_view_get(v, b->e[i], b->a, &a));
+        ck_assert_int_eq(a, (int64_t)i * 11);
+    }
+}
+
+START_TEST(test_batched_destroy_under_view)
+{
+    static bd_world x, y; /* x: at once, y: one by one */
+    bd_init(&x);
+    bd_init(&y);
+    ck_assert_uint_eq(keel_world_hash(x.w), keel_world_hash(y.w));
+    const world_table *t = x.w->tables[x.w->ntables - 1];
+    ck_assert_uint_gt(t->nchunks, 4);
+    ck_assert_ptr_eq(t->chunks[0]->entities, t->chunks[0]->pub_entities); /* shared with the view */
+
+    const keel_view *vx = NULL, *vy = NULL;
+    ck_assert_ok(keel_read_begin(x.rt, &vx));
+    ck_assert_ok(keel_read_begin(y.rt, &vy));
+
+    /* the table of `a` alone holds the entities with i % 3 != 0: e[1], e[2],
+     * e[4], ... in rows 0, 1, 2, ...; destroying e[1] owns its chunk 0 */
+    uint32_t first[1] = {1};
+    bd_destroy(&x, first, 1, true);
+    bd_destroy(&y, first, 1, false);
+    bd_assert_same(&x, &y);
+
+    /* run 2: rows 1..15 of that table (chunk 0, private now), then shuffled
+     * targets anywhere (shared chunks: the run stops, the rest goes one by one) */
+    uint32_t run2[BD_RUN2], n = 0;
+    for (uint32_t i = 2; n < 15; i++)
+        if (i % 3 != 0)
+            run2[n++] = i;
+    uint64_t rng = 0x2545f4914f6cdd1dull;
+    while (n < BD_RUN2) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        run2[n++] = (uint32_t)(rng % BD_N); /* repeats: stale destroys */
+    }
+    bd_destroy(&x, run2, BD_RUN2, true);
+    bd_destroy(&y, run2, BD_RUN2, false);
+    bd_assert_same(&x, &y);
+    bd_assert_view(&x, vx);
+
+    /* run 3: shuffled, over chunks partly made private above */
+    uint32_t run3[BD_RUN3];
+    for (uint32_t i = 0; i < BD_RUN3; i++) {
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        run3[i] = (uint32_t)(rng % BD_N);
+    }
+    bd_destroy(&x, run3, BD_RUN3, true);
+    bd_destroy(&y, run3, BD_RUN3, false);
+    bd_assert_same(&x, &y);
+    bd_assert_view(&x, vx);
+    bd_assert_view(&y, vy);
+    keel_read_end(vx);
+    keel_read_end(vy);
+
+    /* the next publication takes the new state; the retired buffers go */
+    ck_assert_ok(keel_runtime_step(x.rt));
+    ck_assert_ok(keel_runtime_step(y.rt));
+    bd_assert_same(&x, &y);
+    ck_assert_ok(keel_read_begin(x.rt, &vx));
+    ck_assert_uint_eq(keel_view_count(vx), keel_world_count(x.w));
+    keel_read_end(vx);
+    keel_runtime_close(x.rt);
+    keel_runtime_close(y.rt);
+}
+END_TEST
+
 static Suite *view_basic(void)
 {
     Suite *s = suite_create("view_basic");
@@ -893,6 +1054,7 @@ static Suite *view_basic(void)
     tcase_add_test(tc, test_views_nest);
     tcase_add_test(tc, test_between_steps_published_at_next_step);
     tcase_add_test(tc, test_idle_tick_advances_view_tick);
+    tcase_add_test(tc, test_batched_destroy_under_view);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -388,6 +388,31 @@ static int apply_one(keel_cmdbuf *cb, const cmd_hdr *h)
     }
 }
 
+/* ---- batched destroy: state of a run (see "batched destroy" below) ------ */
+
+/* Per table touched by a run. Bit r - base of `moved` set: the entity now
+ * at row r >= base moved there during the run, and its entity-array entry
+ * holds its index and, in place of its generation, the row its cells are
+ * in (see "batched destroy"); rows below base are recorded in the run's
+ * fill list instead. */
+typedef struct run_table {
+    uint64_t *moved;
+    uint32_t base;
+    uint32_t nchunks;           /* chunks before the run: those past t->nchunks are freed at the end */
+} run_table;
+
+typedef struct run_fill {
+    uint32_t table, row, src;
+} run_fill;
+
+typedef struct destroy_run {
+    run_table *tabs;            /* indexed by table id (w->ntables when the run started) */
+    uint32_t ntabs;
+    run_fill *fills;
+    uint32_t nfills, fills_cap;
+    uint32_t retire;            /* retired-list entries the deferred chunk frees need */
+} destroy_run;
+
 /* ---- prefetching --------------------------------------------------------
  * Playback of destroys (and adds, removes) that hit rows in random order is
  * bound by cache and TLB misses, each depending on the one before: the
@@ -423,7 +448,7 @@ static int apply_one(keel_cmdbuf *cb, const cmd_hdr *h)
  * and the slot of the entity `back` rows from the end of its table: the one
  * the destroy `back` commands from now moves, when the commands in between
  * are destroys in that table. */
-static void pf_row(const keel_world *w, const world_slot *s, uint32_t back)
+static void pf_row(const keel_world *w, const world_slot *s, uint32_t back, const destroy_run *run)
 {
     if (s->table >= w->ntables)
         return;
@@ -433,7 +458,7 @@ static void pf_row(const keel_world *w, const world_slot *s, uint32_t back)
     const world_chunk *ch = t->chunks[s->row >> w->chunk_shift];
     size_t off = s->row & w->chunk_mask;
     __builtin_prefetch(&ch->entities[off], 1, 3);
-    for (uint32_t i = 0; i < t->ncols; i++)
+    for (uint32_t i = 0; !run && i < t->ncols; i++) /* a batched destroy touches no cell */
         __builtin_prefetch((const char *)colver_cur(&ch->cols[i]) + off * t->cols[i].size, 1, 3);
     if (back < t->count) {
         uint32_t last = t->count - 1 - back;
@@ -444,8 +469,8 @@ static void pf_row(const keel_world *w, const world_slot *s, uint32_t back)
 }
 
 /* Prefetch for up to PF_BATCH commands from offset `off`; returns the
- * offset past them. */
-static size_t pf_batch(const keel_cmdbuf *cb, size_t off)
+ * offset past them. `run`: the commands are a batched destroy run. */
+static size_t pf_batch(const keel_cmdbuf *cb, size_t off, const destroy_run *run)
 {
     const keel_world *w = cb->world;
     uint32_t idx[PF_BATCH], n = 0, lo = UINT32_MAX, hi = 0;
@@ -466,7 +491,7 @@ static size_t pf_batch(const keel_cmdbuf *cb, size_t off)
         __builtin_prefetch(&w->free_bits[idx[i] >> 6], 1, 3);
     }
     for (uint32_t i = 0; i < n; i++)
-        pf_row(w, world_slot_at(w, idx[i]), i);
+        pf_row(w, world_slot_at(w, idx[i]), i, run);
     return off;
 }
 
@@ -495,8 +520,11 @@ static void log_append(world_lifecycle_log *log, const cmd_hdr *h, keel_entity c
 {
     cmd_hdr *copy = (cmd_hdr *)(log->buf + log->len);
     memcpy(copy, h, h->size);
-    if (h->op == CMD_SPAWN)
+    if (h->op == CMD_SPAWN) {
         copy->target = created;
+        if (h->n & 1) /* the id list's padding, never written by recording: the WAL gets fixed bytes */
+            ((uint32_t *)(copy + 1))[h->n] = 0;
+    }
     log->len += h->size;
     log->count++;
 }
@@ -517,6 +545,237 @@ bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lif
     return true;
 }
 
+/* ---- batched destroy ------------------------------------------------------
+ * Swap-remove copies a table's last row into the row a destroy frees: one
+ * cell per column, each a random cache line when destroys come in random
+ * order, and wasted when a later destroy of the same run removes the moved
+ * entity again (destroying a whole table moves every entity about once,
+ * and keeps none of the copies). So a run of at least RUN_MIN consecutive
+ * destroys is replayed on slots and entity arrays only, the way one-by-one
+ * playback would change them, and each moved row that survives the run has
+ * its cells copied once at the end, from where they were when it started.
+ *
+ * Why the sources are still there at the end: no cell is written during the
+ * run, so an entity's cells stay in the row it held when the run began (its
+ * original row) however often it moves. An entity first moves when it is
+ * its table's last row: its original row is then count - 1, and count only
+ * shrinks, so the original row is at or past the table's final count, while
+ * every row copied into is below it: sources and destinations never overlap
+ * and the order of the copies does not matter. A moved entity that moves
+ * again keeps its original row as source; one destroyed later in the run
+ * leaves its row to the next entity moved there (whose source replaces the
+ * entry) or past the final count (no copy). Trailing chunks the run empties
+ * hold sources, so they are freed only after the copies, the ones one-by-one
+ * playback would free, in the same order.
+ *
+ * Where the source of the entity now at row r is. For rows at or past
+ * base = count - (destroys left in the run) when the run first touches the
+ * table -- every row a later destroy moves from (the last) is there -- in
+ * the row's entity-array entry itself, which the move writes anyway: the
+ * index stays, the generation half holds the source row, and a bit per row
+ * (a bitmap a 64th of the entity array's size, cache-resident where a side
+ * table of rows would cost one more cache miss per destroy) says the entry
+ * is in that form. The generation comes back from the slot when the entity
+ * moves again and at the end. An entry in that form at or past the final
+ * count is left so: rows past a table's count are dead storage, read by
+ * nobody, in one-by-one playback as well. For rows below base (never a last
+ * row during the run) the run's fill list, copied in order so the latest
+ * entry for a row wins.
+ *
+ * A command the batched path cannot take exactly as one-by-one playback
+ * would -- a chunk or slot page the published view shares (copy-on-write),
+ * out of memory -- ends the run before it changes anything; the copies and
+ * frees are then done and the rest of the run is played one by one, which
+ * keeps the failure policy. The effects on slots, generations, the
+ * free-slot bitmap, row order, counters and the lifecycle log are those of
+ * one-by-one playback, in its order; tests/test_command.c
+ * (playback_batched_equals_one_by_one) checks it. */
+#define RUN_MIN 16u
+#define RUN_MAX (1u << 20)
+
+/* Consecutive destroys from offset off (at most RUN_MAX); *end: past them. */
+static uint32_t run_length(const keel_cmdbuf *cb, size_t off, size_t *end)
+{
+    uint32_t n = 0;
+    while (off < cb->len && n < RUN_MAX) {
+        const cmd_hdr *h = (const cmd_hdr *)(cb->buf + off);
+        if (h->op != CMD_DESTROY)
+            break;
+        off += h->size;
+        n++;
+    }
+    *end = off;
+    return n;
+}
+
+/* True when version_own_chunk(ch) would copy nothing. */
+static bool run_chunk_owned(const world_table *t, const world_chunk *ch)
+{
+    if (ch->pub_entities && ch->entities == ch->pub_entities)
+        return false;
+    for (uint32_t i = 0; t->versioned && i < t->ncols; i++)
+        if (ch->cols[i].pub && colver_cur(&ch->cols[i]) == ch->cols[i].pub)
+            return false;
+    return true;
+}
+
+static bool run_slot_owned(const keel_world *w, uint32_t idx)
+{
+    uint32_t p = idx >> WORLD_PAGE_SHIFT;
+    return w->pages[p] != w->pub_pages[p];
+}
+
+/* The run's state for table t, made on first touch (NULL: out of memory);
+ * `left` destroys remain in the run, the current one included. */
+static run_table *run_table_of(destroy_run *run, const world_table *t, uint32_t left)
+{
+    run_table *rt = &run->tabs[t->id];
+    if (rt->moved)
+        return rt;
+    uint32_t span = left < t->count ? left : t->count;
+    rt->moved = calloc(span / 64 + 1, sizeof *rt->moved);
+    if (!rt->moved)
+        return NULL;
+    rt->base = t->count - span;
+    rt->nchunks = t->nchunks;
+    return rt;
+}
+
+static bool run_fill_room(destroy_run *run)
+{
+    if (run->nfills < run->fills_cap)
+        return true;
+    uint32_t cap = run->fills_cap ? run->fills_cap * 2 : 256;
+    run_fill *f = realloc(run->fills, (size_t)cap * sizeof *f);
+    if (!f)
+        return false;
+    run->fills = f;
+    run->fills_cap = cap;
+    return true;
+}
+
+/* Destroy h's target on slots and entity arrays only. False, with nothing
+ * changed, when one-by-one playback would copy a shared buffer here or
+ * memory runs out: the run ends before this command. */
+static bool run_step(keel_cmdbuf *cb, destroy_run *run, const cmd_hdr *h, uint32_t left)
+{
+    keel_world *w = cb->world;
+    const world_slot *s = world_slot_of(w, h->target);
+    if (!s) {
+        target_slot(cb, h); /* counts it as ignored */
+        return true;
+    }
+    uint32_t idx = KEEL_ENTITY_INDEX(h->target);
+    world_table *t = w->tables[s->table];
+    uint32_t row = s->row, last = t->count - 1;
+    world_chunk *dst = t->chunks[row >> w->chunk_shift];
+    world_chunk *src = t->chunks[last >> w->chunk_shift];
+    keel_entity moved = src->entities[last & w->chunk_mask];
+    if (!run_slot_owned(w, idx))
+        return false;
+    if (row != last && (!run_slot_owned(w, KEEL_ENTITY_INDEX(moved)) ||
+                        ((row & w->chunk_mask) < dst->pub_count && !run_chunk_owned(t, dst))))
+        return false;
+    /* room for the chunks freed so far and one more per column, as one-by-one reserves */
+    if (version_reserve_retire(w, run->retire + t->ncols * 2 + 2))
+        return false;
+    run_table *rt = run_table_of(run, t, left);
+    if (!rt || (row != last && row < rt->base && !run_fill_room(run)))
+        return false;
+
+    if (row != last) {
+        uint32_t mi = KEEL_ENTITY_INDEX(moved), from = last, lb = last - rt->base;
+        world_slot *ms = entity_slot_w(w, mi);
+        if ((rt->moved[lb >> 6] >> (lb & 63)) & 1) { /* moved before: the entry holds its source row */
+            from = KEEL_ENTITY_GEN(moved);
+            moved = KEEL_ENTITY_MAKE(mi, ms->gen);
+        }
+        ms->row = row;
+        if (row >= rt->base) {
+            uint32_t rb = row - rt->base;
+            rt->moved[rb >> 6] |= 1ull << (rb & 63);
+            dst->entities[row & w->chunk_mask] = KEEL_ENTITY_MAKE(mi, from);
+        } else {
+            dst->entities[row & w->chunk_mask] = moved;
+            run->fills[run->nfills++] = (run_fill){t->id, row, from};
+        }
+    }
+    src->count--;
+    t->count--;
+    while (t->nchunks >= 2 && t->chunks[t->nchunks - 2]->count == 0) {
+        t->nchunks--; /* freed by run_finish, after the copies */
+        run->retire += t->ncols + 1;
+    }
+    entity_free(w, idx);
+    cb->res.destroyed++;
+    return true;
+}
+
+static void run_copy_row(keel_world *w, const world_table *t, uint32_t to, uint32_t from)
+{
+    for (uint32_t i = 0; i < t->ncols; i++)
+        if (t->cols[i].size)
+            memcpy(world_cell(w, t, i, to), world_cell(w, t, i, from), t->cols[i].size);
+}
+
+/* The copies into surviving moved rows, then the deferred chunk frees. */
+static void run_finish(keel_world *w, destroy_run *run)
+{
+    for (uint32_t i = 0; i < run->nfills; i++) {
+        const run_fill *f = &run->fills[i];
+        const world_table *t = w->tables[f->table];
+        if (f->row < t->count)
+            run_copy_row(w, t, f->row, f->src);
+    }
+    for (uint32_t id = 0; id < run->ntabs; id++) {
+        run_table *rt = &run->tabs[id];
+        if (!rt->moved)
+            continue;
+        world_table *t = w->tables[id];
+        for (uint32_t r = rt->base; r < t->count; r++) {
+            uint32_t rb = r - rt->base;
+            if (!((rt->moved[rb >> 6] >> (rb & 63)) & 1))
+                continue;
+            keel_entity *e = &t->chunks[r >> w->chunk_shift]->entities[r & w->chunk_mask];
+            uint32_t idx = KEEL_ENTITY_INDEX(*e), from = KEEL_ENTITY_GEN(*e);
+            *e = KEEL_ENTITY_MAKE(idx, world_slot_at(w, idx)->gen);
+            run_copy_row(w, t, r, from);
+        }
+        while (rt->nchunks > t->nchunks)
+            version_free_chunk(w, t, t->chunks[--rt->nchunks]);
+        free(rt->moved);
+    }
+    free(run->tabs);
+    free(run->fills);
+}
+
+/* Apply up to n destroys from head as a batched run; may apply none. */
+static void apply_destroy_run(keel_cmdbuf *cb, uint32_t n)
+{
+    keel_world *w = cb->world;
+    destroy_run run = {.ntabs = w->ntables};
+    run.tabs = calloc(w->ntables ? w->ntables : 1, sizeof *run.tabs);
+    if (!run.tabs)
+        return;
+    size_t batch_end = cb->head;
+    for (uint32_t left = n; left; left--) {
+        if (cb->head >= batch_end)
+            batch_end = pf_batch(cb, cb->head, &run);
+        const cmd_hdr *h = (const cmd_hdr *)(cb->buf + cb->head);
+        if (w->lifecycle && log_reserve(w->lifecycle, h->size))
+            break;
+        if (!run_step(cb, &run, h, left))
+            break;
+        if (w->lifecycle) /* the bookkeeping of keel_cmdbuf_apply */
+            log_append(w->lifecycle, h, KEEL_ENTITY_NULL);
+        w->mutations++;
+        cb->head += h->size;
+        cb->queued--;
+        cb->applied++;
+    }
+    run_finish(w, &run);
+}
+
 int keel_cmdbuf_apply(keel_cmdbuf *cb)
 {
     if (!cb)
@@ -526,9 +785,20 @@ int keel_cmdbuf_apply(keel_cmdbuf *cb)
         return core_fail(KEEL_EBUSY, "keel_cmdbuf_apply: the world has a data directory and nothing would log these "
                                      "commands; record them in a system or hook (applied at the sync point)");
     size_t batch_end = cb->head; /* commands before it were prefetched */
+    size_t plain_until = cb->head; /* commands before it are played one by one */
     while (cb->head < cb->len) {
+        if (cb->head >= plain_until && ((const cmd_hdr *)(cb->buf + cb->head))->op == CMD_DESTROY &&
+            !w->inject_countdown) {
+            uint32_t n = run_length(cb, cb->head, &plain_until);
+            if (n >= RUN_MIN) {
+                /* what a run that ends early leaves goes one by one */
+                apply_destroy_run(cb, n);
+                batch_end = cb->head;
+                continue;
+            }
+        }
         if (cb->head >= batch_end)
-            batch_end = pf_batch(cb, cb->head);
+            batch_end = pf_batch(cb, cb->head, NULL);
         const cmd_hdr *h = (const cmd_hdr *)(cb->buf + cb->head);
         uint32_t spawned = cb->res.created_count;
         int rc = w->lifecycle ? log_reserve(w->lifecycle, h->size) : KEEL_OK;
