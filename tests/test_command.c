@@ -877,6 +877,27 @@ static void eq_assert_same_layout(const keel_world *a, const keel_world *b)
     ck_assert_uint_eq(keel_world_hash(a), keel_world_hash(b));
 }
 
+/* The free-slot order: EQ_ENTITIES later spawns get the same handles and
+ * layout in both worlds. Then both worlds and their buffers are destroyed. */
+static void eq_assert_same_free_order_and_close(keel_world *wa, keel_cmdbuf *ca, keel_world *wb, keel_cmdbuf *cbb)
+{
+    ck_assert_ok(keel_cmdbuf_reset(ca));
+    ck_assert_ok(keel_cmdbuf_reset(cbb));
+    for (uint32_t i = 0; i < EQ_ENTITIES; i++) {
+        rec_spawn_pos(ca, 1, 2);
+        rec_spawn_pos(cbb, 1, 2);
+    }
+    ck_assert_ok(keel_cmdbuf_apply(ca));
+    ck_assert_ok(keel_cmdbuf_apply(cbb));
+    ck_assert_int_eq(memcmp(keel_cmdbuf_result(ca).created, keel_cmdbuf_result(cbb).created,
+                            EQ_ENTITIES * sizeof(keel_entity)), 0);
+    eq_assert_same_layout(wa, wb);
+    keel_cmdbuf_destroy(ca);
+    keel_cmdbuf_destroy(cbb);
+    keel_world_destroy(wa);
+    keel_world_destroy(wb);
+}
+
 START_TEST(playback_batched_equals_one_by_one)
 {
     keel_world *wa = make_world(), *wb = make_world();
@@ -909,23 +930,7 @@ START_TEST(playback_batched_equals_one_by_one)
     ck_assert_uint_gt(ra.ignored_stale, 0);
     eq_assert_same_layout(wa, wb);
 
-    /* the free-slot order: later spawns get the same handles */
-    ck_assert_ok(keel_cmdbuf_reset(ca));
-    ck_assert_ok(keel_cmdbuf_reset(cbb));
-    for (uint32_t i = 0; i < EQ_ENTITIES; i++) {
-        rec_spawn_pos(ca, 1, 2);
-        rec_spawn_pos(cbb, 1, 2);
-    }
-    ck_assert_ok(keel_cmdbuf_apply(ca));
-    ck_assert_ok(keel_cmdbuf_apply(cbb));
-    ck_assert_int_eq(memcmp(keel_cmdbuf_result(ca).created, keel_cmdbuf_result(cbb).created,
-                            EQ_ENTITIES * sizeof(keel_entity)), 0);
-    eq_assert_same_layout(wa, wb);
-
-    keel_cmdbuf_destroy(ca);
-    keel_cmdbuf_destroy(cbb);
-    keel_world_destroy(wa);
-    keel_world_destroy(wb);
+    eq_assert_same_free_order_and_close(wa, ca, wb, cbb);
 }
 END_TEST
 
@@ -1021,23 +1026,7 @@ START_TEST(playback_destroy_runs_equal_one_by_one)
     free(la.buf);
     free(lb.buf);
 
-    /* the free-slot order: later spawns get the same handles */
-    ck_assert_ok(keel_cmdbuf_reset(ca));
-    ck_assert_ok(keel_cmdbuf_reset(cbb));
-    for (uint32_t i = 0; i < EQ_ENTITIES; i++) {
-        rec_spawn_pos(ca, 1, 2);
-        rec_spawn_pos(cbb, 1, 2);
-    }
-    ck_assert_ok(keel_cmdbuf_apply(ca));
-    ck_assert_ok(keel_cmdbuf_apply(cbb));
-    ck_assert_int_eq(memcmp(keel_cmdbuf_result(ca).created, keel_cmdbuf_result(cbb).created,
-                            EQ_ENTITIES * sizeof(keel_entity)), 0);
-    eq_assert_same_layout(wa, wb);
-
-    keel_cmdbuf_destroy(ca);
-    keel_cmdbuf_destroy(cbb);
-    keel_world_destroy(wa);
-    keel_world_destroy(wb);
+    eq_assert_same_free_order_and_close(wa, ca, wb, cbb);
 }
 END_TEST
 
