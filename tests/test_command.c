@@ -850,6 +850,20 @@ static void eq_populate(keel_world *w, keel_entity *ents)
     keel_cmdbuf_destroy(cb);
 }
 
+/* Two applies' receipts are equal: handles created, and every counter. */
+static void eq_assert_same_result(const keel_cmd_result *ra, const keel_cmd_result *rb)
+{
+    ck_assert_uint_eq(ra->created_count, rb->created_count);
+    ck_assert_int_eq(memcmp(ra->created, rb->created, ra->created_count * sizeof *ra->created), 0);
+    ck_assert_uint_eq(ra->spawned, rb->spawned);
+    ck_assert_uint_eq(ra->destroyed, rb->destroyed);
+    ck_assert_uint_eq(ra->added, rb->added);
+    ck_assert_uint_eq(ra->removed, rb->removed);
+    ck_assert_uint_eq(ra->ignored_null, rb->ignored_null);
+    ck_assert_uint_eq(ra->ignored_stale, rb->ignored_stale);
+    ck_assert_uint_eq(ra->ignored_absent, rb->ignored_absent);
+}
+
 static void eq_assert_same_layout(const keel_world *a, const keel_world *b)
 {
     ck_assert_uint_eq(a->nslots, b->nslots);
@@ -917,15 +931,7 @@ START_TEST(playback_batched_equals_one_by_one)
     }
 
     keel_cmd_result ra = keel_cmdbuf_result(ca), rb = keel_cmdbuf_result(cbb);
-    ck_assert_uint_eq(ra.created_count, rb.created_count);
-    ck_assert_int_eq(memcmp(ra.created, rb.created, ra.created_count * sizeof *ra.created), 0);
-    ck_assert_uint_eq(ra.spawned, rb.spawned);
-    ck_assert_uint_eq(ra.destroyed, rb.destroyed);
-    ck_assert_uint_eq(ra.added, rb.added);
-    ck_assert_uint_eq(ra.removed, rb.removed);
-    ck_assert_uint_eq(ra.ignored_null, rb.ignored_null);
-    ck_assert_uint_eq(ra.ignored_stale, rb.ignored_stale);
-    ck_assert_uint_eq(ra.ignored_absent, rb.ignored_absent);
+    eq_assert_same_result(&ra, &rb);
     ck_assert_uint_gt(ra.destroyed, EQ_ENTITIES / 2); /* the workload did destroy in bulk */
     ck_assert_uint_gt(ra.ignored_stale, 0);
     eq_assert_same_layout(wa, wb);
@@ -998,15 +1004,7 @@ START_TEST(playback_destroy_runs_equal_one_by_one)
         runs_record(cbb, &rng_b, ents_b, seg, true); /* one at a time */
 
     keel_cmd_result ra = keel_cmdbuf_result(ca), rb = keel_cmdbuf_result(cbb);
-    ck_assert_uint_eq(ra.created_count, rb.created_count);
-    ck_assert_int_eq(memcmp(ra.created, rb.created, ra.created_count * sizeof *ra.created), 0);
-    ck_assert_uint_eq(ra.spawned, rb.spawned);
-    ck_assert_uint_eq(ra.destroyed, rb.destroyed);
-    ck_assert_uint_eq(ra.added, rb.added);
-    ck_assert_uint_eq(ra.removed, rb.removed);
-    ck_assert_uint_eq(ra.ignored_null, rb.ignored_null);
-    ck_assert_uint_eq(ra.ignored_stale, rb.ignored_stale);
-    ck_assert_uint_eq(ra.ignored_absent, rb.ignored_absent);
+    eq_assert_same_result(&ra, &rb);
     ck_assert_uint_gt(ra.destroyed, EQ_ENTITIES / 2);
     ck_assert_uint_gt(ra.ignored_stale, 0);
     ck_assert_uint_gt(ra.ignored_null, 0);
