@@ -39,8 +39,10 @@
  * completes in turn (so skips propagate transitively). Of the successors
  * that become runnable, the completing worker keeps one and runs it inline
  * (no hand-off for a lone ready system) and pushes tickets for the others.
- * remaining counts systems not yet completed; the decrement that reaches 0
- * wakes every idle worker so the track can end.
+ * remaining counts systems not yet completed; a worker subtracts its
+ * completions once per claimed batch (not per system: it is the one line
+ * every worker writes), and the decrement that reaches 0 wakes every idle
+ * worker so the track can end.
  *
  * Idle workers spin briefly on the queue, then sleep on the work_seq futex
  * after registering in `sleepers`; pushers bump work_seq and wake when
@@ -496,27 +498,24 @@ static uint32_t publish(keel_runtime *rt, ready_list *ready)
 }
 
 /* Help system s: claim and run its tasks until none is left. Returns the
- * system to run next inline, or RT_NONE. */
+ * system to run next inline, or RT_NONE, and adds the systems this thread
+ * completed to *done (work_loop subtracts them from `remaining` once per
+ * claimed batch). *clock: see run_task; s must have been ready before the
+ * reading it holds. */
 static uint32_t help(keel_runtime *rt, uint32_t s, uint32_t worker, ready_list *ready, uint32_t *stack,
-                     uint64_t *clock)
+                     uint64_t *clock, uint32_t *done)
 {
     rt_sys *st = &rt->st[s];
-    uint32_t next = RT_NONE;
     for (;;) {
         uint32_t k = atomic_fetch_add(&st->next_task, 1);
         if (k >= st->ntasks)
-            break;
-        *clock = 0; /* start after readiness: see run_task */
+            return RT_NONE;
         run_task(rt, s, k, worker, clock);
         if (atomic_fetch_add(&st->tasks_done, 1) + 1 == st->ntasks) {
-            uint32_t done = complete(rt, s, *clock, worker, ready, stack);
-            next = publish(rt, ready);
-            if (atomic_fetch_sub(&rt->pool.remaining, done) == done)
-                wake_idle(&rt->pool);
-            break;
+            *done += complete(rt, s, *clock, worker, ready, stack);
+            return publish(rt, ready);
         }
     }
-    return next;
 }
 
 static void work_loop(keel_runtime *rt, uint32_t worker, rt_scratch *w)
@@ -529,9 +528,23 @@ static void work_loop(keel_runtime *rt, uint32_t worker, rt_scratch *w)
     while (atomic_load(&p->remaining) > 0) {
         uint32_t n = pop_tickets(p, rt->workers, claimed);
         if (n) {
+            /* Every claimed ticket was ready before the claim, so any clock
+             * reading taken since can serve as the start of its system: one
+             * reading per system, as in serial mode. A successor kept
+             * inline became ready after the last reading and reads afresh.
+             * Completions leave `remaining` once per batch, not once per
+             * system: it is the one line every worker writes, and the only
+             * decrement anyone acts on -- the one reaching 0 -- still
+             * comes, later by at most this batch, which keeps this thread
+             * busy meanwhile. */
+            uint32_t done = 0;
+            clock = 0;
             for (uint32_t i = 0; i < n; i++)
                 for (uint32_t s = claimed[i]; s != RT_NONE;)
-                    s = help(rt, s, worker, &ready, w->stack, &clock);
+                    if ((s = help(rt, s, worker, &ready, w->stack, &clock, &done)) != RT_NONE)
+                        clock = 0;
+            if (done && atomic_fetch_sub(&p->remaining, done) == done)
+                wake_idle(p);
             spins = 0;
             continue;
         }
