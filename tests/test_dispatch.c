@@ -1472,11 +1472,76 @@ START_TEST(test_parallel_integrate_matches_serial)
 }
 END_TEST
 
+/* A ticket holder stuck in the first task of its home range does not strand
+ * the rest of that range: the other holders take those tasks (dispatch.c
+ * "Task ranges"). Tick 1 learns the task count T; in tick 2 the chunk that
+ * holds id 0 (task 0's first) waits until every row outside task 0 has been
+ * visited -- which needs task 1, in task 0's range, to be taken by another
+ * thread. A dispatcher that left it to the stuck holder would trip the
+ * rendezvous guard and fail the test. */
+static _Atomic uint32_t g_block_task0_rows; /* rows of task 0 in the blocking tick, 0 = do not block */
+static _Atomic uint32_t g_block_others;     /* rows visited outside task 0 */
+static _Atomic uint32_t g_block_failed;
+
+static int block_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)ctx;
+    (void)user;
+    const uint32_t *ids = KEEL_COLUMN(it, const uint32_t, 0);
+    uint32_t task0 = atomic_load(&g_block_task0_rows);
+    for (uint32_t r = 0; r < it->count; r++)
+        atomic_fetch_add(&g_visits[0][ids[r]], 1);
+    if (!task0)
+        return 0;
+    if (ids[0] >= task0)
+        atomic_fetch_add(&g_block_others, it->count);
+    else if (ids[0] == 0 && !wait_at_least(&g_block_others, P_N - task0))
+        atomic_store(&g_block_failed, 1);
+    return 0;
+}
+
+START_TEST(test_parallel_stuck_holder)
+{
+    for (int wi = 1; wi < NWORKERS; wi++) {
+        int workers = k_workers[wi];
+        probe_reset((uint32_t)workers);
+        visits_reset();
+        atomic_store(&g_block_task0_rows, 0);
+        atomic_store(&g_block_others, 0);
+        atomic_store(&g_block_failed, 0);
+        keel_runtime *rt = rt_new(workers, P_CHUNK, 0, par_hook, (void *)(uintptr_t)P_N);
+        par_world(rt);
+        keel_schedule *s = sched_new(rt);
+        keel_system sys = add_sys(s, &(keel_system_desc){.name = "block",
+                                                         .kind = KEEL_SYSTEM_QUERY,
+                                                         .each_chunk = block_chunk,
+                                                         .query = {.with = {P_ID}},
+                                                         .parallel = true,
+                                                         .access = {.reads = {P_ID}}});
+        install(rt, s);
+        ck_assert_ok(keel_runtime_step(rt));
+        uint32_t tasks = sysrec(rt, 1, sys).tasks;
+        ck_assert_uint_ge(tasks, 2);
+        /* task 0 owns chunks [0, P_NCHUNKS / tasks): ids are spawned in row order */
+        atomic_store(&g_block_task0_rows, (uint32_t)(P_NCHUNKS / tasks) * P_CHUNK);
+        ck_assert_ok(keel_runtime_step(rt));
+        ck_assert_uint_eq(atomic_load(&g_block_failed), 0);
+        ck_assert_uint_eq(sysrec(rt, 2, sys).tasks, tasks);
+        ck_assert_uint_eq(sysrec(rt, 2, sys).rows, P_N);
+        for (uint32_t i = 0; i < P_N; i++)
+            if (atomic_load(&g_visits[0][i]) != 2)
+                ck_abort_msg("workers %d: id %u visited %u times, expected 2", workers, i, atomic_load(&g_visits[0][i]));
+        keel_runtime_close(rt);
+    }
+}
+END_TEST
+
 /* min_chunk_rows bounds the number of tasks: rows / min_chunk_rows at most
  * (and 1 when it exceeds the rows); every row is still visited once. */
 START_TEST(test_parallel_min_chunk_rows)
 {
-    static const uint32_t min_rows[3] = {0 /* default 64 */, 20000, 200000};
+    /* 40000: P_N / 40000 = 2 tasks, below the default workers x TASKS_PER_WORKER */
+    static const uint32_t min_rows[3] = {0 /* default 64 */, 40000, 200000};
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
@@ -1675,6 +1740,7 @@ static Suite *dispatch_parallel(void)
     tcase_add_test(tc, test_parallel_visit_once);
     tcase_add_test(tc, test_parallel_integrate_matches_serial);
     tcase_add_test(tc, test_parallel_min_chunk_rows);
+    tcase_add_test(tc, test_parallel_stuck_holder);
     tcase_add_test(tc, test_parallel_tasks_overlap);
     tcase_add_test(tc, test_parallel_pipeline);
     tcase_add_test(tc, test_parallel_small_queries);

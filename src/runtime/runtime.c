@@ -151,6 +151,7 @@ static void free_system_state(keel_runtime *rt)
         free(rt->st[i].parts);
         free(rt->st[i].changes.v);
         free(rt->st[i].chunks);
+        free((void *)rt->st[i].ranges);
     }
     free(rt->st);
     rt->st = NULL;

@@ -49,7 +49,7 @@ typedef struct rt_sys {
      * never share a line */
     alignas(64) _Atomic uint32_t preds_left; /* predecessors not yet completed */
     _Atomic uint32_t dep_failed;   /* a predecessor failed or was skipped */
-    _Atomic uint32_t next_task;    /* next task index to claim */
+    _Atomic uint32_t next_range;   /* next home range to hand to a ticket holder (dispatch.c) */
     _Atomic uint32_t tasks_done;
     _Atomic int fail_rc;           /* first failing task's code, 0 = none */
     _Atomic uint64_t rows;
@@ -58,6 +58,10 @@ typedef struct rt_sys {
     uint32_t worker;               /* telemetry of this run */
     uint64_t start_ns, end_ns;
     keel_skip_reason skip;
+    /* the task ranges of this run, one per ticket holder: (lo << 32 | hi),
+     * workers entries (dispatch.c "Task ranges") */
+    _Atomic uint64_t *ranges;
+    uint32_t nranges;
     /* QUERY systems: the chunks of this tick, split into ntasks tasks */
     uint32_t nchunks, chunks_cap;
     world_chunk_ref *chunks;
