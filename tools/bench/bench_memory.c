@@ -693,6 +693,106 @@ static double parallel_two(void *ctx)
     return parallel_tick(((parallel_ctx *)ctx)->two);
 }
 
+/* parallel_fused: the fused pass in plain C on one thread against the same
+ * pass split in two halves over two threads -- what this machine's memory
+ * system gives two threads, whatever keel does. Like keel's two runtimes,
+ * each side has its own arrays (side 0: one thread, side 1: two). The
+ * helper thread spins on `gen` between passes: no wake-up cost, a best
+ * case that keel's pool, which parks a worker after 50 us, does not get. */
+typedef struct fused_side {
+    vec3 *buf[2], *vel;
+    uint32_t turn;
+} fused_side;
+
+typedef struct fused_pair {
+    uint32_t n;
+    fused_side side[2];
+    _Atomic uint32_t gen, done;
+    _Atomic bool quit;
+} fused_pair;
+
+static void fused_half(const fused_pair *fp, const fused_side *fs, uint32_t half, uint32_t halves)
+{
+    uint32_t lo = (uint32_t)((uint64_t)fp->n * half / halves), hi = (uint32_t)((uint64_t)fp->n * (half + 1) / halves);
+    integrate_into(fs->buf[~fs->turn & 1] + lo, fs->buf[fs->turn & 1] + lo, fs->vel + lo, hi - lo, g_dt);
+}
+
+static void *fused_helper(void *arg)
+{
+    fused_pair *fp = arg;
+    uint32_t seen = 0;
+    while (!atomic_load(&fp->quit)) {
+        uint32_t g = atomic_load(&fp->gen);
+        if (g == seen) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        seen = g;
+        fused_half(fp, &fp->side[1], 1, 2);
+        atomic_store(&fp->done, g);
+    }
+    return NULL;
+}
+
+static double fused_passes(fused_pair *fp, bool two)
+{
+    fused_side *fs = &fp->side[two];
+    uint64_t t0 = now_ns();
+    for (int t = 0; t < PARALLEL_TICKS; t++, fs->turn++) {
+        if (!two) {
+            fused_half(fp, fs, 0, 1);
+            continue;
+        }
+        uint32_t g = atomic_fetch_add(&fp->gen, 1) + 1; /* the helper reads fs after this (seq_cst) */
+        fused_half(fp, fs, 0, 2);
+        while (atomic_load(&fp->done) != g)
+            __builtin_ia32_pause();
+    }
+    return (double)(now_ns() - t0) / 1e6 / PARALLEL_TICKS;
+}
+
+static double fused_one(void *ctx)
+{
+    return fused_passes(ctx, false);
+}
+
+static double fused_two(void *ctx)
+{
+    return fused_passes(ctx, true);
+}
+
+static void bench_parallel_fused(const config *cfg)
+{
+    fused_pair fp = {.n = cfg->entities};
+    for (int sd = 0; sd < 2; sd++) {
+        fused_side *fs = &fp.side[sd];
+        for (int k = 0; k < 2; k++)
+            fs->buf[k] = xmalloc((size_t)fp.n * sizeof(vec3));
+        fs->vel = xmalloc((size_t)fp.n * sizeof(vec3));
+        for (uint32_t i = 0; i < fp.n; i++) {
+            fs->buf[0][i] = fs->buf[1][i] = init_pos(i);
+            fs->vel[i] = init_vel(i);
+        }
+    }
+    pthread_t helper;
+    if (pthread_create(&helper, NULL, fused_helper, &fp) != 0) {
+        fprintf(stderr, "keel-bench: parallel_fused: cannot start a thread\n");
+        exit(1);
+    }
+    figure f = {.name = "parallel_fused", .unit = "ms/tick", .no_target = true};
+    run_pair(cfg, 1, fused_one, fused_two, &fp, &f);
+    atomic_store(&fp.quit, true);
+    pthread_join(helper, NULL);
+    report(cfg, &f);
+    note(cfg, "parallel_fused: the same fused pass in plain C, 1 thread vs 2 (halves, a spinning helper, "
+              "own arrays per side): speed-up %.2fx", f.baseline / f.value);
+    for (int sd = 0; sd < 2; sd++) {
+        free(fp.side[sd].buf[0]);
+        free(fp.side[sd].buf[1]);
+        free(fp.side[sd].vel);
+    }
+}
+
 void bench_parallel(const config *cfg)
 {
     parallel_ctx c = {parallel_runtime(1, cfg->entities), parallel_runtime(2, cfg->entities)};
@@ -704,6 +804,7 @@ void bench_parallel(const config *cfg)
         fprintf(stderr, "keel-bench: parallel: 1 and 2 workers ended in different states\n");
     keel_runtime_close(c.one);
     keel_runtime_close(c.two);
+    bench_parallel_fused(cfg);
 }
 
 /* ---- side transactions ----------------------------------------------------- */
