@@ -38,8 +38,9 @@
  * task is claimed exactly once. Why ranges and not one shared counter: a
  * counter deals neighbouring tasks to different threads, so both threads
  * stream through the same stretch of memory; with ranges each streams its
- * own contiguous half (2 workers, 1M-row pass: 0.45-0.48 against
- * 0.62-0.73 ms), and stealing keeps the balance of small tasks. Which
+ * own contiguous stretch (2 workers, 2 tasks each, a 1M-row pass:
+ * 0.39-0.51 ms against 0.49-0.59 with the counter; docs/performance.md),
+ * and stealing keeps the balance of small tasks. Which
  * thread ran a task never shows: a task's commands go to its own buffer,
  * applied in task order. A stale holder (the system completed) finds every
  * range empty; ranges are reset by make_ready, before any ticket exists.
