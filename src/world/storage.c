@@ -149,6 +149,67 @@ static world_chunk *chunk_new(const world_table *t, uint32_t capacity)
     return ch;
 }
 
+/* ---- Column-major reservation --------------------------------------------
+ * A full-size chunk's buffers come from a reserve filled STORAGE_RESERVE
+ * chunks at a time, column by column, so that one column's buffers of
+ * neighbouring chunks are neighbours in memory. Why: a pass over a column
+ * streams its chunks' buffers in order, and when every chunk's buffers are
+ * allocated together (pos, vel, pos, vel, ...) each stream jumps over the
+ * other columns at every chunk; on the machine of docs/performance.md that
+ * made a fused 1M-row pass 1.59-1.64x the in-place loop against 1.46-1.54x
+ * with the columns apart. Reserved buffers are plain heap blocks, freed
+ * with free() like any other; unused ones are never written, so they cost
+ * address space, not memory. A reserve holds as many chunks as the table
+ * already has, at most STORAGE_RESERVE, so a small table reserves little. */
+#define STORAGE_RESERVE 16u
+
+static void reserve_free(world_table *t)
+{
+    if (!t->reserve)
+        return;
+    for (uint32_t i = 0; i <= t->ncols; i++)
+        for (uint32_t k = t->reserve_next; k < t->reserve_len; k++)
+            free(t->reserve[i * STORAGE_RESERVE + k]);
+    free(t->reserve);
+    t->reserve = NULL;
+    t->reserve_next = t->reserve_len = 0;
+}
+
+/* Fill the reserve for the next chunks of `rows` rows. All or nothing. */
+static bool reserve_fill(world_table *t, uint32_t rows)
+{
+    reserve_free(t);
+    t->reserve = calloc((size_t)(t->ncols + 1) * STORAGE_RESERVE, sizeof *t->reserve);
+    if (!t->reserve)
+        return false;
+    t->reserve_len = t->nchunks < STORAGE_RESERVE ? (t->nchunks ? t->nchunks : 1) : STORAGE_RESERVE;
+    bool ok = true;
+    for (uint32_t i = 0; ok && i <= t->ncols; i++) {
+        uint32_t size = i < t->ncols ? t->cols[i].size : (uint32_t)sizeof(keel_entity);
+        for (uint32_t k = 0; ok && size && k < t->reserve_len; k++)
+            ok = (t->reserve[i * STORAGE_RESERVE + k] = storage_column_alloc(rows, size)) != NULL;
+    }
+    if (!ok)
+        reserve_free(t); /* frees what was allocated: reserve_next is 0 */
+    return ok;
+}
+
+/* A full-size chunk from the reserve; NULL when it cannot be filled. */
+static world_chunk *chunk_take(world_table *t, uint32_t rows)
+{
+    if (t->reserve_next == t->reserve_len && !reserve_fill(t, rows))
+        return NULL;
+    world_chunk *ch = calloc(1, sizeof *ch + t->ncols * sizeof(world_colver));
+    if (!ch)
+        return NULL;
+    uint32_t k = t->reserve_next++;
+    ch->capacity = rows;
+    ch->entities = t->reserve[t->ncols * STORAGE_RESERVE + k];
+    for (uint32_t i = 0; i < t->ncols; i++)
+        colver_set_cur(&ch->cols[i], t->reserve[i * STORAGE_RESERVE + k]);
+    return ch;
+}
+
 /* Double the capacity of a table's only chunk (at most chunk_rows). All or
  * nothing: the new buffers replace the old ones only when every one of them
  * could be allocated. A replaced buffer the view holds stays as the chunk's
@@ -215,7 +276,9 @@ static int reserve_room(keel_world *w, world_table *t)
         t->chunk_cap = cap;
     }
     uint32_t rows = t->nchunks ? w->chunk_rows : (CHUNK_FIRST_ROWS < w->chunk_rows ? CHUNK_FIRST_ROWS : w->chunk_rows);
-    world_chunk *ch = chunk_new(t, rows);
+    world_chunk *ch = t->nchunks ? chunk_take(t, rows) : NULL;
+    if (!ch)
+        ch = chunk_new(t, rows); /* a table's first chunk, or no memory for a whole reserve */
     if (!ch)
         return core_fail(KEEL_ENOMEM, "out of memory allocating a chunk of %u rows", rows);
     t->chunks[t->nchunks++] = ch;
@@ -302,6 +365,7 @@ void storage_remove_row(keel_world *w, world_table *t, uint32_t row)
 
 static void table_free(world_table *t)
 {
+    reserve_free(t);
     for (uint32_t i = 0; i < t->nchunks; i++)
         chunk_free(t, t->chunks[i]);
     free(t->chunks);

@@ -128,6 +128,12 @@ typedef struct world_table {
     bool versioned;             /* some column is VERSIONED (and has data) */
     uint32_t chunk_cap;
     world_chunk **chunks;
+    /* buffers allocated ahead for the next full-size chunks, column by
+     * column (storage.c "Column-major reservation"): reserve[i * STORAGE_RESERVE
+     * + k] is column i's buffer for the k-th reserved chunk (i == ncols: the
+     * entity array), k < reserve_len; those below reserve_next were handed out */
+    void **reserve;
+    uint32_t reserve_next, reserve_len;
 } world_table;
 
 /* ---- entity index -------------------------------------------------------
