@@ -427,6 +427,8 @@ int main(int argc, char **argv)
     status = status || live_on < 0 ? 1 : run_ticks(&app, &o, until);
     if (live_on > 0)
         stop_live_trades(&app, live_th, &status, o.quiet);
+    if (app.rt)
+        world_settle_all(&app, !status); /* the last trades' acknowledgements come before `final` */
     if (!status)
         status = final_checks(&app);
     if (!status && atomic_load(&stop_requested) && !o.memory)

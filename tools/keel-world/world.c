@@ -11,9 +11,10 @@
  *   market      exclusive, first: TRADES_PER_TICK seeded trades, each an
  *               IMMEDIATE side transaction over two accounts (wallet,
  *               ledger, inventory), committed with commit_async
- *   settle      after market, beside the world: waits for the trades'
- *               tickets; a trade is acknowledged ("done" for the player)
- *               only when its ticket completes
+ *   settle      after market, beside the world: acknowledges ("done" for
+ *               the player) each trade whose ticket has completed, i.e.
+ *               that is on disk, in trade order; the others in a later
+ *               tick (it does not hold a worker on the disk)
  *   phase 0  movement    parallel query {pos, vel, grid_cell}: on its turn an
  *                        agent moves ten ticks' worth, bouncing off the
  *                        edges, and files itself in its grid cell
@@ -378,10 +379,11 @@ static int trade(keel_ctx *ctx, world_app *app, uint64_t id, trade_kind kind, ke
         keel_side_txn_abort(tx);
         return rc;
     }
-    pending_trade *p = &app->pending[app->npending];
+    pending_trade *p = &app->pending[(app->pending_head + app->npending) % PENDING_CAP];
     *p = (pending_trade){.id = id, .tick = keel_ctx_tick(ctx), .a = ea, .b = eb, .after_a = a, .after_b = b};
-    /* committed now; durable (IMMEDIATE) when the ticket completes: settle
-     * waits for all the tick's tickets at once, so one sync covers them */
+    /* committed now; durable (IMMEDIATE) when the ticket completes, which
+     * settle notices in this tick or a later one; the tick's trades share
+     * one sync */
     rc = keel_side_txn_commit_async(tx, &p->ticket);
     if (!rc) {
         app->npending++;
@@ -422,8 +424,7 @@ static int market(keel_ctx *ctx, void *user)
     app->naccounts = np + nm;
     uint64_t tick = keel_ctx_tick(ctx);
     int rc = 0;
-    app->npending = 0;
-    report_prefix(app, tick, 0);
+    report_prefix(app, tick, 0); /* settle left room for this tick's trades */
     for (uint32_t k = 0, j = 0; !rc && np >= 2 && nm >= 1 && k < TRADES_PER_TICK; k++) {
         uint64_t r = chance(app, tick, 0x7472616465ull + k);
         trade_kind kind = (trade_kind)(r % 3);
@@ -451,30 +452,54 @@ static int items_text(const account *a, char *buf, size_t cap)
     return 0;
 }
 
-/* settle: the players hear "done" here, when their trade is on disk. */
+/* Acknowledge the oldest trade in flight, whose ticket returned w. */
+static int ack_oldest(world_app *app, int w)
+{
+    pending_trade *p = &app->pending[app->pending_head];
+    keel_ticket_release(p->ticket);
+    p->ticket = NULL;
+    if (!w && app->report_fd >= 0) {
+        char ia[8 * 12], ib[8 * 12];
+        items_text(&p->after_a, ia, sizeof ia);
+        items_text(&p->after_b, ib, sizeof ib);
+        report_line(app,
+                    "ack id=%" PRIu64 " t=%" PRIu64 " a=%016" PRIx64 " b=%016" PRIx64 " a_coins=%" PRId64
+                    " b_coins=%" PRId64 " a_items=%s b_items=%s",
+                    p->id, p->tick, (uint64_t)p->a, (uint64_t)p->b, p->after_a.coins, p->after_b.coins, ia, ib);
+    }
+    app->pending_head = (app->pending_head + 1) % PENDING_CAP;
+    app->npending--;
+    return w;
+}
+
+/* settle: the players hear "done" here, once their trade is on disk. It
+ * acknowledges, oldest first, every trade whose ticket has completed and
+ * stops at the first that has not (the rest wait for a later tick): a
+ * server tick must not hold a worker while the disk syncs. Only when
+ * PENDING_TICKS ticks of trades are still in flight does it wait for the
+ * oldest, so that the next market has room. Acknowledgements stay in trade
+ * order; which tick sends them depends on the disk, not on the world, whose
+ * state is the same either way. */
 static int settle(keel_ctx *ctx, void *user)
 {
     (void)ctx;
     world_app *app = user;
     int rc = 0;
-    for (uint32_t k = 0; k < app->npending; k++) {
-        pending_trade *p = &app->pending[k];
-        int w = keel_ticket_wait(p->ticket, -1);
-        keel_ticket_release(p->ticket);
-        p->ticket = NULL;
-        if (!w && app->report_fd >= 0) {
-            char ia[8 * 12], ib[8 * 12];
-            items_text(&p->after_a, ia, sizeof ia);
-            items_text(&p->after_b, ib, sizeof ib);
-            report_line(app,
-                        "ack id=%" PRIu64 " t=%" PRIu64 " a=%016" PRIx64 " b=%016" PRIx64 " a_coins=%" PRId64
-                        " b_coins=%" PRId64 " a_items=%s b_items=%s",
-                        p->id, p->tick, (uint64_t)p->a, (uint64_t)p->b, p->after_a.coins, p->after_b.coins, ia, ib);
-        }
+    while (app->npending) {
+        bool room = app->npending <= PENDING_CAP - TRADES_PER_TICK;
+        int w = keel_ticket_wait(app->pending[app->pending_head].ticket, room ? 0 : -1);
+        if (w == KEEL_ETIMEDOUT)
+            break;
+        w = ack_oldest(app, w);
         rc = rc ? rc : w;
     }
-    app->npending = 0;
     return rc;
+}
+
+void world_settle_all(world_app *app, bool wait)
+{
+    while (app->npending)
+        ack_oldest(app, wait ? keel_ticket_wait(app->pending[app->pending_head].ticket, -1) : KEEL_EBUSY);
 }
 
 /* census (LOW priority: the first thing overload throttling skips): every

@@ -34,7 +34,12 @@ typedef struct account {
     uint32_t items[INV_SLOTS]; /* item ids, 0 = an empty slot */
 } account;
 
-/* A committed trade whose ticket the `settle` system waits for. */
+/* Trades in flight (committed, not yet acknowledged) at most: `settle`
+ * waits for the disk only when this many ticks' trades are still pending. */
+#define PENDING_TICKS 8u
+#define PENDING_CAP (PENDING_TICKS * TRADES_PER_TICK)
+
+/* A committed trade, acknowledged by `settle` once its ticket completes. */
 typedef struct pending_trade {
     keel_ticket *ticket;
     uint64_t id, tick;
@@ -57,8 +62,8 @@ typedef struct world_app {
     _Atomic uint64_t busiest_cell;    /* census: cell << 32 | agents in it */
     keel_entity accounts[PLAYERS + MERCHANTS]; /* players, then merchants, as the market last saw them */
     uint32_t naccounts;
-    pending_trade pending[TRADES_PER_TICK];
-    uint32_t npending;
+    pending_trade pending[PENDING_CAP]; /* a ring, oldest at pending_head, in trade order */
+    uint32_t pending_head, npending;
     int report_fd;               /* --report-fd, -1 = none */
     bool report_prefix;          /* --report-prefix: hash after every trade commit */
     /* --live-trades: a "network" thread submitting trades with keel_submit */
@@ -77,6 +82,12 @@ int world_add_systems(world_app *app, keel_schedule *s);
  * TRANSIENT grid of a recovered one; on_shutdown checks the economy. */
 int world_first_tick(keel_ctx *ctx, void *user);
 int world_shutdown(keel_side_txn *tx, void *arg);
+
+/* Acknowledge every trade still in flight, in trade order, waiting for
+ * each to be on disk (wait = true: the runtime must be open and healthy);
+ * wait = false releases them unacknowledged (an error path). Call before
+ * keel_runtime_close. */
+void world_settle_all(world_app *app, bool wait);
 
 /* The --live-trades thread. */
 void *world_live_thread(void *arg);
