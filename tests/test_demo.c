@@ -12,6 +12,10 @@
  *                  restarted run reports the acknowledged trade's ledgers
  *                  and values, and ends with the reference hash (the
  *                  TRANSIENT grid was rebuilt, or foraging would diverge)
+ *   demo_slowdisk  every WAL commit delayed 40 ms (failpoint): ticks run
+ *                  ahead of the disk, `settle` acknowledges trades ticks
+ *                  later, in trade order, never more than 7 ticks behind
+ *                  (it waits only then), and every trade by the final line
  *   demo_sigint    SIGINT stops a --forever run cleanly: exit 0, a final
  *                  line, a final checkpoint at the stop tick; a restart
  *                  continues to the reference hash
@@ -283,6 +287,46 @@ START_TEST(crash_after_acknowledgements)
 }
 END_TEST
 
+START_TEST(slow_disk_acknowledges_later)
+{
+    if (!keel_failpoints_compiled())
+        return; /* -DKEEL_FAILPOINTS=OFF: no way to slow the disk down */
+    char data[300], buf[600];
+    tu_path(data, sizeof data, "slow");
+    setenv("KEEL_FAILPOINTS", "wal.before_commit=delay:40", 1);
+    child c;
+    child_start(&c, (const char *const[]){"--data", data, "--entities", ENTITIES, "--until-tick", "40", "--tick-rate",
+                                          "0", "--quiet", "--checkpoint-every", "0", NULL});
+    unsetenv("KEEL_FAILPOINTS");
+    uint64_t t, id, last_id = 0, last_tick = 0;
+    unsigned acks = 0;
+    bool final = false;
+    while (child_line(&c, buf, sizeof buf)) {
+        if (sscanf(buf, "ack id=%" SCNu64 " t=%" SCNu64, &id, &t) == 2) {
+            ck_assert_uint_gt(id, last_id); /* trade order, each once */
+            ck_assert_uint_eq((id - 1) / 8, t);
+            ck_assert_msg(!final, "an acknowledgement after the final line");
+            last_id = id;
+            acks++;
+        } else if (sscanf(buf, "tick t=%" SCNu64, &t) == 1) {
+            /* after tick t's settle at most the trades of ticks t-6..t are
+             * in flight: every trade of tick t-7 and before is acknowledged */
+            if (t > 7)
+                ck_assert_msg(last_id >= (t - 6) * 8, "tick %" PRIu64 ": trades acknowledged up to id %" PRIu64
+                              " only", t, last_id);
+            last_tick = t;
+        } else if (!strncmp(buf, "final ", 6)) {
+            ck_assert_uint_eq(acks, 40 * 8); /* every trade, before the final line */
+            final = true;
+        }
+    }
+    int st = child_finish(&c, NULL, 0);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "keel-world exited with status %d", st);
+    ck_assert(final);
+    ck_assert_uint_eq(last_tick, 40);
+}
+END_TEST
+
 START_TEST(sigint_stops_cleanly)
 {
     char data[300], buf[600], out[600];
@@ -359,9 +403,14 @@ static Suite *demo_crash(void)
     return one_case("demo_crash", crash_after_acknowledgements, 300);
 }
 
+static Suite *demo_slowdisk(void)
+{
+    return one_case("demo_slowdisk", slow_disk_acknowledges_later, 300);
+}
+
 static Suite *demo_sigint(void)
 {
     return one_case("demo_sigint", sigint_stops_cleanly, 300);
 }
 
-KEEL_TEST_MAIN(demo_cli, demo_runs, demo_crash, demo_sigint)
+KEEL_TEST_MAIN(demo_cli, demo_runs, demo_crash, demo_slowdisk, demo_sigint)

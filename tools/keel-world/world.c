@@ -365,6 +365,8 @@ static int trade(keel_ctx *ctx, world_app *app, uint64_t id, trade_kind kind, ke
 {
     keel_side_txn *tx = NULL;
     account a, b;
+    if (app->npending == PENDING_CAP)
+        return KEEL_EBUSY; /* cannot happen: settle leaves room for a tick's trades */
     int rc = keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &tx);
     if (rc)
         return rc;
