@@ -1351,6 +1351,33 @@ static void visits_reset(void)
     atomic_store(&g_par_bad, 0);
 }
 
+/* A runtime of `workers` over the P_N-entity parallel world (populated by
+ * its first tick), probes and visit counters reset; *s receives a schedule
+ * to add systems to. */
+static keel_runtime *par_runtime(int workers, keel_schedule **s)
+{
+    probe_reset((uint32_t)workers);
+    visits_reset();
+    keel_runtime *rt = rt_new(workers, P_CHUNK, 0, par_hook, (void *)(uintptr_t)P_N);
+    par_world(rt);
+    *s = sched_new(rt);
+    return rt;
+}
+
+/* A parallel query system over P_ID that only reads it. */
+static keel_system add_par_reader(keel_schedule *s, const char *name, keel_chunk_fn fn, uint32_t min_chunk_rows,
+                                  uint32_t user)
+{
+    return add_sys(s, &(keel_system_desc){.name = name,
+                                          .kind = KEEL_SYSTEM_QUERY,
+                                          .each_chunk = fn,
+                                          .query = {.with = {P_ID}},
+                                          .parallel = true,
+                                          .min_chunk_rows = min_chunk_rows,
+                                          .user = (void *)(uintptr_t)user,
+                                          .access = {.reads = {P_ID}}});
+}
+
 static void assert_visits(uint32_t k, uint32_t times, int workers)
 {
     for (uint32_t i = 0; i < P_N; i++) {
@@ -1365,18 +1392,9 @@ START_TEST(test_parallel_visit_once)
 {
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
-        probe_reset((uint32_t)workers);
-        visits_reset();
-        keel_runtime *rt = rt_new(workers, P_CHUNK, 0, par_hook, (void *)(uintptr_t)P_N);
-        par_world(rt);
-        keel_schedule *s = sched_new(rt);
-        keel_system sys = add_sys(s, &(keel_system_desc){.name = "visit",
-                                                         .kind = KEEL_SYSTEM_QUERY,
-                                                         .each_chunk = visit_chunk,
-                                                         .query = {.with = {P_ID}},
-                                                         .parallel = true,
-                                                         .user = (void *)(uintptr_t)0,
-                                                         .access = {.reads = {P_ID}}});
+        keel_schedule *s;
+        keel_runtime *rt = par_runtime(workers, &s);
+        keel_system sys = add_par_reader(s, "visit", visit_chunk, 0, 0);
         install(rt, s);
         for (uint32_t tick = 1; tick <= 3; tick++) {
             ck_assert_ok(keel_runtime_step(rt));
@@ -1504,20 +1522,12 @@ START_TEST(test_parallel_stuck_holder)
 {
     for (int wi = 1; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
-        probe_reset((uint32_t)workers);
-        visits_reset();
         atomic_store(&g_block_task0_rows, 0);
         atomic_store(&g_block_others, 0);
         atomic_store(&g_block_failed, 0);
-        keel_runtime *rt = rt_new(workers, P_CHUNK, 0, par_hook, (void *)(uintptr_t)P_N);
-        par_world(rt);
-        keel_schedule *s = sched_new(rt);
-        keel_system sys = add_sys(s, &(keel_system_desc){.name = "block",
-                                                         .kind = KEEL_SYSTEM_QUERY,
-                                                         .each_chunk = block_chunk,
-                                                         .query = {.with = {P_ID}},
-                                                         .parallel = true,
-                                                         .access = {.reads = {P_ID}}});
+        keel_schedule *s;
+        keel_runtime *rt = par_runtime(workers, &s);
+        keel_system sys = add_par_reader(s, "block", block_chunk, 0, 0);
         install(rt, s);
         ck_assert_ok(keel_runtime_step(rt));
         uint32_t tasks = sysrec(rt, 1, sys).tasks;
@@ -1544,23 +1554,13 @@ START_TEST(test_parallel_min_chunk_rows)
     static const uint32_t min_rows[3] = {0 /* default 64 */, 40000, 200000};
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
-        probe_reset((uint32_t)workers);
-        visits_reset();
-        keel_runtime *rt = rt_new(workers, P_CHUNK, 0, par_hook, (void *)(uintptr_t)P_N);
-        par_world(rt);
-        keel_schedule *s = sched_new(rt);
+        keel_schedule *s;
+        keel_runtime *rt = par_runtime(workers, &s);
         keel_system sys[3];
         for (uint32_t k = 0; k < 3; k++) {
             char name[16];
             snprintf(name, sizeof name, "visit%u", k);
-            sys[k] = add_sys(s, &(keel_system_desc){.name = name,
-                                                    .kind = KEEL_SYSTEM_QUERY,
-                                                    .each_chunk = visit_chunk,
-                                                    .query = {.with = {P_ID}},
-                                                    .parallel = true,
-                                                    .min_chunk_rows = min_rows[k],
-                                                    .user = (void *)(uintptr_t)k,
-                                                    .access = {.reads = {P_ID}}});
+            sys[k] = add_par_reader(s, name, visit_chunk, min_rows[k], k);
         }
         install(rt, s);
         for (uint32_t tick = 1; tick <= 2; tick++) {
