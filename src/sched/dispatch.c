@@ -26,8 +26,10 @@
  * (1..POP_BATCH) with one CAS(head); it then waits for each claimed slot to
  * be filled (a pusher may be between its two steps). Slots are never reused
  * within a track, so there is no ABA. A ticket means "help run
- * system s": a system with n tasks gets R = min(n, workers) tickets and its
- * tasks are cut into R contiguous ranges.
+ * system s": a system with n tasks has R = min(n, workers) holders -- R
+ * tickets for a root of the track, R - 1 and the completing worker, which
+ * keeps it inline, for a successor -- and its tasks are cut into R
+ * contiguous ranges.
  *
  * Task ranges. Each ticket holder takes a home range (fetch_add on
  * next_range) and claims its tasks from the front, in index order; a holder
@@ -38,8 +40,8 @@
  * task is claimed exactly once. Why ranges and not one shared counter: a
  * counter deals neighbouring tasks to different threads, so both threads
  * stream through the same stretch of memory; with ranges each streams its
- * own contiguous stretch (2 workers, 2 tasks each, a 1M-row pass:
- * 0.39-0.51 ms against 0.49-0.59 with the counter; docs/performance.md),
+ * own contiguous stretch (2 workers, 2 tasks each, a 1M-row pass: ticks
+ * of 0.44-0.53 ms against 0.52-0.70 with the counter; docs/performance.md),
  * and stealing keeps the balance of small tasks. Which
  * thread ran a task never shows: a task's commands go to its own buffer,
  * applied in task order. A stale holder (the system completed) finds every
@@ -128,17 +130,19 @@ static int run_query_task(keel_ctx *ctx, const sched_system *sys, rt_sys *st, ui
 }
 
 /* Run one task. *clock is a timestamp the task may use as its start, or 0 to
- * read the clock. Serial mode passes the previous system's end, so a system
- * costs one clock read, not two (clock_gettime is ~27 ns on a kvm-clock VM).
- * In parallel mode a system can become ready on another worker after this
- * worker's last reading, so help() always passes 0. On return *clock is the
- * task's end. */
-static void run_task(keel_runtime *rt, uint32_t s, uint32_t task, uint32_t worker, uint64_t *clock)
+ * read the clock; it must not precede the system's readiness. Serial mode
+ * passes the previous system's end, so a system costs one clock read, not
+ * two (clock_gettime is ~27 ns on a kvm-clock VM); parallel mode follows the
+ * rule in work_loop. Either way a system's time includes the commit of the
+ * one before it on that thread. `first`: this is the system's first task to
+ * start, whose start and worker the telemetry records (with task ranges,
+ * not necessarily task 0). On return *clock is the task's end. */
+static void run_task(keel_runtime *rt, uint32_t s, uint32_t task, uint32_t worker, uint64_t *clock, bool first)
 {
     const sched_system *sys = &rt->sched->sys[s];
     rt_sys *st = &rt->st[s];
     uint64_t t0 = *clock ? *clock : rt_now_ns();
-    if (task == 0) {
+    if (first) { /* read after the last task by whoever completes it: see help */
         st->start_ns = t0;
         st->worker = worker;
     }
@@ -281,7 +285,7 @@ static uint64_t range_word(uint32_t lo, uint32_t hi)
 }
 
 /* Cut system s's tasks into min(ntasks, workers) contiguous ranges, one per
- * ticket it will get (see "Task ranges" above). */
+ * holder it will have (see "Task ranges" above). */
 static int cut_ranges(keel_runtime *rt, uint32_t s)
 {
     rt_sys *st = &rt->st[s];
@@ -390,6 +394,7 @@ static bool make_ready(keel_runtime *rt, uint32_t s)
 static void reset_run(rt_sys *st)
 {
     atomic_store_explicit(&st->next_range, 0, memory_order_relaxed);
+    atomic_store_explicit(&st->started, false, memory_order_relaxed);
     st->nranges = 0;
     atomic_store_explicit(&st->tasks_done, 0, memory_order_relaxed);
     atomic_store_explicit(&st->fail_rc, 0, memory_order_relaxed);
@@ -510,7 +515,7 @@ static void dispatch_serial(keel_runtime *rt, const sched_track *t)
         rt_sys *st = &rt->st[s];
         if (make_ready(rt, s))
             for (uint32_t k = 0; k < st->ntasks; k++)
-                run_task(rt, s, k, 0, &clock);
+                run_task(rt, s, k, 0, &clock, k == 0);
         if (settle(rt, s, clock))
             for (uint32_t k = sc->succ_off[s]; k < sc->succ_off[s + 1]; k++)
                 atomic_store_explicit(&rt->st[sc->succ[k]].dep_failed, 1, memory_order_relaxed);
@@ -594,7 +599,9 @@ static uint32_t help(keel_runtime *rt, uint32_t s, uint32_t worker, ready_list *
         uint32_t k = claim_task(st, &home);
         if (k == UINT32_MAX)
             return RT_NONE;
-        run_task(rt, s, k, worker, clock);
+        /* the first claim takes the telemetry start; its writes reach the
+         * completer through the tasks_done chain below */
+        run_task(rt, s, k, worker, clock, !atomic_exchange_explicit(&st->started, true, memory_order_relaxed));
         if (atomic_fetch_add(&st->tasks_done, 1) + 1 == st->ntasks) {
             *done += complete(rt, s, *clock, worker, ready, stack);
             return publish(rt, ready);
