@@ -163,26 +163,24 @@ static world_chunk *chunk_new(const world_table *t, uint32_t capacity)
  * already has, at most STORAGE_RESERVE, so a small table reserves little. */
 #define STORAGE_RESERVE 16u
 
-static void reserve_free(world_table *t)
+/* Free the reserved buffers not handed out yet (the slot array stays). */
+static void reserve_release(world_table *t)
 {
-    if (!t->reserve)
-        return;
-    for (uint32_t i = 0; i <= t->ncols; i++)
+    for (uint32_t i = 0; t->reserve && i <= t->ncols; i++)
         for (uint32_t k = t->reserve_next; k < t->reserve_len; k++)
             free(t->reserve[i * STORAGE_RESERVE + k]);
-    free(t->reserve);
-    t->reserve = NULL;
     t->reserve_next = t->reserve_len = 0;
 }
 
 /* Fill the reserve for the next chunks of `rows` rows. All or nothing. */
 static bool reserve_fill(world_table *t, uint32_t rows)
 {
-    reserve_free(t);
-    t->reserve = calloc((size_t)(t->ncols + 1) * STORAGE_RESERVE, sizeof *t->reserve);
-    if (!t->reserve)
+    size_t slots = (size_t)(t->ncols + 1) * STORAGE_RESERVE;
+    if (!t->reserve && !(t->reserve = malloc(slots * sizeof *t->reserve)))
         return false;
+    memset(t->reserve, 0, slots * sizeof *t->reserve); /* handed-out buffers are the chunks' now */
     t->reserve_len = t->nchunks < STORAGE_RESERVE ? (t->nchunks ? t->nchunks : 1) : STORAGE_RESERVE;
+    t->reserve_next = 0;
     bool ok = true;
     for (uint32_t i = 0; ok && i <= t->ncols; i++) {
         uint32_t size = i < t->ncols ? t->cols[i].size : (uint32_t)sizeof(keel_entity);
@@ -190,7 +188,7 @@ static bool reserve_fill(world_table *t, uint32_t rows)
             ok = (t->reserve[i * STORAGE_RESERVE + k] = storage_column_alloc(rows, size)) != NULL;
     }
     if (!ok)
-        reserve_free(t); /* frees what was allocated: reserve_next is 0 */
+        reserve_release(t); /* the slots not reached are NULL */
     return ok;
 }
 
@@ -365,7 +363,8 @@ void storage_remove_row(keel_world *w, world_table *t, uint32_t row)
 
 static void table_free(world_table *t)
 {
-    reserve_free(t);
+    reserve_release(t);
+    free(t->reserve);
     for (uint32_t i = 0; i < t->nchunks; i++)
         chunk_free(t, t->chunks[i]);
     free(t->chunks);

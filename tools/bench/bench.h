@@ -38,6 +38,14 @@ typedef struct figure {
     bool no_target;        /* SPEC §10 sets none: the figure is printed for the record */
 } figure;
 
+/* A spin-wait hint (the plain-C probes' helper threads). */
+static inline void bench_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 /* Print a figure (text line or JSON object) and keep it for the summary. */
 void report(const config *cfg, const figure *f);
 /* A comment line in text mode only (JSON mode prints figures and nothing else). */

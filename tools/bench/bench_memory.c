@@ -724,7 +724,7 @@ static void *fused_helper(void *arg)
     while (!atomic_load(&fp->quit)) {
         uint32_t g = atomic_load(&fp->gen);
         if (g == seen) {
-            __builtin_ia32_pause();
+            bench_pause();
             continue;
         }
         seen = g;
@@ -746,7 +746,7 @@ static double fused_passes(fused_pair *fp, bool two)
         uint32_t g = atomic_fetch_add(&fp->gen, 1) + 1; /* the helper reads fs after this (seq_cst) */
         fused_half(fp, fs, 0, 2);
         while (atomic_load(&fp->done) != g)
-            __builtin_ia32_pause();
+            bench_pause();
     }
     return (double)(now_ns() - t0) / 1e6 / PARALLEL_TICKS;
 }
