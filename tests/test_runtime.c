@@ -875,6 +875,33 @@ START_TEST(test_metronome_second_run_restarts_grid)
 }
 END_TEST
 
+/* Runs called back to back keep the rate: the second run's first tick
+ * waits for the grid point the first run left (keel-world runs its ticks in
+ * batches of rate / 10 + 1: at 10 Hz, batches of two used to run at 20 Hz). */
+START_TEST(test_metronome_back_to_back_runs_share_the_grid)
+{
+    const uint64_t t0 = 1000000000ull, I = (uint64_t)(1e9 / 10);
+    fake_clock *fc = calloc(1, sizeof *fc);
+    atomic_store(&fc->now, t0);
+    for (int k = 0; k < 6; k++)
+        fc->duration[k] = 1 * MS;
+    keel_runtime *rt = fake_rt(fc, 10.0);
+    for (int run = 0; run < 3; run++)
+        ck_assert_ok(keel_runtime_run(rt, 2));
+    ck_assert_uint_eq(fc->nticks, 6);
+    for (uint32_t k = 0; k < 6; k++)
+        ck_assert_msg(fc->started_at[k] == t0 + k * I, "tick %u started at t0 + %llu, want t0 + %u * %llu", k + 1,
+                      (unsigned long long)(fc->started_at[k] - t0), k, (unsigned long long)I);
+    /* a step between runs does not move the grid either */
+    ck_assert_ok(keel_runtime_step(rt));
+    ck_assert_ok(keel_runtime_run(rt, 1));
+    ck_assert_uint_eq(fc->nticks, 8);
+    ck_assert_uint_eq(fc->started_at[7], t0 + 6 * I);
+    keel_runtime_close(rt);
+    free(fc);
+}
+END_TEST
+
 /* Low rates: 0.5 Hz is a 2 s interval (must be honoured); 1e-12 Hz is
  * 1e21 ns, beyond 64-bit nanoseconds: it must be refused, or at least not
  * turn into "no waiting at all" (today (uint64_t)1e21 is undefined and gives 0). */
@@ -1177,6 +1204,7 @@ static Suite *runtime_driver(void)
     tcase_add_test(tc, test_metronome_other_rates);
     tcase_add_test(tc, test_metronome_unthrottled_never_waits);
     tcase_add_test(tc, test_metronome_second_run_restarts_grid);
+    tcase_add_test(tc, test_metronome_back_to_back_runs_share_the_grid);
     tcase_add_test(tc, test_metronome_low_rates);
     tcase_add_test(tc, test_wait_phase);
     suite_add_tcase(s, tc);

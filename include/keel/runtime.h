@@ -145,8 +145,10 @@ void keel_runtime_sync_discard(keel_runtime *rt);
 
 /* Run ticks on the calling thread at tick_rate_hz until `ticks` more ticks
  * ran or keel_runtime_stop was called from another thread. The first tick
- * runs at once and the metronome's grid starts at the call. Returns 0 or the
- * first keel_runtime_step error. */
+ * runs at once and the metronome's grid starts at the call -- unless the
+ * previous run's next grid point is still ahead: then the first tick waits
+ * for it, so that runs called back to back keep the rate (run(2); run(2)
+ * paces like run(4)). Returns 0 or the first keel_runtime_step error. */
 int keel_runtime_run(keel_runtime *rt, uint64_t ticks);
 
 /* Start a TickDriver thread that runs ticks at tick_rate_hz on an absolute

@@ -115,19 +115,26 @@ void overload_after_tick(keel_runtime *rt)
     }
 }
 
-/* Run up to `ticks` ticks (UINT64_MAX: until stopped) on this thread. */
+/* Run up to `ticks` ticks (UINT64_MAX: until stopped) on this thread.
+ * Back-to-back runs share one grid: a run that starts before the previous
+ * run's next grid point waits for it, so run(2); run(2) paces like run(4)
+ * (a caller running its ticks in batches keeps the rate). A run that starts
+ * later starts a fresh grid at the call; it does not catch up the ticks of
+ * the time between runs. */
 static int drive(keel_runtime *rt, uint64_t ticks)
 {
     bool throttled = rt->interval_ns > 0;
-    uint64_t deadline = driver_now(rt);
+    uint64_t now = driver_now(rt);
+    uint64_t deadline = throttled && rt->next_deadline_ns > now ? rt->next_deadline_ns : now;
     for (uint64_t k = 0; k < ticks && !atomic_load(&rt->stop_requested); k++) {
-        if (throttled && k)
+        if (throttled && (k || deadline > now))
             driver_wait(rt, deadline);
         int rc = runtime_step(rt);
         if (rc)
             return rc;
         overload_after_tick(rt);
         deadline += rt->interval_ns * ovl_multiplier(&rt->ovl); /* the next tick's interval */
+        rt->next_deadline_ns = deadline;
     }
     return KEEL_OK;
 }

@@ -128,6 +128,7 @@ struct keel_runtime {
     uint32_t workers;
     double tick_rate_hz;           /* < 0: unthrottled */
     uint64_t interval_ns;          /* 1e9 / tick_rate_hz, the budget at 1x; 0 when unthrottled */
+    uint64_t next_deadline_ns;     /* the metronome's next grid point after the last run (driver.c) */
     float base_dt;                 /* 1 / tick_rate_hz (1/60 unthrottled) */
     float dt;                      /* of the running tick: base_dt x tick_mult */
     uint64_t watchdog_ns;
