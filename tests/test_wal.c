@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "keel_test.h"
 #include "keel_wal/wal.h"
@@ -319,6 +320,192 @@ START_TEST(zstd_record_round_trip)
     free(text);
     free(noise);
     kw_codec_destroy(c);
+}
+END_TEST
+
+/* ---- the planar form (codec 2, docs/wal-format.md "Codecs") ---- */
+
+/* A TICK_CHUNK payload of four groups: 12-byte floats for 3000 entities
+ * three indices apart, one 4-byte value, a tag (size 0) and 333 values of
+ * an odd size. */
+static size_t tick_chunk_payload(unsigned char *out)
+{
+    static const uint32_t comps[] = {1, 3, 5, 7}, sizes[] = {12, 4, 0, 7}, ns[] = {3000, 1, 40, 333};
+    unsigned char *p = out + 4;
+    wr32(out, 4);
+    for (uint32_t g = 0; g < 4; g++) {
+        wr32(p, comps[g]);
+        wr32(p + 4, sizes[g]);
+        wr32(p + 8, ns[g]);
+        p += 12;
+        for (uint32_t i = 0; i < ns[g]; i++) {
+            uint64_t e = KEEL_ENTITY_MAKE(i * 3 + g + 1, 1 + (i % 7 == 0));
+            memcpy(p + (size_t)i * 8, &e, 8);
+        }
+        p += (size_t)ns[g] * 8;
+        for (uint32_t i = 0; i < ns[g]; i++)
+            for (uint32_t b = 0; b < sizes[g]; b++) {
+                float f = (float)i * 0.25f + (float)b;
+                p[(size_t)i * sizes[g] + b] = sizes[g] == 12 ? ((unsigned char *)&f)[b % 4] : (unsigned char)(i * 31 + b);
+            }
+        p += (size_t)ns[g] * sizes[g];
+    }
+    return (size_t)(p - out);
+}
+
+/* The planar form as the document states it, computed here on its own. */
+static void ref_planar(const unsigned char *in, size_t len, unsigned char *out)
+{
+    uint32_t ngroups = rd32(in);
+    memcpy(out, in, 4);
+    size_t off = 4;
+    for (uint32_t g = 0; g < ngroups; g++) {
+        uint32_t size = rd32(in + off + 4), n = rd32(in + off + 8);
+        memcpy(out + off, in + off, 12);
+        off += 12;
+        uint64_t prev = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t e = rd64(in + off + (size_t)i * 8), d = e - prev;
+            prev = e;
+            for (uint32_t b = 0; b < 8; b++)
+                out[off + (size_t)b * n + i] = (unsigned char)(d >> (8 * b));
+        }
+        const unsigned char *v = in + off + (size_t)n * 8;
+        unsigned char *o = out + off + (size_t)n * 8;
+        for (uint32_t i = 0; i < n; i++)
+            for (uint32_t b = 0; b < size; b++)
+                o[(size_t)b * n + i] = v[(size_t)i * size + b];
+        off += (size_t)n * (8 + size);
+    }
+    ck_assert_uint_eq(off, len);
+}
+
+START_TEST(planar_record_round_trip_and_documented_form)
+{
+    enum { CAP = 80000 };
+    unsigned char *payload = malloc(CAP), *want = malloc(CAP), *got = malloc(CAP);
+    size_t len = tick_chunk_payload(payload);
+    ck_assert_uint_lt(len, CAP);
+    kw_codec_ctx *c = codec(), *plain = NULL;
+    ck_assert_ok(kw_codec_create(&(kw_codec_desc){.plain = true}, &plain));
+    kw_buf a = {0}, b = {0};
+    kw_header h, hp;
+    const void *p;
+
+    ck_assert_ok(kw_record_build(c, &a, KW_KIND_TICK_CHUNK, 20, 4, 0, payload, len));
+    ck_assert_ok(kw_record_check(a.p, a.len, &h));
+    ck_assert_uint_eq(h.codec, KW_CODEC_ZSTD_PLANAR);
+    ck_assert_uint_eq(h.raw_len, len);
+    /* the stored frame holds the planar form, as documented */
+    ref_planar(payload, len, want);
+    ck_assert_uint_eq(ZSTD_decompress(got, CAP, a.p + KW_HEADER_SIZE, h.stored_len), len);
+    ck_assert(memcmp(got, want, len) == 0);
+    ck_assert(memcmp(want, payload, len) != 0);
+    /* any context gives back the payload itself, twice in a row (scratch reuse) */
+    for (int i = 0; i < 2; i++) {
+        ck_assert_ok(kw_record_payload(i ? plain : c, a.p, &h, &p));
+        ck_assert(memcmp(p, payload, len) == 0);
+    }
+
+    /* plain: the same payload as codec 1, larger than its planar form */
+    ck_assert_ok(kw_record_build(plain, &b, KW_KIND_TICK_CHUNK, 21, 4, 0, payload, len));
+    ck_assert_ok(kw_record_check(b.p, b.len, &hp));
+    ck_assert_uint_eq(hp.codec, KW_CODEC_ZSTD);
+    ck_assert_uint_lt(h.stored_len, hp.stored_len);
+    ck_assert_ok(kw_record_payload(c, b.p, &hp, &p));
+    ck_assert(memcmp(p, payload, len) == 0);
+
+    /* other kinds never take the planar codec, even with a group layout */
+    b.len = 0;
+    ck_assert_ok(kw_record_build(c, &b, KW_KIND_SIDE, 22, 4, 0, payload, len));
+    ck_assert_ok(kw_record_check(b.p, b.len, &hp));
+    ck_assert_uint_eq(hp.codec, KW_CODEC_ZSTD);
+
+    /* not a group layout (one byte after the last group): plain zstd */
+    b.len = 0;
+    payload[len] = 0;
+    ck_assert_ok(kw_record_build(c, &b, KW_KIND_TICK_CHUNK, 23, 4, 0, payload, len + 1));
+    ck_assert_ok(kw_record_check(b.p, b.len, &hp));
+    ck_assert_uint_eq(hp.codec, KW_CODEC_ZSTD);
+    ck_assert_ok(kw_record_payload(c, b.p, &hp, &p));
+    ck_assert(memcmp(p, payload, len + 1) == 0);
+
+    ck_assert_str_eq(kw_codec_name(KW_CODEC_RAW), "raw");
+    ck_assert_str_eq(kw_codec_name(KW_CODEC_ZSTD), "zstd");
+    ck_assert_str_eq(kw_codec_name(KW_CODEC_ZSTD_PLANAR), "zstd-planar");
+    ck_assert_str_eq(kw_codec_name(3), "?");
+    kw_buf_free(&a);
+    kw_buf_free(&b);
+    kw_codec_destroy(c);
+    kw_codec_destroy(plain);
+    free(payload);
+    free(want);
+    free(got);
+}
+END_TEST
+
+/* A zstd-planar record with a valid frame and CRC whose planar form does
+ * not parse: refused by kw_record_payload, naming the LSN, never read past;
+ * the codec on another kind is refused by kw_record_check. */
+START_TEST(planar_form_that_does_not_parse_is_corrupt)
+{
+    enum { CAP = 80000 };
+    unsigned char *payload = malloc(CAP), *planar = malloc(CAP), *rec = malloc(CAP + KW_HEADER_SIZE + 1024);
+    size_t len = tick_chunk_payload(payload);
+    kw_codec_ctx *c = codec();
+    kw_buf good = {0};
+    ck_assert_ok(kw_record_build(c, &good, KW_KIND_TICK_CHUNK, 30, 5, 0, payload, len));
+    struct {
+        size_t at;     /* a u32 to change in the planar form (the first group's header is at 4) */
+        uint32_t value;
+        size_t len;    /* the planar form's length */
+    } lies[] = {
+        {0, 5, len},                 /* one group more than there is */
+        {0, 3, len},                 /* one group fewer: bytes follow the last group */
+        {12, 3001, len},             /* the first group runs past the end */
+        {12, 0x80000000u, len},      /* n * (8 + size) overflows 32 bits */
+        {8, 0xffffffffu, len},       /* size overflows */
+        {0, 1, 4 + 12},              /* a group header and nothing after it */
+        {0, 1, 4 + 7},               /* a group header cut off */
+    };
+    for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+        ref_planar(payload, len, planar);
+        wr32(planar + lies[i].at, lies[i].value);
+        size_t z = ZSTD_compress(rec + KW_HEADER_SIZE, CAP + 1024, planar, lies[i].len, 1);
+        ck_assert(!ZSTD_isError(z));
+        memcpy(rec, good.p, KW_HEADER_SIZE);
+        wr32(rec + 32, (uint32_t)lies[i].len);
+        wr32(rec + 36, (uint32_t)z);
+        reseal(rec, KW_HEADER_SIZE + z);
+        kw_header h;
+        const void *p;
+        ck_assert_ok(kw_record_check(rec, KW_HEADER_SIZE + z, &h));
+        ck_assert_uint_eq(h.codec, KW_CODEC_ZSTD_PLANAR);
+        ck_assert_rc(kw_record_payload(c, rec, &h, &p), KEEL_ECORRUPT);
+        ck_assert_msg(has(keel_last_error(), "LSN 30") && has(keel_last_error(), "planar form"), "case %zu: %s", i,
+                      keel_last_error());
+    }
+    /* the same frame, intact, reads back (the cases above differ only by their lie) */
+    kw_header h;
+    const void *p;
+    ck_assert_ok(kw_record_check(good.p, good.len, &h));
+    ck_assert_ok(kw_record_payload(c, good.p, &h, &p));
+    ck_assert(memcmp(p, payload, len) == 0);
+    /* codec 2 on a kind other than tick_chunk */
+    static const uint8_t kinds[] = {KW_KIND_SIDE, KW_KIND_LIFECYCLE, KW_KIND_TICK_COMMIT, KW_KIND_SNAP_CHUNK};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        memcpy(rec, good.p, good.len);
+        rec[6] = kinds[i];
+        reseal(rec, good.len);
+        ck_assert_rc(kw_record_check(rec, good.len, NULL), KEEL_ECORRUPT);
+        ck_assert_msg(has(keel_last_error(), "zstd-planar") && has(keel_last_error(), kw_kind_name(kinds[i])), "%s",
+                      keel_last_error());
+    }
+    kw_buf_free(&good);
+    kw_codec_destroy(c);
+    free(payload);
+    free(planar);
+    free(rec);
 }
 END_TEST
 
@@ -675,6 +862,7 @@ static Suite *record_suite(void)
     tcase_add_test(tc, kind_names_round_trip);
     tcase_add_test(tc, raw_record_round_trip_has_the_documented_header);
     tcase_add_test(tc, zstd_record_round_trip);
+    tcase_add_test(tc, planar_record_round_trip_and_documented_form);
     tcase_add_test(tc, codec_create_refuses_bad_levels_and_oversized_payloads);
     tcase_add_test(tc, crc_is_payload_then_zeroed_header);
     tcase_add_test(tc, unsealed_then_sealed_equals_direct_build);
@@ -684,6 +872,7 @@ static Suite *record_suite(void)
     tcase_add_test(tc, truncated_and_overlong_records_are_refused);
     tcase_add_test(tc, wrong_version_kind_codec_are_refused_with_a_valid_crc);
     tcase_add_test(tc, corrupt_zstd_payload_with_valid_crc_is_refused);
+    tcase_add_test(tc, planar_form_that_does_not_parse_is_corrupt);
     tcase_add_test(tc, raw_length_over_the_record_limit_is_refused);
     suite_add_tcase(s, tc);
     return s;

@@ -17,6 +17,7 @@
 
 #include "core/core.h"
 #include "keel_wal/wal.h"
+#include "planar.h"
 
 /* Values are stored in host order and the CRC's fast path reads words: the
  * format is little-endian, and so must the host be. */
@@ -27,7 +28,9 @@ struct kw_codec_ctx {
     ZSTD_DCtx *dctx;
     int level;
     uint32_t min_compress;
-    kw_buf scratch;
+    bool plain;               /* TICK_CHUNK payloads as they are (codec 1), not planar (codec 2) */
+    kw_buf scratch;           /* decompressed payloads */
+    kw_buf planar;            /* planar forms, on their way into or out of zstd */
 };
 
 uint32_t keel_wal_format_version(void)
@@ -45,6 +48,13 @@ static const char *const kind_names[] = {
 const char *kw_kind_name(uint32_t kind)
 {
     return kind < NKINDS && kind_names[kind] ? kind_names[kind] : "?";
+}
+
+const char *kw_codec_name(uint32_t codec)
+{
+    static const char *const names[] = {[KW_CODEC_RAW] = "raw", [KW_CODEC_ZSTD] = "zstd",
+                                        [KW_CODEC_ZSTD_PLANAR] = "zstd-planar"};
+    return codec < sizeof names / sizeof names[0] ? names[codec] : "?";
 }
 
 uint32_t kw_kind_parse(const char *name)
@@ -104,6 +114,7 @@ int kw_codec_create(const kw_codec_desc *desc, kw_codec_ctx **out)
     c->dctx = ZSTD_createDCtx();
     c->level = d.level ? d.level : 1;
     c->min_compress = d.min_compress ? d.min_compress : 128;
+    c->plain = d.plain;
     if (!c->cctx || !c->dctx) {
         kw_codec_destroy(c);
         return core_fail(KEEL_ENOMEM, "out of memory for zstd contexts");
@@ -126,6 +137,7 @@ void kw_codec_destroy(kw_codec_ctx *c)
     ZSTD_freeCCtx(c->cctx);
     ZSTD_freeDCtx(c->dctx);
     kw_buf_free(&c->scratch);
+    kw_buf_free(&c->planar);
     free(c);
 }
 
@@ -171,9 +183,20 @@ int kw_record_build_unsealed(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64
     uint32_t codec = KW_CODEC_RAW;
     size_t stored = len;
     if (len >= c->min_compress) {
-        size_t z = ZSTD_compress2(c->cctx, body, bound, payload, len);
+        const void *src = payload;
+        uint32_t zcodec = KW_CODEC_ZSTD;
+        if (kind == KW_KIND_TICK_CHUNK && !c->plain) {
+            c->planar.len = 0;
+            if ((rc = kw_buf_reserve(&c->planar, len)))
+                return rc;
+            if (planar_encode(payload, len, c->planar.p)) { /* else not a group layout: plain zstd */
+                src = c->planar.p;
+                zcodec = KW_CODEC_ZSTD_PLANAR;
+            }
+        }
+        size_t z = ZSTD_compress2(c->cctx, body, bound, src, len);
         if (!ZSTD_isError(z) && z < len) {
-            codec = KW_CODEC_ZSTD;
+            codec = zcodec;
             stored = z;
         }
     }
@@ -222,9 +245,12 @@ int kw_record_check(const void *rec, size_t len, kw_header *out)
                          h.version, KEEL_WAL_FORMAT_VERSION);
     if (!strcmp(kw_kind_name(h.kind), "?"))
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu has unknown kind %u", lsn, h.kind);
-    if (h.codec > KW_CODEC_ZSTD || h.dict_id || rd32(p + 44))
+    if (h.codec > KW_CODEC_ZSTD_PLANAR || h.dict_id || rd32(p + 44))
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu has unknown codec %u, dictionary %u or reserved bits", lsn,
                          h.codec, h.dict_id);
+    if (h.codec == KW_CODEC_ZSTD_PLANAR && h.kind != KW_KIND_TICK_CHUNK)
+        return core_fail(KEEL_ECORRUPT, "%s record at LSN %llu has codec zstd-planar, which only tick_chunk records use",
+                         kw_kind_name(h.kind), lsn);
     if (h.raw_len > 0x7fffffffu || h.stored_len > 0x7fffffffu)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u raw / %u stored bytes, over the 2 GiB limit", lsn,
                          h.raw_len, h.stored_len);
@@ -263,14 +289,23 @@ int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, cons
                          : declared == ZSTD_CONTENTSIZE_UNKNOWN ? "does not declare its size"
                          : declared != h->raw_len               ? "declares another size"
                                                                 : "cannot expand that far");
-    c->scratch.len = 0;
+    bool planar = h->codec == KW_CODEC_ZSTD_PLANAR;
+    kw_buf *into = planar ? &c->planar : &c->scratch;
+    c->scratch.len = c->planar.len = 0;
     int rc = kw_buf_reserve(&c->scratch, h->raw_len ? h->raw_len : 1);
+    if (!rc && planar)
+        rc = kw_buf_reserve(&c->planar, h->raw_len ? h->raw_len : 1);
     if (rc)
         return rc;
-    size_t n = ZSTD_decompressDCtx(c->dctx, c->scratch.p, h->raw_len, body, h->stored_len);
+    size_t n = ZSTD_decompressDCtx(c->dctx, into->p, h->raw_len, body, h->stored_len);
     if (ZSTD_isError(n) || n != h->raw_len)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu does not decompress to its %u bytes (%s)",
                          (unsigned long long)h->lsn, h->raw_len, ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short");
+    if (planar && !planar_decode(c->planar.p, h->raw_len, c->scratch.p))
+        return core_fail(KEEL_ECORRUPT,
+                         "record at LSN %llu: its planar form does not parse as tick_chunk groups "
+                         "(a group runs past its %u bytes, or bytes follow the last group)",
+                         (unsigned long long)h->lsn, h->raw_len);
     *payload = c->scratch.p;
     return KEEL_OK;
 }

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zstd.h>
 
 #include "fuzz_common.h"
 #include "keel/keel.h"
@@ -383,7 +384,7 @@ static void keep_record(harvest *hv, const char *prefix, const void *key, size_t
     kw_header h;
     if (kw_record_check(rec, len, &h))
         die("a record of the real directory is invalid", KEEL_ECORRUPT);
-    bool z = h.codec == KW_CODEC_ZSTD;
+    bool z = h.codec != KW_CODEC_RAW;
     unsigned k = h.kind & 31;
     if (hv->kept[k] >= KEEP_PER_KIND && !(z && !hv->zstd_kept[k]))
         return;
@@ -559,13 +560,38 @@ static void edge_records(void)
                kw_put_u32(&pl, 1) || kw_put_u64(&pl, KEEL_ENTITY_MAKE(4, 1)) || kw_put_bytes(&pl, &p, 8));
     edge_record("edge-tick-chunk-empty-group", KW_KIND_TICK_CHUNK, 7, 3, 0, &pl, NULL);
 
-    /* TICK_CHUNK of 200 equal rows: compresses (zstd) */
+    /* TICK_CHUNK of 200 equal rows: compresses, as its planar form (codec
+     * 2) by default and as it is (codec 1) with a plain context */
     fz_change rows[200];
     for (unsigned i = 0; i < 200; i++)
         rows[i] = (fz_change){.entity = KEEL_ENTITY_MAKE(i, 1), .component = 1, .size = 8, .value = &p};
     pl.len = 0;
     fz_encode(&pl, KW_KIND_TICK_CHUNK, 0, 0, rows, 200);
-    edge_record("edge-tick-chunk-zstd", KW_KIND_TICK_CHUNK, 8, 3, 0, &pl, NULL);
+    edge_record("edge-tick-chunk-planar", KW_KIND_TICK_CHUNK, 8, 3, 0, &pl, &rec);
+    kw_codec_ctx *plain;
+    int prc = kw_codec_create(&(kw_codec_desc){.plain = true}, &plain);
+    if (prc)
+        die("kw_codec_create", prc);
+    kw_buf zrec = {0};
+    if ((prc = kw_record_build(plain, &zrec, KW_KIND_TICK_CHUNK, 8, 3, 0, pl.p, pl.len)))
+        die("kw_record_build", prc);
+    write_file("record", "edge-tick-chunk-zstd", zrec.p, zrec.len);
+    kw_codec_destroy(plain);
+    /* a zstd-planar record whose planar form does not parse (the group
+     * claims 201 rows), with a valid frame and CRC: refused at read */
+    pl.p[12] = 201;
+    size_t z = ZSTD_compress(zrec.p + KW_HEADER_SIZE, zrec.cap - KW_HEADER_SIZE, pl.p, pl.len, 1);
+    if (ZSTD_isError(z))
+        die("ZSTD_compress", KEEL_EINVAL);
+    zrec.p[7] = KW_CODEC_ZSTD_PLANAR;
+    seal_by_hand(zrec.p, (uint32_t)pl.len, (uint32_t)z);
+    write_file("record", "edge-planar-group-overruns", zrec.p, KW_HEADER_SIZE + z);
+    /* codec 2 on a side record: refused by the header check */
+    rec.p[6] = KW_KIND_SIDE;
+    seal_by_hand(rec.p, (uint32_t)pl.len, (uint32_t)(rec.len - KW_HEADER_SIZE));
+    write_file("record", "edge-planar-on-side", rec.p, rec.len);
+    kw_buf_free(&zrec);
+    kw_buf_free(&rec);
 
     /* SCHEMA at the limits: 64 fields with 63-byte names, a 63-byte component name, a tag */
     kw_field fields[64];

@@ -309,7 +309,7 @@ static const char *check_other(const kw_record *r, const void *payload)
 static void print_header(const kw_record *r, bool json)
 {
     const kw_header *h = &r->h;
-    const char *codec = h->codec == KW_CODEC_ZSTD ? "zstd" : "raw";
+    const char *codec = kw_codec_name(h->codec);
     if (json)
         printf("{\"lsn\":%" PRIu64 ",\"tick\":%" PRIu64 ",\"kind\":\"%s\",\"flags\":%u,\"hook\":%s,\"codec\":\"%s\","
                "\"raw_len\":%u,\"stored_len\":%u", r->lsn, h->tick, kw_kind_name(h->kind), h->flags,
