@@ -1801,6 +1801,109 @@ START_TEST(test_uow_changed_rows_only)
 }
 END_TEST
 
+/* The capture's comparison for every value size it specialises (4, 8, 12,
+ * 16: four rows at a time, then row by row) and two it does not (6, 20):
+ * one changed byte is found at every byte position of a row, in every
+ * position of a block of four and in the rows after the last whole block;
+ * rows rewritten with identical bytes are not captured. */
+#define DIFF_N 43 /* ten blocks of four rows, three after them (one chunk) */
+#define DIFF_K 6
+
+typedef struct diff_probe {
+    keel_component c[DIFF_K];
+    keel_entity ents[DIFF_N];
+} diff_probe;
+
+static const uint32_t diff_sizes[DIFF_K] = {4, 8, 12, 16, 6, 20};
+
+static bool diff_changed(uint32_t k, uint32_t i)
+{
+    return (i * 7 + k) % 5 == 0 || i == DIFF_N - 1;
+}
+
+/* Entity i's value of component k; changed: byte i % size flipped. */
+static void diff_value(uint32_t k, uint32_t i, bool changed, unsigned char *out)
+{
+    for (uint32_t b = 0; b < diff_sizes[k]; b++)
+        out[b] = (unsigned char)(i * 31 + b * 7 + k);
+    if (changed)
+        out[i % diff_sizes[k]] ^= 0x80;
+}
+
+static int diff_write(keel_ctx *ctx, void *user)
+{
+    diff_probe *p = user;
+    unsigned char v[32];
+    for (uint32_t k = 0; k < DIFF_K; k++)
+        for (uint32_t i = 0; i < DIFF_N; i++) {
+            diff_value(k, i, diff_changed(k, i), v);
+            int rc = keel_txn_set(ctx, p->ents[i], p->c[k], v);
+            if (rc)
+                return rc;
+        }
+    return 0;
+}
+
+START_TEST(test_uow_changed_rows_every_size)
+{
+    keel_runtime *rt = rt_new(1, 64, NULL, NULL);
+    keel_world *w = keel_runtime_world(rt);
+    static diff_probe p;
+    keel_system_desc sys = {.name = "diff", .run = diff_write, .user = &p};
+    for (uint32_t k = 0; k < DIFF_K; k++) {
+        char name[8];
+        snprintf(name, sizeof name, "D%u", k);
+        keel_field f = {.name = "b", .type = KEEL_BYTES, .count = diff_sizes[k]};
+        keel_component_desc d = {.name = name, .size = diff_sizes[k], .align = 4, .discipline = KEEL_VERSIONED,
+                                 .fields = &f, .field_count = 1};
+        if (diff_sizes[k] % 4)
+            d.align = 2;
+        ck_assert_ok(keel_component_register(w, &d, &p.c[k]));
+        sys.access.writes[k] = p.c[k];
+    }
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(w, &cb));
+    static unsigned char vals[DIFF_N][DIFF_K][32];
+    for (uint32_t i = 0; i < DIFF_N; i++) {
+        keel_init in[DIFF_K];
+        for (uint32_t k = 0; k < DIFF_K; k++) {
+            diff_value(k, i, false, vals[i][k]);
+            in[k] = (keel_init){p.c[k], vals[i][k]};
+        }
+        ck_assert_ok(keel_cmd_spawn(cb, in, DIFF_K));
+    }
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    memcpy(p.ents, keel_cmdbuf_result(cb).created, sizeof p.ents);
+    keel_cmdbuf_destroy(cb);
+    keel_schedule *s = sched_new(rt);
+    add_sys(s, &sys);
+    install(rt, s);
+    rt->uow.capture = true;
+    ck_assert_ok(keel_runtime_step(rt));
+
+    /* in component order (registration), then row order */
+    size_t off = 0;
+    uow_row r;
+    uint32_t n = 0;
+    unsigned char want[32];
+    for (uint32_t k = 0; k < DIFF_K; k++)
+        for (uint32_t i = 0; i < DIFF_N; i++) {
+            if (!diff_changed(k, i))
+                continue;
+            ck_assert_msg(uow_next_row(&rt->uow, &off, &r), "size %u: row %u missing", diff_sizes[k], i);
+            ck_assert_uint_eq(r.component, p.c[k]);
+            ck_assert_uint_eq(r.size, diff_sizes[k]);
+            ck_assert_msg(r.entity == p.ents[i], "size %u: row %u expected, another captured", diff_sizes[k], i);
+            diff_value(k, i, true, want);
+            ck_assert(memcmp(r.value, want, diff_sizes[k]) == 0);
+            n++;
+        }
+    ck_assert(!uow_next_row(&rt->uow, &off, &r)); /* nothing else */
+    ck_assert_uint_eq(rt->uow.nrows, n);
+    keel_runtime_close(rt);
+}
+END_TEST
+
 typedef struct svt_probe {
     keel_component S, T, V;
     keel_entity ents[40];
@@ -2209,6 +2312,7 @@ static Suite *suite_txn_uow(void)
     Suite *s = suite_create("txn_uow");
     TCase *tc = tcase_create("uow");
     tcase_add_test(tc, test_uow_changed_rows_only);
+    tcase_add_test(tc, test_uow_changed_rows_every_size);
     tcase_add_test(tc, test_uow_single_version_and_transient);
     tcase_add_test(tc, test_uow_lifecycle_log);
     tcase_add_test(tc, test_uow_hook_rows_first);
