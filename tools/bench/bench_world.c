@@ -157,6 +157,132 @@ static double disk_mb_per_s(double stored_per_tick)
     return (double)bytes / 1e6 / ((double)(t - t0) / 1e9);
 }
 
+/* ---- the codec on the demo's own payloads ------------------------------------ */
+
+#define CODEC_TICKS 60u
+
+/* The tick_chunk payloads of the demo's first CODEC_TICKS ticks (after the
+ * populating one), back to back in *all, their lengths in lens. */
+static uint32_t demo_payloads(kw_buf *all, size_t **lens)
+{
+    char *dir = make_tmpdir("codec");
+    world_app app;
+    world_open(&app, dir, 0);
+    for (uint32_t t = 0; t <= CODEC_TICKS; t++)
+        step(app.rt);
+    world_close(&app);
+    kw_store *st;
+    kw_rtxn *rt;
+    kw_walit *it;
+    kw_codec_ctx *c;
+    check(kw_store_open(dir, &(kw_store_desc){ 0 }, &st), "kw_store_open");
+    check(kw_read_begin(st, &rt), "kw_read_begin");
+    check(kw_wal_iter(rt, 0, &it), "kw_wal_iter");
+    check(kw_codec_create(NULL, &c), "kw_codec_create");
+    uint32_t n = 0, cap = 64;
+    *lens = xmalloc(cap * sizeof **lens);
+    uint64_t lsn;
+    const void *rec, *payload;
+    size_t len;
+    int rc;
+    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
+        kw_header h;
+        check(kw_record_check(rec, len, &h), "kw_record_check");
+        if (h.kind != KW_KIND_TICK_CHUNK || h.tick == 1) /* tick 1 populates the world */
+            continue;
+        check(kw_record_payload(c, rec, &h, &payload), "kw_record_payload");
+        check(kw_put_bytes(all, payload, h.raw_len), "kw_put_bytes");
+        if (n == cap) {
+            size_t *grown = realloc(*lens, 2 * cap * sizeof **lens);
+            if (!grown)
+                check(KEEL_ENOMEM, "realloc");
+            *lens = grown;
+            cap *= 2;
+        }
+        (*lens)[n++] = h.raw_len;
+    }
+    check(rc, "kw_wal_next");
+    kw_codec_destroy(c);
+    kw_wal_iter_end(it);
+    kw_read_end(rt);
+    kw_store_close(st);
+    remove_tmpdir(dir);
+    return n;
+}
+
+/* Build every payload as a record with codec context c into recs (returns
+ * the seconds taken), or with recs already built, read every payload back
+ * (check + decompress, as recovery does). */
+static double codec_pass(kw_codec_ctx *c, const kw_buf *all, const size_t *lens, uint32_t n, kw_buf *recs, bool read)
+{
+    uint64_t t0 = now_ns();
+    if (!read) {
+        recs->len = 0;
+        for (uint32_t i = 0, off = 0; i < n; off += (uint32_t)lens[i++])
+            check(kw_record_build(c, recs, KW_KIND_TICK_CHUNK, i + 1, 2, 0, all->p + off, lens[i]), "kw_record_build");
+    } else {
+        for (size_t off = 0; off < recs->len;) {
+            kw_header h;
+            const void *p;
+            size_t len = KW_HEADER_SIZE + (size_t)(recs->p[off + 36] | recs->p[off + 37] << 8 |
+                                                   recs->p[off + 38] << 16 | (uint32_t)recs->p[off + 39] << 24);
+            check(kw_record_check(recs->p + off, len, &h), "kw_record_check");
+            check(kw_record_payload(c, recs->p + off, &h, &p), "kw_record_payload");
+            g_sink += ((const unsigned char *)p)[h.raw_len / 2];
+            off += len;
+        }
+    }
+    return (double)(now_ns() - t0) / 1e9;
+}
+
+/* The planar form (codec 2, docs/wal-format.md) against plain zstd (codec
+ * 1) on the demo's own tick_chunk payloads, at the default level, in
+ * alternating rounds: write and read MB/s of raw payload, and compression. */
+static void codec_figures(const config *cfg)
+{
+    kw_buf all = { 0 }, recs[2] = { { 0 } };
+    size_t *lens;
+    uint32_t n = demo_payloads(&all, &lens), R = cfg->rounds;
+    kw_codec_ctx *c[2];
+    /* the fence's own settings (src/durable/recover.c): level -1, hashLog 10 */
+    check(kw_codec_create(&(kw_codec_desc){ .level = -1, .hash_log = 10, .plain = true }, &c[0]), "kw_codec_create");
+    check(kw_codec_create(&(kw_codec_desc){ .level = -1, .hash_log = 10 }, &c[1]), "kw_codec_create");
+    double *w[2], *rd[2], mb = (double)all.len / 1e6;
+    for (int k = 0; k < 2; k++) {
+        w[k] = xmalloc(R * sizeof *w[k]);
+        rd[k] = xmalloc(R * sizeof *rd[k]);
+        codec_pass(c[k], &all, lens, n, &recs[k], false); /* warm-up */
+    }
+    for (uint32_t r = 0; r < R; r++)
+        for (int j = 0; j < 2; j++) {
+            int k = r % 2 == 0 ? j : 1 - j;
+            w[k][r] = mb / codec_pass(c[k], &all, lens, n, &recs[k], false);
+            rd[k][r] = mb / codec_pass(c[k], &all, lens, n, &recs[k], true);
+        }
+    figure fw = { .name = "codec_planar", .unit = "MB/s", .value = median(w[1], R), .baseline = median(w[0], R),
+                  .no_target = true };
+    report(cfg, &fw);
+    figure fr = { .name = "codec_planar_read", .unit = "MB/s", .value = median(rd[1], R),
+                  .baseline = median(rd[0], R), .no_target = true };
+    report(cfg, &fr);
+    figure fz = { .name = "codec_planar_ratio", .unit = "x", .value = (double)all.len / (double)recs[1].len,
+                  .baseline = (double)all.len / (double)recs[0].len, .no_target = true };
+    report(cfg, &fz);
+    note(cfg, "codec_planar: the demo's tick_chunk payloads of ticks 2..%u (%u records, %.1f MB raw), built into "
+              "records at zstd level -1, hashLog 10 (the fence's settings) as their planar form (codec 2, value) and as they are (codec 1, baseline): "
+              "MB/s of raw payload written (kw_record_build) and read back (kw_record_check + kw_record_payload), "
+              "and raw / stored bytes (48-byte headers included)",
+         CODEC_TICKS + 1, n, mb);
+    for (int k = 0; k < 2; k++) {
+        free(w[k]);
+        free(rd[k]);
+        kw_buf_free(&recs[k]);
+        kw_codec_destroy(c[k]);
+    }
+    kw_buf_free(&all);
+    free(lens);
+}
+
 void bench_wal_world(const config *cfg)
 {
     keep_heap_resident();
@@ -226,4 +352,5 @@ void bench_wal_world(const config *cfg)
     free(fence);
     free(raw);
     free(stored);
+    codec_figures(cfg);
 }
