@@ -1803,9 +1803,10 @@ END_TEST
 
 /* The capture's comparison for every value size it specialises (4, 8, 12,
  * 16: four rows at a time, then row by row) and two it does not (6, 20):
- * one changed byte is found at every byte position of a row, in every
- * position of a block of four and in the rows after the last whole block;
- * rows rewritten with identical bytes are not captured. */
+ * one changed byte, at a position that moves with the row (so every 4- and
+ * 8-byte word of the specialised sizes holds one in some row), is found in
+ * every position of a block of four and in the rows after the last whole
+ * block; rows rewritten with identical bytes are not captured. */
 #define DIFF_N 43 /* ten blocks of four rows, three after them (one chunk) */
 #define DIFF_K 6
 

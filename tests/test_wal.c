@@ -401,9 +401,10 @@ START_TEST(planar_record_round_trip_and_documented_form)
     ck_assert_uint_eq(ZSTD_decompress(got, CAP, a.p + KW_HEADER_SIZE, h.stored_len), len);
     ck_assert(memcmp(got, want, len) == 0);
     ck_assert(memcmp(want, payload, len) != 0);
-    /* any context gives back the payload itself, twice in a row (scratch reuse) */
-    for (int i = 0; i < 2; i++) {
-        ck_assert_ok(kw_record_payload(i ? plain : c, a.p, &h, &p));
+    /* any context gives back the payload itself, one twice in a row (its
+     * scratch buffers reused) */
+    for (int i = 0; i < 3; i++) {
+        ck_assert_ok(kw_record_payload(i == 2 ? plain : c, a.p, &h, &p));
         ck_assert(memcmp(p, payload, len) == 0);
     }
 
@@ -444,47 +445,68 @@ START_TEST(planar_record_round_trip_and_documented_form)
 }
 END_TEST
 
+/* A zstd-planar record at LSN 30 whose stored frame holds planar[0..len):
+ * kw_record_check accepts it (valid frame, valid CRC), kw_record_payload
+ * refuses it with a sentence naming the LSN and `why`. */
+static void expect_planar_refused(kw_codec_ctx *c, const kw_buf *good, const unsigned char *planar, size_t len,
+                                  unsigned char *rec, size_t cap, const char *why)
+{
+    size_t z = ZSTD_compress(rec + KW_HEADER_SIZE, cap - KW_HEADER_SIZE, planar, len, 1);
+    ck_assert(!ZSTD_isError(z));
+    memcpy(rec, good->p, KW_HEADER_SIZE);
+    wr32(rec + 32, (uint32_t)len);
+    wr32(rec + 36, (uint32_t)z);
+    reseal(rec, KW_HEADER_SIZE + z);
+    kw_header h;
+    const void *p;
+    ck_assert_ok(kw_record_check(rec, KW_HEADER_SIZE + z, &h));
+    ck_assert_uint_eq(h.codec, KW_CODEC_ZSTD_PLANAR);
+    ck_assert_rc(kw_record_payload(c, rec, &h, &p), KEEL_ECORRUPT);
+    ck_assert_msg(has(keel_last_error(), "LSN 30") && has(keel_last_error(), "planar form") &&
+                      has(keel_last_error(), why),
+                  "want '%s': %s", why, keel_last_error());
+}
+
 /* A zstd-planar record with a valid frame and CRC whose planar form does
- * not parse: refused by kw_record_payload, naming the LSN, never read past;
- * the codec on another kind is refused by kw_record_check. */
+ * not parse: refused by kw_record_payload, naming the LSN, the group and
+ * why, never read past; the codec on another kind is refused by
+ * kw_record_check. */
 START_TEST(planar_form_that_does_not_parse_is_corrupt)
 {
     enum { CAP = 80000 };
     unsigned char *payload = malloc(CAP), *planar = malloc(CAP), *rec = malloc(CAP + KW_HEADER_SIZE + 1024);
-    size_t len = tick_chunk_payload(payload);
+    size_t len = tick_chunk_payload(payload), reccap = CAP + KW_HEADER_SIZE + 1024;
     kw_codec_ctx *c = codec();
     kw_buf good = {0};
     ck_assert_ok(kw_record_build(c, &good, KW_KIND_TICK_CHUNK, 30, 5, 0, payload, len));
-    struct {
+    const struct {
         size_t at;     /* a u32 to change in the planar form (the first group's header is at 4) */
         uint32_t value;
         size_t len;    /* the planar form's length */
+        const char *why;
     } lies[] = {
-        {0, 5, len},                 /* one group more than there is */
-        {0, 3, len},                 /* one group fewer: bytes follow the last group */
-        {12, 3001, len},             /* the first group runs past the end */
-        {12, 0x80000000u, len},      /* n * (8 + size) overflows 32 bits */
-        {8, 0xffffffffu, len},       /* size overflows */
-        {0, 1, 4 + 12},              /* a group header and nothing after it */
-        {0, 1, 4 + 7},               /* a group header cut off */
+        {0, 5, len, "ends inside the header of group 4"},            /* one group more than there is */
+        {0, 0xffffffffu, len, "ends inside the header of group 4"},  /* ever so many */
+        {0, 3, len, "has bytes after its last group"},               /* one group fewer */
+        {12, (uint32_t)((len - 16) / 20 + 1), len, "ends inside the rows of group 0"}, /* one row too many */
+        {12, 0x80000000u, len, "ends inside the rows of group 0"},   /* n * (8 + size) over 32 bits */
+        {8, 0xffffffffu, len, "ends inside the rows of group 0"},    /* 8 + size over 32 bits */
+        {0, 1, 4 + 12, "ends inside the rows of group 0"},           /* a group header and nothing after it */
+        {0, 1, 4 + 7, "ends inside the header of group 0"},          /* a group header cut off */
+        {0, 0, 3, "is shorter than its 4-byte group count"},
+        {0, 0, 0, "is shorter than its 4-byte group count"},
     };
     for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
         ref_planar(payload, len, planar);
-        wr32(planar + lies[i].at, lies[i].value);
-        size_t z = ZSTD_compress(rec + KW_HEADER_SIZE, CAP + 1024, planar, lies[i].len, 1);
-        ck_assert(!ZSTD_isError(z));
-        memcpy(rec, good.p, KW_HEADER_SIZE);
-        wr32(rec + 32, (uint32_t)lies[i].len);
-        wr32(rec + 36, (uint32_t)z);
-        reseal(rec, KW_HEADER_SIZE + z);
-        kw_header h;
-        const void *p;
-        ck_assert_ok(kw_record_check(rec, KW_HEADER_SIZE + z, &h));
-        ck_assert_uint_eq(h.codec, KW_CODEC_ZSTD_PLANAR);
-        ck_assert_rc(kw_record_payload(c, rec, &h, &p), KEEL_ECORRUPT);
-        ck_assert_msg(has(keel_last_error(), "LSN 30") && has(keel_last_error(), "planar form"), "case %zu: %s", i,
-                      keel_last_error());
+        if (lies[i].len >= 4)
+            wr32(planar + lies[i].at, lies[i].value);
+        expect_planar_refused(c, &good, planar, lies[i].len, rec, reccap, lies[i].why);
     }
+    /* one group of no rows, then stray bytes */
+    ref_planar(payload, len, planar);
+    wr32(planar, 1);
+    wr32(planar + 12, 0);
+    expect_planar_refused(c, &good, planar, 4 + 12 + 9, rec, reccap, "has bytes after its last group");
     /* the same frame, intact, reads back (the cases above differ only by their lie) */
     kw_header h;
     const void *p;

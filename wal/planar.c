@@ -83,23 +83,29 @@ static void values(const unsigned char *in, unsigned char *out, uint32_t n, uint
 }
 
 /* Walk the groups of src (either form: the headers are the same), writing
- * each group's rows into dst in the other form. false when a group header
- * is cut off, a group runs past the end, or bytes follow the last group. */
-static bool convert(const unsigned char *src, size_t len, unsigned char *dst, bool to_planes)
+ * each group's rows into dst in the other form. NULL, or why the bytes are
+ * not a group layout (*group: the group at fault, UINT32_MAX when the
+ * reason names none). A group's size check
+ * divides rather than multiplies, so no n and size, however large, wrap. */
+static const char *convert(const unsigned char *src, size_t len, unsigned char *dst, bool to_planes,
+                           uint32_t *group)
 {
+    *group = UINT32_MAX;
     if (len < 4)
-        return false;
+        return "is shorter than its 4-byte group count";
     uint32_t ngroups = rd32(src);
     memcpy(dst, src, 4);
     size_t off = 4;
     for (uint32_t g = 0; g < ngroups; g++) {
+        *group = g;
         if (len - off < PLANAR_GROUP_HDR)
-            return false;
+            return "ends inside the header of group";
         uint32_t size = rd32(src + off + 4), n = rd32(src + off + 8);
         memcpy(dst + off, src + off, PLANAR_GROUP_HDR);
         off += PLANAR_GROUP_HDR;
-        if ((uint64_t)n * (8 + (uint64_t)size) > len - off)
-            return false;
+        size_t row = 8 + (size_t)size;
+        if (n && (len - off) / n < row)
+            return "ends inside the rows of group";
         const unsigned char *ents = src + off, *vals = ents + (size_t)n * 8;
         unsigned char *dents = dst + off, *dvals = dents + (size_t)n * 8;
         if (to_planes)
@@ -107,17 +113,19 @@ static bool convert(const unsigned char *src, size_t len, unsigned char *dst, bo
         else
             planes_to_entities(ents, dents, n);
         values(vals, dvals, n, size, to_planes);
-        off += (size_t)n * (8 + size);
+        off += (size_t)n * row;
     }
-    return off == len;
+    *group = UINT32_MAX;
+    return off == len ? NULL : "has bytes after its last group";
 }
 
 bool planar_encode(const void *payload, size_t len, void *out)
 {
-    return convert(payload, len, out, true);
+    uint32_t group;
+    return convert(payload, len, out, true, &group) == NULL;
 }
 
-bool planar_decode(const void *planar, size_t len, void *out)
+const char *planar_decode(const void *planar, size_t len, void *out, uint32_t *group)
 {
-    return convert(planar, len, out, false);
+    return convert(planar, len, out, false, group);
 }

@@ -16,8 +16,11 @@
  * payload is not a well-formed group layout (out is then garbage). */
 bool planar_encode(const void *payload, size_t len, void *out);
 
-/* The inverse of planar_encode: false when planar does not parse as the
- * planar form of a group layout of len bytes. */
-bool planar_decode(const void *planar, size_t len, void *out);
+/* The inverse of planar_encode: NULL, or why planar does not parse as the
+ * planar form of a group layout of len bytes ("ends inside the header of
+ * group", "ends inside the rows of group" -- *group says which --, "is
+ * shorter than its 4-byte group count", "has bytes after its last group"
+ * -- *group is then UINT32_MAX). */
+const char *planar_decode(const void *planar, size_t len, void *out, uint32_t *group);
 
 #endif

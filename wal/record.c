@@ -11,6 +11,7 @@
  * compressed before its LSN is known (parallel fence tasks) and sealed with
  * 48 bytes of work once LSNs are handed out in order.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
@@ -282,7 +283,7 @@ int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, cons
      * (a block of at least 4 bytes yields at most 128 KiB). A CRC is no
      * defence against a record crafted to pass it. */
     unsigned long long declared = ZSTD_getFrameContentSize(body, h->stored_len);
-    if (declared != h->raw_len || h->raw_len / 32768 > h->stored_len)
+    if (declared != h->raw_len || h->raw_len > 32768ull * h->stored_len)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u raw bytes; its %u-byte zstd frame %s",
                          (unsigned long long)h->lsn, h->raw_len, h->stored_len,
                          declared == ZSTD_CONTENTSIZE_ERROR     ? "is not a zstd frame"
@@ -301,11 +302,15 @@ int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, cons
     if (ZSTD_isError(n) || n != h->raw_len)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu does not decompress to its %u bytes (%s)",
                          (unsigned long long)h->lsn, h->raw_len, ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short");
-    if (planar && !planar_decode(c->planar.p, h->raw_len, c->scratch.p))
-        return core_fail(KEEL_ECORRUPT,
-                         "record at LSN %llu: its planar form does not parse as tick_chunk groups "
-                         "(a group runs past its %u bytes, or bytes follow the last group)",
-                         (unsigned long long)h->lsn, h->raw_len);
+    uint32_t group = 0;
+    const char *why = planar ? planar_decode(c->planar.p, h->raw_len, c->scratch.p, &group) : NULL;
+    if (why) {
+        char which[24] = "";
+        if (group != UINT32_MAX) /* the reason ends "... of group" */
+            snprintf(which, sizeof which, " %u", group);
+        return core_fail(KEEL_ECORRUPT, "record at LSN %llu: its %u-byte planar form %s%s",
+                         (unsigned long long)h->lsn, h->raw_len, why, which);
+    }
     *payload = c->scratch.p;
     return KEEL_OK;
 }

@@ -141,8 +141,8 @@ void kw_record_seal(void *rec, uint64_t lsn);
 
 /* The payload of a checked record, decompressed when needed. *payload points
  * into the record (raw codec) or into the context's scratch (valid until the
- * next call on c). Errors: KEEL_ECORRUPT (does not decompress to raw_len),
- * KEEL_ENOMEM. */
+ * next call on c). Errors: KEEL_ECORRUPT (does not decompress to raw_len;
+ * codec 2: its planar form does not parse), KEEL_ENOMEM. */
 int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, const void **payload);
 
 /* ---- payloads ------------------------------------------------------------ */
