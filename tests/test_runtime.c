@@ -689,6 +689,8 @@ typedef struct fake_clock {
     uint64_t duration[FC_MAX];
     uint64_t started_at[FC_MAX];
     uint32_t nticks;
+    keel_runtime *stop_rt;     /* keel_runtime_stop(stop_rt) inside wait number stop_at (1-based) */
+    uint32_t stop_at;
 } fake_clock;
 
 static uint64_t fake_now(void *user)
@@ -707,6 +709,8 @@ static void fake_wait(uint64_t deadline, void *user)
     fc->nwaits++;
     if (now < deadline)
         atomic_store(&fc->now, deadline + fc->overshoot);
+    if (fc->stop_rt && fc->nwaits == fc->stop_at)
+        ck_assert_ok(keel_runtime_stop(fc->stop_rt)); /* as another thread would, mid-wait */
 }
 
 /* The tick's work "takes" duration[k] of fake time. */
@@ -841,12 +845,13 @@ START_TEST(test_metronome_unthrottled_never_waits)
     atomic_store(&fc->now, 1000);
     keel_runtime *rt = fake_rt(fc, -1.0);
     ck_assert_ok(keel_runtime_run(rt, 10));
+    ck_assert_ok(keel_runtime_run(rt, 10)); /* back to back, still no waiting */
     ck_assert_uint_eq(fc->nwaits, 0);
-    ck_assert_uint_eq(keel_runtime_tick(rt), 10);
-    ck_assert_uint_eq(fc->nticks, 10);
+    ck_assert_uint_eq(keel_runtime_tick(rt), 20);
+    ck_assert_uint_eq(fc->nticks, 20);
     /* a run of 0 ticks runs nothing */
     ck_assert_ok(keel_runtime_run(rt, 0));
-    ck_assert_uint_eq(keel_runtime_tick(rt), 10);
+    ck_assert_uint_eq(keel_runtime_tick(rt), 20);
     keel_runtime_close(rt);
     free(fc);
 }
@@ -897,6 +902,37 @@ START_TEST(test_metronome_back_to_back_runs_share_the_grid)
     ck_assert_ok(keel_runtime_run(rt, 1));
     ck_assert_uint_eq(fc->nticks, 8);
     ck_assert_uint_eq(fc->started_at[7], t0 + 6 * I);
+    /* a clock that went back puts the grid point more than an interval
+     * ahead: not waited for, the run starts a fresh grid at the call */
+    uint64_t back = atomic_load(&fc->now) - 10 * I;
+    atomic_store(&fc->now, back);
+    uint32_t w = fc->nwaits;
+    ck_assert_ok(keel_runtime_run(rt, 2));
+    ck_assert_uint_eq(fc->started_at[8], back);
+    ck_assert_uint_eq(fc->nwaits, w + 1);
+    ck_assert_uint_eq(fc->deadline[w], back + I);
+    keel_runtime_close(rt);
+    free(fc);
+}
+END_TEST
+
+/* A stop requested while the metronome waits for a tick ends the run
+ * before that tick (it used to run one more). */
+START_TEST(test_metronome_stop_during_wait_runs_no_more_ticks)
+{
+    fake_clock *fc = calloc(1, sizeof *fc);
+    atomic_store(&fc->now, 1000000000ull);
+    keel_runtime *rt = fake_rt(fc, 60.0);
+    fc->stop_rt = rt;
+    fc->stop_at = 2; /* during the wait before tick 3 */
+    ck_assert_ok(keel_runtime_run(rt, 5));
+    ck_assert_uint_eq(fc->nwaits, 2);
+    ck_assert_uint_eq(fc->nticks, 2);
+    ck_assert_uint_eq(keel_runtime_tick(rt), 2);
+    /* the stop ended that run only */
+    fc->stop_rt = NULL;
+    ck_assert_ok(keel_runtime_run(rt, 2));
+    ck_assert_uint_eq(fc->nticks, 4);
     keel_runtime_close(rt);
     free(fc);
 }
@@ -1205,6 +1241,7 @@ static Suite *runtime_driver(void)
     tcase_add_test(tc, test_metronome_unthrottled_never_waits);
     tcase_add_test(tc, test_metronome_second_run_restarts_grid);
     tcase_add_test(tc, test_metronome_back_to_back_runs_share_the_grid);
+    tcase_add_test(tc, test_metronome_stop_during_wait_runs_no_more_ticks);
     tcase_add_test(tc, test_metronome_low_rates);
     tcase_add_test(tc, test_wait_phase);
     suite_add_tcase(s, tc);

@@ -144,11 +144,14 @@ int keel_runtime_sync_retry(keel_runtime *rt);
 void keel_runtime_sync_discard(keel_runtime *rt);
 
 /* Run ticks on the calling thread at tick_rate_hz until `ticks` more ticks
- * ran or keel_runtime_stop was called from another thread. The first tick
- * runs at once and the metronome's grid starts at the call -- unless the
- * previous run's next grid point is still ahead: then the first tick waits
- * for it, so that runs called back to back keep the rate (run(2); run(2)
- * paces like run(4)). Returns 0 or the first keel_runtime_step error. */
+ * ran or keel_runtime_stop was called from another thread (a stop during
+ * the wait for a tick ends the run before that tick). The first tick runs at
+ * once and the metronome's grid starts at the call -- unless the previous
+ * run's next grid point is still ahead: then the first tick waits for it,
+ * so that runs called back to back keep the rate (run(2); run(2) paces like
+ * run(4)). keel_runtime_step between runs does not move the grid; the
+ * TickDriver (keel_runtime_start) continues it the same way. Returns 0 or
+ * the first keel_runtime_step error. */
 int keel_runtime_run(keel_runtime *rt, uint64_t ticks);
 
 /* Start a TickDriver thread that runs ticks at tick_rate_hz on an absolute

@@ -63,6 +63,7 @@ void runtime_test_set_clock(keel_runtime *rt, uint64_t (*clock_ns)(void *user),
     rt->clock_ns = clock_ns;
     rt->wait_until = wait_until;
     rt->clock_user = user;
+    rt->next_deadline_ns = 0; /* a grid point of the other clock means nothing on this one */
 }
 
 static uint64_t driver_now(const keel_runtime *rt)
@@ -116,19 +117,26 @@ void overload_after_tick(keel_runtime *rt)
 }
 
 /* Run up to `ticks` ticks (UINT64_MAX: until stopped) on this thread.
- * Back-to-back runs share one grid: a run that starts before the previous
- * run's next grid point waits for it, so run(2); run(2) paces like run(4)
- * (a caller running its ticks in batches keeps the rate). A run that starts
- * later starts a fresh grid at the call; it does not catch up the ticks of
- * the time between runs. */
+ * Back-to-back runs share one grid (keel_runtime_run, and the driver thread
+ * after one): a run that starts before the previous run's next grid point
+ * waits for it, so run(2); run(2) paces like run(4) and a caller running its
+ * ticks in batches keeps the rate. A run that starts later starts a fresh
+ * grid at the call; it does not catch up the ticks of the time between
+ * runs. A grid point more than one interval ahead cannot come from the last
+ * run (a clock that went back): it is not waited for. A stop requested
+ * during a wait ends the run before the tick. */
 static int drive(keel_runtime *rt, uint64_t ticks)
 {
     bool throttled = rt->interval_ns > 0;
-    uint64_t now = driver_now(rt);
-    uint64_t deadline = throttled && rt->next_deadline_ns > now ? rt->next_deadline_ns : now;
+    uint64_t now = driver_now(rt), next = rt->next_deadline_ns;
+    bool continues = throttled && next > now && next - now <= rt->interval_ns * ovl_multiplier(&rt->ovl);
+    uint64_t deadline = continues ? next : now;
     for (uint64_t k = 0; k < ticks && !atomic_load(&rt->stop_requested); k++) {
-        if (throttled && (k || deadline > now))
+        if (throttled && (k || continues)) {
             driver_wait(rt, deadline);
+            if (atomic_load(&rt->stop_requested))
+                break;
+        }
         int rc = runtime_step(rt);
         if (rc)
             return rc;
@@ -146,7 +154,7 @@ int keel_runtime_run(keel_runtime *rt, uint64_t ticks)
     if (atomic_load(&rt->driver_running))
         return core_fail(KEEL_EBUSY, "keel_runtime_run: the tick driver is running");
     int rc = drive(rt, ticks);
-    atomic_store(&rt->stop_requested, false); /* a stop ends one run; the next starts afresh */
+    atomic_store(&rt->stop_requested, false); /* a stop ends one run, not the next */
     return rc;
 }
 
