@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "keel/keel.h"
+#include "keel_wal/wal.h"
 
 /* ---- configuration and figures ------------------------------------------- */
 
@@ -100,6 +101,12 @@ char *make_tmpdir(const char *tag);
 void remove_tmpdir(char *dir);
 /* Copy the flat files of data directory `from` into `to`. */
 void copy_tmpdir(const char *from, const char *to);
+
+/* Every WAL record of the open store st, in LSN order, checked and
+ * decompressed with c (libkeel_wal alone), handed to fn with its header;
+ * the payload is valid during the call. Exits on any error. */
+typedef void (*wal_payload_fn)(const kw_header *h, const void *payload, void *arg);
+void wal_each_payload(kw_store *st, kw_codec_ctx *c, wal_payload_fn fn, void *arg);
 
 /* ---- the demo-like workload (bench_demo.c) --------------------------------- */
 

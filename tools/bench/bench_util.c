@@ -357,3 +357,24 @@ void run_pair(const config *cfg, uint32_t reps, measure_fn baseline, measure_fn 
     free(b);
     free(s);
 }
+
+void wal_each_payload(kw_store *st, kw_codec_ctx *c, wal_payload_fn fn, void *arg)
+{
+    kw_rtxn *r;
+    kw_walit *it;
+    check(kw_read_begin(st, &r), "kw_read_begin");
+    check(kw_wal_iter(r, 0, &it), "kw_wal_iter");
+    uint64_t lsn;
+    const void *rec, *payload;
+    size_t len;
+    int rc;
+    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
+        kw_header h;
+        check(kw_record_check(rec, len, &h), "kw_record_check");
+        check(kw_record_payload(c, rec, &h, &payload), "kw_record_payload");
+        fn(&h, payload, arg);
+    }
+    check(rc, "kw_wal_next");
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+}

@@ -161,6 +161,30 @@ static double disk_mb_per_s(double stored_per_tick)
 
 #define CODEC_TICKS 60u
 
+/* The tick_chunk payloads collected from a directory, back to back in all,
+ * their lengths in lens. */
+typedef struct payloads {
+    kw_buf *all;
+    size_t *lens;
+    uint32_t n, cap;
+} payloads;
+
+static void keep_tick_chunk(const kw_header *h, const void *payload, void *arg)
+{
+    payloads *p = arg;
+    if (h->kind != KW_KIND_TICK_CHUNK || h->tick == 1) /* tick 1 populates the world */
+        return;
+    check(kw_put_bytes(p->all, payload, h->raw_len), "kw_put_bytes");
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 64;
+        size_t *grown = realloc(p->lens, p->cap * sizeof *p->lens);
+        if (!grown)
+            check(KEEL_ENOMEM, "realloc");
+        p->lens = grown;
+    }
+    p->lens[p->n++] = h->raw_len;
+}
+
 /* The tick_chunk payloads of the demo's first CODEC_TICKS ticks (after the
  * populating one), back to back in *all, their lengths in lens. */
 static uint32_t demo_payloads(kw_buf *all, size_t **lens)
@@ -172,42 +196,16 @@ static uint32_t demo_payloads(kw_buf *all, size_t **lens)
         step(app.rt);
     world_close(&app);
     kw_store *st;
-    kw_rtxn *rt;
-    kw_walit *it;
     kw_codec_ctx *c;
     check(kw_store_open(dir, &(kw_store_desc){ 0 }, &st), "kw_store_open");
-    check(kw_read_begin(st, &rt), "kw_read_begin");
-    check(kw_wal_iter(rt, 0, &it), "kw_wal_iter");
     check(kw_codec_create(NULL, &c), "kw_codec_create");
-    uint32_t n = 0, cap = 64;
-    *lens = xmalloc(cap * sizeof **lens);
-    uint64_t lsn;
-    const void *rec, *payload;
-    size_t len;
-    int rc;
-    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
-        kw_header h;
-        check(kw_record_check(rec, len, &h), "kw_record_check");
-        if (h.kind != KW_KIND_TICK_CHUNK || h.tick == 1) /* tick 1 populates the world */
-            continue;
-        check(kw_record_payload(c, rec, &h, &payload), "kw_record_payload");
-        check(kw_put_bytes(all, payload, h.raw_len), "kw_put_bytes");
-        if (n == cap) {
-            size_t *grown = realloc(*lens, 2 * cap * sizeof **lens);
-            if (!grown)
-                check(KEEL_ENOMEM, "realloc");
-            *lens = grown;
-            cap *= 2;
-        }
-        (*lens)[n++] = h.raw_len;
-    }
-    check(rc, "kw_wal_next");
+    payloads p = { .all = all };
+    wal_each_payload(st, c, keep_tick_chunk, &p);
     kw_codec_destroy(c);
-    kw_wal_iter_end(it);
-    kw_read_end(rt);
     kw_store_close(st);
     remove_tmpdir(dir);
-    return n;
+    *lens = p.lens;
+    return p.n;
 }
 
 /* Build every payload as a record with codec context c into recs (returns
