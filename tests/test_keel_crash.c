@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "keel/failpoint.h"
 #include "keel_test.h"
 #include "test_util.h"
 
@@ -97,6 +98,12 @@ START_TEST(test_failpoint_mode)
     summary s;
     const char *args[] = {"--rounds", "10", "--mode", "failpoint", "--seed", "3", SMALL, NULL};
     run_keel_crash(NULL, args, &s);
+    if (!keel_failpoints_compiled()) { /* -DKEEL_FAILPOINTS=OFF: refused, saying why */
+        ck_assert_msg(s.status == 2 && strstr(s.out, "lists none (built with -DKEEL_FAILPOINTS=OFF?)") &&
+                          strstr(s.out, "built with KEEL_FAILPOINTS=OFF: no failpoints"),
+                      "exit %d; output:\n%s", s.status, s.out);
+        return;
+    }
     assert_clean(&s, 5);
     ck_assert_msg(strstr(s.out, "failpoints fired/armed"), "no failpoint counts; output:\n%s", s.out);
 }
@@ -118,7 +125,7 @@ END_TEST
 
 START_TEST(test_all_modes)
 {
-    if (SANITIZED)
+    if (SANITIZED || !keel_failpoints_compiled())
         return; /* the modes one by one above */
     summary s;
     const char *args[] = {"--rounds", "9", "--mode", "all", "--seed", "11", SMALL, NULL};

@@ -313,7 +313,7 @@ int kc_child_run(const kc_spec *s, kc_line_fn fn, void *user, kc_exit *out)
     return 0;
 }
 
-int kc_capture(char *const argv[], const char *env_add, char *buf, size_t cap)
+int kc_capture(char *const argv[], const char *env_add, bool with_stderr, char *buf, size_t cap)
 {
     kc_spec s = {.env = {env_add}};
     char preload[4096], asan[1024];
@@ -325,7 +325,7 @@ int kc_capture(char *const argv[], const char *env_add, char *buf, size_t cap)
     }
     pid_t pid = fork();
     if (pid == 0) {
-        if (dup2(p[1], 1) < 0 || dup2(p[1], 2) < 0)
+        if (dup2(p[1], 1) < 0 || (with_stderr && dup2(p[1], 2) < 0))
             _exit(126);
         execve(argv[0], argv, env);
         _exit(127);

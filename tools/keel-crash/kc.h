@@ -93,9 +93,9 @@ typedef void (*kc_line_fn)(void *user, const kc_line *l);
 int kc_child_run(const kc_spec *s, kc_line_fn fn, void *user, kc_exit *out);
 
 /* Run argv with env_add (NAME=VALUE or NULL) added to the environment, its
- * stdout and stderr into buf (NUL-terminated, truncated to cap); its exit
- * status, or -1. */
-int kc_capture(char *const argv[], const char *env_add, char *buf, size_t cap);
+ * stdout -- and stderr too when with_stderr, else stderr is ours -- into buf
+ * (NUL-terminated, truncated to cap); its exit status, or -1. */
+int kc_capture(char *const argv[], const char *env_add, bool with_stderr, char *buf, size_t cap);
 
 /* Set by SIGINT / SIGTERM: the current child is killed, the run stops. */
 extern volatile int kc_stop;

@@ -239,7 +239,7 @@ static int failpoint_accepts(const ctx *c, const char *name, const char *action,
     char env[256], out[4096];
     snprintf(env, sizeof env, "KEEL_FAILPOINTS=%.160s=%s@1000000000", name, action);
     char *argv[] = {(char *)c->world, "--memory", "--until-tick", "1", "--entities", "0", "--quiet", NULL};
-    int rc = kc_capture(argv, env, out, sizeof out);
+    int rc = kc_capture(argv, env, true, out, sizeof out);
     *yes = !strstr(out, "KEEL_FAILPOINTS ignored");
     if (rc != 0)
         fprintf(stderr, "keel-crash: probing failpoint %s: keel-world exited with %d: %s\n", name, rc, out);
@@ -254,7 +254,7 @@ static int load_failpoints(ctx *c)
     if (!c->fp_buf)
         return -1;
     char *argv[] = {c->world, "--list-failpoints", NULL};
-    int rc = kc_capture(argv, NULL, c->fp_buf, 1 << 16);
+    int rc = kc_capture(argv, NULL, false, c->fp_buf, 1 << 16); /* the names only: a note goes to stderr */
     if (rc != 0) {
         fprintf(stderr, "keel-crash: `%s --list-failpoints` failed (exit %d): failpoint mode needs a keel-world "
                 "built with failpoints\n", c->world, rc);
@@ -418,7 +418,7 @@ static void verify_dir(ctx *c, lap_state *ls)
     if (!c->wal[0] || access(data, F_OK))
         return;
     char *argv[] = {c->wal, "verify", ls->dir, NULL};
-    int rc = kc_capture(argv, NULL, out, sizeof out);
+    int rc = kc_capture(argv, NULL, true, out, sizeof out);
     c->verified++;
     if (rc == 0 || (rc == 2 && !ls->lap.openable))
         return;
