@@ -514,7 +514,7 @@ START_TEST(planar_form_that_does_not_parse_is_corrupt)
     ck_assert_ok(kw_record_payload(c, good.p, &h, &p));
     ck_assert(memcmp(p, payload, len) == 0);
     /* codec 2 on a kind other than tick_chunk */
-    static const uint8_t kinds[] = {KW_KIND_SIDE, KW_KIND_LIFECYCLE, KW_KIND_TICK_COMMIT, KW_KIND_SNAP_CHUNK};
+    static const uint8_t kinds[] = {KW_KIND_SIDE, KW_KIND_LIFECYCLE, KW_KIND_TICK_COMMIT, KW_KIND_SNAP_SLOTS};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         memcpy(rec, good.p, good.len);
         rec[6] = kinds[i];
@@ -527,6 +527,120 @@ START_TEST(planar_form_that_does_not_parse_is_corrupt)
     kw_codec_destroy(c);
     free(payload);
     free(planar);
+    free(rec);
+}
+END_TEST
+
+/* A SNAP_CHUNK payload: table 2, chunk 1, `count` rows of entities a few
+ * indices apart, columns of 12 (floats), 4 and 3 bytes. */
+static size_t snap_chunk_payload(unsigned char *out, uint32_t count)
+{
+    static const uint32_t comps[] = {1, 3, 9}, sizes[] = {12, 4, 3};
+    wr32(out, 2), wr32(out + 4, 1), wr32(out + 8, count), wr32(out + 12, 3);
+    unsigned char *p = out + 16;
+    for (int c = 0; c < 3; c++, p += 8)
+        wr32(p, comps[c]), wr32(p + 4, sizes[c]);
+    for (uint32_t i = 0; i < count; i++, p += 8) {
+        uint64_t e = KEEL_ENTITY_MAKE(i * 2 + 5 + (i % 9 == 0), 3);
+        memcpy(p, &e, 8);
+    }
+    for (int c = 0; c < 3; c++)
+        for (uint32_t i = 0; i < count; i++)
+            for (uint32_t b = 0; b < sizes[c]; b++, p++) {
+                float f = (float)i * 0.5f + 100.0f;
+                *p = c == 0 ? ((unsigned char *)&f)[b % 4] : (unsigned char)(i >> (8 * b));
+            }
+    return (size_t)(p - out);
+}
+
+/* The SNAP_CHUNK planar form as the document states it, computed here. */
+static void ref_snap_planar(const unsigned char *in, size_t len, unsigned char *out)
+{
+    uint32_t count = rd32(in + 8), ncols = rd32(in + 12);
+    size_t off = 16 + (size_t)ncols * 8;
+    memcpy(out, in, off);
+    uint64_t prev = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        uint64_t e = rd64(in + off + (size_t)i * 8), d = e - prev;
+        prev = e;
+        for (uint32_t b = 0; b < 8; b++)
+            out[off + (size_t)b * count + i] = (unsigned char)(d >> (8 * b));
+    }
+    off += (size_t)count * 8;
+    for (uint32_t c = 0; c < ncols; c++) {
+        uint32_t size = rd32(in + 16 + (size_t)c * 8 + 4);
+        for (uint32_t i = 0; i < count; i++)
+            for (uint32_t b = 0; b < size; b++)
+                out[off + (size_t)b * count + i] = in[off + (size_t)i * size + b];
+        off += (size_t)count * size;
+    }
+    ck_assert_uint_eq(off, len);
+}
+
+/* SNAP_CHUNK records take codec 2 too: the stored frame holds the
+ * documented planar form, reads back through any context, is smaller than
+ * plain zstd; a planar form that does not parse is refused, saying why. */
+START_TEST(planar_snap_chunk_round_trip_and_refusals)
+{
+    enum { COUNT = 3000, CAP = 16 + 24 + COUNT * (8 + 19) + 64 };
+    unsigned char *payload = malloc(CAP), *want = malloc(CAP), *got = malloc(CAP), *rec = malloc(CAP + 1024);
+    size_t len = snap_chunk_payload(payload, COUNT);
+    kw_codec_ctx *c = codec(), *plain = NULL;
+    ck_assert_ok(kw_codec_create(&(kw_codec_desc){.plain = true}, &plain));
+    kw_buf a = {0}, b = {0};
+    kw_header h, hp;
+    const void *p;
+    ck_assert_ok(kw_record_build(c, &a, KW_KIND_SNAP_CHUNK, 0, 7, 0, payload, len));
+    ck_assert_ok(kw_record_check(a.p, a.len, &h));
+    ck_assert_uint_eq(h.codec, KW_CODEC_ZSTD_PLANAR);
+    ref_snap_planar(payload, len, want);
+    ck_assert_uint_eq(ZSTD_decompress(got, CAP, a.p + KW_HEADER_SIZE, h.stored_len), len);
+    ck_assert(memcmp(got, want, len) == 0);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_ok(kw_record_payload(i == 2 ? plain : c, a.p, &h, &p));
+        ck_assert(memcmp(p, payload, len) == 0);
+    }
+    ck_assert_ok(kw_record_build(plain, &b, KW_KIND_SNAP_CHUNK, 0, 7, 0, payload, len));
+    ck_assert_ok(kw_record_check(b.p, b.len, &hp));
+    ck_assert_uint_eq(hp.codec, KW_CODEC_ZSTD);
+    ck_assert_uint_lt(h.stored_len, hp.stored_len);
+
+    const struct {
+        size_t at;
+        uint32_t value;
+        size_t len;
+        const char *why;
+    } lies[] = {
+        {8, COUNT + 1, len, "ends inside column 2"},                  /* one row more */
+        {8, COUNT - 1, len, "has bytes after its last column"},        /* one row fewer */
+        {8, 0xffffffffu, len, "ends inside its entities"},
+        {12, 0x7fffffffu, len, "ends inside its column list"},
+        {12, 2, len, "has bytes after its last column"},               /* a column fewer */
+        {36, 0xfffffff0u, len, "ends inside column 2"},                /* column 2's size */
+        {0, 0, 15, "is shorter than its 16-byte chunk header"},
+    };
+    for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {
+        memcpy(got, want, len);
+        if (lies[i].len >= 16)
+            wr32(got + lies[i].at, lies[i].value);
+        size_t z = ZSTD_compress(rec + KW_HEADER_SIZE, CAP + 1024 - KW_HEADER_SIZE, got, lies[i].len, 1);
+        ck_assert(!ZSTD_isError(z));
+        memcpy(rec, a.p, KW_HEADER_SIZE);
+        wr32(rec + 32, (uint32_t)lies[i].len);
+        wr32(rec + 36, (uint32_t)z);
+        reseal(rec, KW_HEADER_SIZE + z);
+        ck_assert_ok(kw_record_check(rec, KW_HEADER_SIZE + z, &hp));
+        ck_assert_rc(kw_record_payload(c, rec, &hp, &p), KEEL_ECORRUPT);
+        ck_assert_msg(has(keel_last_error(), "planar form") && has(keel_last_error(), lies[i].why), "want '%s': %s",
+                      lies[i].why, keel_last_error());
+    }
+    kw_buf_free(&a);
+    kw_buf_free(&b);
+    kw_codec_destroy(c);
+    kw_codec_destroy(plain);
+    free(payload);
+    free(want);
+    free(got);
     free(rec);
 }
 END_TEST
@@ -885,6 +999,7 @@ static Suite *record_suite(void)
     tcase_add_test(tc, raw_record_round_trip_has_the_documented_header);
     tcase_add_test(tc, zstd_record_round_trip);
     tcase_add_test(tc, planar_record_round_trip_and_documented_form);
+    tcase_add_test(tc, planar_snap_chunk_round_trip_and_refusals);
     tcase_add_test(tc, codec_create_refuses_bad_levels_and_oversized_payloads);
     tcase_add_test(tc, crc_is_payload_then_zeroed_header);
     tcase_add_test(tc, unsealed_then_sealed_equals_direct_build);
@@ -1397,7 +1512,7 @@ START_TEST(snap_payload_checks_the_record_and_its_kind)
     kw_buf b = {0}, rec = {0};
     kw_snap_chunk *c = malloc(sizeof *c);
     ck_assert_ptr_nonnull(c);
-    /* a big chunk goes through zstd; the decoder reads it decompressed */
+    /* a big chunk goes through zstd, as its planar form; the decoder reads it decompressed */
     b.len = 0;
     kw_put_u32(&b, 0), kw_put_u32(&b, 0), kw_put_u32(&b, 500), kw_put_u32(&b, 1);
     kw_put_u32(&b, 1), kw_put_u32(&b, 8);
@@ -1406,7 +1521,7 @@ START_TEST(snap_payload_checks_the_record_and_its_kind)
     for (uint32_t i = 0; i < 500; i++)
         kw_put_u64(&b, 7);
     ck_assert_ok(kw_record_build(cc, &rec, KW_KIND_SNAP_CHUNK, 0, 9, 0, b.p, b.len));
-    ck_assert_uint_eq(rec.p[7], KW_CODEC_ZSTD);
+    ck_assert_uint_eq(rec.p[7], KW_CODEC_ZSTD_PLANAR);
     const void *p;
     size_t plen;
     ck_assert_ok(kw_snap_payload(cc, rec.p, rec.len, KW_KIND_SNAP_CHUNK, &p, &plen));

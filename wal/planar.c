@@ -1,27 +1,28 @@
 /*
- * wal/planar.c -- the planar form of a TICK_CHUNK payload, which codec 2
- * (zstd-planar, docs/wal-format.md "Codecs") compresses instead of the
- * payload itself.
+ * wal/planar.c -- the planar forms of TICK_CHUNK and SNAP_CHUNK payloads,
+ * which codec 2 (zstd-planar, docs/wal-format.md "Codecs") compresses
+ * instead of the payloads themselves.
  *
- * Why: a group's rows interleave an entity handle and a value, so the bytes
+ * Why: a TICK_CHUNK group's rows interleave an entity handle and a value,
+ * and a SNAP_CHUNK stores each column's values row after row, so the bytes
  * zstd sees change meaning every few bytes; its matches are short and it
- * runs slowly. The planar form keeps every group header where it is and
- * rewrites the group's rows as byte planes: the entities as the differences
- * of consecutive handles (mod 2^64; rows come in chunk order, so the
- * differences are small and their high planes are zeros), then plane b of
- * the values holding byte b of every value (the sign and exponent bytes of
- * floats, the high bytes of counters, repeat). On the demo's payloads at
- * level -1 this writes about 2x faster, reads 2.3x faster and stores 1.7x
- * fewer bytes than plain zstd (keel-bench's codec_planar figures,
- * docs/performance.md).
+ * runs slowly. A planar form keeps the headers where they are and rewrites
+ * the rows as byte planes: the entities as the differences of consecutive
+ * handles (mod 2^64; rows come in chunk order, so the differences are small
+ * and their high planes are zeros), then plane b of a column holding byte b
+ * of every value (the sign and exponent bytes of floats, the high bytes of
+ * counters, repeat). On the demo's TICK_CHUNK payloads at level -1 this
+ * writes about 2x faster, reads 2.3x faster and stores 1.7x fewer bytes
+ * than plain zstd (keel-bench's codec_planar figures, docs/performance.md).
  *
- * The form has exactly the payload's length, and it is a bijection of the
+ * A form has exactly the payload's length, and it is a bijection of the
  * rows once the headers are known, so decoding needs no more than a header
- * walk that checks every group against the bytes left: a planar form that
+ * walk that checks every part against the bytes left: a planar form that
  * does not parse is refused, never read past.
  */
 #include <string.h>
 
+#include "keel_wal/wal.h"
 #include "planar.h"
 
 static uint32_t rd32(const unsigned char *p)
@@ -82,50 +83,102 @@ static void values(const unsigned char *in, unsigned char *out, uint32_t n, uint
     }
 }
 
-/* Walk the groups of src (either form: the headers are the same), writing
- * each group's rows into dst in the other form. NULL, or why the bytes are
- * not a group layout (*group: the group at fault, UINT32_MAX when the
- * reason names none). A group's size check
- * divides rather than multiplies, so no n and size, however large, wrap. */
-static const char *convert(const unsigned char *src, size_t len, unsigned char *dst, bool to_planes,
-                           uint32_t *group)
+/* Entities then values of one run of n rows, in either direction. */
+static void rows(const unsigned char *ents, unsigned char *dents, uint32_t n, bool to_planes)
 {
-    *group = UINT32_MAX;
+    if (to_planes)
+        entities_to_planes(ents, dents, n);
+    else
+        planes_to_entities(ents, dents, n);
+}
+
+/* True when n rows of `row` bytes fit in the left bytes (divides, so no n
+ * and row, however large, wrap). */
+static bool fits(size_t left, uint32_t n, size_t row)
+{
+    return !n || left / n >= row;
+}
+
+/* TICK_CHUNK: walk the groups of src (either form: the headers are the
+ * same), writing each group's rows into dst in the other form. NULL, or why
+ * the bytes are not a group layout (*part: the group at fault, UINT32_MAX
+ * when the reason names none). */
+static const char *convert_groups(const unsigned char *src, size_t len, unsigned char *dst, bool to_planes,
+                                  uint32_t *part)
+{
+    *part = UINT32_MAX;
     if (len < 4)
         return "is shorter than its 4-byte group count";
     uint32_t ngroups = rd32(src);
     memcpy(dst, src, 4);
     size_t off = 4;
     for (uint32_t g = 0; g < ngroups; g++) {
-        *group = g;
+        *part = g;
         if (len - off < PLANAR_GROUP_HDR)
             return "ends inside the header of group";
         uint32_t size = rd32(src + off + 4), n = rd32(src + off + 8);
         memcpy(dst + off, src + off, PLANAR_GROUP_HDR);
         off += PLANAR_GROUP_HDR;
-        size_t row = 8 + (size_t)size;
-        if (n && (len - off) / n < row)
+        if (!fits(len - off, n, 8 + (size_t)size))
             return "ends inside the rows of group";
-        const unsigned char *ents = src + off, *vals = ents + (size_t)n * 8;
-        unsigned char *dents = dst + off, *dvals = dents + (size_t)n * 8;
-        if (to_planes)
-            entities_to_planes(ents, dents, n);
-        else
-            planes_to_entities(ents, dents, n);
-        values(vals, dvals, n, size, to_planes);
-        off += (size_t)n * row;
+        rows(src + off, dst + off, n, to_planes);
+        off += (size_t)n * 8;
+        values(src + off, dst + off, n, size, to_planes);
+        off += (size_t)n * size;
     }
-    *group = UINT32_MAX;
+    *part = UINT32_MAX;
     return off == len ? NULL : "has bytes after its last group";
 }
 
-bool planar_encode(const void *payload, size_t len, void *out)
+/* SNAP_CHUNK: the 16-byte chunk header and the column list stay, the
+ * entity array and then each column become planes. */
+static const char *convert_snap_chunk(const unsigned char *src, size_t len, unsigned char *dst, bool to_planes,
+                                      uint32_t *part)
 {
-    uint32_t group;
-    return convert(payload, len, out, true, &group) == NULL;
+    *part = UINT32_MAX;
+    if (len < PLANAR_SNAP_HDR)
+        return "is shorter than its 16-byte chunk header";
+    uint32_t count = rd32(src + 8), ncols = rd32(src + 12);
+    if ((len - PLANAR_SNAP_HDR) / 8 < ncols)
+        return "ends inside its column list";
+    size_t off = PLANAR_SNAP_HDR + (size_t)ncols * 8;
+    memcpy(dst, src, off);
+    if (!fits(len - off, count, 8))
+        return "ends inside its entities";
+    rows(src + off, dst + off, count, to_planes);
+    off += (size_t)count * 8;
+    for (uint32_t c = 0; c < ncols; c++) {
+        uint32_t size = rd32(src + PLANAR_SNAP_HDR + (size_t)c * 8 + 4);
+        *part = c;
+        if (!fits(len - off, count, size))
+            return "ends inside column";
+        values(src + off, dst + off, count, size, to_planes);
+        off += (size_t)count * size;
+    }
+    *part = UINT32_MAX;
+    return off == len ? NULL : "has bytes after its last column";
 }
 
-const char *planar_decode(const void *planar, size_t len, void *out, uint32_t *group)
+static const char *convert(uint32_t kind, const unsigned char *src, size_t len, unsigned char *dst, bool to_planes,
+                           uint32_t *part)
 {
-    return convert(planar, len, out, false, group);
+    if (kind == KW_KIND_SNAP_CHUNK)
+        return convert_snap_chunk(src, len, dst, to_planes, part);
+    return convert_groups(src, len, dst, to_planes, part);
+}
+
+bool planar_kind(uint32_t kind)
+{
+    return kind == KW_KIND_TICK_CHUNK || kind == KW_KIND_SNAP_CHUNK;
+}
+
+bool planar_encode(uint32_t kind, const void *payload, size_t len, void *out)
+{
+    uint32_t part;
+    return convert(kind, payload, len, out, true, &part) == NULL;
+}
+
+const char *planar_decode(uint32_t kind, const void *planar, size_t len, void *out, uint32_t *part)
+{
+    return convert(kind, planar, len, out, false, part);
 }

@@ -29,7 +29,7 @@ struct kw_codec_ctx {
     ZSTD_DCtx *dctx;
     int level;
     uint32_t min_compress;
-    bool plain;               /* TICK_CHUNK payloads as they are (codec 1), not planar (codec 2) */
+    bool plain;               /* TICK_CHUNK and SNAP_CHUNK payloads as they are (codec 1), not planar (codec 2) */
     kw_buf scratch;           /* decompressed payloads */
     kw_buf planar;            /* planar forms, on their way into or out of zstd */
 };
@@ -186,11 +186,11 @@ int kw_record_build_unsealed(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64
     if (len >= c->min_compress) {
         const void *src = payload;
         uint32_t zcodec = KW_CODEC_ZSTD;
-        if (kind == KW_KIND_TICK_CHUNK && !c->plain) {
+        if (planar_kind(kind) && !c->plain) {
             c->planar.len = 0;
             if ((rc = kw_buf_reserve(&c->planar, len)))
                 return rc;
-            if (planar_encode(payload, len, c->planar.p)) { /* else not a group layout: plain zstd */
+            if (planar_encode(kind, payload, len, c->planar.p)) { /* else not the kind's layout: plain zstd */
                 src = c->planar.p;
                 zcodec = KW_CODEC_ZSTD_PLANAR;
             }
@@ -249,8 +249,9 @@ int kw_record_check(const void *rec, size_t len, kw_header *out)
     if (h.codec > KW_CODEC_ZSTD_PLANAR || h.dict_id || rd32(p + 44))
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu has unknown codec %u, dictionary %u or reserved bits", lsn,
                          h.codec, h.dict_id);
-    if (h.codec == KW_CODEC_ZSTD_PLANAR && h.kind != KW_KIND_TICK_CHUNK)
-        return core_fail(KEEL_ECORRUPT, "%s record at LSN %llu has codec zstd-planar, which only tick_chunk records use",
+    if (h.codec == KW_CODEC_ZSTD_PLANAR && !planar_kind(h.kind))
+        return core_fail(KEEL_ECORRUPT,
+                         "%s record at LSN %llu has codec zstd-planar, which only tick_chunk and snap_chunk records use",
                          kw_kind_name(h.kind), lsn);
     if (h.raw_len > 0x7fffffffu || h.stored_len > 0x7fffffffu)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u raw / %u stored bytes, over the 2 GiB limit", lsn,
@@ -303,7 +304,7 @@ int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, cons
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu does not decompress to its %u bytes (%s)",
                          (unsigned long long)h->lsn, h->raw_len, ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short");
     uint32_t group = 0;
-    const char *why = planar ? planar_decode(c->planar.p, h->raw_len, c->scratch.p, &group) : NULL;
+    const char *why = planar ? planar_decode(h->kind, c->planar.p, h->raw_len, c->scratch.p, &group) : NULL;
     if (why) {
         char which[24] = "";
         if (group != UINT32_MAX) /* the reason ends "... of group" */

@@ -346,7 +346,7 @@ void fz_round_trip_record(kw_codec_ctx *c, uint32_t kind, uint64_t lsn, uint64_t
     FZ_CHECK(h.kind == kind && h.lsn == lsn && h.tick == tick && h.flags == flags && h.raw_len == len &&
                  h.version == KEEL_WAL_FORMAT_VERSION && h.dict_id == 0 && h.stored_len == a.len - KW_HEADER_SIZE,
              "a built record's header does not give back its fields");
-    bool zstd_codec = h.codec == KW_CODEC_ZSTD || (h.codec == KW_CODEC_ZSTD_PLANAR && kind == KW_KIND_TICK_CHUNK);
+    bool zstd_codec = h.codec == KW_CODEC_ZSTD || (h.codec == KW_CODEC_ZSTD_PLANAR && (kind == KW_KIND_TICK_CHUNK || kind == KW_KIND_SNAP_CHUNK));
     FZ_CHECK(h.codec == KW_CODEC_RAW ? h.stored_len == len : zstd_codec && h.stored_len < len,
              "codec %u stores %u of %zu bytes", h.codec, h.stored_len, len);
     const void *p;

@@ -62,7 +62,7 @@ static bool header_valid(const unsigned char *p, size_t len)
     if (len < KW_HEADER_SIZE || memcmp(p, "KWR1", 4))
         return false;
     uint32_t raw = fz_rd32(p + 32), stored = fz_rd32(p + 36);
-    if ((p[4] | p[5] << 8) != 1 || !kind_known(p[6]) || p[7] > 2 || (p[7] == 2 && p[6] != KW_KIND_TICK_CHUNK) || fz_rd32(p + 28) || fz_rd32(p + 44))
+    if ((p[4] | p[5] << 8) != 1 || !kind_known(p[6]) || p[7] > 2 || (p[7] == 2 && p[6] != KW_KIND_TICK_CHUNK && p[6] != KW_KIND_SNAP_CHUNK) || fz_rd32(p + 28) || fz_rd32(p + 44))
         return false;
     if (raw > 0x7fffffffu || stored > 0x7fffffffu || stored != len - KW_HEADER_SIZE || (p[7] == 0 && raw != stored))
         return false;

@@ -61,7 +61,8 @@ typedef enum kw_kind {
 typedef enum kw_codec {
     KW_CODEC_RAW = 0,
     KW_CODEC_ZSTD = 1,
-    KW_CODEC_ZSTD_PLANAR = 2, /* TICK_CHUNK only: zstd over the payload's planar form (docs/wal-format.md) */
+    KW_CODEC_ZSTD_PLANAR = 2, /* TICK_CHUNK and SNAP_CHUNK only: zstd over the payload's planar form
+                                 (docs/wal-format.md) */
 } kw_codec;
 
 /* "raw", "zstd", "zstd-planar"; "?" when unknown. */
@@ -109,8 +110,8 @@ typedef struct kw_codec_desc {
     int level;                /* zstd level; 0 = 1 (measured: docs/performance.md) */
     uint32_t min_compress;    /* payloads shorter than this are stored raw; 0 = 128 bytes */
     int hash_log;             /* zstd's hashLog (ZSTD_c_hashLog); 0 = the level's own */
-    bool plain;               /* compress TICK_CHUNK payloads as they are (codec 1), not in
-                                 their planar form (codec 2): for comparisons */
+    bool plain;               /* compress TICK_CHUNK and SNAP_CHUNK payloads as they are (codec
+                                 1), not in their planar form (codec 2): for comparisons */
 } kw_codec_desc;
 
 int kw_codec_create(const kw_codec_desc *desc, kw_codec_ctx **out);
