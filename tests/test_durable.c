@@ -55,6 +55,7 @@
  * (world_test_inject_failure).
  * Bodies that run on workers record what they saw; the test thread asserts.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -1261,6 +1262,63 @@ static void b_close(bworld *w)
  * compared with what the records on disk say. Tick 1 spawns enough
  * entities for several LIFECYCLE records, tick 2 rewrites enough rows for
  * several TICK_CHUNK records (compressed in parallel on 2 workers). */
+/* How many of this process's threads are named `name` (/proc/self/task). */
+static int threads_named(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* the thread ended meanwhile */
+        if (fgets(comm, sizeof comm, f))
+            comm[strcspn(comm, "\n")] = '\0';
+        fclose(f);
+        n += !strcmp(comm, name);
+    }
+    closedir(d);
+    return n;
+}
+
+/* The runtime's threads carry names (top -H, perf, gdb): one per worker
+ * beyond the stepping thread, the watchdog, and once the directory is open
+ * the WAL writer and the checkpoint thread; the driver while started; all
+ * gone after close. */
+START_TEST(test_threads_are_named)
+{
+    char dir[256];
+    tu_path(dir, sizeof dir, "names");
+    keel_runtime_desc d = desc_dir(dir, 3, 1024, KEEL_DURABLE_GROUP);
+    bworld *w = calloc(1, sizeof *w);
+    ck_assert_ptr_nonnull(w);
+    b_open(w, &d);
+    ck_assert_int_eq(threads_named("keel-worker-1"), 1);
+    ck_assert_int_eq(threads_named("keel-worker-2"), 1);
+    ck_assert_int_eq(threads_named("keel-worker-3"), 0); /* the stepping thread is worker 0 */
+    ck_assert_int_eq(threads_named("keel-watchdog"), 1);
+    ck_assert_int_eq(threads_named("keel-wal-writer"), 0);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_int_eq(threads_named("keel-wal-writer"), 1);
+    ck_assert_int_eq(threads_named("keel-checkpoint"), 1);
+    ck_assert_int_eq(threads_named("keel-driver"), 0);
+    ck_assert_ok(keel_runtime_start(w->rt));
+    ck_assert_int_eq(threads_named("keel-driver"), 1);
+    ck_assert_ok(keel_runtime_stop(w->rt));
+    ck_assert_int_eq(threads_named("keel-driver"), 0);
+    b_close(w);
+    free(w);
+    ck_assert_int_eq(threads_named("keel-worker-1") + threads_named("keel-watchdog") +
+                         threads_named("keel-wal-writer") + threads_named("keel-checkpoint"),
+                     0);
+}
+END_TEST
+
 START_TEST(test_stats_and_telemetry)
 {
     char dir[256];
@@ -3480,6 +3538,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_reopen_right_after_checkpoint);
     tcase_add_test(tc, test_checkpoint_many_tables);
     tcase_add_test(tc, test_stats_and_telemetry);
+    tcase_add_test(tc, test_threads_are_named);
     tcase_add_test(tc, test_fence_splits_groups);
     tcase_add_test(tc, test_flush_deferred_and_no_dir);
     tcase_add_test(tc, test_hooks_first_tick_and_shutdown);

@@ -5,6 +5,7 @@
 #ifndef KEEL_CORE_H
 #define KEEL_CORE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,6 +29,10 @@ int core_fail(int rc, const char *fmt, ...) CORE_PRINTF(2, 3);
  * fields is a printf format producing "key=value ..." pairs. */
 void core_log(keel_log_level level, const char *subsystem, const char *event,
               const char *fields, ...) CORE_PRINTF(4, 5);
+
+/* Name a thread just created (at most 15 characters are kept):
+ * "keel-worker-1", "keel-wal-writer", ... (docs/architecture.md "Threads"). */
+void core_thread_name(pthread_t thread, const char *fmt, ...) CORE_PRINTF(2, 3);
 
 /* Test hook: replace the monotonic clock (nanoseconds) the rate limiter
  * reads; NULL restores CLOCK_MONOTONIC. Also forgets all rate-limit state. */

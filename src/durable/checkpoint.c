@@ -586,6 +586,7 @@ int ckpt_start(keel_runtime *rt)
     dur_state *d = rt->dur;
     if (pthread_create(&d->ckpt_thread, NULL, ckpt_main, rt))
         return core_fail(KEEL_ENOMEM, "cannot start the checkpoint thread");
+    core_thread_name(d->ckpt_thread, "keel-checkpoint");
     d->ckpt_thread_running = true;
     return KEEL_OK;
 }

@@ -414,6 +414,7 @@ int dur_writer_start(keel_runtime *rt)
     dur_state *d = rt->dur;
     if (pthread_create(&d->thread, NULL, writer_main, rt))
         return core_fail(KEEL_ENOMEM, "cannot start the WAL writer thread");
+    core_thread_name(d->thread, "keel-wal-writer");
     d->thread_running = true;
     return KEEL_OK;
 }

@@ -185,6 +185,7 @@ int keel_runtime_start(keel_runtime *rt)
         atomic_store(&rt->driver_running, false);
         return core_fail(KEEL_ENOMEM, "keel_runtime_start: cannot start the driver thread");
     }
+    core_thread_name(rt->driver, "keel-driver");
     return KEEL_OK;
 }
 

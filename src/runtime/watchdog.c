@@ -73,6 +73,7 @@ int watchdog_start(keel_runtime *rt)
 {
     if (pthread_create(&rt->watchdog, NULL, watchdog_main, rt))
         return core_fail(KEEL_ENOMEM, "keel_runtime_create: cannot start the watchdog thread");
+    core_thread_name(rt->watchdog, "keel-watchdog");
     rt->watchdog_running = true;
     return KEEL_OK;
 }

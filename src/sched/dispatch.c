@@ -825,6 +825,7 @@ int dispatch_init(keel_runtime *rt)
             p->nthreads = i;
             return core_fail(KEEL_ENOMEM, "keel_runtime_create: cannot start worker thread %u", i + 1);
         }
+        core_thread_name(p->threads[i], "keel-worker-%u", i + 1);
     }
     return KEEL_OK;
 }
