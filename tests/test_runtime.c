@@ -933,6 +933,12 @@ START_TEST(test_metronome_stop_during_wait_runs_no_more_ticks)
     fc->stop_rt = NULL;
     ck_assert_ok(keel_runtime_run(rt, 2));
     ck_assert_uint_eq(fc->nticks, 4);
+    /* a stop while nothing runs ends the next run before its first tick, and only that one */
+    ck_assert_ok(keel_runtime_stop(rt));
+    ck_assert_ok(keel_runtime_run(rt, 3));
+    ck_assert_uint_eq(fc->nticks, 4);
+    ck_assert_ok(keel_runtime_run(rt, 3));
+    ck_assert_uint_eq(fc->nticks, 7);
     keel_runtime_close(rt);
     free(fc);
 }
