@@ -689,8 +689,9 @@ typedef struct fake_clock {
     uint64_t duration[FC_MAX];
     uint64_t started_at[FC_MAX];
     uint32_t nticks;
-    keel_runtime *stop_rt;     /* keel_runtime_stop(stop_rt) inside wait number stop_at (1-based) */
+    keel_runtime *stop_rt;     /* keel_runtime_stop(stop_rt) inside wait number stop_at (1-based), */
     uint32_t stop_at;
+    uint32_t stop_in_tick;     /* or inside the system of tick stop_in_tick */
 } fake_clock;
 
 static uint64_t fake_now(void *user)
@@ -724,6 +725,8 @@ static int sys_fake_work(keel_ctx *ctx, void *user)
         atomic_store(&fc->now, now + fc->duration[k]);
     }
     fc->nticks++;
+    if (fc->stop_rt && fc->stop_in_tick == keel_ctx_tick(ctx))
+        ck_assert_ok(keel_runtime_stop(fc->stop_rt)); /* as another thread would, mid-tick */
     return 0;
 }
 
@@ -939,6 +942,21 @@ START_TEST(test_metronome_stop_during_wait_runs_no_more_ticks)
     ck_assert_uint_eq(fc->nticks, 4);
     ck_assert_ok(keel_runtime_run(rt, 3));
     ck_assert_uint_eq(fc->nticks, 7);
+    /* a stop during a run's last tick comes too late for it: it ends the next */
+    fc->stop_rt = rt;
+    fc->stop_at = 0;
+    fc->stop_in_tick = 9;
+    ck_assert_ok(keel_runtime_run(rt, 2)); /* ticks 8 and 9 */
+    ck_assert_uint_eq(fc->nticks, 9);
+    ck_assert_ok(keel_runtime_run(rt, 2));
+    ck_assert_uint_eq(fc->nticks, 9);
+    /* during an earlier tick, it ends that run after the tick, and only that run */
+    fc->stop_in_tick = 10;
+    ck_assert_ok(keel_runtime_run(rt, 3));
+    ck_assert_uint_eq(fc->nticks, 10);
+    fc->stop_rt = NULL;
+    ck_assert_ok(keel_runtime_run(rt, 2));
+    ck_assert_uint_eq(fc->nticks, 12);
     keel_runtime_close(rt);
     free(fc);
 }

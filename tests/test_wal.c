@@ -617,6 +617,7 @@ START_TEST(planar_snap_chunk_round_trip_and_refusals)
         {12, 0x7fffffffu, len, "ends inside its column list"},
         {12, 2, len, "has bytes after its last column"},               /* a column fewer */
         {36, 0xfffffff0u, len, "ends inside column 2"},                /* column 2's size */
+        {36, 1431656u, len, "ends inside column 2"},                   /* count x size wraps 32 bits to 704 */
         {0, 0, 15, "is shorter than its 16-byte chunk header"},
     };
     for (size_t i = 0; i < sizeof lies / sizeof lies[0]; i++) {

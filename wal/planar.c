@@ -94,7 +94,7 @@ static void rows(const unsigned char *ents, unsigned char *dents, uint32_t n, bo
 
 /* True when n rows of `row` bytes fit in the left bytes (divides, so no n
  * and row, however large, wrap). */
-static bool fits(size_t left, uint32_t n, size_t row)
+static bool fits(uint64_t left, uint32_t n, uint64_t row)
 {
     return !n || left / n >= row;
 }
@@ -119,7 +119,7 @@ static const char *convert_groups(const unsigned char *src, size_t len, unsigned
         uint32_t size = rd32(src + off + 4), n = rd32(src + off + 8);
         memcpy(dst + off, src + off, PLANAR_GROUP_HDR);
         off += PLANAR_GROUP_HDR;
-        if (!fits(len - off, n, 8 + (size_t)size))
+        if (!fits(len - off, n, 8 + (uint64_t)size))
             return "ends inside the rows of group";
         rows(src + off, dst + off, n, to_planes);
         off += (size_t)n * 8;

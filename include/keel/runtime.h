@@ -160,8 +160,9 @@ int keel_runtime_run(keel_runtime *rt, uint64_t ticks);
  * KEEL_EINVAL (no schedule). keel_runtime_stop ends it after the current tick
  * (a driver waiting for its next tick ends when that tick is due, without
  * running it) and returns the driver's status (0, or the step error that
- * stopped it). Called while neither the driver nor a keel_runtime_run runs,
- * it makes the next keel_runtime_run return before its first tick. */
+ * stopped it). Called while neither the driver nor a keel_runtime_run runs
+ * (or too late for a run's last tick), it makes the next keel_runtime_run
+ * return before its first tick; keel_runtime_start discards it. */
 int keel_runtime_start(keel_runtime *rt);
 int keel_runtime_stop(keel_runtime *rt);
 

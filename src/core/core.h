@@ -31,7 +31,8 @@ void core_log(keel_log_level level, const char *subsystem, const char *event,
               const char *fields, ...) CORE_PRINTF(4, 5);
 
 /* Name a thread just created (at most 15 characters are kept):
- * "keel-worker-1", "keel-wal-writer", ... (docs/architecture.md "Threads"). */
+ * "keel-worker-1", "keel-wal-writer", ... (docs/architecture.md "Threads").
+ * Only for a joinable thread not yet joined: a detached one may be gone. */
 void core_thread_name(pthread_t thread, const char *fmt, ...) CORE_PRINTF(2, 3);
 
 /* Test hook: replace the monotonic clock (nanoseconds) the rate limiter

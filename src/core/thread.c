@@ -2,7 +2,8 @@
  * core/thread.c -- names for the runtime's threads, so that top -H, ps -L,
  * perf, gdb and /proc/<pid>/task/<tid>/comm tell a worker from the WAL
  * writer (docs/architecture.md "Threads"). The creator names the thread
- * right after pthread_create, so the name is there before anyone can look.
+ * right after pthread_create, so anyone who looks once the create call has
+ * returned sees the name (the thread may run a moment under its creator's).
  */
 #include <pthread.h>
 #include <stdarg.h>

@@ -124,18 +124,22 @@ void overload_after_tick(keel_runtime *rt)
  * grid at the call; it does not catch up the ticks of the time between
  * runs. A grid point more than one interval ahead cannot come from the last
  * run (a clock that went back): it is not waited for. A stop requested
- * during a wait ends the run before the tick. */
-static int drive(keel_runtime *rt, uint64_t ticks)
+ * during a wait ends the run before the tick; *stopped says whether a stop
+ * ended the run (one that came after its last tick did not, and is left for
+ * the next). */
+static int drive(keel_runtime *rt, uint64_t ticks, bool *stopped)
 {
     bool throttled = rt->interval_ns > 0;
     uint64_t now = driver_now(rt), next = rt->next_deadline_ns;
     bool continues = throttled && next > now && next - now <= rt->interval_ns * ovl_multiplier(&rt->ovl);
     uint64_t deadline = continues ? next : now;
-    for (uint64_t k = 0; k < ticks && !atomic_load(&rt->stop_requested); k++) {
-        if (throttled && (k || continues)) {
+    *stopped = false;
+    for (uint64_t k = 0; k < ticks; k++) {
+        if (throttled && (k || continues))
             driver_wait(rt, deadline);
-            if (atomic_load(&rt->stop_requested))
-                break;
+        if (atomic_load(&rt->stop_requested)) {
+            *stopped = true;
+            break;
         }
         int rc = runtime_step(rt);
         if (rc)
@@ -153,15 +157,18 @@ int keel_runtime_run(keel_runtime *rt, uint64_t ticks)
         return core_fail(KEEL_EINVAL, "keel_runtime_run: runtime is NULL");
     if (atomic_load(&rt->driver_running))
         return core_fail(KEEL_EBUSY, "keel_runtime_run: the tick driver is running");
-    int rc = drive(rt, ticks);
-    atomic_store(&rt->stop_requested, false); /* a stop ends one run, not the next */
+    bool stopped;
+    int rc = drive(rt, ticks, &stopped);
+    if (stopped) /* a stop ends one run, not the next; one that came too late for this run ends the next */
+        atomic_store(&rt->stop_requested, false);
     return rc;
 }
 
 static void *driver_main(void *arg)
 {
     keel_runtime *rt = arg;
-    rt->driver_status = drive(rt, UINT64_MAX);
+    bool stopped;
+    rt->driver_status = drive(rt, UINT64_MAX, &stopped);
     return NULL;
 }
 
