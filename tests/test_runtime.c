@@ -21,6 +21,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -962,6 +963,37 @@ START_TEST(test_metronome_stop_during_wait_runs_no_more_ticks)
 }
 END_TEST
 
+static void *stop_from_another_thread(void *rt)
+{
+    ck_assert_ok(keel_runtime_stop(rt));
+    return NULL;
+}
+
+/* keel_runtime_stop cuts the metronome's sleep short (real clock): a driver
+ * whose next tick is 100 s away stops at once without running it, and so
+ * does a run stopped from another thread -- whether the stop lands before
+ * its wait or during it, it runs no tick. Without the cut this test could
+ * not end within its 30 s timeout (it needs 200 s). */
+START_TEST(test_stop_cuts_the_metronome_sleep_short)
+{
+    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = 0.01}); /* the lowest: 100 s */
+    keel_schedule *s = sched_new(rt);
+    add_cb(s, "noop", sys_noop, NULL, NULL);
+    sched_install(rt, s);
+    ck_assert_ok(keel_runtime_start(rt));
+    while (keel_runtime_tick(rt) < 1) /* the first tick runs at once */
+        sched_yield();
+    ck_assert_ok(keel_runtime_stop(rt)); /* the driver sleeps toward tick 2 */
+    ck_assert_uint_eq(keel_runtime_tick(rt), 1);
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, stop_from_another_thread, rt), 0);
+    ck_assert_ok(keel_runtime_run(rt, 5)); /* continues the grid: tick 2 is 100 s away */
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_uint_eq(keel_runtime_tick(rt), 1);
+    keel_runtime_close(rt);
+}
+END_TEST
+
 /* Low rates: 0.5 Hz is a 2 s interval (must be honoured); 1e-12 Hz is
  * 1e21 ns, beyond 64-bit nanoseconds: it must be refused, or at least not
  * turn into "no waiting at all" (today (uint64_t)1e21 is undefined and gives 0). */
@@ -1268,6 +1300,10 @@ static Suite *runtime_driver(void)
     tcase_add_test(tc, test_metronome_stop_during_wait_runs_no_more_ticks);
     tcase_add_test(tc, test_metronome_low_rates);
     tcase_add_test(tc, test_wait_phase);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("stop");
+    tcase_set_timeout(tc, 30); /* the sleep it cuts short is 100 s */
+    tcase_add_test(tc, test_stop_cuts_the_metronome_sleep_short);
     suite_add_tcase(s, tc);
     TCase *tt = tcase_create("thread");
     tcase_add_test(tt, test_start_stop);

@@ -145,7 +145,7 @@ void keel_runtime_sync_discard(keel_runtime *rt);
 
 /* Run ticks on the calling thread at tick_rate_hz until `ticks` more ticks
  * ran or keel_runtime_stop was called from another thread (a stop during
- * the wait for a tick ends the run before that tick). The first tick runs at
+ * the wait for a tick ends the run at once, before that tick). The first tick runs at
  * once and the metronome's grid starts at the call -- unless the previous
  * run's next grid point is still ahead: then the first tick waits for it,
  * so that runs called back to back keep the rate (run(2); run(2) paces like
@@ -158,8 +158,8 @@ int keel_runtime_run(keel_runtime *rt, uint64_t ticks);
  * deadline metronome (deadline k = start + k * interval), sleeping, then
  * yielding, then spinning the last ~50 µs. Errors: KEEL_EBUSY (running),
  * KEEL_EINVAL (no schedule). keel_runtime_stop ends it after the current tick
- * (a driver waiting for its next tick ends when that tick is due, without
- * running it) and returns the driver's status (0, or the step error that
+ * (a driver waiting for its next tick ends at once, without running it) and
+ * returns the driver's status (0, or the step error that
  * stopped it). Called while neither the driver nor a keel_runtime_run runs
  * (or too late for a run's last tick), it makes the next keel_runtime_run
  * return before its first tick; keel_runtime_start discards it. */

@@ -6,9 +6,10 @@
  * the previous wake-up, so lateness in one tick does not shift the ones
  * after it: a late tick is followed at once by the next (catch-up) until the
  * schedule is met again. Waiting goes sleep -> yield -> spin: an absolute
- * clock_nanosleep until RT_SLEEP_SLACK_NS before the deadline (the kernel may
- * overshoot a sleep by tens of microseconds), then sched_yield until the last
- * RT_SPIN_NS, then a pause-loop to the deadline.
+ * timed wait until RT_SLEEP_SLACK_NS before the deadline (the kernel may
+ * overshoot a sleep by tens of microseconds; keel_runtime_stop cuts the wait
+ * short, see sleep_until), then sched_yield until the last RT_SPIN_NS, then a
+ * pause-loop to the deadline.
  *
  * After every tick the driver feeds the overload detector (overload.c) with
  * the tick's duration and its budget; under TICK_RATE_MODULATION the next
@@ -33,20 +34,31 @@ rt_wait_phase driver_wait_phase(uint64_t now_ns, uint64_t deadline_ns)
     return rem > RT_SPIN_NS ? RT_WAIT_YIELD : RT_WAIT_SPIN;
 }
 
-static void sleep_until(uint64_t t)
+/* Sleep until t (CLOCK_MONOTONIC) or a stop. Protocol: keel_runtime_stop
+ * sets stop_requested and broadcasts stop_cond while holding stop_lock;
+ * the sleeper tests the flag under the same lock before every wait, so a
+ * stop either comes before the test (seen) or wakes the wait (never lost). */
+static void sleep_until(keel_runtime *rt, uint64_t t)
 {
     struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-        ;
+    pthread_mutex_lock(&rt->stop_lock);
+    while (!atomic_load(&rt->stop_requested) && rt_now_ns() < t)
+        if (pthread_cond_timedwait(&rt->stop_cond, &rt->stop_lock, &ts) == ETIMEDOUT)
+            break;
+    pthread_mutex_unlock(&rt->stop_lock);
 }
 
-static void wait_until_real(uint64_t deadline)
+/* Wait for the deadline, or until a stop is requested (the caller tests the
+ * flag next: the tick is not run). */
+static void wait_until_real(keel_runtime *rt, uint64_t deadline)
 {
     for (;;) {
         uint64_t now = rt_now_ns();
+        if (atomic_load(&rt->stop_requested))
+            return;
         switch (driver_wait_phase(now, deadline)) {
         case RT_WAIT_DONE:  return;
-        case RT_WAIT_SLEEP: sleep_until(deadline - RT_SLEEP_SLACK_NS); break;
+        case RT_WAIT_SLEEP: sleep_until(rt, deadline - RT_SLEEP_SLACK_NS); break;
         case RT_WAIT_YIELD: sched_yield(); break;
         case RT_WAIT_SPIN:
 #if defined(__x86_64__) || defined(__i386__)
@@ -71,12 +83,12 @@ static uint64_t driver_now(const keel_runtime *rt)
     return rt->clock_ns ? rt->clock_ns(rt->clock_user) : rt_now_ns();
 }
 
-static void driver_wait(const keel_runtime *rt, uint64_t deadline)
+static void driver_wait(keel_runtime *rt, uint64_t deadline)
 {
     if (rt->wait_until)
         rt->wait_until(deadline, rt->clock_user);
     else
-        wait_until_real(deadline);
+        wait_until_real(rt, deadline);
 }
 
 void runtime_test_set_tick_cost(keel_runtime *rt, uint64_t (*cost)(void *user, uint64_t tick, uint64_t measured_ns),
@@ -200,7 +212,10 @@ int keel_runtime_stop(keel_runtime *rt)
 {
     if (!rt)
         return core_fail(KEEL_EINVAL, "keel_runtime_stop: runtime is NULL");
+    pthread_mutex_lock(&rt->stop_lock); /* the sleep's protocol: sleep_until */
     atomic_store(&rt->stop_requested, true); /* also ends a keel_runtime_run in progress */
+    pthread_cond_broadcast(&rt->stop_cond);
+    pthread_mutex_unlock(&rt->stop_lock);
     if (!atomic_load(&rt->driver_running))
         return KEEL_OK;
     pthread_join(rt->driver, NULL);

@@ -116,6 +116,12 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     pthread_mutex_init(&rt->watchdog_lock, NULL);
     pthread_cond_init(&rt->watchdog_cond, NULL);
     pthread_mutex_init(&rt->side_lock, NULL);
+    pthread_mutex_init(&rt->stop_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the metronome's clock (rt_now_ns) */
+    pthread_cond_init(&rt->stop_cond, &ca);
+    pthread_condattr_destroy(&ca);
     submit_init(rt);
     rc = keel_world_create(&d.world, &rt->world);
     if (!rc) /* from the start: a change made before recovery would be lost */
@@ -206,6 +212,8 @@ void keel_runtime_close(keel_runtime *rt)
     pthread_mutex_destroy(&rt->watchdog_lock);
     pthread_cond_destroy(&rt->watchdog_cond);
     pthread_mutex_destroy(&rt->side_lock);
+    pthread_mutex_destroy(&rt->stop_lock);
+    pthread_cond_destroy(&rt->stop_cond);
     free(rt->data_dir);
     free(rt);
 }

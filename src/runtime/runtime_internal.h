@@ -208,6 +208,8 @@ struct keel_runtime {
     pthread_t driver;
     _Atomic bool driver_running;
     _Atomic bool stop_requested;
+    pthread_mutex_t stop_lock;     /* with stop_cond: the metronome's sleep, which a stop cuts short (driver.c) */
+    pthread_cond_t stop_cond;      /* CLOCK_MONOTONIC */
     int driver_status;
     uint64_t (*clock_ns)(void *user);     /* injectable for tests */
     void (*wait_until)(uint64_t deadline_ns, void *user);
