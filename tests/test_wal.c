@@ -353,7 +353,30 @@ static size_t tick_chunk_payload(unsigned char *out)
     return (size_t)(p - out);
 }
 
-/* The planar form as the document states it, computed here on its own. */
+/* The planes of the document, computed here on their own: n handles at
+ * in as 8 planes of their differences (returns the bytes written) ... */
+static size_t ref_entity_planes(const unsigned char *in, unsigned char *out, uint32_t n)
+{
+    uint64_t prev = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t e = rd64(in + (size_t)i * 8), d = e - prev;
+        prev = e;
+        for (uint32_t b = 0; b < 8; b++)
+            out[(size_t)b * n + i] = (unsigned char)(d >> (8 * b));
+    }
+    return (size_t)n * 8;
+}
+
+/* ... and n values of size bytes as `size` planes. */
+static size_t ref_value_planes(const unsigned char *in, unsigned char *out, uint32_t n, uint32_t size)
+{
+    for (uint32_t i = 0; i < n; i++)
+        for (uint32_t b = 0; b < size; b++)
+            out[(size_t)b * n + i] = in[(size_t)i * size + b];
+    return (size_t)n * size;
+}
+
+/* The planar form of a tick_chunk payload as the document states it. */
 static void ref_planar(const unsigned char *in, size_t len, unsigned char *out)
 {
     uint32_t ngroups = rd32(in);
@@ -363,19 +386,8 @@ static void ref_planar(const unsigned char *in, size_t len, unsigned char *out)
         uint32_t size = rd32(in + off + 4), n = rd32(in + off + 8);
         memcpy(out + off, in + off, 12);
         off += 12;
-        uint64_t prev = 0;
-        for (uint32_t i = 0; i < n; i++) {
-            uint64_t e = rd64(in + off + (size_t)i * 8), d = e - prev;
-            prev = e;
-            for (uint32_t b = 0; b < 8; b++)
-                out[off + (size_t)b * n + i] = (unsigned char)(d >> (8 * b));
-        }
-        const unsigned char *v = in + off + (size_t)n * 8;
-        unsigned char *o = out + off + (size_t)n * 8;
-        for (uint32_t i = 0; i < n; i++)
-            for (uint32_t b = 0; b < size; b++)
-                o[(size_t)b * n + i] = v[(size_t)i * size + b];
-        off += (size_t)n * (8 + size);
+        off += ref_entity_planes(in + off, out + off, n);
+        off += ref_value_planes(in + off, out + off, n, size);
     }
     ck_assert_uint_eq(off, len);
 }
@@ -565,27 +577,15 @@ static size_t snap_chunk_payload(unsigned char *out, uint32_t count)
     return (size_t)(p - out);
 }
 
-/* The SNAP_CHUNK planar form as the document states it, computed here. */
+/* The planar form of a snap_chunk payload as the document states it. */
 static void ref_snap_planar(const unsigned char *in, size_t len, unsigned char *out)
 {
     uint32_t count = rd32(in + 8), ncols = rd32(in + 12);
     size_t off = 16 + (size_t)ncols * 8;
     memcpy(out, in, off);
-    uint64_t prev = 0;
-    for (uint32_t i = 0; i < count; i++) {
-        uint64_t e = rd64(in + off + (size_t)i * 8), d = e - prev;
-        prev = e;
-        for (uint32_t b = 0; b < 8; b++)
-            out[off + (size_t)b * count + i] = (unsigned char)(d >> (8 * b));
-    }
-    off += (size_t)count * 8;
-    for (uint32_t c = 0; c < ncols; c++) {
-        uint32_t size = rd32(in + 16 + (size_t)c * 8 + 4);
-        for (uint32_t i = 0; i < count; i++)
-            for (uint32_t b = 0; b < size; b++)
-                out[off + (size_t)b * count + i] = in[off + (size_t)i * size + b];
-        off += (size_t)count * size;
-    }
+    off += ref_entity_planes(in + off, out + off, count);
+    for (uint32_t c = 0; c < ncols; c++)
+        off += ref_value_planes(in + off, out + off, count, rd32(in + 16 + (size_t)c * 8 + 4));
     ck_assert_uint_eq(off, len);
 }
 

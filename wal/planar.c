@@ -83,8 +83,8 @@ static void values(const unsigned char *in, unsigned char *out, uint32_t n, uint
     }
 }
 
-/* Entities then values of one run of n rows, in either direction. */
-static void rows(const unsigned char *ents, unsigned char *dents, uint32_t n, bool to_planes)
+/* The entity array of n rows, in either direction. */
+static void entities(const unsigned char *ents, unsigned char *dents, uint32_t n, bool to_planes)
 {
     if (to_planes)
         entities_to_planes(ents, dents, n);
@@ -121,7 +121,7 @@ static const char *convert_groups(const unsigned char *src, size_t len, unsigned
         off += PLANAR_GROUP_HDR;
         if (!fits(len - off, n, 8 + (uint64_t)size))
             return "ends inside the rows of group";
-        rows(src + off, dst + off, n, to_planes);
+        entities(src + off, dst + off, n, to_planes);
         off += (size_t)n * 8;
         values(src + off, dst + off, n, size, to_planes);
         off += (size_t)n * size;
@@ -145,7 +145,7 @@ static const char *convert_snap_chunk(const unsigned char *src, size_t len, unsi
     memcpy(dst, src, off);
     if (!fits(len - off, count, 8))
         return "ends inside its entities";
-    rows(src + off, dst + off, count, to_planes);
+    entities(src + off, dst + off, count, to_planes);
     off += (size_t)count * 8;
     for (uint32_t c = 0; c < ncols; c++) {
         uint32_t size = rd32(src + PLANAR_SNAP_HDR + (size_t)c * 8 + 4);

@@ -303,12 +303,12 @@ int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, cons
     if (ZSTD_isError(n) || n != h->raw_len)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu does not decompress to its %u bytes (%s)",
                          (unsigned long long)h->lsn, h->raw_len, ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short");
-    uint32_t group = 0;
-    const char *why = planar ? planar_decode(h->kind, c->planar.p, h->raw_len, c->scratch.p, &group) : NULL;
+    uint32_t part = 0;
+    const char *why = planar ? planar_decode(h->kind, c->planar.p, h->raw_len, c->scratch.p, &part) : NULL;
     if (why) {
         char which[24] = "";
-        if (group != UINT32_MAX) /* the reason ends "... of group" */
-            snprintf(which, sizeof which, " %u", group);
+        if (part != UINT32_MAX) /* the reason ends "... of group" or "... column" */
+            snprintf(which, sizeof which, " %u", part);
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu: its %u-byte planar form %s%s",
                          (unsigned long long)h->lsn, h->raw_len, why, which);
     }
