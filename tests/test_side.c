@@ -775,14 +775,24 @@ static int sys_uow(keel_ctx *ctx, void *user)
     SSET(tx, g_u.x, g_u.B, 1000 * t + 1);
     SSET(tx, g_u.y, g_u.C, 1000 * t + 2);
     EXPECT_RC(keel_side_txn_commit(tx), KEEL_OK);
-    /* conflicting: not recorded */
-    keel_side_txn *a = BEGIN(ctx), *b = BEGIN(ctx);
+    /* read-only, IMMEDIATE: validated and committed, not recorded */
+    keel_side_txn *ro = NULL;
+    EXPECT_RC(keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &ro), KEEL_OK);
+    if (!ro)
+        return 0;
+    EXPECT_I64(SGET(ro, g_u.x, g_u.B), 1000 * t + 1);
+    EXPECT_I64(SGET(ro, g_u.y, g_u.C), 1000 * t + 2);
+    EXPECT_RC(keel_side_txn_commit(ro), KEEL_OK);
+    /* conflicting: not recorded; a read-only one is validated too */
+    keel_side_txn *a = BEGIN(ctx), *b = BEGIN(ctx), *r = BEGIN(ctx);
     EXPECT_I64(SGET(a, g_u.x, g_u.B), 1000 * t + 1);
     EXPECT_I64(SGET(b, g_u.x, g_u.B), 1000 * t + 1);
+    EXPECT_I64(SGET(r, g_u.x, g_u.B), 1000 * t + 1);
     SSET(b, g_u.x, g_u.B, 1000 * t + 3); /* 2: DEFAULT (the runtime's: DEFERRED) */
     SSET(a, g_u.y, g_u.B, -1);
     EXPECT_RC(keel_side_txn_commit(b), KEEL_OK);
     EXPECT_RC(keel_side_txn_commit(a), KEEL_ECONFLICT);
+    EXPECT_RC(keel_side_txn_commit(r), KEEL_ECONFLICT);
     /* aborted: not recorded */
     keel_side_txn *c = BEGIN(ctx);
     SSET(c, g_u.x, g_u.B, -2);
@@ -843,6 +853,7 @@ START_TEST(test_side_uow_records)
         ck_assert_int_eq(r[0].v[0], 1000 * t + 1);
         ck_assert(r[0].e[1] == g_u.y && r[0].c[1] == g_u.C);
         ck_assert_int_eq(r[0].v[1], 1000 * t + 2);
+        ck_assert_uint_eq(r[1].seq, r[0].seq + 1); /* the read-only commit between them took no number */
         ck_assert_int_eq(r[1].mode, KEEL_DURABLE_DEFERRED); /* DEFAULT resolved to the runtime's mode */
         ck_assert_uint_eq(r[1].n, 1);
         ck_assert(r[1].e[0] == g_u.x && r[1].c[0] == g_u.B);

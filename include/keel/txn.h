@@ -29,9 +29,8 @@
 extern "C" {
 #endif
 
-/* When a commit counts as durable (SPEC §4). Until the WAL exists every mode
- * completes at commit; the waits below already go through the point where
- * the WAL writer's durable-LSN signal plugs in. */
+/* When a commit counts as durable (SPEC §4; docs/durability.md). Without a
+ * data directory every mode completes at commit. */
 typedef enum keel_durability {
     KEEL_DURABLE_DEFAULT = 0,   /* the runtime's mode (GROUP unless configured) */
     KEEL_DURABLE_IMMEDIATE = 1, /* return only after the record is synced to disk */
@@ -91,7 +90,8 @@ int keel_side_set(keel_side_txn *tx, keel_entity e, keel_component c, const void
  * newer version, or an entity written was destroyed: nothing applied),
  * KEEL_ENOMEM (nothing applied), KEEL_EFATAL (the runtime cannot make it
  * durable). Committed writes are visible to the rest of the system at once
- * and stay even if the system later fails. */
+ * and stay even if the system later fails. A transaction that wrote nothing
+ * is validated the same way but logs nothing and never waits, in any mode. */
 int keel_side_txn_commit(keel_side_txn *tx);
 
 /* Drop the transaction and its buffered writes. NULL is ignored. */

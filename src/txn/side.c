@@ -407,7 +407,11 @@ static void apply_one(keel_side_txn *tx, const side_write *wr, uint64_t seq)
 }
 
 /* Validate, apply and log. *lsn receives the WAL record's LSN (0 without a
- * data directory); the caller waits for it per mode. */
+ * data directory, or when nothing was written); the caller waits for it per
+ * mode. A read-only transaction is validated like any other -- its reads were
+ * a consistent snapshot if no stamp moved -- but changes nothing, so it takes
+ * no sequence number, logs no record and waits for no sync: there is nothing
+ * for a crash to lose (docs/transactions.md, "Read-only side transactions"). */
 int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
 {
     if (!tx)
@@ -419,7 +423,9 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
     int fatal = dur_fatal(rt->dur);
     int64_t bad = fatal ? -1 : first_conflict(tx);
     int rc = fatal ? KEEL_EFATAL : bad >= 0 ? KEEL_ECONFLICT : prepare_apply(tx);
-    if (!rc) {
+    if (!rc && !tx->nwrites) {
+        rt->stats.commits++;
+    } else if (!rc) {
         uint64_t seq = ++rt->side_seq, tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
         size_t side_off = rt->uow.side_len;
         uow_side_begin(&rt->uow, seq, tick, tx->mode, tx->nwrites);
@@ -447,8 +453,9 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
         core_fail(KEEL_EFATAL, "side transaction in '%s': the runtime is in its fatal state (%s); nothing is "
                                "acknowledged any more", tx->name, keel_strerror(dur_fatal(rt->dur)));
     }
+    bool logged = !rc && rt->dur && tx->nwrites;
     side_free(tx);
-    if (!rc && rt->dur)
+    if (logged)
         (void)KEEL_FAILPOINT(SIDE_BEFORE_WAIT);
     return rc;
 }
