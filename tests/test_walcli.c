@@ -24,6 +24,8 @@
  * synchronised by the lines it prints.
  */
 #include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <lmdb.h>
@@ -32,7 +34,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1069,6 +1073,79 @@ START_TEST(test_verify_checkpoint)
 }
 END_TEST
 
+/* The names in dir, sorted and joined with spaces. */
+static void list_dir(const char *dir, char *out, size_t n)
+{
+    struct dirent **names;
+    int k = scandir(dir, &names, NULL, alphasort);
+    ck_assert_int_ge(k, 0);
+    out[0] = 0;
+    for (int i = 0; i < k; i++) {
+        if (names[i]->d_name[0] != '.') {
+            ck_assert_uint_lt(strlen(out) + strlen(names[i]->d_name) + 2, n);
+            strcat(strcat(out, " "), names[i]->d_name);
+        }
+        free(names[i]);
+    }
+    free(names);
+}
+
+/* A directory on read-only media (a backup on a read-only mount, without
+ * its lock.mdb): keel-wal reads it and finds what it finds on the writable
+ * original (LMDB runs without its lock file there, since no writer can
+ * exist); the runtime refuses to open it with KEEL_EIO naming the file; and
+ * nothing is created in it. The read-only medium is a read-only bind mount
+ * in a mount namespace private to this test's process (Check forks each
+ * test). That needs CAP_SYS_ADMIN, which root has on the CI machines;
+ * without it the test says so on stderr and checks nothing. */
+START_TEST(test_read_only_media)
+{
+    char dir[256], mnt[256], path[300], before[512], after[512];
+    make_dir(dir, sizeof dir, "rw", (wl_opts){.checkpoint_after = 6});
+    tdir(mnt, sizeof mnt, "ro");
+    ck_assert_int_eq(mkdir(mnt, 0755), 0);
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
+        fprintf(stderr, "test_read_only_media: SKIPPED, no private mount namespace (%s)\n", strerror(errno));
+        return;
+    }
+    ck_assert_int_eq(mount(dir, mnt, NULL, MS_BIND, NULL), 0);
+    ck_assert_int_eq(mount(NULL, mnt, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL), 0);
+    tu_run rw = wal_ok("dump", dir, "--json"); /* the original, writable: LMDB makes lock.mdb */
+    snprintf(path, sizeof path, "%s/lock.mdb", dir);
+    ck_assert_int_eq(unlink(path), 0); /* a backup copies data.mdb only */
+    snprintf(path, sizeof path, "%s/probe", mnt);
+    errno = 0;
+    ck_assert_int_eq(open(path, O_CREAT | O_WRONLY, 0644), -1);
+    ck_assert_int_eq(errno, EROFS);
+    list_dir(dir, before, sizeof before);
+    ck_assert_str_eq(before, " data.mdb");
+
+    tu_run ro = wal_ok("dump", mnt, "--json");
+    ck_assert_uint_gt(count_lines(ro.out), 10);
+    ck_assert_str_eq(ro.out, rw.out);
+    tu_run_free(&rw);
+    tu_run_free(&ro);
+    ro = wal_ok("verify", mnt);
+    ck_assert_msg(js_has(ro.out, "snapshot records: ok"), "%s", ro.out);
+    tu_run_free(&ro);
+    ro = wal_ok("info", mnt, "--json");
+    ck_assert_uint_eq(js_u64(strstr(ro.out, "\"checkpoint\":{"), "tick"), 6);
+    ck_assert_uint_eq(js_u64(strstr(ro.out, "\"wal\":"), "last_lsn"), 29);
+    tu_run_free(&ro);
+
+    keel_runtime_desc d = {.workers = 1, .tick_rate_hz = -1};
+    d.durable.dir = mnt;
+    keel_runtime *rt;
+    ck_assert_ok(keel_runtime_create(&d, &rt));
+    ck_assert_rc(keel_runtime_recover(rt, NULL), KEEL_EIO);
+    ck_assert_msg(strstr(keel_last_error(), mnt) && strstr(keel_last_error(), "Read-only file system"), "%s",
+                  keel_last_error());
+    keel_runtime_close(rt);
+    list_dir(dir, after, sizeof after);
+    ck_assert_str_eq(after, before);
+}
+END_TEST
+
 /* ---- suite walcli_live: beside an open runtime; tail and tail -f ------------------------------ */
 
 /* keel-wal tail -f with stdout on a pipe (read end returned); stderr to a file. */
@@ -1208,6 +1285,7 @@ static Suite *verify_suite(void)
     tcase_add_test(tc, test_verify_corrupt_record);
     tcase_add_test(tc, test_verify_gap_and_unit);
     tcase_add_test(tc, test_verify_checkpoint);
+    tcase_add_test(tc, test_read_only_media);
     suite_add_tcase(s, tc);
     return s;
 }
