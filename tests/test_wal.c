@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -631,6 +632,117 @@ START_TEST(planar_snap_chunk_round_trip_and_refusals)
 }
 END_TEST
 
+/* ---- out of memory for the planar scratch --------------------------------------- */
+
+enum { OOM_ROWS = 3 << 20 }; /* a 60 MiB tick_chunk payload: one group of 12-byte values */
+
+/* The process's virtual size in bytes (VmSize), 0 if unreadable. */
+static size_t vm_size(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %zu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb * 1024;
+}
+
+/* The record in out (LSN 8) holds payload whole, with codec `want`: 0,
+ * else a sentence on stderr and 1. */
+static int oom_check(kw_codec_ctx *c, const kw_buf *out, const unsigned char *payload, size_t len, uint32_t want,
+                     const char *when)
+{
+    kw_header h;
+    const void *back = NULL;
+    int rc = kw_record_check(out->p, out->len, &h);
+    rc = rc ? rc : kw_record_payload(c, out->p, &h, &back);
+    bool ok = !rc && h.codec == want && h.raw_len == len && !memcmp(back, payload, len);
+    if (!ok)
+        fprintf(stderr, "%s: %s (%s), codec %u, want %u\n", when, keel_strerror(rc), keel_last_error(),
+                rc ? 0 : h.codec, want);
+    return ok ? 0 : 1;
+}
+
+/* The child of planar_scratch_out_of_memory: exit status 0 when every check
+ * holds, else the number of the first that failed (said on stderr). */
+static int oom_child(void)
+{
+    size_t len = 4 + 12 + (size_t)OOM_ROWS * 20;
+    unsigned char *payload = malloc(len), *p = payload + 16;
+    kw_codec_ctx *c = NULL;
+    if (!payload || kw_codec_create(NULL, &c))
+        return 1;
+    wr32(payload, 1);
+    wr32(payload + 4, 1);
+    wr32(payload + 8, 12);
+    wr32(payload + 12, OOM_ROWS);
+    for (uint32_t i = 0; i < OOM_ROWS; i++) {
+        uint64_t e = KEEL_ENTITY_MAKE(i * 2 + 1, 1);
+        memcpy(p + (size_t)i * 8, &e, 8);
+        float v[3] = {(float)i * 0.5f, (float)(i % 1000), 1.0f};
+        memcpy(p + (size_t)OOM_ROWS * 8 + (size_t)i * 12, v, 12);
+    }
+    struct rlimit old, lim;
+    size_t vm = vm_size();
+    if (!vm || getrlimit(RLIMIT_AS, &old))
+        return 2;
+    /* room for the record (header + zstd's bound) and 16 MiB more (zstd's
+     * workspace), not for a second payload-sized buffer: the planar scratch */
+    lim = old;
+    lim.rlim_cur = vm + KW_HEADER_SIZE + ZSTD_compressBound(len) + (16 << 20);
+    if (setrlimit(RLIMIT_AS, &lim))
+        return 3;
+    char before[256];
+    kw_codec_ctx *bad = NULL;
+    kw_buf out = {0};
+    (void)kw_codec_create(&(kw_codec_desc){.level = 1000}, &bad); /* a known last error */
+    snprintf(before, sizeof before, "%s", keel_last_error());
+    int rc = kw_record_build(c, &out, KW_KIND_TICK_CHUNK, 8, 7, 0, payload, len);
+    if (rc || strcmp(keel_last_error(), before)) {
+        fprintf(stderr, "with the limit: %s; last error: %s\n", keel_strerror(rc), keel_last_error());
+        return 4;
+    }
+    if (setrlimit(RLIMIT_AS, &old)) /* reading it back needs memory of its own */
+        return 5;
+    if (oom_check(c, &out, payload, len, KW_CODEC_ZSTD, "built with the limit"))
+        return 6;
+    out.len = 0;
+    rc = kw_record_build(c, &out, KW_KIND_TICK_CHUNK, 8, 7, 0, payload, len); /* the context works on */
+    if (rc || oom_check(c, &out, payload, len, KW_CODEC_ZSTD_PLANAR, "built without the limit"))
+        return 7;
+    kw_buf_free(&out);
+    kw_codec_destroy(c);
+    free(payload);
+    return 0;
+}
+
+/* When the planar scratch cannot be allocated, a tick_chunk is compressed
+ * as plain zstd instead (a form is an optimisation: it may cost bytes,
+ * never the record), no error is set, and the same context takes the
+ * planar form again once memory is back. The allocation is made to fail
+ * by an address-space limit in a child process; the sanitizers reserve
+ * terabytes of address space, so under them the test only says SKIPPED. */
+START_TEST(planar_scratch_out_of_memory)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    fprintf(stderr, "planar_scratch_out_of_memory: SKIPPED under a sanitizer (RLIMIT_AS)\n");
+#else
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        _exit(oom_child());
+    int st = 0;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: exit %d, signal %d",
+                  WIFEXITED(st) ? WEXITSTATUS(st) : -1, WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+#endif
+}
+END_TEST
+
 START_TEST(codec_create_refuses_bad_levels_and_oversized_payloads)
 {
     kw_codec_ctx *c = (kw_codec_ctx *)0x1;
@@ -986,6 +1098,7 @@ static Suite *record_suite(void)
     tcase_add_test(tc, zstd_record_round_trip);
     tcase_add_test(tc, planar_record_round_trip_and_documented_form);
     tcase_add_test(tc, planar_snap_chunk_round_trip_and_refusals);
+    tcase_add_test(tc, planar_scratch_out_of_memory);
     tcase_add_test(tc, codec_create_refuses_bad_levels_and_oversized_payloads);
     tcase_add_test(tc, crc_is_payload_then_zeroed_header);
     tcase_add_test(tc, unsealed_then_sealed_equals_direct_build);

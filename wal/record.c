@@ -80,18 +80,29 @@ static uint64_t rd64(const unsigned char *p) { return (uint64_t)rd32(p) | (uint6
 
 /* ---- buffers --------------------------------------------------------------- */
 
-int kw_buf_reserve(kw_buf *b, size_t extra)
+/* Room for `extra` more bytes, the capacity doubling; *cap_out receives the
+ * capacity asked for. False when it cannot grow (b unchanged). */
+static bool buf_grow(kw_buf *b, size_t extra, size_t *cap_out)
 {
     if (b->len + extra <= b->cap)
-        return KEEL_OK;
+        return true;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra)
         cap *= 2;
+    *cap_out = cap;
     unsigned char *p = realloc(b->p, cap);
     if (!p)
-        return core_fail(KEEL_ENOMEM, "out of memory growing a WAL buffer to %zu bytes", cap);
+        return false;
     b->p = p;
     b->cap = cap;
+    return true;
+}
+
+int kw_buf_reserve(kw_buf *b, size_t extra)
+{
+    size_t cap = 0;
+    if (!buf_grow(b, extra, &cap))
+        return core_fail(KEEL_ENOMEM, "out of memory growing a WAL buffer to %zu bytes", cap);
     return KEEL_OK;
 }
 
@@ -171,6 +182,22 @@ static uint32_t record_crc(const unsigned char *rec, uint32_t payload_crc)
     return kw_crc32c(payload_crc, h, sizeof h);
 }
 
+/* The planar form of a payload of `kind` in c's scratch, or NULL: the kind
+ * has none, c is plain, the payload is not the kind's layout, or the scratch
+ * cannot grow. The caller then compresses the payload as it is (plain zstd),
+ * as it stores it raw when zstd fails: the forms are optimisations, so a
+ * failed allocation here costs bytes, never the record, and sets no error. */
+static const void *planar_form(kw_codec_ctx *c, uint32_t kind, const void *payload, size_t len)
+{
+    size_t cap;
+    if (!planar_kind(kind) || c->plain)
+        return NULL;
+    c->planar.len = 0;
+    if (!buf_grow(&c->planar, len, &cap))
+        return NULL;
+    return planar_encode(kind, payload, len, c->planar.p) ? c->planar.p : NULL;
+}
+
 int kw_record_build_unsealed(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64_t tick, uint32_t flags,
                              const void *payload, size_t len)
 {
@@ -184,18 +211,9 @@ int kw_record_build_unsealed(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64
     uint32_t codec = KW_CODEC_RAW;
     size_t stored = len;
     if (len >= c->min_compress) {
-        const void *src = payload;
-        uint32_t zcodec = KW_CODEC_ZSTD;
-        if (planar_kind(kind) && !c->plain) {
-            c->planar.len = 0;
-            if ((rc = kw_buf_reserve(&c->planar, len)))
-                return rc;
-            if (planar_encode(kind, payload, len, c->planar.p)) { /* else not the kind's layout: plain zstd */
-                src = c->planar.p;
-                zcodec = KW_CODEC_ZSTD_PLANAR;
-            }
-        }
-        size_t z = ZSTD_compress2(c->cctx, body, bound, src, len);
+        const void *src = planar_form(c, kind, payload, len);
+        uint32_t zcodec = src ? KW_CODEC_ZSTD_PLANAR : KW_CODEC_ZSTD;
+        size_t z = ZSTD_compress2(c->cctx, body, bound, src ? src : payload, len);
         if (!ZSTD_isError(z) && z < len) {
             codec = zcodec;
             stored = z;
