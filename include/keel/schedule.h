@@ -167,9 +167,11 @@ int keel_schedule_add_system(keel_schedule *s, const keel_system_desc *desc, kee
 
 /* Derive edges, validate, and fix the order. Returns 0 when no error was
  * found (warnings allowed), KEEL_EINVAL otherwise (keel_last_error names the
- * first error). Either way the diagnostics are listed by
- * keel_schedule_diag_count / keel_schedule_diag, in a deterministic order.
- * Building twice is KEEL_EBUSY. */
+ * first error), or KEEL_ENOMEM when memory ran out on the way (the
+ * diagnostics may then be incomplete). Either way the diagnostics are
+ * listed by keel_schedule_diag_count / keel_schedule_diag, in a
+ * deterministic order. Building twice is KEEL_EBUSY: after a failed build,
+ * destroy the schedule and make a new one. */
 int keel_schedule_build(keel_schedule *s);
 
 uint32_t keel_schedule_diag_count(const keel_schedule *s);

@@ -97,11 +97,16 @@ static void diag_add(keel_schedule *s, keel_sched_code code, uint32_t nnames, co
 static void diag_add(keel_schedule *s, keel_sched_code code, uint32_t nnames, const char *const *names,
                      const char *fmt, ...)
 {
+    keel_sched_severity severity = code == KEEL_SCHED_READ_BEFORE_WRITE ? KEEL_SCHED_WARNING : KEEL_SCHED_ERROR;
+    if (severity == KEEL_SCHED_ERROR)
+        s->ok = false; /* first: an error whose diagnostic cannot be stored still fails the build */
     if (s->ndiags == s->diags_cap) {
         uint32_t cap = s->diags_cap ? s->diags_cap * 2 : 16;
         keel_sched_diag *d = realloc(s->diags, cap * sizeof *d);
-        if (!d)
-            return; /* diagnostics are best effort under memory exhaustion; the build still fails */
+        if (!d) {
+            s->oom = true; /* the build then returns KEEL_ENOMEM */
+            return;
+        }
         s->diags = d;
         s->diags_cap = cap;
     }
@@ -112,15 +117,15 @@ static void diag_add(keel_schedule *s, keel_sched_code code, uint32_t nnames, co
     va_end(ap);
     keel_sched_diag *d = &s->diags[s->ndiags];
     memset(d, 0, sizeof *d);
-    if (own_string(s, msg, &d->message))
+    if (own_string(s, msg, &d->message)) {
+        s->oom = true;
         return;
+    }
     d->code = code;
-    d->severity = code == KEEL_SCHED_READ_BEFORE_WRITE ? KEEL_SCHED_WARNING : KEEL_SCHED_ERROR;
+    d->severity = severity;
     d->name_count = nnames < KEEL_SCHED_DIAG_NAMES ? nnames : KEEL_SCHED_DIAG_NAMES;
     for (uint32_t i = 0; i < d->name_count; i++)
         d->names[i] = names[i];
-    if (d->severity == KEEL_SCHED_ERROR)
-        s->ok = false;
     s->ndiags++;
 }
 
@@ -373,7 +378,10 @@ static void check_body(keel_schedule *s, sched_system *sys)
         diag_add(s, KEEL_SCHED_BAD_SYSTEM, NAMES(d->name), "system '%s' has no '%s' body for its kind", d->name, missing);
         return;
     }
-    if (d->kind == KEEL_SYSTEM_QUERY && keel_query_create(s->world, &d->query, &sys->query))
+    int rc = d->kind == KEEL_SYSTEM_QUERY ? keel_query_create(s->world, &d->query, &sys->query) : KEEL_OK;
+    if (rc == KEEL_ENOMEM)
+        s->oom = true;
+    if (rc)
         diag_add(s, KEEL_SCHED_BAD_SYSTEM, NAMES(d->name), "system '%s' has a bad query: %s", d->name, keel_last_error());
     if (d->priority < KEEL_PRIORITY_LOW || d->priority > KEEL_PRIORITY_CRITICAL)
         diag_add(s, KEEL_SCHED_BAD_SYSTEM, NAMES(d->name), "system '%s' has unknown priority %d", d->name,
@@ -985,6 +993,9 @@ int keel_schedule_build(keel_schedule *s)
         s->ok = false;
         return rc;
     }
+    if (s->oom)
+        return core_fail(KEEL_ENOMEM, "keel_schedule_build: out of memory (the diagnostics may be incomplete; "
+                                      "destroy the schedule and build a new one)");
     if (!s->ok) {
         for (uint32_t i = 0; i < s->ndiags; i++)
             if (s->diags[i].severity == KEEL_SCHED_ERROR)
