@@ -318,6 +318,20 @@ static int corrupt(uint64_t lsn, const char *fmt, const char *detail)
     return core_fail(KEEL_ECORRUPT, "WAL record at LSN %llu: %s", (unsigned long long)lsn, buf);
 }
 
+/* A change that does not apply: the log is wrong (KEEL_ECORRUPT, `fmt`
+ * says what), unless memory ran out (KEEL_ENOMEM: the record is fine and
+ * the next open replays it -- never reported as corruption, which an
+ * operator might answer with truncate_bad_tail). */
+static int not_applied(uint64_t lsn, int rc, const char *fmt)
+{
+    if (rc != KEEL_ENOMEM)
+        return corrupt(lsn, fmt, keel_last_error());
+    char detail[300];
+    snprintf(detail, sizeof detail, "%s", keel_last_error());
+    return core_fail(KEEL_ENOMEM, "WAL record at LSN %llu: out of memory applying it (%s)", (unsigned long long)lsn,
+                     detail);
+}
+
 static bool fits(const keel_world *w, uint32_t comp, uint32_t size)
 {
     return world_component_valid(w, comp) && w->comps[comp].desc.size == size;
@@ -372,7 +386,7 @@ static int apply_changes(replay *p, const kw_header *h, const void *payload)
         else if (!fits(w, ch.component, ch.size))
             rc = KEEL_ECORRUPT;
         else if ((rc = keel_set(w, ch.entity, ch.component, ch.value)))
-            rc = corrupt(h->lsn, "a value row does not apply: %s", keel_last_error());
+            rc = not_applied(h->lsn, rc, "a value row does not apply: %s");
         if (rc == KEEL_ECORRUPT && !strstr(keel_last_error(), "LSN"))
             rc = corrupt(h->lsn, "%s", "a change names an unknown component or has the wrong size");
         if (rc)
@@ -380,7 +394,7 @@ static int apply_changes(replay *p, const kw_header *h, const void *payload)
     }
     if (!rc && h->kind == KW_KIND_LIFECYCLE) {
         if ((rc = keel_cmdbuf_apply(p->cmds)))
-            rc = corrupt(h->lsn, "its commands do not apply: %s", keel_last_error());
+            rc = not_applied(h->lsn, rc, "its commands do not apply: %s");
         keel_cmd_result res = keel_cmdbuf_result(p->cmds);
         for (uint32_t i = 0; !rc && i < nspawn; i++)
             if (i >= res.created_count || res.created[i] != expect[i])
