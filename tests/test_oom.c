@@ -1,0 +1,609 @@
+/*
+ * test_oom.c -- out of memory at every allocation, in turn.
+ *
+ * A small world (workload O below: spawns, destroys, a tag, a rewriting
+ * parallel query, direct writes, a side transaction and a submitted
+ * closure every tick; one worker, no data directory) is run again and
+ * again, and each time the k-th allocation of one phase fails (oom_shim.c:
+ * one-shot, on the stepping thread), for k = 1, 2, ... until the phase
+ * completes without reaching its k-th allocation. Every run must
+ *   - return KEEL_OK or KEEL_ENOMEM from the call that met the failure
+ *     (with a last error that says "out of memory" for ENOMEM),
+ *   - leave a world that passes check_world and runs three more ticks,
+ *   - and, closed, free every block it allocated (the shim counts them).
+ * Phases: setting up the runtime (create, registrations, queries, the
+ * schedule), one tick, and a large command playback outside a tick.
+ *
+ * Sanitizer builds own malloc: the program exits 77 there (CTest: skipped).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "keel_test.h"
+#include "oom_shim.h"
+#include "test_util.h"
+
+/* ---- workload O ------------------------------------------------------------------------------- */
+
+typedef struct oworld {
+    keel_runtime *rt;
+    keel_component A, B, T, M; /* VERSIONED i64, SINGLE_VERSION i64, TRANSIENT i64, a tag */
+    keel_query *qa, *qm;
+    int64_t submitted;          /* what the closures added to B of the first entity */
+} oworld;
+
+/* spawner: two entities a tick; destroy the first of the iteration; tag the second. */
+static int sys_spawner(keel_ctx *ctx, void *user)
+{
+    oworld *o = user;
+    keel_cmdbuf *cb = keel_ctx_commands(ctx);
+    int64_t t = (int64_t)keel_ctx_tick(ctx);
+    for (int i = 0; i < 2; i++) {
+        int64_t a = t * 10 + i, b = t, tr = 7;
+        keel_init inits[] = {{o->A, &a}, {o->B, &b}, {o->T, &tr}};
+        int rc = keel_cmd_spawn(cb, inits, 3);
+        if (rc)
+            return rc;
+    }
+    keel_iter it;
+    keel_txn_iter(ctx, o->qa, &it);
+    uint32_t seen = 0;
+    while (seen < 2 && keel_txn_next(ctx, &it)) {
+        for (uint32_t r = 0; r < it.count && seen < 2; r++, seen++) {
+            int rc = seen == 0 ? keel_cmd_destroy(cb, it.entities[r]) : keel_cmd_add(cb, it.entities[r], o->M, NULL);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* mover: A += 1 through a rewritten column (parallel query). */
+static int sys_mover(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)ctx;
+    (void)user;
+    int64_t *a = KEEL_COLUMN(it, int64_t, 0);
+    const int64_t *a0 = it->prev[0];
+    for (uint32_t r = 0; r < it->count; r++)
+        a[r] = a0[r] + 1;
+    return 0;
+}
+
+/* setter: B := A for every third entity, through keel_txn_set. */
+static int sys_setter(keel_ctx *ctx, void *user)
+{
+    oworld *o = user;
+    keel_iter it;
+    uint32_t k = 0;
+    keel_txn_iter(ctx, o->qa, &it);
+    while (keel_txn_next(ctx, &it)) {
+        for (uint32_t r = 0; r < it.count; r++, k++) {
+            int64_t a;
+            int rc = k % 3 ? 0 : keel_txn_get(ctx, it.entities[r], o->A, &a);
+            rc = rc || k % 3 ? rc : keel_txn_set(ctx, it.entities[r], o->B, &a);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* sider: a side transaction moves 1 from B of the first entity to B of the second. */
+static int sys_sider(keel_ctx *ctx, void *user)
+{
+    oworld *o = user;
+    keel_iter it;
+    keel_query_iter(o->qa, &it);
+    if (!keel_iter_next(&it) || it.count < 2)
+        return 0;
+    keel_entity x = it.entities[0], y = it.entities[1];
+    keel_side_txn *tx;
+    int rc = keel_side_txn_begin(ctx, KEEL_DURABLE_GROUP, &tx);
+    if (rc)
+        return rc;
+    int64_t bx, by;
+    rc = keel_side_get(tx, x, o->B, &bx);
+    rc = rc ? rc : keel_side_get(tx, y, o->B, &by);
+    bx -= 1, by += 1;
+    rc = rc ? rc : keel_side_set(tx, x, o->B, &bx);
+    rc = rc ? rc : keel_side_set(tx, y, o->B, &by);
+    if (rc) {
+        keel_side_txn_abort(tx);
+        return rc;
+    }
+    return keel_side_txn_commit(tx);
+}
+
+static int closure_add(keel_side_txn *tx, void *arg)
+{
+    oworld *o = arg;
+    keel_iter it;
+    keel_query_iter(o->qa, &it);
+    if (!keel_iter_next(&it))
+        return 0;
+    int64_t b;
+    int rc = keel_side_get(tx, it.entities[0], o->B, &b);
+    b += 100;
+    return rc ? rc : keel_side_set(tx, it.entities[0], o->B, &b);
+}
+
+/* Close what o holds (any part may be missing). */
+static void o_close(oworld *o)
+{
+    if (o->qa)
+        keel_query_destroy(o->qa);
+    if (o->qm)
+        keel_query_destroy(o->qm);
+    if (o->rt)
+        keel_runtime_close(o->rt);
+    memset(o, 0, sizeof *o);
+}
+
+static const keel_field i64_field[] = {{.name = "v", .type = KEEL_I64}};
+
+/* An i64 component (size 8) or a tag (size 0). */
+static int reg(keel_world *w, const char *name, uint32_t size, keel_discipline d, keel_component *out)
+{
+    keel_component_desc cd = {.name = name, .size = size, .discipline = d, .fields = size ? i64_field : NULL,
+                              .field_count = size ? 1 : 0};
+    return keel_component_register(w, &cd, out);
+}
+
+/* Set workload O up, with the data directory dir (NULL: none; no
+ * checkpoint but the ones asked for); the first error is returned (o holds
+ * what was made). */
+static int o_setup_dir(oworld *o, const char *dir)
+{
+    memset(o, 0, sizeof *o);
+    keel_runtime_desc rd = {.workers = 1, .tick_rate_hz = -1};
+    rd.durable.dir = dir;
+    rd.durable.checkpoint_every_ticks = -1;
+    rd.durable.checkpoint_every_bytes = -1;
+    rd.durable.checkpoint_every_seconds = -1;
+    int rc = keel_runtime_create(&rd, &o->rt);
+    if (rc)
+        return rc;
+    keel_world *w = keel_runtime_world(o->rt);
+    rc = reg(w, "a", 8, KEEL_VERSIONED, &o->A);
+    rc = rc ? rc : reg(w, "b", 8, KEEL_SINGLE_VERSION, &o->B);
+    rc = rc ? rc : reg(w, "t", 8, KEEL_TRANSIENT, &o->T);
+    rc = rc ? rc : reg(w, "m", 0, KEEL_VERSIONED, &o->M);
+    rc = rc ? rc : keel_query_create(w, &(keel_query_desc){.with = {o->A}}, &o->qa);
+    rc = rc ? rc : keel_query_create(w, &(keel_query_desc){.with = {o->M}}, &o->qm);
+    keel_schedule *s = NULL;
+    rc = rc ? rc : keel_schedule_create(o->rt, &s);
+    if (rc)
+        return rc;
+    keel_system_desc d[] = {
+        {.name = "spawner", .kind = KEEL_SYSTEM_CALLBACK, .run = sys_spawner, .user = o,
+         .access = {.reads = {o->A}}},
+        {.name = "mover", .kind = KEEL_SYSTEM_QUERY, .each_chunk = sys_mover, .parallel = true,
+         .query = {.with = {o->A}}, .access = {.rewrites = {o->A}}, .after = {"spawner"}},
+        {.name = "setter", .kind = KEEL_SYSTEM_CALLBACK, .run = sys_setter, .user = o,
+         .access = {.reads = {o->A}, .writes = {o->B}}, .after = {"mover"}},
+        {.name = "sider", .kind = KEEL_SYSTEM_CALLBACK, .run = sys_sider, .user = o,
+         .access = {.side_writes = {o->B}}, .after = {"setter"}},
+    };
+    for (size_t i = 0; !rc && i < sizeof d / sizeof d[0]; i++)
+        rc = keel_schedule_add_system(s, &d[i], NULL);
+    rc = rc ? rc : keel_schedule_build(s);
+    rc = rc ? rc : keel_runtime_set_schedule(o->rt, s);
+    if (rc)
+        keel_schedule_destroy(s); /* the runtime owns it only once installed */
+    return rc;
+}
+
+static int o_setup(oworld *o)
+{
+    return o_setup_dir(o, NULL);
+}
+
+/* One tick with a submitted closure. */
+static int o_step(oworld *o)
+{
+    int rc = keel_submit(o->rt, closure_add, o, KEEL_DURABLE_GROUP, NULL);
+    return rc ? rc : keel_runtime_step(o->rt);
+}
+
+/* The world is whole: every entity of the A query is alive, readable
+ * through keel_get with the column's value, and counted once; the tag
+ * query holds live entities; the hash can be computed. */
+static void check_world(const oworld *o)
+{
+    const keel_world *w = keel_runtime_world(o->rt);
+    uint32_t n = 0;
+    keel_iter it;
+    keel_query_iter(o->qa, &it);
+    while (keel_iter_next(&it)) {
+        const int64_t *a = KEEL_COLUMN(&it, const int64_t, 0);
+        for (uint32_t r = 0; r < it.count; r++, n++) {
+            int64_t v = 0, b = 0;
+            ck_assert(keel_alive(w, it.entities[r]));
+            ck_assert_ok(keel_get(w, it.entities[r], o->A, &v));
+            ck_assert_int_eq(v, a[r]);
+            ck_assert_ok(keel_get(w, it.entities[r], o->B, &b));
+        }
+    }
+    ck_assert_uint_eq(n, keel_query_count(o->qa));
+    ck_assert_uint_eq(n, keel_world_count(w));
+    keel_query_iter(o->qm, &it);
+    while (keel_iter_next(&it))
+        for (uint32_t r = 0; r < it.count; r++)
+            ck_assert(keel_alive(w, it.entities[r]));
+    (void)keel_world_hash(w);
+}
+
+/* The code a call that met the injected failure may return. */
+static void expect_ok_or_enomem(int rc, const char *what, long k)
+{
+    ck_assert_msg(rc == KEEL_OK || rc == KEEL_ENOMEM, "%s with allocation %ld failing: %s (%s)", what, k,
+                  keel_strerror(rc), keel_last_error());
+    if (rc == KEEL_ENOMEM)
+        ck_assert_msg(strstr(keel_last_error(), "memory") != NULL, "%s, allocation %ld: ENOMEM saying '%s'", what, k,
+                      keel_last_error());
+}
+
+/* Whole unarmed cycles, without and with a data directory, so that what
+ * the process keeps for good (liburcu's registry, Check's buffers, the
+ * libraries' one-time state) exists before the first count. */
+static long settle(void)
+{
+    char dir[256];
+    tu_path(dir, sizeof dir, "settle");
+    for (int i = 0; i < 2; i++) {
+        oworld o;
+        ck_assert_ok(o_setup_dir(&o, i ? dir : NULL));
+        if (i)
+            ck_assert_ok(keel_runtime_recover(o.rt, NULL));
+        for (int t = 0; t < 4; t++)
+            ck_assert_ok(o_step(&o));
+        if (i)
+            ck_assert_ok(keel_checkpoint(o.rt));
+        o_close(&o);
+    }
+    tu_rmtree(dir);
+    return oom_live();
+}
+
+static void expect_no_leak(long base, const char *what, long k)
+{
+    long now = oom_live();
+    ck_assert_msg(now == base, "%s, allocation %ld failing: %ld blocks not freed after the close", what, k,
+                  now - base);
+}
+
+/* ---- the sweeps ------------------------------------------------------------------------------ */
+
+START_TEST(test_oom_setup)
+{
+    long base = settle(), k;
+    for (k = 1;; k++) {
+        oworld o;
+        oom_arm(k);
+        int rc = o_setup(&o);
+        bool fired = oom_disarm();
+        expect_ok_or_enomem(rc, "setup", k);
+        if (!rc) { /* a failure absorbed on the way, or none: it must run */
+            for (int t = 0; t < 3; t++)
+                ck_assert_ok(o_step(&o));
+            check_world(&o);
+        }
+        o_close(&o);
+        expect_no_leak(base, "setup", k);
+        if (!fired)
+            break;
+    }
+    fprintf(stderr, "test_oom_setup: %ld allocations failed in turn\n", k - 1);
+    ck_assert_int_gt(k, 20); /* the sweep reached the allocations of the whole setup */
+}
+END_TEST
+
+/* The first four ticks (the first makes the tables, chunks, row versions,
+ * the view; the later ones recycle) with the k-th allocation failing. A
+ * tick whose sync point met it returns KEEL_ENOMEM with its commands
+ * pending: retried, they apply. */
+START_TEST(test_oom_tick)
+{
+    long base = settle(), k;
+    for (k = 1;; k++) {
+        oworld o;
+        ck_assert_ok(o_setup(&o));
+        oom_arm(k);
+        long left = oom_pause();
+        for (int t = 1; t <= 4; t++) {
+            oom_resume(left);
+            int rc = o_step(&o);
+            left = oom_pause(); /* Check's assertions allocate */
+            expect_ok_or_enomem(rc, "ticks 1-4", k);
+            check_world(&o);
+            if (rc) /* the sync point's playback stopped: its commands are pending (keel/runtime.h) */
+                ck_assert_ok(keel_runtime_sync_retry(o.rt));
+        }
+        bool fired = oom_disarm();
+        for (int t = 0; t < 3; t++)
+            ck_assert_ok(o_step(&o));
+        check_world(&o);
+        o_close(&o);
+        expect_no_leak(base, "ticks 1-4", k);
+        if (!fired)
+            break;
+    }
+    fprintf(stderr, "test_oom_tick: %ld allocations failed in turn\n", k - 1);
+    ck_assert_int_gt(k, 20);
+}
+END_TEST
+
+static int sys_nothing(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    (void)user;
+    return 0;
+}
+
+/* A schedule with an error (a system without a body) never builds, also
+ * when the allocation that would store its diagnostic fails: KEEL_EINVAL,
+ * or KEEL_ENOMEM when memory ran out, never 0. */
+START_TEST(test_oom_bad_schedule)
+{
+    long base = settle(), k;
+    for (k = 1;; k++) {
+        keel_runtime *rt;
+        keel_schedule *s;
+        ck_assert_ok(keel_runtime_create(&(keel_runtime_desc){.workers = 1, .tick_rate_hz = -1}, &rt));
+        ck_assert_ok(keel_schedule_create(rt, &s));
+        keel_system_desc good = {.name = "good", .kind = KEEL_SYSTEM_CALLBACK, .run = sys_nothing};
+        keel_system_desc bad = {.name = "bad", .kind = KEEL_SYSTEM_CALLBACK};
+        ck_assert_ok(keel_schedule_add_system(s, &good, NULL));
+        ck_assert_ok(keel_schedule_add_system(s, &bad, NULL));
+        oom_arm(k);
+        int rc = keel_schedule_build(s);
+        bool fired = oom_disarm();
+        ck_assert_msg(rc == KEEL_EINVAL || rc == KEEL_ENOMEM, "allocation %ld failing: the build returned %s", k,
+                      keel_strerror(rc));
+        if (rc == KEEL_ENOMEM)
+            ck_assert_ptr_nonnull(strstr(keel_last_error(), "out of memory"));
+        else
+            ck_assert_ptr_nonnull(strstr(keel_last_error(), "'bad'"));
+        keel_schedule_destroy(s);
+        keel_runtime_close(rt);
+        expect_no_leak(base, "bad schedule", k);
+        if (!fired)
+            break;
+    }
+    fprintf(stderr, "test_oom_bad_schedule: %ld allocations failed in turn\n", k - 1);
+    ck_assert_int_gt(k, 3);
+}
+END_TEST
+
+/* Playback of 300 spawns, then 150 destroys, outside a tick: a failure
+ * leaves the buffer pending (docs/world.md), and applying it again
+ * finishes the job. */
+START_TEST(test_oom_playback)
+{
+    long base = settle(), k;
+    for (k = 1;; k++) {
+        oworld o;
+        ck_assert_ok(o_setup(&o));
+        keel_world *w = keel_runtime_world(o.rt);
+        keel_cmdbuf *cb;
+        ck_assert_ok(keel_cmdbuf_create(w, &cb));
+        for (int64_t i = 0; i < 300; i++) {
+            keel_init inits[] = {{o.A, &i}, {o.B, &i}};
+            ck_assert_ok(keel_cmd_spawn(cb, inits, 2));
+        }
+        oom_arm(k);
+        int rc = keel_cmdbuf_apply(cb);
+        bool fired = oom_disarm();
+        expect_ok_or_enomem(rc, "spawn playback", k);
+        if (rc)
+            ck_assert_ok(keel_cmdbuf_apply(cb)); /* the rest */
+        keel_cmd_result res = keel_cmdbuf_result(cb);
+        ck_assert_uint_eq(res.pending, 0);
+        ck_assert_uint_eq(keel_world_count(w), 300);
+        keel_entity *e = malloc(300 * sizeof *e);
+        ck_assert_ptr_nonnull(e);
+        memcpy(e, res.created, 300 * sizeof *e);
+        ck_assert_ok(keel_cmdbuf_reset(cb));
+        for (int i = 0; i < 300; i += 2)
+            ck_assert_ok(keel_cmd_destroy(cb, e[i]));
+        oom_arm(k);
+        rc = keel_cmdbuf_apply(cb);
+        fired = oom_disarm() || fired;
+        expect_ok_or_enomem(rc, "destroy playback", k);
+        if (rc)
+            ck_assert_ok(keel_cmdbuf_apply(cb));
+        ck_assert_uint_eq(keel_world_count(w), 150);
+        for (int i = 0; i < 300; i++) {
+            int64_t v = -1;
+            ck_assert(keel_alive(w, e[i]) == (i % 2 == 1));
+            if (i % 2) {
+                ck_assert_ok(keel_get(w, e[i], o.B, &v));
+                ck_assert_int_eq(v, i);
+            }
+        }
+        free(e);
+        keel_cmdbuf_destroy(cb);
+        check_world(&o);
+        for (int t = 0; t < 3; t++)
+            ck_assert_ok(o_step(&o));
+        check_world(&o);
+        o_close(&o);
+        expect_no_leak(base, "playback", k);
+        if (!fired)
+            break;
+    }
+    fprintf(stderr, "test_oom_playback: %ld allocations failed in turn\n", k - 1);
+    ck_assert_int_gt(k, 3);
+}
+END_TEST
+
+/* ---- with a data directory ------------------------------------------------------------------ */
+
+/* Open a fresh directory, recover, run four ticks and take a checkpoint
+ * with the k-th allocation of the stepping thread failing. Each call
+ * returns 0, KEEL_ENOMEM, or KEEL_EFATAL once the runtime latched fatal (a
+ * tick that cannot be logged latches it: docs/durability.md); a failed
+ * open leaves nothing to close but the runtime. Closed and reopened
+ * without the failure, the directory recovers: to the state before the
+ * close when nothing failed fatally, else to a consistent earlier tick,
+ * and runs on. */
+START_TEST(test_oom_durable)
+{
+    long base = settle(), k, nfatal = 0, nopen = 0, nenomem = 0;
+    char dir[256];
+    for (k = 1;; k++) {
+        oworld o;
+        snprintf(dir, sizeof dir, "%s/dur-%ld", tu_base(), k);
+        ck_assert_ok(o_setup_dir(&o, dir));
+        oom_arm(k);
+        int rc = keel_runtime_recover(o.rt, NULL);
+        long left = oom_pause();
+        expect_ok_or_enomem(rc, "recover", k);
+        bool opened = rc == KEEL_OK, fatal = false;
+        for (int t = 1; opened && t <= 5; t++) {
+            oom_resume(left);
+            rc = t <= 4 ? o_step(&o) : keel_checkpoint(o.rt);
+            left = oom_pause();
+            fatal = fatal || keel_runtime_fatal(o.rt) != 0;
+            if (fatal) {
+                ck_assert_msg(rc == KEEL_EFATAL || rc == KEEL_ENOMEM, "allocation %ld: %s after the latch", k,
+                              keel_strerror(rc));
+                ck_assert_int_eq(keel_runtime_fatal(o.rt), KEEL_ENOMEM);
+                continue;
+            }
+            expect_ok_or_enomem(rc, "a durable tick", k);
+            check_world(&o);
+            if (rc && t <= 4)
+                ck_assert_ok(keel_runtime_sync_retry(o.rt));
+        }
+        bool fired = oom_disarm();
+        nopen += !opened;
+        nfatal += fatal;
+        nenomem += opened && !fatal && rc == KEEL_ENOMEM;
+        uint64_t hash = 0, tick = 0;
+        if (opened && !fatal) {
+            ck_assert_ok(o_step(&o));
+            ck_assert_ok(keel_uow_flush(o.rt));
+            hash = keel_world_hash(keel_runtime_world(o.rt));
+        }
+        tick = opened ? keel_runtime_tick(o.rt) : 0;
+        o_close(&o);
+        expect_no_leak(base, "durable", k);
+
+        keel_recovery info;
+        ck_assert_ok(o_setup_dir(&o, dir));
+        ck_assert_ok(keel_runtime_recover(o.rt, &info));
+        check_world(&o);
+        if (opened && !fatal) {
+            ck_assert_uint_eq(info.tick, tick);
+            ck_assert_uint_eq(keel_world_hash(keel_runtime_world(o.rt)), hash);
+        } else {
+            ck_assert_uint_le(info.tick, tick);
+        }
+        for (int t = 0; t < 3; t++)
+            ck_assert_ok(o_step(&o));
+        check_world(&o);
+        o_close(&o);
+        tu_rmtree(dir);
+        expect_no_leak(base, "durable, reopened", k);
+        if (!fired)
+            break;
+    }
+    fprintf(stderr, "test_oom_durable: %ld allocations failed in turn: %ld opens refused, %ld runtimes latched "
+                    "fatal, %ld ENOMEM from a checkpoint\n", k - 1, nopen, nfatal, nenomem);
+    ck_assert_int_gt(k, 50);
+}
+END_TEST
+
+/* Copy the file from to the file to. */
+static void copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    ck_assert_ptr_nonnull(in);
+    ck_assert_ptr_nonnull(out);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
+    ck_assert_int_eq(fclose(in), 0);
+    ck_assert_int_eq(fclose(out), 0);
+}
+
+/* Recovery (a checkpoint, then WAL records to replay) with the k-th
+ * allocation failing: KEEL_OK with the reference state, or KEEL_ENOMEM and
+ * a directory that the next open recovers to the same state. */
+START_TEST(test_oom_recovery)
+{
+    char ref[256], dir[256], path[300], from[300];
+    tu_path(ref, sizeof ref, "ref");
+    oworld o;
+    ck_assert_ok(o_setup_dir(&o, ref));
+    ck_assert_ok(keel_runtime_recover(o.rt, NULL));
+    for (int t = 1; t <= 6; t++) {
+        ck_assert_ok(o_step(&o));
+        if (t == 3)
+            ck_assert_ok(keel_checkpoint(o.rt));
+    }
+    ck_assert_ok(keel_uow_flush(o.rt));
+    uint64_t hash = keel_world_hash(keel_runtime_world(o.rt));
+    o_close(&o);
+    snprintf(from, sizeof from, "%s/data.mdb", ref);
+    long base = settle(), k;
+    for (k = 1;; k++) {
+        snprintf(dir, sizeof dir, "%s/rec-%ld", tu_base(), k);
+        ck_assert_int_eq(mkdir(dir, 0755), 0);
+        snprintf(path, sizeof path, "%s/data.mdb", dir);
+        copy_file(from, path);
+        ck_assert_ok(o_setup_dir(&o, dir));
+        oom_arm(k);
+        int rc = keel_runtime_recover(o.rt, NULL);
+        bool fired = oom_disarm();
+        expect_ok_or_enomem(rc, "recovery", k);
+        if (!rc) {
+            check_world(&o);
+            ck_assert_uint_eq(keel_world_hash(keel_runtime_world(o.rt)), hash);
+        }
+        o_close(&o);
+        expect_no_leak(base, "recovery", k);
+        ck_assert_ok(o_setup_dir(&o, dir));
+        ck_assert_ok(keel_runtime_recover(o.rt, NULL));
+        ck_assert_uint_eq(keel_world_hash(keel_runtime_world(o.rt)), hash);
+        o_close(&o);
+        tu_rmtree(dir);
+        if (!fired)
+            break;
+    }
+    fprintf(stderr, "test_oom_recovery: %ld allocations failed in turn\n", k - 1);
+    ck_assert_int_gt(k, 20);
+}
+END_TEST
+
+static Suite *oom_suite(void)
+{
+    Suite *s = suite_create("oom_sweep");
+    TCase *tc = tcase_create("sweep");
+    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_oom_setup);
+    tcase_add_test(tc, test_oom_bad_schedule);
+    tcase_add_test(tc, test_oom_tick);
+    tcase_add_test(tc, test_oom_playback);
+    tcase_add_test(tc, test_oom_durable);
+    tcase_add_test(tc, test_oom_recovery);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    if (!oom_shim_active()) {
+        fprintf(stderr, "test_oom: skipped: this build's sanitizer owns malloc\n");
+        return 77;
+    }
+    keel_suite_fn suites[] = {oom_suite};
+    return keel_test_run(suites, 1);
+}
