@@ -32,6 +32,10 @@ void oom_arm(long k)
 {
     (void)k;
 }
+void oom_arm_all(long k)
+{
+    (void)k;
+}
 bool oom_disarm(void)
 {
     return false;
@@ -58,9 +62,15 @@ void __libc_free(void *p);
 void *__libc_memalign(size_t align, size_t n);
 
 /* Thread-local: only the arming thread counts down (initial-exec TLS, so
- * reading it never allocates). */
+ * reading it never allocates). oom_arm_all counts every thread's
+ * allocations instead, in one atomic countdown: the one whose decrement
+ * takes it from 1 to 0 fails (later ones take it below 0 and pass), so
+ * exactly one allocation fails, on whichever thread makes it. */
 static __thread long countdown __attribute__((tls_model("initial-exec")));
 static __thread bool fired __attribute__((tls_model("initial-exec")));
+static atomic_long all_countdown;
+static atomic_bool all_fired;
+static bool all_mode; /* set and read by the arming thread only */
 static atomic_long live;
 
 bool oom_shim_active(void)
@@ -74,14 +84,26 @@ void oom_arm(long k)
     countdown = k;
 }
 
+void oom_arm_all(long k)
+{
+    atomic_store(&all_fired, false);
+    all_mode = true;
+    atomic_store(&all_countdown, k);
+}
+
 bool oom_disarm(void)
 {
+    bool f = all_mode ? atomic_load(&all_fired) : fired;
     countdown = 0;
-    return fired;
+    atomic_store(&all_countdown, 0);
+    all_mode = false;
+    return f;
 }
 
 long oom_pause(void)
 {
+    if (all_mode)
+        return atomic_exchange(&all_countdown, 0);
     long left = countdown;
     countdown = 0;
     return left;
@@ -89,7 +111,10 @@ long oom_pause(void)
 
 void oom_resume(long left)
 {
-    countdown = left;
+    if (all_mode)
+        atomic_store(&all_countdown, left);
+    else
+        countdown = left;
 }
 
 long oom_live(void)
@@ -100,9 +125,15 @@ long oom_live(void)
 /* True for the allocation that must fail. */
 static bool fail_now(void)
 {
-    if (countdown <= 0 || --countdown)
+    if (countdown > 0) {
+        if (--countdown)
+            return false;
+        fired = true;
+        return true;
+    }
+    if (atomic_load_explicit(&all_countdown, memory_order_relaxed) <= 0 || atomic_fetch_sub(&all_countdown, 1) != 1)
         return false;
-    fired = true;
+    atomic_store(&all_fired, true);
     return true;
 }
 

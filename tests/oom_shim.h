@@ -10,6 +10,8 @@
 bool oom_shim_active(void);
 /* Fail the k-th allocation this thread makes from now on (k >= 1), once. */
 void oom_arm(long k);
+/* Fail the k-th allocation any thread makes from now on, once. */
+void oom_arm_all(long k);
 /* Stop counting; true when the armed failure happened. */
 bool oom_disarm(void);
 /* Stop counting for a while (Check's assertions allocate), returning what

@@ -156,10 +156,10 @@ static int reg(keel_world *w, const char *name, uint32_t size, keel_discipline d
 /* Set workload O up, with the data directory dir (NULL: none; no
  * checkpoint but the ones asked for); the first error is returned (o holds
  * what was made). */
-static int o_setup_dir(oworld *o, const char *dir)
+static int o_setup_full(oworld *o, const char *dir, int32_t workers)
 {
     memset(o, 0, sizeof *o);
-    keel_runtime_desc rd = {.workers = 1, .tick_rate_hz = -1};
+    keel_runtime_desc rd = {.workers = workers, .tick_rate_hz = -1};
     rd.durable.dir = dir;
     rd.durable.checkpoint_every_ticks = -1;
     rd.durable.checkpoint_every_bytes = -1;
@@ -195,6 +195,11 @@ static int o_setup_dir(oworld *o, const char *dir)
     if (rc)
         keel_schedule_destroy(s); /* the runtime owns it only once installed */
     return rc;
+}
+
+static int o_setup_dir(oworld *o, const char *dir)
+{
+    return o_setup_full(o, dir, 1);
 }
 
 static int o_setup(oworld *o)
@@ -310,16 +315,23 @@ START_TEST(test_oom_setup)
 END_TEST
 
 /* The first four ticks (the first makes the tables, chunks, row versions,
- * the view; the later ones recycle) with the k-th allocation failing. A
- * tick whose sync point met it returns KEEL_ENOMEM with its commands
- * pending: retried, they apply. */
-START_TEST(test_oom_tick)
+ * the view; the later ones recycle, the last two under a read view that
+ * pins the previous versions) with the k-th allocation failing: of the
+ * stepping thread with one worker; of any thread with two (the order
+ * between the threads varies, so each run fails some allocation of the
+ * tick's, a task's planning and its command buffers included). A tick
+ * whose sync point met it returns KEEL_ENOMEM with its commands pending:
+ * retried, they apply. */
+static void sweep_ticks(int32_t workers)
 {
     long base = settle(), k;
     for (k = 1;; k++) {
         oworld o;
-        ck_assert_ok(o_setup(&o));
-        oom_arm(k);
+        ck_assert_ok(o_setup_full(&o, NULL, workers));
+        if (workers == 1)
+            oom_arm(k);
+        else
+            oom_arm_all(k);
         long left = oom_pause();
         for (int t = 1; t <= 4; t++) {
             /* ticks 3 and 4 run under a read view that pins the previous
@@ -360,8 +372,19 @@ START_TEST(test_oom_tick)
         if (!fired)
             break;
     }
-    fprintf(stderr, "test_oom_tick: %ld allocations failed in turn\n", k - 1);
+    fprintf(stderr, "sweep_ticks(%d workers): %ld allocations failed in turn\n", workers, k - 1);
     ck_assert_int_gt(k, 20);
+}
+
+START_TEST(test_oom_tick)
+{
+    sweep_ticks(1);
+}
+END_TEST
+
+START_TEST(test_oom_tick_two_workers)
+{
+    sweep_ticks(2);
 }
 END_TEST
 
@@ -619,6 +642,7 @@ static Suite *oom_suite(void)
     tcase_add_test(tc, test_oom_setup);
     tcase_add_test(tc, test_oom_bad_schedule);
     tcase_add_test(tc, test_oom_tick);
+    tcase_add_test(tc, test_oom_tick_two_workers);
     tcase_add_test(tc, test_oom_playback);
     tcase_add_test(tc, test_oom_durable);
     tcase_add_test(tc, test_oom_recovery);
