@@ -44,7 +44,7 @@ struct keel_schedule {
     keel_world *world;
     bool built;               /* keel_schedule_build ran */
     bool ok;                  /* ... and found no error */
-    bool oom;                 /* ... and ran out of memory (a diagnostic may be missing) */
+    bool oom;                 /* ... and ran out of memory (a diagnostic may be missing): KEEL_ENOMEM */
     bool installed;           /* owned by its runtime since keel_runtime_set_schedule */
     uint32_t registry_stamp;  /* component count at build: a change makes the schedule stale */
 

@@ -276,7 +276,6 @@ typedef struct build {
     struct need { uint32_t a, b, key; keel_sched_code code; } *needs;
     uint32_t nneeds, needs_cap;
     uint64_t *reach;
-    bool oom;                 /* an allocation failed: the build fails with KEEL_ENOMEM */
 } build;
 
 static int cmp_name_ctx_sort(const void *x, const void *y, void *ctx)
@@ -379,9 +378,9 @@ static void check_body(keel_schedule *s, sched_system *sys)
         return;
     }
     int rc = d->kind == KEEL_SYSTEM_QUERY ? keel_query_create(s->world, &d->query, &sys->query) : KEEL_OK;
-    if (rc == KEEL_ENOMEM)
+    if (rc == KEEL_ENOMEM) /* not a bad query: the build says what happened */
         s->oom = true;
-    if (rc)
+    else if (rc)
         diag_add(s, KEEL_SCHED_BAD_SYSTEM, NAMES(d->name), "system '%s' has a bad query: %s", d->name, keel_last_error());
     if (d->priority < KEEL_PRIORITY_LOW || d->priority > KEEL_PRIORITY_CRITICAL)
         diag_add(s, KEEL_SCHED_BAD_SYSTEM, NAMES(d->name), "system '%s' has unknown priority %d", d->name,
@@ -416,7 +415,7 @@ static int64_t key_id(build *b, const char *name)
         uint32_t cap = b->keys_cap ? b->keys_cap * 2 : 32;
         const char **keys = realloc(b->keys, cap * sizeof *keys);
         if (!keys) {
-            b->oom = true;
+            b->s->oom = true;
             return -1;
         }
         b->keys = keys;
@@ -581,7 +580,7 @@ static void need(build *b, uint32_t x, uint32_t y, uint32_t key, keel_sched_code
         uint32_t cap = b->needs_cap ? b->needs_cap * 2 : 64;
         struct need *n = realloc(b->needs, cap * sizeof *n);
         if (!n) {
-            b->oom = true;
+            b->s->oom = true;
             return;
         }
         b->needs = n;
@@ -682,6 +681,7 @@ static void report_cycle(build *b, const uint32_t *indeg)
     if (!seen_at || !path) {
         free(seen_at);
         free(path);
+        s->oom = true;
         diag_add(s, KEEL_SCHED_CYCLE, 0, NULL, "the ordering has a cycle");
         return;
     }
@@ -956,9 +956,7 @@ static int order_and_check(build *b)
     }
     free(indeg);
     free(topo);
-    if (b->oom)
-        return core_fail(KEEL_ENOMEM, "keel_schedule_build: out of memory");
-    return b->s->ok ? make_plan(b) : KEEL_OK;
+    return b->s->ok && !b->s->oom ? make_plan(b) : KEEL_OK;
 }
 
 int keel_schedule_build(keel_schedule *s)
@@ -993,9 +991,11 @@ int keel_schedule_build(keel_schedule *s)
         s->ok = false;
         return rc;
     }
-    if (s->oom)
+    if (s->oom) { /* a lost warning leaves ok set: the schedule must not be installable */
+        s->ok = false;
         return core_fail(KEEL_ENOMEM, "keel_schedule_build: out of memory (the diagnostics may be incomplete; "
                                       "destroy the schedule and build a new one)");
+    }
     if (!s->ok) {
         for (uint32_t i = 0; i < s->ndiags; i++)
             if (s->diags[i].severity == KEEL_SCHED_ERROR)
