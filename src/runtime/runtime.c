@@ -522,6 +522,19 @@ static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
     rt->stats.ticks_at_level[rec.overload_level]++;
 }
 
+/* A periodic checkpoint that cannot be captured for lack of memory is not
+ * taken, and the next tick asks again: nothing is lost (the WAL holds every
+ * tick since the last checkpoint), so only what endangers the log itself
+ * latches the runtime fatal. An explicit keel_checkpoint returns the code. */
+static int periodic_checkpoint(keel_runtime *rt, uint64_t tick)
+{
+    int rc = ckpt_maybe(rt, tick, false);
+    if (rc != KEEL_ENOMEM)
+        return rc;
+    core_log(KEEL_LOG_WARN, "wal", "checkpoint_skipped", "tick=%llu reason=out_of_memory", (unsigned long long)tick);
+    return KEEL_OK;
+}
+
 /* The tick itself, without the driver check (the driver thread uses it). */
 int runtime_step(keel_runtime *rt)
 {
@@ -585,7 +598,7 @@ int runtime_step(keel_runtime *rt)
         if (rt->durability == KEEL_DURABLE_IMMEDIATE)
             fence_rc = dur_wait(rt, dur_last_lsn(rt), false); /* the tick returns only once it is on disk */
         if (!fence_rc && w->mutations == rt->pub_mutations)
-            fence_rc = ckpt_maybe(rt, tick, false);
+            fence_rc = periodic_checkpoint(rt, tick);
         if (!fence_rc && ckpt_active(rt))
             telemetry_mark_checkpoint(rt, tick); /* the capture was part of this tick's step */
         if (fence_rc && fence_rc != KEEL_EFATAL)
