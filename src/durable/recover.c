@@ -319,9 +319,9 @@ static int corrupt(uint64_t lsn, const char *fmt, const char *detail)
 }
 
 /* A change that does not apply: the log is wrong (KEEL_ECORRUPT, `fmt`
- * says what), unless memory ran out (KEEL_ENOMEM: the record is fine and
- * the next open replays it -- never reported as corruption, which an
- * operator might answer with truncate_bad_tail). */
+ * says what), unless memory ran out (KEEL_ENOMEM, naming the record: it is
+ * fine and the next open replays it -- never reported as corruption, which
+ * an operator might answer with truncate_bad_tail; fmt is unused then). */
 static int not_applied(uint64_t lsn, int rc, const char *fmt)
 {
     if (rc != KEEL_ENOMEM)
@@ -389,6 +389,8 @@ static int apply_changes(replay *p, const kw_header *h, const void *payload)
             rc = not_applied(h->lsn, rc, "a value row does not apply: %s");
         if (rc == KEEL_ECORRUPT && !strstr(keel_last_error(), "LSN"))
             rc = corrupt(h->lsn, "%s", "a change names an unknown component or has the wrong size");
+        else if (rc == KEEL_ENOMEM && !strstr(keel_last_error(), "LSN")) /* queueing a command */
+            rc = not_applied(h->lsn, rc, NULL);
         if (rc)
             break;
     }
@@ -408,10 +410,17 @@ static int apply_changes(replay *p, const kw_header *h, const void *payload)
     return rc;
 }
 
+/* The payload of a checked record; out of memory names the record too. */
+static int payload_of(replay *p, const unit_rec *u, const void **payload)
+{
+    int rc = kw_record_payload(p->l->c, u->rec, &u->h, payload);
+    return rc == KEEL_ENOMEM ? not_applied(u->h.lsn, rc, NULL) : rc;
+}
+
 static int apply_record(replay *p, const unit_rec *u)
 {
     const void *payload;
-    int rc = kw_record_payload(p->l->c, u->rec, &u->h, &payload);
+    int rc = payload_of(p, u, &payload);
     if (rc)
         return rc;
     p->l->out->raw_bytes += u->h.raw_len;
@@ -424,7 +433,7 @@ static int apply_record(replay *p, const unit_rec *u)
 static int close_unit(replay *p, const unit_rec *marker)
 {
     const void *payload;
-    int rc = kw_record_payload(p->l->c, marker->rec, &marker->h, &payload);
+    int rc = payload_of(p, marker, &payload);
     if (rc)
         return rc;
     kw_commit_info ci;
@@ -501,28 +510,35 @@ static int fill_truncate(kw_wtxn *t, void *arg)
 
 /* Is the record at lsn well-formed: checked, decompressed, every change
  * decodable, a marker that matches its unit? (unit: records of the open
- * unit before it). The truncation pass runs this over the tail before
- * anything is applied, so a truncated tail never leaves a half-applied
- * unit in memory. */
-static bool record_valid(loader *l, uint64_t lsn, const void *rec, size_t len, uint32_t unit, kw_header *h)
+ * unit before it). KEEL_OK when it is, KEEL_ECORRUPT when it is not, or
+ * another code when it cannot tell (out of memory decompressing it): that
+ * is never a reason to truncate. The truncation pass runs this over the
+ * tail before anything is applied, so a truncated tail never leaves a
+ * half-applied unit in memory. */
+static int record_validity(loader *l, uint64_t lsn, const void *rec, size_t len, uint32_t unit, kw_header *h)
 {
     const void *p;
-    if (kw_record_check(rec, len, h) || h->lsn != lsn || kw_record_payload(l->c, rec, h, &p))
-        return false;
+    int rc = kw_record_check(rec, len, h);
+    if (!rc && h->lsn != lsn)
+        rc = KEEL_ECORRUPT;
+    if (!rc)
+        rc = kw_record_payload(l->c, rec, h, &p);
+    if (rc)
+        return rc;
     if (h->kind == KW_KIND_TICK_COMMIT) {
         kw_commit_info ci;
-        return !kw_decode_commit(p, h->raw_len, &ci) && ci.nrecords == unit;
+        return !kw_decode_commit(p, h->raw_len, &ci) && ci.nrecords == unit ? KEEL_OK : KEEL_ECORRUPT;
     }
     if (h->kind == KW_KIND_SIDE && unit)
-        return false;
+        return KEEL_ECORRUPT;
     if (h->kind != KW_KIND_TICK_CHUNK && h->kind != KW_KIND_LIFECYCLE && h->kind != KW_KIND_SIDE)
-        return true;
+        return KEEL_OK;
     kw_decoder d;
     kw_change ch;
-    int rc = kw_decode_begin(&d, h->kind, lsn, p, h->raw_len, NULL);
+    rc = kw_decode_begin(&d, h->kind, lsn, p, h->raw_len, NULL);
     while (rc == KEEL_OK && (rc = kw_decode_next(&d, &ch)) == 1)
         rc = KEEL_OK;
-    return rc == KEEL_OK;
+    return rc;
 }
 
 /* The LSN where the valid prefix ends: the first invalid record's unit
@@ -540,8 +556,13 @@ static int find_bad_tail(loader *l, uint64_t after, uint64_t *bad)
     kw_header h;
     *bad = 0;
     while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
-        if (lsn != expect || !record_valid(l, lsn, rec, len, unit, &h)) {
+        int v = lsn != expect ? KEEL_ECORRUPT : record_validity(l, lsn, rec, len, unit, &h);
+        if (v == KEEL_ECORRUPT) {
             *bad = unit ? unit_first : lsn;
+            break;
+        }
+        if (v) { /* cannot tell (out of memory): the open fails, nothing is truncated */
+            rc = v;
             break;
         }
         if (h.kind == KW_KIND_TICK_CHUNK || h.kind == KW_KIND_LIFECYCLE)
