@@ -1143,6 +1143,7 @@ START_TEST(test_read_only_media)
     keel_runtime_close(rt);
     list_dir(dir, after, sizeof after);
     ck_assert_str_eq(after, before);
+    ck_assert_int_eq(umount2(mnt, MNT_DETACH), 0); /* the namespace ends with this process, but tidily */
 }
 END_TEST
 
@@ -1245,6 +1246,79 @@ END_TEST
 
 /* ---- suites --------------------------------------------------------------------------------- */
 
+/* ---- suite walcli_oom: every allocation of keel-wal failed in turn ------------------------------ */
+
+/* keel-wal args with the k-th allocation of the process failing
+ * (libkeel_oom_preload, oom_shim.c); *fired: whether it did. */
+static tu_run wal_oom(const char *const *args, long k, const char *report, bool *fired)
+{
+    char kbuf[32], line[32] = "";
+    snprintf(kbuf, sizeof kbuf, "%ld", k);
+    unlink(report);
+    ck_assert_int_eq(setenv("LD_PRELOAD", KEEL_OOM_PRELOAD_LIB, 1), 0);
+    ck_assert_int_eq(setenv("OOM_FAIL_AT", kbuf, 1), 0);
+    ck_assert_int_eq(setenv("OOM_REPORT", report, 1), 0);
+    tu_run r = wal_argv(args);
+    unsetenv("LD_PRELOAD");
+    unsetenv("OOM_FAIL_AT");
+    unsetenv("OOM_REPORT");
+    FILE *f = fopen(report, "r");
+    ck_assert_msg(f && fgets(line, sizeof line, f), "keel-wal %s, allocation %ld failing: no report (status %d: %s)",
+                  args[0], k, r.status, r.err);
+    fclose(f);
+    *fired = !strcmp(line, "fired=1\n");
+    return r;
+}
+
+/* Each command, run again and again with its k-th allocation failing, for
+ * k = 1, 2, ... until a run does not reach it: it exits 0 with exactly
+ * the output of a normal run, or 2 saying it ran out of memory -- never a
+ * signal, never 1 (what it found wrong in the directory), never "damaged"
+ * (keel-wal's answer to a fault inside LMDB), never a partial success. */
+START_TEST(test_oom_every_allocation)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    fprintf(stderr, "test_oom_every_allocation: SKIPPED: the sanitizer runtime must come first, before a "
+                    "preloaded malloc\n");
+#else
+    char dir[256], report[300];
+    make_dir(dir, sizeof dir, "oom", (wl_opts){.retain = true, .checkpoint_after = 6});
+    snprintf(report, sizeof report, "%s.report", dir);
+    const char *const cmds[][7] = {
+        {"info", dir, "--json", NULL},
+        {"dump", dir, "--json", NULL},
+        {"verify", dir, NULL},
+        {"stats", dir, "--top", "3", NULL},
+        {"replay", dir, "--to-tick", "9", "--json", NULL},
+        {"diff", dir, "--from-tick", "3", "--to-tick", "9", NULL},
+        {"tail", dir, "-n", "5", NULL},
+    };
+    for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
+        tu_run ref = wal_ok_argv(cmds[c]);
+        long k;
+        bool fired = true;
+        for (k = 1; fired; k++) {
+            tu_run r = wal_oom(cmds[c], k, report, &fired);
+            const char *what = cmds[c][0];
+            ck_assert_msg(r.status == 0 || r.status == 2, "keel-wal %s, allocation %ld failing: status %d: %s", what,
+                          k, r.status, r.err);
+            if (r.status == 0) {
+                ck_assert_msg(!strcmp(r.out, ref.out), "keel-wal %s, allocation %ld failing: exit 0, other output",
+                              what, k);
+            } else {
+                ck_assert_msg(strstr(r.err, "memory") && !strstr(r.err, "damaged"),
+                              "keel-wal %s, allocation %ld failing: %s", what, k, r.err);
+            }
+            tu_run_free(&r);
+        }
+        fprintf(stderr, "keel-wal %s: %ld allocations failed in turn\n", cmds[c][0], k - 2);
+        ck_assert_int_gt(k, 10);
+        tu_run_free(&ref);
+    }
+#endif
+}
+END_TEST
+
 static TCase *tcase(const char *name)
 {
     TCase *tc = tcase_create(name);
@@ -1300,4 +1374,14 @@ static Suite *live_suite(void)
     return s;
 }
 
-KEEL_TEST_MAIN(args_suite, read_suite, verify_suite, live_suite)
+static Suite *oom_suite(void)
+{
+    Suite *s = suite_create("walcli_oom");
+    TCase *tc = tcase("oom");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_oom_every_allocation);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(args_suite, read_suite, verify_suite, live_suite, oom_suite)

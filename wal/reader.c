@@ -81,3 +81,8 @@ void kw_scan_end(kw_scan *s)
     kw_wal_iter_end(s->it);
     free(s);
 }
+
+bool kw_out_of_memory_seen(void)
+{
+    return core_out_of_memory_seen();
+}

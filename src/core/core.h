@@ -6,6 +6,7 @@
 #define KEEL_CORE_H
 
 #include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,11 @@
 /* Set the calling thread's last error to the formatted sentence and return
  * rc, so failures read `return core_fail(KEEL_EINVAL, "...", ...);`. */
 int core_fail(int rc, const char *fmt, ...) CORE_PRINTF(2, 3);
+/* True once any core_fail(KEEL_ENOMEM, ...) happened in the process, on
+ * any thread; never cleared. A reader that must not pass an incomplete
+ * answer off as complete (keel-wal) asks at the end, however each failure
+ * was handled on the way. */
+bool core_out_of_memory_seen(void);
 
 /* Emit a diagnostic "subsystem/event fields" through the rate limiter.
  * fields is a printf format producing "key=value ..." pairs. */

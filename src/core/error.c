@@ -2,6 +2,7 @@
  * core/error.c -- status code names and the thread-local last error.
  */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "core/core.h"
@@ -9,6 +10,7 @@
 #define CORE_ERROR_MAX 512
 
 static _Thread_local char last_error[CORE_ERROR_MAX];
+static atomic_bool out_of_memory; /* a sticky flag: relaxed order is enough */
 
 const char *keel_strerror(int rc)
 {
@@ -38,9 +40,16 @@ const char *keel_last_error(void)
 
 int core_fail(int rc, const char *fmt, ...)
 {
+    if (rc == KEEL_ENOMEM)
+        atomic_store_explicit(&out_of_memory, true, memory_order_relaxed);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
     return rc;
+}
+
+bool core_out_of_memory_seen(void)
+{
+    return atomic_load_explicit(&out_of_memory, memory_order_relaxed);
 }

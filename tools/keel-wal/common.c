@@ -234,16 +234,32 @@ const char *kwt_format_entity(uint64_t e, char buf[17])
     return buf;
 }
 
+static bool out_of_memory_noted;
+
+void kwt_note_out_of_memory(void)
+{
+    out_of_memory_noted = true;
+}
+
+bool kwt_out_of_memory(void)
+{
+    return out_of_memory_noted || kw_out_of_memory_seen();
+}
+
 /* ---- the data directory ----------------------------------------------------------- */
 
-static void load_schema(kwt_dir *d, kw_rtxn *r)
+/* Load the stored schema. A schema that is unreadable is described in
+ * schema_error for the subcommand to report; running out of memory is
+ * returned (KEEL_ENOMEM): the schema may be fine, and a command that went
+ * on without it would print less than the directory holds. */
+static int load_schema(kwt_dir *d, kw_rtxn *r)
 {
     const void *rec, *payload;
     size_t len;
     kw_header h;
     int rc = kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &rec, &len);
     if (rc == KEEL_ENOENT)
-        return;
+        return KEEL_OK;
     if (!rc && !(rc = kw_record_check(rec, len, &h)) && h.kind != KW_KIND_SCHEMA)
         rc = KEEL_ECORRUPT, snprintf(d->schema_error, sizeof d->schema_error,
                                      "schema/\"components\" holds a %s record, not a schema", kw_kind_name(h.kind));
@@ -251,24 +267,31 @@ static void load_schema(kwt_dir *d, kw_rtxn *r)
         rc = kw_record_payload(d->codec, rec, &h, &payload);
     if (!rc)
         rc = kw_schema_decode(payload, h.raw_len, &d->schema);
+    if (rc == KEEL_ENOMEM)
+        return rc;
     if (rc && !d->schema_error[0])
         snprintf(d->schema_error, sizeof d->schema_error, "the stored schema is unreadable: %s", keel_last_error());
     d->has_schema = !rc;
+    return KEEL_OK;
 }
 
-static void load_checkpoint(kwt_dir *d, kw_rtxn *r)
+/* Load the checkpoint pointer; as load_schema. */
+static int load_checkpoint(kwt_dir *d, kw_rtxn *r)
 {
     const void *v;
     size_t n;
     int rc = kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n);
     if (rc == KEEL_ENOENT)
-        return;
+        return KEEL_OK;
     if (!rc)
         rc = kw_checkpoint_meta_decode(v, n, &d->checkpoint);
+    if (rc == KEEL_ENOMEM)
+        return rc;
     if (rc)
         snprintf(d->checkpoint_error, sizeof d->checkpoint_error, "meta \"checkpoint\" is unreadable: %s",
                  keel_last_error());
     d->has_checkpoint = !rc;
+    return KEEL_OK;
 }
 
 /* Precise causes for the common cases before LMDB is involved. */
@@ -327,9 +350,14 @@ int kwt_dir_open(const char *path, kwt_dir *d)
         kwt_dir_close(d);
         return rc;
     }
-    load_schema(d, r);
-    load_checkpoint(d, r);
+    rc = load_schema(d, r);
+    rc = rc ? rc : load_checkpoint(d, r);
     kw_read_end(r);
+    if (rc) {
+        kwt_err(path, "%s", keel_last_error());
+        kwt_dir_close(d);
+        return KWT_EXIT_USAGE;
+    }
     return KWT_EXIT_OK;
 }
 

@@ -282,7 +282,7 @@ static int run(kwt_dir *d, void *opts)
     if (!(rc = kws_replay_to(rp, a->from))) {
         if (kws_state_clone(&at_a, kws_replay_state(rp))) {
             kwt_err(d->path, "KEEL_ENOMEM: out of memory copying the state of tick %" PRIu64, a->from);
-            rc = KWT_EXIT_PROBLEM;
+            rc = KWT_EXIT_USAGE;
         } else {
             if (!(rc = kws_replay_to(rp, a->to))) {
                 differ df = {.d = d, .a = &at_a, .b = kws_replay_state(rp), .json = a->c.json};

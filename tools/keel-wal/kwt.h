@@ -15,7 +15,8 @@
  *   - `--help` / `-h` anywhere prints the usage on stdout and returns 0
  *     (kwt_help_requested + kwt_print_help);
  *   - exit status: KWT_EXIT_OK 0, KWT_EXIT_PROBLEM 1 (verify findings),
- *     KWT_EXIT_USAGE 2 (bad arguments, or the directory cannot be opened);
+ *     KWT_EXIT_USAGE 2 (bad arguments, the directory cannot be opened, or
+ *     out of memory: main turns any command that ran out into a 2);
  *   - errors go to stderr as "keel-wal: <dir or file>: <cause>" (kwt_err);
  *     usage errors as "keel-wal <cmd>: <problem> (try 'keel-wal <cmd> --help')";
  *   - data on stdout, nothing else; progress only on a TTY stderr;
@@ -38,7 +39,7 @@
 
 #define KWT_EXIT_OK 0
 #define KWT_EXIT_PROBLEM 1  /* verify found a problem */
-#define KWT_EXIT_USAGE 2    /* bad arguments, or the directory cannot be opened */
+#define KWT_EXIT_USAGE 2    /* bad arguments, the directory cannot be opened, out of memory */
 
 /* ---- subcommands ---------------------------------------------------------- */
 
@@ -83,6 +84,12 @@ bool kwt_output_broken(void);
  * writing: tail -f asks between polls). */
 bool kwt_output_reader_gone(void);
 int kwt_output_finish(int rc);
+
+/* Out of memory in keel-wal's own code: noted, so that main makes the
+ * command exit 2 ("the output is incomplete") whatever the call site went
+ * on to do. kwt_out_of_memory: noted here, or seen by libkeel_wal. */
+void kwt_note_out_of_memory(void);
+bool kwt_out_of_memory(void);
 
 /* True when argv[1..] holds --help or -h. */
 bool kwt_help_requested(int argc, char **argv);

@@ -34,8 +34,20 @@ static int usage(FILE *f)
                "'keel-wal <command> --help' describes a command. Entity handles are 16 hex digits\n"
                "(as printed), 0x<hex> or INDEX:GEN. Exit status: 0 ok; 1 a problem found (verify's\n"
                "findings, or invalid records another command met and skipped);\n"
-               "2 bad arguments or the directory cannot be opened. Manual: docs/tools.md.\n");
+               "2 bad arguments, the directory cannot be opened, or out of memory. Manual: docs/tools.md.\n");
     return f == stdout ? KWT_EXIT_OK : KWT_EXIT_USAGE;
+}
+
+/* A command whose work ran out of memory somewhere -- however that call
+ * site reacted: a skipped record, a missing part, a "problem" -- exits 2
+ * saying so, so that what it printed is never taken for the whole answer.
+ * (An exit 2 has already said why.) */
+static int finish(int rc)
+{
+    if (rc == KWT_EXIT_USAGE || !kwt_out_of_memory())
+        return rc;
+    fprintf(stderr, "keel-wal: out of memory: the output is incomplete\n");
+    return KWT_EXIT_USAGE;
 }
 
 int main(int argc, char **argv)
@@ -57,7 +69,7 @@ int main(int argc, char **argv)
     }
     for (const kwt_command *c = kwt_commands; c->name; c++)
         if (!strcmp(c->name, name))
-            return c->run(argc - 1, argv + 1);
+            return finish(c->run(argc - 1, argv + 1));
     fprintf(stderr, "keel-wal: unknown command '%s' (try 'keel-wal --help')\n", name);
     return KWT_EXIT_USAGE;
 }

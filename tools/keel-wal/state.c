@@ -318,6 +318,9 @@ static int fail(kws_replay *r, const char *fmt, ...)
     return KWT_EXIT_PROBLEM;
 }
 
+/* fail() for running out of memory: noted for main (kwt_note_out_of_memory). */
+#define fail_oom(r, ...) (kwt_note_out_of_memory(), fail((r), __VA_ARGS__))
+
 static int corrupt(kws_replay *r, uint64_t lsn, const char *why)
 {
     return fail(r, "KEEL_ECORRUPT: WAL record at LSN %" PRIu64 ": %s", lsn, why);
@@ -363,10 +366,10 @@ static int op_spawn(kws_replay *r, uint64_t lsn, const kw_change *ch)
         seen[ch->comps[k]] = true;
     }
     if (idx == UINT32_MAX || state_reserve(s, idx))
-        return fail(r, "KEEL_ENOMEM: out of memory for %u entity slots", idx);
+        return fail_oom(r, "KEEL_ENOMEM: out of memory for %u entity slots", idx);
     kws_ent *e = ent_make(s, ch->n, ch->comps, ch->values);
     if (!e)
-        return fail(r, "KEEL_ENOMEM: out of memory replaying LSN %" PRIu64, lsn);
+        return fail_oom(r, "KEEL_ENOMEM: out of memory replaying LSN %" PRIu64, lsn);
     if (idx == s->nslots) {
         s->nslots++;
         s->gen[idx] = 1;
@@ -421,7 +424,7 @@ static int apply_command(kws_replay *r, uint64_t lsn, const kw_change *ch)
     kws_ent *e = ch->op == KW_OP_ADD ? ent_insert(s, s->ent[idx], ch->component, ch->value)
                                      : ent_delete(s, s->ent[idx], (uint32_t)at, off);
     if (!e)
-        return fail(r, "KEEL_ENOMEM: out of memory replaying LSN %" PRIu64, lsn);
+        return fail_oom(r, "KEEL_ENOMEM: out of memory replaying LSN %" PRIu64, lsn);
     s->ent[idx] = e;
     return KEEL_OK;
 }
@@ -498,7 +501,7 @@ static int unit_push(kws_replay *r, const void *rec, const kw_header *h)
         uint32_t cap = r->unit_cap ? r->unit_cap * 2 : 64;
         unit_rec *u = realloc(r->unit, cap * sizeof *u);
         if (!u)
-            return fail(r, "KEEL_ENOMEM: out of memory replaying the WAL");
+            return fail_oom(r, "KEEL_ENOMEM: out of memory replaying the WAL");
         r->unit = u;
         r->unit_cap = cap;
     }
@@ -664,7 +667,7 @@ static int load_table_list(ckpt_load *l, const void *p, size_t plen)
     l->loaded = calloc((size_t)tl.ntables + 1, sizeof *l->loaded);
     l->sets = calloc((size_t)tl.ntables + 1, sizeof *l->sets);
     if (!l->rows || !l->loaded || !l->sets)
-        return fail(r, "KEEL_ENOMEM: out of memory for %u checkpoint tables", tl.ntables);
+        return fail_oom(r, "KEEL_ENOMEM: out of memory for %u checkpoint tables", tl.ntables);
     int rc;
     for (uint32_t id = 0; (rc = kw_snap_tables_next(&tl, &t)) == 1; id++) {
         l->rows[id] = t.rows;
@@ -682,7 +685,7 @@ static int load_table_list(ckpt_load *l, const void *p, size_t plen)
     /* every slot free with generation 1 until the pages say otherwise */
     kws_state *s = &r->st;
     if (tl.nslots && state_reserve(s, tl.nslots - 1))
-        return fail(r, "KEEL_ENOMEM: out of memory for %u entity slots", tl.nslots);
+        return fail_oom(r, "KEEL_ENOMEM: out of memory for %u entity slots", tl.nslots);
     s->nslots = tl.nslots;
     for (uint32_t i = 0; i < s->nslots; i++) {
         s->gen[i] = 1;
@@ -753,7 +756,7 @@ static int load_chunk(ckpt_load *l, const void *p, size_t plen)
                 if (ids[j] == k->comps[i])
                     vals[j] = k->vals[i] + (size_t)row * k->sizes[i];
         if (!(s->ent[idx] = ent_make(s, n, ids, vals)))
-            return fail(r, "KEEL_ENOMEM: out of memory loading the checkpoint");
+            return fail_oom(r, "KEEL_ENOMEM: out of memory loading the checkpoint");
         mark_free(s, idx, false);
         s->nlive++;
         l->loaded[k->table]++;
@@ -765,7 +768,7 @@ static int load_checkpoint(kws_replay *r)
 {
     ckpt_load *l = calloc(1, sizeof *l);
     if (!l)
-        return fail(r, "KEEL_ENOMEM: out of memory loading the checkpoint");
+        return fail_oom(r, "KEEL_ENOMEM: out of memory loading the checkpoint");
     l->r = r;
     const void *val, *p;
     size_t vlen, plen;
@@ -878,7 +881,7 @@ int kws_replay_open(kwt_dir *d, uint64_t first_tick, bool no_checkpoint, kws_rep
     *out = NULL;
     if (!r) {
         kwt_err(d->path, "KEEL_ENOMEM: out of memory");
-        return KWT_EXIT_PROBLEM;
+        return KWT_EXIT_USAGE;
     }
     r->d = d;
     int rc = replay_start(r, first_tick, no_checkpoint);

@@ -164,6 +164,8 @@ static int gather(kwt_dir *d, stats *st)
         tick_slot *t = tick_find(st, rec.h.tick);
         if (t)
             add(&t->t, &rec.h);
+        else /* the tick table could not grow: the per-tick figures would miss this record */
+            kwt_note_out_of_memory();
         if (st->all.records == 1 || rec.h.tick < st->min_tick)
             st->min_tick = rec.h.tick;
         if (st->all.records == 1 || rec.h.tick > st->max_tick)

@@ -191,8 +191,10 @@ static void unit_commit(verifier *v, const kw_record *r, const void *payload)
     v->unit_n = 0;
     v->unit_invalid = 0;
     commit_pt c = {r->lsn, h->tick};
-    if (!push((void **)&v->commits, &v->ncommits, &v->capcommits, sizeof c, &c))
+    if (!push((void **)&v->commits, &v->ncommits, &v->capcommits, sizeof c, &c)) {
+        kwt_note_out_of_memory();
         problem(v, r->lsn, "out of memory recording unit commits");
+    }
 }
 
 static void side_record(verifier *v, const kw_record *r)
@@ -221,8 +223,10 @@ static void checkpoint_record(verifier *v, const kw_record *r, const void *paylo
     if (v->nmarkers && (m.covered < v->markers[v->nmarkers - 1].covered || m.tick < v->markers[v->nmarkers - 1].tick))
         problem(v, r->lsn, "checkpoint (tick %" PRIu64 ", LSN %" PRIu64 ") is older than the one at LSN %" PRIu64,
                 m.tick, m.covered, v->markers[v->nmarkers - 1].lsn);
-    if (!push((void **)&v->markers, &v->nmarkers, &v->capmarkers, sizeof m, &m))
+    if (!push((void **)&v->markers, &v->nmarkers, &v->capmarkers, sizeof m, &m)) {
+        kwt_note_out_of_memory();
         problem(v, r->lsn, "out of memory recording checkpoint markers");
+    }
 }
 
 static void schema_record(verifier *v, const kw_record *r, const void *payload)
@@ -403,6 +407,7 @@ static void check_tables(verifier *v, const char *where, const void *p, size_t n
     e->rows = calloc(t.ntables + 1u, sizeof *e->rows);
     e->rows_seen = calloc(t.ntables + 1u, sizeof *e->rows_seen);
     if (!e->rows || !e->rows_seen) {
+        kwt_note_out_of_memory();
         problem_at(v, where, "out of memory for %u tables", t.ntables);
         return;
     }

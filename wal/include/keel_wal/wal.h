@@ -324,6 +324,12 @@ void kw_store_test_fail_write(kw_store *s, uint32_t nth, int rc);
 
 /* ---- reading ------------------------------------------------------------- */
 
+/* True once any call of this library (or of keel's core under it) in this
+ * process failed for lack of memory, whatever its caller did next; never
+ * cleared. A reader that prints what it found (keel-wal) asks at the end,
+ * so that an answer cut short by memory is never passed off as complete. */
+bool kw_out_of_memory_seen(void);
+
 typedef struct kw_rtxn kw_rtxn;
 
 /* A read transaction: a consistent snapshot of the store. Keep it short in
