@@ -91,7 +91,8 @@ int keel_side_set(keel_side_txn *tx, keel_entity e, keel_component c, const void
  * KEEL_ENOMEM (nothing applied), KEEL_EFATAL (the runtime cannot make it
  * durable). Committed writes are visible to the rest of the system at once
  * and stay even if the system later fails. A transaction that wrote nothing
- * is validated the same way but logs nothing and never waits, in any mode. */
+ * is validated the same way and logs nothing; IMMEDIATE, it returns once
+ * everything logged before its commit is durable (at once when it is). */
 int keel_side_txn_commit(keel_side_txn *tx);
 
 /* Drop the transaction and its buffered writes. NULL is ignored. */

@@ -157,6 +157,11 @@ static inline int dur_fatal(const dur_state *d)
 uint32_t dur_spans(keel_runtime *rt, struct dur_span *out, uint32_t cap);
 /* The last LSN handed out. */
 uint64_t dur_last_lsn(keel_runtime *rt);
+/* The last LSN handed out, with a sync of everything up to it requested now
+ * (held DEFERRED records included) unless it is durable already: what a
+ * read-only IMMEDIATE side transaction waits for. Without memory for the
+ * request the held records still go out with the writer's next sync. */
+uint64_t dur_sync_request(keel_runtime *rt);
 /* The same, recorded as covered by a checkpoint being captured. */
 uint64_t dur_cover(keel_runtime *rt);
 

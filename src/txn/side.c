@@ -407,11 +407,14 @@ static void apply_one(keel_side_txn *tx, const side_write *wr, uint64_t seq)
 }
 
 /* Validate, apply and log. *lsn receives the WAL record's LSN (0 without a
- * data directory, or when nothing was written); the caller waits for it per
- * mode. A read-only transaction is validated like any other -- its reads were
- * a consistent snapshot if no stamp moved -- but changes nothing, so it takes
- * no sequence number, logs no record and waits for no sync: there is nothing
- * for a crash to lose (docs/transactions.md, "Read-only side transactions"). */
+ * data directory); the caller waits for it per mode. A read-only
+ * transaction is validated like any other -- its reads were a consistent
+ * snapshot if no stamp moved -- but changes nothing, so it takes no
+ * sequence number and logs no record. IMMEDIATE, it still waits for what a
+ * writing one would: everything logged before its commit (so what it read
+ * from earlier side transactions is on disk before it is acknowledged);
+ * *lsn is then the last LSN handed out, its sync requested
+ * (docs/transactions.md, "Read-only side transactions"). */
 int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
 {
     if (!tx)
@@ -424,7 +427,10 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
     int64_t bad = fatal ? -1 : first_conflict(tx);
     int rc = fatal ? KEEL_EFATAL : bad >= 0 ? KEEL_ECONFLICT : prepare_apply(tx);
     if (!rc && !tx->nwrites) {
+        rt->side_commits_tick++;
         rt->stats.commits++;
+        if (rt->dur && tx->mode == KEEL_DURABLE_IMMEDIATE)
+            *lsn = dur_sync_request(rt);
     } else if (!rc) {
         uint64_t seq = ++rt->side_seq, tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
         size_t side_off = rt->uow.side_len;
