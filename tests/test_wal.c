@@ -689,8 +689,9 @@ static int oom_child(void)
     size_t vm = vm_size();
     if (!vm || getrlimit(RLIMIT_AS, &old))
         return 2;
-    /* room for the record (header + zstd's bound) and 16 MiB more (zstd's
-     * workspace), not for a second payload-sized buffer: the planar scratch */
+    /* room for the record (header + zstd's bound, which the buffer's doubling
+     * rounds up to 64 MiB) and about 12 MiB more (zstd's workspace), not for
+     * a second payload-sized buffer: the planar scratch */
     lim = old;
     lim.rlim_cur = vm + KW_HEADER_SIZE + ZSTD_compressBound(len) + (16 << 20);
     if (setrlimit(RLIMIT_AS, &lim))

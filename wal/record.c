@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include "core/core.h"
 #include "keel_wal/wal.h"
@@ -80,30 +81,27 @@ static uint64_t rd64(const unsigned char *p) { return (uint64_t)rd32(p) | (uint6
 
 /* ---- buffers --------------------------------------------------------------- */
 
-/* Room for `extra` more bytes, the capacity doubling; *cap_out receives the
- * capacity asked for. False when it cannot grow (b unchanged). */
-static bool buf_grow(kw_buf *b, size_t extra, size_t *cap_out)
+/* Room for `extra` more bytes, the capacity doubling: 0, or the capacity
+ * that could not be allocated (b unchanged). */
+static size_t buf_grow(kw_buf *b, size_t extra)
 {
     if (b->len + extra <= b->cap)
-        return true;
+        return 0;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < b->len + extra)
         cap *= 2;
-    *cap_out = cap;
     unsigned char *p = realloc(b->p, cap);
     if (!p)
-        return false;
+        return cap;
     b->p = p;
     b->cap = cap;
-    return true;
+    return 0;
 }
 
 int kw_buf_reserve(kw_buf *b, size_t extra)
 {
-    size_t cap = 0;
-    if (!buf_grow(b, extra, &cap))
-        return core_fail(KEEL_ENOMEM, "out of memory growing a WAL buffer to %zu bytes", cap);
-    return KEEL_OK;
+    size_t failed = buf_grow(b, extra);
+    return failed ? core_fail(KEEL_ENOMEM, "out of memory growing a WAL buffer to %zu bytes", failed) : KEEL_OK;
 }
 
 void kw_buf_free(kw_buf *b)
@@ -189,11 +187,10 @@ static uint32_t record_crc(const unsigned char *rec, uint32_t payload_crc)
  * failed allocation here costs bytes, never the record, and sets no error. */
 static const void *planar_form(kw_codec_ctx *c, uint32_t kind, const void *payload, size_t len)
 {
-    size_t cap;
     if (!planar_kind(kind) || c->plain)
         return NULL;
     c->planar.len = 0;
-    if (!buf_grow(&c->planar, len, &cap))
+    if (buf_grow(&c->planar, len))
         return NULL;
     return planar_encode(kind, payload, len, c->planar.p) ? c->planar.p : NULL;
 }
@@ -318,6 +315,8 @@ int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, cons
     if (rc)
         return rc;
     size_t n = ZSTD_decompressDCtx(c->dctx, into->p, h->raw_len, body, h->stored_len);
+    if (ZSTD_isError(n) && ZSTD_getErrorCode(n) == ZSTD_error_memory_allocation) /* not the record's fault */
+        return core_fail(KEEL_ENOMEM, "record at LSN %llu: out of memory decompressing it", (unsigned long long)h->lsn);
     if (ZSTD_isError(n) || n != h->raw_len)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu does not decompress to its %u bytes (%s)",
                          (unsigned long long)h->lsn, h->raw_len, ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short");

@@ -236,7 +236,8 @@ int keel_trace_export(const keel_runtime *rt, const char *path)
         return core_fail(KEEL_EINVAL, "keel_trace_export: runtime or path is NULL");
     FILE *f = fopen(path, "w");
     if (!f)
-        return core_fail(KEEL_EIO, "keel_trace_export: cannot open '%s': %s", path, strerror(errno));
+        return core_fail(errno == ENOMEM ? KEEL_ENOMEM : KEEL_EIO, "keel_trace_export: cannot open '%s': %s", path,
+                         strerror(errno));
     /* the ring's ticks in tick order, oldest first */
     uint64_t last = atomic_load(&rt->tick);
     uint64_t first_tick = last >= rt->tel.capacity ? last - rt->tel.capacity + 1 : 1;
