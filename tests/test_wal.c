@@ -636,6 +636,7 @@ END_TEST
 
 enum { OOM_ROWS = 3 << 20 }; /* a 60 MiB tick_chunk payload: one group of 12-byte values */
 
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) /* the test is skipped there */
 /* The process's virtual size in bytes (VmSize), 0 if unreadable. */
 static size_t vm_size(void)
 {
@@ -719,6 +720,7 @@ static int oom_child(void)
     free(payload);
     return 0;
 }
+#endif
 
 /* When the planar scratch cannot be allocated, a tick_chunk is compressed
  * as plain zstd instead (a form is an optimisation: it may cost bytes,

@@ -1248,6 +1248,7 @@ END_TEST
 
 /* ---- suite walcli_oom: every allocation of keel-wal failed in turn ------------------------------ */
 
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) /* the test is skipped there */
 /* keel-wal args with the k-th allocation of the process failing
  * (libkeel_oom_preload, oom_shim.c); *fired: whether it did. */
 static tu_run wal_oom(const char *const *args, long k, const char *report, bool *fired)
@@ -1269,6 +1270,7 @@ static tu_run wal_oom(const char *const *args, long k, const char *report, bool 
     *fired = !strcmp(line, "fired=1\n");
     return r;
 }
+#endif
 
 /* Each command, run again and again with its k-th allocation failing, for
  * k = 1, 2, ... until a run does not reach it: it exits 0 with exactly
