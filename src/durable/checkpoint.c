@@ -505,12 +505,23 @@ int ckpt_write(kw_wtxn *txn, ckpt_job *j, bool retain)
     return rc;
 }
 
+/* The end of job j: recorded (rc 0) or not. A job abandoned for lack of
+ * memory (KEEL_ENOMEM, from the checkpoint thread) is no failure of the
+ * directory: the WAL still holds everything it would have covered, so
+ * nothing latches, its number is free again, and only the keel_checkpoint
+ * that waits for it learns the code (ckpt_last_rc). */
 void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
 {
     dur_state *d = rt->dur;
     if (!rc)
         (void)KEEL_FAILPOINT(CKPT_AFTER_COMMIT);
     pthread_mutex_lock(&d->ckpt_mu);
+    d->ckpt_last_rc = rc;
+    atomic_store_explicit(&d->ckpt_retry, rc == KEEL_ENOMEM, memory_order_relaxed);
+    if (rc) {
+        uint32_t mine = j->count;
+        atomic_compare_exchange_strong(&d->ckpt_count, &mine, j->count - 1);
+    }
     if (!rc) {
         if (!d->stored)
             d->stored = calloc(1, sizeof *d->stored);
@@ -520,7 +531,7 @@ void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
             stored_put(d->stored, j->puts[i].code, j->puts[i].hash);
         d->ckpt_count = j->count;
         atomic_fetch_add(&d->ckpt_taken, 1);
-    } else if (!d->ckpt_rc) {
+    } else if (!d->ckpt_rc && rc != KEEL_ENOMEM) {
         d->ckpt_rc = rc;
     }
     d->ckpt_busy = false;
@@ -537,7 +548,6 @@ static void *ckpt_main(void *arg)
     dur_state *d = rt->dur;
     kw_codec_ctx *c = NULL;
     kw_codec_desc cd = {.level = d->zstd_level};
-    int crc = kw_codec_create(&cd, &c);
     pthread_mutex_lock(&d->ckpt_mu);
     for (;;) {
         while (!d->ckpt_next && !d->ckpt_quit)
@@ -547,7 +557,8 @@ static void *ckpt_main(void *arg)
         if (!j)
             break;
         pthread_mutex_unlock(&d->ckpt_mu);
-        int rc = crc ? crc : serialize(rt, j, c);
+        int rc = c ? KEEL_OK : kw_codec_create(&cd, &c); /* made again if it could not be made before */
+        rc = rc ? rc : serialize(rt, j, c);
         if (!rc)
             (void)KEEL_FAILPOINT(CKPT_AFTER_SERIALIZE);
         if (!rc) {
@@ -567,10 +578,11 @@ static void *ckpt_main(void *arg)
         } else {
             pin_release(d);
         }
-        if (j) { /* could not hand it over */
-            core_log(KEEL_LOG_ERROR, "ckpt", "failed", "tick=%llu code=%s", (unsigned long long)j->tick,
-                     keel_strerror(rc));
-            if (rc != KEEL_EFATAL)
+        if (j) { /* could not hand it over; out of memory abandons the job without latching (ckpt_committed) */
+            bool oom = rc == KEEL_ENOMEM;
+            core_log(oom ? KEEL_LOG_WARN : KEEL_LOG_ERROR, "ckpt", oom ? "skipped" : "failed", "tick=%llu code=%s",
+                     (unsigned long long)j->tick, keel_strerror(rc));
+            if (!oom && rc != KEEL_EFATAL)
                 dur_latch_fatal(rt, rc);
             ckpt_committed(rt, j, rc);
         }
@@ -627,11 +639,14 @@ int ckpt_wait(keel_runtime *rt)
         pthread_cond_wait(&d->ckpt_cv, &d->ckpt_mu);
     /* the outcome of the checkpoints themselves, not only the latch: a
      * failed one is never reported as taken */
-    int failed = d->ckpt_rc;
+    int failed = d->ckpt_rc, last = d->ckpt_last_rc;
     pthread_mutex_unlock(&d->ckpt_mu);
     if (failed || dur_fatal(d))
         return core_fail(KEEL_EFATAL, "the checkpoint was not recorded: the runtime latched fatal (%s)",
                          keel_strerror(dur_fatal(d) ? dur_fatal(d) : failed));
+    if (last == KEEL_ENOMEM)
+        return core_fail(KEEL_ENOMEM, "the checkpoint was not taken: out of memory writing it (nothing is lost: "
+                                      "the WAL still holds every tick)");
     return KEEL_OK;
 }
 
@@ -648,20 +663,26 @@ int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force)
 {
     dur_state *d = rt->dur;
     uint64_t now = rt_now_ns(), bytes = atomic_load(&d->wal_bytes);
-    bool due = force || (d->ckpt_every_ticks > 0 && tick - d->last_ckpt_tick >= (uint64_t)d->ckpt_every_ticks) ||
+    /* the last job was abandoned for lack of memory: periodic checkpoints try
+     * again at once, and so may keel_checkpoint on the same tick */
+    bool abandoned = atomic_load_explicit(&d->ckpt_retry, memory_order_relaxed);
+    bool periodic = d->ckpt_every_ticks > 0 || d->ckpt_every_bytes > 0 || d->ckpt_every_seconds > 0;
+    bool due = force || (abandoned && periodic) ||
+               (d->ckpt_every_ticks > 0 && tick - d->last_ckpt_tick >= (uint64_t)d->ckpt_every_ticks) ||
                (d->ckpt_every_bytes > 0 && bytes - d->bytes_since_ckpt >= (uint64_t)d->ckpt_every_bytes) ||
                (d->ckpt_every_seconds > 0 && (double)(now - d->last_ckpt_ns) / 1e9 >= d->ckpt_every_seconds);
-    if (!due || tick == d->last_ckpt_tick)
+    if (!due || (tick == d->last_ckpt_tick && !abandoned))
         return KEEL_OK;
     pthread_mutex_lock(&d->ckpt_mu);
     bool busy = d->ckpt_busy || d->ckpt_next;
     pthread_mutex_unlock(&d->ckpt_mu);
     if (busy && !force)
         return KEEL_OK; /* one at a time; the next tick asks again */
-    if (busy && (ckpt_wait(rt)))
+    int rc;
+    if (busy && (rc = ckpt_wait(rt)) && rc != KEEL_ENOMEM) /* the previous job's lack of memory is not ours */
         return KEEL_EFATAL;
     ckpt_job *j = NULL;
-    int rc = capture(rt, tick, &j);
+    rc = capture(rt, tick, &j);
     if (rc)
         return rc;
     j->covered_lsn = dur_cover(rt);

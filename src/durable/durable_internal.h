@@ -112,7 +112,10 @@ typedef struct dur_state {
     pthread_cond_t ckpt_cv;
     ckpt_job *ckpt_next;       /* handed to the checkpoint thread */
     bool ckpt_busy;            /* a job is being written */
-    int ckpt_rc;               /* the first checkpoint that failed (its code), 0 while none did */
+    int ckpt_rc;               /* the first checkpoint that failed (its code), 0 while none did;
+                                  running out of memory is not a failure: see ckpt_last_rc */
+    int ckpt_last_rc;          /* the last job's outcome: 0, or why it was not recorded */
+    _Atomic bool ckpt_retry;   /* the last job was abandoned for lack of memory: the next tick tries again */
     bool ckpt_quit;
     struct ckpt_stored *stored; /* content hashes of what snap holds (checkpoint thread) */
     /* buffers of an in-flight checkpoint are not freed by view reclamation */
@@ -157,11 +160,12 @@ static inline int dur_fatal(const dur_state *d)
 uint32_t dur_spans(keel_runtime *rt, struct dur_span *out, uint32_t cap);
 /* The last LSN handed out. */
 uint64_t dur_last_lsn(keel_runtime *rt);
-/* The last LSN handed out, with a sync of everything up to it requested now
- * (held DEFERRED records included) unless it is durable already: what a
- * read-only IMMEDIATE side transaction waits for. Without memory for the
+/* Ask the writer to sync everything up to lsn now (held DEFERRED records
+ * included) unless it is durable already: a read-only IMMEDIATE side
+ * transaction waits for the last LSN handed out at its commit. Call it
+ * outside the side lock (the queue may push back). Without memory for the
  * request the held records still go out with the writer's next sync. */
-uint64_t dur_sync_request(keel_runtime *rt);
+void dur_sync_request(keel_runtime *rt, uint64_t lsn);
 /* The same, recorded as covered by a checkpoint being captured. */
 uint64_t dur_cover(keel_runtime *rt);
 
