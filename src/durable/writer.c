@@ -177,16 +177,14 @@ uint64_t dur_last_lsn(keel_runtime *rt)
     return lsn;
 }
 
-uint64_t dur_sync_request(keel_runtime *rt)
+void dur_sync_request(keel_runtime *rt, uint64_t lsn)
 {
     dur_state *d = rt->dur;
-    uint64_t lsn = dur_last_lsn(rt);
-    if (atomic_load_explicit(&d->durable_lsn, memory_order_acquire) < lsn) {
-        dur_item *f = dur_item_new(DUR_FLUSH, KEEL_DURABLE_IMMEDIATE);
-        if (f)
-            (void)dur_enqueue(rt, f, NULL); /* fails only once latched fatal: the waiter then learns it */
-    }
-    return lsn;
+    if (atomic_load_explicit(&d->durable_lsn, memory_order_acquire) >= lsn)
+        return;
+    dur_item *f = dur_item_new(DUR_FLUSH, KEEL_DURABLE_IMMEDIATE);
+    if (f)
+        (void)dur_enqueue(rt, f, NULL); /* fails only once latched fatal: the waiter then learns it */
 }
 
 /* ---- producers ------------------------------------------------------------------------- */

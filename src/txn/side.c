@@ -413,8 +413,9 @@ static void apply_one(keel_side_txn *tx, const side_write *wr, uint64_t seq)
  * sequence number and logs no record. IMMEDIATE, it still waits for what a
  * writing one would: everything logged before its commit (so what it read
  * from earlier side transactions is on disk before it is acknowledged);
- * *lsn is then the last LSN handed out, its sync requested
- * (docs/transactions.md, "Read-only side transactions"). */
+ * *lsn is then the last LSN handed out (read under side_lock, which every
+ * side commit holds while it applies and logs), its sync requested after
+ * the lock is released (docs/transactions.md, "Read-only side transactions"). */
 int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
 {
     if (!tx)
@@ -426,11 +427,12 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
     int fatal = dur_fatal(rt->dur);
     int64_t bad = fatal ? -1 : first_conflict(tx);
     int rc = fatal ? KEEL_EFATAL : bad >= 0 ? KEEL_ECONFLICT : prepare_apply(tx);
+    bool read_only_wait = !rc && !tx->nwrites && rt->dur && tx->mode == KEEL_DURABLE_IMMEDIATE;
     if (!rc && !tx->nwrites) {
         rt->side_commits_tick++;
         rt->stats.commits++;
-        if (rt->dur && tx->mode == KEEL_DURABLE_IMMEDIATE)
-            *lsn = dur_sync_request(rt);
+        if (read_only_wait)
+            *lsn = dur_last_lsn(rt); /* under the lock: every side commit it could have read is below */
     } else if (!rc) {
         uint64_t seq = ++rt->side_seq, tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
         size_t side_off = rt->uow.side_len;
@@ -451,6 +453,8 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
         rt->stats.aborts++;
     }
     pthread_mutex_unlock(&rt->side_lock);
+    if (read_only_wait)
+        dur_sync_request(rt, *lsn);
     if (bad >= 0) {
         const side_read *r = &tx->reads[bad];
         core_fail(KEEL_ECONFLICT, "side transaction in '%s': entity 0x%016llx component '%s' changed since it was read",
