@@ -365,7 +365,9 @@ static int op_spawn(kws_replay *r, uint64_t lsn, const kw_change *ch)
             return corrupt(r, lsn, "a spawn names an unknown or repeated component, or a value of the wrong size");
         seen[ch->comps[k]] = true;
     }
-    if (idx == UINT32_MAX || state_reserve(s, idx))
+    if (idx == UINT32_MAX)
+        return fail(r, "LSN %" PRIu64 ": a spawn with every one of the 2^32 entity slots in use", lsn);
+    if (state_reserve(s, idx))
         return fail_oom(r, "KEEL_ENOMEM: out of memory for %u entity slots", idx);
     kws_ent *e = ent_make(s, ch->n, ch->comps, ch->values);
     if (!e)
@@ -644,8 +646,10 @@ static int set_cmp(const void *a, const void *b)
 static bool sets_repeat(const ckpt_load *l)
 {
     uint64_t(*copy)[4] = malloc(((size_t)l->ntables + 1) * sizeof *copy);
-    if (!copy)
+    if (!copy) { /* unchecked: the command must not end as if it had been */
+        kwt_note_out_of_memory();
         return false;
+    }
     memcpy(copy, l->sets, (size_t)l->ntables * sizeof *copy);
     qsort(copy, l->ntables, sizeof *copy, set_cmp);
     bool rep = false;

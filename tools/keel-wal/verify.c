@@ -238,8 +238,11 @@ static void schema_record(verifier *v, const kw_record *r, const void *payload)
     }
     kw_schema_free(&s);
     unsigned char *copy = malloc(r->len);
-    if (!copy)
+    if (!copy) { /* the stored schema would go unchecked against it */
+        kwt_note_out_of_memory();
+        problem(v, r->lsn, "out of memory keeping the schema record");
         return;
+    }
     memcpy(copy, r->rec, r->len);
     free(v->schema_rec);
     v->schema_rec = copy;
