@@ -161,11 +161,12 @@ uint32_t dur_spans(keel_runtime *rt, struct dur_span *out, uint32_t cap);
 /* The last LSN handed out. */
 uint64_t dur_last_lsn(keel_runtime *rt);
 /* Ask the writer to sync everything up to lsn now (held DEFERRED records
- * included) unless it is durable already: a read-only IMMEDIATE side
- * transaction waits for the last LSN handed out at its commit. Call it
- * outside the side lock (the queue may push back). Without memory for the
- * request the held records still go out with the writer's next sync. */
-void dur_sync_request(keel_runtime *rt, uint64_t lsn);
+ * included) unless it is durable already: dur_wait's flush, and a read-only
+ * IMMEDIATE side transaction, which waits for the last LSN handed out at
+ * its commit. Call it outside the side lock (the queue may push back).
+ * Without memory for the request the held records still go out with the
+ * writer's next sync. 0, or KEEL_EFATAL once the runtime latched. */
+int dur_sync_request(keel_runtime *rt, uint64_t lsn);
 /* The same, recorded as covered by a checkpoint being captured. */
 uint64_t dur_cover(keel_runtime *rt);
 

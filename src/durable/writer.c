@@ -130,11 +130,8 @@ int dur_wait(keel_runtime *rt, uint64_t lsn, bool flush)
                          keel_strerror(atomic_load(&d->fatal)));
     if (!d || atomic_load_explicit(&d->durable_lsn, memory_order_acquire) >= lsn)
         return KEEL_OK;
-    if (flush) { /* held DEFERRED records must go out now */
-        dur_item *f = dur_item_new(DUR_FLUSH, KEEL_DURABLE_IMMEDIATE);
-        if (f && dur_enqueue(rt, f, NULL))
-            return KEEL_EFATAL;
-    }
+    if (flush && dur_sync_request(rt, lsn)) /* held DEFERRED records must go out now */
+        return KEEL_EFATAL;
     pthread_mutex_lock(&d->mu);
     while (atomic_load(&d->durable_lsn) < lsn && !atomic_load(&d->fatal))
         pthread_cond_wait(&d->durable_cv, &d->mu);
@@ -177,14 +174,13 @@ uint64_t dur_last_lsn(keel_runtime *rt)
     return lsn;
 }
 
-void dur_sync_request(keel_runtime *rt, uint64_t lsn)
+int dur_sync_request(keel_runtime *rt, uint64_t lsn)
 {
     dur_state *d = rt->dur;
     if (atomic_load_explicit(&d->durable_lsn, memory_order_acquire) >= lsn)
-        return;
+        return KEEL_OK;
     dur_item *f = dur_item_new(DUR_FLUSH, KEEL_DURABLE_IMMEDIATE);
-    if (f)
-        (void)dur_enqueue(rt, f, NULL); /* fails only once latched fatal: the waiter then learns it */
+    return f && dur_enqueue(rt, f, NULL) ? KEEL_EFATAL : KEEL_OK; /* enqueue fails only once latched fatal */
 }
 
 /* ---- producers ------------------------------------------------------------------------- */

@@ -454,7 +454,7 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
     }
     pthread_mutex_unlock(&rt->side_lock);
     if (read_only_wait)
-        dur_sync_request(rt, *lsn);
+        (void)dur_sync_request(rt, *lsn); /* a latch meanwhile: the wait reports it */
     if (bad >= 0) {
         const side_read *r = &tx->reads[bad];
         core_fail(KEEL_ECONFLICT, "side transaction in '%s': entity 0x%016llx component '%s' changed since it was read",
