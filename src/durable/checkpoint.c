@@ -516,8 +516,7 @@ void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
     if (!rc)
         (void)KEEL_FAILPOINT(CKPT_AFTER_COMMIT);
     pthread_mutex_lock(&d->ckpt_mu);
-    d->ckpt_last_rc = rc;
-    atomic_store_explicit(&d->ckpt_retry, rc == KEEL_ENOMEM, memory_order_relaxed);
+    atomic_store_explicit(&d->ckpt_last_rc, rc, memory_order_relaxed);
     if (rc) {
         uint32_t mine = j->count;
         atomic_compare_exchange_strong(&d->ckpt_count, &mine, j->count - 1);
@@ -639,7 +638,7 @@ int ckpt_wait(keel_runtime *rt)
         pthread_cond_wait(&d->ckpt_cv, &d->ckpt_mu);
     /* the outcome of the checkpoints themselves, not only the latch: a
      * failed one is never reported as taken */
-    int failed = d->ckpt_rc, last = d->ckpt_last_rc;
+    int failed = d->ckpt_rc, last = atomic_load_explicit(&d->ckpt_last_rc, memory_order_relaxed);
     pthread_mutex_unlock(&d->ckpt_mu);
     if (failed || dur_fatal(d))
         return core_fail(KEEL_EFATAL, "the checkpoint was not recorded: the runtime latched fatal (%s)",
@@ -665,7 +664,7 @@ int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force)
     uint64_t now = rt_now_ns(), bytes = atomic_load(&d->wal_bytes);
     /* the last job was abandoned for lack of memory: periodic checkpoints try
      * again at once, and so may keel_checkpoint on the same tick */
-    bool abandoned = atomic_load_explicit(&d->ckpt_retry, memory_order_relaxed);
+    bool abandoned = atomic_load_explicit(&d->ckpt_last_rc, memory_order_relaxed) == KEEL_ENOMEM;
     bool periodic = d->ckpt_every_ticks > 0 || d->ckpt_every_bytes > 0 || d->ckpt_every_seconds > 0;
     bool due = force || (abandoned && periodic) ||
                (d->ckpt_every_ticks > 0 && tick - d->last_ckpt_tick >= (uint64_t)d->ckpt_every_ticks) ||

@@ -114,8 +114,8 @@ typedef struct dur_state {
     bool ckpt_busy;            /* a job is being written */
     int ckpt_rc;               /* the first checkpoint that failed (its code), 0 while none did;
                                   running out of memory is not a failure: see ckpt_last_rc */
-    int ckpt_last_rc;          /* the last job's outcome: 0, or why it was not recorded */
-    _Atomic bool ckpt_retry;   /* the last job was abandoned for lack of memory: the next tick tries again */
+    _Atomic int ckpt_last_rc;  /* the last job's outcome: 0, or why it was not recorded (KEEL_ENOMEM:
+                                  abandoned, the next tick tries again); atomic for ckpt_maybe */
     bool ckpt_quit;
     struct ckpt_stored *stored; /* content hashes of what snap holds (checkpoint thread) */
     /* buffers of an in-flight checkpoint are not freed by view reclamation */

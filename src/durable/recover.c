@@ -381,16 +381,16 @@ static int apply_changes(replay *p, const kw_header *h, const void *payload)
         return core_fail(KEEL_ENOMEM, "out of memory replaying LSN %llu", (unsigned long long)h->lsn);
     kw_change ch;
     while ((rc = kw_decode_next(d, &ch)) == 1) {
-        if (h->kind == KW_KIND_LIFECYCLE)
-            rc = queue_command(p, &ch, expect, &nspawn);
-        else if (!fits(w, ch.component, ch.size))
+        if (h->kind == KW_KIND_LIFECYCLE) {
+            if ((rc = queue_command(p, &ch, expect, &nspawn)) == KEEL_ENOMEM)
+                rc = not_applied(h->lsn, rc, NULL);
+        } else if (!fits(w, ch.component, ch.size)) {
             rc = KEEL_ECORRUPT;
-        else if ((rc = keel_set(w, ch.entity, ch.component, ch.value)))
+        } else if ((rc = keel_set(w, ch.entity, ch.component, ch.value))) {
             rc = not_applied(h->lsn, rc, "a value row does not apply: %s");
+        }
         if (rc == KEEL_ECORRUPT && !strstr(keel_last_error(), "LSN"))
             rc = corrupt(h->lsn, "%s", "a change names an unknown component or has the wrong size");
-        else if (rc == KEEL_ENOMEM && !strstr(keel_last_error(), "LSN")) /* queueing a command */
-            rc = not_applied(h->lsn, rc, NULL);
         if (rc)
             break;
     }
