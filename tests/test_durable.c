@@ -1361,7 +1361,7 @@ START_TEST(test_stats_and_telemetry)
     ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 2910);
     ck_assert_ok(keel_uow_flush(w->rt));
     uint64_t durable = keel_durable_lsn(w->rt);
-    ck_assert_uint_eq(durable, dur_last_lsn(w->rt));
+    ck_assert_uint_eq(durable, dur_last_lsn(w->rt->dur));
     keel_runtime_stats st = stats_of(w->rt);
     ck_assert_uint_gt(st.wal_bytes, 0);
     ck_assert_uint_ge(st.fsyncs, 1);
@@ -1441,7 +1441,7 @@ START_TEST(test_fence_splits_groups)
         w->rewrite = true;
         ck_assert_ok(keel_runtime_step(w->rt));
         ck_assert_berr(&w->err);
-        ck_assert_uint_eq(w->rt->uow.nrows, 20000);
+        ck_assert_uint_eq(w->rt->txn.uow.nrows, 20000);
         hash[k] = keel_world_hash(keel_runtime_world(w->rt));
         b_close(w);
         dir_view v;
@@ -1483,7 +1483,7 @@ START_TEST(test_flush_deferred_and_no_dir)
     for (uint64_t t = 1; t <= 4; t++)
         w_drive(w, t);
     ck_assert_ok(keel_uow_flush(w->rt));
-    uint64_t last = dur_last_lsn(w->rt);
+    uint64_t last = dur_last_lsn(w->rt->dur);
     ck_assert_uint_eq(keel_durable_lsn(w->rt), last);
     ck_assert_ok(keel_uow_flush(w->rt)); /* nothing pending: at once */
     ck_assert_uint_eq(keel_durable_lsn(w->rt), last);
@@ -1671,7 +1671,7 @@ static uint64_t gate_clock(void *user)
     while (!g->open)
         pthread_cond_wait(&g->cv, &g->mu);
     pthread_mutex_unlock(&g->mu);
-    return rt_now_ns();
+    return core_now_ns();
 }
 
 static int gate_sys(keel_ctx *ctx, void *user)
@@ -1906,7 +1906,7 @@ START_TEST(test_durable_lag_while_writer_blocked)
     w_drive(w, 2);
     ck_assert_ok(keel_uow_flush(w->rt));
     uint64_t l0 = keel_durable_lsn(w->rt);
-    ck_assert_uint_eq(l0, dur_last_lsn(w->rt));
+    ck_assert_uint_eq(l0, dur_last_lsn(w->rt->dur));
     uint64_t f0 = stats_of(w->rt).fsyncs;
     keel_entity a[8];
     ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
@@ -1928,7 +1928,7 @@ START_TEST(test_durable_lag_while_writer_blocked)
         ck_assert_uint_gt(r.wal_stored_bytes, 0);
     }
     ck_assert_uint_eq(keel_durable_lsn(w->rt), l0);
-    ck_assert_uint_gt(dur_last_lsn(w->rt), l0);
+    ck_assert_uint_gt(dur_last_lsn(w->rt->dur), l0);
     ck_assert_rc(keel_ticket_wait(tk, 0), KEEL_ETIMEDOUT); /* applied, not yet durable: not acknowledged */
     ck_assert_rc(keel_ticket_wait(rk, 0), KEEL_ETIMEDOUT); /* read-only, but it read the transfer */
     ck_assert_int_eq(ra.value, m0 - 25); /* it ran after the transfer, and saw it */
@@ -1941,7 +1941,7 @@ START_TEST(test_durable_lag_while_writer_blocked)
     ck_assert_ok(keel_ticket_wait(rk, -1));
     keel_ticket_release(rk);
     ck_assert_ok(keel_uow_flush(w->rt));
-    ck_assert_uint_eq(keel_durable_lsn(w->rt), dur_last_lsn(w->rt));
+    ck_assert_uint_eq(keel_durable_lsn(w->rt), dur_last_lsn(w->rt->dur));
     ck_assert_uint_gt(stats_of(w->rt).fsyncs, f0);
     /* everything durable: a read-only IMMEDIATE closure is acknowledged
      * although the writer is stuck again, since it read nothing unsynced */
@@ -2707,7 +2707,7 @@ static int f_sys(keel_ctx *ctx, void *user)
     case F_FENCE_OOM:
         /* the unit of work ran out of memory capturing the tick: the fence
          * cannot log it (txn/uow.c sets this flag when an allocation fails) */
-        ctx->rt->uow.oom = true;
+        ctx->rt->txn.uow.oom = true;
         break;
     }
     return 0;
@@ -2767,7 +2767,7 @@ static void f_prefix(fworld *w, uint64_t *hash, int64_t money[2], uint64_t *lsn)
     *hash = keel_world_hash(keel_runtime_world(w->rt));
     f_money(w, money);
     *lsn = keel_durable_lsn(w->rt);
-    ck_assert_uint_eq(*lsn, dur_last_lsn(w->rt));
+    ck_assert_uint_eq(*lsn, dur_last_lsn(w->rt->dur));
 }
 
 /* Reopen: the runtime is at `tick` with this hash (0: not checked) and

@@ -695,7 +695,7 @@ START_TEST(test_side_left_open_aborted)
         keel_tick_record tr;
         ck_assert_ok(keel_telemetry_tick(rt, (uint64_t)mode + 1, &tr));
         ck_assert_uint_eq(tr.side_txns, mode == 2 ? 1 : 0);
-        ck_assert_uint_eq(rt->uow.nside, mode == 2 ? 1 : 0);
+        ck_assert_uint_eq(rt->txn.uow.nside, mode == 2 ? 1 : 0);
         /* the left-open side transaction counts as aborted (plus the
          * system's rollback when it failed) */
         ck_assert_msg(after.aborts - before.aborts == (mode == 1 ? 2u : 1u),
@@ -725,7 +725,7 @@ typedef struct side_rec {
 /* Decode the unit of work's side records (at most max). */
 static uint32_t read_side_records(const keel_runtime *rt, side_rec *out, uint32_t max)
 {
-    const txn_uow *u = &rt->uow;
+    const txn_uow *u = &rt->txn.uow;
     size_t off = 0, woff = 0;
     uow_side sd;
     uint32_t n = 0;
@@ -836,7 +836,7 @@ START_TEST(test_side_uow_records)
         uint32_t n = read_side_records(rt, r, 8);
         if (t == 3) {
             ck_assert_uint_eq(n, 0); /* the previous tick's records are gone */
-            ck_assert_uint_eq(rt->uow.side_len, 0);
+            ck_assert_uint_eq(rt->txn.uow.side_len, 0);
             continue;
         }
         ck_assert_uint_eq(n, 3);
@@ -1532,7 +1532,7 @@ START_TEST(test_submit_order_and_results)
     /* a second step runs nothing */
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_uint_eq(g_sub.nlog, SUB_THREADS * SUB_PER);
-    ck_assert_uint_eq(rt->uow.nside, 0);
+    ck_assert_uint_eq(rt->txn.uow.nside, 0);
     keel_runtime_close(rt);
 }
 END_TEST
@@ -1584,7 +1584,7 @@ START_TEST(test_submit_during_tick_and_fire_and_forget)
     ck_assert_int_eq(atomic_load(&g_dt.submit_rc), KEEL_OK);
     ck_assert_uint_eq(atomic_load(&g_dt.ran), 0); /* queued for the next tick */
     ck_assert_int_eq(geti(rt, g_dt.e, g_dt.c), 0);
-    ck_assert_uint_eq(rt->uow.nside, 0);
+    ck_assert_uint_eq(rt->txn.uow.nside, 0);
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_uint_eq(atomic_load(&g_dt.ran), 1);
     ck_assert_uint_eq(atomic_load(&g_dt.ran_after_tick), 1); /* ran inside step 2 */

@@ -1540,7 +1540,7 @@ START_TEST(test_snapshot_concurrent_writer)
     install(rt, s);
     /* same phase, no edge between the writer and the snapshot readers; the
      * fresh reader is ordered after the writer */
-    const keel_schedule *sc = rt->sched;
+    const keel_schedule *sc = rt->ex.sched;
     ck_assert(!has_succ(sc, ws, rs) && !has_succ(sc, rs, ws));
     ck_assert(!has_succ(sc, ws, qs) && !has_succ(sc, qs, ws));
     ck_assert(has_succ(sc, ws, fs));
@@ -1678,15 +1678,15 @@ static uint32_t captured(keel_runtime *rt, cap_row *out, uint32_t cap)
     size_t off = 0;
     uow_row r;
     uint32_t n = 0;
-    while (uow_next_row(&rt->uow, &off, &r)) {
+    while (uow_next_row(&rt->txn.uow, &off, &r)) {
         ck_assert_uint_lt(n, cap);
         out[n] = (cap_row){r.entity, r.component, r.size, 0};
         if (r.size == sizeof(uint32_t))
             memcpy(&out[n].v, r.value, sizeof(uint32_t));
         n++;
     }
-    ck_assert_uint_eq(n, rt->uow.nrows);
-    ck_assert(!rt->uow.oom);
+    ck_assert_uint_eq(n, rt->txn.uow.nrows);
+    ck_assert(!rt->txn.uow.oom);
     return n;
 }
 
@@ -1766,7 +1766,7 @@ START_TEST(test_uow_changed_rows_only)
         keel_system qf = add_sys(s, &(keel_system_desc){.name = "qfail", .run = uow_qfail, .user = &p,
                                                         .access = {.writes = {p.Q}}});
         install(rt, s);
-        rt->uow.capture = true;
+        rt->txn.uow.capture = true;
 
         ck_assert_ok(keel_runtime_step(rt));
         ck_assert_uint_eq(atomic_load(&p.bad), 0);
@@ -1879,7 +1879,7 @@ START_TEST(test_uow_changed_rows_every_size)
     keel_schedule *s = sched_new(rt);
     add_sys(s, &sys);
     install(rt, s);
-    rt->uow.capture = true;
+    rt->txn.uow.capture = true;
     ck_assert_ok(keel_runtime_step(rt));
 
     /* in component order (registration), then row order */
@@ -1891,7 +1891,7 @@ START_TEST(test_uow_changed_rows_every_size)
         for (uint32_t i = 0; i < DIFF_N; i++) {
             if (!diff_changed(k, i))
                 continue;
-            ck_assert_msg(uow_next_row(&rt->uow, &off, &r), "size %u: row %u missing", diff_sizes[k], i);
+            ck_assert_msg(uow_next_row(&rt->txn.uow, &off, &r), "size %u: row %u missing", diff_sizes[k], i);
             ck_assert_uint_eq(r.component, p.c[k]);
             ck_assert_uint_eq(r.size, diff_sizes[k]);
             ck_assert_msg(r.entity == p.ents[i], "size %u: row %u expected, another captured", diff_sizes[k], i);
@@ -1899,8 +1899,8 @@ START_TEST(test_uow_changed_rows_every_size)
             ck_assert(memcmp(r.value, want, diff_sizes[k]) == 0);
             n++;
         }
-    ck_assert(!uow_next_row(&rt->uow, &off, &r)); /* nothing else */
-    ck_assert_uint_eq(rt->uow.nrows, n);
+    ck_assert(!uow_next_row(&rt->txn.uow, &off, &r)); /* nothing else */
+    ck_assert_uint_eq(rt->txn.uow.nrows, n);
     keel_runtime_close(rt);
 }
 END_TEST
@@ -1953,7 +1953,7 @@ START_TEST(test_uow_single_version_and_transient)
     keel_system fs = add_sys(s, &(keel_system_desc){.name = "svtfail", .run = svt_fail, .user = &p,
                                                     .after = {"svt"}, .access = {.writes = {p.S, p.V}}});
     install(rt, s);
-    rt->uow.capture = true;
+    rt->txn.uow.capture = true;
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_int_eq(p.bad, 0);
     ck_assert_int_eq(sysrec(rt, 1, fs).skip, KEEL_SKIP_FAILED);
@@ -2035,11 +2035,11 @@ START_TEST(test_uow_lifecycle_log)
     add_sys(s, &(keel_system_desc){.name = "bad", .run = life_bad, .user = &p});
     add_sys(s, &(keel_system_desc){.name = "a", .run = life_a, .user = &p});
     install(rt, s);
-    rt->uow.capture = true;
+    rt->txn.uow.capture = true;
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_int_eq(atomic_load(&p.bad), 0);
 
-    const world_lifecycle_log *log = &rt->uow.lifecycle;
+    const world_lifecycle_log *log = &rt->txn.uow.lifecycle;
     ck_assert_uint_eq(log->count, 5);
     size_t off = 0;
     world_lifecycle_op op;
@@ -2093,7 +2093,7 @@ START_TEST(test_uow_lifecycle_log)
 
     /* next tick: only the failing system records, nothing is logged */
     ck_assert_ok(keel_runtime_step(rt));
-    ck_assert_uint_eq(rt->uow.lifecycle.count, 0);
+    ck_assert_uint_eq(rt->txn.uow.lifecycle.count, 0);
     ck_assert_uint_eq(keel_world_count(w), 5);
     keel_runtime_close(rt);
 }
@@ -2131,7 +2131,7 @@ START_TEST(test_uow_hook_rows_first)
     keel_schedule *s = sched_new(rt);
     add_sys(s, &(keel_system_desc){.name = "sys", .run = uhook_sys, .user = &p, .access = {.writes = {p.P}}});
     install(rt, s);
-    rt->uow.capture = true;
+    rt->txn.uow.capture = true;
     ck_assert_ok(keel_runtime_step(rt));
     cap_row rows[8];
     uint32_t n = captured(rt, rows, 8);
@@ -2142,9 +2142,9 @@ START_TEST(test_uow_hook_rows_first)
     ck_assert_uint_eq(rows[1].v, 1717);
     size_t off = 0;
     uow_row r;
-    ck_assert(uow_next_row(&rt->uow, &off, &r));
-    ck_assert_uint_eq(off, rt->uow.hook_rows_end);
-    ck_assert_uint_eq(rt->uow.lifecycle.count, 1); /* the hook's spawn */
+    ck_assert(uow_next_row(&rt->txn.uow, &off, &r));
+    ck_assert_uint_eq(off, rt->txn.uow.hook_rows_end);
+    ck_assert_uint_eq(rt->txn.uow.lifecycle.count, 1); /* the hook's spawn */
     keel_runtime_close(rt);
 }
 END_TEST
@@ -2213,7 +2213,7 @@ static void run_pd(int workers, pd_result *res)
                                                 .access = {.writes = {comps[k]}}});
     add_sys(s, &(keel_system_desc){.name = "cd", .run = pd_cb, .user = &p, .access = {.writes = {p.D}}});
     install(rt, s);
-    rt->uow.capture = true;
+    rt->txn.uow.capture = true;
     res->rows = malloc(PD_TICKS * 4 * PD_N * sizeof *res->rows);
     ck_assert_ptr_nonnull(res->rows);
     res->n = 0;

@@ -7,6 +7,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <time.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -44,6 +45,35 @@ void core_thread_name(pthread_t thread, const char *fmt, ...) CORE_PRINTF(2, 3);
 /* Test hook: replace the monotonic clock (nanoseconds) the rate limiter
  * reads; NULL restores CLOCK_MONOTONIC. Also forgets all rate-limit state. */
 void core_log_set_clock(uint64_t (*now_ns)(void));
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+static inline uint64_t core_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The worker pool as the layers below runtime/ see it: run fn(arg, i,
+ * worker) for every i in [0, n) on the pool's workers and return when all
+ * ran. runtime/ hands one in (sched/dispatch.c runs it); `workers` bounds
+ * the worker index. A zeroed pool runs everything on the caller. */
+typedef void (*core_task_fn)(void *arg, uint32_t i, uint32_t worker);
+typedef struct core_pool {
+    void (*run)(void *self, uint32_t n, core_task_fn fn, void *arg);
+    void *self;
+    uint32_t workers;
+} core_pool;
+
+static inline void core_pool_run(const core_pool *p, uint32_t n, core_task_fn fn, void *arg)
+{
+    if (p->run && n > 1) {
+        p->run(p->self, n, fn, arg);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        fn(arg, i, 0);
+}
 
 #include "core/hash.h"
 

@@ -40,7 +40,6 @@
 #include "core/core.h"
 #include "core/failpoint.h"
 #include "durable/durable_internal.h"
-#include "runtime/runtime_internal.h"
 
 /* ---- the stored-content map (key -> payload hash), under ckpt_mu --------------------- */
 
@@ -162,14 +161,13 @@ static void pin_add(dur_pin *p, void *buf)
     }
 }
 
-bool dur_pin_active(keel_runtime *rt)
+bool dur_pin_active(dur_state *d)
 {
-    return rt->dur && atomic_load_explicit(&rt->dur->pin, memory_order_acquire);
+    return d && atomic_load_explicit(&d->pin, memory_order_acquire);
 }
 
-bool dur_pin_hold(keel_runtime *rt, void *buf)
+bool dur_pin_hold(dur_state *d, void *buf)
 {
-    dur_state *d = rt->dur;
     if (!d || !atomic_load_explicit(&d->pin, memory_order_acquire))
         return false;
     pthread_mutex_lock(&d->pin_mu);
@@ -309,9 +307,9 @@ static int tables_payload(const keel_world *w, kw_buf *b)
 }
 
 /* Build the job of the completed tick from the live (just published) world. */
-static int capture(keel_runtime *rt, uint64_t tick, ckpt_job **out)
+static int capture(dur_state *d, uint64_t tick, ckpt_job **out)
 {
-    keel_world *w = rt->world;
+    keel_world *w = d->world;
     uint32_t nchunks = 0, nbufs = w->npages;
     for (uint32_t id = 0; id < w->ntables; id++) {
         nchunks += w->tables[id]->nchunks;
@@ -355,7 +353,7 @@ static int capture(keel_runtime *rt, uint64_t tick, ckpt_job **out)
         j->pages[p] = w->pages[p];
         pin_add(pin, w->pages[p]);
     }
-    atomic_store_explicit(&rt->dur->pin, pin, memory_order_release);
+    atomic_store_explicit(&d->pin, pin, memory_order_release);
     *out = j;
     return KEEL_OK;
 }
@@ -431,9 +429,8 @@ static bool listed(const ckpt_job *j, uint64_t code)
     return false;
 }
 
-static int serialize(keel_runtime *rt, ckpt_job *j, kw_codec_ctx *c)
+static int serialize(dur_state *d, ckpt_job *j, kw_codec_ctx *c)
 {
-    dur_state *d = rt->dur;
     kw_buf b = {0};
     int rc = add_put(d, j, c, key_code("T", 1), &j->tables, KW_KIND_SNAP_TABLES);
     for (uint32_t p = 0; !rc && p < j->npages; p++) {
@@ -510,9 +507,8 @@ int ckpt_write(kw_wtxn *txn, ckpt_job *j, bool retain)
  * directory: the WAL still holds everything it would have covered, so
  * nothing latches, its number is free again, and only the keel_checkpoint
  * that waits for it learns the code (ckpt_last_rc). */
-void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
+void ckpt_committed(dur_state *d, ckpt_job *j, int rc)
 {
-    dur_state *d = rt->dur;
     if (!rc)
         (void)KEEL_FAILPOINT(CKPT_AFTER_COMMIT);
     pthread_mutex_lock(&d->ckpt_mu);
@@ -543,8 +539,7 @@ void ckpt_committed(keel_runtime *rt, ckpt_job *j, int rc)
 
 static void *ckpt_main(void *arg)
 {
-    keel_runtime *rt = arg;
-    dur_state *d = rt->dur;
+    dur_state *d = arg;
     kw_codec_ctx *c = NULL;
     kw_codec_desc cd = {.level = d->zstd_level};
     pthread_mutex_lock(&d->ckpt_mu);
@@ -557,7 +552,7 @@ static void *ckpt_main(void *arg)
             break;
         pthread_mutex_unlock(&d->ckpt_mu);
         int rc = c ? KEEL_OK : kw_codec_create(&cd, &c); /* made again if it could not be made before */
-        rc = rc ? rc : serialize(rt, j, c);
+        rc = rc ? rc : serialize(d, j, c);
         if (!rc)
             (void)KEEL_FAILPOINT(CKPT_AFTER_SERIALIZE);
         if (!rc) {
@@ -569,7 +564,7 @@ static void *ckpt_main(void *arg)
             rc = it ? kw_record_build_unsealed(c, &it->recs, KW_KIND_CHECKPOINT, j->tick, 0, mp, sizeof mp) : KEEL_ENOMEM;
             if (!rc) {
                 it->ckpt = j;
-                rc = dur_enqueue(rt, it, NULL); /* the writer calls ckpt_committed */
+                rc = dur_enqueue(d, it, NULL); /* the writer calls ckpt_committed */
                 j = NULL;
             } else {
                 dur_item_free(it);
@@ -582,8 +577,8 @@ static void *ckpt_main(void *arg)
             core_log(oom ? KEEL_LOG_WARN : KEEL_LOG_ERROR, "ckpt", oom ? "skipped" : "failed", "tick=%llu code=%s",
                      (unsigned long long)j->tick, keel_strerror(rc));
             if (!oom && rc != KEEL_EFATAL)
-                dur_latch_fatal(rt, rc);
-            ckpt_committed(rt, j, rc);
+                dur_latch_fatal(d, rc);
+            ckpt_committed(d, j, rc);
         }
         pthread_mutex_lock(&d->ckpt_mu);
     }
@@ -592,19 +587,17 @@ static void *ckpt_main(void *arg)
     return NULL;
 }
 
-int ckpt_start(keel_runtime *rt)
+int ckpt_start(dur_state *d)
 {
-    dur_state *d = rt->dur;
-    if (pthread_create(&d->ckpt_thread, NULL, ckpt_main, rt))
+    if (pthread_create(&d->ckpt_thread, NULL, ckpt_main, d))
         return core_fail(KEEL_ENOMEM, "cannot start the checkpoint thread");
     core_thread_name(d->ckpt_thread, "keel-checkpoint");
     d->ckpt_thread_running = true;
     return KEEL_OK;
 }
 
-void ckpt_stop(keel_runtime *rt)
+void ckpt_stop(dur_state *d)
 {
-    dur_state *d = rt->dur;
     if (!d->ckpt_thread_running)
         return;
     pthread_mutex_lock(&d->ckpt_mu);
@@ -630,9 +623,8 @@ void ckpt_fini(dur_state *d)
     }
 }
 
-int ckpt_wait(keel_runtime *rt)
+int ckpt_wait(dur_state *d)
 {
-    dur_state *d = rt->dur;
     pthread_mutex_lock(&d->ckpt_mu);
     while ((d->ckpt_busy || d->ckpt_next) && !dur_fatal(d))
         pthread_cond_wait(&d->ckpt_cv, &d->ckpt_mu);
@@ -649,19 +641,17 @@ int ckpt_wait(keel_runtime *rt)
     return KEEL_OK;
 }
 
-bool ckpt_active(keel_runtime *rt)
+bool ckpt_active(dur_state *d)
 {
-    dur_state *d = rt->dur;
     pthread_mutex_lock(&d->ckpt_mu);
     bool busy = d->ckpt_busy || d->ckpt_next;
     pthread_mutex_unlock(&d->ckpt_mu);
     return busy;
 }
 
-int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force)
+int ckpt_maybe(dur_state *d, uint64_t tick, bool force)
 {
-    dur_state *d = rt->dur;
-    uint64_t now = rt_now_ns(), bytes = atomic_load(&d->wal_bytes);
+    uint64_t now = core_now_ns(), bytes = atomic_load(&d->wal_bytes);
     /* the last job was abandoned for lack of memory: periodic checkpoints try
      * again at once, and so may keel_checkpoint on the same tick */
     bool abandoned = atomic_load_explicit(&d->ckpt_last_rc, memory_order_relaxed) == KEEL_ENOMEM;
@@ -678,13 +668,13 @@ int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force)
     if (busy && !force)
         return KEEL_OK; /* one at a time; the next tick asks again */
     int rc;
-    if (busy && (rc = ckpt_wait(rt)) && rc != KEEL_ENOMEM) /* the previous job's lack of memory is not ours */
+    if (busy && (rc = ckpt_wait(d)) && rc != KEEL_ENOMEM) /* the previous job's lack of memory is not ours */
         return KEEL_EFATAL;
     ckpt_job *j = NULL;
-    rc = capture(rt, tick, &j);
+    rc = capture(d, tick, &j);
     if (rc)
         return rc;
-    j->covered_lsn = dur_cover(rt);
+    j->covered_lsn = dur_cover(d);
     j->count = d->ckpt_count + 1;
     (void)KEEL_FAILPOINT(CKPT_AFTER_CAPTURE);
     d->last_ckpt_tick = tick;

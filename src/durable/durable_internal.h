@@ -1,5 +1,5 @@
 /*
- * durable/durable_internal.h -- durability (SPEC §8): the fence that turns
+ * durable/durable_internal.h -- durability: the fence that turns
  * a tick's unit of work into WAL records (fence.c), the WAL writer thread
  * with group commit (writer.c), checkpoints (checkpoint.c) and recovery at
  * open (recover.c). docs/durability.md describes the protocols; the record
@@ -19,11 +19,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/core.h"
 #include "keel/durability.h"
 #include "keel/txn.h"
 #include "keel_wal/wal.h"
+#include "txn/txn_internal.h"
+#include "world/world_internal.h"
 
-typedef struct keel_runtime keel_runtime;
 typedef struct ckpt_job ckpt_job;
 
 /* What the writer commits: a run of sealed records (one tick's batch, the
@@ -54,6 +56,11 @@ typedef struct dur_pin dur_pin;
 #define DUR_SPANS 1024                  /* writer commits kept for the trace */
 
 typedef struct dur_state {
+    keel_world *world;
+    txn_state *txn;            /* whose unit of work the fence logs */
+    core_pool pool;            /* the fence's parallel serialisation */
+    char *dir;                 /* the data directory */
+    keel_durable_desc desc;    /* as configured (dir: this dir) */
     kw_store *store;
     keel_durability mode;      /* the runtime's mode for ticks */
     kw_codec_ctx **codec;      /* one per worker (fence tasks) */
@@ -123,6 +130,11 @@ typedef struct dur_state {
     _Atomic(dur_pin *) pin;
 
     int zstd_level;
+
+    /* the fence (tick thread) */
+    uint32_t fence_rows_from;  /* the hook's unit was logged up to this group of the unit of work */
+    size_t fence_life_from;    /* ... and up to here in its lifecycle log */
+    uint64_t fence_raw_bytes, fence_stored_bytes; /* of the last unit */
 } dur_state;
 
 #define DUR_DEFER_MAX_BYTES (8u << 20)
@@ -134,93 +146,114 @@ typedef struct dur_state {
 
 /* ---- writer.c ------------------------------------------------------------------------ */
 
-int dur_writer_start(keel_runtime *rt);
+int dur_writer_start(dur_state *d);
 /* Drain the queue (every held record committed) and stop the writer. */
-void dur_writer_stop(keel_runtime *rt);
+void dur_writer_stop(dur_state *d);
 /* Seal the records in item->recs with consecutive LSNs and queue the item
  * (the writer owns it afterwards); *last_lsn (may be NULL) receives the
  * last LSN handed out. Errors: KEEL_EFATAL (item freed). */
-int dur_enqueue(keel_runtime *rt, dur_item *item, uint64_t *last_lsn);
+int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn);
 dur_item *dur_item_new(dur_item_kind kind, keel_durability mode);
 void dur_item_free(dur_item *it);
 /* Wait until lsn is durable; `flush` forces held DEFERRED records out
  * (keel_uow_flush, close) -- an IMMEDIATE or GROUP record needs no flush.
  * 0, or KEEL_EFATAL. */
-int dur_wait(keel_runtime *rt, uint64_t lsn, bool flush);
+int dur_wait(dur_state *d, uint64_t lsn, bool flush);
 /* Run done(arg, rc) once lsn is durable (at once when it is): rc 0, or
  * KEEL_EFATAL when the runtime latched before. */
-void dur_when_durable(keel_runtime *rt, uint64_t lsn, void (*done)(void *arg, int rc), void *arg);
+void dur_when_durable(dur_state *d, uint64_t lsn, void (*done)(void *arg, int rc), void *arg);
 /* Latch the fatal state (first code wins), wake every waiter. */
-void dur_latch_fatal(keel_runtime *rt, int rc);
+void dur_latch_fatal(dur_state *d, int rc);
 static inline int dur_fatal(const dur_state *d)
 {
     return d ? atomic_load_explicit(&((dur_state *)d)->fatal, memory_order_acquire) : 0;
 }
 /* Copy up to cap of the writer's most recent commits (oldest first). */
-uint32_t dur_spans(keel_runtime *rt, struct dur_span *out, uint32_t cap);
+uint32_t dur_spans(dur_state *d, struct dur_span *out, uint32_t cap);
 /* The last LSN handed out. */
-uint64_t dur_last_lsn(keel_runtime *rt);
+uint64_t dur_last_lsn(dur_state *d);
 /* Ask the writer to sync everything up to lsn now (held DEFERRED records
  * included) unless it is durable already: dur_wait's flush, and a read-only
  * IMMEDIATE side transaction, which waits for the last LSN handed out at
  * its commit. Call it outside the side lock (the queue may push back).
  * Without memory for the request the held records still go out with the
  * writer's next sync. 0, or KEEL_EFATAL once the runtime latched. */
-int dur_sync_request(keel_runtime *rt, uint64_t lsn);
+int dur_sync_request(dur_state *d, uint64_t lsn);
 /* The same, recorded as covered by a checkpoint being captured. */
-uint64_t dur_cover(keel_runtime *rt);
+uint64_t dur_cover(dur_state *d);
 
 /* ---- fence.c ----------------------------------------------------------------------- */
 
 /* Turn the tick's unit of work into records and queue them (after the sync
  * point). Parallel on the workers. Errors: KEEL_EFATAL, KEEL_ENOMEM (the
  * runtime latches: a tick that cannot be logged must not be acknowledged). */
-int fence_tick(keel_runtime *rt, uint64_t tick);
+int fence_tick(dur_state *d, uint64_t tick);
+/* A tick starts: nothing of its unit of work is logged yet. */
+void fence_tick_start(dur_state *d);
 /* on_first_tick's unit: its value rows and its commands, flagged HOOK. */
-int fence_hook(keel_runtime *rt, uint64_t tick);
+int fence_hook(dur_state *d, uint64_t tick);
 /* The commands keel_runtime_sync_retry applied (lifecycle log from
  * life_from): a unit of their own for `tick` (HOOK: the hook's commands). */
-int fence_retry(keel_runtime *rt, uint64_t tick, bool hook, size_t life_from);
+int fence_retry(dur_state *d, uint64_t tick, bool hook, size_t life_from);
 /* Encode and queue one side transaction (under side_lock, after it applied). */
-int fence_side(keel_runtime *rt, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn);
+int fence_side(dur_state *d, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn);
 /* Free the fence's scratch (at close). */
 void fence_fini(dur_state *d);
 /* Serialise a SCHEMA payload of the world's components. */
-int fence_schema_payload(keel_runtime *rt, kw_buf *out);
+int fence_schema_payload(dur_state *d, kw_buf *out);
 
 /* ---- checkpoint.c ------------------------------------------------------------------ */
 
-int ckpt_start(keel_runtime *rt);
-void ckpt_stop(keel_runtime *rt);
+int ckpt_start(dur_state *d);
+void ckpt_stop(dur_state *d);
 void ckpt_fini(dur_state *d);
 /* Tick end: take a checkpoint of the completed tick when one is due
  * (force: now). Never stalls for the writing; copies SINGLE_VERSION data. */
-int ckpt_maybe(keel_runtime *rt, uint64_t tick, bool force);
+int ckpt_maybe(dur_state *d, uint64_t tick, bool force);
 /* Wait until every checkpoint taken so far is committed: 0, or
  * KEEL_EFATAL when one failed or the runtime latched. */
-int ckpt_wait(keel_runtime *rt);
+int ckpt_wait(dur_state *d);
 /* True while a checkpoint is in progress: captured and not yet recorded
  * (telemetry's per-tick flag). */
-bool ckpt_active(keel_runtime *rt);
+bool ckpt_active(dur_state *d);
 /* The writer's part, inside its write transaction (after it appended the
  * job's CHECKPOINT marker): snap puts and deletes, meta, covered WAL. */
 int ckpt_write(kw_wtxn *txn, ckpt_job *job, bool retain);
 /* After the writer committed (rc 0) or failed. */
-void ckpt_committed(keel_runtime *rt, ckpt_job *job, int rc);
+void ckpt_committed(dur_state *d, ckpt_job *job, int rc);
 void ckpt_job_free(ckpt_job *job);
 /* View reclamation: true when buf belongs to an in-flight checkpoint (it
  * is then freed when the checkpoint has read it). */
-bool dur_pin_hold(keel_runtime *rt, void *buf);
+bool dur_pin_hold(dur_state *d, void *buf);
 /* A checkpoint pins published buffers now (the publisher's question only:
  * pins are taken on its thread, so the answer cannot turn true under it). */
-bool dur_pin_active(keel_runtime *rt);
+bool dur_pin_active(dur_state *d);
 /* Record what a loaded snap chunk holds (recovery), so the next checkpoint
  * skips it when unchanged. */
 int ckpt_stored_note(dur_state *d, const void *key, size_t klen, uint64_t hash);
 
 /* ---- recover.c --------------------------------------------------------------------- */
 
-int dur_open(keel_runtime *rt, keel_recovery *out);
-void dur_close(keel_runtime *rt);
+/* What opening a data directory needs from the runtime. */
+typedef struct dur_open_desc {
+    const char *dir;
+    const keel_durable_desc *desc;
+    keel_durability mode;      /* the runtime's default (resolved) */
+    keel_world *world;
+    txn_state *txn;
+    core_pool pool;            /* pool.workers: one codec context per worker */
+} dur_open_desc;
+
+/* Open the data directory, recover it into the world (checkpoint + WAL
+ * replay), start the writer and checkpoint threads. *out is set as soon as
+ * the state exists, also on failure: the caller closes it. */
+int dur_open(const dur_open_desc *o, dur_state **out, keel_recovery *rec);
+void dur_close(dur_state *d);
+
+/* ---- log.c ------------------------------------------------------------------------- */
+
+/* The transaction layer's logging interface, implemented on a dur_state
+ * (self). */
+extern const txn_log_ops dur_txn_log;
 
 #endif

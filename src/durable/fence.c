@@ -1,7 +1,7 @@
 /*
  * durable/fence.c -- the fence: a tick's unit of work becomes WAL records.
  *
- * Engine-Post, after the sync point (SPEC §6 step 4), as a small DAG:
+ * Engine-Post, after the sync point (the tick's step 4), as a small DAG:
  *   prep      (tick thread) cut the captured groups (txn/uow.c: already in
  *             the TICK_CHUNK group layout, captured on the workers) into an
  *             even number of equal segments of at most about
@@ -37,7 +37,6 @@
 #include "core/core.h"
 #include "core/failpoint.h"
 #include "durable/durable_internal.h"
-#include "runtime/runtime_internal.h"
 
 _Static_assert((int)WORLD_OP_SPAWN == (int)KW_OP_SPAWN && (int)WORLD_OP_DESTROY == (int)KW_OP_DESTROY &&
                    (int)WORLD_OP_ADD == (int)KW_OP_ADD && (int)WORLD_OP_REMOVE == (int)KW_OP_REMOVE,
@@ -98,7 +97,7 @@ static int rows_payload(const txn_uow *u, const fence_seg *s, kw_buf *out)
 /* ---- parallel serialisation ----------------------------------------------------------- */
 
 typedef struct fence_job {
-    keel_runtime *rt;
+    dur_state *d;
     uint64_t tick;
     uint32_t flags;
     fence_seg *segs;
@@ -108,10 +107,10 @@ static void serialize_task(void *arg, uint32_t i, uint32_t worker)
 {
     fence_job *j = arg;
     fence_seg *s = &j->segs[i];
-    dur_state *d = j->rt->dur;
+    dur_state *d = j->d;
     kw_buf *payload = &d->fence_payload[worker % d->ncodec];
     s->rec.len = 0;
-    s->rc = rows_payload(&j->rt->uow, s, payload);
+    s->rc = rows_payload(&d->txn->uow, s, payload);
     if (!s->rc)
         s->rc = kw_record_build_unsealed(d->codec[worker % d->ncodec], &s->rec, KW_KIND_TICK_CHUNK, j->tick, j->flags,
                                          payload->p, payload->len);
@@ -242,10 +241,10 @@ static int op_payload(kw_buf *out, const keel_world *w, const world_lifecycle_op
 }
 
 /* Append LIFECYCLE records for the log from offset `from` to out. */
-static int lifecycle_records(keel_runtime *rt, kw_codec_ctx *c, size_t from, uint64_t tick, uint32_t flags,
+static int lifecycle_records(dur_state *d, kw_codec_ctx *c, size_t from, uint64_t tick, uint32_t flags,
                              kw_buf *scratch, kw_buf *out, uint32_t *nrec, uint64_t *raw)
 {
-    const world_lifecycle_log *log = &rt->uow.lifecycle;
+    const world_lifecycle_log *log = &d->txn->uow.lifecycle;
     size_t off = from;
     world_lifecycle_op op;
     int rc = KEEL_OK;
@@ -255,7 +254,7 @@ static int lifecycle_records(keel_runtime *rt, kw_codec_ctx *c, size_t from, uin
         uint32_t nops = 0;
         rc = kw_put_u32(scratch, 0);
         while (!rc && more && scratch->len < DUR_RECORD_TARGET) {
-            rc = op_payload(scratch, rt->world, &op);
+            rc = op_payload(scratch, d->world, &op);
             nops++;
             more = world_lifecycle_next(log, &off, &op);
         }
@@ -270,13 +269,13 @@ static int lifecycle_records(keel_runtime *rt, kw_codec_ctx *c, size_t from, uin
     return rc;
 }
 
-static int commit_marker(keel_runtime *rt, kw_codec_ctx *c, uint64_t tick, uint32_t flags, uint32_t nrec, kw_buf *out)
+static int commit_marker(dur_state *d, kw_codec_ctx *c, uint64_t tick, uint32_t flags, uint32_t nrec, kw_buf *out)
 {
     unsigned char p[16];
     kw_buf b = {p, 0, sizeof p};
     kw_put_u32(&b, nrec);
-    kw_put_u32(&b, rt->world->nlive);
-    kw_put_u32(&b, rt->world->nslots);
+    kw_put_u32(&b, d->world->nlive);
+    kw_put_u32(&b, d->world->nslots);
     kw_put_u32(&b, 0);
     return kw_record_build_unsealed(c, out, KW_KIND_TICK_COMMIT, tick, flags, p, sizeof p);
 }
@@ -312,21 +311,20 @@ void fence_fini(dur_state *d)
 }
 
 /* One unit: value rows [rows_from, rows_to), lifecycle from life_from. */
-static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, uint32_t rows_from, uint32_t rows_to,
+static int fence_unit(dur_state *d, uint64_t tick, uint32_t flags, uint32_t rows_from, uint32_t rows_to,
                       size_t life_from, bool parallel)
 {
-    dur_state *d = rt->dur;
-    if (rt->uow.oom)
+    if (d->txn->uow.oom)
         return core_fail(KEEL_ENOMEM, "tick %llu: the unit of work ran out of memory; its changes cannot be logged",
                          (unsigned long long)tick);
-    uint32_t nseg = cut_segments(d, &rt->uow, rows_from, rows_to);
+    uint32_t nseg = cut_segments(d, &d->txn->uow, rows_from, rows_to);
     if (nseg == UINT32_MAX)
         return core_fail(KEEL_ENOMEM, "out of memory in the fence");
     fence_seg *segs = d->segs;
     (void)KEEL_FAILPOINT(FENCE_AFTER_PREP);
-    fence_job job = {rt, tick, flags, segs};
-    if (parallel && nseg > 1)
-        dispatch_for(rt, nseg, serialize_task, &job);
+    fence_job job = {d, tick, flags, segs};
+    if (parallel)
+        core_pool_run(&d->pool, nseg, serialize_task, &job);
     else
         for (uint32_t i = 0; i < nseg; i++)
             serialize_task(&job, i, 0);
@@ -339,10 +337,10 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, uint32_t 
     for (uint32_t i = 0; i < nseg; i++)
         raw += segs[i].raw;
     if (!rc)
-        rc = lifecycle_records(rt, d->codec[0], life_from, tick, flags, &scratch, &item->recs, &nrec, &raw);
+        rc = lifecycle_records(d, d->codec[0], life_from, tick, flags, &scratch, &item->recs, &nrec, &raw);
     kw_buf_free(&scratch);
     if (!rc)
-        rc = commit_marker(rt, d->codec[0], tick, flags, nrec, &item->recs);
+        rc = commit_marker(d, d->codec[0], tick, flags, nrec, &item->recs);
     if (rc) {
         dur_item_free(item);
         return rc;
@@ -351,38 +349,42 @@ static int fence_unit(keel_runtime *rt, uint64_t tick, uint32_t flags, uint32_t 
         item->tick = tick;
     item->empty_tick = nrec == 0 && !(flags & KW_FLAG_HOOK);
     atomic_fetch_add(&d->wal_raw_bytes, raw);
-    rt->fence_raw_bytes = raw;
-    rt->fence_stored_bytes = item->recs.len;
+    d->fence_raw_bytes = raw;
+    d->fence_stored_bytes = item->recs.len;
     (void)KEEL_FAILPOINT(FENCE_BEFORE_ENQUEUE);
-    return dur_enqueue(rt, item, NULL);
+    return dur_enqueue(d, item, NULL);
 }
 
-int fence_hook(keel_runtime *rt, uint64_t tick)
+void fence_tick_start(dur_state *d)
 {
-    int rc = fence_unit(rt, tick, KW_FLAG_HOOK, 0, rt->uow.hook_rows_end, 0, false);
-    rt->fence_rows_from = rt->uow.ngroups;
-    rt->fence_life_from = rt->uow.lifecycle.len;
+    d->fence_rows_from = d->fence_life_from = 0;
+}
+
+int fence_hook(dur_state *d, uint64_t tick)
+{
+    int rc = fence_unit(d, tick, KW_FLAG_HOOK, 0, d->txn->uow.hook_rows_end, 0, false);
+    d->fence_rows_from = d->txn->uow.ngroups;
+    d->fence_life_from = d->txn->uow.lifecycle.len;
     return rc;
 }
 
-int fence_retry(keel_runtime *rt, uint64_t tick, bool hook, size_t life_from)
+int fence_retry(dur_state *d, uint64_t tick, bool hook, size_t life_from)
 {
-    return fence_unit(rt, tick, hook ? KW_FLAG_HOOK : 0, rt->uow.ngroups, rt->uow.ngroups, life_from, false);
+    return fence_unit(d, tick, hook ? KW_FLAG_HOOK : 0, d->txn->uow.ngroups, d->txn->uow.ngroups, life_from, false);
 }
 
-int fence_tick(keel_runtime *rt, uint64_t tick)
+int fence_tick(dur_state *d, uint64_t tick)
 {
-    int rc = fence_unit(rt, tick, 0, rt->fence_rows_from, rt->uow.ngroups, rt->fence_life_from, true);
-    rt->fence_rows_from = rt->fence_life_from = 0;
+    int rc = fence_unit(d, tick, 0, d->fence_rows_from, d->txn->uow.ngroups, d->fence_life_from, true);
+    d->fence_rows_from = d->fence_life_from = 0;
     return rc;
 }
 
 /* ---- side transactions -------------------------------------------------------------- */
 
-int fence_side(keel_runtime *rt, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn)
+int fence_side(dur_state *d, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn)
 {
-    dur_state *d = rt->dur;
-    const txn_uow *u = &rt->uow;
+    const txn_uow *u = &d->txn->uow;
     uow_side s;
     size_t off = side_off, writes;
     if (!uow_next_side(u, &off, &s, &writes))
@@ -409,14 +411,14 @@ int fence_side(keel_runtime *rt, uint64_t seq, keel_durability mode, uint64_t ti
         return rc;
     }
     atomic_fetch_add(&d->wal_raw_bytes, p->len);
-    return dur_enqueue(rt, item, lsn); /* frees item on failure */
+    return dur_enqueue(d, item, lsn); /* frees item on failure */
 }
 
 /* ---- schema ------------------------------------------------------------------------- */
 
-int fence_schema_payload(keel_runtime *rt, kw_buf *out)
+int fence_schema_payload(dur_state *d, kw_buf *out)
 {
-    const keel_world *w = rt->world;
+    const keel_world *w = d->world;
     kw_schema s = {.ncomps = w->ncomps, .comps = calloc(w->ncomps ? w->ncomps : 1, sizeof(kw_component))};
     if (!s.comps)
         return core_fail(KEEL_ENOMEM, "out of memory encoding the schema");

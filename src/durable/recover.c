@@ -26,7 +26,6 @@
 #include "core/core.h"
 #include "core/failpoint.h"
 #include "durable/durable_internal.h"
-#include "runtime/runtime_internal.h"
 
 /* ---- schema ------------------------------------------------------------------------ */
 
@@ -60,7 +59,7 @@ static int check_component(const keel_world *w, const kw_component *k)
 
 /* 1 when the registered schema extends the stored one (write it), 0 when
  * equal, or an error. */
-static int check_schema(keel_runtime *rt, kw_rtxn *r, kw_codec_ctx *c)
+static int check_schema(dur_state *d, kw_rtxn *r, kw_codec_ctx *c)
 {
     const void *val;
     size_t len;
@@ -74,10 +73,10 @@ static int check_schema(keel_runtime *rt, kw_rtxn *r, kw_codec_ctx *c)
         (rc = kw_schema_decode(payload, h.raw_len, &s)))
         return rc == KEEL_ECORRUPT ? core_fail(rc, "the stored schema is unreadable: %s", keel_last_error()) : rc;
     for (uint32_t i = 0; !rc && i < s.ncomps; i++)
-        rc = check_component(rt->world, &s.comps[i]);
+        rc = check_component(d->world, &s.comps[i]);
     uint32_t stored = s.ncomps;
     kw_schema_free(&s);
-    return rc ? rc : rt->world->ncomps > stored;
+    return rc ? rc : d->world->ncomps > stored;
 }
 
 typedef struct schema_write {
@@ -92,15 +91,15 @@ static int fill_schema(kw_wtxn *t, void *arg)
     return rc ? rc : kw_put_wal(t, s->lsn, s->rec.p, s->rec.len);
 }
 
-static int write_schema(keel_runtime *rt, kw_codec_ctx *c, uint64_t lsn)
+static int write_schema(dur_state *d, kw_codec_ctx *c, uint64_t lsn)
 {
     kw_buf payload = {0};
     schema_write s = {.lsn = lsn};
-    int rc = fence_schema_payload(rt, &payload);
+    int rc = fence_schema_payload(d, &payload);
     if (!rc)
         rc = kw_record_build(c, &s.rec, KW_KIND_SCHEMA, lsn, 0, 0, payload.p, payload.len);
     if (!rc)
-        rc = kw_store_write(rt->dur->store, fill_schema, &s);
+        rc = kw_store_write(d->store, fill_schema, &s);
     kw_buf_free(&payload);
     kw_buf_free(&s.rec);
     return rc;
@@ -109,7 +108,7 @@ static int write_schema(keel_runtime *rt, kw_codec_ctx *c, uint64_t lsn)
 /* ---- checkpoint -------------------------------------------------------------------- */
 
 typedef struct loader {
-    keel_runtime *rt;
+    dur_state *d;
     kw_rtxn *r;
     kw_codec_ctx *c;
     keel_recovery *out;
@@ -131,7 +130,7 @@ static int snap_payload(loader *l, const void *key, size_t klen, const void *val
     core_hasher hs;
     core_hasher_init(&hs, 0);
     core_hasher_bytes(&hs, *p, *plen);
-    return ckpt_stored_note(l->rt->dur, key, klen, core_hasher_final(&hs));
+    return ckpt_stored_note(l->d, key, klen, core_hasher_final(&hs));
 }
 
 /* A decoder's KEEL_ECORRUPT, with the checkpoint named. */
@@ -212,14 +211,14 @@ static int load_slots_and_tables(loader *l, const void *tables, size_t tlen, uin
         gens[i] = 1;
     rc = load_slots(l, nslots, gens);
     if (!rc)
-        rc = world_restore_begin(l->rt->world, nslots, gens);
+        rc = world_restore_begin(l->d->world, nslots, gens);
     free(gens);
     kw_snap_table t;
     for (uint32_t id = 0; !rc && (rc = snap_corrupt(l, kw_snap_tables_next(&tl, &t))) == 1; id++) {
         l->counts[id] = t.rows;
         if (t.ncols > KEEL_MAX_COMPONENTS)
             return core_fail(KEEL_ECORRUPT, "checkpoint table list is malformed at table %u", id);
-        rc = world_restore_table(l->rt->world, t.comps, t.ncols, id);
+        rc = world_restore_table(l->d->world, t.comps, t.ncols, id);
     }
     *nslots_out = nslots;
     return rc;
@@ -227,7 +226,7 @@ static int load_slots_and_tables(loader *l, const void *tables, size_t tlen, uin
 
 static int load_chunk(loader *l, const void *p, size_t plen)
 {
-    keel_world *w = l->rt->world;
+    keel_world *w = l->d->world;
     kw_snap_chunk *k = &l->chunk;
     int rc = snap_corrupt(l, kw_snap_chunk_decode(p, plen, k));
     if (rc)
@@ -283,7 +282,7 @@ static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
             break;
     }
     kw_wal_iter_end(it);
-    const keel_world *w = l->rt->world;
+    const keel_world *w = l->d->world;
     for (uint32_t t = 0; !rc && t < l->ntables; t++)
         if (w->tables[t]->count != l->counts[t])
             rc = core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu: table %u has %u rows, its chunks hold %u",
@@ -340,7 +339,7 @@ static bool fits(const keel_world *w, uint32_t comp, uint32_t size)
 /* Queue one lifecycle command of the record in the replay's buffer. */
 static int queue_command(replay *p, const kw_change *ch, keel_entity *expect, uint32_t *nspawn)
 {
-    keel_world *w = p->l->rt->world;
+    keel_world *w = p->l->d->world;
     switch (ch->op) {
     case KW_OP_SPAWN: {
         keel_init inits[256];
@@ -370,7 +369,7 @@ static int queue_command(replay *p, const kw_change *ch, keel_entity *expect, ui
  * handles its spawns create must be the logged ones. */
 static int apply_changes(replay *p, const kw_header *h, const void *payload)
 {
-    keel_world *w = p->l->rt->world;
+    keel_world *w = p->l->d->world;
     kw_decoder *d = &p->dec;
     int rc = kw_decode_begin(d, h->kind, h->lsn, payload, h->raw_len, NULL);
     if (rc)
@@ -445,7 +444,7 @@ static int close_unit(replay *p, const unit_rec *marker)
         if ((rc = apply_record(p, &p->recs[i])))
             return rc;
     }
-    keel_world *w = p->l->rt->world;
+    keel_world *w = p->l->d->world;
     if (w->nlive != ci.nlive || w->nslots != ci.nslots)
         return corrupt(marker->h.lsn, "%s", "the replayed tick does not end with the logged entity counts");
     if (!(marker->h.flags & KW_FLAG_HOOK))
@@ -582,7 +581,7 @@ static int find_bad_tail(loader *l, uint64_t after, uint64_t *bad)
 static int replay_range(loader *l, uint64_t after, uint64_t stop, uint64_t *last_lsn)
 {
     replay p = {.l = l};
-    int rc = keel_cmdbuf_create(l->rt->world, &p.cmds);
+    int rc = keel_cmdbuf_create(l->d->world, &p.cmds);
     if (rc)
         return rc;
     kw_walit *it;
@@ -617,7 +616,7 @@ static int replay_range(loader *l, uint64_t after, uint64_t stop, uint64_t *last
  * inside valid records still refuses the open. */
 static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn)
 {
-    if (!l->rt->durable_desc.truncate_bad_tail)
+    if (!l->d->desc.truncate_bad_tail)
         return replay_range(l, after, 0, last_lsn);
     uint64_t bad;
     int rc = find_bad_tail(l, after, &bad);
@@ -632,29 +631,35 @@ static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn)
 
 /* ---- open / close -------------------------------------------------------------------- */
 
-static int make_state(keel_runtime *rt)
+static int make_state(const dur_open_desc *o, dur_state **out)
 {
     dur_state *d = calloc(1, sizeof *d);
     if (!d)
         return core_fail(KEEL_ENOMEM, "out of memory for the durability state");
-    rt->dur = d;
-    const keel_durable_desc *dd = &rt->durable_desc;
+    *out = d;
+    d->world = o->world;
+    d->txn = o->txn;
+    d->pool = o->pool;
+    d->desc = *o->desc;
+    const keel_durable_desc *dd = &d->desc;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->wake, NULL);
     pthread_cond_init(&d->durable_cv, NULL);
     pthread_mutex_init(&d->ckpt_mu, NULL);
     pthread_cond_init(&d->ckpt_cv, NULL);
     pthread_mutex_init(&d->pin_mu, NULL);
-    d->mode = rt->durability;
+    d->mode = o->mode;
     d->zstd_level = dd->zstd_level ? dd->zstd_level : -1;
     d->ckpt_every_ticks = dd->checkpoint_every_ticks ? dd->checkpoint_every_ticks : 3600;
     d->ckpt_every_bytes = dd->checkpoint_every_bytes ? dd->checkpoint_every_bytes : 64ll << 20;
     d->ckpt_every_seconds = dd->checkpoint_every_seconds ? dd->checkpoint_every_seconds : 300;
     d->wal_retain = dd->wal_retain;
-    d->ncodec = rt->workers;
+    d->ncodec = o->pool.workers ? o->pool.workers : 1;
+    d->dir = strdup(o->dir);
+    d->desc.dir = d->dir;
     d->codec = calloc(d->ncodec, sizeof *d->codec);
     d->fence_payload = calloc(d->ncodec, sizeof *d->fence_payload);
-    if (!d->codec || !d->fence_payload)
+    if (!d->codec || !d->fence_payload || !d->dir)
         return core_fail(KEEL_ENOMEM, "out of memory for codec contexts");
     /* fence and side records are at most about DUR_RECORD_TARGET bytes: at
      * the fast levels a 4 KiB hash table (hashLog 10) stays in L1 and
@@ -668,12 +673,11 @@ static int make_state(keel_runtime *rt)
     return rc;
 }
 
-static int recover(keel_runtime *rt, keel_recovery *out)
+static int recover(dur_state *d, keel_recovery *out)
 {
-    dur_state *d = rt->dur;
-    kw_store_desc sd = {.flags = KW_OPEN_CREATE, .map_size = rt->durable_desc.map_size,
-                        .map_max = rt->durable_desc.map_max};
-    int rc = kw_store_open(rt->data_dir, &sd, &d->store);
+    kw_store_desc sd = {.flags = KW_OPEN_CREATE, .map_size = d->desc.map_size,
+                        .map_max = d->desc.map_max};
+    int rc = kw_store_open(d->dir, &sd, &d->store);
     if (rc == KEEL_ENOENT) { /* created when missing: ENOENT means the path is no directory */
         char why[480];
         snprintf(why, sizeof why, "%s", keel_last_error());
@@ -684,20 +688,20 @@ static int recover(keel_runtime *rt, keel_recovery *out)
     kw_rtxn *r;
     if ((rc = kw_read_begin(d->store, &r)))
         return rc;
-    loader l = {.rt = rt, .r = r, .c = d->codec[0], .out = out};
-    int schema = check_schema(rt, r, l.c);
+    loader l = {.d = d, .r = r, .c = d->codec[0], .out = out};
+    int schema = check_schema(d, r, l.c);
     kw_checkpoint_meta m = {0};
     uint64_t last = 0, first = 0;
     rc = schema < 0 ? schema : KEEL_OK;
     if (!rc) {
-        rt->world->restoring = true;
+        d->world->restoring = true;
         rc = load_checkpoint(&l, &m);
         last = m.lsn;
         if (!rc)
             (void)KEEL_FAILPOINT(RECOVER_BEFORE_REPLAY);
         if (!rc)
             rc = replay_wal(&l, m.lsn, &last);
-        rt->world->restoring = false;
+        d->world->restoring = false;
         uint64_t wal_last = 0;
         if (!rc && kw_wal_bounds(r, &first, &wal_last, NULL) == KEEL_OK && wal_last > last)
             last = wal_last; /* schema or checkpoint markers after the last unit */
@@ -717,9 +721,9 @@ static int recover(keel_runtime *rt, keel_recovery *out)
     atomic_store(&d->durable_lsn, last);
     atomic_store(&d->durable_tick, out->tick);
     out->last_lsn = last;
-    out->fresh = !m.count && !out->tick && !out->side_txns && !rt->world->nlive;
+    out->fresh = !m.count && !out->tick && !out->side_txns && !d->world->nlive;
     if (schema == 1) {
-        rc = write_schema(rt, l.c, d->next_lsn);
+        rc = write_schema(d, l.c, d->next_lsn);
         if (!rc) {
             atomic_store(&d->durable_lsn, d->next_lsn);
             d->next_lsn++;
@@ -728,34 +732,34 @@ static int recover(keel_runtime *rt, keel_recovery *out)
     return rc;
 }
 
-int dur_open(keel_runtime *rt, keel_recovery *out)
+int dur_open(const dur_open_desc *o, dur_state **dp, keel_recovery *out)
 {
-    uint64_t t0 = rt_now_ns();
+    uint64_t t0 = core_now_ns();
     *out = (keel_recovery){0};
-    int rc = make_state(rt);
+    *dp = NULL;
+    int rc = make_state(o, dp);
+    dur_state *d = *dp;
     if (!rc)
-        rc = recover(rt, out);
+        rc = recover(d, out);
     if (!rc)
-        rc = dur_writer_start(rt);
+        rc = dur_writer_start(d);
     if (!rc)
-        rc = ckpt_start(rt);
-    out->ns = rt_now_ns() - t0;
+        rc = ckpt_start(d);
+    out->ns = core_now_ns() - t0;
     if (!rc) {
-        rt->world->log_required = true;
-        rt->uow.capture = true;
-        atomic_store(&rt->tick, out->tick);
-        rt->dur->last_ckpt_ns = rt_now_ns();
+        d->world->log_required = true;
+        d->txn->uow.capture = true;
+        d->last_ckpt_ns = core_now_ns();
     }
     return rc;
 }
 
-void dur_close(keel_runtime *rt)
+void dur_close(dur_state *d)
 {
-    dur_state *d = rt->dur;
     if (!d)
         return;
-    ckpt_stop(rt);
-    dur_writer_stop(rt);
+    ckpt_stop(d);
+    dur_writer_stop(d);
     /* a waiter still registered can only be one the writer never reached */
     pthread_mutex_lock(&d->mu);
     for (dur_waiter *w = d->waiters; w;) {
@@ -780,6 +784,6 @@ void dur_close(keel_runtime *rt)
     pthread_mutex_destroy(&d->ckpt_mu);
     pthread_cond_destroy(&d->ckpt_cv);
     pthread_mutex_destroy(&d->pin_mu);
+    free(d->dir);
     free(d);
-    rt->dur = NULL;
 }

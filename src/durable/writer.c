@@ -28,7 +28,6 @@
 
 #include "core/core.h"
 #include "durable/durable_internal.h"
-#include "runtime/runtime_internal.h"
 
 dur_item *dur_item_new(dur_item_kind kind, keel_durability mode)
 {
@@ -85,9 +84,8 @@ static void run_waiters(dur_state *d, uint64_t durable, int fatal)
     pthread_mutex_lock(&d->mu);
 }
 
-void dur_when_durable(keel_runtime *rt, uint64_t lsn, void (*done)(void *arg, int rc), void *arg)
+void dur_when_durable(dur_state *d, uint64_t lsn, void (*done)(void *arg, int rc), void *arg)
 {
-    dur_state *d = rt->dur;
     dur_waiter *w = malloc(sizeof *w);
     pthread_mutex_lock(&d->mu);
     int fatal = atomic_load(&d->fatal);
@@ -95,7 +93,7 @@ void dur_when_durable(keel_runtime *rt, uint64_t lsn, void (*done)(void *arg, in
     if (lsn <= durable || fatal || !w) {
         pthread_mutex_unlock(&d->mu);
         free(w);
-        done(arg, lsn <= durable ? KEEL_OK : fatal ? KEEL_EFATAL : dur_wait(rt, lsn, true));
+        done(arg, lsn <= durable ? KEEL_OK : fatal ? KEEL_EFATAL : dur_wait(d, lsn, true));
         return;
     }
     *w = (dur_waiter){.lsn = lsn, .done = done, .arg = arg};
@@ -107,9 +105,8 @@ void dur_when_durable(keel_runtime *rt, uint64_t lsn, void (*done)(void *arg, in
     pthread_mutex_unlock(&d->mu);
 }
 
-void dur_latch_fatal(keel_runtime *rt, int rc)
+void dur_latch_fatal(dur_state *d, int rc)
 {
-    dur_state *d = rt->dur;
     int expected = 0;
     if (!atomic_compare_exchange_strong(&d->fatal, &expected, rc ? rc : KEEL_EIO))
         return;
@@ -122,15 +119,14 @@ void dur_latch_fatal(keel_runtime *rt, int rc)
     pthread_mutex_unlock(&d->mu);
 }
 
-int dur_wait(keel_runtime *rt, uint64_t lsn, bool flush)
+int dur_wait(dur_state *d, uint64_t lsn, bool flush)
 {
-    dur_state *d = rt->dur;
     if (d && flush && atomic_load(&d->fatal)) /* a flush vouches for every tick: none after the latch */
         return core_fail(KEEL_EFATAL, "the runtime latched fatal (%s): nothing more is made durable",
                          keel_strerror(atomic_load(&d->fatal)));
     if (!d || atomic_load_explicit(&d->durable_lsn, memory_order_acquire) >= lsn)
         return KEEL_OK;
-    if (flush && dur_sync_request(rt, lsn)) /* held DEFERRED records must go out now */
+    if (flush && dur_sync_request(d, lsn)) /* held DEFERRED records must go out now */
         return KEEL_EFATAL;
     pthread_mutex_lock(&d->mu);
     while (atomic_load(&d->durable_lsn) < lsn && !atomic_load(&d->fatal))
@@ -143,9 +139,8 @@ int dur_wait(keel_runtime *rt, uint64_t lsn, bool flush)
     return rc;
 }
 
-uint32_t dur_spans(keel_runtime *rt, struct dur_span *out, uint32_t cap)
+uint32_t dur_spans(dur_state *d, struct dur_span *out, uint32_t cap)
 {
-    dur_state *d = rt->dur;
     pthread_mutex_lock(&d->mu);
     uint64_t n = d->nspans < DUR_SPANS ? d->nspans : DUR_SPANS;
     if (n > cap)
@@ -156,38 +151,34 @@ uint32_t dur_spans(keel_runtime *rt, struct dur_span *out, uint32_t cap)
     return (uint32_t)n;
 }
 
-uint64_t dur_cover(keel_runtime *rt)
+uint64_t dur_cover(dur_state *d)
 {
-    dur_state *d = rt->dur;
     pthread_mutex_lock(&d->mu);
     uint64_t lsn = d->covered_lsn = d->next_lsn - 1;
     pthread_mutex_unlock(&d->mu);
     return lsn;
 }
 
-uint64_t dur_last_lsn(keel_runtime *rt)
+uint64_t dur_last_lsn(dur_state *d)
 {
-    dur_state *d = rt->dur;
     pthread_mutex_lock(&d->mu);
     uint64_t lsn = d->next_lsn - 1;
     pthread_mutex_unlock(&d->mu);
     return lsn;
 }
 
-int dur_sync_request(keel_runtime *rt, uint64_t lsn)
+int dur_sync_request(dur_state *d, uint64_t lsn)
 {
-    dur_state *d = rt->dur;
     if (atomic_load_explicit(&d->durable_lsn, memory_order_acquire) >= lsn)
         return KEEL_OK;
     dur_item *f = dur_item_new(DUR_FLUSH, KEEL_DURABLE_IMMEDIATE);
-    return f && dur_enqueue(rt, f, NULL) ? KEEL_EFATAL : KEEL_OK; /* enqueue fails only once latched fatal */
+    return f && dur_enqueue(d, f, NULL) ? KEEL_EFATAL : KEEL_OK; /* enqueue fails only once latched fatal */
 }
 
 /* ---- producers ------------------------------------------------------------------------- */
 
-int dur_enqueue(keel_runtime *rt, dur_item *item, uint64_t *last_lsn)
+int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
 {
-    dur_state *d = rt->dur;
     pthread_mutex_lock(&d->mu);
     /* back-pressure: a writer far behind (a slow disk) slows the producers
      * instead of growing memory without bound */
@@ -196,7 +187,7 @@ int dur_enqueue(keel_runtime *rt, dur_item *item, uint64_t *last_lsn)
     if (atomic_load(&d->fatal)) {
         pthread_mutex_unlock(&d->mu);
         if (item->kind == DUR_CHECKPOINT) { /* the checkpoint ends here */
-            ckpt_committed(rt, item->ckpt, KEEL_EFATAL);
+            ckpt_committed(d, item->ckpt, KEEL_EFATAL);
             item->ckpt = NULL;
         }
         dur_item_free(item);
@@ -303,9 +294,8 @@ static void batch_add(batch *b, dur_item *it)
         b->need_sync = true;
 }
 
-static void batch_commit(keel_runtime *rt, batch *b)
+static void batch_commit(dur_state *d, batch *b)
 {
-    dur_state *d = rt->dur;
     /* a batch of flush requests only (their records went out before) needs no commit */
     bool work = b->last_lsn != 0;
     for (dur_item *it = b->head; it && !work; it = it->next)
@@ -324,12 +314,12 @@ static void batch_commit(keel_runtime *rt, batch *b)
         char cause[384];
         snprintf(cause, sizeof cause, "%s", keel_last_error());
         core_log(KEEL_LOG_ERROR, "wal", "commit_failed", "cause=\"%s\"", cause);
-        dur_latch_fatal(rt, rc);
+        dur_latch_fatal(d, rc);
     }
     for (dur_item *it = b->head; it;) {
         dur_item *next = it->next;
         if (it->kind == DUR_CHECKPOINT) {
-            ckpt_committed(rt, it->ckpt, rc);
+            ckpt_committed(d, it->ckpt, rc);
             it->ckpt = NULL;
         }
         dur_item_free(it);
@@ -353,8 +343,7 @@ static void batch_commit(keel_runtime *rt, batch *b)
 
 static void *writer_main(void *arg)
 {
-    keel_runtime *rt = arg;
-    dur_state *d = rt->dur;
+    dur_state *d = arg;
     batch b = {.tail = &b.head, .d = d};
     pthread_mutex_lock(&d->mu);
     for (;;) {
@@ -380,7 +369,7 @@ static void *writer_main(void *arg)
             while (list) {
                 dur_item *next = list->next;
                 if (list->kind == DUR_CHECKPOINT)
-                    ckpt_committed(rt, list->ckpt, KEEL_EFATAL), list->ckpt = NULL;
+                    ckpt_committed(d, list->ckpt, KEEL_EFATAL), list->ckpt = NULL;
                 dur_item_free(list);
                 list = next;
             }
@@ -406,7 +395,7 @@ static void *writer_main(void *arg)
         }
         if (b.head && (b.need_sync || quit || b.bytes >= DUR_DEFER_MAX_BYTES ||
                        now_ns() >= b.oldest_ns + DUR_DEFER_MAX_NS))
-            batch_commit(rt, &b);
+            batch_commit(d, &b);
         pthread_mutex_lock(&d->mu);
         if (quit && !d->head && !b.head)
             break;
@@ -415,19 +404,17 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-int dur_writer_start(keel_runtime *rt)
+int dur_writer_start(dur_state *d)
 {
-    dur_state *d = rt->dur;
-    if (pthread_create(&d->thread, NULL, writer_main, rt))
+    if (pthread_create(&d->thread, NULL, writer_main, d))
         return core_fail(KEEL_ENOMEM, "cannot start the WAL writer thread");
     core_thread_name(d->thread, "keel-wal-writer");
     d->thread_running = true;
     return KEEL_OK;
 }
 
-void dur_writer_stop(keel_runtime *rt)
+void dur_writer_stop(dur_state *d)
 {
-    dur_state *d = rt->dur;
     if (!d || !d->thread_running)
         return;
     pthread_mutex_lock(&d->mu);

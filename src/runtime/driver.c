@@ -42,7 +42,7 @@ static void sleep_until(keel_runtime *rt, uint64_t t)
 {
     struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
     pthread_mutex_lock(&rt->stop_lock);
-    while (!atomic_load(&rt->stop_requested) && rt_now_ns() < t)
+    while (!atomic_load(&rt->stop_requested) && core_now_ns() < t)
         if (pthread_cond_timedwait(&rt->stop_cond, &rt->stop_lock, &ts) == ETIMEDOUT)
             break;
     pthread_mutex_unlock(&rt->stop_lock);
@@ -53,7 +53,7 @@ static void sleep_until(keel_runtime *rt, uint64_t t)
 static void wait_until_real(keel_runtime *rt, uint64_t deadline)
 {
     for (;;) {
-        uint64_t now = rt_now_ns();
+        uint64_t now = core_now_ns();
         if (atomic_load(&rt->stop_requested))
             return;
         switch (driver_wait_phase(now, deadline)) {
@@ -80,7 +80,7 @@ void runtime_test_set_clock(keel_runtime *rt, uint64_t (*clock_ns)(void *user),
 
 static uint64_t driver_now(const keel_runtime *rt)
 {
-    return rt->clock_ns ? rt->clock_ns(rt->clock_user) : rt_now_ns();
+    return rt->clock_ns ? rt->clock_ns(rt->clock_user) : core_now_ns();
 }
 
 static void driver_wait(keel_runtime *rt, uint64_t deadline)
@@ -190,7 +190,7 @@ int keel_runtime_start(keel_runtime *rt)
         return core_fail(KEEL_EINVAL, "keel_runtime_start: runtime is NULL");
     if (atomic_load(&rt->driver_running))
         return core_fail(KEEL_EBUSY, "keel_runtime_start: the tick driver is already running");
-    if (!rt->sched)
+    if (!rt->ex.sched)
         return core_fail(KEEL_EINVAL, "keel_runtime_start: no schedule is installed");
     if (rt->data_dir) { /* open the data directory here, on the controlling thread */
         int rc = keel_runtime_recover(rt, NULL);

@@ -32,18 +32,11 @@
 #include "core/failpoint.h"
 #include "runtime/runtime_internal.h"
 
-uint64_t rt_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static int check_desc(const keel_runtime_desc *d)
 {
-    if (d->workers < -1 || d->workers > RT_MAX_WORKERS)
+    if (d->workers < -1 || d->workers > SCHED_MAX_WORKERS)
         return core_fail(KEEL_EINVAL, "keel_runtime_create: workers %d is not -1, 0 or in [1, %d]", d->workers,
-                         RT_MAX_WORKERS);
+                         SCHED_MAX_WORKERS);
     uint32_t cap = d->telemetry_capacity;
     if (cap && (cap & (cap - 1)))
         return core_fail(KEEL_EINVAL, "keel_runtime_create: telemetry_capacity %u is not a power of two", cap);
@@ -70,7 +63,7 @@ static int check_desc(const keel_runtime_desc *d)
 static uint32_t online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > RT_MAX_WORKERS ? RT_MAX_WORKERS : (uint32_t)n;
+    return n < 1 ? 1 : n > SCHED_MAX_WORKERS ? SCHED_MAX_WORKERS : (uint32_t)n;
 }
 
 int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
@@ -86,7 +79,7 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     if (!rt)
         return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
     memset(rt, 0, sizeof *rt);
-    rt->workers = d.workers > 0 ? (uint32_t)d.workers : online_cpus();
+    rt->ex.workers = d.workers > 0 ? (uint32_t)d.workers : online_cpus();
     rt->tick_rate_hz = d.tick_rate_hz ? d.tick_rate_hz : 60.0;
     rt->interval_ns = rt->tick_rate_hz > 0 ? (uint64_t)(1e9 / rt->tick_rate_hz) : 0;
     rt->base_dt = rt->dt = rt->tick_rate_hz > 0 ? (float)(1.0 / rt->tick_rate_hz) : 1.0f / 60.0f;
@@ -98,14 +91,13 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     }
     ovl_init(&rt->ovl, &ovl);
     rt->ovl_enabled = !d.overload.disabled && rt->interval_ns > 0;
-    rt->ovl_divisor = d.overload.throttled_tick_divisor ? d.overload.throttled_tick_divisor : OVL_DEFAULT_DIVISOR;
+    rt->ex.ovl_divisor = d.overload.throttled_tick_divisor ? d.overload.throttled_tick_divisor : OVL_DEFAULT_DIVISOR;
     rt->on_critical = d.overload.on_critical_overload;
     rt->critical_user = d.overload.user;
     overload_publish(rt);
     rt->watchdog_ns = (uint64_t)((d.watchdog_seconds ? d.watchdog_seconds : 30.0) * 1e9);
     rt->on_first_tick = d.on_first_tick;
     rt->hook_user = d.hook_user;
-    rt->durability = d.durability ? d.durability : KEEL_DURABLE_GROUP;
     rt->durable_desc = d.durable;
     if (d.durable.dir && !(rt->data_dir = strdup(d.durable.dir))) {
         free(rt);
@@ -115,25 +107,26 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     bool durable_world = rt->data_dir != NULL;
     pthread_mutex_init(&rt->watchdog_lock, NULL);
     pthread_cond_init(&rt->watchdog_cond, NULL);
-    pthread_mutex_init(&rt->side_lock, NULL);
     pthread_mutex_init(&rt->stop_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the metronome's clock (rt_now_ns) */
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the metronome's clock (core_now_ns) */
     pthread_cond_init(&rt->stop_cond, &ca);
     pthread_condattr_destroy(&ca);
-    submit_init(rt);
+    keel_durability mode = d.durability ? d.durability : KEEL_DURABLE_GROUP;
     rc = keel_world_create(&d.world, &rt->world);
     if (!rc) /* from the start: a change made before recovery would be lost */
         rt->world->log_required = durable_world;
     if (!rc)
-        rc = view_init(rt);
-    if (!rc)
-        rc = side_init(rt);
+        rc = txn_state_init(&rt->txn, rt->world, mode);
+    rt->ex.rt = rt;
+    rt->ex.txn = &rt->txn;
+    rt->ex.world = rt->world;
+    rt->txn.pool = dispatch_pool(&rt->ex);
     if (!rc)
         rc = telemetry_init(rt, d.telemetry_capacity ? d.telemetry_capacity : 1024);
     if (!rc)
-        rc = dispatch_init(rt);
+        rc = dispatch_init(&rt->ex);
     if (!rc)
         rc = watchdog_start(rt);
     if (rc) {
@@ -146,21 +139,21 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
 
 static void free_system_state(keel_runtime *rt)
 {
-    if (!rt->st)
+    if (!rt->ex.st)
         return;
-    for (uint32_t i = 0; i < rt->sched->nsys; i++) {
-        for (uint32_t k = 0; k < rt->st[i].ncmds; k++) {
-            keel_cmdbuf_destroy(rt->st[i].cmds[k]);
-            txn_part_fini(&rt->st[i].parts[k]);
+    for (uint32_t i = 0; i < rt->ex.sched->nsys; i++) {
+        for (uint32_t k = 0; k < rt->ex.st[i].ncmds; k++) {
+            keel_cmdbuf_destroy(rt->ex.st[i].cmds[k]);
+            txn_part_fini(&rt->ex.st[i].parts[k]);
         }
-        free(rt->st[i].cmds);
-        free(rt->st[i].parts);
-        free(rt->st[i].changes.v);
-        free(rt->st[i].chunks);
-        free((void *)rt->st[i].ranges);
+        free(rt->ex.st[i].cmds);
+        free(rt->ex.st[i].parts);
+        free(rt->ex.st[i].changes.v);
+        free(rt->ex.st[i].chunks);
+        free((void *)rt->ex.st[i].ranges);
     }
-    free(rt->st);
-    rt->st = NULL;
+    free(rt->ex.st);
+    rt->ex.st = NULL;
 }
 
 /* on_shutdown, in an IMMEDIATE side transaction; then every record is
@@ -169,7 +162,7 @@ static void shutdown_durable(keel_runtime *rt)
 {
     if (rt->durable_desc.on_shutdown && (!rt->data_dir || (rt->dur && !dur_fatal(rt->dur)))) {
         keel_side_txn *tx = NULL;
-        int rc = side_begin_full(rt, KEEL_DURABLE_IMMEDIATE, &tx);
+        int rc = side_begin_full(&rt->txn, KEEL_DURABLE_IMMEDIATE, &tx);
         if (!rc && (rc = rt->durable_desc.on_shutdown(tx, rt->durable_desc.shutdown_arg)))
             keel_side_txn_abort(tx);
         else if (!rc)
@@ -179,11 +172,11 @@ static void shutdown_durable(keel_runtime *rt)
     }
     if (rt->dur) {
         if (!dur_fatal(rt->dur))
-            dur_wait(rt, dur_last_lsn(rt), true);
+            dur_wait(rt->dur, dur_last_lsn(rt->dur), true);
         else
-            submit_refuse(rt, KEEL_EFATAL); /* closures queued before the latch never run */
+            submit_refuse(&rt->txn, KEEL_EFATAL); /* closures queued before the latch never run */
         view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
-        dur_close(rt);
+        runtime_close_data_dir(rt);
     }
 }
 
@@ -196,22 +189,19 @@ void keel_runtime_close(keel_runtime *rt)
     if (rt->world)
         shutdown_durable(rt);
     watchdog_stop(rt);
-    dispatch_fini(rt);
-    submit_fini(rt);
+    dispatch_fini(&rt->ex);
     free_system_state(rt);
-    if (rt->sched)
-        schedule_free(rt->sched);
+    if (rt->ex.sched)
+        schedule_free(rt->ex.sched);
     keel_cmdbuf_destroy(rt->hook_cmds);
     txn_part_fini(&rt->hook_part);
     free(rt->hook_changes.v);
-    uow_fini(&rt->uow);
-    side_fini(rt);
-    view_fini(rt);
+    if (rt->txn.world)
+        txn_state_fini(&rt->txn);
     telemetry_fini(rt);
     keel_world_destroy(rt->world);
     pthread_mutex_destroy(&rt->watchdog_lock);
     pthread_cond_destroy(&rt->watchdog_cond);
-    pthread_mutex_destroy(&rt->side_lock);
     pthread_mutex_destroy(&rt->stop_lock);
     pthread_cond_destroy(&rt->stop_cond);
     free(rt->data_dir);
@@ -225,7 +215,7 @@ keel_world *keel_runtime_world(keel_runtime *rt)
 
 uint32_t keel_runtime_workers(const keel_runtime *rt)
 {
-    return rt ? rt->workers : 0;
+    return rt ? rt->ex.workers : 0;
 }
 
 uint64_t keel_runtime_tick(const keel_runtime *rt)
@@ -241,6 +231,13 @@ keel_overload_level keel_runtime_overload(const keel_runtime *rt, uint32_t *mult
     return (keel_overload_level)(v & 0xff);
 }
 
+int keel_schedule_create(keel_runtime *rt, keel_schedule **out)
+{
+    if (!rt || !out)
+        return core_fail(KEEL_EINVAL, "keel_schedule_create: runtime or out is NULL");
+    return schedule_create(rt, rt->world, out);
+}
+
 int keel_runtime_set_schedule(keel_runtime *rt, keel_schedule *s)
 {
     if (!rt || !s)
@@ -254,25 +251,25 @@ int keel_runtime_set_schedule(keel_runtime *rt, keel_schedule *s)
         return core_fail(KEEL_EBUSY, "keel_runtime_set_schedule: the tick driver is running");
     if (rt->sync_pending || rt->hook_pending)
         return core_fail(KEEL_EBUSY, "keel_runtime_set_schedule: commands of the last sync point are pending");
-    rt_sys *st = aligned_alloc(64, (s->nsys + 1) * sizeof *st);
+    sched_run *st = aligned_alloc(64, (s->nsys + 1) * sizeof *st);
     if (st)
         memset(st, 0, (s->nsys + 1) * sizeof *st);
     if (!st)
         return core_fail(KEEL_ENOMEM, "keel_runtime_set_schedule: out of memory");
-    keel_schedule *old = rt->sched;
+    keel_schedule *old = rt->ex.sched;
     pthread_mutex_lock(&rt->watchdog_lock); /* the watchdog reads st and sched under it */
     free_system_state(rt);
-    rt->st = st;
-    rt->sched = s;
+    rt->ex.st = st;
+    rt->ex.sched = s;
     pthread_mutex_unlock(&rt->watchdog_lock);
     for (uint32_t i = 0; i < s->nsys; i++)
-        dispatch_reset_system(rt, i);
-    int rc = dispatch_prepare(rt);
+        dispatch_reset_system(&rt->ex, i);
+    int rc = dispatch_prepare(&rt->ex);
     if (!rc)
         rc = telemetry_size(rt, s->nsys);
     if (rc) {
         free_system_state(rt);
-        rt->sched = NULL;
+        rt->ex.sched = NULL;
         return rc;
     }
     s->installed = true;
@@ -294,7 +291,7 @@ static void count_applied(keel_runtime *rt, const keel_cmdbuf *cb)
  * change set is being captured. */
 static void log_lifecycle(keel_runtime *rt, bool on)
 {
-    rt->world->lifecycle = on && rt->uow.capture ? &rt->uow.lifecycle : NULL;
+    rt->world->lifecycle = on && rt->txn.uow.capture ? &rt->txn.uow.lifecycle : NULL;
 }
 
 static int apply_hook_commands(keel_runtime *rt)
@@ -315,10 +312,10 @@ static int apply_hook_commands(keel_runtime *rt)
 /* Apply the commands from (sync_pos, sync_task) on, in execution order. */
 static int sync_point(keel_runtime *rt)
 {
-    const keel_schedule *sc = rt->sched;
+    const keel_schedule *sc = rt->ex.sched;
     log_lifecycle(rt, true);
     for (; rt->sync_pos < sc->nsys; rt->sync_pos++, rt->sync_task = 0) {
-        rt_sys *st = &rt->st[sc->order[rt->sync_pos]];
+        sched_run *st = &rt->ex.st[sc->order[rt->sync_pos]];
         for (; rt->sync_task < st->ncmds; rt->sync_task++) {
             keel_cmdbuf *cb = st->cmds[rt->sync_task];
             int rc = keel_cmdbuf_apply(cb);
@@ -350,14 +347,14 @@ int keel_runtime_sync_retry(keel_runtime *rt)
         return core_fail(KEEL_EFATAL, "keel_runtime_sync_retry: the runtime latched fatal (%s)",
                          keel_strerror(dur_fatal(rt->dur)));
     bool hook = rt->hook_pending;
-    size_t life_from = rt->uow.lifecycle.len;
+    size_t life_from = rt->txn.uow.lifecycle.len;
     int rc = hook ? apply_hook_commands(rt) : sync_point(rt);
     /* what the retry applied is logged as a unit of its own: the hook's
      * (for the tick that has not run yet) or the last tick's again */
-    if (rt->dur && rt->uow.lifecycle.len > life_from) {
-        int frc = fence_retry(rt, hook ? atomic_load(&rt->tick) + 1 : atomic_load(&rt->tick), hook, life_from);
+    if (rt->dur && rt->txn.uow.lifecycle.len > life_from) {
+        int frc = fence_retry(rt->dur, hook ? atomic_load(&rt->tick) + 1 : atomic_load(&rt->tick), hook, life_from);
         if (frc) {
-            dur_latch_fatal(rt, frc == KEEL_EFATAL ? dur_fatal(rt->dur) : frc);
+            dur_latch_fatal(rt->dur, frc == KEEL_EFATAL ? dur_fatal(rt->dur) : frc);
             return KEEL_EFATAL;
         }
     }
@@ -382,9 +379,9 @@ void keel_runtime_sync_discard(keel_runtime *rt)
     }
     if (!rt->sync_pending)
         return;
-    const keel_schedule *sc = rt->sched;
+    const keel_schedule *sc = rt->ex.sched;
     for (uint32_t p = rt->sync_pos; p < sc->nsys; p++) {
-        rt_sys *st = &rt->st[sc->order[p]];
+        sched_run *st = &rt->ex.st[sc->order[p]];
         for (uint32_t k = 0; k < st->ncmds; k++)
             drop_commands(st->cmds[k]);
     }
@@ -408,7 +405,7 @@ static int first_tick_hook(keel_runtime *rt)
     }
     if (!rt->hook_cmds && keel_cmdbuf_create(rt->world, &rt->hook_cmds))
         return KEEL_ENOMEM;
-    keel_ctx ctx = {.rt = rt, .sys = RT_NONE, .name = "on_first_tick", .cmds = rt->hook_cmds, .part = &rt->hook_part};
+    keel_ctx ctx = {.rt = rt, .txn = &rt->txn, .sys = TXN_NO_SYSTEM, .name = "on_first_tick", .cmds = rt->hook_cmds, .part = &rt->hook_part};
     int rc = rt->on_first_tick(&ctx, rt->hook_user);
     if (!rc)
         rc = ctx.fail_rc;
@@ -422,11 +419,11 @@ static int first_tick_hook(keel_runtime *rt)
     }
     rt->first_tick_done = true;
     /* the hook's values are captured before its commands move any row */
-    uow_capture_changes(rt, &rt->hook_changes);
-    rt->uow.hook_rows_end = rt->uow.ngroups;
+    uow_capture_changes(&rt->txn, &rt->hook_changes);
+    rt->txn.uow.hook_rows_end = rt->txn.uow.ngroups;
     rc = apply_hook_commands(rt);
     if (!rc)
-        rc = view_publish(rt, atomic_load(&rt->tick)); /* the tick starts from the hook's state */
+        rc = view_publish(&rt->txn, atomic_load(&rt->tick)); /* the tick starts from the hook's state */
     return rc;
 }
 
@@ -438,59 +435,70 @@ static int can_step(keel_runtime *rt)
             return rc;
     }
     if (rt->dur && dur_fatal(rt->dur)) {
-        submit_refuse(rt, KEEL_EFATAL); /* their tickets would otherwise wait for a step that never runs */
+        submit_refuse(&rt->txn, KEEL_EFATAL); /* their tickets would otherwise wait for a step that never runs */
         return core_fail(KEEL_EFATAL, "keel_runtime_step: the runtime latched fatal (%s): nothing more can be made "
                                       "durable; close it and open the data directory again",
                          keel_strerror(dur_fatal(rt->dur)));
     }
-    if (!rt->sched)
+    if (!rt->ex.sched)
         return core_fail(KEEL_EINVAL, "keel_runtime_step: no schedule is installed");
-    if (rt->sched->registry_stamp != rt->world->ncomps)
+    if (rt->ex.sched->registry_stamp != rt->world->ncomps)
         return core_fail(KEEL_EINVAL, "keel_runtime_step: the schedule is stale: components were registered after it "
                                       "was built (%u then, %u now); build a new one",
-                         rt->sched->registry_stamp, rt->world->ncomps);
+                         rt->ex.sched->registry_stamp, rt->world->ncomps);
     if (rt->sync_pending || rt->hook_pending || keel_world_pending(rt->world))
         return core_fail(KEEL_EBUSY, "keel_runtime_step: commands of an earlier sync point are pending; "
                                      "call keel_runtime_sync_retry or keel_runtime_sync_discard");
     return KEEL_OK;
 }
 
+/* After the user tracks: the unit of work captures the committed systems'
+ * changes, in execution order. */
+static void capture_changes(keel_runtime *rt)
+{
+    const keel_schedule *sc = rt->ex.sched;
+    const txn_vec **lists = uow_lists(&rt->txn.uow, sc->nsys);
+    for (uint32_t p = 0; lists && p < sc->nsys; p++)
+        lists[p] = &rt->ex.st[sc->order[p]].changes;
+    uow_capture(&rt->txn, lists, sc->nsys);
+}
+
 /* Forget the tick's transactional bookkeeping. */
 static void txn_tick_end(keel_runtime *rt)
 {
     rt->hook_changes.n = 0;
-    for (uint32_t i = 0; i < rt->sched->nsys; i++)
-        rt->st[i].changes.n = 0;
-    side_tick_end(rt);
-    rt->side_commits_tick = 0;
+    for (uint32_t i = 0; i < rt->ex.sched->nsys; i++)
+        rt->ex.st[i].changes.n = 0;
+    side_tick_end(&rt->txn);
+    rt->txn.side_commits_tick = 0;
 }
 
 /* The overload level and multiplier the detector left apply to this whole
  * tick: copied here, before any system runs, for dispatch and keel_ctx_dt. */
 static void overload_tick_start(keel_runtime *rt)
 {
-    rt->tick_level = rt->ovl.level;
+    rt->ex.tick_level = rt->ovl.level;
     rt->tick_mult = ovl_multiplier(&rt->ovl);
     rt->dt = rt->base_dt * (float)rt->tick_mult;
 }
 
 static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
 {
-    uint64_t end = rt_now_ns();
+    uint64_t end = core_now_ns();
     keel_tick_record rec = {
-        .tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed),
+        .tick = atomic_load_explicit(&rt->txn.running_tick, memory_order_relaxed),
         .start_ns = start,
         .target_ns = rt->interval_ns * rt->tick_mult,
         .actual_ns = end - start,
-        .overload_level = rt->tick_level,
+        .overload_level = rt->ex.tick_level,
         .multiplier = rt->tick_mult,
         .entities = keel_world_count(rt->world),
         .sync_start_ns = sync_start,
         .sync_ns = rt->sync_end_ns - sync_start,
     };
     if (rt->dur) {
-        rec.wal_raw_bytes = rt->fence_raw_bytes;
-        rec.wal_stored_bytes = rt->fence_stored_bytes;
+        rec.wal_raw_bytes = rt->dur->fence_raw_bytes;
+        rec.wal_stored_bytes = rt->dur->fence_stored_bytes;
         rec.fence_ns = rt->fence_ns;
         uint64_t durable = atomic_load_explicit(&rt->dur->durable_tick, memory_order_acquire);
         rec.durable_lag = rec.tick > durable ? rec.tick - durable : 0;
@@ -498,10 +506,10 @@ static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
     if (rt->tick_cost)
         rec.actual_ns = rt->tick_cost(rt->tick_cost_user, rec.tick, rec.actual_ns);
     rec.overrun = rec.target_ns ? (double)rec.actual_ns / (double)rec.target_ns : 0;
-    rec.side_txns = rt->side_commits_tick;
-    rec.checkpoint = rt->tick_ckpt || (rt->dur && ckpt_active(rt));
-    for (uint32_t w = 0; w < rt->workers; w++) {
-        rt_scratch *sc = &rt->scratch[w];
+    rec.side_txns = rt->txn.side_commits_tick;
+    rec.checkpoint = rt->tick_ckpt || (rt->dur && ckpt_active(rt->dur));
+    for (uint32_t w = 0; w < rt->ex.workers; w++) {
+        sched_scratch *sc = &rt->ex.scratch[w];
         rec.systems_run += sc->run;
         rec.systems_failed += sc->failed;
         rec.systems_skipped += sc->skipped;
@@ -528,7 +536,7 @@ static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
  * latches the runtime fatal. An explicit keel_checkpoint returns the code. */
 static int periodic_checkpoint(keel_runtime *rt, uint64_t tick)
 {
-    int rc = ckpt_maybe(rt, tick, false);
+    int rc = ckpt_maybe(rt->dur, tick, false);
     if (rc != KEEL_ENOMEM)
         return rc;
     core_log(KEEL_LOG_WARN, "wal", "checkpoint_skipped", "tick=%llu reason=out_of_memory", (unsigned long long)tick);
@@ -543,23 +551,24 @@ int runtime_step(keel_runtime *rt)
         return rc;
     keel_world *w = rt->world;
     keel_world_freeze(w);
-    if (w->mutations != rt->pub_mutations && (rc = view_publish(rt, atomic_load(&rt->tick))))
+    if (w->mutations != rt->txn.pub_mutations && (rc = view_publish(&rt->txn, atomic_load(&rt->tick))))
         return rc;
-    uint64_t start = rt_now_ns();
-    atomic_store_explicit(&rt->running_tick, atomic_load(&rt->tick) + 1, memory_order_relaxed);
+    uint64_t start = core_now_ns();
+    atomic_store_explicit(&rt->txn.running_tick, atomic_load(&rt->tick) + 1, memory_order_relaxed);
     overload_tick_start(rt);
-    rt->tick_ckpt = rt->dur && ckpt_active(rt);
-    uow_reset(&rt->uow);
-    rt->fence_rows_from = rt->fence_life_from = 0;
+    rt->tick_ckpt = rt->dur && ckpt_active(rt->dur);
+    uow_reset(&rt->txn.uow);
+    if (rt->dur)
+        fence_tick_start(rt->dur);
     w->in_tick = true;
     bool hook_ran = !rt->first_tick_done;
     rc = first_tick_hook(rt);
     /* the hook's unit is logged also when its commands failed part-way: the
      * applied prefix stays (keel_runtime_sync_retry logs the rest) */
     if ((!rc || rt->hook_pending) && hook_ran && rt->dur) {
-        int frc = fence_hook(rt, atomic_load(&rt->running_tick));
+        int frc = fence_hook(rt->dur, atomic_load(&rt->txn.running_tick));
         if (frc) {
-            dur_latch_fatal(rt, frc == KEEL_EFATAL ? dur_fatal(rt->dur) : frc);
+            dur_latch_fatal(rt->dur, frc == KEEL_EFATAL ? dur_fatal(rt->dur) : frc);
             rc = KEEL_EFATAL;
         }
     }
@@ -568,41 +577,41 @@ int runtime_step(keel_runtime *rt)
         txn_tick_end(rt);
         return rc;
     }
-    submit_run(rt);
-    const keel_schedule *sc = rt->sched;
+    submit_run(&rt->txn);
+    const keel_schedule *sc = rt->ex.sched;
     for (uint32_t t = 0; t < sc->ntracks; t++)
-        dispatch_track(rt, &sc->tracks[t]);
+        dispatch_track(&rt->ex, &sc->tracks[t]);
     w->in_tick = false;
-    uow_capture(rt);
-    uint64_t sync_start = rt_now_ns();
+    capture_changes(rt);
+    uint64_t sync_start = core_now_ns();
     int sync_rc = sync_point(rt);
-    uint64_t tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
+    uint64_t tick = atomic_load_explicit(&rt->txn.running_tick, memory_order_relaxed);
     int fence_rc = KEEL_OK;
-    rt->sync_end_ns = rt_now_ns();
+    rt->sync_end_ns = core_now_ns();
     if (rt->dur) {
         uint64_t f0 = rt->sync_end_ns;
-        if ((fence_rc = fence_tick(rt, tick)))
-            dur_latch_fatal(rt, fence_rc == KEEL_EFATAL ? dur_fatal(rt->dur) : fence_rc);
-        rt->fence_ns = rt_now_ns() - f0;
+        if ((fence_rc = fence_tick(rt->dur, tick)))
+            dur_latch_fatal(rt->dur, fence_rc == KEEL_EFATAL ? dur_fatal(rt->dur) : fence_rc);
+        rt->fence_ns = core_now_ns() - f0;
     }
     /* every completed tick is published (readers see the last completed
      * tick even when it changed nothing: the view is then the same data
      * under the new tick number, O(chunks) pointer copies) */
-    if (view_publish(rt, atomic_load_explicit(&rt->running_tick, memory_order_relaxed)))
+    if (view_publish(&rt->txn, atomic_load_explicit(&rt->txn.running_tick, memory_order_relaxed)))
         w->mutations++; /* out of memory: the next step publishes instead */
     tick_end(rt, start, sync_start); /* reads side_commits_tick: before txn_tick_end resets it */
     txn_tick_end(rt);
     atomic_store(&rt->tick, tick);
     rt->stats.ticks++;
     if (rt->dur && !fence_rc) {
-        if (rt->durability == KEEL_DURABLE_IMMEDIATE)
-            fence_rc = dur_wait(rt, dur_last_lsn(rt), false); /* the tick returns only once it is on disk */
-        if (!fence_rc && w->mutations == rt->pub_mutations)
+        if (rt->txn.durability == KEEL_DURABLE_IMMEDIATE)
+            fence_rc = dur_wait(rt->dur, dur_last_lsn(rt->dur), false); /* the tick returns only once it is on disk */
+        if (!fence_rc && w->mutations == rt->txn.pub_mutations)
             fence_rc = periodic_checkpoint(rt, tick);
-        if (!fence_rc && ckpt_active(rt))
+        if (!fence_rc && ckpt_active(rt->dur))
             telemetry_mark_checkpoint(rt, tick); /* the capture was part of this tick's step */
         if (fence_rc && fence_rc != KEEL_EFATAL)
-            dur_latch_fatal(rt, fence_rc);
+            dur_latch_fatal(rt->dur, fence_rc);
     }
     return fence_rc ? KEEL_EFATAL : sync_rc;
 }
@@ -625,7 +634,7 @@ keel_world *keel_ctx_world(keel_ctx *ctx)
 
 uint64_t keel_ctx_tick(const keel_ctx *ctx)
 {
-    return ctx ? atomic_load_explicit(&ctx->rt->running_tick, memory_order_relaxed) : 0;
+    return ctx ? atomic_load_explicit(&ctx->rt->txn.running_tick, memory_order_relaxed) : 0;
 }
 
 float keel_ctx_dt(const keel_ctx *ctx)
@@ -648,8 +657,19 @@ keel_cmdbuf *keel_ctx_commands(keel_ctx *ctx)
     return ctx ? ctx->cmds : NULL;
 }
 
-void keel_txn_fail(keel_ctx *ctx, int rc)
+
+/* ---- the transaction layer's public entry points ---------------------------------- */
+
+int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability mode, keel_ticket **out)
 {
-    if (ctx && !ctx->fail_rc)
-        ctx->fail_rc = rc ? rc : KEEL_EINVAL;
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_submit: runtime or closure is NULL");
+    return submit_enqueue(&rt->txn, fn, arg, mode, out);
+}
+
+int keel_read_begin(keel_runtime *rt, const keel_view **out)
+{
+    if (!rt || !out)
+        return core_fail(KEEL_EINVAL, "keel_read_begin: runtime or out is NULL");
+    return view_begin(&rt->txn, out);
 }

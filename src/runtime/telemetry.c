@@ -56,7 +56,7 @@ void telemetry_record(keel_runtime *rt, keel_tick_record *tick)
     uint32_t slot = (uint32_t)(tick->tick & t->mask);
     keel_system_record *out = &t->systems[(size_t)slot * t->nsys];
     for (uint32_t i = 0; i < t->nsys; i++) {
-        const rt_sys *st = &rt->st[i];
+        const sched_run *st = &rt->ex.st[i];
         bool skipped = st->skip == KEEL_SKIP_DEPENDENCY_FAILED || st->skip == KEEL_SKIP_THROTTLED;
         uint32_t watchdog = atomic_load(&st->watchdog_tick) == tick->tick;
         out[i] = (keel_system_record){
@@ -130,6 +130,9 @@ void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out)
     if (!rt)
         return;
     *out = rt->stats;
+    out->commits += rt->txn.counts.commits; /* side transactions */
+    out->aborts += rt->txn.counts.aborts;
+    out->conflicts += rt->txn.counts.conflicts;
     const dur_state *d = rt->dur;
     if (d) {
         out->wal_bytes = atomic_load(&((dur_state *)d)->wal_bytes);
@@ -196,10 +199,10 @@ static void trace_writer(const keel_runtime *rt, FILE *f, bool *first, uint64_t 
     if (!rt->dur)
         return;
     struct dur_span *spans = malloc(DUR_SPANS * sizeof *spans);
-    uint32_t n = spans ? dur_spans((keel_runtime *)rt, spans, DUR_SPANS) : 0;
+    uint32_t n = spans ? dur_spans(rt->dur, spans, DUR_SPANS) : 0;
     for (uint32_t i = 0; i < n; i++)
         if (spans[i].start_ns >= origin)
-            trace_slice(f, first, "wal commit", rt->workers + 1, us(spans[i].start_ns, origin),
+            trace_slice(f, first, "wal commit", rt->ex.workers + 1, us(spans[i].start_ns, origin),
                         (double)spans[i].ns / 1000.0, spans[i].last_lsn);
     free(spans);
 }
@@ -225,7 +228,7 @@ static void trace_tick(const keel_runtime *rt, FILE *f, bool *first, const keel_
     for (uint32_t i = 0; i < rt->tel.nsys; i++) {
         if (!sys[i].start_ns || sys[i].end_ns < sys[i].start_ns)
             continue;
-        trace_slice(f, first, rt->sched->sys[i].d.name, sys[i].worker + 1, us(sys[i].start_ns, origin),
+        trace_slice(f, first, rt->ex.sched->sys[i].d.name, sys[i].worker + 1, us(sys[i].start_ns, origin),
                     (double)(sys[i].end_ns - sys[i].start_ns) / 1000.0, t->tick);
     }
 }
@@ -245,8 +248,8 @@ int keel_trace_export(const keel_runtime *rt, const char *path)
     uint64_t origin = origin_rec ? origin_rec->start_ns : 0;
     bool first = true;
     fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", f);
-    trace_thread_names(f, &first, rt->workers);
-    for (uint64_t t = first_tick; rt->sched && t <= last; t++) {
+    trace_thread_names(f, &first, rt->ex.workers);
+    for (uint64_t t = first_tick; rt->ex.sched && t <= last; t++) {
         const keel_tick_record *rec = find_tick(rt, t);
         if (rec)
             trace_tick(rt, f, &first, rec, origin);

@@ -1,7 +1,7 @@
 /*
  * runtime/watchdog.c -- reports systems that run longer than watchdog_ns.
  *
- * Each worker publishes what it runs in rt->watch[w] (system, start time;
+ * Each worker publishes what it runs in rt->ex.watch[w] (system, start time;
  * start 0 = idle). A watchdog thread looks every quarter period (at most
  * once a second) and reports, once per system run, a system whose current
  * task started more than watchdog_ns ago: a diagnostic and a flag the tick's
@@ -25,23 +25,23 @@
  * swap and free the schedule and the system state. */
 static void check_workers(keel_runtime *rt)
 {
-    for (uint32_t w = 0; w < rt->workers; w++) {
-        rt_watch *slot = &rt->watch[w];
+    for (uint32_t w = 0; w < rt->ex.workers; w++) {
+        sched_watch *slot = &rt->ex.watch[w];
         uint64_t since = atomic_load_explicit(&slot->since_ns, memory_order_acquire);
         if (!since)
             continue;
-        uint64_t now = rt_now_ns(); /* after since: a task that started meanwhile is not "negative" old */
+        uint64_t now = core_now_ns(); /* after since: a task that started meanwhile is not "negative" old */
         if (now <= since || now - since < rt->watchdog_ns)
             continue;
         uint32_t s = atomic_load_explicit(&slot->sys, memory_order_acquire);
         uint64_t tick = atomic_load_explicit(&slot->tick, memory_order_acquire);
         if (atomic_load_explicit(&slot->since_ns, memory_order_acquire) != since)
             continue; /* the worker moved on while we looked */
-        if (!rt->sched || s >= rt->sched->nsys)
+        if (!rt->ex.sched || s >= rt->ex.sched->nsys)
             continue;
-        if (atomic_exchange(&rt->st[s].watchdog_tick, tick) != tick)
+        if (atomic_exchange(&rt->ex.st[s].watchdog_tick, tick) != tick)
             core_log(KEEL_LOG_WARN, "sched", "watchdog", "system=%s worker=%u tick=%llu running_ms=%llu",
-                     rt->sched->sys[s].d.name, w, (unsigned long long)tick,
+                     rt->ex.sched->sys[s].d.name, w, (unsigned long long)tick,
                      (unsigned long long)((now - since) / 1000000ull));
     }
 }

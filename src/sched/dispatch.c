@@ -77,7 +77,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "runtime/runtime_internal.h"
+#include "sched/sched_internal.h"
 
 /* An idle worker inside a track spins SPIN_LIMIT pauses (0.3-0.4 ms on the
  * machines of docs/performance.md) before it sleeps: it usually waits for
@@ -110,7 +110,7 @@ static void futex_wake_all(_Atomic uint32_t *addr)
 
 /* ---- running one task ------------------------------------------------------ */
 
-static int run_query_task(keel_ctx *ctx, const sched_system *sys, rt_sys *st, uint32_t task)
+static int run_query_task(keel_ctx *ctx, const sched_system *sys, sched_run *st, uint32_t task)
 {
     /* tasks split the chunk list evenly: task k owns [k*n/T, (k+1)*n/T) */
     uint32_t first = (uint32_t)((uint64_t)task * st->nchunks / st->ntasks);
@@ -137,22 +137,22 @@ static int run_query_task(keel_ctx *ctx, const sched_system *sys, rt_sys *st, ui
  * one before it on that thread. `first`: this is the system's first task to
  * start, whose start and worker the telemetry records (with task ranges,
  * not necessarily task 0). On return *clock is the task's end. */
-static void run_task(keel_runtime *rt, uint32_t s, uint32_t task, uint32_t worker, uint64_t *clock, bool first)
+static void run_task(sched_exec *ex, uint32_t s, uint32_t task, uint32_t worker, uint64_t *clock, bool first)
 {
-    const sched_system *sys = &rt->sched->sys[s];
-    rt_sys *st = &rt->st[s];
-    uint64_t t0 = *clock ? *clock : rt_now_ns();
+    const sched_system *sys = &ex->sched->sys[s];
+    sched_run *st = &ex->st[s];
+    uint64_t t0 = *clock ? *clock : core_now_ns();
     if (first) { /* read after the last task by whoever completes it: see help */
         st->start_ns = t0;
         st->worker = worker;
     }
     /* publish (sys, tick) before since: see watchdog.c */
-    atomic_store_explicit(&rt->watch[worker].sys, s, memory_order_release);
-    atomic_store_explicit(&rt->watch[worker].tick, atomic_load_explicit(&rt->running_tick, memory_order_relaxed),
+    atomic_store_explicit(&ex->watch[worker].sys, s, memory_order_release);
+    atomic_store_explicit(&ex->watch[worker].tick, atomic_load_explicit(&ex->txn->running_tick, memory_order_relaxed),
                           memory_order_release);
-    atomic_store_explicit(&rt->watch[worker].since_ns, t0, memory_order_release);
+    atomic_store_explicit(&ex->watch[worker].since_ns, t0, memory_order_release);
 
-    keel_ctx ctx = {.rt = rt, .sys = s, .task = task, .worker = worker, .name = sys->d.name};
+    keel_ctx ctx = {.rt = ex->rt, .txn = ex->txn, .sys = s, .task = task, .worker = worker, .name = sys->d.name};
     int rc;
     if (sys->d.kind == KEEL_SYSTEM_PIPELINE) {
         rc = sys->d.pipeline(task, sys->d.pipeline_count, sys->d.user);
@@ -169,8 +169,8 @@ static void run_task(keel_runtime *rt, uint32_t s, uint32_t task, uint32_t worke
         int none = 0;
         atomic_compare_exchange_strong(&st->fail_rc, &none, rc);
     }
-    atomic_store_explicit(&rt->watch[worker].since_ns, 0, memory_order_release);
-    *clock = rt_now_ns();
+    atomic_store_explicit(&ex->watch[worker].since_ns, 0, memory_order_release);
+    *clock = core_now_ns();
 }
 
 /* ---- readiness and completion ------------------------------------------------ */
@@ -181,12 +181,12 @@ static void run_task(keel_runtime *rt, uint32_t s, uint32_t task, uint32_t worke
  * window; a window that reaches the last row ends the pass, and the next
  * tick starts over at row 0. Below SCOPE_REDUCTION (and for CRITICAL
  * systems) every row is visited and the next reduction starts a fresh pass. */
-static void budget_trim(keel_runtime *rt, uint32_t s)
+static void budget_trim(sched_exec *ex, uint32_t s)
 {
-    const keel_system_desc *d = &rt->sched->sys[s].d;
-    rt_sys *st = &rt->st[s];
+    const keel_system_desc *d = &ex->sched->sys[s].d;
+    sched_run *st = &ex->st[s];
     if (!d->entity_budget || d->priority == KEEL_PRIORITY_CRITICAL ||
-        rt->tick_level < KEEL_OVERLOAD_SCOPE_REDUCTION) {
+        ex->tick_level < KEEL_OVERLOAD_SCOPE_REDUCTION) {
         st->cursor = 0;
         return;
     }
@@ -219,10 +219,10 @@ static void budget_trim(keel_runtime *rt, uint32_t s)
 
 /* Split a query system's chunks into tasks; called by the thread that makes
  * the system ready, before any ticket for it is published. */
-static int plan_tasks(keel_runtime *rt, uint32_t s)
+static int plan_tasks(sched_exec *ex, uint32_t s)
 {
-    const sched_system *sys = &rt->sched->sys[s];
-    rt_sys *st = &rt->st[s];
+    const sched_system *sys = &ex->sched->sys[s];
+    sched_run *st = &ex->st[s];
     st->ntasks = 1;
     if (sys->d.kind == KEEL_SYSTEM_PIPELINE) {
         st->ntasks = sys->d.pipeline_count;
@@ -240,16 +240,16 @@ static int plan_tasks(keel_runtime *rt, uint32_t s)
         n = query_chunk_refs(sys->query, st->chunks, st->chunks_cap);
     }
     st->nchunks = n;
-    budget_trim(rt, s);
+    budget_trim(ex, s);
     n = st->nchunks;
-    if (!sys->d.parallel || rt->workers == 1 || n <= 1)
+    if (!sys->d.parallel || ex->workers == 1 || n <= 1)
         return KEEL_OK;
     uint64_t rows = 0;
     for (uint32_t i = 0; i < n; i++)
         rows += st->chunks[i].rows;
     uint32_t min_rows = sys->d.min_chunk_rows ? sys->d.min_chunk_rows : 64;
     uint64_t by_rows = rows / min_rows ? rows / min_rows : 1;
-    uint32_t t = rt->workers * TASKS_PER_WORKER;
+    uint32_t t = ex->workers * TASKS_PER_WORKER;
     if (t > n)
         t = n;
     if (t > by_rows)
@@ -259,10 +259,10 @@ static int plan_tasks(keel_runtime *rt, uint32_t s)
 }
 
 /* Make sure system s has a command buffer and a transaction part per task. */
-static int ensure_cmdbufs(keel_runtime *rt, uint32_t s)
+static int ensure_cmdbufs(sched_exec *ex, uint32_t s)
 {
-    rt_sys *st = &rt->st[s];
-    if (rt->sched->sys[s].d.kind == KEEL_SYSTEM_PIPELINE || st->ncmds >= st->ntasks)
+    sched_run *st = &ex->st[s];
+    if (ex->sched->sys[s].d.kind == KEEL_SYSTEM_PIPELINE || st->ncmds >= st->ntasks)
         return KEEL_OK;
     keel_cmdbuf **cmds = realloc(st->cmds, st->ntasks * sizeof *cmds);
     if (cmds)
@@ -273,7 +273,7 @@ static int ensure_cmdbufs(keel_runtime *rt, uint32_t s)
     st->parts = parts;
     for (; st->ncmds < st->ntasks; st->ncmds++) {
         st->parts[st->ncmds] = (txn_part){0};
-        if (keel_cmdbuf_create(rt->world, &st->cmds[st->ncmds]))
+        if (keel_cmdbuf_create(ex->world, &st->cmds[st->ncmds]))
             return KEEL_ENOMEM;
     }
     return KEEL_OK;
@@ -286,17 +286,17 @@ static uint64_t range_word(uint32_t lo, uint32_t hi)
 
 /* Cut system s's tasks into min(ntasks, workers) contiguous ranges, one per
  * holder it will have (see "Task ranges" above). */
-static int cut_ranges(keel_runtime *rt, uint32_t s)
+static int cut_ranges(sched_exec *ex, uint32_t s)
 {
-    rt_sys *st = &rt->st[s];
-    if (rt->workers == 1)
+    sched_run *st = &ex->st[s];
+    if (ex->workers == 1)
         return KEEL_OK; /* serial mode runs tasks in index order, without tickets */
     if (!st->ranges) {
-        st->ranges = calloc(rt->workers, sizeof *st->ranges);
+        st->ranges = calloc(ex->workers, sizeof *st->ranges);
         if (!st->ranges)
-            return core_fail(KEEL_ENOMEM, "system '%s': out of memory for its task ranges", rt->sched->sys[s].d.name);
+            return core_fail(KEEL_ENOMEM, "system '%s': out of memory for its task ranges", ex->sched->sys[s].d.name);
     }
-    uint32_t r = st->ntasks < rt->workers ? st->ntasks : rt->workers;
+    uint32_t r = st->ntasks < ex->workers ? st->ntasks : ex->workers;
     for (uint32_t i = 0; i < r; i++)
         atomic_store_explicit(&st->ranges[i],
                               range_word((uint32_t)((uint64_t)st->ntasks * i / r),
@@ -308,7 +308,7 @@ static int cut_ranges(keel_runtime *rt, uint32_t s)
 
 /* The next task of system s for a holder whose home range is *home
  * (UINT32_MAX: none yet), or UINT32_MAX when every range is empty. */
-static uint32_t claim_task(rt_sys *st, uint32_t *home)
+static uint32_t claim_task(sched_run *st, uint32_t *home)
 {
     if (*home == UINT32_MAX) {
         uint32_t h = atomic_fetch_add(&st->next_range, 1);
@@ -343,42 +343,42 @@ static uint32_t claim_task(rt_sys *st, uint32_t *home)
  * by registration index so that every tick carries a share of them rather
  * than all of them on one tick in `divisor` (which would overrun that tick
  * as much as before). */
-static bool throttled(const keel_runtime *rt, uint32_t s)
+static bool throttled(const sched_exec *ex, uint32_t s)
 {
-    if (rt->tick_level < KEEL_OVERLOAD_SYSTEM_THROTTLING)
+    if (ex->tick_level < KEEL_OVERLOAD_SYSTEM_THROTTLING)
         return false;
-    keel_priority p = rt->sched->sys[s].d.priority;
+    keel_priority p = ex->sched->sys[s].d.priority;
     if (p != KEEL_PRIORITY_LOW && p != KEEL_PRIORITY_NORMAL)
         return false;
-    uint64_t tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
-    return p == KEEL_PRIORITY_LOW || (tick + s) % rt->ovl_divisor != 0;
+    uint64_t tick = atomic_load_explicit(&ex->txn->running_tick, memory_order_relaxed);
+    return p == KEEL_PRIORITY_LOW || (tick + s) % ex->ovl_divisor != 0;
 }
 
 /* Prepare a system whose predecessors completed. Returns true when it has
  * tasks to run; false when it completes on the spot: skipped (a predecessor
  * failed, it is throttled, or its tasks could not be planned: skip is set)
  * or empty (a pipeline of 0 indices). */
-static void reset_run(rt_sys *st);
+static void reset_run(sched_run *st);
 
-static bool make_ready(keel_runtime *rt, uint32_t s)
+static bool make_ready(sched_exec *ex, uint32_t s)
 {
-    rt_sys *st = &rt->st[s];
+    sched_run *st = &ex->st[s];
     reset_run(st);
     if (atomic_load_explicit(&st->dep_failed, memory_order_relaxed)) {
         st->skip = KEEL_SKIP_DEPENDENCY_FAILED;
         return false;
     }
-    if (throttled(rt, s)) {
+    if (throttled(ex, s)) {
         st->skip = KEEL_SKIP_THROTTLED;
         return false;
     }
-    int rc = plan_tasks(rt, s);
+    int rc = plan_tasks(ex, s);
     if (!rc)
-        rc = ensure_cmdbufs(rt, s);
+        rc = ensure_cmdbufs(ex, s);
     if (!rc)
-        rc = cut_ranges(rt, s);
+        rc = cut_ranges(ex, s);
     if (rc) {
-        core_log(KEEL_LOG_ERROR, "sched", "system_not_run", "system=%s rc=%s", rt->sched->sys[s].d.name,
+        core_log(KEEL_LOG_ERROR, "sched", "system_not_run", "system=%s rc=%s", ex->sched->sys[s].d.name,
                  keel_strerror(rc));
         atomic_store(&st->fail_rc, rc);
         st->skip = KEEL_SKIP_FAILED;
@@ -391,7 +391,7 @@ static bool make_ready(keel_runtime *rt, uint32_t s)
 /* Per-run fields: reset by the thread that makes the system ready, before
  * any ticket for it exists. (Not at completion: a worker holding a stale
  * "help" ticket may still bump next_range after the system completed.) */
-static void reset_run(rt_sys *st)
+static void reset_run(sched_run *st)
 {
     atomic_store_explicit(&st->next_range, 0, memory_order_relaxed);
     atomic_store_explicit(&st->started, false, memory_order_relaxed);
@@ -408,35 +408,35 @@ static void reset_run(rt_sys *st)
 
 /* Readiness fields: reset when the system completes (every system completes
  * every tick, run or skipped), ready for the next tick's predecessors. */
-static void reset_readiness(keel_runtime *rt, uint32_t s)
+static void reset_readiness(sched_exec *ex, uint32_t s)
 {
-    atomic_store_explicit(&rt->st[s].preds_left, rt->sched->npred[s], memory_order_relaxed);
-    atomic_store_explicit(&rt->st[s].dep_failed, 0, memory_order_relaxed);
+    atomic_store_explicit(&ex->st[s].preds_left, ex->sched->npred[s], memory_order_relaxed);
+    atomic_store_explicit(&ex->st[s].dep_failed, 0, memory_order_relaxed);
 }
 
-void dispatch_reset_system(keel_runtime *rt, uint32_t s)
+void dispatch_reset_system(sched_exec *ex, uint32_t s)
 {
-    reset_run(&rt->st[s]);
-    reset_readiness(rt, s);
+    reset_run(&ex->st[s]);
+    reset_readiness(ex, s);
 }
 
 /* The last step of a system's tick, on the worker that completed it: count
  * it in the worker's share of the tick's counters and re-arm its readiness
  * for the next tick. Its per-run fields stay as they are until the stepping
  * thread has copied them into the telemetry ring at tick end. */
-static void finish_system(keel_runtime *rt, uint32_t s, uint32_t worker)
+static void finish_system(sched_exec *ex, uint32_t s, uint32_t worker)
 {
-    const rt_sys *st = &rt->st[s];
-    rt_scratch *w = &rt->scratch[worker];
+    const sched_run *st = &ex->st[s];
+    sched_scratch *w = &ex->scratch[worker];
     bool skipped = st->skip == KEEL_SKIP_DEPENDENCY_FAILED || st->skip == KEEL_SKIP_THROTTLED;
-    bool txn = rt->sched->sys[s].d.kind != KEEL_SYSTEM_PIPELINE && !skipped;
+    bool txn = ex->sched->sys[s].d.kind != KEEL_SYSTEM_PIPELINE && !skipped;
     w->commits += txn && st->skip == KEEL_SKIP_NONE;
     w->aborts += txn && st->skip == KEEL_SKIP_FAILED;
     w->run += !skipped;
     w->failed += st->skip == KEEL_SKIP_FAILED;
     w->skipped += skipped;
     w->throttled += st->skip == KEEL_SKIP_THROTTLED;
-    reset_readiness(rt, s);
+    reset_readiness(ex, s);
 }
 
 /* The outcome of system s, whose tasks are all done (or which was skipped):
@@ -445,15 +445,15 @@ static void finish_system(keel_runtime *rt, uint32_t s, uint32_t worker)
  * recorded. A commit that cannot get memory fails the system the same way.
  * Returns true when its successors must be skipped: a throttled system did
  * not fail (it ran nothing), so its successors run. */
-static bool settle(keel_runtime *rt, uint32_t s, uint64_t now)
+static bool settle(sched_exec *ex, uint32_t s, uint64_t now)
 {
-    rt_sys *st = &rt->st[s];
+    sched_run *st = &ex->st[s];
     bool shed = st->skip == KEEL_SKIP_THROTTLED;
     bool failed = (st->skip != KEEL_SKIP_NONE && !shed) || atomic_load(&st->fail_rc) != 0;
     if (!failed && st->ntasks && st->ncmds) {
-        int rc = txn_commit(rt->world, st->parts, st->ncmds, &st->changes);
+        int rc = txn_commit(ex->world, st->parts, st->ncmds, &st->changes);
         if (rc) {
-            core_log(KEEL_LOG_ERROR, "txn", "commit_failed", "system=%s rc=%s", rt->sched->sys[s].d.name,
+            core_log(KEEL_LOG_ERROR, "txn", "commit_failed", "system=%s rc=%s", ex->sched->sys[s].d.name,
                      keel_strerror(rc));
             atomic_store(&st->fail_rc, rc);
             failed = true;
@@ -461,7 +461,7 @@ static bool settle(keel_runtime *rt, uint32_t s, uint64_t now)
     }
     if (st->skip == KEEL_SKIP_NONE && failed) {
         st->skip = KEEL_SKIP_FAILED;
-        txn_abort(rt->world, st->parts, st->ncmds, &st->changes);
+        txn_abort(ex->world, st->parts, st->ncmds, &st->changes);
         for (uint32_t k = 0; k < st->ncmds; k++)
             keel_cmdbuf_discard(st->cmds[k]);
     }
@@ -478,60 +478,60 @@ typedef struct ready_list {
 
 /* Complete system s and every system its outcome skips; runnable successors
  * are appended to out. Returns the number of systems completed. */
-static uint32_t complete(keel_runtime *rt, uint32_t s, uint64_t now, uint32_t worker, ready_list *out,
+static uint32_t complete(sched_exec *ex, uint32_t s, uint64_t now, uint32_t worker, ready_list *out,
                          uint32_t *stack)
 {
-    const keel_schedule *sc = rt->sched;
+    const keel_schedule *sc = ex->sched;
     uint32_t top = 0, completed = 0;
     stack[top++] = s;
     while (top) {
         uint32_t u = stack[--top];
-        bool failed = settle(rt, u, now);
+        bool failed = settle(ex, u, now);
         completed++;
         for (uint32_t k = sc->succ_off[u]; k < sc->succ_off[u + 1]; k++) {
             uint32_t v = sc->succ[k];
             if (failed)
-                atomic_store_explicit(&rt->st[v].dep_failed, 1, memory_order_relaxed);
-            if (atomic_fetch_sub_explicit(&rt->st[v].preds_left, 1, memory_order_acq_rel) != 1)
+                atomic_store_explicit(&ex->st[v].dep_failed, 1, memory_order_relaxed);
+            if (atomic_fetch_sub_explicit(&ex->st[v].preds_left, 1, memory_order_acq_rel) != 1)
                 continue;
-            if (make_ready(rt, v))
+            if (make_ready(ex, v))
                 out->items[out->n++] = v;
             else
                 stack[top++] = v;
         }
-        finish_system(rt, u, worker);
+        finish_system(ex, u, worker);
     }
     return completed;
 }
 
 /* ---- serial mode -------------------------------------------------------------- */
 
-static void dispatch_serial(keel_runtime *rt, const sched_track *t)
+static void dispatch_serial(sched_exec *ex, const sched_track *t)
 {
-    const keel_schedule *sc = rt->sched;
-    uint64_t clock = rt_now_ns();
+    const keel_schedule *sc = ex->sched;
+    uint64_t clock = core_now_ns();
     for (uint32_t i = t->first; i < t->first + t->count; i++) {
         uint32_t s = sc->order[i];
-        rt_sys *st = &rt->st[s];
-        if (make_ready(rt, s))
+        sched_run *st = &ex->st[s];
+        if (make_ready(ex, s))
             for (uint32_t k = 0; k < st->ntasks; k++)
-                run_task(rt, s, k, 0, &clock, k == 0);
-        if (settle(rt, s, clock))
+                run_task(ex, s, k, 0, &clock, k == 0);
+        if (settle(ex, s, clock))
             for (uint32_t k = sc->succ_off[s]; k < sc->succ_off[s + 1]; k++)
-                atomic_store_explicit(&rt->st[sc->succ[k]].dep_failed, 1, memory_order_relaxed);
-        finish_system(rt, s, 0);
+                atomic_store_explicit(&ex->st[sc->succ[k]].dep_failed, 1, memory_order_relaxed);
+        finish_system(ex, s, 0);
     }
 }
 
 /* ---- parallel mode ------------------------------------------------------------ */
 
-static void push_ticket(rt_pool *p, uint32_t s)
+static void push_ticket(sched_pool *p, uint32_t s)
 {
     uint32_t slot = atomic_fetch_add(&p->tail, 1);
     atomic_store_explicit(&p->tickets[slot], s + 1, memory_order_release);
 }
 
-static void wake_idle(rt_pool *p)
+static void wake_idle(sched_pool *p)
 {
     atomic_fetch_add(&p->work_seq, 1);
     if (atomic_load(&p->sleepers))
@@ -542,7 +542,7 @@ static void wake_idle(rt_pool *p)
  * them (at least 1, at most POP_BATCH), so that a wide fan-out of small
  * systems is not one contended CAS per system. Returns how many were claimed
  * into out (0 when the queue is empty). */
-static uint32_t pop_tickets(rt_pool *p, uint32_t workers, uint32_t *out)
+static uint32_t pop_tickets(sched_pool *p, uint32_t workers, uint32_t *out)
 {
     for (;;) {
         uint32_t h = atomic_load(&p->head), t = atomic_load(&p->tail);
@@ -563,16 +563,16 @@ static uint32_t pop_tickets(rt_pool *p, uint32_t workers, uint32_t *out)
 }
 
 /* Tickets for the systems in `ready`, keeping one to run inline. */
-static uint32_t publish(keel_runtime *rt, ready_list *ready)
+static uint32_t publish(sched_exec *ex, ready_list *ready)
 {
-    rt_pool *p = &rt->pool;
+    sched_pool *p = &ex->pool;
     if (!ready->n)
-        return RT_NONE;
+        return SCHED_NONE;
     uint32_t keep = ready->items[0];
     bool pushed = false;
     for (uint32_t i = 0; i < ready->n; i++) {
-        uint32_t s = ready->items[i], ntasks = rt->st[s].ntasks;
-        uint32_t tickets = ntasks < rt->workers ? ntasks : rt->workers;
+        uint32_t s = ready->items[i], ntasks = ex->st[s].ntasks;
+        uint32_t tickets = ntasks < ex->workers ? ntasks : ex->workers;
         if (s == keep && tickets)
             tickets--; /* this thread helps too */
         for (uint32_t k = 0; k < tickets; k++)
@@ -586,38 +586,38 @@ static uint32_t publish(keel_runtime *rt, ready_list *ready)
 }
 
 /* Help system s: claim and run its tasks until none is left. Returns the
- * system to run next inline, or RT_NONE, and adds the systems this thread
+ * system to run next inline, or SCHED_NONE, and adds the systems this thread
  * completed to *done (work_loop subtracts them from `remaining` once per
  * claimed batch). *clock: see run_task; s must have been ready before the
  * reading it holds. */
-static uint32_t help(keel_runtime *rt, uint32_t s, uint32_t worker, ready_list *ready, uint32_t *stack,
+static uint32_t help(sched_exec *ex, uint32_t s, uint32_t worker, ready_list *ready, uint32_t *stack,
                      uint64_t *clock, uint32_t *done)
 {
-    rt_sys *st = &rt->st[s];
+    sched_run *st = &ex->st[s];
     uint32_t home = UINT32_MAX;
     for (;;) {
         uint32_t k = claim_task(st, &home);
         if (k == UINT32_MAX)
-            return RT_NONE;
+            return SCHED_NONE;
         /* the first claim takes the telemetry start; its writes reach the
          * completer through the tasks_done chain below */
-        run_task(rt, s, k, worker, clock, !atomic_exchange_explicit(&st->started, true, memory_order_relaxed));
+        run_task(ex, s, k, worker, clock, !atomic_exchange_explicit(&st->started, true, memory_order_relaxed));
         if (atomic_fetch_add(&st->tasks_done, 1) + 1 == st->ntasks) {
-            *done += complete(rt, s, *clock, worker, ready, stack);
-            return publish(rt, ready);
+            *done += complete(ex, s, *clock, worker, ready, stack);
+            return publish(ex, ready);
         }
     }
 }
 
-static void work_loop(keel_runtime *rt, uint32_t worker, rt_scratch *w)
+static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w)
 {
-    rt_pool *p = &rt->pool;
+    sched_pool *p = &ex->pool;
     ready_list ready = {w->ready, 0};
     uint32_t spins = 0;
     uint64_t clock = 0;
     uint32_t claimed[POP_BATCH];
     while (atomic_load(&p->remaining) > 0) {
-        uint32_t n = pop_tickets(p, rt->workers, claimed);
+        uint32_t n = pop_tickets(p, ex->workers, claimed);
         if (n) {
             /* Every claimed ticket was ready before the claim, so any clock
              * reading taken since can serve as the start of its system: one
@@ -631,8 +631,8 @@ static void work_loop(keel_runtime *rt, uint32_t worker, rt_scratch *w)
             uint32_t done = 0;
             clock = 0;
             for (uint32_t i = 0; i < n; i++)
-                for (uint32_t s = claimed[i]; s != RT_NONE;)
-                    if ((s = help(rt, s, worker, &ready, w->stack, &clock, &done)) != RT_NONE)
+                for (uint32_t s = claimed[i]; s != SCHED_NONE;)
+                    if ((s = help(ex, s, worker, &ready, w->stack, &clock, &done)) != SCHED_NONE)
                         clock = 0;
             if (done && atomic_fetch_sub(&p->remaining, done) == done)
                 wake_idle(p);
@@ -659,7 +659,7 @@ static void work_loop(keel_runtime *rt, uint32_t worker, rt_scratch *w)
  * (both seq_cst): either the worker sees the new epoch or the caller sees it
  * parked and wakes it. Returns the epoch seen (== seen after a wake-up, so
  * the caller loops). */
-static uint32_t wait_epoch(rt_pool *p, uint32_t seen)
+static uint32_t wait_epoch(sched_pool *p, uint32_t seen)
 {
     uint64_t start = 0;
     for (uint32_t i = 0;; i++) {
@@ -667,7 +667,7 @@ static uint32_t wait_epoch(rt_pool *p, uint32_t seen)
         if (e != seen)
             return e;
         if ((i & 63) == 63) {
-            uint64_t now = rt_now_ns();
+            uint64_t now = core_now_ns();
             if (!start)
                 start = now;
             else if (now - start > PARK_SPIN_NS)
@@ -683,7 +683,7 @@ static uint32_t wait_epoch(rt_pool *p, uint32_t seen)
 }
 
 typedef struct worker_arg {
-    keel_runtime *rt;
+    sched_exec *ex;
     uint32_t index;
 } worker_arg;
 
@@ -692,14 +692,14 @@ typedef struct worker_arg {
  * the track hand-shake (track_live / active / epoch) with p->job set instead
  * of a track: every participant claims indices with fetch_add(next) and
  * counts them in done; the caller returns when done == n. */
-typedef struct rt_job {
+typedef struct sched_job {
     void (*fn)(void *arg, uint32_t i, uint32_t worker);
     void *arg;
     uint32_t n;
     _Atomic uint32_t next, done;
-} rt_job;
+} sched_job;
 
-static void job_loop(rt_job *j, uint32_t worker)
+static void job_loop(sched_job *j, uint32_t worker)
 {
     for (uint32_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
         j->fn(j->arg, i, worker);
@@ -707,11 +707,11 @@ static void job_loop(rt_job *j, uint32_t worker)
     }
 }
 
-void dispatch_for(keel_runtime *rt, uint32_t n, void (*fn)(void *arg, uint32_t i, uint32_t worker), void *arg)
+void dispatch_for(sched_exec *ex, uint32_t n, core_task_fn fn, void *arg)
 {
-    rt_job j = {.fn = fn, .arg = arg, .n = n};
-    rt_pool *p = &rt->pool;
-    if (rt->workers == 1 || n < 2) {
+    sched_job j = {.fn = fn, .arg = arg, .n = n};
+    sched_pool *p = &ex->pool;
+    if (ex->workers == 1 || n < 2) {
         job_loop(&j, 0);
         return;
     }
@@ -729,12 +729,22 @@ void dispatch_for(keel_runtime *rt, uint32_t n, void (*fn)(void *arg, uint32_t i
     atomic_store(&p->job, NULL);
 }
 
+static void pool_run(void *self, uint32_t n, core_task_fn fn, void *arg)
+{
+    dispatch_for(self, n, fn, arg);
+}
+
+core_pool dispatch_pool(sched_exec *ex)
+{
+    return (core_pool){pool_run, ex, ex->workers};
+}
+
 static void *worker_main(void *arg)
 {
     worker_arg a = *(worker_arg *)arg;
     free(arg);
-    keel_runtime *rt = a.rt;
-    rt_pool *p = &rt->pool;
+    sched_exec *ex = a.ex;
+    sched_pool *p = &ex->pool;
     uint32_t seen = 0;
     for (;;) {
         uint32_t e = wait_epoch(p, seen);
@@ -745,22 +755,22 @@ static void *worker_main(void *arg)
             break;
         atomic_fetch_add(&p->active, 1);
         if (atomic_load(&p->track_live) && atomic_load(&p->epoch) == seen) {
-            rt_job *job = atomic_load(&p->job);
+            sched_job *job = atomic_load(&p->job);
             if (job)
                 job_loop(job, a.index);
             else
-                work_loop(rt, a.index, &rt->scratch[a.index]);
+                work_loop(ex, a.index, &ex->scratch[a.index]);
         }
         atomic_fetch_sub(&p->active, 1);
     }
     return NULL;
 }
 
-static void dispatch_parallel(keel_runtime *rt, const sched_track *t)
+static void dispatch_parallel(sched_exec *ex, const sched_track *t)
 {
-    const keel_schedule *sc = rt->sched;
-    rt_pool *p = &rt->pool;
-    rt_scratch *w = &rt->scratch[0];
+    const keel_schedule *sc = ex->sched;
+    sched_pool *p = &ex->pool;
+    sched_scratch *w = &ex->scratch[0];
     /* prepare: no worker touches track state now (track_live == 0, active == 0) */
     atomic_store(&p->head, 0);
     atomic_store(&p->tail, 0);
@@ -769,17 +779,17 @@ static void dispatch_parallel(keel_runtime *rt, const sched_track *t)
     uint32_t done = 0;
     for (uint32_t i = t->roots_first; i < t->roots_first + t->roots_count; i++) {
         uint32_t s = sc->roots[i];
-        if (make_ready(rt, s))
+        if (make_ready(ex, s))
             ready.items[ready.n++] = s;
         else
-            done += complete(rt, s, rt_now_ns(), 0, &ready, w->stack);
+            done += complete(ex, s, core_now_ns(), 0, &ready, w->stack);
     }
     if (done == t->count)
         return;
     atomic_store(&p->remaining, t->count - done);
     /* every root gets its tickets; the caller keeps none: it joins below */
     for (uint32_t i = 0; i < ready.n; i++) {
-        uint32_t s = ready.items[i], n = rt->st[s].ntasks < rt->workers ? rt->st[s].ntasks : rt->workers;
+        uint32_t s = ready.items[i], n = ex->st[s].ntasks < ex->workers ? ex->st[s].ntasks : ex->workers;
         for (uint32_t k = 0; k < n; k++)
             push_ticket(p, s);
     }
@@ -787,7 +797,7 @@ static void dispatch_parallel(keel_runtime *rt, const sched_track *t)
     atomic_fetch_add(&p->epoch, 1);
     if (atomic_load(&p->parked))
         futex_wake_all(&p->epoch);
-    work_loop(rt, 0, w);
+    work_loop(ex, 0, w);
     atomic_store(&p->track_live, false);
     while (atomic_load(&p->active))
         sched_yield();
@@ -795,31 +805,31 @@ static void dispatch_parallel(keel_runtime *rt, const sched_track *t)
 
 /* Systems' tick state was reset by their completers in the last tick (or at
  * install), so starting a track touches none of it. */
-void dispatch_track(keel_runtime *rt, const sched_track *t)
+void dispatch_track(sched_exec *ex, const sched_track *t)
 {
     if (!t->count)
         return;
-    if (rt->workers == 1)
-        dispatch_serial(rt, t);
+    if (ex->workers == 1)
+        dispatch_serial(ex, t);
     else
-        dispatch_parallel(rt, t);
+        dispatch_parallel(ex, t);
 }
 
 /* ---- pool lifetime ------------------------------------------------------------ */
 
-int dispatch_init(keel_runtime *rt)
+int dispatch_init(sched_exec *ex)
 {
-    rt_pool *p = &rt->pool;
-    p->nthreads = rt->workers - 1;
+    sched_pool *p = &ex->pool;
+    p->nthreads = ex->workers - 1;
     if (!p->nthreads)
         return KEEL_OK;
     p->threads = calloc(p->nthreads, sizeof *p->threads);
     if (!p->threads)
-        return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory for %u workers", rt->workers);
+        return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory for %u workers", ex->workers);
     for (uint32_t i = 0; i < p->nthreads; i++) {
         worker_arg *a = malloc(sizeof *a);
         if (a)
-            *a = (worker_arg){rt, i + 1};
+            *a = (worker_arg){ex, i + 1};
         if (!a || pthread_create(&p->threads[i], NULL, worker_main, a)) {
             free(a);
             p->nthreads = i;
@@ -830,9 +840,9 @@ int dispatch_init(keel_runtime *rt)
     return KEEL_OK;
 }
 
-void dispatch_fini(keel_runtime *rt)
+void dispatch_fini(sched_exec *ex)
 {
-    rt_pool *p = &rt->pool;
+    sched_pool *p = &ex->pool;
     atomic_store(&p->quit, true);
     atomic_fetch_add(&p->epoch, 1);
     futex_wake_all(&p->epoch);
@@ -840,33 +850,33 @@ void dispatch_fini(keel_runtime *rt)
         pthread_join(p->threads[i], NULL);
     free(p->threads);
     free((void *)p->tickets);
-    for (uint32_t i = 0; rt->scratch && i < rt->workers; i++) {
-        free(rt->scratch[i].ready);
-        free(rt->scratch[i].stack);
+    for (uint32_t i = 0; ex->scratch && i < ex->workers; i++) {
+        free(ex->scratch[i].ready);
+        free(ex->scratch[i].stack);
     }
-    free(rt->scratch);
+    free(ex->scratch);
 }
 
-int dispatch_prepare(keel_runtime *rt)
+int dispatch_prepare(sched_exec *ex)
 {
-    uint32_t nsys = rt->sched->nsys + 1;
-    rt_pool *p = &rt->pool;
+    uint32_t nsys = ex->sched->nsys + 1;
+    sched_pool *p = &ex->pool;
     free((void *)p->tickets);
-    p->tickets_cap = nsys * rt->workers;
+    p->tickets_cap = nsys * ex->workers;
     p->tickets = calloc(p->tickets_cap, sizeof *p->tickets);
-    if (!rt->scratch) {
-        rt->scratch = aligned_alloc(64, rt->workers * sizeof *rt->scratch);
-        if (rt->scratch)
-            memset(rt->scratch, 0, rt->workers * sizeof *rt->scratch);
+    if (!ex->scratch) {
+        ex->scratch = aligned_alloc(64, ex->workers * sizeof *ex->scratch);
+        if (ex->scratch)
+            memset(ex->scratch, 0, ex->workers * sizeof *ex->scratch);
     }
-    if (!p->tickets || !rt->scratch)
+    if (!p->tickets || !ex->scratch)
         return core_fail(KEEL_ENOMEM, "out of memory preparing the dispatcher");
-    for (uint32_t i = 0; i < rt->workers; i++) {
-        free(rt->scratch[i].ready);
-        free(rt->scratch[i].stack);
-        rt->scratch[i].ready = malloc(nsys * sizeof(uint32_t));
-        rt->scratch[i].stack = malloc(nsys * sizeof(uint32_t));
-        if (!rt->scratch[i].ready || !rt->scratch[i].stack)
+    for (uint32_t i = 0; i < ex->workers; i++) {
+        free(ex->scratch[i].ready);
+        free(ex->scratch[i].stack);
+        ex->scratch[i].ready = malloc(nsys * sizeof(uint32_t));
+        ex->scratch[i].stack = malloc(nsys * sizeof(uint32_t));
+        if (!ex->scratch[i].ready || !ex->scratch[i].stack)
             return core_fail(KEEL_ENOMEM, "out of memory preparing the dispatcher");
     }
     return KEEL_OK;

@@ -9,28 +9,26 @@
 #ifndef KEEL_SCHED_INTERNAL_H
 #define KEEL_SCHED_INTERNAL_H
 
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "keel/schedule.h"
+#include "keel/telemetry.h"
+#include "txn/txn_internal.h"
 #include "world/world_internal.h"
 
-/* A system's component access as sets, for the transaction layer's checks
- * (computed at build). */
-typedef struct sched_access {
-    world_compset read;       /* reads, reads_fresh, reads_snapshot, and query terms declared nowhere */
-    world_compset snapshot;   /* reads_snapshot */
-    world_compset write;      /* writes and rewrites */
-    world_compset rewrite;    /* rewrites */
-    world_compset side;       /* side_writes */
-} sched_access;
+#define SCHED_NONE UINT32_MAX
+#define SCHED_MAX_WORKERS 64
 
 typedef struct sched_system {
     keel_system_desc d;       /* strings point into owned copies */
     uint32_t track;           /* index into the plan's tracks (resolved at build) */
     uint32_t dag;             /* schedule-wide DAG id (resolved at build) */
     keel_query *query;        /* QUERY systems: created at build on the runtime's world */
-    sched_access acc;
+    txn_access acc;
 } sched_system;
 
 typedef struct sched_track {
@@ -71,7 +69,118 @@ struct keel_schedule {
     uint64_t hash;
 };
 
+/* keel_schedule_create's body: a schedule for runtime rt (opaque here),
+ * whose systems query world w. */
+int schedule_create(keel_runtime *rt, keel_world *w, keel_schedule **out);
 /* Free a schedule whatever its state (the runtime frees the installed one). */
 void schedule_free(keel_schedule *s);
+
+/* ---- the executor (dispatch.c) ---------------------------------------------------- */
+
+/* Per-system state of the running tick. Fields written by several workers
+ * are atomics; the rest are written by the one thread that owns the step
+ * they belong to (see sched/dispatch.c for the protocol). Per-run fields
+ * are reset when the system is made ready, readiness fields when it
+ * completes, so starting a tick touches none of them. */
+typedef struct sched_run {
+    /* hot: cache-line aligned, so workers finishing neighbouring systems
+     * never share a line */
+    alignas(64) _Atomic uint32_t preds_left; /* predecessors not yet completed */
+    _Atomic uint32_t dep_failed;   /* a predecessor failed or was skipped */
+    _Atomic uint32_t next_range;   /* next home range to hand to a ticket holder (dispatch.c) */
+    _Atomic bool started;          /* a task of this run has claimed the telemetry start (dispatch.c) */
+    _Atomic uint32_t tasks_done;
+    _Atomic int fail_rc;           /* first failing task's code, 0 = none */
+    _Atomic uint64_t rows;
+    _Atomic uint64_t watchdog_tick; /* tick of the last run the watchdog reported */
+    uint32_t ntasks;               /* set when the system becomes ready */
+    uint32_t worker;               /* telemetry of this run */
+    uint64_t start_ns, end_ns;
+    keel_skip_reason skip;
+    /* the task ranges of this run, one per ticket holder: (lo << 32 | hi),
+     * workers entries (dispatch.c "Task ranges") */
+    _Atomic uint64_t *ranges;
+    uint32_t nranges;
+    /* QUERY systems: the chunks of this tick, split into ntasks tasks */
+    uint32_t nchunks, chunks_cap;
+    world_chunk_ref *chunks;
+    /* entity budget (overload SCOPE_REDUCTION): where the next tick resumes,
+     * in rows of the query's iteration order, and the rows this tick left */
+    uint64_t cursor;
+    uint64_t deferred;
+    /* cold, on a line of its own: one command buffer and one transaction
+     * part per task (callback and query systems); read by the sync point and
+     * the unit of work, written only when they grow */
+    alignas(64) keel_cmdbuf **cmds;
+    txn_part *parts;
+    uint32_t ncmds;                /* also the number of parts */
+    txn_vec changes;               /* chunk columns this run changed first (the unit of work's input) */
+} sched_run;
+
+/* What each worker is running, for the watchdog. */
+typedef struct sched_watch {
+    alignas(64) _Atomic uint64_t since_ns; /* 0 = idle; one line per worker */
+    _Atomic uint32_t sys;
+    _Atomic uint64_t tick;
+} sched_watch;
+
+typedef struct sched_pool {
+    uint32_t nthreads;             /* worker threads besides the caller */
+    pthread_t *threads;
+    /* Futex words (see dispatch.c): epoch wakes parked workers for a track,
+     * work_seq wakes idle workers when tickets arrive or the track ends. */
+    alignas(64) _Atomic uint32_t epoch;
+    _Atomic uint32_t work_seq;
+    _Atomic uint32_t sleepers;     /* workers asleep on work_seq */
+    _Atomic uint32_t parked;       /* workers asleep on epoch */
+    _Atomic uint32_t active;       /* workers inside a track's work loop */
+    _Atomic bool track_live;
+    _Atomic(struct sched_job *) job;  /* dispatch_for's job while one runs, else NULL */
+    _Atomic bool quit;
+    alignas(64) _Atomic uint32_t remaining; /* systems of the current track not completed */
+    /* the ready queue: single-use slots, reset per track */
+    alignas(64) _Atomic uint32_t head;
+    alignas(64) _Atomic uint32_t tail;
+    _Atomic uint32_t *tickets;
+    uint32_t tickets_cap;
+} sched_pool;
+
+/* Per-worker scratch lists for completion (sized to the schedule) and the
+ * worker's share of the tick's counters, summed by the stepping thread at
+ * tick end. One cache line each. */
+typedef struct sched_scratch {
+    alignas(64) uint32_t *ready, *stack;
+    uint32_t run, failed, skipped, throttled;
+    uint32_t commits, aborts;      /* system transactions */
+} sched_scratch;
+
+/* The executor: the worker pool and the per-system state of the running
+ * tick. runtime/ embeds one and fills the fields above `st`. */
+typedef struct sched_exec {
+    keel_runtime *rt;              /* opaque here: handed to system bodies in their keel_ctx */
+    txn_state *txn;
+    keel_world *world;
+    uint32_t workers;
+    keel_overload_level tick_level; /* of the running tick (set before it starts) */
+    uint32_t ovl_divisor;          /* throttled_tick_divisor */
+    keel_schedule *sched;          /* the installed schedule */
+    sched_run *st;                 /* per system */
+    sched_watch watch[SCHED_MAX_WORKERS];
+    sched_pool pool;
+    sched_scratch *scratch;        /* one per worker */
+} sched_exec;
+
+int dispatch_init(sched_exec *ex);
+void dispatch_fini(sched_exec *ex);
+/* Size per-schedule dispatch state (ready queue) once a schedule is installed. */
+int dispatch_prepare(sched_exec *ex);
+/* Reset system s's tick state (at install, and by its completer each tick). */
+void dispatch_reset_system(sched_exec *ex, uint32_t s);
+/* Run every system of track t to completion (or skip). */
+void dispatch_track(sched_exec *ex, const sched_track *t);
+/* Run fn(arg, i, worker) for every i in [0, n) on the pool; returns when all ran. */
+void dispatch_for(sched_exec *ex, uint32_t n, core_task_fn fn, void *arg);
+/* The pool as the layers below runtime/ take it (core_pool). */
+core_pool dispatch_pool(sched_exec *ex);
 
 #endif

@@ -36,7 +36,6 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "keel/runtime.h"
 #include "sched/sched_internal.h"
 #include "world/world_internal.h"
 
@@ -133,15 +132,13 @@ static void diag_add(keel_schedule *s, keel_sched_code code, uint32_t nnames, co
 
 /* ---- declaration ---------------------------------------------------------- */
 
-int keel_schedule_create(keel_runtime *rt, keel_schedule **out)
+int schedule_create(keel_runtime *rt, keel_world *w, keel_schedule **out)
 {
-    if (!rt || !out)
-        return core_fail(KEEL_EINVAL, "keel_schedule_create: runtime or out is NULL");
     keel_schedule *s = calloc(1, sizeof *s);
     if (!s)
         return core_fail(KEEL_ENOMEM, "keel_schedule_create: out of memory");
     s->rt = rt;
-    s->world = keel_runtime_world(rt);
+    s->world = w;
     *out = s;
     return KEEL_OK;
 }
@@ -467,8 +464,8 @@ static void summarise_components(build *b, uint32_t i)
     sched_system *sys = &b->s->sys[i];
     const keel_access *a = &sys->d.access;
     const keel_world *w = b->s->world;
-    sched_access *acc = &sys->acc;
-    *acc = (sched_access){0};
+    txn_access *acc = &sys->acc;
+    *acc = (txn_access){0};
     list_to_set(w, a->reads, &acc->read);
     list_to_set(w, a->reads_fresh, &acc->read);
     list_to_set(w, a->reads_snapshot, &acc->snapshot);

@@ -1,6 +1,6 @@
 /*
  * txn/side.c -- side transactions: optimistic, row-versioned, committed on
- * their own (SPEC §4, economy).
+ * their own (the economy's trades and purchases).
  *
  * Row versions. A side commit takes the next sequence number and stamps
  * every (entity, component) it writes with it in a hash map; a row never
@@ -12,7 +12,7 @@
  * the map is emptied at tick end by bumping its epoch.
  *
  * Everything a side transaction does to shared state -- reading a value and
- * its version, validating, applying -- happens under rt->side_lock, which
+ * its version, validating, applying -- happens under side_lock, which
  * makes commits serialisable in lock order. Applying writes into a VERSIONED
  * chunk the published view shares first replaces `cur` by a copy (readers
  * holding the old pointer read the unchanged tick-start version), then
@@ -25,12 +25,13 @@
  * its record not yet queued) and side.before_wait (queued, before the
  * committer waits or hands out its ticket), in every commit path.
  */
+#include <stdalign.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
 #include "core/failpoint.h"
-#include "runtime/runtime_internal.h"
+#include "txn/txn_internal.h"
 
 /* ---- row versions --------------------------------------------------------------- */
 
@@ -104,26 +105,26 @@ static void rowver_set(txn_rowvers *m, keel_entity e, keel_component c, uint64_t
     *s = (rowver_slot){e, c, m->epoch, ver};
 }
 
-int side_init(keel_runtime *rt)
+int side_init(txn_state *ts)
 {
-    rt->rowvers = calloc(1, sizeof *rt->rowvers);
-    if (!rt->rowvers)
+    ts->rowvers = calloc(1, sizeof *ts->rowvers);
+    if (!ts->rowvers)
         return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
-    rt->rowvers->epoch = 1;
+    ts->rowvers->epoch = 1;
     return KEEL_OK;
 }
 
-void side_fini(keel_runtime *rt)
+void side_fini(txn_state *ts)
 {
-    if (rt->rowvers)
-        free(rt->rowvers->slots);
-    free(rt->rowvers);
-    rt->rowvers = NULL;
+    if (ts->rowvers)
+        free(ts->rowvers->slots);
+    free(ts->rowvers);
+    ts->rowvers = NULL;
 }
 
-void side_tick_end(keel_runtime *rt)
+void side_tick_end(txn_state *ts)
 {
-    txn_rowvers *m = rt->rowvers;
+    txn_rowvers *m = ts->rowvers;
     if (!m->n)
         return;
     m->n = 0;
@@ -151,10 +152,10 @@ typedef struct side_write {
 } side_write;
 
 struct keel_side_txn {
-    keel_runtime *rt;
+    txn_state *ts;
     txn_part *part;             /* the task it was opened in (NULL: a closure) */
     keel_side_txn *next_open;
-    const sched_access *acc;    /* NULL: every component */
+    const txn_access *acc;    /* NULL: every component */
     const char *name;           /* the system, for messages */
     keel_durability mode;
     side_read *reads;
@@ -166,7 +167,7 @@ struct keel_side_txn {
     alignas(8) unsigned char vals_inline[SIDE_INLINE_BYTES];
 };
 
-static int side_new(keel_runtime *rt, keel_durability mode, keel_side_txn **out)
+static int side_new(txn_state *ts, keel_durability mode, keel_side_txn **out)
 {
     if (mode < KEEL_DURABLE_DEFAULT || mode > KEEL_DURABLE_DEFERRED)
         return core_fail(KEEL_EINVAL, "side transaction: durability mode %d is not a keel_durability", (int)mode);
@@ -174,8 +175,8 @@ static int side_new(keel_runtime *rt, keel_durability mode, keel_side_txn **out)
     if (!tx)
         return core_fail(KEEL_ENOMEM, "side transaction: out of memory");
     memset(tx, 0, offsetof(keel_side_txn, reads_inline));
-    tx->rt = rt;
-    tx->mode = mode ? mode : rt->durability;
+    tx->ts = ts;
+    tx->mode = mode ? mode : ts->durability;
     tx->reads = tx->reads_inline;
     tx->writes = tx->writes_inline;
     tx->vals = tx->vals_inline;
@@ -228,7 +229,7 @@ int keel_side_txn_begin(keel_ctx *ctx, keel_durability mode, keel_side_txn **out
     if (!ctx->part || !ctx->acc)
         return core_fail(KEEL_EINVAL, "keel_side_txn_begin: '%s' runs without a system transaction", ctx->name);
     keel_side_txn *tx = NULL;
-    int rc = side_new(ctx->rt, mode, &tx);
+    int rc = side_new(ctx->txn, mode, &tx);
     if (rc)
         return rc;
     tx->part = ctx->part;
@@ -240,9 +241,9 @@ int keel_side_txn_begin(keel_ctx *ctx, keel_durability mode, keel_side_txn **out
     return KEEL_OK;
 }
 
-int side_begin_full(keel_runtime *rt, keel_durability mode, keel_side_txn **out)
+int side_begin_full(txn_state *ts, keel_durability mode, keel_side_txn **out)
 {
-    int rc = side_new(rt, mode, out);
+    int rc = side_new(ts, mode, out);
     if (!rc)
         (*out)->name = "submitted closure";
     return rc;
@@ -252,7 +253,7 @@ void txn_close_sides(txn_part *p)
 {
     while (p->open) {
         core_log(KEEL_LOG_WARN, "txn", "side_txn_left_open", "system=%s", p->open->name);
-        keel_side_txn_abort(p->open); /* counts it in stats.aborts and unlinks it */
+        keel_side_txn_abort(p->open); /* counts it in counts.aborts and unlinks it */
     }
 }
 
@@ -265,7 +266,7 @@ static int side_locate(keel_side_txn *tx, keel_entity e, keel_component c, const
 {
     if (!tx)
         return core_fail(KEEL_EINVAL, "%s: transaction is NULL", fn);
-    keel_world *w = tx->rt->world;
+    keel_world *w = tx->ts->world;
     if (!world_component_valid(w, c))
         return core_fail(KEEL_EINVAL, "%s: component id %u is not registered", fn, c);
     const char *cname = w->comps[c].name;
@@ -317,12 +318,12 @@ int keel_side_get(keel_side_txn *tx, keel_entity e, keel_component c, void *out)
     }
     if ((rc = grow((void **)&tx->reads, tx->reads_inline, &tx->reads_cap, sizeof *tx->reads, tx->nreads + 1)))
         return rc;
-    keel_runtime *rt = tx->rt;
-    pthread_mutex_lock(&rt->side_lock);
+    txn_state *ts = tx->ts;
+    pthread_mutex_lock(&ts->side_lock);
     if (size)
-        memcpy(out, world_cell(rt->world, t, col, row), size);
-    tx->reads[tx->nreads++] = (side_read){e, c, rowver_get(rt->rowvers, e, c)};
-    pthread_mutex_unlock(&rt->side_lock);
+        memcpy(out, world_cell(ts->world, t, col, row), size);
+    tx->reads[tx->nreads++] = (side_read){e, c, rowver_get(ts->rowvers, e, c)};
+    pthread_mutex_unlock(&ts->side_lock);
     return KEEL_OK;
 }
 
@@ -353,9 +354,9 @@ void keel_side_txn_abort(keel_side_txn *tx)
 {
     if (!tx)
         return;
-    pthread_mutex_lock(&tx->rt->side_lock);
-    tx->rt->stats.aborts++;
-    pthread_mutex_unlock(&tx->rt->side_lock);
+    pthread_mutex_lock(&tx->ts->side_lock);
+    tx->ts->counts.aborts++;
+    pthread_mutex_unlock(&tx->ts->side_lock);
     side_free(tx);
 }
 
@@ -365,7 +366,7 @@ void keel_side_txn_abort(keel_side_txn *tx)
 static int64_t first_conflict(const keel_side_txn *tx)
 {
     for (uint32_t i = 0; i < tx->nreads; i++)
-        if (rowver_get(tx->rt->rowvers, tx->reads[i].e, tx->reads[i].c) != tx->reads[i].ver)
+        if (rowver_get(tx->ts->rowvers, tx->reads[i].e, tx->reads[i].c) != tx->reads[i].ver)
             return i;
     return -1;
 }
@@ -374,8 +375,8 @@ static int64_t first_conflict(const keel_side_txn *tx)
  * shared chunks, room for row versions and for the after-image record). */
 static int prepare_apply(keel_side_txn *tx)
 {
-    keel_runtime *rt = tx->rt;
-    keel_world *w = rt->world;
+    txn_state *ts = tx->ts;
+    keel_world *w = ts->world;
     for (uint32_t i = 0; i < tx->nwrites; i++) {
         const world_slot *s = world_slot_of(w, tx->writes[i].e);
         if (!s)
@@ -386,13 +387,13 @@ static int prepare_apply(keel_side_txn *tx)
         if (rc)
             return rc;
     }
-    int rc = rowver_reserve(rt->rowvers, tx->nwrites);
-    return rc ? rc : uow_side_reserve(&rt->uow, tx->nwrites, tx->vlen);
+    int rc = rowver_reserve(ts->rowvers, tx->nwrites);
+    return rc ? rc : uow_side_reserve(&ts->uow, tx->nwrites, tx->vlen);
 }
 
 static void apply_one(keel_side_txn *tx, const side_write *wr, uint64_t seq)
 {
-    keel_world *w = tx->rt->world;
+    keel_world *w = tx->ts->world;
     const world_slot *s = world_slot_of(w, wr->e);
     world_table *t = w->tables[s->table];
     uint32_t col = t->col_of[wr->c] - 1, size = t->cols[col].size;
@@ -402,8 +403,8 @@ static void apply_one(keel_side_txn *tx, const side_write *wr, uint64_t seq)
     void *priv = atomic_load_explicit(&v->priv, memory_order_acquire);
     if (priv)
         memcpy((char *)priv + off, tx->vals + wr->off, size);
-    rowver_set(tx->rt->rowvers, wr->e, wr->c, seq);
-    uow_side_write(&tx->rt->uow, wr->e, wr->c, size, tx->vals + wr->off);
+    rowver_set(tx->ts->rowvers, wr->e, wr->c, seq);
+    uow_side_write(&tx->ts->uow, wr->e, wr->c, size, tx->vals + wr->off);
 }
 
 /* Validate, apply and log. *lsn receives the WAL record's LSN (0 without a
@@ -420,76 +421,76 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
 {
     if (!tx)
         return core_fail(KEEL_EINVAL, "keel_side_txn_commit: transaction is NULL");
-    keel_runtime *rt = tx->rt;
+    txn_state *ts = tx->ts;
     *lsn = 0;
     *mode_out = tx->mode;
-    pthread_mutex_lock(&rt->side_lock);
-    int fatal = dur_fatal(rt->dur);
+    pthread_mutex_lock(&ts->side_lock);
+    int fatal = txn_log_fatal(&ts->log);
     int64_t bad = fatal ? -1 : first_conflict(tx);
     int rc = fatal ? KEEL_EFATAL : bad >= 0 ? KEEL_ECONFLICT : prepare_apply(tx);
-    bool read_only_wait = !rc && !tx->nwrites && rt->dur && tx->mode == KEEL_DURABLE_IMMEDIATE;
+    bool read_only_wait = !rc && !tx->nwrites && ts->log.ops && tx->mode == KEEL_DURABLE_IMMEDIATE;
     if (!rc && !tx->nwrites) {
-        rt->side_commits_tick++;
-        rt->stats.commits++;
+        ts->side_commits_tick++;
+        ts->counts.commits++;
         if (read_only_wait)
-            *lsn = dur_last_lsn(rt); /* under the lock: every side commit it could have read is below */
+            *lsn = ts->log.ops->last_lsn(ts->log.self); /* under the lock: every side commit it could have read is below */
     } else if (!rc) {
-        uint64_t seq = ++rt->side_seq, tick = atomic_load_explicit(&rt->running_tick, memory_order_relaxed);
-        size_t side_off = rt->uow.side_len;
-        uow_side_begin(&rt->uow, seq, tick, tx->mode, tx->nwrites);
+        uint64_t seq = ++ts->side_seq, tick = atomic_load_explicit(&ts->running_tick, memory_order_relaxed);
+        size_t side_off = ts->uow.side_len;
+        uow_side_begin(&ts->uow, seq, tick, tx->mode, tx->nwrites);
         for (uint32_t i = 0; i < tx->nwrites; i++)
             apply_one(tx, &tx->writes[i], seq);
-        rt->side_commits_tick++;
-        rt->stats.commits++;
+        ts->side_commits_tick++;
+        ts->counts.commits++;
         /* applied: logging must follow (a failure here latches the runtime:
          * the commit is then never acknowledged) */
-        if (rt->dur)
+        if (ts->log.ops)
             (void)KEEL_FAILPOINT(SIDE_BEFORE_ENQUEUE);
-        if (rt->dur && (rc = fence_side(rt, seq, tx->mode, tick, side_off, lsn)))
-            dur_latch_fatal(rt, rc == KEEL_EFATAL ? KEEL_EIO : rc), rc = KEEL_EFATAL;
+        if (ts->log.ops && (rc = ts->log.ops->log_side(ts->log.self, seq, tx->mode, tick, side_off, lsn)))
+            ts->log.ops->latch_fatal(ts->log.self, rc == KEEL_EFATAL ? KEEL_EIO : rc), rc = KEEL_EFATAL;
     } else if (rc == KEEL_ECONFLICT) {
-        rt->stats.conflicts++;
+        ts->counts.conflicts++;
     } else {
-        rt->stats.aborts++;
+        ts->counts.aborts++;
     }
-    pthread_mutex_unlock(&rt->side_lock);
+    pthread_mutex_unlock(&ts->side_lock);
     if (read_only_wait)
-        (void)dur_sync_request(rt, *lsn); /* a latch meanwhile: the wait reports it */
+        (void)ts->log.ops->sync_request(ts->log.self, *lsn); /* a latch meanwhile: the wait reports it */
     if (bad >= 0) {
         const side_read *r = &tx->reads[bad];
         core_fail(KEEL_ECONFLICT, "side transaction in '%s': entity 0x%016llx component '%s' changed since it was read",
-                  tx->name, (unsigned long long)r->e, rt->world->comps[r->c].name);
+                  tx->name, (unsigned long long)r->e, ts->world->comps[r->c].name);
     } else if (rc == KEEL_EFATAL) {
         core_fail(KEEL_EFATAL, "side transaction in '%s': the runtime is in its fatal state (%s); nothing is "
-                               "acknowledged any more", tx->name, keel_strerror(dur_fatal(rt->dur)));
+                               "acknowledged any more", tx->name, keel_strerror(txn_log_fatal(&ts->log)));
     }
-    bool logged = !rc && rt->dur && tx->nwrites;
+    bool logged = !rc && ts->log.ops && tx->nwrites;
     side_free(tx);
     if (logged)
         (void)KEEL_FAILPOINT(SIDE_BEFORE_WAIT);
     return rc;
 }
 
-keel_runtime *side_runtime(const keel_side_txn *tx)
+txn_state *side_state(const keel_side_txn *tx)
 {
-    return tx->rt;
+    return tx->ts;
 }
 
 int keel_side_txn_commit(keel_side_txn *tx)
 {
     uint64_t lsn;
     keel_durability mode;
-    keel_runtime *rt = tx ? tx->rt : NULL;
+    txn_state *ts = tx ? tx->ts : NULL;
     int rc = side_commit(tx, &lsn, &mode);
-    return rc ? rc : txn_durable_wait(rt, lsn, mode);
+    return rc ? rc : txn_durable_wait(ts, lsn, mode);
 }
 
-int txn_durable_wait(keel_runtime *rt, uint64_t lsn, keel_durability mode)
+int txn_durable_wait(txn_state *ts, uint64_t lsn, keel_durability mode)
 {
     /* IMMEDIATE: synced before the acknowledgement, no exception. GROUP
      * and DEFERRED return at commit; the writer syncs them within its
      * window, or at flush / checkpoint / shutdown (docs/durability.md). */
-    if (!rt->dur || !lsn || mode != KEEL_DURABLE_IMMEDIATE)
+    if (!ts->log.ops || !lsn || mode != KEEL_DURABLE_IMMEDIATE)
         return KEEL_OK;
-    return dur_wait(rt, lsn, false);
+    return ts->log.ops->wait_durable(ts->log.self, lsn, false);
 }

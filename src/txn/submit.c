@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "core/core.h"
-#include "runtime/runtime_internal.h"
+#include "txn/txn_internal.h"
 
 struct keel_ticket {
     struct cds_wfcq_node node;
@@ -36,9 +36,9 @@ struct keel_ticket {
     _Atomic uint32_t refs;
 };
 
-int submit_init(keel_runtime *rt)
+int submit_init(txn_state *ts)
 {
-    cds_wfcq_init(&rt->submit_head, &rt->submit_tail);
+    cds_wfcq_init(&ts->submit_head, &ts->submit_tail);
     return KEEL_OK;
 }
 
@@ -56,15 +56,15 @@ static void ticket_complete(keel_ticket *t, int result)
     ticket_put(t);
 }
 
-int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability mode, keel_ticket **out)
+int submit_enqueue(txn_state *ts, keel_submit_fn fn, void *arg, keel_durability mode, keel_ticket **out)
 {
-    if (!rt || !fn)
-        return core_fail(KEEL_EINVAL, "keel_submit: runtime or closure is NULL");
+    if (!fn)
+        return core_fail(KEEL_EINVAL, "keel_submit: closure is NULL");
     if (mode < KEEL_DURABLE_DEFAULT || mode > KEEL_DURABLE_DEFERRED)
         return core_fail(KEEL_EINVAL, "keel_submit: durability mode %d is not a keel_durability", (int)mode);
-    if (rt->dur && dur_fatal(rt->dur)) /* it would never run: no step runs after the latch */
+    if (ts->log.ops && txn_log_fatal(&ts->log)) /* it would never run: no step runs after the latch */
         return core_fail(KEEL_EFATAL, "keel_submit: the runtime latched fatal (%s); nothing more is run or made "
-                                      "durable", keel_strerror(dur_fatal(rt->dur)));
+                                      "durable", keel_strerror(txn_log_fatal(&ts->log)));
     keel_ticket *t = malloc(sizeof *t);
     if (!t)
         return core_fail(KEEL_ENOMEM, "keel_submit: out of memory");
@@ -78,12 +78,12 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
     if (out)
         *out = t;
     CORE_TSAN_RELEASE(t);
-    cds_wfcq_enqueue(&rt->submit_head, &rt->submit_tail, &t->node);
+    cds_wfcq_enqueue(&ts->submit_head, &ts->submit_tail, &t->node);
     return KEEL_OK;
 }
 
 /* An IMMEDIATE ticket completes when the writer made its record durable
- * (dur_when_durable): closures run back to back, and their records share
+ * (the log's when_durable): closures run back to back, and their records share
  * one group commit instead of one sync each. */
 static void ticket_durable(void *arg, int rc)
 {
@@ -102,7 +102,7 @@ int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out)
         keel_side_txn_abort(tx);
         return core_fail(KEEL_ENOMEM, "keel_side_txn_commit_async: out of memory");
     }
-    keel_runtime *rt = tx ? side_runtime(tx) : NULL;
+    txn_state *ts = tx ? side_state(tx) : NULL;
     uint64_t lsn;
     keel_durability mode;
     int rc = side_commit(tx, &lsn, &mode);
@@ -112,26 +112,26 @@ int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out)
     }
     atomic_init(&t->refs, 2);
     *out = t;
-    if (rt->dur && lsn && mode == KEEL_DURABLE_IMMEDIATE)
-        dur_when_durable(rt, lsn, ticket_durable, t);
+    if (ts->log.ops && lsn && mode == KEEL_DURABLE_IMMEDIATE)
+        ts->log.ops->when_durable(ts->log.self, lsn, ticket_durable, t);
     else
         ticket_complete(t, KEEL_OK);
     return KEEL_OK;
 }
 
-static void run_closure(keel_runtime *rt, keel_ticket *t)
+static void run_closure(txn_state *ts, keel_ticket *t)
 {
     keel_side_txn *tx = NULL;
-    int rc = side_begin_full(rt, t->mode, &tx);
+    int rc = side_begin_full(ts, t->mode, &tx);
     if (!rc && (rc = t->fn(tx, t->arg)))
         keel_side_txn_abort(tx);
     else if (!rc) {
         uint64_t lsn;
         keel_durability mode;
         rc = side_commit(tx, &lsn, &mode);
-        if (!rc && rt->dur && lsn && mode == KEEL_DURABLE_IMMEDIATE) {
+        if (!rc && ts->log.ops && lsn && mode == KEEL_DURABLE_IMMEDIATE) {
             t->result = 0;
-            dur_when_durable(rt, lsn, ticket_durable, t);
+            ts->log.ops->when_durable(ts->log.self, lsn, ticket_durable, t);
             return;
         }
     }
@@ -140,38 +140,38 @@ static void run_closure(keel_runtime *rt, keel_ticket *t)
 
 /* Take every queued ticket in order; `run` false completes them unrun
  * with `rc`. Only the stepping thread drains (the queue's one consumer). */
-static void drain(keel_runtime *rt, bool run, int rc)
+static void drain(txn_state *ts, bool run, int rc)
 {
     struct cds_wfcq_head head;
     struct cds_wfcq_tail tail;
     cds_wfcq_init(&head, &tail);
-    if (cds_wfcq_splice_blocking(&head, &tail, &rt->submit_head, &rt->submit_tail) == CDS_WFCQ_RET_SRC_EMPTY)
+    if (cds_wfcq_splice_blocking(&head, &tail, &ts->submit_head, &ts->submit_tail) == CDS_WFCQ_RET_SRC_EMPTY)
         return;
     struct cds_wfcq_node *node;
     while ((node = __cds_wfcq_dequeue_blocking(&head, &tail)) != NULL) {
         keel_ticket *t = caa_container_of(node, keel_ticket, node);
         CORE_TSAN_ACQUIRE(t);
         if (run)
-            run_closure(rt, t);
+            run_closure(ts, t);
         else
             ticket_complete(t, rc);
     }
 }
 
-void submit_run(keel_runtime *rt)
+void submit_run(txn_state *ts)
 {
-    drain(rt, true, 0);
+    drain(ts, true, 0);
 }
 
-void submit_refuse(keel_runtime *rt, int rc)
+void submit_refuse(txn_state *ts, int rc)
 {
-    drain(rt, false, rc);
+    drain(ts, false, rc);
 }
 
-void submit_fini(keel_runtime *rt)
+void submit_fini(txn_state *ts)
 {
-    drain(rt, false, KEEL_EBUSY);
-    cds_wfcq_destroy(&rt->submit_head, &rt->submit_tail);
+    drain(ts, false, KEEL_EBUSY);
+    cds_wfcq_destroy(&ts->submit_head, &ts->submit_tail);
 }
 
 int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns)

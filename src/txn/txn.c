@@ -30,7 +30,8 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "runtime/runtime_internal.h"
+#include "keel/runtime.h"
+#include "txn/txn_internal.h"
 
 int txn_vec_reserve(txn_vec *v, uint32_t extra)
 {
@@ -45,6 +46,30 @@ int txn_vec_reserve(txn_vec *v, uint32_t extra)
     v->v = p;
     v->cap = cap;
     return KEEL_OK;
+}
+
+int txn_state_init(txn_state *ts, keel_world *w, keel_durability mode)
+{
+    *ts = (txn_state){.world = w, .durability = mode};
+    pthread_mutex_init(&ts->side_lock, NULL);
+    submit_init(ts);
+    int rc = view_init(ts);
+    return rc ? rc : side_init(ts);
+}
+
+void txn_state_fini(txn_state *ts)
+{
+    submit_fini(ts);
+    uow_fini(&ts->uow);
+    side_fini(ts);
+    view_fini(ts);
+    pthread_mutex_destroy(&ts->side_lock);
+}
+
+void keel_txn_fail(keel_ctx *ctx, int rc)
+{
+    if (ctx && !ctx->fail_rc)
+        ctx->fail_rc = rc ? rc : KEEL_EINVAL;
 }
 
 void txn_part_fini(txn_part *p)
@@ -70,23 +95,23 @@ static void *private_column(keel_ctx *ctx, const world_table *t, uint32_t chunk,
     void *p = atomic_load_explicit(&v->priv, memory_order_acquire);
     if (p)
         return p;
-    keel_runtime *rt = ctx->rt;
+    txn_state *ts = ctx->txn;
     if (txn_vec_reserve(&ctx->part->priv, 1))
         return NULL;
     uint32_t size = t->cols[col].size;
     void *copy = version_new_buffer(v, ch->capacity, size); /* the spare, if any: version.c */
     if (!copy) {
         core_fail(KEEL_ENOMEM, "system '%s': out of memory copying a chunk of '%s'", ctx->name,
-                  rt->world->comps[t->cols[col].c].name);
+                  ts->world->comps[t->cols[col].c].name);
         return NULL;
     }
-    pthread_mutex_lock(&rt->side_lock);
+    pthread_mutex_lock(&ts->side_lock);
     if (!rewrite)
         memcpy(copy, colver_cur(v), (size_t)ch->count * size);
     void *expected = NULL;
     bool won = atomic_compare_exchange_strong_explicit(&v->priv, &expected, copy, memory_order_acq_rel,
                                                        memory_order_acquire);
-    pthread_mutex_unlock(&rt->side_lock);
+    pthread_mutex_unlock(&ts->side_lock);
     if (!won) {
         version_put_spare(v, copy);
         return expected;
@@ -140,9 +165,9 @@ int txn_iter_chunk(keel_ctx *ctx, const keel_query *q, const keel_component *ter
                    keel_iter *it)
 {
     query_iter_chunk(q, ref, it);
-    keel_world *w = ctx->rt->world;
+    keel_world *w = ctx->txn->world;
     const world_table *t = w->tables[ref.table];
-    const sched_access *acc = ctx->acc;
+    const txn_access *acc = ctx->acc;
     /* a visit of part of a chunk leaves rows the body does not write: a
      * `rewrites` column then gets a copy, not a fresh buffer, so they keep
      * their values (prev still holds the current values) */
@@ -209,7 +234,7 @@ static int txn_locate(keel_ctx *ctx, keel_entity e, keel_component c, const void
 {
     if (!ctx || !ctx->part)
         return core_fail(KEEL_EINVAL, "%s: no transaction here (NULL context or a pipeline system)", fn);
-    keel_world *w = ctx->rt->world;
+    keel_world *w = ctx->txn->world;
     if (!world_component_valid(w, c))
         return core_fail(KEEL_EINVAL, "%s: system '%s': component id %u is not registered", fn, ctx->name, c);
     if (ctx->acc && !compset_has(&ctx->acc->read, c) && !compset_has(&ctx->acc->write, c) &&
@@ -241,7 +266,7 @@ int keel_txn_get(keel_ctx *ctx, keel_entity e, keel_component c, void *out)
     uint32_t size = t->cols[col].size;
     if (!size)
         return KEEL_OK;
-    keel_world *w = ctx->rt->world;
+    keel_world *w = ctx->txn->world;
     const world_colver *v = &t->chunks[row >> w->chunk_shift]->cols[col];
     const void *base = colver_cur(v);
     void *own = atomic_load_explicit(&((world_colver *)v)->priv, memory_order_acquire);
@@ -260,7 +285,7 @@ int keel_txn_set(keel_ctx *ctx, keel_entity e, keel_component c, const void *val
     int rc = txn_locate(ctx, e, c, value, "keel_txn_set", &t, &row, &col);
     if (rc)
         return rc;
-    keel_world *w = ctx->rt->world;
+    keel_world *w = ctx->txn->world;
     if (!writes_component(ctx, c))
         return core_fail(KEEL_EINVAL, "keel_txn_set: system '%s' does not declare writes('%s')%s", ctx->name,
                          w->comps[c].name,

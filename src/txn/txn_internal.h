@@ -7,16 +7,30 @@
 #ifndef KEEL_TXN_INTERNAL_H
 #define KEEL_TXN_INTERNAL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "core/core.h"
 #include "keel/txn.h"
 #include "keel/view.h"
 #include "world/world_internal.h"
+#include <urcu/wfcqueue.h>
 
 typedef struct keel_runtime keel_runtime;
-typedef struct sched_access sched_access;
+typedef struct txn_state txn_state;
+
+/* A system's component access as sets, for the transaction layer's checks
+ * (computed by the schedule build, sched/schedule.c). */
+typedef struct txn_access {
+    world_compset read;       /* reads, reads_fresh, reads_snapshot, and query terms declared nowhere */
+    world_compset snapshot;   /* reads_snapshot */
+    world_compset write;      /* writes and rewrites */
+    world_compset rewrite;    /* rewrites */
+    world_compset side;       /* side_writes */
+} txn_access;
 
 /* A chunk column: (table id, chunk index, column index). */
 typedef struct txn_touch {
@@ -46,6 +60,24 @@ typedef struct txn_part {
 
 void txn_part_fini(txn_part *p);
 
+#define TXN_NO_SYSTEM UINT32_MAX
+
+/* The context handed to a system body: one per task run, on the stack of the
+ * worker running it, carrying the task's share of the system transaction.
+ * `rt` is opaque below runtime/: only keel_ctx_* (runtime/) look inside. */
+struct keel_ctx {
+    keel_runtime *rt;
+    txn_state *txn;
+    uint32_t sys;             /* TXN_NO_SYSTEM in a hook */
+    uint32_t task;
+    uint32_t worker;
+    const char *name;
+    keel_cmdbuf *cmds;
+    txn_part *part;           /* NULL in a pipeline system: no transaction */
+    const txn_access *acc;    /* declared access; NULL: every component (on_first_tick) */
+    int fail_rc;              /* set by keel_txn_fail */
+};
+
 /* ---- txn.c ------------------------------------------------------------------ */
 
 /* Point it's columns at what the running system may see and write for the
@@ -64,33 +96,32 @@ void txn_close_sides(txn_part *p);
 /* ---- side.c ----------------------------------------------------------------- */
 
 typedef struct txn_rowvers txn_rowvers;
-int side_init(keel_runtime *rt);
-void side_fini(keel_runtime *rt);
+int side_init(txn_state *ts);
+void side_fini(txn_state *ts);
 /* Begin a side transaction with access to every component (closures). */
-int side_begin_full(keel_runtime *rt, keel_durability mode, keel_side_txn **out);
+int side_begin_full(txn_state *ts, keel_durability mode, keel_side_txn **out);
 /* Tick end: row versions of this tick are no longer needed. */
-void side_tick_end(keel_runtime *rt);
+void side_tick_end(txn_state *ts);
+/* Commit without waiting for durability: *lsn (0 without a log) and the
+ * resolved *mode tell the caller what to wait for. */
+int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode);
+txn_state *side_state(const keel_side_txn *tx);
+/* Wait until the commit logged at `lsn` is durable per mode (IMMEDIATE:
+ * synced; others: at once). 0, or KEEL_EFATAL. */
+int txn_durable_wait(txn_state *ts, uint64_t lsn, keel_durability mode);
 
 /* ---- submit.c --------------------------------------------------------------- */
 
-int submit_init(keel_runtime *rt);
+int submit_init(txn_state *ts);
+/* keel_submit's body (runtime/ holds the public entry point). */
+int submit_enqueue(txn_state *ts, keel_submit_fn fn, void *arg, keel_durability mode, keel_ticket **out);
 /* Engine-Pre: run every closure queued so far, in order. */
-void submit_run(keel_runtime *rt);
+void submit_run(txn_state *ts);
 /* The runtime latched fatal: complete every queued closure, unrun, with
  * rc (the stepping thread only). */
-void submit_refuse(keel_runtime *rt, int rc);
+void submit_refuse(txn_state *ts, int rc);
 /* At close: complete what never ran with KEEL_EBUSY. */
-void submit_fini(keel_runtime *rt);
-
-/* ---- durability hook ------------------------------------------------------- */
-
-/* Wait until the commit logged at `lsn` is durable per mode (IMMEDIATE:
- * synced; others: at once). 0, or KEEL_EFATAL. */
-int txn_durable_wait(keel_runtime *rt, uint64_t lsn, keel_durability mode);
-/* Commit without waiting for durability: *lsn (0 without a data
- * directory) and the resolved *mode tell the caller what to wait for. */
-int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode);
-keel_runtime *side_runtime(const keel_side_txn *tx);
+void submit_fini(txn_state *ts);
 
 /* ---- uow.c ------------------------------------------------------------------ */
 
@@ -156,12 +187,16 @@ typedef struct txn_uow {
  * caller: waking the workers costs more than it saves. */
 #define UOW_PARALLEL_ROWS 16384u
 
-/* After the user tracks: capture the value changes of every committed
- * system transaction, in execution order (one task per chunk column on the
- * workers, when there are enough rows). */
-void uow_capture(keel_runtime *rt);
+/* Room for the change lists of n systems (uow_capture's input, filled by
+ * the caller in execution order); NULL when out of memory (or n is 0). */
+const txn_vec **uow_lists(txn_uow *u, uint32_t n);
+/* After the user tracks: capture the value changes of the committed system
+ * transactions' lists (from uow_lists, in execution order; NULL with n > 0:
+ * there was no memory for them), one task per chunk column on the pool when there
+ * are enough rows. */
+void uow_capture(txn_state *ts, const txn_vec **lists, uint32_t n);
 /* Capture one list (on_first_tick's, before its commands are applied). */
-void uow_capture_changes(keel_runtime *rt, const txn_vec *changes);
+void uow_capture_changes(txn_state *ts, const txn_vec *changes);
 /* A new tick starts: forget the previous tick's change set. */
 void uow_reset(txn_uow *u);
 void uow_fini(txn_uow *u);
@@ -200,14 +235,89 @@ bool uow_next_side_row(const txn_uow *u, size_t *off, uow_row *out);
 
 /* ---- view.c ----------------------------------------------------------------- */
 
-int view_init(keel_runtime *rt);
+int view_init(txn_state *ts);
 /* Publish the live world as the view of `tick`; the previous view is freed
  * after an RCU grace period together with the versions only it held.
  * Fails only with KEEL_ENOMEM, changing nothing. */
-int view_publish(keel_runtime *rt, uint64_t tick);
-void view_fini(keel_runtime *rt);
+int view_publish(txn_state *ts, uint64_t tick);
+/* keel_read_begin's body (runtime/ holds the public entry point). */
+int view_begin(txn_state *ts, const keel_view **out);
+void view_fini(txn_state *ts);
 /* Wait until every view reclamation queued so far has run (before the
  * durability state they consult goes away). */
 void view_quiesce(void);
+
+/* ---- the transaction layer's state ---------------------------------------------- */
+
+/* How txn/ logs and waits for durability: a narrow table that durable/
+ * implements (durable/log.c) and runtime/ installs when a data directory
+ * opens. Every function takes the implementation's `self`. */
+typedef struct txn_log_ops {
+    /* Encode and queue the side transaction whose after-image starts at
+     * side_off in the unit of work (under side_lock); *lsn its LSN. */
+    int (*log_side)(void *self, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn);
+    /* The last LSN handed out. */
+    uint64_t (*last_lsn)(void *self);
+    /* Ask for everything up to lsn to be synced now (outside side_lock). */
+    int (*sync_request)(void *self, uint64_t lsn);
+    /* Wait until lsn is durable (flush: force held DEFERRED records out). */
+    int (*wait_durable)(void *self, uint64_t lsn, bool flush);
+    /* Run done(arg, rc) once lsn is durable. */
+    void (*when_durable)(void *self, uint64_t lsn, void (*done)(void *arg, int rc), void *arg);
+    /* Latch the fatal state (first code wins); the latched code, or 0. */
+    void (*latch_fatal)(void *self, int rc);
+    int (*fatal)(void *self);
+    /* View reclamation: true when buf is still read by an in-flight
+     * checkpoint (which then frees it). */
+    bool (*pin_hold)(void *self, void *buf);
+    /* True while a checkpoint pins published buffers (no recycling). */
+    bool (*pin_active)(void *self);
+} txn_log_ops;
+
+typedef struct txn_log {
+    const txn_log_ops *ops;    /* NULL: no data directory, nothing is logged */
+    void *self;
+} txn_log;
+
+static inline int txn_log_fatal(const txn_log *l)
+{
+    return l->ops ? l->ops->fatal(l->self) : 0;
+}
+
+/* Counters of the transactions this layer ends itself (side
+ * transactions); system transactions are counted by their dispatcher. */
+typedef struct txn_counts {
+    uint64_t commits, aborts, conflicts;
+} txn_counts;
+
+/* Everything the transaction layer owns; runtime/ embeds one. */
+struct txn_state {
+    keel_world *world;
+    keel_durability durability;    /* the default mode */
+    txn_log log;
+    core_pool pool;                /* the unit of work's parallel capture */
+    _Atomic uint64_t running_tick; /* the tick being run (set by the stepping thread) */
+    /* Side transactions serialise their reads, validation and commits (and a
+     * system transaction's creation of a private version, which must not
+     * race a side commit to the same chunk) on side_lock. */
+    pthread_mutex_t side_lock;
+    txn_rowvers *rowvers;
+    uint64_t side_seq;             /* sequence of the last side commit (under side_lock) */
+    uint64_t side_commits_tick;    /* side commits this tick (under side_lock) */
+    txn_counts counts;             /* under side_lock */
+    /* keel_submit's queue (lock-free, multi-producer; drained at Engine-Pre) */
+    struct cds_wfcq_head submit_head;
+    struct cds_wfcq_tail submit_tail;
+    /* the published read view (view.c) */
+    _Atomic(keel_view *) view;
+    _Atomic uint32_t readers;      /* views open now (see view.c) */
+    uint64_t pub_mutations;        /* world->mutations when the view was published */
+    txn_uow uow;
+};
+
+/* Set up / tear down a state over world w (side lock, row versions, the
+ * submit queue, the view). */
+int txn_state_init(txn_state *ts, keel_world *w, keel_durability mode);
+void txn_state_fini(txn_state *ts);
 
 #endif

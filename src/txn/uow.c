@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "core/core.h"
-#include "runtime/runtime_internal.h"
+#include "txn/txn_internal.h"
 
 typedef struct row_hdr {
     keel_entity entity;
@@ -244,14 +244,14 @@ static int flatten(txn_uow *u, const keel_world *w, const txn_vec *const *lists,
 }
 
 /* Capture the touches of lists, in order (parallel when there is enough). */
-static void capture_lists(keel_runtime *rt, const txn_vec *const *lists, uint32_t nlists)
+static void capture_lists(txn_state *ts, const txn_vec *const *lists, uint32_t nlists)
 {
-    txn_uow *u = &rt->uow;
+    txn_uow *u = &ts->uow;
     size_t rows;
     if (u->oom)
         return;
-    if (uow_grow((void **)&u->wbuf, &u->nwbuf, rt->workers, sizeof *u->wbuf) ||
-        flatten(u, rt->world, lists, nlists, &rows) ||
+    if (uow_grow((void **)&u->wbuf, &u->nwbuf, ts->pool.workers ? ts->pool.workers : 1, sizeof *u->wbuf) ||
+        flatten(u, ts->world, lists, nlists, &rows) ||
         uow_grow((void **)&u->groups, &u->groups_cap, u->ngroups + u->nflat, sizeof *u->groups)) {
         u->oom = true;
         return;
@@ -259,9 +259,9 @@ static void capture_lists(keel_runtime *rt, const txn_vec *const *lists, uint32_
     for (uint32_t i = u->nwbuf_used; i < u->nwbuf; i++)
         u->wbuf[i] = (uow_wbuf){0};
     u->nwbuf_used = u->nwbuf;
-    capture_job job = {u, rt->world, u->ngroups};
+    capture_job job = {u, ts->world, u->ngroups};
     if (rows >= UOW_PARALLEL_ROWS)
-        dispatch_for(rt, u->nflat, capture_task, &job);
+        core_pool_run(&ts->pool, u->nflat, capture_task, &job);
     else
         for (uint32_t i = 0; i < u->nflat; i++)
             capture_task(&job, i, 0);
@@ -276,28 +276,29 @@ static void capture_lists(keel_runtime *rt, const txn_vec *const *lists, uint32_
     }
 }
 
-void uow_capture_changes(keel_runtime *rt, const txn_vec *changes)
+void uow_capture_changes(txn_state *ts, const txn_vec *changes)
 {
-    if (rt->uow.capture)
-        capture_lists(rt, &changes, 1);
+    if (ts->uow.capture)
+        capture_lists(ts, &changes, 1);
 }
 
-void uow_capture(keel_runtime *rt)
+const txn_vec **uow_lists(txn_uow *u, uint32_t n)
 {
-    txn_uow *u = &rt->uow;
+    return uow_grow((void **)&u->lists, &u->lists_cap, n, sizeof *u->lists) ? NULL : u->lists;
+}
+
+void uow_capture(txn_state *ts, const txn_vec **lists, uint32_t n)
+{
+    txn_uow *u = &ts->uow;
     if (!u->capture)
         return;
-    const keel_schedule *sc = rt->sched;
-    if (uow_grow((void **)&u->lists, &u->lists_cap, sc->nsys, sizeof *u->lists)) {
+    if (!lists && n)
         u->oom = true;
-    } else {
-        for (uint32_t p = 0; p < sc->nsys; p++)
-            u->lists[p] = &rt->st[sc->order[p]].changes;
-        capture_lists(rt, u->lists, sc->nsys);
-    }
+    else
+        capture_lists(ts, lists, n);
     if (u->oom)
         core_log(KEEL_LOG_ERROR, "txn", "uow_capture_oom", "tick=%llu",
-                 (unsigned long long)atomic_load_explicit(&rt->running_tick, memory_order_relaxed));
+                 (unsigned long long)atomic_load_explicit(&ts->running_tick, memory_order_relaxed));
 }
 
 void uow_reset(txn_uow *u)

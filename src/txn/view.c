@@ -13,14 +13,14 @@
  * no registration, which suits network/admin threads the runtime does not
  * own; its read side costs a little more than urcu-memb, irrelevant at one
  * section per request):
- *   reader:    rcu_read_lock; v = load(rt->view, acquire); ... read v ...;
+ *   reader:    rcu_read_lock; v = load(ts->view, acquire); ... read v ...;
  *              rcu_read_unlock
- *   publisher: build the new view; store(rt->view, new, release);
+ *   publisher: build the new view; store(ts->view, new, release);
  *              call_rcu(old): after a grace period -- when every reader
  *              that could have loaded `old` has unlocked -- free old and
  *              the buffers retired while it was current (they are
  *              reachable from old only).
- * Shortcut: readers also count themselves in rt->readers (incremented
+ * Shortcut: readers also count themselves in ts->readers (incremented
  * before they load the view, decremented after they unlock). The publisher
  * loads the count after storing the new view; all four accesses are
  * seq_cst, so a count of 0 proves that every later reader loads the new
@@ -43,7 +43,7 @@
 #include <urcu-bp.h>
 
 #include "core/core.h"
-#include "runtime/runtime_internal.h"
+#include "txn/txn_internal.h"
 
 typedef struct view_chunk {
     uint32_t count;
@@ -59,7 +59,7 @@ typedef struct view_table {
 
 struct keel_view {
     struct rcu_head rcu;
-    keel_runtime *rt;
+    txn_state *ts;
     const keel_world *w;
     uint64_t tick;
     uint32_t nslots, nlive, ntables;
@@ -134,7 +134,7 @@ static keel_view *build_view(keel_world *w, uint64_t tick, unsigned char *mem, b
 {
     keel_view *v = (keel_view *)mem;
     unsigned char *p = mem + sizeof *v;
-    *v = (keel_view){.rt = NULL, .w = w, .tick = tick, .nslots = w->nslots, .nlive = w->nlive, .ntables = w->ntables};
+    *v = (keel_view){.ts = NULL, .w = w, .tick = tick, .nslots = w->nslots, .nlive = w->nlive, .ntables = w->ntables};
     world_slot **pages = (world_slot **)p;
     p += (size_t)w->npages * sizeof *pages;
     for (uint32_t i = 0; i < w->npages; i++) {
@@ -160,10 +160,15 @@ static keel_view *build_view(keel_world *w, uint64_t tick, unsigned char *mem, b
     return v;
 }
 
+static bool view_pinned(const txn_state *ts, void *buf)
+{
+    return ts && ts->log.ops && ts->log.ops->pin_hold(ts->log.self, buf);
+}
+
 static void view_free(keel_view *v)
 {
     for (uint32_t i = 0; i < v->ngarbage; i++)
-        if (!v->rt || !dur_pin_hold(v->rt, v->garbage[i])) /* a running checkpoint may still read it */
+        if (!view_pinned(v->ts, v->garbage[i])) /* a running checkpoint may still read it */
             free(v->garbage[i]);
     free(v->garbage);
     free(v);
@@ -175,9 +180,9 @@ static void view_reclaim(struct rcu_head *head)
     view_free(caa_container_of(head, keel_view, rcu));
 }
 
-int view_publish(keel_runtime *rt, uint64_t tick)
+int view_publish(txn_state *ts, uint64_t tick)
 {
-    keel_world *w = rt->world;
+    keel_world *w = ts->world;
     unsigned char *mem = malloc(view_bytes(w));
     if (!mem || version_reserve_retire(w, retire_bound(w))) {
         free(mem);
@@ -185,13 +190,13 @@ int view_publish(keel_runtime *rt, uint64_t tick)
     }
     /* no recycling while a checkpoint pins published buffers: a pinned
      * one must be freed by the pin's owner, and only once no view holds it */
-    bool recycle = !dur_pin_active(rt);
+    bool recycle = !(ts->log.ops && ts->log.ops->pin_active(ts->log.self));
     keel_view *view = build_view(w, tick, mem, recycle);
-    view->rt = rt;
-    keel_view *old = atomic_load_explicit(&rt->view, memory_order_relaxed);
-    atomic_store(&rt->view, view);
-    rt->pub_mutations = w->mutations;
-    bool alone = atomic_load(&rt->readers) == 0;
+    view->ts = ts;
+    keel_view *old = atomic_load_explicit(&ts->view, memory_order_relaxed);
+    atomic_store(&ts->view, view);
+    ts->pub_mutations = w->mutations;
+    bool alone = atomic_load(&ts->readers) == 0;
     if (!alone && recycle)
         version_revoke_spares(w); /* a reader may be reading them through old */
     /* everything retired so far was reachable from the old view only */
@@ -208,14 +213,14 @@ int view_publish(keel_runtime *rt, uint64_t tick)
     return KEEL_OK;
 }
 
-int view_init(keel_runtime *rt)
+int view_init(txn_state *ts)
 {
     keel_view *v = calloc(1, sizeof *v);
     if (!v)
         return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
-    v->w = rt->world;
-    v->rt = rt;
-    atomic_store_explicit(&rt->view, v, memory_order_release);
+    v->w = ts->world;
+    v->ts = ts;
+    atomic_store_explicit(&ts->view, v, memory_order_release);
     return KEEL_OK;
 }
 
@@ -224,25 +229,23 @@ void view_quiesce(void)
     urcu_bp_barrier(); /* every queued view_reclaim has run */
 }
 
-void view_fini(keel_runtime *rt)
+void view_fini(txn_state *ts)
 {
     /* readers are gone (documented); wait for queued reclaims, free the last */
     urcu_bp_barrier();
-    keel_view *v = atomic_load_explicit(&rt->view, memory_order_relaxed);
+    keel_view *v = atomic_load_explicit(&ts->view, memory_order_relaxed);
     if (v)
         view_free(v);
-    atomic_store_explicit(&rt->view, NULL, memory_order_relaxed);
+    atomic_store_explicit(&ts->view, NULL, memory_order_relaxed);
 }
 
 /* ---- the reader's side ------------------------------------------------------------- */
 
-int keel_read_begin(keel_runtime *rt, const keel_view **out)
+int view_begin(txn_state *ts, const keel_view **out)
 {
-    if (!rt || !out)
-        return core_fail(KEEL_EINVAL, "keel_read_begin: runtime or out is NULL");
-    atomic_fetch_add(&rt->readers, 1);
+    atomic_fetch_add(&ts->readers, 1);
     urcu_bp_read_lock();
-    *out = atomic_load(&rt->view);
+    *out = atomic_load(&ts->view);
     return KEEL_OK;
 }
 
@@ -250,10 +253,10 @@ void keel_read_end(const keel_view *v)
 {
     if (!v)
         return;
-    keel_runtime *rt = v->rt; /* v may be freed once unlocked */
+    txn_state *ts = v->ts; /* v may be freed once unlocked */
     CORE_TSAN_RELEASE(&tsan_grace_token);
     urcu_bp_read_unlock();
-    atomic_fetch_sub(&rt->readers, 1);
+    atomic_fetch_sub(&ts->readers, 1);
 }
 
 uint64_t keel_view_tick(const keel_view *v)

@@ -1,11 +1,40 @@
 /*
- * durable/durable.c -- the public durability calls (keel/durability.h).
+ * runtime/durability.c -- the public durability calls (keel/durability.h):
+ * opening the data directory (durable/) into the runtime's world and
+ * installing durable/'s logging interface in the transaction layer.
  */
 #include <stdio.h>
 #include "core/core.h"
 #include "core/failpoint.h"
-#include "durable/durable_internal.h"
 #include "runtime/runtime_internal.h"
+
+/* Open and recover the data directory; on success the transaction layer
+ * logs through it from now on. */
+static int open_data_dir(keel_runtime *rt)
+{
+    dur_open_desc o = {
+        .dir = rt->data_dir,
+        .desc = &rt->durable_desc,
+        .mode = rt->txn.durability,
+        .world = rt->world,
+        .txn = &rt->txn,
+        .pool = dispatch_pool(&rt->ex),
+    };
+    int rc = dur_open(&o, &rt->dur, &rt->recovery);
+    if (!rc) {
+        atomic_store(&rt->tick, rt->recovery.tick);
+        rt->txn.log = (txn_log){&dur_txn_log, rt->dur};
+        rc = view_publish(&rt->txn, rt->recovery.tick); /* readers see the recovered state at once */
+    }
+    return rc;
+}
+
+void runtime_close_data_dir(keel_runtime *rt)
+{
+    rt->txn.log = (txn_log){0};
+    dur_close(rt->dur);
+    rt->dur = NULL;
+}
 
 int keel_runtime_recover(keel_runtime *rt, keel_recovery *out)
 {
@@ -18,13 +47,11 @@ int keel_runtime_recover(keel_runtime *rt, keel_recovery *out)
             return core_fail(KEEL_EBUSY, "keel_runtime_recover: ticks already ran in memory");
         rt->recovered = true;
         keel_world_freeze(rt->world); /* the schema is checked and stored now: no later registration */
-        rt->recover_rc = dur_open(rt, &rt->recovery);
-        if (!rt->recover_rc) /* readers see the recovered state at once */
-            rt->recover_rc = view_publish(rt, rt->recovery.tick);
+        rt->recover_rc = open_data_dir(rt);
         if (rt->recover_rc) {
             char cause[480];
             snprintf(cause, sizeof cause, "%s", keel_last_error());
-            dur_close(rt);
+            runtime_close_data_dir(rt);
             core_fail(rt->recover_rc, "cannot open data directory %s: %s", rt->data_dir, cause);
             snprintf(rt->recover_error, sizeof rt->recover_error, "%s", keel_last_error());
         } else {
@@ -45,7 +72,7 @@ int keel_uow_flush(keel_runtime *rt)
     if (!rt->dur)
         return rt->data_dir && rt->recover_rc ? core_fail(KEEL_EFATAL, "keel_uow_flush: the data directory is not open")
                                                : KEEL_OK;
-    return dur_wait(rt, dur_last_lsn(rt), true);
+    return dur_wait(rt->dur, dur_last_lsn(rt->dur), true);
 }
 
 int keel_checkpoint(keel_runtime *rt)
@@ -59,10 +86,10 @@ int keel_checkpoint(keel_runtime *rt)
         return rc;
     if (dur_fatal(rt->dur))
         return core_fail(KEEL_EFATAL, "keel_checkpoint: the runtime latched fatal (%s)", keel_strerror(dur_fatal(rt->dur)));
-    if (rt->world->mutations != rt->pub_mutations && (rc = view_publish(rt, atomic_load(&rt->tick))))
+    if (rt->world->mutations != rt->txn.pub_mutations && (rc = view_publish(&rt->txn, atomic_load(&rt->tick))))
         return rc;
-    rc = ckpt_maybe(rt, atomic_load(&rt->tick), true);
-    return rc ? rc : ckpt_wait(rt);
+    rc = ckpt_maybe(rt->dur, atomic_load(&rt->tick), true);
+    return rc ? rc : ckpt_wait(rt->dur);
 }
 
 int keel_runtime_fatal(const keel_runtime *rt)
