@@ -1,6 +1,6 @@
 /*
  * keel/durability.h -- the data directory: write-ahead log, checkpoints and
- * recovery (SPEC §8; docs/durability.md has the protocols and guarantees).
+ * recovery (docs/durability.md has the protocols and guarantees).
  *
  * A runtime created with `durable.dir` set keeps its durable state in that
  * directory (one LMDB environment). Every tick's committed changes go to
