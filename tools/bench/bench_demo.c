@@ -17,13 +17,14 @@
 
 /* ---- the workload ------------------------------------------------------------ */
 
-/* The demo-like workload (docs/performance.md): n entities with VERSIONED
- * pos and vel; on tick t a parallel query system rewrites pos and vel of the rows whose
- * (entity index + t) % turn == 0 (pos += vel * dt, vel turned by a small
- * angle: both values change), and a callback system destroys `churn`
- * entities and spawns `churn` new ones. The first tick's on_first_tick
- * hook spawns the population, so the same code runs with and without a
- * data directory (with one, durable state changes only inside ticks). */
+/* The demo-like workload (docs/performance.md): n entities with
+ * VERSIONED pos and vel; on tick t a parallel query system rewrites pos
+ * and vel of the rows whose (entity index + t) % turn == 0 (pos += vel *
+ * dt, vel turned by a small angle: both values change), and a callback
+ * system destroys `churn` entities and spawns `churn` new ones. The first
+ * tick's on_first_tick hook spawns the population, so the same code runs
+ * with and without a data directory (with one, durable state changes only
+ * inside ticks). */
 
 /* Seeded from the entity number: positions on a 1000 x 1000 plane and
  * velocities in [-5, 5), as keel-world's agents (full float mantissas, so
