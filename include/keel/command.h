@@ -3,7 +3,7 @@
  *
  * Spawn, destroy, add and remove are recorded into a command buffer and
  * applied later, at a sync point, one at a time in FIFO order. Semantics
- * (SPEC §3):
+ * (docs/world.md, "Deferred commands", has the full table):
  *
  *  - A spawn gives no handle when recorded; after playback the handles of the
  *    created entities are available as receipts, in command order.

@@ -23,9 +23,8 @@ typedef uint32_t keel_component;       /* 0 = none */
 #define KEEL_MAX_FIELDS 64             /* fields per component */
 
 /* How a component's writes are isolated and whether they are durable
- * (SPEC §4). The transactional behaviour arrives with the transaction layer;
- * the world already records the discipline, and the state hash skips
- * TRANSIENT components. */
+ * (docs/transactions.md, "Disciplines"). The state hash skips TRANSIENT
+ * components. */
 typedef enum keel_discipline {
     KEEL_VERSIONED = 0,       /* default: copy-on-write, rolled back on failure, durable */
     KEEL_SINGLE_VERSION = 1,  /* written in place, durable at the fence */

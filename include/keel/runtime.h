@@ -1,7 +1,7 @@
 /*
  * keel/runtime.h -- the runtime: a world, a worker pool and a tick loop.
  *
- * One tick (SPEC §6): the systems of every track run in track order, each
+ * One tick: the systems of every track run in track order, each
  * system as soon as its predecessors completed; then the structural sync
  * point applies the commands the systems recorded (schedule order, FIFO
  * within a system); then tick-end work (telemetry). Systems run on workers
@@ -39,7 +39,7 @@ extern "C" {
  * point's (keel_runtime_sync_retry / _discard) and the hook does not rerun. */
 typedef int (*keel_hook_fn)(keel_ctx *ctx, void *user);
 
-/* Overload levels (SPEC §6, docs/overload.md), in escalation order. The
+/* Overload levels (docs/overload.md), in escalation order. The
  * detector moves one step at a time in both directions. */
 typedef enum keel_overload_level {
     KEEL_OVERLOAD_NORMAL = 0,                /* everything runs every tick */
@@ -64,7 +64,7 @@ const char *keel_overload_level_name(keel_overload_level level);
  * network layer to refuse or drop players. */
 typedef void (*keel_overload_fn)(keel_runtime *rt, uint64_t tick, void *user);
 
-/* The overload detector (SPEC §6; docs/overload.md). It runs after every
+/* The overload detector (docs/overload.md). It runs after every
  * tick the metronome runs (keel_runtime_run, keel_runtime_start) on a
  * throttled runtime (tick_rate_hz > 0): a tick that ran longer than
  * overrun_threshold x its budget is an overrun, one that ran at most
@@ -102,7 +102,8 @@ typedef struct keel_runtime_desc {
     keel_hook_fn on_first_tick;   /* runs once, before the first tick's systems, in a transaction
                                      that may read and write every component */
     void *hook_user;
-    keel_overload_desc overload;  /* the overload detector; zero = SPEC §6 defaults, enabled */
+    keel_overload_desc overload;  /* the overload detector; zero = the defaults of
+                                     docs/overload.md, enabled */
 } keel_runtime_desc;
 
 /* Errors: KEEL_EINVAL (bad desc field: the last error names it), KEEL_ENOMEM. */

@@ -5,7 +5,7 @@
  * built: keel_schedule_build derives the ordering edges from the declared
  * access, validates them, and fixes a deterministic execution order. A built
  * schedule is installed on its runtime (keel_runtime_set_schedule) and run
- * every tick. SPEC §5; docs/scheduling.md has the rules in full.
+ * every tick. docs/scheduling.md has the rules in full.
  *
  * Thread-safety: declare and build from one thread, before ticks run.
  */

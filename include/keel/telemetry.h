@@ -1,6 +1,6 @@
 /*
  * keel/telemetry.h -- what each tick did: the telemetry ring, counters, and
- * the Chrome trace-event export (SPEC §7).
+ * the Chrome trace-event export.
  *
  * The ring keeps the last `telemetry_capacity` ticks: one tick record and one
  * record per system. Records are written by the tick's thread at tick end;

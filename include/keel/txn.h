@@ -1,5 +1,5 @@
 /*
- * keel/txn.h -- transactions (SPEC §4; docs/transactions.md has the rules).
+ * keel/txn.h -- transactions (docs/transactions.md has the rules).
  *
  * System transactions. Every callback or query system runs inside a
  * transaction the scheduler opens on the worker running it. Its writes to
@@ -29,7 +29,7 @@
 extern "C" {
 #endif
 
-/* When a commit counts as durable (SPEC §4; docs/durability.md). Without a
+/* When a commit counts as durable (docs/durability.md). Without a
  * data directory every mode completes at commit. */
 typedef enum keel_durability {
     KEEL_DURABLE_DEFAULT = 0,   /* the runtime's mode (GROUP unless configured) */

@@ -36,7 +36,7 @@ typedef struct figure {
     double target;         /* a bound ... */
     bool target_on_ratio;  /* ... on the ratio (true) or on the value */
     bool at_least;         /* the bound is a lower bound (ticks/s, speed-ups), else an upper bound */
-    bool no_target;        /* SPEC §10 sets none: the figure is printed for the record */
+    bool no_target;        /* no target: the figure is printed for the record */
 } figure;
 
 /* A spin-wait hint (the plain-C probes' helper threads). */
@@ -110,7 +110,7 @@ void wal_each_payload(kw_store *st, kw_codec_ctx *c, wal_payload_fn fn, void *ar
 
 /* ---- the demo-like workload (bench_demo.c) --------------------------------- */
 
-#define DEMO_ENTITIES 100000u      /* the demo-like workload of SPEC §10 */
+#define DEMO_ENTITIES 100000u      /* the demo-like workload (docs/performance.md) */
 #define DEMO_TURN 10u              /* a row changes when (index + tick) % turn == 0 */
 #define DEMO_CHURN 5u              /* spawns and destroys per tick (each) */
 #define WAL_WARM_TICKS 20u         /* untimed ticks after the populating first tick */

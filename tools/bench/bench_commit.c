@@ -323,13 +323,14 @@ static double imm_median(const imm_sample *v, uint32_t R, size_t off)
 void bench_immediate(const config *cfg)
 {
     keep_heap_resident();
-    /* Only the SPEC §10 configuration carries the target. immediate_w1 shows
+    /* Only the target's configuration (8 threads, 64 in flight each,
+     * unthrottled stepping) carries the target. immediate_w1 shows
      * the latency-bound case: with one transfer in flight per thread, a
      * synced commit can carry at most 8 transfers, so it cannot exceed about
      * 8x the one-fsync-per-commit rate by construction; group commit needs
      * transfers in flight to have anything to group. */
     static const struct { const char *name; uint32_t window; double rate; bool spec; } runs[] = {
-        { "immediate", IMM_WINDOW, -1, true },        /* SPEC §10: unthrottled stepping */
+        { "immediate", IMM_WINDOW, -1, true },        /* the target: unthrottled stepping */
         { "immediate_w1", 1, -1, false },             /* one transfer in flight per thread */
         { "immediate_1khz", IMM_WINDOW, 1000, false },/* the TickDriver at 1 kHz instead */
     };

@@ -1,5 +1,5 @@
 /*
- * tools/bench/bench_demo.c -- the demo-like workload of SPEC §10 and the
+ * tools/bench/bench_demo.c -- the synthetic demo-like workload and the
  * figures measured on it: wal (ticks/s with the WAL on vs off, bytes per
  * changed row, compression), fence (the fence's time per tick vs the whole
  * WAL-off tick) and checkpoint (tick times with and without checkpoints,
@@ -17,13 +17,14 @@
 
 /* ---- the workload ------------------------------------------------------------ */
 
-/* The demo-like workload (SPEC §10): n entities with VERSIONED pos and vel;
- * on tick t a parallel query system rewrites pos and vel of the rows whose
- * (entity index + t) % turn == 0 (pos += vel * dt, vel turned by a small
- * angle: both values change), and a callback system destroys `churn`
- * entities and spawns `churn` new ones. The first tick's on_first_tick
- * hook spawns the population, so the same code runs with and without a
- * data directory (with one, durable state changes only inside ticks). */
+/* The demo-like workload (docs/performance.md): n entities with
+ * VERSIONED pos and vel; on tick t a parallel query system rewrites pos
+ * and vel of the rows whose (entity index + t) % turn == 0 (pos += vel *
+ * dt, vel turned by a small angle: both values change), and a callback
+ * system destroys `churn` entities and spawns `churn` new ones. The first
+ * tick's on_first_tick hook spawns the population, so the same code runs
+ * with and without a data directory (with one, durable state changes only
+ * inside ticks). */
 
 /* Seeded from the entity number: positions on a 1000 x 1000 plane and
  * velocities in [-5, 5), as keel-world's agents (full float mantissas, so
@@ -261,7 +262,7 @@ static void wal_rounds(const config *cfg, size_t n, double med[NWAL][WAL_NMETRIC
 /* The figures of configuration c against WAL off (configuration 0). */
 static void wal_report_config(const config *cfg, double med[NWAL][WAL_NMETRICS], size_t c)
 {
-    /* SPEC §10's target belongs to the demo (bench_world.c's wal figure):
+    /* The durability target belongs to the demo (bench_world.c's wal figure):
      * this workload does almost no work per tick, so its ratio is the
      * WAL's own cost per changed row, printed for the record
      * (docs/performance.md). */

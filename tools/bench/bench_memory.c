@@ -1,5 +1,5 @@
 /*
- * tools/bench/bench_memory.c -- the in-memory figures of SPEC §10, each
+ * tools/bench/bench_memory.c -- the in-memory figures of keel-bench, each
  * against a plain-C baseline in the same run: memory, iterate, parallel,
  * spawn, destroy, systems, side.
  */

@@ -3,7 +3,7 @@
  * itself: keel-world's world (tools/keel-world/world.c, the same code the
  * demo runs) at 100k agents, WAL on vs off.
  *
- * The world is SPEC §10's "demo-like workload" in data and in work: an
+ * The world is the "demo-like workload" in data and in work: an
  * agent acts on one tick in ten, so about 10% of the durable rows (pos,
  * energy) change per tick, and every tick also moves, feeds, kills and
  * replaces agents and runs 8 IMMEDIATE trades that `settle` acknowledges once

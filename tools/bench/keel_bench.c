@@ -1,6 +1,6 @@
 /*
- * keel-bench -- the SPEC §10 benchmarks, each measured side by side with its
- * baseline in the same process run.
+ * keel-bench -- keel's benchmarks (docs/performance.md), each measured side
+ * by side with its baseline in the same process run.
  *
  *   keel-bench [all|NAME...] [--json] [--rounds N] [--entities N]
  *
@@ -14,13 +14,13 @@
  * baseline, ratio, target, ok / MISS) and a summary table at the end;
  * --json prints one object per line per figure:
  *   {"name", "value", "unit", "baseline", "ratio", "target", "target_of",
- *    "bound", "meets"}   (target / meets null where SPEC §10 sets none)
+ *    "bound", "meets"}   (target / meets null for a figure without one)
  * Targets are reported, not enforced: the exit status is 0 whatever the
  * figures, 2 for bad arguments and 1 only when the library itself fails.
  *
  * Benchmarks (NAME) and their figures; a group runs several:
- *  iterate    = iterate + parallel (SPEC §10 "Iteration")
- *  spawn      = spawn + destroy (SPEC §10 "Structural changes")
+ *  iterate    = iterate + parallel (iteration)
+ *  spawn      = spawn + destroy (structural changes)
  *  systems, side, memory, wal, fence, commit, immediate, recovery, checkpoint
  *
  * In-memory figures (bench_memory.c), against plain C:
@@ -61,7 +61,7 @@
  *             stored; wal_min_cpu, fence_min as above. `fence` runs the
  *             demo and the default level only; `wal` runs everything.
  *  checkpoint tick time p50/p99/max, ticks/s and CPU per tick with a
- *             checkpoint every CKPT_EVERY ticks vs none (SPEC §8: no stall,
+ *             checkpoint every CKPT_EVERY ticks vs none (no stall allowed,
  *             no number); ckpt_jitter_p50/p99: in the checkpointing run,
  *             ticks with a checkpoint in progress vs the others.
  * bench_commit.c, against one synced LMDB commit per 96-byte record:
@@ -111,7 +111,7 @@ static const struct bench {
 };
 #define NBENCHES (sizeof BENCHES / sizeof BENCHES[0])
 
-/* Names that select several benchmarks (SPEC §10 groups its figures so). */
+/* Names that select several benchmarks (figures that belong together). */
 static const struct group {
     const char *name;
     const char *members[3];

@@ -1,6 +1,6 @@
 /*
  * keel-crash -- breaks keel-world on purpose, again and again, and checks
- * every restart against an oracle (SPEC §8, §9; docs/reliability.md).
+ * every restart against an oracle (docs/reliability.md).
  *
  *   keel-crash [--rounds N] [--seed S] [--mode kill|failpoint|powerloss|all]
  *              [--workload world] [--until-tick T] [--entities N]

@@ -6,8 +6,8 @@
  * same state hash on any number of workers, and after any crash.
  *
  * An agent acts on one tick in ten (its turn: (index + tick) % 10 == 0),
- * so about 10% of the durable rows change per tick, as in SPEC §10's
- * demo-like workload. The schedule (Public track):
+ * so about 10% of the durable rows change per tick: the demo-like
+ * workload of docs/performance.md. The schedule (Public track):
  *   market      exclusive, first: TRADES_PER_TICK seeded trades, each an
  *               IMMEDIATE side transaction over two accounts (wallet,
  *               ledger, inventory), committed with commit_async
