@@ -43,7 +43,7 @@ void core_state_hash_entity_end(core_hasher *h);
 /* The hash of no world at all (keel_world_hash(NULL)). */
 uint64_t core_state_hash_none(void);
 
-/* 64-bit FNV-1a, for the schedule hash and name hashing (SPEC §5). */
+/* 64-bit FNV-1a, for the schedule hash and name hashing. */
 uint64_t core_fnv1a64(uint64_t h, const void *p, size_t n);
 #define CORE_FNV1A64_INIT 0xcbf29ce484222325ull
 

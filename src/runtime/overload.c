@@ -1,5 +1,5 @@
 /*
- * runtime/overload.c -- the overload detector's state machine (SPEC §6).
+ * runtime/overload.c -- the overload detector's state machine.
  *
  * Each tick is classified against its budget b: an overrun when it took
  * more than threshold x b, calm when it took at most ratio x b, neither in

@@ -141,7 +141,7 @@ typedef struct uow_side {
     uint32_t nwrites;
 } uow_side;
 
-/* The unit of work of one tick (SPEC §4): the changes the fence turns into
+/* The unit of work of one tick: the changes the fence turns into
  * WAL records. With `capture` on (the durability layer turns it on; tests
  * do), it holds after the user tracks every changed durable value (VERSIONED:
  * rows whose bytes differ from the tick-start version; SINGLE_VERSION: every

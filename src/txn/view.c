@@ -1,5 +1,5 @@
 /*
- * txn/view.c -- published read views (SPEC §4 "readers outside the tick").
+ * txn/view.c -- published read views for readers outside the tick.
  *
  * At the end of every tick that changed something, the stepping thread
  * publishes the live world as an immutable view: one block holding, per

@@ -75,7 +75,7 @@ typedef struct world_component {
  * doubles until it holds chunk_rows rows, so a table of a few entities does
  * not pay for a full chunk; every later chunk is allocated full.
  *
- * Versions (SPEC §4, docs/transactions.md). Each VERSIONED column of a chunk
+ * Versions (docs/transactions.md). Each VERSIONED column of a chunk
  * has up to three buffers:
  *   cur  -- the committed value, what the next writer or fresh reader sees;
  *   pub  -- the version in the last published view (the tick-start value,

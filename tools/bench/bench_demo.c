@@ -442,7 +442,7 @@ void bench_checkpoint(const config *cfg)
     report(cfg, &j99);
     note(cfg, "checkpoint: the wal_min figure's workload, WAL on (GROUP), %u timed ticks per measurement: tick time = "
               "keel_runtime_step wall time; ckpt_cpu = process CPU per tick; value = checkpoint_every_ticks %d "
-              "(%.1f checkpoints per measurement), baseline = no checkpoints; SPEC §8 asks for no stall and sets "
+              "(%.1f checkpoints per measurement), baseline = no checkpoints; the runtime promises no stall and sets "
               "no number", CKPT_TICKS, CKPT_EVERY, (double)checkpoints / R);
     note(cfg, "checkpoint jitter: in the checkpointing run, tick times of the ticks during which a checkpoint was "
               "in progress (captured, being written or waiting to be recorded: telemetry `checkpoint`; %.0f of %u "

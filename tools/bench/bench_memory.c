@@ -931,7 +931,7 @@ void bench_side(const config *cfg)
         free(b);
     }
     note(cfg, "side: two-row transfers as side transactions (read both, write both, commit; no data directory); "
-              "baseline: the same transfers on a plain array under one mutex; target: keel's own budget, SPEC "
-              "§10 sets none before durability");
+              "baseline: the same transfers on a plain array under one mutex; target: keel's own budget, "
+              "no product target (no durability involved)");
 }
 

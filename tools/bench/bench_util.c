@@ -296,7 +296,7 @@ void report_summary(const config *cfg)
     if (cfg->json || !g_nfigures)
         return;
     size_t meet = 0, miss = 0;
-    printf("\n# summary: %zu figures (value, baseline, ratio = value / baseline, SPEC §10 target)\n", g_nfigures);
+    printf("\n# summary: %zu figures (value, baseline, ratio = value / baseline, target)\n", g_nfigures);
     printf("%-22s %12s %12s %-10s %9s  %-20s %s\n", "# figure", "value", "baseline", "unit", "ratio", "target", "");
     for (size_t i = 0; i < g_nfigures; i++) {
         const figure *f = &g_figures[i];

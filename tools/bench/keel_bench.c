@@ -129,7 +129,7 @@ static void usage(FILE *out)
             "                iterate includes parallel, spawn includes destroy\n"
             "  --rounds N    rounds; figures are medians over rounds (default 7)\n"
             "  --entities N  entities of the in-memory figures (default 1000000); the durability\n"
-            "                figures use SPEC §10's sizes (100k, 1M for recovery)\n"
+            "                figures use the documented sizes (100k, 1M for recovery)\n"
             "  --json        one JSON object per line per figure, nothing else on stdout\n"
             "Each figure is measured side by side with its baseline in this run; text mode\n"
             "ends with a summary table. Data directories are made under $TMPDIR (default\n"
