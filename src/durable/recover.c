@@ -664,7 +664,7 @@ static int make_state(const dur_open_desc *o, dur_state **out)
     /* fence and side records are at most about DUR_RECORD_TARGET bytes: at
      * the fast levels a 4 KiB hash table (hashLog 10) stays in L1 and
      * compresses ECS deltas ~15% faster at the same ratio than the level's
-     * own (13) -- docs/performance.md, "Durability cost" */
+     * own (13) -- docs/performance.md, "Design measurements" */
     kw_codec_desc cd = {.level = d->zstd_level,
                         .hash_log = d->zstd_level <= DUR_SMALL_HASH_MAX_LEVEL ? DUR_HASH_LOG : 0};
     int rc = kw_codec_create(&cd, &d->side_codec);

@@ -90,8 +90,8 @@ static inline uint64_t bytes_differ(const unsigned char *a, const unsigned char 
 /* The changed rows of a column of size-byte rows (size a multiple of 4),
  * four rows at a time first: when a tick changes a tenth of the rows or
  * fewer, most blocks of four are unchanged and cost one test instead of
- * four compares and four index stores (docs/performance.md "Issue 8,
- * fourth session"). */
+ * four compares and four index stores (docs/performance.md, "Design
+ * measurements"). */
 static inline uint32_t changed_rows_words(const unsigned char *old, const unsigned char *now, uint32_t size,
                                           uint32_t count, uint32_t *idx)
 {
