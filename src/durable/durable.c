@@ -22,10 +22,8 @@ int keel_runtime_recover(keel_runtime *rt, keel_recovery *out)
         if (!rt->recover_rc) /* readers see the recovered state at once */
             rt->recover_rc = view_publish(rt, rt->recovery.tick);
         if (rt->recover_rc) {
-            char cause[480];
-            snprintf(cause, sizeof cause, "%s", keel_last_error());
             dur_close(rt);
-            core_fail(rt->recover_rc, "cannot open data directory %s: %s", rt->data_dir, cause);
+            core_fail_prefix(rt->recover_rc, "cannot open data directory %s", rt->data_dir);
             snprintf(rt->recover_error, sizeof rt->recover_error, "%s", keel_last_error());
         } else {
             (void)KEEL_FAILPOINT(RECOVER_AFTER_REPLAY); /* recovered, before on_first_tick and any tick */
