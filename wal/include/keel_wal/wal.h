@@ -99,6 +99,29 @@ uint32_t kw_crc32c(uint32_t crc, const void *p, size_t n);
  * readable) or 0 with *out filled. */
 int kw_record_check(const void *rec, size_t len, kw_header *out);
 
+/* Why a stored record is invalid: callers steer by it, never by the
+ * sentence. */
+typedef enum kw_fault {
+    KW_FAULT_NONE = 0,
+    KW_FAULT_FRAME,           /* shorter than a header or no magic: no header field can be trusted */
+    KW_FAULT_HEADER,          /* a readable header with a wrong version, kind, codec, reserved field or length */
+    KW_FAULT_CRC,             /* fails its CRC32C check */
+    KW_FAULT_KEY,             /* its header names another LSN than the key it is stored under */
+    KW_FAULT_GAP,             /* its LSN does not follow the previous one: a record is missing before it */
+} kw_fault;
+
+/* kw_record_check that also says why (*fault, when fault is not NULL).
+ * On any fault but FRAME, *out holds the header as read: out->lsn is the
+ * LSN the sentence names. */
+int kw_record_verify(const void *rec, size_t len, kw_header *out, kw_fault *fault);
+
+/* Check the record stored under key `lsn` in a read of consecutive LSNs
+ * that expects `expect` next (recovery, keel-wal replay): 0 with *out
+ * filled, or KEEL_ECORRUPT with *fault (GAP, KEY or kw_record_verify's) and
+ * a sentence naming the key ("WAL record at LSN <key>: ...") unless the
+ * record's readable header names its own LSN. */
+int kw_wal_check(uint64_t lsn, uint64_t expect, const void *rec, size_t len, kw_header *out, kw_fault *fault);
+
 /* ---- codec --------------------------------------------------------------- */
 
 /* A per-thread codec context: zstd compression and decompression contexts,
