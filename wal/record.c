@@ -122,7 +122,7 @@ int kw_codec_create(const kw_codec_desc *desc, kw_codec_ctx **out)
         return core_fail(KEEL_ENOMEM, "out of memory for a codec context");
     c->cctx = ZSTD_createCCtx();
     c->dctx = ZSTD_createDCtx();
-    c->level = d.level ? d.level : 1;
+    c->level = d.level ? d.level : KW_ZSTD_LEVEL_DEFAULT;
     c->min_compress = d.min_compress ? d.min_compress : 128;
     c->plain = d.plain;
     if (!c->cctx || !c->dctx) {

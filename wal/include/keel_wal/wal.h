@@ -129,8 +129,13 @@ int kw_wal_check(uint64_t lsn, uint64_t expect, const void *rec, size_t len, kw_
  * compressions), and scratch space. */
 typedef struct kw_codec_ctx kw_codec_ctx;
 
+/* The zstd level of a zeroed level field, here and in keel_durable_desc: a
+ * fast level (measured 10-17 % less CPU than level 1 for 3 % more bytes,
+ * docs/performance.md). */
+#define KW_ZSTD_LEVEL_DEFAULT (-1)
+
 typedef struct kw_codec_desc {
-    int level;                /* zstd level; 0 = 1 (measured: docs/performance.md) */
+    int level;                /* zstd level; 0 = KW_ZSTD_LEVEL_DEFAULT */
     uint32_t min_compress;    /* payloads shorter than this are stored raw; 0 = 128 bytes */
     int hash_log;             /* zstd's hashLog (ZSTD_c_hashLog); 0 = the level's own */
     bool plain;               /* compress TICK_CHUNK and SNAP_CHUNK payloads as they are (codec
@@ -220,6 +225,13 @@ typedef struct kw_schema {
     uint32_t ncomps;
     kw_component *comps;      /* in id order: comps[i].id == i + 1 */
 } kw_schema;
+
+/* The scalar types of schema fields (keel_type, 1..13): a value's width
+ * in bytes (KEEL_BYTES: 1 per counted byte) and its name ("u8", ...,
+ * "entity", "bytes"); 0 and "?" for a type outside the table. The one
+ * table: the runtime validates fields and the tools print values by it. */
+uint32_t kw_scalar_width(uint32_t type);
+const char *kw_scalar_name(uint32_t type);
 
 int kw_schema_encode(const kw_schema *s, kw_buf *out);
 /* Errors: KEEL_ECORRUPT (malformed), KEEL_ENOMEM. */
