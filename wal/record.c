@@ -122,7 +122,7 @@ int kw_codec_create(const kw_codec_desc *desc, kw_codec_ctx **out)
         return core_fail(KEEL_ENOMEM, "out of memory for a codec context");
     c->cctx = ZSTD_createCCtx();
     c->dctx = ZSTD_createDCtx();
-    c->level = d.level ? d.level : KW_ZSTD_LEVEL_DEFAULT;
+    c->level = d.level ? d.level : KW_CODEC_LEVEL_DEFAULT;
     c->min_compress = d.min_compress ? d.min_compress : 128;
     c->plain = d.plain;
     if (!c->cctx || !c->dctx) {
@@ -229,6 +229,11 @@ void kw_record_seal(void *rec, uint64_t lsn)
     unsigned char *h = rec;
     le64(h + 8, lsn);
     le32(h + 40, record_crc(h, rd32(h + 40)));
+}
+
+size_t kw_record_peek_len(const void *rec)
+{
+    return KW_HEADER_SIZE + (size_t)rd32((const unsigned char *)rec + 36);
 }
 
 int kw_record_build(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64_t lsn, uint64_t tick, uint32_t flags,

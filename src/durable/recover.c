@@ -641,7 +641,7 @@ static int make_state(keel_runtime *rt)
     pthread_cond_init(&d->ckpt_cv, NULL);
     pthread_mutex_init(&d->pin_mu, NULL);
     d->mode = rt->durability;
-    d->zstd_level = dd->zstd_level ? dd->zstd_level : KW_ZSTD_LEVEL_DEFAULT;
+    d->zstd_level = dd->zstd_level ? dd->zstd_level : KW_CODEC_LEVEL_DEFAULT;
     d->ckpt_every_ticks = dd->checkpoint_every_ticks ? dd->checkpoint_every_ticks : 3600;
     d->ckpt_every_bytes = dd->checkpoint_every_bytes ? dd->checkpoint_every_bytes : 64ll << 20;
     d->ckpt_every_seconds = dd->checkpoint_every_seconds ? dd->checkpoint_every_seconds : 300;

@@ -27,6 +27,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "keel/error.h"
 
@@ -132,10 +133,10 @@ typedef struct kw_codec_ctx kw_codec_ctx;
 /* The zstd level of a zeroed level field, here and in keel_durable_desc: a
  * fast level (measured 10-17 % less CPU than level 1 for 3 % more bytes,
  * docs/performance.md). */
-#define KW_ZSTD_LEVEL_DEFAULT (-1)
+#define KW_CODEC_LEVEL_DEFAULT (-1)
 
 typedef struct kw_codec_desc {
-    int level;                /* zstd level; 0 = KW_ZSTD_LEVEL_DEFAULT */
+    int level;                /* zstd level; 0 = KW_CODEC_LEVEL_DEFAULT */
     uint32_t min_compress;    /* payloads shorter than this are stored raw; 0 = 128 bytes */
     int hash_log;             /* zstd's hashLog (ZSTD_c_hashLog); 0 = the level's own */
     bool plain;               /* compress TICK_CHUNK and SNAP_CHUNK payloads as they are (codec
@@ -167,6 +168,9 @@ int kw_record_build_unsealed(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64
                              const void *payload, size_t len);
 /* Set the LSN of the record at rec and compute its CRC. */
 void kw_record_seal(void *rec, uint64_t lsn);
+/* The whole length (header + stored payload) of the record at rec, read
+ * from its header unchecked: walks a buffer of records this process built. */
+size_t kw_record_peek_len(const void *rec);
 
 /* The payload of a checked record, decompressed when needed. *payload points
  * into the record (raw codec) or into the context's scratch (valid until the
@@ -294,6 +298,69 @@ typedef struct kw_commit_info {
     uint32_t nrecords, nlive, nslots;
 } kw_commit_info;
 int kw_decode_commit(const void *payload, size_t len, kw_commit_info *out);
+
+/* ---- encoding the logical payloads ------------------------------------------
+ * The writers' side of the decoders above (encode.c): callers pass plain
+ * values, wal/ lays out the bytes. A builder that takes a kw_buf appends
+ * (errors: KEEL_ENOMEM); *_begin empties the buffer first. */
+
+/* A TICK_CHUNK row group's header: u32 component, u32 size, u32 n, followed
+ * by n u64 entities and n values. The unit of work captures rows straight
+ * into this layout, so these stay inline. */
+#define KW_GROUP_HDR 12u
+
+static inline void kw_group_header_put(unsigned char *p, uint32_t component, uint32_t size, uint32_t n)
+{
+    uint32_t h[3] = {component, size, n}; /* little-endian host (record.c) */
+    memcpy(p, h, sizeof h);
+}
+
+static inline void kw_group_header_get(const unsigned char *p, uint32_t *component, uint32_t *size, uint32_t *n)
+{
+    uint32_t h[3];
+    memcpy(h, p, sizeof h);
+    *component = h[0];
+    *size = h[1];
+    *n = h[2];
+}
+
+/* TICK_CHUNK: begin (reserving len_hint bytes: the whole payload when it
+ * is known), one group_put per group (n entities and n values of `size`
+ * bytes, copied in bulk), end with the group count. */
+int kw_tick_chunk_begin(kw_buf *out, size_t len_hint);
+int kw_tick_chunk_group_put(kw_buf *out, uint32_t component, uint32_t size, uint32_t n, const void *entities,
+                            const void *values);
+void kw_tick_chunk_end(kw_buf *out, uint32_t ngroups);
+
+/* A component value of a lifecycle command; value NULL logs `size` zeros
+ * (TRANSIENT components are not durable). */
+typedef struct kw_value {
+    uint32_t component;
+    uint32_t size;
+    const void *value;
+} kw_value;
+
+/* LIFECYCLE: begin, one put_op per command, end with the command count.
+ * put_op: op is a kw_op; SPAWN logs n values, ADD values[0], REMOVE
+ * values[0].component, DESTROY nothing more. */
+int kw_lifecycle_begin(kw_buf *out);
+int kw_lifecycle_put_op(kw_buf *out, uint32_t op, uint64_t entity, uint32_t n, const kw_value *values);
+void kw_lifecycle_end(kw_buf *out, uint32_t nops);
+
+/* TICK_COMMIT: the 16-byte payload (kw_decode_commit reads it). */
+#define KW_COMMIT_SIZE 16u
+void kw_commit_encode(const kw_commit_info *ci, unsigned char out[KW_COMMIT_SIZE]);
+
+/* CHECKPOINT: the 16-byte marker payload, and its decoder (KEEL_ECORRUPT
+ * when it is not 16 bytes). */
+#define KW_CHECKPOINT_MARKER_SIZE 16u
+void kw_checkpoint_marker_encode(uint64_t covered_lsn, uint64_t tick, unsigned char out[KW_CHECKPOINT_MARKER_SIZE]);
+int kw_checkpoint_marker_decode(const void *payload, size_t len, uint64_t *covered_lsn, uint64_t *tick);
+
+/* SIDE: begin with the transaction's sequence, mode and write count, then
+ * one put_write per write (an after-image of `size` bytes). */
+int kw_side_begin(kw_buf *out, uint64_t seq, uint32_t mode, uint32_t nwrites);
+int kw_side_put_write(kw_buf *out, uint64_t entity, uint32_t component, uint32_t size, const void *value);
 
 /* ---- store --------------------------------------------------------------- */
 
@@ -493,6 +560,18 @@ typedef struct kw_snap_chunk {
 
 int kw_snap_chunk_decode(const void *payload, size_t len, kw_snap_chunk *out);
 uint64_t kw_snap_chunk_entity(const kw_snap_chunk *c, uint32_t row);
+
+/* Encoders of the three snap payloads (encode.c). SNAP_TABLES: the header,
+ * then one put_table per table, in id order (appending). */
+int kw_snap_tables_put_header(kw_buf *out, uint32_t ntables, uint32_t nslots, uint32_t nlive);
+int kw_snap_tables_put_table(kw_buf *out, uint32_t rows, uint32_t ncols, const uint32_t *comps);
+/* SNAP_SLOTS: slots first .. first+n-1 (live[i] non-zero = live); empties out first. */
+int kw_snap_slots_encode(kw_buf *out, uint32_t first, uint32_t n, const uint32_t *gens, const uint8_t *live);
+/* SNAP_CHUNK: count rows of ncols stored columns (values[i]: count x
+ * sizes[i] bytes), entities: count u64 handles; empties out first. */
+int kw_snap_chunk_encode(kw_buf *out, uint32_t table, uint32_t chunk, uint32_t count, uint32_t ncols,
+                         const uint32_t *comps, const uint32_t *sizes, const void *entities,
+                         const void *const *values);
 
 #ifdef __cplusplus
 }
