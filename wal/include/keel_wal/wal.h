@@ -7,9 +7,11 @@
  *
  *   records  (record.c: format and zstd codec; crc32c.c) -- the self-describing KWR1
  *            record: a 48-byte header, a payload (raw or zstd), a CRC32C;
- *   payloads (payload.c, decode.c) -- little-endian builders, a
- *            bounds-checked cursor, the schema payload, and a decoder of the
- *            logical changes (value rows, lifecycle commands);
+ *   payloads (payload.c, encode.c, decode.c, snap.c) -- little-endian
+ *            builders, a bounds-checked cursor, the schema payload and the
+ *            scalar-type table, the encoder and the decoder of every logical
+ *            and snap payload (value rows, lifecycle commands, markers, side
+ *            writes, checkpoint chunks);
  *   store    (store.c) -- the LMDB environment of a data directory: the
  *            named databases meta, schema, wal, snap, dict; map growth on
  *            MDB_MAP_FULL; read transactions, WAL cursors and filtered scans
