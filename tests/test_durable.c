@@ -2237,6 +2237,65 @@ START_TEST(test_corrupt_record)
 }
 END_TEST
 
+/* A record that checks and decodes but names a component the schema does
+ * not have (a SIDE value row, variant 0, or a LIFECYCLE add closed by its
+ * marker, variant 1): the open is refused with KEEL_ECORRUPT naming the
+ * record's LSN and why. */
+START_TEST(test_change_of_an_unknown_component)
+{
+    static wref ref;
+    w_reference(&ref, 3, 1, true);
+    static const char *const names[2] = {"unknown-side", "unknown-life"};
+    for (int variant = 0; variant < 2; variant++) {
+        char dir[256];
+        tu_path(dir, sizeof dir, names[variant]);
+        keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+        wworld *w = w_new(true);
+        w_open(w, &d, false);
+        for (uint64_t t = 1; t <= 3; t++)
+            w_drive(w, t);
+        w_close(w);
+        dir_view v;
+        dir_read(dir, &v);
+        uint64_t lsn = v.r[v.n - 1].lsn + 1, tick = v.r[v.n - 1].tick;
+        dir_view_free(&v);
+
+        kw_codec_ctx *c = NULL;
+        ck_assert_ok(kw_codec_create(NULL, &c));
+        kw_buf p = {0}, rec = {0};
+        if (variant == 0) {
+            ck_assert_ok(kw_side_begin(&p, 1, KEEL_DURABLE_IMMEDIATE, 1));
+            ck_assert_ok(kw_side_put_write(&p, KEEL_ENTITY_MAKE(0, 1), 200, 4, "abcd"));
+            ck_assert_ok(kw_record_build(c, &rec, KW_KIND_SIDE, lsn, tick, 0, p.p, p.len));
+        } else {
+            ck_assert_ok(kw_lifecycle_begin(&p));
+            ck_assert_ok(kw_lifecycle_put_op(&p, KW_OP_ADD, KEEL_ENTITY_MAKE(0, 1), 1, &(kw_value){200, 4, "abcd"}));
+            kw_lifecycle_end(&p, 1);
+            ck_assert_ok(kw_record_build(c, &rec, KW_KIND_LIFECYCLE, lsn, tick + 1, 0, p.p, p.len));
+            unsigned char m[KW_COMMIT_SIZE];
+            kw_commit_encode(&(kw_commit_info){.nrecords = 1}, m);
+            ck_assert_ok(kw_record_build(c, &rec, KW_KIND_TICK_COMMIT, lsn + 1, tick + 1, 0, m, sizeof m));
+        }
+        size_t first = kw_record_peek_len(rec.p);
+        tu_wal_put(dir, lsn, rec.p, first);
+        if (variant == 1)
+            tu_wal_put(dir, lsn + 1, rec.p + first, rec.len - first);
+        kw_buf_free(&p);
+        kw_buf_free(&rec);
+        kw_codec_destroy(c);
+
+        w_reset(w, true);
+        w_open(w, &d, false);
+        ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ECORRUPT);
+        const char *msg = keel_last_error();
+        ck_assert_msg(tu_names_lsn(msg, lsn) && strstr(msg, "names an unknown component"), "%s: %s", names[variant],
+                      msg);
+        w_close(w);
+        free(w);
+    }
+}
+END_TEST
+
 /* ---- the stored schema -------------------------------------------------------------- */
 
 enum {
@@ -3607,6 +3666,7 @@ static Suite *dur_recovery(void)
     Suite *s = suite_create("dur_recovery");
     TCase *tc = tcase_with_dirs("recovery", 300);
     tcase_add_test(tc, test_corrupt_record);
+    tcase_add_test(tc, test_change_of_an_unknown_component);
     tcase_add_test(tc, test_schema_extend_and_mismatch);
     tcase_add_test(tc, test_bad_data_dirs);
     tcase_add_test(tc, test_data_dir_is_plain_file);

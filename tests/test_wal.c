@@ -1088,6 +1088,60 @@ START_TEST(raw_length_over_the_record_limit_is_refused)
 }
 END_TEST
 
+/* kw_record_verify and kw_wal_check say why by code: recovery and the scan
+ * steer by it, never by the sentence. */
+START_TEST(record_faults_are_reported_by_code)
+{
+    kw_codec_ctx *c = codec();
+    kw_buf r = {0};
+    ck_assert_ok(kw_record_build(c, &r, KW_KIND_SIDE, 7, 3, 0, "payload bytes", 13));
+    ck_assert_uint_eq(kw_record_peek_len(r.p), r.len);
+    kw_header h;
+    kw_fault f = KW_FAULT_GAP;
+    ck_assert_ok(kw_record_verify(r.p, r.len, &h, &f));
+    ck_assert_int_eq(f, KW_FAULT_NONE);
+    ck_assert_uint_eq(h.lsn, 7);
+    ck_assert_rc(kw_record_verify(r.p, 10, &h, &f), KEEL_ECORRUPT);
+    ck_assert_int_eq(f, KW_FAULT_FRAME);
+    unsigned char *bad = malloc(r.len);
+    ck_assert_ptr_nonnull(bad);
+    memcpy(bad, r.p, r.len);
+    bad[0] = 'X';
+    ck_assert_rc(kw_record_verify(bad, r.len, &h, &f), KEEL_ECORRUPT);
+    ck_assert_int_eq(f, KW_FAULT_FRAME);
+    memcpy(bad, r.p, r.len);
+    wr16(bad + 4, 9); /* a version this build does not read, under a valid CRC */
+    reseal(bad, r.len);
+    ck_assert_rc(kw_record_verify(bad, r.len, &h, &f), KEEL_ECORRUPT);
+    ck_assert_int_eq(f, KW_FAULT_HEADER);
+    ck_assert_uint_eq(h.lsn, 7);
+    memcpy(bad, r.p, r.len);
+    bad[r.len - 1] ^= 0x40; /* a payload byte: the CRC fails */
+    ck_assert_rc(kw_record_verify(bad, r.len, &h, &f), KEEL_ECORRUPT);
+    ck_assert_int_eq(f, KW_FAULT_CRC);
+    ck_assert(has(keel_last_error(), "LSN 7") && has(keel_last_error(), "CRC32C"));
+
+    /* in a read of consecutive LSNs: the record stored under key 7 */
+    ck_assert_ok(kw_wal_check(7, 7, r.p, r.len, &h, &f));
+    ck_assert_int_eq(f, KW_FAULT_NONE);
+    ck_assert_rc(kw_wal_check(7, 6, r.p, r.len, &h, &f), KEEL_ECORRUPT); /* 6 is missing */
+    ck_assert_int_eq(f, KW_FAULT_GAP);
+    ck_assert(has(keel_last_error(), "WAL record at LSN 7: LSNs are not consecutive"));
+    ck_assert_rc(kw_wal_check(8, 8, r.p, r.len, &h, &f), KEEL_ECORRUPT); /* stored under another key */
+    ck_assert_int_eq(f, KW_FAULT_KEY);
+    ck_assert(has(keel_last_error(), "WAL record at LSN 8: the record's LSN differs from its key"));
+    ck_assert_rc(kw_wal_check(7, 7, bad, r.len, &h, &f), KEEL_ECORRUPT);
+    ck_assert_int_eq(f, KW_FAULT_CRC);
+    ck_assert(has(keel_last_error(), "record at LSN 7 fails its CRC32C check"));
+    ck_assert_rc(kw_wal_check(7, 7, "short", 5, NULL, &f), KEEL_ECORRUPT); /* no header: named by its key */
+    ck_assert_int_eq(f, KW_FAULT_FRAME);
+    ck_assert(has(keel_last_error(), "WAL record at LSN 7: record of 5 bytes is shorter"));
+    free(bad);
+    kw_buf_free(&r);
+    kw_codec_destroy(c);
+}
+END_TEST
+
 static Suite *record_suite(void)
 {
     Suite *s = suite_create("wal_record");
@@ -1113,6 +1167,7 @@ static Suite *record_suite(void)
     tcase_add_test(tc, corrupt_zstd_payload_with_valid_crc_is_refused);
     tcase_add_test(tc, planar_form_that_does_not_parse_is_corrupt);
     tcase_add_test(tc, raw_length_over_the_record_limit_is_refused);
+    tcase_add_test(tc, record_faults_are_reported_by_code);
     suite_add_tcase(s, tc);
     return s;
 }
@@ -1689,6 +1744,218 @@ START_TEST(snap_random_damage_never_crashes)
 }
 END_TEST
 
+/* ---- encoders (wal/encode.c): documented bytes, and back through the decoders ------- */
+
+START_TEST(group_header_is_three_little_endian_u32)
+{
+    unsigned char p[KW_GROUP_HDR];
+    kw_group_header_put(p, 7, 12, 0x01020304u);
+    ck_assert_uint_eq(rd32(p), 7);
+    ck_assert_uint_eq(rd32(p + 4), 12);
+    ck_assert_uint_eq(rd32(p + 8), 0x01020304u);
+    uint32_t c, s, n;
+    kw_group_header_get(p, &c, &s, &n);
+    ck_assert_uint_eq(c, 7);
+    ck_assert_uint_eq(s, 12);
+    ck_assert_uint_eq(n, 0x01020304u);
+}
+END_TEST
+
+START_TEST(tick_chunk_encoder_writes_the_documented_groups)
+{
+    const uint64_t ents[3] = {0x0000000100000002ull, 0x0000000300000004ull, 0x0000000500000006ull};
+    const uint32_t vals[3] = {0xaabbccddu, 0x11223344u, 0x55667788u};
+    kw_buf b = {0}, want = {0};
+    ck_assert_ok(kw_tick_chunk_begin(&b, 0));
+    ck_assert_ok(kw_tick_chunk_group_put(&b, 2, 4, 2, ents, vals));
+    ck_assert_ok(kw_tick_chunk_group_put(&b, 9, 0, 1, ents + 2, NULL)); /* a tag */
+    kw_tick_chunk_end(&b, 2);
+    kw_put_u32(&want, 2);
+    kw_put_u32(&want, 2), kw_put_u32(&want, 4), kw_put_u32(&want, 2);
+    kw_put_u64(&want, ents[0]), kw_put_u64(&want, ents[1]);
+    kw_put_u32(&want, vals[0]), kw_put_u32(&want, vals[1]);
+    kw_put_u32(&want, 9), kw_put_u32(&want, 0), kw_put_u32(&want, 1);
+    kw_put_u64(&want, ents[2]);
+    ck_assert_uint_eq(b.len, want.len);
+    ck_assert(memcmp(b.p, want.p, want.len) == 0);
+    kw_decoder d;
+    kw_change ch;
+    ck_assert_ok(kw_decode_begin(&d, KW_KIND_TICK_CHUNK, 1, b.p, b.len, NULL));
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+        ck_assert_uint_eq(ch.entity, ents[i]);
+        ck_assert_uint_eq(ch.component, i < 2 ? 2 : 9);
+        if (i < 2)
+            ck_assert_uint_eq(rd32(ch.value), vals[i]);
+    }
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 0);
+    /* begin empties the buffer: a second payload does not follow the first */
+    ck_assert_ok(kw_tick_chunk_begin(&b, 1000));
+    kw_tick_chunk_end(&b, 0);
+    ck_assert_uint_eq(b.len, 4);
+    ck_assert_uint_eq(rd32(b.p), 0);
+    kw_buf_free(&b);
+    kw_buf_free(&want);
+}
+END_TEST
+
+START_TEST(lifecycle_encoder_writes_the_documented_ops)
+{
+    kw_buf b = {0}, want = {0};
+    const kw_value spawn[3] = {{1, 4, "abcd"}, {2, 3, NULL}, {3, 0, NULL}}; /* a value, zeros, a tag */
+    ck_assert_ok(kw_lifecycle_begin(&b));
+    ck_assert_ok(kw_lifecycle_put_op(&b, KW_OP_SPAWN, 0x0000000100000007ull, 3, spawn));
+    ck_assert_ok(kw_lifecycle_put_op(&b, KW_OP_ADD, 8, 1, &(kw_value){4, 2, "xy"}));
+    ck_assert_ok(kw_lifecycle_put_op(&b, KW_OP_REMOVE, 9, 1, &(kw_value){.component = 5}));
+    ck_assert_ok(kw_lifecycle_put_op(&b, KW_OP_DESTROY, 10, 0, NULL));
+    kw_lifecycle_end(&b, 4);
+    kw_put_u32(&want, 4);
+    kw_put_u8(&want, 1), kw_put_u64(&want, 0x0000000100000007ull), kw_put_u32(&want, 3);
+    kw_put_u32(&want, 1), kw_put_u32(&want, 4), kw_put_bytes(&want, "abcd", 4);
+    kw_put_u32(&want, 2), kw_put_u32(&want, 3), kw_put_bytes(&want, "\0\0\0", 3);
+    kw_put_u32(&want, 3), kw_put_u32(&want, 0);
+    kw_put_u8(&want, 3), kw_put_u64(&want, 8), kw_put_u32(&want, 4), kw_put_u32(&want, 2), kw_put_bytes(&want, "xy", 2);
+    kw_put_u8(&want, 4), kw_put_u64(&want, 9), kw_put_u32(&want, 5);
+    kw_put_u8(&want, 2), kw_put_u64(&want, 10);
+    ck_assert_uint_eq(b.len, want.len);
+    ck_assert(memcmp(b.p, want.p, want.len) == 0);
+    kw_decoder d;
+    kw_change ch;
+    ck_assert_ok(kw_decode_begin(&d, KW_KIND_LIFECYCLE, 1, b.p, b.len, NULL));
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_uint_eq(ch.op, KW_OP_SPAWN);
+    ck_assert_uint_eq(ch.n, 3);
+    ck_assert_uint_eq(ch.sizes[1], 3);
+    ck_assert(memcmp(ch.values[1], "\0\0\0", 3) == 0);
+    ck_assert_ptr_null(ch.values[2]);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_uint_eq(ch.op, KW_OP_ADD);
+    ck_assert(memcmp(ch.value, "xy", 2) == 0);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_uint_eq(ch.op, KW_OP_REMOVE);
+    ck_assert_uint_eq(ch.component, 5);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_uint_eq(ch.op, KW_OP_DESTROY);
+    ck_assert_uint_eq(ch.entity, 10);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 0);
+    kw_buf_free(&b);
+    kw_buf_free(&want);
+}
+END_TEST
+
+START_TEST(side_encoder_writes_the_documented_writes)
+{
+    kw_buf b = {0}, want = {0};
+    ck_assert_ok(kw_side_begin(&b, 0x1122334455667788ull, 2, 2));
+    ck_assert_ok(kw_side_put_write(&b, 5, 1, 4, "abcd"));
+    ck_assert_ok(kw_side_put_write(&b, 6, 3, 0, NULL));
+    kw_put_u64(&want, 0x1122334455667788ull), kw_put_u32(&want, 2), kw_put_u32(&want, 2);
+    kw_put_u64(&want, 5), kw_put_u32(&want, 1), kw_put_u32(&want, 4), kw_put_bytes(&want, "abcd", 4);
+    kw_put_u64(&want, 6), kw_put_u32(&want, 3), kw_put_u32(&want, 0);
+    ck_assert_uint_eq(b.len, want.len);
+    ck_assert(memcmp(b.p, want.p, want.len) == 0);
+    kw_decoder d;
+    kw_change ch;
+    ck_assert_ok(kw_decode_begin(&d, KW_KIND_SIDE, 1, b.p, b.len, NULL));
+    ck_assert_uint_eq(d.side_seq, 0x1122334455667788ull);
+    ck_assert_uint_eq(d.side_mode, 2);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_uint_eq(ch.entity, 5);
+    ck_assert(memcmp(ch.value, "abcd", 4) == 0);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_uint_eq(ch.component, 3);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 0);
+    kw_buf_free(&b);
+    kw_buf_free(&want);
+}
+END_TEST
+
+START_TEST(commit_and_checkpoint_markers_are_16_bytes)
+{
+    unsigned char m[KW_COMMIT_SIZE];
+    kw_commit_encode(&(kw_commit_info){3, 0x10203040u, 0x50607080u}, m);
+    ck_assert_uint_eq(rd32(m), 3);
+    ck_assert_uint_eq(rd32(m + 4), 0x10203040u);
+    ck_assert_uint_eq(rd32(m + 8), 0x50607080u);
+    ck_assert_uint_eq(rd32(m + 12), 0);
+    kw_commit_info ci;
+    ck_assert_ok(kw_decode_commit(m, sizeof m, &ci));
+    ck_assert_uint_eq(ci.nrecords, 3);
+    ck_assert_uint_eq(ci.nlive, 0x10203040u);
+    ck_assert_uint_eq(ci.nslots, 0x50607080u);
+    unsigned char k[KW_CHECKPOINT_MARKER_SIZE];
+    kw_checkpoint_marker_encode(0x0102030405060708ull, 42, k);
+    ck_assert_uint_eq(rd64(k), 0x0102030405060708ull);
+    ck_assert_uint_eq(rd64(k + 8), 42);
+    uint64_t lsn, tick;
+    ck_assert_ok(kw_checkpoint_marker_decode(k, sizeof k, &lsn, &tick));
+    ck_assert_uint_eq(lsn, 0x0102030405060708ull);
+    ck_assert_uint_eq(tick, 42);
+    ck_assert_rc(kw_checkpoint_marker_decode(k, 15, &lsn, &tick), KEEL_ECORRUPT);
+    unsigned char k17[17] = {0};
+    ck_assert_rc(kw_checkpoint_marker_decode(k17, 17, &lsn, &tick), KEEL_ECORRUPT);
+}
+END_TEST
+
+START_TEST(snap_encoders_write_what_the_decoders_read)
+{
+    /* the same bytes as the hand-built payloads the decoder tests use */
+    kw_buf b = {0}, want = {0};
+    static const uint32_t t0[2] = {1, 3}, t1[1] = {2};
+    ck_assert_ok(kw_snap_tables_put_header(&b, 2, 1030, 5));
+    ck_assert_ok(kw_snap_tables_put_table(&b, 5, 2, t0));
+    ck_assert_ok(kw_snap_tables_put_table(&b, 0, 1, t1));
+    tables_payload(&want);
+    ck_assert_uint_eq(b.len, want.len);
+    ck_assert(memcmp(b.p, want.p, want.len) == 0);
+
+    static const uint32_t comps[2] = {2, 5}, sizes[2] = {8, 2};
+    const uint64_t ents[2] = {0x0000000200000007ull, 0x0000000100000009ull}, v0[2] = {111, 222};
+    const unsigned char v1[4] = {0xa1, 0xa2, 0xb1, 0xb2};
+    const void *const vals[2] = {v0, v1};
+    ck_assert_ok(kw_snap_chunk_encode(&b, 3, 1, 2, 2, comps, sizes, ents, vals));
+    chunk_payload(&want);
+    ck_assert_uint_eq(b.len, want.len);
+    ck_assert(memcmp(b.p, want.p, want.len) == 0);
+
+    static const uint32_t gens[3] = {1, 0x00010002u, 7};
+    static const uint8_t live[3] = {1, 0, 5};
+    ck_assert_ok(kw_snap_slots_encode(&b, 2048, 3, gens, live));
+    ck_assert_uint_eq(b.len, 8 + 3 * 4 + 3);
+    ck_assert_uint_eq(rd32(b.p), 2048);
+    ck_assert_uint_eq(rd32(b.p + 8 + 4), 0x00010002u);
+    kw_snap_slots s;
+    ck_assert_ok(kw_snap_slots_decode(b.p, b.len, &s));
+    ck_assert_uint_eq(s.first, 2048);
+    ck_assert_uint_eq(s.n, 3);
+    ck_assert_uint_eq(kw_snap_slot_gen(&s, 1), 0x00010002u);
+    ck_assert_uint_eq(s.live[0], 1);
+    ck_assert_uint_eq(s.live[1], 0);
+    ck_assert_uint_eq(s.live[2], 1); /* non-zero is live, stored as 1 */
+    kw_buf_free(&b);
+    kw_buf_free(&want);
+}
+END_TEST
+
+START_TEST(scalar_table_names_and_widths)
+{
+    static const struct {
+        uint32_t type, width;
+        const char *name;
+    } want[] = {{1, 1, "u8"},  {2, 2, "u16"},  {3, 4, "u32"},   {4, 8, "u64"},     {5, 1, "i8"},
+                {6, 2, "i16"}, {7, 4, "i32"},  {8, 8, "i64"},   {9, 4, "f32"},     {10, 8, "f64"},
+                {11, 1, "bool"}, {12, 8, "entity"}, {13, 1, "bytes"}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        ck_assert_uint_eq(kw_scalar_width(want[i].type), want[i].width);
+        ck_assert_str_eq(kw_scalar_name(want[i].type), want[i].name);
+    }
+    ck_assert_uint_eq(kw_scalar_width(0), 0);
+    ck_assert_uint_eq(kw_scalar_width(14), 0);
+    ck_assert_str_eq(kw_scalar_name(0), "?");
+    ck_assert_str_eq(kw_scalar_name(14), "?");
+}
+END_TEST
+
 static Suite *payload_suite(void)
 {
     Suite *s = suite_create("wal_payload");
@@ -1712,6 +1979,15 @@ static Suite *payload_suite(void)
     tcase_add_test(tc, snap_chunk_decode_and_refuse_bad_lengths);
     tcase_add_test(tc, snap_payload_checks_the_record_and_its_kind);
     tcase_add_test(tc, snap_random_damage_never_crashes);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("encoders");
+    tcase_add_test(tc, group_header_is_three_little_endian_u32);
+    tcase_add_test(tc, tick_chunk_encoder_writes_the_documented_groups);
+    tcase_add_test(tc, lifecycle_encoder_writes_the_documented_ops);
+    tcase_add_test(tc, side_encoder_writes_the_documented_writes);
+    tcase_add_test(tc, commit_and_checkpoint_markers_are_16_bytes);
+    tcase_add_test(tc, snap_encoders_write_what_the_decoders_read);
+    tcase_add_test(tc, scalar_table_names_and_widths);
     suite_add_tcase(s, tc);
     return s;
 }

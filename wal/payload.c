@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/core.h"
+#include "keel/component.h"
 #include "keel_wal/wal.h"
 
 int kw_put_bytes(kw_buf *b, const void *p, size_t n)
@@ -73,6 +74,28 @@ uint64_t kw_get_u64(kw_cursor *c)
     return v;
 }
 
+/* ---- scalar types ------------------------------------------------------------- */
+
+static const struct {
+    const char *name;
+    uint32_t width;
+} scalars[KEEL_TYPE_COUNT_] = {
+    [KEEL_U8] = {"u8", 1},   [KEEL_U16] = {"u16", 2}, [KEEL_U32] = {"u32", 4}, [KEEL_U64] = {"u64", 8},
+    [KEEL_I8] = {"i8", 1},   [KEEL_I16] = {"i16", 2}, [KEEL_I32] = {"i32", 4}, [KEEL_I64] = {"i64", 8},
+    [KEEL_F32] = {"f32", 4}, [KEEL_F64] = {"f64", 8}, [KEEL_BOOL] = {"bool", 1},
+    [KEEL_ENTITY] = {"entity", 8}, [KEEL_BYTES] = {"bytes", 1},
+};
+
+uint32_t kw_scalar_width(uint32_t type)
+{
+    return type > KEEL_TYPE_INVALID && type < KEEL_TYPE_COUNT_ ? scalars[type].width : 0;
+}
+
+const char *kw_scalar_name(uint32_t type)
+{
+    return type > KEEL_TYPE_INVALID && type < KEEL_TYPE_COUNT_ ? scalars[type].name : "?";
+}
+
 /* ---- schema -------------------------------------------------------------------
  * u32 ncomps; per component: u32 id, u32 size, u32 align, u32 discipline,
  * u8 name length, name bytes, u32 nfields; per field: u8 name length, name,
@@ -123,10 +146,8 @@ static bool get_name(kw_cursor *c, char *out)
  * runtime never registers such a field (src/world/component.c). */
 static bool field_fits(const kw_field *f, uint32_t size)
 {
-    static const uint8_t width[] = {0, 1, 2, 4, 8, 1, 2, 4, 8, 4, 8, 1, 8, 1}; /* keel_type, 1..13 */
-    if (f->type == 0 || f->type >= sizeof width)
-        return false;
-    return (uint64_t)f->offset + (uint64_t)width[f->type] * (f->count ? f->count : 1) <= size;
+    uint32_t width = kw_scalar_width(f->type);
+    return width && (uint64_t)f->offset + (uint64_t)width * (f->count ? f->count : 1) <= size;
 }
 
 void kw_schema_free(kw_schema *s)

@@ -2,9 +2,7 @@
  * wal/reader.c -- filtered scans of the WAL for recovery checks and the
  * tools: LSN and tick bounds, kinds, every returned record checked.
  */
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "core/core.h"
 #include "keel_wal/wal.h"
@@ -29,27 +27,13 @@ int kw_scan_begin(kw_rtxn *r, const kw_range *range, kw_scan **out)
     return KEEL_OK;
 }
 
-/* Does the last error's sentence name LSN lsn (as a whole number)? */
-static bool names_lsn(uint64_t lsn)
-{
-    char want[32];
-    const char *msg = keel_last_error();
-    int n = snprintf(want, sizeof want, "LSN %llu", (unsigned long long)lsn);
-    for (const char *p = strstr(msg, want); p; p = strstr(p + 1, want))
-        if (p[n] < '0' || p[n] > '9')
-            return true;
-    return false;
-}
-
 /* A record that fails its check is named by its key: the header may be too
- * short or too damaged to hold an LSN, or claim another one. */
-static int refuse(uint64_t lsn, int rc)
+ * short or too damaged to hold an LSN (FRAME), or claim another one. */
+static int refuse(uint64_t lsn, const kw_header *h, kw_fault fault, int rc)
 {
-    if (names_lsn(lsn))
-        return rc;
-    char why[400];
-    snprintf(why, sizeof why, "%s", keel_last_error());
-    return core_fail(rc, "WAL record at LSN %llu: %s", (unsigned long long)lsn, why);
+    if (fault != KW_FAULT_FRAME && h->lsn == lsn)
+        return rc; /* the sentence names it already */
+    return core_fail_prefix(rc, "WAL record at LSN %llu", (unsigned long long)lsn);
 }
 
 int kw_scan_next(kw_scan *s, kw_record *out)
@@ -61,8 +45,9 @@ int kw_scan_next(kw_scan *s, kw_record *out)
             return rc;
         if (g->to_lsn && out->lsn > g->to_lsn)
             return 0;
-        if ((rc = kw_record_check(out->rec, out->len, &out->h)))
-            return refuse(out->lsn, rc);
+        kw_fault fault;
+        if ((rc = kw_record_verify(out->rec, out->len, &out->h, &fault)))
+            return refuse(out->lsn, &out->h, fault, rc);
         if (out->h.lsn != out->lsn)
             return core_fail(KEEL_ECORRUPT, "WAL record at LSN %llu: its header says LSN %llu",
                              (unsigned long long)out->lsn, (unsigned long long)out->h.lsn);

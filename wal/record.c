@@ -122,7 +122,7 @@ int kw_codec_create(const kw_codec_desc *desc, kw_codec_ctx **out)
         return core_fail(KEEL_ENOMEM, "out of memory for a codec context");
     c->cctx = ZSTD_createCCtx();
     c->dctx = ZSTD_createDCtx();
-    c->level = d.level ? d.level : 1;
+    c->level = d.level ? d.level : KW_CODEC_LEVEL_DEFAULT;
     c->min_compress = d.min_compress ? d.min_compress : 128;
     c->plain = d.plain;
     if (!c->cctx || !c->dctx) {
@@ -231,6 +231,11 @@ void kw_record_seal(void *rec, uint64_t lsn)
     le32(h + 40, record_crc(h, rd32(h + 40)));
 }
 
+size_t kw_record_peek_len(const void *rec)
+{
+    return KW_HEADER_SIZE + (size_t)rd32((const unsigned char *)rec + 36);
+}
+
 int kw_record_build(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64_t lsn, uint64_t tick, uint32_t flags,
                     const void *payload, size_t len)
 {
@@ -243,47 +248,102 @@ int kw_record_build(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64_t lsn, u
 
 /* ---- checking and reading ---------------------------------------------------- */
 
-int kw_record_check(const void *rec, size_t len, kw_header *out)
+/* The header's fields, not yet checked (len >= KW_HEADER_SIZE). */
+static kw_header read_header(const unsigned char *p)
 {
-    const unsigned char *p = rec;
-    if (!p || len < KW_HEADER_SIZE)
-        return core_fail(KEEL_ECORRUPT, "record of %zu bytes is shorter than the %u-byte header", len, KW_HEADER_SIZE);
-    if (memcmp(p, KEEL_WAL_MAGIC, 4))
-        return core_fail(KEEL_ECORRUPT, "record does not start with the magic KWR1");
-    kw_header h = {
+    return (kw_header){
         .version = rd16(p + 4), .kind = p[6], .codec = p[7], .lsn = rd64(p + 8), .tick = rd64(p + 16),
         .flags = rd32(p + 24), .dict_id = rd32(p + 28), .raw_len = rd32(p + 32), .stored_len = rd32(p + 36),
         .crc = rd32(p + 40),
     };
-    unsigned long long lsn = (unsigned long long)h.lsn;
-    if (h.version != KEEL_WAL_FORMAT_VERSION)
+}
+
+/* The header's own consistency and its lengths against the record's:
+ * 0, or KEEL_ECORRUPT with a sentence naming the header's LSN. */
+static int header_fault(const unsigned char *p, size_t len, const kw_header *h)
+{
+    unsigned long long lsn = (unsigned long long)h->lsn;
+    if (h->version != KEEL_WAL_FORMAT_VERSION)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu has format version %u; this build reads version %u", lsn,
-                         h.version, KEEL_WAL_FORMAT_VERSION);
-    if (!strcmp(kw_kind_name(h.kind), "?"))
-        return core_fail(KEEL_ECORRUPT, "record at LSN %llu has unknown kind %u", lsn, h.kind);
-    if (h.codec > KW_CODEC_ZSTD_PLANAR || h.dict_id || rd32(p + 44))
+                         h->version, KEEL_WAL_FORMAT_VERSION);
+    if (!strcmp(kw_kind_name(h->kind), "?"))
+        return core_fail(KEEL_ECORRUPT, "record at LSN %llu has unknown kind %u", lsn, h->kind);
+    if (h->codec > KW_CODEC_ZSTD_PLANAR || h->dict_id || rd32(p + 44))
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu has unknown codec %u, dictionary %u or reserved bits", lsn,
-                         h.codec, h.dict_id);
-    if (h.codec == KW_CODEC_ZSTD_PLANAR && !planar_kind(h.kind))
+                         h->codec, h->dict_id);
+    if (h->codec == KW_CODEC_ZSTD_PLANAR && !planar_kind(h->kind))
         return core_fail(KEEL_ECORRUPT,
                          "%s record at LSN %llu has codec zstd-planar, which only tick_chunk and snap_chunk records use",
-                         kw_kind_name(h.kind), lsn);
-    if (h.raw_len > 0x7fffffffu || h.stored_len > 0x7fffffffu)
+                         kw_kind_name(h->kind), lsn);
+    if (h->raw_len > 0x7fffffffu || h->stored_len > 0x7fffffffu)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u raw / %u stored bytes, over the 2 GiB limit", lsn,
-                         h.raw_len, h.stored_len);
-    if ((size_t)h.stored_len != len - KW_HEADER_SIZE)
-        return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u payload bytes but holds %zu", lsn, h.stored_len,
+                         h->raw_len, h->stored_len);
+    if ((size_t)h->stored_len != len - KW_HEADER_SIZE)
+        return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u payload bytes but holds %zu", lsn, h->stored_len,
                          len - KW_HEADER_SIZE);
-    if (h.codec == KW_CODEC_RAW && h.raw_len != h.stored_len)
-        return core_fail(KEEL_ECORRUPT, "raw record at LSN %llu has raw length %u != stored length %u", lsn, h.raw_len,
-                         h.stored_len);
-    uint32_t crc = record_crc(p, kw_crc32c(0, p + KW_HEADER_SIZE, h.stored_len));
-    if (crc != h.crc)
-        return core_fail(KEEL_ECORRUPT, "record at LSN %llu fails its CRC32C check (stored 0x%08x, computed 0x%08x)", lsn,
-                         h.crc, crc);
+    if (h->codec == KW_CODEC_RAW && h->raw_len != h->stored_len)
+        return core_fail(KEEL_ECORRUPT, "raw record at LSN %llu has raw length %u != stored length %u", lsn,
+                         h->raw_len, h->stored_len);
+    return KEEL_OK;
+}
+
+static int refuse(kw_fault *fault, kw_fault why, int rc)
+{
+    if (fault)
+        *fault = why;
+    return rc;
+}
+
+int kw_record_verify(const void *rec, size_t len, kw_header *out, kw_fault *fault)
+{
+    const unsigned char *p = rec;
+    if (!p || len < KW_HEADER_SIZE)
+        return refuse(fault, KW_FAULT_FRAME, core_fail(KEEL_ECORRUPT, "record of %zu bytes is shorter than the "
+                                                       "%u-byte header", len, KW_HEADER_SIZE));
+    if (memcmp(p, KEEL_WAL_MAGIC, 4))
+        return refuse(fault, KW_FAULT_FRAME, core_fail(KEEL_ECORRUPT, "record does not start with the magic KWR1"));
+    kw_header h = read_header(p);
     if (out)
         *out = h;
-    return KEEL_OK;
+    if (header_fault(p, len, &h))
+        return refuse(fault, KW_FAULT_HEADER, KEEL_ECORRUPT);
+    uint32_t crc = record_crc(p, kw_crc32c(0, p + KW_HEADER_SIZE, h.stored_len));
+    if (crc != h.crc)
+        return refuse(fault, KW_FAULT_CRC,
+                      core_fail(KEEL_ECORRUPT, "record at LSN %llu fails its CRC32C check (stored 0x%08x, computed "
+                                "0x%08x)", (unsigned long long)h.lsn, h.crc, crc));
+    return refuse(fault, KW_FAULT_NONE, KEEL_OK);
+}
+
+int kw_record_check(const void *rec, size_t len, kw_header *out)
+{
+    return kw_record_verify(rec, len, out, NULL);
+}
+
+int kw_wal_check(uint64_t lsn, uint64_t expect, const void *rec, size_t len, kw_header *out, kw_fault *fault)
+{
+    kw_fault why = KW_FAULT_GAP;
+    kw_header h;
+    int rc = lsn != expect ? KEEL_ECORRUPT : kw_record_verify(rec, len, &h, &why);
+    if (rc == KEEL_OK && h.lsn != lsn)
+        why = KW_FAULT_KEY, rc = KEEL_ECORRUPT;
+    if (out && why != KW_FAULT_GAP && why != KW_FAULT_FRAME)
+        *out = h;
+    if (fault)
+        *fault = why;
+    switch (why) {
+    case KW_FAULT_NONE:
+        return KEEL_OK;
+    case KW_FAULT_GAP:
+        return core_fail(rc, "WAL record at LSN %llu: LSNs are not consecutive (a record is missing before it)",
+                         (unsigned long long)lsn);
+    case KW_FAULT_KEY:
+        return core_fail(rc, "WAL record at LSN %llu: the record's LSN differs from its key", (unsigned long long)lsn);
+    case KW_FAULT_FRAME:
+        return core_fail_prefix(rc, "WAL record at LSN %llu", (unsigned long long)lsn);
+    default:
+        return rc; /* the sentence names the header's LSN */
+    }
 }
 
 int kw_record_payload(kw_codec_ctx *c, const void *rec, const kw_header *h, const void **payload)

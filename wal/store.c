@@ -293,9 +293,7 @@ static int put_failpoint(kw_wtxn *t)
     int rc = KEEL_FAILPOINT(WAL_PUT);
     if (!rc)
         return KEEL_OK;
-    char why[400];
-    snprintf(why, sizeof why, "%s", keel_last_error());
-    return core_fail(rc, "cannot write to %s/data.mdb: %s", t->s->dir, why);
+    return core_fail_prefix(rc, "cannot write to %s/data.mdb", t->s->dir);
 }
 
 int kw_put(kw_wtxn *t, kw_db db, const void *key, size_t klen, const void *val, size_t vlen)
@@ -424,10 +422,8 @@ int kw_store_write(kw_store *s, int (*fill)(kw_wtxn *txn, void *arg), void *arg)
             return core_fail(s->fail_rc, "injected %s writing %s/data.mdb", keel_strerror(s->fail_rc), s->dir);
         }
         if (!rc && (rc = KEEL_FAILPOINT(WAL_BEFORE_COMMIT))) { /* as a failed page write or sync: aborted */
-            char why[400];
-            snprintf(why, sizeof why, "%s", keel_last_error());
             mdb_txn_abort(t.txn);
-            return core_fail(rc, "cannot commit to %s/data.mdb: %s", s->dir, why);
+            return core_fail_prefix(rc, "cannot commit to %s/data.mdb", s->dir);
         }
         if (rc) {
             mdb_txn_abort(t.txn);

@@ -36,8 +36,9 @@ typedef struct keel_durable_desc {
     const char *dir;               /* data directory; created when missing */
     uint64_t map_size;             /* initial LMDB map in bytes; 0 = 64 MiB; grows (doubling) when full */
     uint64_t map_max;              /* the map never grows past this; 0 = 1 TiB (then KEEL_ENOSPC, fatal) */
-    int32_t zstd_level;            /* 0 = -1 (a fast level: measured 9 % less CPU than level 1 for
-                                      1 % more bytes, docs/performance.md); in [-131072, 22] */
+    int32_t zstd_level;            /* 0 = -1, libkeel_wal's default (KW_CODEC_LEVEL_DEFAULT: a fast level,
+                                      measured 9 % less CPU than level 1 for 1 % more bytes,
+                                      docs/performance.md); in [-131072, 22] */
     int64_t checkpoint_every_ticks;/* 0 = 3600 ticks; < 0 = never by tick count */
     int64_t checkpoint_every_bytes;/* of WAL written since the last checkpoint; 0 = 64 MiB; < 0 = never */
     double checkpoint_every_seconds;/* 0 = 300 s; < 0 = never by time */

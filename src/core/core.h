@@ -26,6 +26,10 @@
 /* Set the calling thread's last error to the formatted sentence and return
  * rc, so failures read `return core_fail(KEEL_EINVAL, "...", ...);`. */
 int core_fail(int rc, const char *fmt, ...) CORE_PRINTF(2, 3);
+/* core_fail whose sentence is the formatted prefix, ": " and the calling
+ * thread's last error as it was: `return core_fail_prefix(rc, "cannot open
+ * %s", dir);` wraps a callee's sentence in the caller's context. */
+int core_fail_prefix(int rc, const char *fmt, ...) CORE_PRINTF(2, 3);
 /* True once any core_fail(KEEL_ENOMEM, ...) happened in the process, on
  * any thread; never cleared. A reader that must not pass an incomplete
  * answer off as complete (keel-wal) asks at the end, however each failure

@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/core.h"
 
@@ -46,6 +47,21 @@ int core_fail(int rc, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
+    return rc;
+}
+
+int core_fail_prefix(int rc, const char *fmt, ...)
+{
+    char cause[CORE_ERROR_MAX]; /* the prefix is formatted into last_error, the cause's home */
+    memcpy(cause, last_error, sizeof cause);
+    if (rc == KEEL_ENOMEM)
+        atomic_store_explicit(&out_of_memory, true, memory_order_relaxed);
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < sizeof last_error)
+        snprintf(last_error + n, sizeof last_error - (size_t)n, ": %s", cause);
     return rc;
 }
 

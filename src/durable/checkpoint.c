@@ -293,15 +293,13 @@ static int capture_chunk(keel_world *w, const world_table *t, uint32_t k, ckpt_j
 
 static int tables_payload(const keel_world *w, kw_buf *b)
 {
-    int rc = kw_put_u32(b, w->ntables);
-    rc = rc ? rc : kw_put_u32(b, w->nslots);
-    rc = rc ? rc : kw_put_u32(b, w->nlive);
+    int rc = kw_snap_tables_put_header(b, w->ntables, w->nslots, w->nlive);
     for (uint32_t id = 0; !rc && id < w->ntables; id++) {
         const world_table *t = w->tables[id];
-        rc = kw_put_u32(b, t->count);
-        rc = rc ? rc : kw_put_u32(b, t->ncols);
-        for (uint32_t i = 0; !rc && i < t->ncols; i++)
-            rc = kw_put_u32(b, t->cols[i].c);
+        keel_component comps[KEEL_MAX_COMPONENTS];
+        for (uint32_t i = 0; i < t->ncols; i++)
+            comps[i] = t->cols[i].c;
+        rc = kw_snap_tables_put_table(b, t->count, t->ncols, comps);
     }
     return rc;
 }
@@ -392,32 +390,22 @@ static int add_put(dur_state *d, ckpt_job *j, kw_codec_ctx *c, uint64_t code, co
 
 static int chunk_payload(ckpt_src *s, kw_buf *b)
 {
-    b->len = 0;
-    int rc = kw_put_u32(b, s->table);
-    rc = rc ? rc : kw_put_u32(b, s->chunk);
-    rc = rc ? rc : kw_put_u32(b, s->count);
-    rc = rc ? rc : kw_put_u32(b, s->ncols);
-    for (uint32_t i = 0; !rc && i < s->ncols; i++) {
-        rc = kw_put_u32(b, src_comp(s)[i]);
-        rc = rc ? rc : kw_put_u32(b, src_size(s)[i]);
-    }
-    rc = rc ? rc : kw_put_bytes(b, s->ents, (size_t)s->count * 8);
-    for (uint32_t i = 0; !rc && i < s->ncols; i++)
-        rc = kw_put_bytes(b, src_vals(s)[i], (size_t)s->count * src_size(s)[i]);
-    return rc;
+    return kw_snap_chunk_encode(b, s->table, s->chunk, s->count, s->ncols, src_comp(s), src_size(s), s->ents,
+                                src_vals(s));
 }
+
+_Static_assert(WORLD_PAGE_SLOTS == KW_SNAP_PAGE_SLOTS, "a SNAP_SLOTS page is a page of the entity index");
 
 static int slots_payload(const ckpt_job *j, uint32_t p, kw_buf *b)
 {
-    b->len = 0;
     uint32_t first = p * WORLD_PAGE_SLOTS, n = j->nslots - first < WORLD_PAGE_SLOTS ? j->nslots - first : WORLD_PAGE_SLOTS;
-    int rc = kw_put_u32(b, first);
-    rc = rc ? rc : kw_put_u32(b, n);
-    for (uint32_t i = 0; !rc && i < n; i++)
-        rc = kw_put_u32(b, j->pages[p][i].gen);
-    for (uint32_t i = 0; !rc && i < n; i++)
-        rc = kw_put_u8(b, j->pages[p][i].table != WORLD_NO_TABLE);
-    return rc;
+    uint32_t gens[WORLD_PAGE_SLOTS];
+    uint8_t live[WORLD_PAGE_SLOTS];
+    for (uint32_t i = 0; i < n; i++) {
+        gens[i] = j->pages[p][i].gen;
+        live[i] = j->pages[p][i].table != WORLD_NO_TABLE;
+    }
+    return kw_snap_slots_encode(b, first, n, gens, live);
 }
 
 static bool listed(const ckpt_job *j, uint64_t code)
@@ -557,10 +545,8 @@ static void *ckpt_main(void *arg)
             (void)KEEL_FAILPOINT(CKPT_AFTER_SERIALIZE);
         if (!rc) {
             dur_item *it = dur_item_new(DUR_CHECKPOINT, KEEL_DURABLE_IMMEDIATE);
-            unsigned char mp[16];
-            kw_buf mb = {mp, 0, sizeof mp};
-            kw_put_u64(&mb, j->covered_lsn);
-            kw_put_u64(&mb, j->tick);
+            unsigned char mp[KW_CHECKPOINT_MARKER_SIZE];
+            kw_checkpoint_marker_encode(j->covered_lsn, j->tick, mp);
             rc = it ? kw_record_build_unsealed(c, &it->recs, KW_KIND_CHECKPOINT, j->tick, 0, mp, sizeof mp) : KEEL_ENOMEM;
             if (!rc) {
                 it->ckpt = j;

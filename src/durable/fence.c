@@ -68,30 +68,23 @@ static void seg_piece(const fence_seg *s, const uow_group *g, uint32_t off, uint
 }
 
 /* The TICK_CHUNK payload of segment s: the captured groups are in the
- * payload's layout already, so each piece is three bulk copies. */
+ * payload's layout already, so each piece is a header and two bulk copies
+ * (s->raw, reserved up front, is the payload's exact length). */
 static int rows_payload(const txn_uow *u, const fence_seg *s, kw_buf *out)
 {
-    out->len = 0;
-    int rc = kw_buf_reserve(out, s->raw);
-    if (rc)
-        return rc;
-    unsigned char *p = out->p + 4;
+    int rc = kw_tick_chunk_begin(out, s->raw);
     uint32_t ngroups = 0;
-    for (uint32_t off = s->from.group; off < s->to.group || (off == s->to.group && s->to.row); off++) {
+    for (uint32_t off = s->from.group; !rc && (off < s->to.group || (off == s->to.group && s->to.row)); off++) {
         uow_group g = uow_group_at(u, off);
-        uint32_t lo, hi, n;
+        uint32_t lo, hi;
         seg_piece(s, &g, off, &lo, &hi);
-        n = hi - lo;
-        uint32_t h[3] = {g.component, g.size, n};
-        memcpy(p, h, sizeof h);
-        memcpy(p + UOW_GROUP_HDR, g.entities + (size_t)lo * 8, (size_t)n * 8);
-        memcpy(p + UOW_GROUP_HDR + (size_t)n * 8, g.values + (size_t)lo * g.size, (size_t)n * g.size);
-        p += UOW_GROUP_HDR + (size_t)n * (8 + g.size);
+        rc = kw_tick_chunk_group_put(out, g.component, g.size, hi - lo, g.entities + (size_t)lo * 8,
+                                     g.values + (size_t)lo * g.size);
         ngroups++;
     }
-    memcpy(out->p, &ngroups, 4); /* little-endian host (keel_wal/record.c) */
-    out->len = (size_t)(p - out->p);
-    return KEEL_OK;
+    if (!rc)
+        kw_tick_chunk_end(out, ngroups);
+    return rc;
 }
 
 /* ---- parallel serialisation ----------------------------------------------------------- */
@@ -198,46 +191,36 @@ static uint32_t cut_segments(dur_state *d, const txn_uow *u, uint32_t from, uint
 
 /* ---- lifecycle -> LIFECYCLE payloads ---------------------------------------------------- */
 
-static int put_value(kw_buf *out, const keel_world *w, keel_component c, const void *value)
+/* A command's value as logged: TRANSIENT values are not durable (zeros). */
+static kw_value put_value(const keel_world *w, keel_component c, const void *value)
 {
-    uint32_t size = w->comps[c].desc.size;
-    int rc = kw_put_u32(out, c);
-    rc = rc ? rc : kw_put_u32(out, size);
-    if (rc || !size)
-        return rc;
-    if (w->comps[c].desc.discipline != KEEL_TRANSIENT)
-        return kw_put_bytes(out, value, size);
-    rc = kw_buf_reserve(out, size);
-    if (!rc) {
-        memset(out->p + out->len, 0, size);
-        out->len += size;
-    }
-    return rc;
+    const keel_component_desc *d = &w->comps[c].desc;
+    return (kw_value){c, d->size, d->discipline == KEEL_TRANSIENT ? NULL : value};
 }
 
 static int op_payload(kw_buf *out, const keel_world *w, const world_lifecycle_op *op)
 {
-    int rc = kw_put_u8(out, (uint8_t)op->kind);
-    rc = rc ? rc : kw_put_u64(out, op->entity);
-    if (rc)
-        return rc;
+    kw_value v[KEEL_MAX_COMPONENTS];
+    uint32_t n = 0;
     switch (op->kind) {
     case WORLD_OP_SPAWN: {
-        rc = kw_put_u32(out, op->n);
         const unsigned char *val = op->values;
-        for (uint32_t i = 0; !rc && i < op->n; i++) {
-            rc = put_value(out, w, op->ids[i], val);
-            val += (w->comps[op->ids[i]].desc.size + 7u) & ~7u;
+        for (; n < op->n; n++) {
+            v[n] = put_value(w, op->ids[n], val);
+            val += (w->comps[op->ids[n]].desc.size + 7u) & ~7u;
         }
-        return rc;
+        break;
     }
     case WORLD_OP_ADD:
-        return put_value(out, w, op->component, op->values);
+        v[n++] = put_value(w, op->component, op->values);
+        break;
     case WORLD_OP_REMOVE:
-        return kw_put_u32(out, op->component);
+        v[n++] = (kw_value){.component = op->component};
+        break;
     default:
-        return KEEL_OK;
+        break;
     }
+    return kw_lifecycle_put_op(out, op->kind, op->entity, n, v);
 }
 
 /* Append LIFECYCLE records for the log from offset `from` to out. */
@@ -250,9 +233,8 @@ static int lifecycle_records(dur_state *d, kw_codec_ctx *c, size_t from, uint64_
     int rc = KEEL_OK;
     bool more = world_lifecycle_next(log, &off, &op);
     while (!rc && more) {
-        scratch->len = 0;
         uint32_t nops = 0;
-        rc = kw_put_u32(scratch, 0);
+        rc = kw_lifecycle_begin(scratch);
         while (!rc && more && scratch->len < DUR_RECORD_TARGET) {
             rc = op_payload(scratch, d->world, &op);
             nops++;
@@ -260,8 +242,7 @@ static int lifecycle_records(dur_state *d, kw_codec_ctx *c, size_t from, uint64_
         }
         if (rc)
             break;
-        for (int i = 0; i < 4; i++)
-            scratch->p[i] = (unsigned char)(nops >> (8 * i));
+        kw_lifecycle_end(scratch, nops);
         rc = kw_record_build_unsealed(c, out, KW_KIND_LIFECYCLE, tick, flags, scratch->p, scratch->len);
         (*nrec)++;
         *raw += scratch->len;
@@ -271,12 +252,8 @@ static int lifecycle_records(dur_state *d, kw_codec_ctx *c, size_t from, uint64_
 
 static int commit_marker(dur_state *d, kw_codec_ctx *c, uint64_t tick, uint32_t flags, uint32_t nrec, kw_buf *out)
 {
-    unsigned char p[16];
-    kw_buf b = {p, 0, sizeof p};
-    kw_put_u32(&b, nrec);
-    kw_put_u32(&b, d->world->nlive);
-    kw_put_u32(&b, d->world->nslots);
-    kw_put_u32(&b, 0);
+    unsigned char p[KW_COMMIT_SIZE];
+    kw_commit_encode(&(kw_commit_info){nrec, d->world->nlive, d->world->nslots}, p);
     return kw_record_build_unsealed(c, out, KW_KIND_TICK_COMMIT, tick, flags, p, sizeof p);
 }
 
@@ -390,17 +367,10 @@ int fence_side(dur_state *d, uint64_t seq, keel_durability mode, uint64_t tick, 
     if (!uow_next_side(u, &off, &s, &writes))
         return core_fail(KEEL_EINVAL, "side record missing from the unit of work");
     kw_buf *p = &d->side_payload;
-    p->len = 0;
-    int rc = kw_put_u64(p, seq);
-    rc = rc ? rc : kw_put_u32(p, (uint32_t)mode);
-    rc = rc ? rc : kw_put_u32(p, s.nwrites);
+    int rc = kw_side_begin(p, seq, (uint32_t)mode, s.nwrites);
     uow_row r;
-    for (uint32_t i = 0; !rc && i < s.nwrites && uow_next_side_row(u, &writes, &r); i++) {
-        rc = kw_put_u64(p, r.entity);
-        rc = rc ? rc : kw_put_u32(p, r.component);
-        rc = rc ? rc : kw_put_u32(p, r.size);
-        rc = rc ? rc : kw_put_bytes(p, r.value, r.size);
-    }
+    for (uint32_t i = 0; !rc && i < s.nwrites && uow_next_side_row(u, &writes, &r); i++)
+        rc = kw_side_put_write(p, r.entity, r.component, r.size, r.value);
     dur_item *item = rc ? NULL : dur_item_new(DUR_RECORDS, mode);
     if (!rc && !item)
         rc = core_fail(KEEL_ENOMEM, "out of memory logging a side transaction");

@@ -71,7 +71,7 @@ static int check_schema(dur_state *d, kw_rtxn *r, kw_codec_ctx *c)
     kw_schema s;
     if (rc || (rc = kw_record_check(val, len, &h)) || (rc = kw_record_payload(c, val, &h, &payload)) ||
         (rc = kw_schema_decode(payload, h.raw_len, &s)))
-        return rc == KEEL_ECORRUPT ? core_fail(rc, "the stored schema is unreadable: %s", keel_last_error()) : rc;
+        return rc == KEEL_ECORRUPT ? core_fail_prefix(rc, "the stored schema is unreadable") : rc;
     for (uint32_t i = 0; !rc && i < s.ncomps; i++)
         rc = check_component(d->world, &s.comps[i]);
     uint32_t stored = s.ncomps;
@@ -124,9 +124,8 @@ static int snap_payload(loader *l, const void *key, size_t klen, const void *val
 {
     int rc = kw_snap_payload(l->c, val, vlen, kind, p, plen);
     if (rc)
-        return core_fail(rc, "checkpoint of tick %llu is unreadable (snap key '%c', %zu bytes): %s",
-                         (unsigned long long)l->out->checkpoint_tick, klen ? *(const char *)key : '?', klen,
-                         keel_last_error());
+        return core_fail_prefix(rc, "checkpoint of tick %llu is unreadable (snap key '%c', %zu bytes)",
+                                (unsigned long long)l->out->checkpoint_tick, klen ? *(const char *)key : '?', klen);
     core_hasher hs;
     core_hasher_init(&hs, 0);
     core_hasher_bytes(&hs, *p, *plen);
@@ -138,9 +137,7 @@ static int snap_corrupt(loader *l, int rc)
 {
     if (rc != KEEL_ECORRUPT)
         return rc;
-    char why[400];
-    snprintf(why, sizeof why, "%s", keel_last_error());
-    return core_fail(rc, "checkpoint of tick %llu: %s", (unsigned long long)l->out->checkpoint_tick, why);
+    return core_fail_prefix(rc, "checkpoint of tick %llu", (unsigned long long)l->out->checkpoint_tick);
 }
 
 static int load_slots_and_tables(loader *l, const void *tables, size_t tlen, uint32_t *nslots_out);
@@ -317,18 +314,16 @@ static int corrupt(uint64_t lsn, const char *fmt, const char *detail)
     return core_fail(KEEL_ECORRUPT, "WAL record at LSN %llu: %s", (unsigned long long)lsn, buf);
 }
 
-/* A change that does not apply: the log is wrong (KEEL_ECORRUPT, `fmt`
- * says what), unless memory ran out (KEEL_ENOMEM, naming the record: it is
- * fine and the next open replays it -- never reported as corruption, which
- * an operator might answer with truncate_bad_tail; fmt is unused then). */
-static int not_applied(uint64_t lsn, int rc, const char *fmt)
+/* A change that does not apply: the log is wrong (KEEL_ECORRUPT, `what`
+ * says what, the callee's sentence why), unless memory ran out (KEEL_ENOMEM,
+ * naming the record: it is fine and the next open replays it -- never
+ * reported as corruption, which an operator might answer with
+ * truncate_bad_tail; what is unused then). */
+static int not_applied(uint64_t lsn, int rc, const char *what)
 {
     if (rc != KEEL_ENOMEM)
-        return corrupt(lsn, fmt, keel_last_error());
-    char detail[300];
-    snprintf(detail, sizeof detail, "%s", keel_last_error());
-    return core_fail(KEEL_ENOMEM, "WAL record at LSN %llu: out of memory applying it (%s)", (unsigned long long)lsn,
-                     detail);
+        return core_fail_prefix(KEEL_ECORRUPT, "WAL record at LSN %llu: %s", (unsigned long long)lsn, what);
+    return core_fail_prefix(KEEL_ENOMEM, "WAL record at LSN %llu: out of memory applying it", (unsigned long long)lsn);
 }
 
 static bool fits(const keel_world *w, uint32_t comp, uint32_t size)
@@ -336,7 +331,10 @@ static bool fits(const keel_world *w, uint32_t comp, uint32_t size)
     return world_component_valid(w, comp) && w->comps[comp].desc.size == size;
 }
 
-/* Queue one lifecycle command of the record in the replay's buffer. */
+/* Queue one lifecycle command of the record in the replay's buffer:
+ * KEEL_ECORRUPT, with no sentence, when it names a component that is not
+ * registered or gives it the wrong size (the keel_cmd_* calls never return
+ * that code). */
 static int queue_command(replay *p, const kw_change *ch, keel_entity *expect, uint32_t *nspawn)
 {
     keel_world *w = p->l->d->world;
@@ -380,22 +378,25 @@ static int apply_changes(replay *p, const kw_header *h, const void *payload)
         return core_fail(KEEL_ENOMEM, "out of memory replaying LSN %llu", (unsigned long long)h->lsn);
     kw_change ch;
     while ((rc = kw_decode_next(d, &ch)) == 1) {
+        bool unknown = false;
         if (h->kind == KW_KIND_LIFECYCLE) {
-            if ((rc = queue_command(p, &ch, expect, &nspawn)) == KEEL_ENOMEM)
+            rc = queue_command(p, &ch, expect, &nspawn);
+            unknown = rc == KEEL_ECORRUPT;
+            if (rc == KEEL_ENOMEM)
                 rc = not_applied(h->lsn, rc, NULL);
-        } else if (!fits(w, ch.component, ch.size)) {
+        } else if ((unknown = !fits(w, ch.component, ch.size))) {
             rc = KEEL_ECORRUPT;
         } else if ((rc = keel_set(w, ch.entity, ch.component, ch.value))) {
-            rc = not_applied(h->lsn, rc, "a value row does not apply: %s");
+            rc = not_applied(h->lsn, rc, "a value row does not apply");
         }
-        if (rc == KEEL_ECORRUPT && !strstr(keel_last_error(), "LSN"))
+        if (unknown)
             rc = corrupt(h->lsn, "%s", "a change names an unknown component or has the wrong size");
         if (rc)
             break;
     }
     if (!rc && h->kind == KW_KIND_LIFECYCLE) {
         if ((rc = keel_cmdbuf_apply(p->cmds)))
-            rc = not_applied(h->lsn, rc, "its commands do not apply: %s");
+            rc = not_applied(h->lsn, rc, "its commands do not apply");
         keel_cmd_result res = keel_cmdbuf_result(p->cmds);
         for (uint32_t i = 0; !rc && i < nspawn; i++)
             if (i >= res.created_count || res.created[i] != expect[i])
@@ -454,19 +455,12 @@ static int close_unit(replay *p, const unit_rec *marker)
     return KEEL_OK;
 }
 
-static int replay_one(replay *p, uint64_t lsn, const void *rec, size_t len)
+static int replay_one(replay *p, uint64_t lsn, uint64_t expect, const void *rec, size_t len)
 {
     unit_rec u = {.rec = rec, .len = len};
-    int rc = kw_record_check(rec, len, &u.h);
-    if (rc) {
-        if (strstr(keel_last_error(), "LSN"))
-            return rc;
-        char why[400];
-        snprintf(why, sizeof why, "%s", keel_last_error());
-        return corrupt(lsn, "%s", why);
-    }
-    if (u.h.lsn != lsn)
-        return corrupt(lsn, "%s", "the record's LSN differs from its key");
+    int rc = kw_wal_check(lsn, expect, rec, len, &u.h, NULL);
+    if (rc)
+        return rc;
     p->l->out->records++;
     switch (u.h.kind) {
     case KW_KIND_TICK_CHUNK:
@@ -507,19 +501,19 @@ static int fill_truncate(kw_wtxn *t, void *arg)
     return kw_del_wal_from(t, tr->from, &tr->deleted);
 }
 
-/* Is the record at lsn well-formed: checked, decompressed, every change
- * decodable, a marker that matches its unit? (unit: records of the open
+/* Is the record at lsn well-formed: the one expected, checked,
+ * decompressed, every change decodable, a marker that matches its unit?
+ * (unit: records of the open
  * unit before it). KEEL_OK when it is, KEEL_ECORRUPT when it is not, or
  * another code when it cannot tell (out of memory decompressing it): that
  * is never a reason to truncate. The truncation pass runs this over the
  * tail before anything is applied, so a truncated tail never leaves a
  * half-applied unit in memory. */
-static int record_validity(loader *l, uint64_t lsn, const void *rec, size_t len, uint32_t unit, kw_header *h)
+static int record_validity(loader *l, uint64_t lsn, uint64_t expect, const void *rec, size_t len, uint32_t unit,
+                           kw_header *h)
 {
     const void *p;
-    int rc = kw_record_check(rec, len, h);
-    if (!rc && h->lsn != lsn)
-        rc = KEEL_ECORRUPT;
+    int rc = kw_wal_check(lsn, expect, rec, len, h, NULL);
     if (!rc)
         rc = kw_record_payload(l->c, rec, h, &p);
     if (rc)
@@ -555,7 +549,7 @@ static int find_bad_tail(loader *l, uint64_t after, uint64_t *bad)
     kw_header h;
     *bad = 0;
     while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1) {
-        int v = lsn != expect ? KEEL_ECORRUPT : record_validity(l, lsn, rec, len, unit, &h);
+        int v = record_validity(l, lsn, expect, rec, len, unit, &h);
         if (v == KEEL_ECORRUPT) {
             *bad = unit ? unit_first : lsn;
             break;
@@ -593,8 +587,7 @@ static int replay_range(loader *l, uint64_t after, uint64_t stop, uint64_t *last
     const void *rec;
     size_t len;
     while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1 && (!stop || lsn < stop)) {
-        rc = lsn != expect ? corrupt(lsn, "%s", "LSNs are not consecutive (a record is missing before it)")
-                           : replay_one(&p, lsn, rec, len);
+        rc = replay_one(&p, lsn, expect, rec, len);
         if (rc)
             break;
         *last_lsn = lsn;
@@ -612,9 +605,10 @@ static int replay_range(loader *l, uint64_t after, uint64_t stop, uint64_t *last
 
 /* Default: the first invalid record refuses the open. truncate_bad_tail:
  * find the valid prefix first, replay only it, and report where to cut
- * (KEEL_ETIMEDOUT, *last_lsn = the end of the prefix); an inconsistency
- * inside valid records still refuses the open. */
-static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn)
+ * (*cut = the first LSN to delete, *last_lsn = the end of the prefix; 0 =
+ * nothing to cut); an inconsistency inside valid records still refuses the
+ * open. */
+static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn, uint64_t *cut)
 {
     if (!l->d->desc.truncate_bad_tail)
         return replay_range(l, after, 0, last_lsn);
@@ -626,7 +620,8 @@ static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn)
         return rc;
     core_log(KEEL_LOG_WARN, "wal", "truncated", "from_lsn=%llu", (unsigned long long)bad);
     *last_lsn = bad - 1;
-    return KEEL_ETIMEDOUT; /* the caller truncates after the read transaction */
+    *cut = bad; /* the caller truncates after the read transaction */
+    return KEEL_OK;
 }
 
 /* ---- open / close -------------------------------------------------------------------- */
@@ -649,7 +644,7 @@ static int make_state(const dur_open_desc *o, dur_state **out)
     pthread_cond_init(&d->ckpt_cv, NULL);
     pthread_mutex_init(&d->pin_mu, NULL);
     d->mode = o->mode;
-    d->zstd_level = dd->zstd_level ? dd->zstd_level : -1;
+    d->zstd_level = dd->zstd_level ? dd->zstd_level : KW_CODEC_LEVEL_DEFAULT;
     d->ckpt_every_ticks = dd->checkpoint_every_ticks ? dd->checkpoint_every_ticks : 3600;
     d->ckpt_every_bytes = dd->checkpoint_every_bytes ? dd->checkpoint_every_bytes : 64ll << 20;
     d->ckpt_every_seconds = dd->checkpoint_every_seconds ? dd->checkpoint_every_seconds : 300;
@@ -678,11 +673,8 @@ static int recover(dur_state *d, keel_recovery *out)
     kw_store_desc sd = {.flags = KW_OPEN_CREATE, .map_size = d->desc.map_size,
                         .map_max = d->desc.map_max};
     int rc = kw_store_open(d->dir, &sd, &d->store);
-    if (rc == KEEL_ENOENT) { /* created when missing: ENOENT means the path is no directory */
-        char why[480];
-        snprintf(why, sizeof why, "%s", keel_last_error());
-        return core_fail(KEEL_EINVAL, "%s", why);
-    }
+    if (rc == KEEL_ENOENT) /* created when missing: ENOENT means the path is no directory */
+        return KEEL_EINVAL; /* with kw_store_open's sentence */
     if (rc)
         return rc;
     kw_rtxn *r;
@@ -691,7 +683,7 @@ static int recover(dur_state *d, keel_recovery *out)
     loader l = {.d = d, .r = r, .c = d->codec[0], .out = out};
     int schema = check_schema(d, r, l.c);
     kw_checkpoint_meta m = {0};
-    uint64_t last = 0, first = 0;
+    uint64_t last = 0, first = 0, cut = 0;
     rc = schema < 0 ? schema : KEEL_OK;
     if (!rc) {
         d->world->restoring = true;
@@ -700,16 +692,16 @@ static int recover(dur_state *d, keel_recovery *out)
         if (!rc)
             (void)KEEL_FAILPOINT(RECOVER_BEFORE_REPLAY);
         if (!rc)
-            rc = replay_wal(&l, m.lsn, &last);
+            rc = replay_wal(&l, m.lsn, &last, &cut);
         d->world->restoring = false;
         uint64_t wal_last = 0;
-        if (!rc && kw_wal_bounds(r, &first, &wal_last, NULL) == KEEL_OK && wal_last > last)
+        if (!rc && !cut && kw_wal_bounds(r, &first, &wal_last, NULL) == KEEL_OK && wal_last > last)
             last = wal_last; /* schema or checkpoint markers after the last unit */
     }
     kw_read_end(r);
     free(l.counts);
-    if (rc == KEEL_ETIMEDOUT) { /* truncate_bad_tail */
-        truncation tr = {.from = last + 1};
+    if (!rc && cut) { /* truncate_bad_tail */
+        truncation tr = {.from = cut};
         rc = kw_store_write(d->store, fill_truncate, &tr);
         out->truncated = tr.deleted;
     }

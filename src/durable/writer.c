@@ -54,10 +54,8 @@ static bool next_record(const kw_buf *b, size_t *off, unsigned char **rec, size_
 {
     if (*off + KW_HEADER_SIZE > b->len)
         return false;
-    unsigned char *p = b->p + *off;
-    uint32_t stored = (uint32_t)p[36] | (uint32_t)p[37] << 8 | (uint32_t)p[38] << 16 | (uint32_t)p[39] << 24;
-    *rec = p;
-    *len = KW_HEADER_SIZE + stored;
+    *rec = b->p + *off;
+    *len = kw_record_peek_len(*rec);
     *off += *len;
     return true;
 }

@@ -49,11 +49,10 @@ int keel_runtime_recover(keel_runtime *rt, keel_recovery *out)
         keel_world_freeze(rt->world); /* the schema is checked and stored now: no later registration */
         rt->recover_rc = open_data_dir(rt);
         if (rt->recover_rc) {
-            char cause[480];
-            snprintf(cause, sizeof cause, "%s", keel_last_error());
-            runtime_close_data_dir(rt);
-            core_fail(rt->recover_rc, "cannot open data directory %s: %s", rt->data_dir, cause);
+            core_fail_prefix(rt->recover_rc, "cannot open data directory %s", rt->data_dir);
             snprintf(rt->recover_error, sizeof rt->recover_error, "%s", keel_last_error());
+            runtime_close_data_dir(rt);
+            core_fail(rt->recover_rc, "%s", rt->recover_error); /* closing may have set another */
         } else {
             (void)KEEL_FAILPOINT(RECOVER_AFTER_REPLAY); /* recovered, before on_first_tick and any tick */
         }

@@ -300,11 +300,8 @@ static int apply_hook_commands(keel_runtime *rt)
     int rc = keel_cmdbuf_apply(rt->hook_cmds);
     log_lifecycle(rt, false);
     rt->hook_pending = rc != 0;
-    if (rc) {
-        char cause[384];
-        snprintf(cause, sizeof cause, "%s", keel_last_error());
-        return core_fail(rc, "on_first_tick's commands failed: %s", cause);
-    }
+    if (rc)
+        return core_fail_prefix(rc, "on_first_tick's commands failed");
     keel_cmdbuf_reset(rt->hook_cmds);
     return KEEL_OK;
 }
@@ -322,10 +319,8 @@ static int sync_point(keel_runtime *rt)
             if (rc) {
                 rt->sync_pending = true;
                 log_lifecycle(rt, false);
-                char cause[384];
-                snprintf(cause, sizeof cause, "%s", keel_last_error());
-                return core_fail(rc, "sync point: commands of system '%s' failed: %s",
-                                 sc->sys[sc->order[rt->sync_pos]].d.name, cause);
+                return core_fail_prefix(rc, "sync point: commands of system '%s' failed",
+                                        sc->sys[sc->order[rt->sync_pos]].d.name);
             }
             count_applied(rt, cb);
             keel_cmdbuf_reset(cb); /* receipts and counters start over next tick */
@@ -634,7 +629,7 @@ keel_world *keel_ctx_world(keel_ctx *ctx)
 
 uint64_t keel_ctx_tick(const keel_ctx *ctx)
 {
-    return ctx ? atomic_load_explicit(&ctx->rt->txn.running_tick, memory_order_relaxed) : 0;
+    return ctx ? atomic_load_explicit(&ctx->txn->running_tick, memory_order_relaxed) : 0;
 }
 
 float keel_ctx_dt(const keel_ctx *ctx)

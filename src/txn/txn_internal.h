@@ -16,6 +16,7 @@
 #include "core/core.h"
 #include "keel/txn.h"
 #include "keel/view.h"
+#include "keel_wal/wal.h"
 #include "world/world_internal.h"
 #include <urcu/wfcqueue.h>
 
@@ -205,9 +206,9 @@ void uow_fini(txn_uow *u);
 int uow_side_reserve(txn_uow *u, uint32_t nwrites, uint32_t value_bytes);
 void uow_side_begin(txn_uow *u, uint64_t seq, uint64_t tick, keel_durability mode, uint32_t nwrites);
 void uow_side_write(txn_uow *u, keel_entity e, keel_component c, uint32_t size, const void *value);
-/* A captured group, in the TICK_CHUNK layout: {u32 component, u32 size,
- * u32 n, n u64 entities, n values}. */
-#define UOW_GROUP_HDR 12u
+/* A captured group, in the TICK_CHUNK group layout (libkeel_wal's
+ * KW_GROUP_HDR header, n u64 entities, n values). */
+#define UOW_GROUP_HDR KW_GROUP_HDR
 typedef struct uow_group {
     keel_component component;
     uint32_t size, n;
@@ -218,9 +219,11 @@ static inline uow_group uow_group_at(const txn_uow *u, uint32_t gi)
 {
     const uow_ref *r = &u->groups[gi];
     const unsigned char *p = u->wbuf[r->buf].p + r->off;
-    uint32_t h[3];
-    memcpy(h, p, sizeof h);
-    return (uow_group){h[0], h[1], h[2], p + UOW_GROUP_HDR, p + UOW_GROUP_HDR + (size_t)h[2] * 8};
+    uow_group g;
+    kw_group_header_get(p, &g.component, &g.size, &g.n);
+    g.entities = p + UOW_GROUP_HDR;
+    g.values = g.entities + (size_t)g.n * 8;
+    return g;
 }
 
 /* Iterate the captured rows / side records: *off starts at 0. A value-row

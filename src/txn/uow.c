@@ -137,11 +137,6 @@ static uint32_t changed_rows(const unsigned char *old, const unsigned char *now,
     }
 }
 
-static void put_u32le(unsigned char *p, uint32_t v)
-{
-    memcpy(p, &v, 4); /* the WAL is little-endian, and so is the host (keel_wal/record.c) */
-}
-
 /* One chunk column: its changed rows become one group in the TICK_CHUNK
  * layout (docs/wal-format.md): u32 component, u32 size, u32 n, n entities,
  * n values, appended to the capturing worker's buffer wb. The fence then
@@ -170,9 +165,7 @@ static uow_ref capture_chunk(uow_wbuf *wb, uint32_t wi, const keel_world *w, txn
     if (buf_reserve(&wb->p, &wb->cap, wb->len, UOW_GROUP_HDR + (size_t)n * (8 + size)))
         return oom;
     unsigned char *g = wb->p + wb->len;
-    put_u32le(g, c);
-    put_u32le(g + 4, size);
-    put_u32le(g + 8, n);
+    kw_group_header_put(g, c, size, n);
     unsigned char *ents = g + UOW_GROUP_HDR, *vals = ents + (size_t)n * 8;
     const uint32_t *idx = wb->idx;
     for (uint32_t i = 0; i < n; i++)

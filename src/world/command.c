@@ -805,11 +805,9 @@ int keel_cmdbuf_apply(keel_cmdbuf *cb)
         if (!rc)
             rc = apply_one(cb, h);
         if (rc) {
-            char cause[256];
-            snprintf(cause, sizeof cause, "%s", keel_last_error());
             set_failed(cb, true);
-            return core_fail(rc, "keel_cmdbuf_apply: command #%u (%s) failed, it and %u after it stay queued: %s",
-                             cb->applied + 1, op_name(h->op), cb->queued - 1, cause);
+            return core_fail_prefix(rc, "keel_cmdbuf_apply: command #%u (%s) failed, it and %u after it stay queued",
+                                    cb->applied + 1, op_name(h->op), cb->queued - 1);
         }
         if (w->lifecycle)
             log_append(w->lifecycle, h, cb->res.created_count > spawned ? cb->created[spawned] : KEEL_ENTITY_NULL);

@@ -7,17 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "keel_wal/wal.h"
 #include "world/world_internal.h"
-
-static const struct {
-    const char *name;
-    uint32_t size;
-} type_info[KEEL_TYPE_COUNT_] = {
-    [KEEL_U8] = {"u8", 1},   [KEEL_U16] = {"u16", 2}, [KEEL_U32] = {"u32", 4}, [KEEL_U64] = {"u64", 8},
-    [KEEL_I8] = {"i8", 1},   [KEEL_I16] = {"i16", 2}, [KEEL_I32] = {"i32", 4}, [KEEL_I64] = {"i64", 8},
-    [KEEL_F32] = {"f32", 4}, [KEEL_F64] = {"f64", 8}, [KEEL_BOOL] = {"bool", 1},
-    [KEEL_ENTITY] = {"entity", 8}, [KEEL_BYTES] = {"bytes", 1},
-};
 
 static bool type_valid(keel_type t)
 {
@@ -26,12 +17,12 @@ static bool type_valid(keel_type t)
 
 uint32_t keel_type_size(keel_type t)
 {
-    return type_valid(t) ? type_info[t].size : 0;
+    return kw_scalar_width(t); /* the type table is the on-disk format's */
 }
 
 const char *keel_type_name(keel_type t)
 {
-    return type_valid(t) ? type_info[t].name : "?";
+    return kw_scalar_name(t);
 }
 
 static bool name_valid(const char *name)

@@ -428,24 +428,14 @@ uint32_t kwt_comp_find(const kwt_dir *d, const char *name)
     return 0;
 }
 
-static const struct {
-    const char *name;
-    uint32_t size;
-} type_info[] = {
-    [KEEL_U8] = {"u8", 1},   [KEEL_U16] = {"u16", 2},  [KEEL_U32] = {"u32", 4},  [KEEL_U64] = {"u64", 8},
-    [KEEL_I8] = {"i8", 1},   [KEEL_I16] = {"i16", 2},  [KEEL_I32] = {"i32", 4},  [KEEL_I64] = {"i64", 8},
-    [KEEL_F32] = {"f32", 4}, [KEEL_F64] = {"f64", 8},  [KEEL_BOOL] = {"bool", 1}, [KEEL_ENTITY] = {"entity", 8},
-    [KEEL_BYTES] = {"bytes", 1},
-};
-
 const char *kwt_type_name(uint32_t type)
 {
-    return type > 0 && type < KEEL_TYPE_COUNT_ ? type_info[type].name : "?";
+    return kw_scalar_name(type);
 }
 
 uint32_t kwt_type_size(uint32_t type)
 {
-    return type > 0 && type < KEEL_TYPE_COUNT_ ? type_info[type].size : 0;
+    return kw_scalar_width(type);
 }
 
 const char *kwt_discipline_name(uint32_t discipline)

@@ -7,9 +7,11 @@
  *
  *   records  (record.c: format and zstd codec; crc32c.c) -- the self-describing KWR1
  *            record: a 48-byte header, a payload (raw or zstd), a CRC32C;
- *   payloads (payload.c, decode.c) -- little-endian builders, a
- *            bounds-checked cursor, the schema payload, and a decoder of the
- *            logical changes (value rows, lifecycle commands);
+ *   payloads (payload.c, encode.c, decode.c, snap.c) -- little-endian
+ *            builders, a bounds-checked cursor, the schema payload and the
+ *            scalar-type table, the encoder and the decoder of every logical
+ *            and snap payload (value rows, lifecycle commands, markers, side
+ *            writes, checkpoint chunks);
  *   store    (store.c) -- the LMDB environment of a data directory: the
  *            named databases meta, schema, wal, snap, dict; map growth on
  *            MDB_MAP_FULL; read transactions, WAL cursors and filtered scans
@@ -27,6 +29,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "keel/error.h"
 
@@ -99,6 +102,29 @@ uint32_t kw_crc32c(uint32_t crc, const void *p, size_t n);
  * readable) or 0 with *out filled. */
 int kw_record_check(const void *rec, size_t len, kw_header *out);
 
+/* Why a stored record is invalid: callers steer by it, never by the
+ * sentence. */
+typedef enum kw_fault {
+    KW_FAULT_NONE = 0,
+    KW_FAULT_FRAME,           /* shorter than a header or no magic: no header field can be trusted */
+    KW_FAULT_HEADER,          /* a readable header with a wrong version, kind, codec, reserved field or length */
+    KW_FAULT_CRC,             /* fails its CRC32C check */
+    KW_FAULT_KEY,             /* its header names another LSN than the key it is stored under */
+    KW_FAULT_GAP,             /* its LSN does not follow the previous one: a record is missing before it */
+} kw_fault;
+
+/* kw_record_check that also says why (*fault, when fault is not NULL).
+ * On any fault but FRAME, *out holds the header as read: out->lsn is the
+ * LSN the sentence names. */
+int kw_record_verify(const void *rec, size_t len, kw_header *out, kw_fault *fault);
+
+/* Check the record stored under key `lsn` in a read of consecutive LSNs
+ * that expects `expect` next (recovery, keel-wal replay): 0 with *out
+ * filled, or KEEL_ECORRUPT with *fault (GAP, KEY or kw_record_verify's) and
+ * a sentence naming the key ("WAL record at LSN <key>: ...") unless the
+ * record's readable header names its own LSN. */
+int kw_wal_check(uint64_t lsn, uint64_t expect, const void *rec, size_t len, kw_header *out, kw_fault *fault);
+
 /* ---- codec --------------------------------------------------------------- */
 
 /* A per-thread codec context: zstd compression and decompression contexts,
@@ -106,8 +132,13 @@ int kw_record_check(const void *rec, size_t len, kw_header *out);
  * compressions), and scratch space. */
 typedef struct kw_codec_ctx kw_codec_ctx;
 
+/* The zstd level of a zeroed level field, here and in keel_durable_desc: a
+ * fast level (measured 10-17 % less CPU than level 1 for 3 % more bytes,
+ * docs/performance.md). */
+#define KW_CODEC_LEVEL_DEFAULT (-1)
+
 typedef struct kw_codec_desc {
-    int level;                /* zstd level; 0 = 1 (measured: docs/performance.md) */
+    int level;                /* zstd level; 0 = KW_CODEC_LEVEL_DEFAULT */
     uint32_t min_compress;    /* payloads shorter than this are stored raw; 0 = 128 bytes */
     int hash_log;             /* zstd's hashLog (ZSTD_c_hashLog); 0 = the level's own */
     bool plain;               /* compress TICK_CHUNK and SNAP_CHUNK payloads as they are (codec
@@ -139,6 +170,9 @@ int kw_record_build_unsealed(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64
                              const void *payload, size_t len);
 /* Set the LSN of the record at rec and compute its CRC. */
 void kw_record_seal(void *rec, uint64_t lsn);
+/* The whole length (header + stored payload) of the record at rec, read
+ * from its header unchecked: walks a buffer of records this process built. */
+size_t kw_record_peek_len(const void *rec);
 
 /* The payload of a checked record, decompressed when needed. *payload points
  * into the record (raw codec) or into the context's scratch (valid until the
@@ -197,6 +231,13 @@ typedef struct kw_schema {
     uint32_t ncomps;
     kw_component *comps;      /* in id order: comps[i].id == i + 1 */
 } kw_schema;
+
+/* The scalar types of schema fields (keel_type, 1..13): a value's width
+ * in bytes (KEEL_BYTES: 1 per counted byte) and its name ("u8", ...,
+ * "entity", "bytes"); 0 and "?" for a type outside the table. The one
+ * table: the runtime validates fields and the tools print values by it. */
+uint32_t kw_scalar_width(uint32_t type);
+const char *kw_scalar_name(uint32_t type);
 
 int kw_schema_encode(const kw_schema *s, kw_buf *out);
 /* Errors: KEEL_ECORRUPT (malformed), KEEL_ENOMEM. */
@@ -259,6 +300,69 @@ typedef struct kw_commit_info {
     uint32_t nrecords, nlive, nslots;
 } kw_commit_info;
 int kw_decode_commit(const void *payload, size_t len, kw_commit_info *out);
+
+/* ---- encoding the logical payloads ------------------------------------------
+ * The writers' side of the decoders above (encode.c): callers pass plain
+ * values, wal/ lays out the bytes. A builder that takes a kw_buf appends
+ * (errors: KEEL_ENOMEM); *_begin empties the buffer first. */
+
+/* A TICK_CHUNK row group's header: u32 component, u32 size, u32 n, followed
+ * by n u64 entities and n values. The unit of work captures rows straight
+ * into this layout, so these stay inline. */
+#define KW_GROUP_HDR 12u
+
+static inline void kw_group_header_put(unsigned char *p, uint32_t component, uint32_t size, uint32_t n)
+{
+    uint32_t h[3] = {component, size, n}; /* little-endian host (record.c) */
+    memcpy(p, h, sizeof h);
+}
+
+static inline void kw_group_header_get(const unsigned char *p, uint32_t *component, uint32_t *size, uint32_t *n)
+{
+    uint32_t h[3];
+    memcpy(h, p, sizeof h);
+    *component = h[0];
+    *size = h[1];
+    *n = h[2];
+}
+
+/* TICK_CHUNK: begin (reserving len_hint bytes: the whole payload when it
+ * is known), one group_put per group (n entities and n values of `size`
+ * bytes, copied in bulk), end with the group count. */
+int kw_tick_chunk_begin(kw_buf *out, size_t len_hint);
+int kw_tick_chunk_group_put(kw_buf *out, uint32_t component, uint32_t size, uint32_t n, const void *entities,
+                            const void *values);
+void kw_tick_chunk_end(kw_buf *out, uint32_t ngroups);
+
+/* A component value of a lifecycle command; value NULL logs `size` zeros
+ * (TRANSIENT components are not durable). */
+typedef struct kw_value {
+    uint32_t component;
+    uint32_t size;
+    const void *value;
+} kw_value;
+
+/* LIFECYCLE: begin, one put_op per command, end with the command count.
+ * put_op: op is a kw_op; SPAWN logs n values, ADD values[0], REMOVE
+ * values[0].component, DESTROY nothing more. */
+int kw_lifecycle_begin(kw_buf *out);
+int kw_lifecycle_put_op(kw_buf *out, uint32_t op, uint64_t entity, uint32_t n, const kw_value *values);
+void kw_lifecycle_end(kw_buf *out, uint32_t nops);
+
+/* TICK_COMMIT: the 16-byte payload (kw_decode_commit reads it). */
+#define KW_COMMIT_SIZE 16u
+void kw_commit_encode(const kw_commit_info *ci, unsigned char out[KW_COMMIT_SIZE]);
+
+/* CHECKPOINT: the 16-byte marker payload, and its decoder (KEEL_ECORRUPT
+ * when it is not 16 bytes). */
+#define KW_CHECKPOINT_MARKER_SIZE 16u
+void kw_checkpoint_marker_encode(uint64_t covered_lsn, uint64_t tick, unsigned char out[KW_CHECKPOINT_MARKER_SIZE]);
+int kw_checkpoint_marker_decode(const void *payload, size_t len, uint64_t *covered_lsn, uint64_t *tick);
+
+/* SIDE: begin with the transaction's sequence, mode and write count, then
+ * one put_write per write (an after-image of `size` bytes). */
+int kw_side_begin(kw_buf *out, uint64_t seq, uint32_t mode, uint32_t nwrites);
+int kw_side_put_write(kw_buf *out, uint64_t entity, uint32_t component, uint32_t size, const void *value);
 
 /* ---- store --------------------------------------------------------------- */
 
@@ -458,6 +562,18 @@ typedef struct kw_snap_chunk {
 
 int kw_snap_chunk_decode(const void *payload, size_t len, kw_snap_chunk *out);
 uint64_t kw_snap_chunk_entity(const kw_snap_chunk *c, uint32_t row);
+
+/* Encoders of the three snap payloads (encode.c). SNAP_TABLES: the header,
+ * then one put_table per table, in id order (appending). */
+int kw_snap_tables_put_header(kw_buf *out, uint32_t ntables, uint32_t nslots, uint32_t nlive);
+int kw_snap_tables_put_table(kw_buf *out, uint32_t rows, uint32_t ncols, const uint32_t *comps);
+/* SNAP_SLOTS: slots first .. first+n-1 (live[i] non-zero = live); empties out first. */
+int kw_snap_slots_encode(kw_buf *out, uint32_t first, uint32_t n, const uint32_t *gens, const uint8_t *live);
+/* SNAP_CHUNK: count rows of ncols stored columns (values[i]: count x
+ * sizes[i] bytes), entities: count u64 handles; empties out first. */
+int kw_snap_chunk_encode(kw_buf *out, uint32_t table, uint32_t chunk, uint32_t count, uint32_t ncols,
+                         const uint32_t *comps, const uint32_t *sizes, const void *entities,
+                         const void *const *values);
 
 #ifdef __cplusplus
 }
