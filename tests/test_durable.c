@@ -217,15 +217,12 @@ static void dir_view_free(dir_view *v)
 static void dir_read(const char *dir, dir_view *v)
 {
     memset(v, 0, sizeof *v);
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
     kw_codec_ctx *c = NULL;
     ck_assert_ok(kw_codec_create(NULL, &c));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, 0, &it));
+    tu_wal_reader w;
+    tu_wal_open(&w, dir, 0);
+    kw_rtxn *r = w.r;
+    kw_walit *it = w.it;
     uint64_t lsn = 0, cap = 0;
     const void *rec;
     size_t len;
@@ -304,9 +301,9 @@ static void dir_read(const char *dir, dir_view *v)
         }
         kw_schema_free(&s);
     }
-    kw_read_end(r);
+    w.it = NULL; /* ended above */
+    tu_wal_close(&w);
     kw_codec_destroy(c);
-    kw_store_close(st);
 }
 
 static uint64_t count_kind_tick(const dir_view *v, uint32_t kind, uint64_t tick, bool hook)

@@ -66,11 +66,8 @@ static keel_entity spawn_i64(keel_runtime *rt, const keel_component *cs, const i
     for (uint32_t i = 0; i < n; i++)
         in[i] = (keel_init){cs[i], &vals[i]};
     ck_assert_ok(keel_cmd_spawn(cb, in, n));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
-    ck_assert_uint_eq(r.created_count, 1);
-    keel_entity e = r.created[0];
-    keel_cmdbuf_destroy(cb);
+    keel_entity e;
+    tu_cmdbuf_apply_created(cb, 1, &e);
     ck_assert(keel_alive(w, e));
     return e;
 }
@@ -1083,12 +1080,7 @@ static void spawn_traders(keel_runtime *rt, keel_component tid, keel_component e
         keel_init in[2] = {{tid, &i}, {extra, &zero}};
         ck_assert_ok(keel_cmd_spawn(cb, in, extra ? 2 : 1));
     }
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
-    ck_assert_uint_eq(r.created_count, n);
-    if (out)
-        memcpy(out, r.created, n * sizeof *out);
-    keel_cmdbuf_destroy(cb);
+    tu_cmdbuf_apply_created(cb, n, out);
 }
 
 START_TEST(test_side_concurrent_transfers)

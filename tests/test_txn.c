@@ -84,12 +84,7 @@ static void spawn_rows(keel_runtime *rt, uint32_t n, const keel_component *cs, c
         }
         ck_assert_ok(keel_cmd_spawn(cb, in, nc));
     }
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
-    ck_assert_uint_eq(r.created_count, n);
-    if (out)
-        memcpy(out, r.created, n * sizeof *out);
-    keel_cmdbuf_destroy(cb);
+    tu_cmdbuf_apply_created(cb, n, out);
 }
 
 static uint32_t get_u32(keel_runtime *rt, keel_entity e, keel_component c)

@@ -116,6 +116,16 @@ keel_cmdbuf *tu_cmdbuf_new(keel_world *w)
     return cb;
 }
 
+void tu_cmdbuf_apply_created(keel_cmdbuf *cb, uint32_t n, keel_entity *out)
+{
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, n);
+    if (out)
+        memcpy(out, r.created, n * sizeof *out);
+    keel_cmdbuf_destroy(cb);
+}
+
 void tu_destroy_now(keel_world *w, keel_entity e)
 {
     keel_cmdbuf *cb = tu_cmdbuf_new(w);
@@ -381,25 +391,36 @@ int tu_wait(pid_t pid)
 
 /* ---- WAL records on disk ------------------------------------------------------------------- */
 
+void tu_wal_open(tu_wal_reader *w, const char *dir, uint64_t from)
+{
+    *w = (tu_wal_reader){0};
+    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
+    ck_assert_ok(kw_store_open(dir, &sd, &w->st));
+    ck_assert_ok(kw_read_begin(w->st, &w->r));
+    ck_assert_ok(kw_wal_iter(w->r, from, &w->it));
+}
+
+void tu_wal_close(tu_wal_reader *w)
+{
+    if (w->it)
+        kw_wal_iter_end(w->it);
+    kw_read_end(w->r);
+    kw_store_close(w->st);
+    *w = (tu_wal_reader){0};
+}
+
 void *tu_record_copy(const char *dir, uint64_t lsn, size_t *len)
 {
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, lsn, &it));
+    tu_wal_reader w;
+    tu_wal_open(&w, dir, lsn);
     uint64_t got = 0;
     const void *rec = NULL;
-    ck_assert_int_eq(kw_wal_next(it, &got, &rec, len), 1);
+    ck_assert_int_eq(kw_wal_next(w.it, &got, &rec, len), 1);
     ck_assert_uint_eq(got, lsn);
     void *copy = malloc(*len);
     ck_assert_ptr_nonnull(copy);
     memcpy(copy, rec, *len);
-    kw_wal_iter_end(it);
-    kw_read_end(r);
-    kw_store_close(st);
+    tu_wal_close(&w);
     return copy;
 }
 

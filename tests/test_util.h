@@ -31,6 +31,7 @@
 #include <sys/types.h>
 
 #include "keel/keel.h"
+#include "keel_wal/wal.h"
 
 /* ---- time and waiting ---------------------------------------------------------------------- */
 
@@ -61,6 +62,9 @@ void tu_print_diags(const keel_schedule *s);
 keel_world *tu_world_new(keel_world_desc d);
 /* A new command buffer on w. */
 keel_cmdbuf *tu_cmdbuf_new(keel_world *w);
+/* Apply cb at once (between steps): it must create exactly n entities,
+ * whose handles go to out (may be NULL); cb is destroyed. */
+void tu_cmdbuf_apply_created(keel_cmdbuf *cb, uint32_t n, keel_entity *out);
 /* Destroy e at once (between steps, one apply); it must be gone after. */
 void tu_destroy_now(keel_world *w, keel_entity e);
 /* Register a component that must get an id (not 0). */
@@ -120,6 +124,18 @@ int tu_wait(pid_t pid);
 
 /* ---- WAL records on disk ------------------------------------------------------------------- */
 
+/* The WAL of the data directory dir, read: the store opened read-only, a
+ * read transaction, an iterator from LSN `from` (kw_wal_next(w.it, ...)).
+ * No handle of this process may have dir open (LMDB forbids opening one
+ * environment twice in a process). */
+typedef struct tu_wal_reader {
+    kw_store *st;
+    kw_rtxn *r;
+    kw_walit *it;
+} tu_wal_reader;
+void tu_wal_open(tu_wal_reader *w, const char *dir, uint64_t from);
+/* End the iterator (unless NULL), the transaction and the store. */
+void tu_wal_close(tu_wal_reader *w);
 /* A malloc'd copy of the record with LSN lsn in the data directory dir
  * (opened read-only). */
 void *tu_record_copy(const char *dir, uint64_t lsn, size_t *len);
