@@ -14,6 +14,7 @@
 
 #include "keel/keel.h"
 #include "keel_test.h"
+#include "test_util.h"
 #include "world/world_internal.h"
 
 /* ---- fixture: a world with four component types ------------------------- */
@@ -42,10 +43,7 @@ enum { POS = 1, VEL = 2, HP = 3, TAG = 4, NCOMPS = 4 };
 
 static keel_world *make_world_max(uint32_t max_entities)
 {
-    keel_world_desc d = {.chunk_rows = 16, .max_entities = max_entities};
-    keel_world *w = NULL;
-    ck_assert_ok(keel_world_create(&d, &w));
-    ck_assert_ptr_nonnull(w);
+    keel_world *w = tu_world_new((keel_world_desc){.chunk_rows = 16, .max_entities = max_entities});
 
     keel_component c = 0;
     keel_component_desc pos = {.name = "pos", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
@@ -69,14 +67,6 @@ static keel_world *make_world(void)
     return make_world_max(0);
 }
 
-static keel_cmdbuf *make_cb(keel_world *w)
-{
-    keel_cmdbuf *cb = NULL;
-    ck_assert_ok(keel_cmdbuf_create(w, &cb));
-    ck_assert_ptr_nonnull(cb);
-    return cb;
-}
-
 /* Record a spawn with a pos value (and optionally a vel / hp). */
 static void rec_spawn_pos(keel_cmdbuf *cb, int32_t x, int32_t y)
 {
@@ -95,7 +85,7 @@ static void rec_spawn_pos_hp(keel_cmdbuf *cb, int32_t x, int32_t y, uint64_t hp)
 /* Spawn one entity with pos (x, y) through a temporary buffer; return it. */
 static keel_entity spawn_pos(keel_world *w, int32_t x, int32_t y)
 {
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     rec_spawn_pos(cb, x, y);
     ck_assert_ok(keel_cmdbuf_apply(cb));
     keel_cmd_result r = keel_cmdbuf_result(cb);
@@ -105,16 +95,6 @@ static keel_entity spawn_pos(keel_world *w, int32_t x, int32_t y)
     keel_cmdbuf_destroy(cb);
     ck_assert(keel_alive(w, e));
     return e;
-}
-
-static void destroy_now(keel_world *w, keel_entity e)
-{
-    keel_cmdbuf *cb = make_cb(w);
-    ck_assert_ok(keel_cmd_destroy(cb, e));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    ck_assert_uint_eq(keel_cmdbuf_result(cb).destroyed, 1);
-    keel_cmdbuf_destroy(cb);
-    ck_assert(!keel_alive(w, e));
 }
 
 static pos_t get_pos(keel_world *w, keel_entity e)
@@ -206,7 +186,7 @@ START_TEST(record_create_args)
     keel_cmdbuf_destroy(NULL); /* ignored */
 
     keel_world *w = make_world();
-    cb = make_cb(w);
+    cb = tu_cmdbuf_new(w);
     keel_cmd_result r = keel_cmdbuf_result(cb);
     assert_counters(r, 0, 0, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, 0);
@@ -221,7 +201,7 @@ START_TEST(record_unknown_component)
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 2);
     uint64_t h0 = keel_world_hash(w);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     pos_t p = {5, 6};
 
     /* one valid command first, so "unchanged" means 1 */
@@ -271,7 +251,7 @@ END_TEST
 START_TEST(record_repeated_component)
 {
     keel_world *w = make_world();
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     pos_t p = {1, 1}, q = {2, 2};
     uint64_t hp = 9;
 
@@ -297,7 +277,7 @@ END_TEST
 START_TEST(record_null_inits)
 {
     keel_world *w = make_world();
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
 
     ck_assert_rc(keel_cmd_spawn(cb, NULL, 1), KEEL_EINVAL);
     ck_assert_rc(keel_cmd_spawn(cb, NULL, 3), KEEL_EINVAL);
@@ -335,7 +315,7 @@ START_TEST(record_does_not_touch_world)
     uint64_t h0 = keel_world_hash(w);
     uint32_t qpos = query_count(w, POS, 0, 0);
 
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     rec_spawn_pos(cb, 5, 6);
     rec_spawn_pos_hp(cb, 7, 8, 9);
     ck_assert_ok(keel_cmd_destroy(cb, a));
@@ -377,7 +357,7 @@ START_TEST(record_values_copied)
      * playback does not change what is applied */
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 0, 0);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
 
     pos_t p = {11, 12};
     uint64_t hp = 13;
@@ -406,7 +386,7 @@ END_TEST
 START_TEST(record_spawn_empty_and_zero_fill)
 {
     keel_world *w = make_world();
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     keel_init none[1] = {{POS, NULL}};
     ck_assert_ok(keel_cmd_spawn(cb, none, 0)); /* n == 0: inits not read */
     keel_init zf[3] = {{POS, NULL}, {HP, NULL}, {TAG, NULL}};
@@ -436,7 +416,7 @@ START_TEST(record_spawn_empty_and_zero_fill)
     ck_assert_uint_eq(keel_world_count(w), 3);
 
     /* the component-less entity is a real entity: it can be destroyed */
-    destroy_now(w, e0);
+    tu_destroy_now(w, e0);
     ck_assert_uint_eq(keel_world_count(w), 2);
 
     keel_cmdbuf_destroy(cb);
@@ -449,7 +429,7 @@ START_TEST(record_discard_unapplied)
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 1);
     uint64_t h0 = keel_world_hash(w);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     rec_spawn_pos(cb, 2, 2);
     ck_assert_ok(keel_cmd_destroy(cb, a));
     ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 2);
@@ -474,7 +454,7 @@ END_TEST
 START_TEST(playback_fifo_receipts)
 {
     keel_world *w = make_world();
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     for (int32_t i = 0; i < 5; i++)
         rec_spawn_pos_hp(cb, i, 100 + i, (uint64_t)(1000 + i));
     ck_assert_ok(keel_cmdbuf_apply(cb));
@@ -500,7 +480,7 @@ START_TEST(playback_fifo_order_matters)
     keel_entity a = spawn_pos(w, 1, 1);
     keel_entity b = spawn_pos(w, 2, 2);
     keel_entity c = spawn_pos(w, 3, 3);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     uint64_t h1 = 1, h2 = 2, h3 = 3;
     /* a: add then remove -> lacks HP */
     ck_assert_ok(keel_cmd_add(cb, a, HP, &h1));
@@ -539,7 +519,7 @@ START_TEST(playback_add_remove_moves)
     ck_assert_uint_eq(query_count(w, POS, 0, 0), 6);
     ck_assert_uint_eq(query_count(w, POS, VEL, 0), 0);
 
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     /* add vel to e1, e3 (moving rows out of the middle of the pos table) */
     vel_t v1 = {10, 11}, v3 = {30, 31};
     ck_assert_ok(keel_cmd_add(cb, e[1], VEL, &v1));
@@ -602,7 +582,7 @@ START_TEST(playback_add_overwrites)
     keel_entity a = spawn_pos(w, 1, 2);
     keel_entity b = spawn_pos(w, 3, 4);
     uint32_t npos = query_count(w, POS, 0, 0);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     pos_t np = {50, 60};
     ck_assert_ok(keel_cmd_add(cb, a, POS, &np));
     ck_assert_ok(keel_cmd_add(cb, b, POS, NULL)); /* NULL = zero-filled */
@@ -628,7 +608,7 @@ START_TEST(playback_destroy_then_spawn_reuses)
     keel_entity a = spawn_pos(w, 1, 1);
     keel_entity other = spawn_pos(w, 2, 2);
     ck_assert_uint_eq(KEEL_ENTITY_INDEX(a), 0);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, a));
     rec_spawn_pos(cb, 9, 9);
     ck_assert_ok(keel_cmdbuf_apply(cb));
@@ -653,7 +633,7 @@ START_TEST(playback_spawn_then_destroy_no_reuse)
 {
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 1);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     rec_spawn_pos(cb, 9, 9);
     ck_assert_ok(keel_cmd_destroy(cb, a));
     ck_assert_ok(keel_cmdbuf_apply(cb));
@@ -680,7 +660,7 @@ START_TEST(playback_empty_noop)
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 4, 4);
     uint64_t h0 = keel_world_hash(w);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmdbuf_apply(cb));
     ck_assert_ok(keel_cmdbuf_apply(cb));
     keel_cmd_result r = keel_cmdbuf_result(cb);
@@ -698,7 +678,7 @@ END_TEST
 START_TEST(playback_destroy_clears)
 {
     keel_world *w = make_world();
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     rec_spawn_pos_hp(cb, 1, 1, 1);
     rec_spawn_pos_hp(cb, 2, 2, 2);
     rec_spawn_pos_hp(cb, 3, 3, 3);
@@ -728,7 +708,7 @@ START_TEST(playback_many)
 {
     keel_world *w = make_world();
     uint64_t h_empty = keel_world_hash(w);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     for (uint32_t i = 0; i < MANY; i++)
         rec_spawn_pos_hp(cb, (int32_t)i, -(int32_t)i, i * 3u);
     ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, MANY);
@@ -841,7 +821,7 @@ static void eq_record(keel_cmdbuf *cb, uint64_t *rng, const keel_entity *ents, u
 
 static void eq_populate(keel_world *w, keel_entity *ents)
 {
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     for (uint32_t i = 0; i < EQ_ENTITIES; i++) {
         pos_t p = {(int32_t)i, -(int32_t)i};
         vel_t v = {(int32_t)(i % 5), 1};
@@ -924,7 +904,7 @@ START_TEST(playback_batched_equals_one_by_one)
     eq_populate(wb, ents_b);
     ck_assert_int_eq(memcmp(ents_a, ents_b, sizeof ents_a), 0);
 
-    keel_cmdbuf *ca = make_cb(wa), *cbb = make_cb(wb);
+    keel_cmdbuf *ca = tu_cmdbuf_new(wa), *cbb = tu_cmdbuf_new(wb);
     uint64_t rng_a = 0x9e3779b97f4a7c15ull, rng_b = rng_a;
     for (uint32_t i = 0; i < EQ_COMMANDS; i++)
         eq_record(ca, &rng_a, ents_a, i);
@@ -999,7 +979,7 @@ START_TEST(playback_destroy_runs_equal_one_by_one)
     wa->lifecycle = &la;
     wb->lifecycle = &lb;
 
-    keel_cmdbuf *ca = make_cb(wa), *cbb = make_cb(wb);
+    keel_cmdbuf *ca = tu_cmdbuf_new(wa), *cbb = tu_cmdbuf_new(wb);
     uint64_t rng_a = 0x243f6a8885a308d3ull, rng_b = rng_a;
     for (uint32_t seg = 0; seg < 12; seg++)
         runs_record(ca, &rng_a, ents_a, seg, false);
@@ -1042,7 +1022,7 @@ START_TEST(playback_hash_history_independent)
     keel_entity a2 = spawn_pos(w2, 1, 2);
     ck_assert_uint_eq(a1, a2);
     ck_assert_uint_eq(keel_world_hash(w1), keel_world_hash(w2));
-    keel_cmdbuf *cb = make_cb(w1);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w1);
     vel_t v = {5, 5};
     ck_assert_ok(keel_cmd_add(cb, a1, VEL, &v));
     ck_assert_ok(keel_cmd_add(cb, a1, TAG, NULL));
@@ -1067,7 +1047,7 @@ START_TEST(ignored_double_destroy)
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 1);
     keel_entity b = spawn_pos(w, 2, 2);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, a));
     ck_assert_ok(keel_cmd_destroy(cb, a));
     ck_assert_ok(keel_cmdbuf_apply(cb));
@@ -1087,7 +1067,7 @@ START_TEST(ignored_double_destroy_occupant_safe)
     /* destroy A, spawn C (takes A's slot), destroy A again: C survives */
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 1);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, a));
     rec_spawn_pos(cb, 7, 7);
     ck_assert_ok(keel_cmd_destroy(cb, a));
@@ -1112,13 +1092,13 @@ START_TEST(ignored_stale_after_reuse)
 {
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 1);
-    destroy_now(w, a);
+    tu_destroy_now(w, a);
     keel_entity c = spawn_pos(w, 3, 4);
     ck_assert_uint_eq(KEEL_ENTITY_INDEX(c), KEEL_ENTITY_INDEX(a));
     ck_assert_uint_ne(c, a);
     uint64_t h0 = keel_world_hash(w);
 
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, a));
     vel_t v = {1, 1};
     ck_assert_ok(keel_cmd_add(cb, a, VEL, &v));  /* add to a stale entity */
@@ -1143,7 +1123,7 @@ START_TEST(ignored_null)
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 1);
     uint64_t h0 = keel_world_hash(w);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     pos_t p = {9, 9};
     ck_assert_ok(keel_cmd_destroy(cb, KEEL_ENTITY_NULL));
     ck_assert_ok(keel_cmd_add(cb, KEEL_ENTITY_NULL, POS, &p));
@@ -1168,7 +1148,7 @@ START_TEST(ignored_foreign)
     keel_entity b = spawn_pos(w, 2, 2);
     ck_assert_uint_eq(b, KEEL_ENTITY_MAKE(1, 1));
     uint64_t h0 = keel_world_hash(w);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     keel_entity bad[4] = {
         KEEL_ENTITY_MAKE(123456, 1),                                     /* index beyond the slots */
         KEEL_ENTITY_MAKE(KEEL_ENTITY_INDEX(a), KEEL_ENTITY_GEN(a) + 5),  /* generation from the future */
@@ -1203,7 +1183,7 @@ START_TEST(ignored_absent)
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 1);
     uint64_t h0 = keel_world_hash(w);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_remove(cb, a, VEL));
     ck_assert_ok(keel_cmd_remove(cb, a, TAG));
     ck_assert_ok(keel_cmd_remove(cb, a, HP));
@@ -1231,7 +1211,7 @@ START_TEST(ignored_add_after_destroy_same_buffer)
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 1);
     keel_entity b = spawn_pos(w, 2, 2);
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     vel_t v = {3, 3};
     ck_assert_ok(keel_cmd_destroy(cb, a));
     ck_assert_ok(keel_cmd_add(cb, a, VEL, &v));
@@ -1265,7 +1245,7 @@ typedef struct scen {
 static void scen_setup(scen *s)
 {
     s->w = make_world();
-    keel_cmdbuf *cb = make_cb(s->w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(s->w);
     rec_spawn_pos(cb, 10, 10);
     rec_spawn_pos(cb, 11, 11);
     rec_spawn_pos(cb, 12, 12);
@@ -1278,7 +1258,7 @@ static void scen_setup(scen *s)
     memcpy(s->e, r.created, sizeof s->e);
     keel_cmdbuf_destroy(cb);
     vel_t v = {1, 1};
-    cb = make_cb(s->w);
+    cb = tu_cmdbuf_new(s->w);
     ck_assert_ok(keel_cmd_add(cb, s->e[1], VEL, &v));
     ck_assert_ok(keel_cmdbuf_apply(cb));
     keel_cmdbuf_destroy(cb);
@@ -1339,7 +1319,7 @@ static scen_ref scen_reference(int k)
 {
     scen s;
     scen_setup(&s);
-    keel_cmdbuf *cb = make_cb(s.w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
     scen_record(&s, cb, 0, k);
     ck_assert_ok(keel_cmdbuf_apply(cb));
     keel_cmd_result r = keel_cmdbuf_result(cb);
@@ -1375,7 +1355,7 @@ START_TEST(failure_at_k_retry)
 
     scen s;
     scen_setup(&s);
-    keel_cmdbuf *cb = make_cb(s.w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
     scen_record(&s, cb, 0, n);
     ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, (uint32_t)n);
 
@@ -1432,7 +1412,7 @@ START_TEST(failure_at_k_discard)
 
     scen s;
     scen_setup(&s);
-    keel_cmdbuf *cb = make_cb(s.w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
     scen_record(&s, cb, 0, n);
     world_test_inject_failure(s.w, (uint32_t)k, KEEL_ENOSPC);
     ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOSPC);
@@ -1470,7 +1450,7 @@ START_TEST(failure_first_command_applies_nothing)
     scen_setup(&s);
     uint64_t h0 = keel_world_hash(s.w);
     uint32_t n0 = keel_world_count(s.w);
-    keel_cmdbuf *cb = make_cb(s.w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
     scen_record(&s, cb, 0, NSCEN);
     world_test_inject_failure(s.w, 1, KEEL_ENOMEM);
     ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOMEM);
@@ -1497,7 +1477,7 @@ START_TEST(failure_pending_refuses)
 {
     scen s;
     scen_setup(&s);
-    keel_cmdbuf *cb = make_cb(s.w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
     scen_record(&s, cb, 0, 4);
     world_test_inject_failure(s.w, 3, KEEL_ENOMEM);
     ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOMEM);
@@ -1527,7 +1507,7 @@ START_TEST(failure_pending_refuses)
     ck_assert_uint_eq(keel_world_pending(s.w), 1);
 
     /* other buffers still record and apply */
-    keel_cmdbuf *cb2 = make_cb(s.w);
+    keel_cmdbuf *cb2 = tu_cmdbuf_new(s.w);
     rec_spawn_pos(cb2, 3, 3);
     ck_assert_ok(keel_cmdbuf_apply(cb2));
     ck_assert_uint_eq(keel_world_pending(s.w), 1);
@@ -1557,7 +1537,7 @@ START_TEST(failure_retry_fails_again)
 {
     scen s;
     scen_setup(&s);
-    keel_cmdbuf *cb = make_cb(s.w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
     scen_record(&s, cb, 0, NSCEN);
     world_test_inject_failure(s.w, 2, KEEL_ENOMEM);
     ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOMEM);
@@ -1586,8 +1566,8 @@ START_TEST(failure_destroy_pending_buffer)
 {
     scen s;
     scen_setup(&s);
-    keel_cmdbuf *cb1 = make_cb(s.w);
-    keel_cmdbuf *cb2 = make_cb(s.w);
+    keel_cmdbuf *cb1 = tu_cmdbuf_new(s.w);
+    keel_cmdbuf *cb2 = tu_cmdbuf_new(s.w);
     rec_spawn_pos(cb1, 1, 1);
     rec_spawn_pos(cb1, 2, 2);
     rec_spawn_pos(cb2, 3, 3);
@@ -1610,7 +1590,7 @@ START_TEST(failure_destroy_pending_buffer)
     ck_assert_uint_eq(keel_world_pending(s.w), 0);
 
     /* destroying a buffer that is not pending does not underflow the count */
-    keel_cmdbuf *cb3 = make_cb(s.w);
+    keel_cmdbuf *cb3 = tu_cmdbuf_new(s.w);
     rec_spawn_pos(cb3, 5, 5);
     keel_cmdbuf_destroy(cb3); /* queued, never applied: not pending */
     ck_assert_uint_eq(keel_world_pending(s.w), 0);
@@ -1623,7 +1603,7 @@ START_TEST(failure_natural_enospc)
 {
     enum { N = 4 };
     keel_world *w = make_world_max(N);
-    keel_cmdbuf *cb1 = make_cb(w);
+    keel_cmdbuf *cb1 = tu_cmdbuf_new(w);
     for (int32_t i = 0; i < N + 1; i++)
         rec_spawn_pos(cb1, i, i);
     ck_assert_rc(keel_cmdbuf_apply(cb1), KEEL_ENOSPC);
@@ -1641,7 +1621,7 @@ START_TEST(failure_natural_enospc)
     /* the failed spawn touched nothing: same hash as a world with N spawns */
     {
         keel_world *ref = make_world();
-        keel_cmdbuf *rc = make_cb(ref);
+        keel_cmdbuf *rc = tu_cmdbuf_new(ref);
         for (int32_t i = 0; i < N; i++)
             rec_spawn_pos(rc, i, i);
         ck_assert_ok(keel_cmdbuf_apply(rc));
@@ -1659,7 +1639,7 @@ START_TEST(failure_natural_enospc)
 
     /* the pending buffer refuses new commands; free a slot with another one */
     ck_assert_rc(keel_cmd_destroy(cb1, e[1]), KEEL_EBUSY);
-    keel_cmdbuf *cb2 = make_cb(w);
+    keel_cmdbuf *cb2 = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb2, e[1]));
     ck_assert_ok(keel_cmdbuf_apply(cb2));
     ck_assert_uint_eq(keel_world_count(w), N - 1);
@@ -1688,8 +1668,8 @@ START_TEST(failure_ignored_prefix_counted_once)
      * counted again by the retry; the injected code is passed through */
     keel_world *w = make_world();
     keel_entity a = spawn_pos(w, 1, 1);
-    destroy_now(w, a);
-    keel_cmdbuf *cb = make_cb(w);
+    tu_destroy_now(w, a);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, KEEL_ENTITY_NULL));
     ck_assert_ok(keel_cmd_destroy(cb, a));
     rec_spawn_pos(cb, 2, 2);
@@ -1732,7 +1712,7 @@ END_TEST
 START_TEST(receipts_accumulate_until_reset)
 {
     keel_world *w = make_world();
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     rec_spawn_pos(cb, 0, 0);
     rec_spawn_pos(cb, 1, 1);
     rec_spawn_pos(cb, 2, 2);
@@ -1788,7 +1768,7 @@ START_TEST(receipts_reset_refuses_queued)
 {
     /* reset is refused while commands are queued (apply or discard first) */
     keel_world *w = make_world();
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     rec_spawn_pos(cb, 1, 1);
     ck_assert_ok(keel_cmdbuf_apply(cb));
     rec_spawn_pos(cb, 2, 2);
@@ -1810,9 +1790,9 @@ START_TEST(receipts_counters_exact)
     keel_entity e[5];
     for (int32_t i = 0; i < 5; i++)
         e[i] = spawn_pos(w, i, i);
-    destroy_now(w, e[4]);
+    tu_destroy_now(w, e[4]);
 
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     uint64_t hp = 1;
     vel_t v = {2, 2};
     rec_spawn_pos(cb, 10, 10);                         /* spawned 1 (takes slot 4) */
@@ -1869,7 +1849,7 @@ START_TEST(receipts_across_failure)
     /* receipts of a failed apply's prefix, then of the retry, in command
      * order, each entity once */
     keel_world *w = make_world();
-    keel_cmdbuf *cb = make_cb(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     for (int32_t i = 0; i < 6; i++)
         rec_spawn_pos(cb, i, i);
     world_test_inject_failure(w, 4, KEEL_ENOMEM);

@@ -1,9 +1,12 @@
 /*
  * test_core -- status codes, the thread-local last error, diagnostics with
- * rate limiting, and the hash functions (known answers pinned).
+ * rate limiting, the hash functions (known answers pinned), and the array
+ * grower (core/grow.c).
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/core.h"
@@ -246,6 +249,125 @@ static Suite *hash_suite(void)
     return s;
 }
 
+/* ---- grow ------------------------------------------------------------------ */
+
+START_TEST(grow_capacity_doubles_from_the_minimum)
+{
+    ck_assert_uint_eq(core_grow_cap(0, 1, 8), 8);
+    ck_assert_uint_eq(core_grow_cap(0, 9, 8), 16);
+    ck_assert_uint_eq(core_grow_cap(8, 9, 64), 16);  /* the minimum only starts an empty array */
+    ck_assert_uint_eq(core_grow_cap(16, 100, 8), 128);
+    ck_assert_uint_eq(core_grow_cap(0, 3, 0), 4);    /* no minimum: from 1 */
+    ck_assert_uint_eq(core_grow_cap(SIZE_MAX / 2 + 1, SIZE_MAX, 8), SIZE_MAX); /* doubling overflows */
+}
+END_TEST
+
+START_TEST(grow_keeps_the_elements_and_moves_the_capacity)
+{
+    uint64_t *a = NULL;
+    uint32_t cap = 0;
+    ck_assert_int_eq(CORE_GROW(a, cap, 1, 8), KEEL_OK);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_uint_eq(cap, 8);
+    for (uint32_t i = 0; i < cap; i++)
+        a[i] = 1000 + i;
+    uint64_t *before = a;
+    ck_assert_int_eq(CORE_GROW(a, cap, 8, 64), KEEL_OK); /* already holds 8: nothing happens */
+    ck_assert_ptr_eq(a, before);
+    ck_assert_uint_eq(cap, 8);
+    ck_assert_int_eq(CORE_GROW(a, cap, 9, 8), KEEL_OK);
+    ck_assert_uint_eq(cap, 16);
+    ck_assert_int_eq(CORE_GROW(a, cap, 100, 8), KEEL_OK);
+    ck_assert_uint_eq(cap, 128);
+    for (uint32_t i = 0; i < 8; i++)
+        ck_assert_uint_eq(a[i], 1000 + i);
+    a[127] = 7; /* the whole capacity is usable (ASan would say otherwise) */
+    free(a);
+
+    /* a size_t capacity (byte buffers) */
+    unsigned char *b = NULL;
+    size_t bcap = 0;
+    ck_assert_int_eq(CORE_GROW(b, bcap, 300, 256), KEEL_OK);
+    ck_assert_uint_eq(bcap, 512);
+    memset(b, 0x5a, bcap);
+    ck_assert_int_eq(core_grow_size(&b, &bcap, 513, 1, 256, false), KEEL_OK);
+    ck_assert_uint_eq(bcap, 1024);
+    for (size_t i = 0; i < 512; i++)
+        ck_assert_uint_eq(b[i], 0x5a);
+    free(b);
+}
+END_TEST
+
+START_TEST(grow_zeroes_only_the_new_elements)
+{
+    uint32_t *a = NULL;
+    uint32_t cap = 0;
+    ck_assert_int_eq(CORE_GROW_ZEROED(a, cap, 4, 4), KEEL_OK);
+    ck_assert_uint_eq(cap, 4);
+    for (uint32_t i = 0; i < cap; i++) {
+        ck_assert_uint_eq(a[i], 0);
+        a[i] = 0xdeadbeef;
+    }
+    ck_assert_int_eq(CORE_GROW_ZEROED(a, cap, 5, 4), KEEL_OK);
+    ck_assert_uint_eq(cap, 8);
+    for (uint32_t i = 0; i < 4; i++)
+        ck_assert_uint_eq(a[i], 0xdeadbeef);
+    for (uint32_t i = 4; i < 8; i++)
+        ck_assert_uint_eq(a[i], 0);
+
+    /* an exact resize, by one, zeroed */
+    ck_assert_int_eq(core_resize(&a, cap, cap + 1, sizeof *a, true), KEEL_OK);
+    ck_assert_uint_eq(a[3], 0xdeadbeef);
+    ck_assert_uint_eq(a[8], 0);
+    free(a);
+}
+END_TEST
+
+START_TEST(grow_overflow_is_enomem_and_leaves_the_array_untouched)
+{
+    uint64_t *a = NULL;
+    uint32_t cap = 0;
+    ck_assert_int_eq(CORE_GROW(a, cap, 2, 2), KEEL_OK);
+    a[0] = 11;
+    a[1] = 22;
+    uint64_t *before = a;
+
+    /* the byte size of the new capacity does not fit a size_t */
+    size_t huge = SIZE_MAX / 2;
+    ck_assert_int_eq(core_grow(&a, &cap, 3, huge, 2, true), KEEL_ENOMEM);
+    ck_assert_ptr_eq(a, before);
+    ck_assert_uint_eq(cap, 2);
+    ck_assert_uint_eq(a[0], 11);
+    ck_assert_uint_eq(a[1], 22);
+
+    size_t scap = 2;
+    ck_assert_int_eq(core_grow_size(&a, &scap, SIZE_MAX / 8 + 1, sizeof *a, 2, false), KEEL_ENOMEM);
+    ck_assert_ptr_eq(a, before);
+    ck_assert_uint_eq(scap, 2);
+    ck_assert_int_eq(core_grow_size(&a, &scap, SIZE_MAX, sizeof *a, 2, false), KEEL_ENOMEM); /* doubling overflows */
+    ck_assert_ptr_eq(a, before);
+    ck_assert_uint_eq(scap, 2);
+
+    ck_assert_int_eq(core_resize(&a, 2, SIZE_MAX / sizeof *a + 1, sizeof *a, true), KEEL_ENOMEM);
+    ck_assert_ptr_eq(a, before);
+    ck_assert_uint_eq(a[0], 11);
+    ck_assert_uint_eq(a[1], 22);
+    free(a);
+}
+END_TEST
+
+static Suite *grow_suite(void)
+{
+    Suite *s = suite_create("grow");
+    TCase *tc = tcase_create("grow");
+    tcase_add_test(tc, grow_capacity_doubles_from_the_minimum);
+    tcase_add_test(tc, grow_keeps_the_elements_and_moves_the_capacity);
+    tcase_add_test(tc, grow_zeroes_only_the_new_elements);
+    tcase_add_test(tc, grow_overflow_is_enomem_and_leaves_the_array_untouched);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
 /* ---- threads (run under TSan in CI) ---------------------------------------- */
 
 #define THREADS 4
@@ -329,4 +451,4 @@ static Suite *threads_suite(void)
     return s;
 }
 
-KEEL_TEST_MAIN(error_suite, log_suite, hash_suite, threads_suite)
+KEEL_TEST_MAIN(error_suite, log_suite, hash_suite, grow_suite, threads_suite)

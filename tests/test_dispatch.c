@@ -36,6 +36,7 @@
 #include "keel/keel.h"
 #include "core/core.h"
 #include "keel_test.h"
+#include "test_util.h"
 #include "world/world_internal.h" /* world_test_inject_failure */
 
 static const int k_workers[] = {1, 2, 4};
@@ -44,42 +45,6 @@ static const int k_workers[] = {1, 2, 4};
 /* ---- small helpers ---------------------------------------------------------- */
 
 #define mix64 core_mix64
-
-typedef struct rng_t {
-    uint64_t s;
-} rng_t;
-
-static uint64_t rng_next(rng_t *r)
-{
-    r->s += 0x9e3779b97f4a7c15ull;
-    return mix64(r->s);
-}
-
-static uint32_t rng_below(rng_t *r, uint32_t n)
-{
-    return (uint32_t)(rng_next(r) % n);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Wait until *v >= target; false after a (very generous) deadline. Only a
- * rendezvous guard: it never decides an outcome that a correct dispatcher
- * could miss. */
-static bool wait_at_least(_Atomic uint32_t *v, uint32_t target)
-{
-    uint64_t deadline = now_ns() + 30ull * 1000000000ull;
-    while (atomic_load(v) < target) {
-        if (now_ns() > deadline)
-            return false;
-        sched_yield();
-    }
-    return true;
-}
 
 static void atomic_min_u64(_Atomic uint64_t *a, uint64_t v)
 {
@@ -121,9 +86,7 @@ static const keel_field f_vec2[] = {
 static keel_component reg(keel_world *w, const char *name, uint32_t size, const keel_field *fields, uint32_t nfields,
                           keel_component expect)
 {
-    keel_component c = 0;
-    keel_component_desc d = {.name = name, .size = size, .fields = fields, .field_count = nfields};
-    ck_assert_ok(keel_component_register(w, &d, &c));
+    keel_component c = tu_reg(w, name, size, KEEL_VERSIONED, fields, nfields);
     ck_assert_uint_eq(c, expect);
     return c;
 }
@@ -150,45 +113,6 @@ static keel_component reg_tag(keel_world *w, const char *name, keel_component ex
 
 /* ---- runtime / schedule helpers ----------------------------------------------- */
 
-static keel_runtime *rt_new(int workers, uint32_t chunk_rows, uint32_t max_entities, keel_hook_fn hook, void *user)
-{
-    keel_runtime_desc d = {
-        .world = {.chunk_rows = chunk_rows, .max_entities = max_entities},
-        .workers = workers,
-        .tick_rate_hz = -1,
-        .on_first_tick = hook,
-        .hook_user = user,
-    };
-    keel_runtime *rt = NULL;
-    ck_assert_ok(keel_runtime_create(&d, &rt));
-    ck_assert_ptr_nonnull(rt);
-    ck_assert_uint_eq(keel_runtime_workers(rt), (uint32_t)workers);
-    return rt;
-}
-
-/* Build (no error allowed; warnings are fine) and install. */
-static void install(keel_runtime *rt, keel_schedule *s)
-{
-    int rc = keel_schedule_build(s);
-    if (rc) {
-        for (uint32_t i = 0; i < keel_schedule_diag_count(s); i++) {
-            const keel_sched_diag *d = keel_schedule_diag(s, i);
-            fprintf(stderr, "diag %s: %s\n", keel_sched_code_name(d->code), d->message);
-        }
-    }
-    ck_assert_msg(rc == KEEL_OK, "keel_schedule_build: %s: %s", keel_strerror(rc), keel_last_error());
-    ck_assert_ok(keel_runtime_set_schedule(rt, s));
-}
-
-static keel_system_record sysrec(keel_runtime *rt, uint64_t tick, keel_system sys)
-{
-    keel_system_record r;
-    memset(&r, 0, sizeof r);
-    ck_assert_ok(keel_telemetry_system(rt, tick, sys, &r));
-    ck_assert_uint_eq(r.system, sys);
-    return r;
-}
-
 static keel_tick_record tickrec(keel_runtime *rt, uint64_t tick)
 {
     keel_tick_record r;
@@ -196,14 +120,6 @@ static keel_tick_record tickrec(keel_runtime *rt, uint64_t tick)
     ck_assert_ok(keel_telemetry_tick(rt, tick, &r));
     ck_assert_uint_eq(r.tick, tick);
     return r;
-}
-
-static keel_query *query_new(keel_world *w, keel_component c0, keel_component c1)
-{
-    keel_query_desc d = {.with = {c0, c1}};
-    keel_query *q = NULL;
-    ck_assert_ok(keel_query_create(w, &d, &q));
-    return q;
 }
 
 /* (entity, u64 value of the query's first column) pairs, in iteration order. */
@@ -341,7 +257,7 @@ static void check_edge(keel_runtime *rt, uint64_t tick, keel_system pred, keel_s
     ck_assert_msg(e != 0 && s != UINT64_MAX, "tick %llu edge %s: a body did not run", (unsigned long long)tick, what);
     ck_assert_msg(e < s, "tick %llu edge %s: predecessor ended at stamp %llu, successor started at %llu",
                   (unsigned long long)tick, what, (unsigned long long)e, (unsigned long long)s);
-    keel_system_record a = sysrec(rt, tick, pred), b = sysrec(rt, tick, succ);
+    keel_system_record a = tu_sysrec(rt, tick, pred), b = tu_sysrec(rt, tick, succ);
     ck_assert_msg(a.end_ns != 0 && b.start_ns != 0, "tick %llu edge %s: telemetry has no times",
                   (unsigned long long)tick, what);
     ck_assert_msg(a.end_ns <= b.start_ns, "tick %llu edge %s: telemetry end %llu > start %llu",
@@ -399,7 +315,9 @@ START_TEST(test_order_edges)
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = rt_new(workers, 16, 0, order_hook, (void *)(uintptr_t)300);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1, .on_first_tick = order_hook,
+                                                         .hook_user = (void *)(uintptr_t)300});
         order_world(rt);
         keel_schedule *s = sched_new(rt);
         keel_system id[NSYS];
@@ -448,7 +366,7 @@ START_TEST(test_order_edges)
             id[i] = add_sys(s, &d);
             ck_assert_uint_eq(id[i], i);
         }
-        install(rt, s);
+        tu_install(rt, s);
         /* the execution order is a topological order of the expected edges */
         uint32_t pos[NSYS];
         for (uint32_t i = 0; i < NSYS; i++)
@@ -461,7 +379,7 @@ START_TEST(test_order_edges)
             ck_assert_ok(keel_runtime_step(rt));
             ck_assert_uint_eq(keel_runtime_tick(rt), tick);
             for (uint32_t i = 0; i < NSYS; i++) {
-                keel_system_record r = sysrec(rt, tick, id[i]);
+                keel_system_record r = tu_sysrec(rt, tick, id[i]);
                 ck_assert_int_eq(r.skip, KEEL_SKIP_NONE);
                 ck_assert_uint_lt(r.worker, (uint32_t)workers);
                 ck_assert_uint_ne(r.start_ns, 0);
@@ -519,7 +437,7 @@ static int rendezvous_cb(keel_ctx *ctx, void *user)
     uint32_t tick = (uint32_t)keel_ctx_tick(ctx);
     atomic_fetch_add(&r->arrived, 1);
     /* both systems of this tick: arrived reaches 2 * tick */
-    if (wait_at_least(&r->arrived, 2 * tick))
+    if (tu_wait_at_least(&r->arrived, 2 * tick))
         atomic_fetch_add(&r->met, 1);
     else
         atomic_fetch_add(&r->timeouts, 1);
@@ -530,7 +448,7 @@ START_TEST(test_order_independent_overlap)
 {
     for (int wi = 1; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
-        keel_runtime *rt = rt_new(workers, 0, 0, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = workers, .tick_rate_hz = -1});
         keel_schedule *s = sched_new(rt);
         static rdv r;
         atomic_store(&r.arrived, 0);
@@ -538,12 +456,12 @@ START_TEST(test_order_independent_overlap)
         atomic_store(&r.timeouts, 0);
         keel_system a = add_sys(s, &(keel_system_desc){.name = "a", .run = rendezvous_cb, .user = &r});
         keel_system b = add_sys(s, &(keel_system_desc){.name = "b", .run = rendezvous_cb, .user = &r});
-        install(rt, s);
+        tu_install(rt, s);
         for (uint64_t tick = 1; tick <= 5; tick++) {
             ck_assert_ok(keel_runtime_step(rt));
             ck_assert_uint_eq(atomic_load(&r.timeouts), 0);
             ck_assert_uint_eq(atomic_load(&r.met), 2 * tick);
-            keel_system_record ra = sysrec(rt, tick, a), rb = sysrec(rt, tick, b);
+            keel_system_record ra = tu_sysrec(rt, tick, a), rb = tu_sysrec(rt, tick, b);
             /* they ran at the same time, so on different workers */
             ck_assert_uint_ne(ra.worker, rb.worker);
             ck_assert_uint_lt(ra.worker, (uint32_t)workers);
@@ -573,7 +491,7 @@ START_TEST(test_order_chain_inline)
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = rt_new(workers, 0, 0, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = workers, .tick_rate_hz = -1});
         keel_schedule *s = sched_new(rt);
         for (uint32_t i = 0; i < N; i++) {
             char name[16], prev[16];
@@ -581,13 +499,13 @@ START_TEST(test_order_chain_inline)
             snprintf(prev, sizeof prev, "c%02u", i ? i - 1 : 0);
             ck_assert_uint_eq(add_sys(s, &(keel_system_desc){.name = name, .run = chain_cb, .user = PROBE(i), .after = {i ? prev : NULL}}), i);
         }
-        install(rt, s);
+        tu_install(rt, s);
         for (uint64_t tick = 1; tick <= 10; tick++) {
             probe_tick_reset();
             ck_assert_ok(keel_runtime_step(rt));
-            uint32_t w0 = sysrec(rt, tick, 0).worker;
+            uint32_t w0 = tu_sysrec(rt, tick, 0).worker;
             for (uint32_t i = 0; i < N; i++) {
-                keel_system_record r = sysrec(rt, tick, i);
+                keel_system_record r = tu_sysrec(rt, tick, i);
                 ck_assert_uint_eq(r.worker, atomic_load(&g_chain_worker[i]));
                 ck_assert_msg(r.worker == w0, "workers %d tick %llu: chain system c%02u ran on worker %u, root on %u",
                               workers, (unsigned long long)tick, i, r.worker, w0);
@@ -609,9 +527,9 @@ START_TEST(test_order_empty_tracks)
         probe_reset((uint32_t)workers);
 
         /* no system at all */
-        keel_runtime *rt = rt_new(workers, 0, 0, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = workers, .tick_rate_hz = -1});
         keel_schedule *s = sched_new(rt);
-        install(rt, s);
+        tu_install(rt, s);
         ck_assert_uint_eq(keel_schedule_system_count(s), 0);
         for (uint64_t tick = 1; tick <= 5; tick++) {
             ck_assert_ok(keel_runtime_step(rt));
@@ -623,7 +541,7 @@ START_TEST(test_order_empty_tracks)
         keel_runtime_close(rt);
 
         /* user tracks only, Public and T2 empty, T1/T3 used */
-        rt = rt_new(workers, 0, 0, NULL, NULL);
+        rt = tu_rt_new((keel_runtime_desc){.workers = workers, .tick_rate_hz = -1});
         s = sched_new(rt);
         ck_assert_ok(keel_schedule_add_track(s, "T1"));
         ck_assert_ok(keel_schedule_add_track(s, "T2"));
@@ -631,7 +549,7 @@ START_TEST(test_order_empty_tracks)
         ck_assert_ok(keel_schedule_add_track(s, "T4")); /* declared, never used */
         keel_system t3 = add_sys(s, &(keel_system_desc){.name = "t3", .track = "T3", .run = probe_cb, .user = PROBE(0)});
         keel_system t1 = add_sys(s, &(keel_system_desc){.name = "t1", .track = "T1", .run = probe_cb, .user = PROBE(1)});
-        install(rt, s);
+        tu_install(rt, s);
         ck_assert_uint_eq(keel_schedule_order(s, 0), t1);
         ck_assert_uint_eq(keel_schedule_order(s, 1), t3);
         for (uint64_t tick = 1; tick <= 5; tick++) {
@@ -644,14 +562,14 @@ START_TEST(test_order_empty_tracks)
         keel_runtime_close(rt);
 
         /* Public used, declared user tracks empty */
-        rt = rt_new(workers, 0, 0, NULL, NULL);
+        rt = tu_rt_new((keel_runtime_desc){.workers = workers, .tick_rate_hz = -1});
         s = sched_new(rt);
         ck_assert_ok(keel_schedule_add_track(s, "U1"));
         keel_system p = add_sys(s, &(keel_system_desc){.name = "p", .run = probe_cb, .user = PROBE(2)});
-        install(rt, s);
+        tu_install(rt, s);
         for (uint64_t tick = 1; tick <= 3; tick++) {
             ck_assert_ok(keel_runtime_step(rt));
-            ck_assert_int_eq(sysrec(rt, tick, p).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, tick, p).skip, KEEL_SKIP_NONE);
         }
         ck_assert_uint_eq(atomic_load(&g_probe.total[2]), 3);
         ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
@@ -670,7 +588,7 @@ START_TEST(test_order_user_tracks)
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = rt_new(workers, 0, 0, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = workers, .tick_rate_hz = -1});
         keel_schedule *s = sched_new(rt);
         ck_assert_ok(keel_schedule_add_track(s, "T1"));
         ck_assert_ok(keel_schedule_add_track(s, "T2"));
@@ -689,7 +607,7 @@ START_TEST(test_order_user_tracks)
                 id[t][k] = add_sys(s, &d);
             }
         }
-        install(rt, s);
+        tu_install(rt, s);
         /* order: Public's systems first, then T1's, then T2's */
         for (uint32_t i = 0; i < 3 * PER; i++) {
             const char *n = keel_schedule_system_name(s, keel_schedule_order(s, i));
@@ -713,7 +631,7 @@ START_TEST(test_order_user_tracks)
                               (unsigned long long)min_start);
                 for (uint32_t k = 0; k < PER; k++)
                     for (uint32_t j = 0; j < PER; j++)
-                        ck_assert_uint_le(sysrec(rt, tick, id[t][k]).end_ns, sysrec(rt, tick, id[t + 1][j]).start_ns);
+                        ck_assert_uint_le(tu_sysrec(rt, tick, id[t][k]).end_ns, tu_sysrec(rt, tick, id[t + 1][j]).start_ns);
             }
         }
         ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
@@ -744,23 +662,23 @@ static void rdag_make(rdag *g, uint32_t n, uint64_t seed)
 {
     memset(g, 0, sizeof *g);
     g->n = n;
-    rng_t r = {seed};
+    uint64_t r = seed;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t k = rng_below(&r, 10);
+        uint32_t k = tu_rng_below(&r, 10);
         g->kind[i] = k < 6 ? KEEL_SYSTEM_CALLBACK : k < 8 ? KEEL_SYSTEM_QUERY : KEEL_SYSTEM_PIPELINE;
-        g->parallel[i] = g->kind[i] == KEEL_SYSTEM_QUERY && rng_below(&r, 2);
-        g->pipe_count[i] = rng_below(&r, 6); /* 0 .. 5 */
-        uint32_t np = i ? rng_below(&r, 4) : 0;
+        g->parallel[i] = g->kind[i] == KEEL_SYSTEM_QUERY && tu_rng_below(&r, 2);
+        g->pipe_count[i] = tu_rng_below(&r, 6); /* 0 .. 5 */
+        uint32_t np = i ? tu_rng_below(&r, 4) : 0;
         for (uint32_t e = 0; e < np; e++) {
-            uint32_t j = rng_below(&r, i);
+            uint32_t j = tu_rng_below(&r, i);
             bool dup = false;
             for (uint32_t x = 0; x < g->nafter[i]; x++)
                 dup |= g->after[i][x] == j;
             if (!dup)
                 g->after[i][g->nafter[i]++] = j;
         }
-        if (i + 1 < n && rng_below(&r, 4) == 0) {
-            uint32_t j = i + 1 + rng_below(&r, n - i - 1);
+        if (i + 1 < n && tu_rng_below(&r, 4) == 0) {
+            uint32_t j = i + 1 + tu_rng_below(&r, n - i - 1);
             if (g->nbefore[i] < KEEL_EDGE_MAX)
                 g->before[i][g->nbefore[i]++] = j;
         }
@@ -833,11 +751,13 @@ START_TEST(test_order_random_dag)
         for (int wi = 0; wi < NWORKERS; wi++) {
             int workers = k_workers[wi];
             probe_reset((uint32_t)workers);
-            keel_runtime *rt = rt_new(workers, 16, 0, order_hook, (void *)(uintptr_t)100);
+            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                             .tick_rate_hz = -1, .on_first_tick = order_hook,
+                                                             .hook_user = (void *)(uintptr_t)100});
             order_world(rt);
             keel_schedule *s = sched_new(rt);
             rdag_add(s, &g, O_C, probe_cb, probe_chunk, probe_pipe, 16);
-            install(rt, s);
+            tu_install(rt, s);
             const uint32_t nchunks = (100 + 15) / 16;
             for (uint64_t tick = 1; tick <= 25; tick++) {
                 probe_tick_reset();
@@ -850,7 +770,7 @@ START_TEST(test_order_random_dag)
                     ck_assert_msg(atomic_load(&g_probe.calls[i]) == want, "seed %llu workers %d tick %llu: s%03u ran %u times, expected %u",
                                   (unsigned long long)seed, workers, (unsigned long long)tick, i,
                                   atomic_load(&g_probe.calls[i]), want);
-                    ck_assert_int_eq(sysrec(rt, tick, i).skip, KEEL_SKIP_NONE);
+                    ck_assert_int_eq(tu_sysrec(rt, tick, i).skip, KEEL_SKIP_NONE);
                 }
                 for (uint32_t i = 0; i < RDAG_N; i++) {
                     if (!rdag_expected_calls(&g, i, nchunks))
@@ -959,7 +879,9 @@ START_TEST(test_failure_isolation)
         for (int wi = 0; wi < NWORKERS; wi++) {
             int workers = k_workers[wi];
             probe_reset((uint32_t)workers);
-            keel_runtime *rt = rt_new(workers, 16, 0, dep_hook, (void *)(uintptr_t)50);
+            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                             .tick_rate_hz = -1, .on_first_tick = dep_hook,
+                                                             .hook_user = (void *)(uintptr_t)50});
             failure_world(rt);
             keel_schedule *s = sched_new(rt);
             for (uint32_t i = 0; i < NSYS; i++) {
@@ -986,8 +908,8 @@ START_TEST(test_failure_isolation)
                 }
                 ck_assert_uint_eq(add_sys(s, &d), i);
             }
-            install(rt, s);
-            keel_query *q = query_new(keel_runtime_world(rt), F_ORIGIN, 0);
+            tu_install(rt, s);
+            keel_query *q = tu_query_new(keel_runtime_world(rt), F_ORIGIN, 0);
             uint64_t failed_total = 0, skipped_total = 0;
             for (uint64_t tick = 1; tick <= 4; tick++) {
                 bool failing = tick != 2; /* ticks 1, 3, 4 fail; tick 2 recovers */
@@ -996,7 +918,7 @@ START_TEST(test_failure_isolation)
                 ck_assert_ok(keel_runtime_step(rt)); /* a failing system is not an error of the tick */
                 ck_assert_uint_eq(keel_runtime_tick(rt), tick);
                 for (uint32_t i = 0; i < NSYS; i++) {
-                    keel_system_record r = sysrec(rt, tick, i);
+                    keel_system_record r = tu_sysrec(rt, tick, i);
                     keel_skip_reason want = !failing ? KEEL_SKIP_NONE
                                             : i == FAIL ? KEEL_SKIP_FAILED
                                             : dependent[i] ? KEEL_SKIP_DEPENDENCY_FAILED
@@ -1058,24 +980,26 @@ START_TEST(test_failure_random_dag)
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = rt_new(workers, 16, 0, dep_hook, (void *)(uintptr_t)40);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1, .on_first_tick = dep_hook,
+                                                         .hook_user = (void *)(uintptr_t)40});
         failure_world(rt);
         keel_schedule *s = sched_new(rt);
         rdag_add(s, &g, F_DEP, spawn_then_maybe_fail, spawn_chunk, probe_pipe, 16);
-        install(rt, s);
+        tu_install(rt, s);
         uint32_t order_pos[N];
         for (uint32_t i = 0; i < N; i++)
             order_pos[keel_schedule_order(s, i)] = i;
-        keel_query *q = query_new(keel_runtime_world(rt), F_ORIGIN, 0);
+        keel_query *q = tu_query_new(keel_runtime_world(rt), F_ORIGIN, 0);
         const uint32_t nchunks = (40 + 15) / 16;
-        rng_t r = {99};
+        uint64_t r = 99;
         static ent_val v[20000];
         for (uint64_t tick = 1; tick <= 6; tick++) {
             keel_skip_reason want[N];
             bool fails[N];
             for (uint32_t i = 0; i < N; i++) {
-                fails[i] = rng_below(&r, 12) == 0 && rdag_expected_calls(&g, i, nchunks) > 0;
-                atomic_store(&g_probe.fail_mask[i], fails[i] ? 1 + rng_below(&r, 2) : 0);
+                fails[i] = tu_rng_below(&r, 12) == 0 && rdag_expected_calls(&g, i, nchunks) > 0;
+                atomic_store(&g_probe.fail_mask[i], fails[i] ? 1 + tu_rng_below(&r, 2) : 0);
                 if (g.kind[i] == KEEL_SYSTEM_PIPELINE && fails[i])
                     atomic_store(&g_probe.fail_mask[i], 1); /* no ctx: fail by return */
             }
@@ -1098,7 +1022,7 @@ START_TEST(test_failure_random_dag)
             probe_tick_reset();
             ck_assert_ok(keel_runtime_step(rt));
             for (uint32_t i = 0; i < N; i++) {
-                keel_system_record rec = sysrec(rt, tick, i);
+                keel_system_record rec = tu_sysrec(rt, tick, i);
                 ck_assert_msg(rec.skip == want[i], "workers %d tick %llu: s%03u skip %s, expected %s", workers,
                               (unsigned long long)tick, i, keel_skip_reason_name(rec.skip),
                               keel_skip_reason_name(want[i]));
@@ -1177,7 +1101,9 @@ START_TEST(test_failure_parallel_chunk)
         for (size_t f = 0; f < sizeof fail_ids / sizeof fail_ids[0]; f++) {
             int workers = k_workers[wi];
             probe_reset((uint32_t)workers);
-            keel_runtime *rt = rt_new(workers, 16, 0, dep_hook, (void *)(uintptr_t)N);
+            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                             .tick_rate_hz = -1, .on_first_tick = dep_hook,
+                                                             .hook_user = (void *)(uintptr_t)N});
             failure_world(rt);
             keel_schedule *s = sched_new(rt);
             keel_system par = add_sys(s, &(keel_system_desc){.name = "par",
@@ -1189,10 +1115,10 @@ START_TEST(test_failure_parallel_chunk)
                                                              .access = {.reads = {F_ID}}});
             keel_system after = add_sys(s, &(keel_system_desc){.name = "after_par", .run = probe_cb, .user = PROBE(1), .after = {"par"}});
             keel_system other = add_sys(s, &(keel_system_desc){.name = "other", .run = spawn_then_maybe_fail, .user = PROBE(2)});
-            install(rt, s);
+            tu_install(rt, s);
             keel_world *w = keel_runtime_world(rt);
-            keel_query *tagged = query_new(w, F_ID, F_TAGGED);
-            keel_query *orig = query_new(w, F_ORIGIN, 0);
+            keel_query *tagged = tu_query_new(w, F_ID, F_TAGGED);
+            keel_query *orig = tu_query_new(w, F_ORIGIN, 0);
 
             /* tick 1: the chunk holding fail_ids[f] fails */
             atomic_store(&g_fail_id, fail_ids[f]);
@@ -1200,12 +1126,12 @@ START_TEST(test_failure_parallel_chunk)
             atomic_store(&g_par_chunks, 0);
             probe_tick_reset();
             ck_assert_ok(keel_runtime_step(rt));
-            keel_system_record r = sysrec(rt, 1, par);
+            keel_system_record r = tu_sysrec(rt, 1, par);
             ck_assert_int_eq(r.skip, KEEL_SKIP_FAILED);
             if (workers > 1)
                 ck_assert_uint_gt(r.tasks, 1);
-            ck_assert_int_eq(sysrec(rt, 1, after).skip, KEEL_SKIP_DEPENDENCY_FAILED);
-            ck_assert_int_eq(sysrec(rt, 1, other).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, 1, after).skip, KEEL_SKIP_DEPENDENCY_FAILED);
+            ck_assert_int_eq(tu_sysrec(rt, 1, other).skip, KEEL_SKIP_NONE);
             ck_assert_uint_eq(atomic_load(&g_probe.calls[1]), 0);
             ck_assert_uint_gt(atomic_load(&g_par_chunks), 0);
             ck_assert_uint_eq(keel_query_count(tagged), 0);  /* no task's adds applied */
@@ -1217,11 +1143,11 @@ START_TEST(test_failure_parallel_chunk)
             atomic_store(&g_par_chunks, 0);
             probe_tick_reset();
             ck_assert_ok(keel_runtime_step(rt));
-            r = sysrec(rt, 2, par);
+            r = tu_sysrec(rt, 2, par);
             ck_assert_int_eq(r.skip, KEEL_SKIP_NONE);
             ck_assert_uint_eq(r.rows, N);
             ck_assert_uint_eq(atomic_load(&g_par_chunks), N / 16 + (N % 16 != 0));
-            ck_assert_int_eq(sysrec(rt, 2, after).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, 2, after).skip, KEEL_SKIP_NONE);
             ck_assert_uint_eq(atomic_load(&g_probe.calls[1]), 1);
             ck_assert_uint_eq(keel_query_count(tagged), N);
             ck_assert_uint_eq(keel_world_count(w), N + 2 + N / 16 + (N % 16 != 0));
@@ -1248,17 +1174,17 @@ START_TEST(test_failure_pipeline)
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = rt_new(workers, 0, 0, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = workers, .tick_rate_hz = -1});
         keel_schedule *s = sched_new(rt);
         keel_system p = add_sys(s, &(keel_system_desc){.name = "p", .kind = KEEL_SYSTEM_PIPELINE, .pipeline = pipe_fail_at_5, .pipeline_count = 64});
         keel_system a = add_sys(s, &(keel_system_desc){.name = "a", .run = probe_cb, .user = PROBE(1), .after = {"p"}});
         keel_system b = add_sys(s, &(keel_system_desc){.name = "b", .run = probe_cb, .user = PROBE(2)});
-        install(rt, s);
+        tu_install(rt, s);
         probe_tick_reset();
         ck_assert_ok(keel_runtime_step(rt));
-        ck_assert_int_eq(sysrec(rt, 1, p).skip, KEEL_SKIP_FAILED);
-        ck_assert_int_eq(sysrec(rt, 1, a).skip, KEEL_SKIP_DEPENDENCY_FAILED);
-        ck_assert_int_eq(sysrec(rt, 1, b).skip, KEEL_SKIP_NONE);
+        ck_assert_int_eq(tu_sysrec(rt, 1, p).skip, KEEL_SKIP_FAILED);
+        ck_assert_int_eq(tu_sysrec(rt, 1, a).skip, KEEL_SKIP_DEPENDENCY_FAILED);
+        ck_assert_int_eq(tu_sysrec(rt, 1, b).skip, KEEL_SKIP_NONE);
         ck_assert_uint_ge(atomic_load(&g_probe.calls[0]), 1);
         ck_assert_uint_le(atomic_load(&g_probe.calls[0]), 64);
         ck_assert_uint_eq(atomic_load(&g_probe.calls[1]), 0);
@@ -1358,7 +1284,9 @@ static keel_runtime *par_runtime(int workers, keel_schedule **s)
 {
     probe_reset((uint32_t)workers);
     visits_reset();
-    keel_runtime *rt = rt_new(workers, P_CHUNK, 0, par_hook, (void *)(uintptr_t)P_N);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = P_CHUNK}, .workers = workers,
+                                                     .tick_rate_hz = -1, .on_first_tick = par_hook,
+                                                     .hook_user = (void *)(uintptr_t)P_N});
     par_world(rt);
     *s = sched_new(rt);
     return rt;
@@ -1395,11 +1323,11 @@ START_TEST(test_parallel_visit_once)
         keel_schedule *s;
         keel_runtime *rt = par_runtime(workers, &s);
         keel_system sys = add_par_reader(s, "visit", visit_chunk, 0, 0);
-        install(rt, s);
+        tu_install(rt, s);
         for (uint32_t tick = 1; tick <= 3; tick++) {
             ck_assert_ok(keel_runtime_step(rt));
             assert_visits(0, tick, workers);
-            keel_system_record r = sysrec(rt, tick, sys);
+            keel_system_record r = tu_sysrec(rt, tick, sys);
             ck_assert_int_eq(r.skip, KEEL_SKIP_NONE);
             ck_assert_uint_eq(r.rows, P_N);
             ck_assert_uint_ge(r.tasks, 1);
@@ -1446,7 +1374,9 @@ START_TEST(test_parallel_integrate_matches_serial)
     }
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
-        keel_runtime *rt = rt_new(workers, P_CHUNK, 0, par_hook, (void *)(uintptr_t)P_N);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = P_CHUNK}, .workers = workers,
+                                                         .tick_rate_hz = -1, .on_first_tick = par_hook,
+                                                         .hook_user = (void *)(uintptr_t)P_N});
         par_world(rt);
         keel_schedule *s = sched_new(rt);
         keel_system sys = add_sys(s, &(keel_system_desc){.name = "move",
@@ -1455,12 +1385,12 @@ START_TEST(test_parallel_integrate_matches_serial)
                                                          .query = {.with = {P_POS, P_VEL}},
                                                          .parallel = true,
                                                          .access = {.writes = {P_POS}, .reads = {P_VEL}}});
-        install(rt, s);
+        tu_install(rt, s);
         keel_world *w = keel_runtime_world(rt);
         hash0[wi] = keel_world_hash(w); /* empty world before the first tick */
         for (int t = 1; t <= TICKS; t++) {
             ck_assert_ok(keel_runtime_step(rt));
-            keel_system_record r = sysrec(rt, (uint64_t)t, sys);
+            keel_system_record r = tu_sysrec(rt, (uint64_t)t, sys);
             ck_assert_uint_eq(r.rows, P_N);
             if (workers > 1)
                 ck_assert_uint_gt(r.tasks, 1);
@@ -1468,7 +1398,7 @@ START_TEST(test_parallel_integrate_matches_serial)
         hash[wi] = keel_world_hash(w);
         ck_assert_uint_ne(hash[wi], hash0[wi]);
         /* every value equals the plain loop's, bit for bit */
-        keel_query *q = query_new(w, P_ID, P_POS);
+        keel_query *q = tu_query_new(w, P_ID, P_POS);
         keel_iter it;
         uint32_t seen = 0;
         keel_query_iter(q, &it);
@@ -1513,7 +1443,7 @@ static int block_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
         return 0;
     if (ids[0] >= task0)
         atomic_fetch_add(&g_block_others, it->count);
-    else if (ids[0] == 0 && !wait_at_least(&g_block_others, P_N - task0))
+    else if (ids[0] == 0 && !tu_wait_at_least(&g_block_others, P_N - task0))
         atomic_store(&g_block_failed, 1);
     return 0;
 }
@@ -1528,16 +1458,16 @@ START_TEST(test_parallel_stuck_holder)
         keel_schedule *s;
         keel_runtime *rt = par_runtime(workers, &s);
         keel_system sys = add_par_reader(s, "block", block_chunk, 0, 0);
-        install(rt, s);
+        tu_install(rt, s);
         ck_assert_ok(keel_runtime_step(rt));
-        uint32_t tasks = sysrec(rt, 1, sys).tasks;
+        uint32_t tasks = tu_sysrec(rt, 1, sys).tasks;
         ck_assert_uint_ge(tasks, 2);
         /* task 0 owns chunks [0, P_NCHUNKS / tasks): ids are spawned in row order */
         atomic_store(&g_block_task0_rows, (uint32_t)(P_NCHUNKS / tasks) * P_CHUNK);
         ck_assert_ok(keel_runtime_step(rt));
         ck_assert_uint_eq(atomic_load(&g_block_failed), 0);
-        ck_assert_uint_eq(sysrec(rt, 2, sys).tasks, tasks);
-        ck_assert_uint_eq(sysrec(rt, 2, sys).rows, P_N);
+        ck_assert_uint_eq(tu_sysrec(rt, 2, sys).tasks, tasks);
+        ck_assert_uint_eq(tu_sysrec(rt, 2, sys).rows, P_N);
         for (uint32_t i = 0; i < P_N; i++)
             if (atomic_load(&g_visits[0][i]) != 2)
                 ck_abort_msg("workers %d: id %u visited %u times, expected 2", workers, i, atomic_load(&g_visits[0][i]));
@@ -1562,13 +1492,13 @@ START_TEST(test_parallel_min_chunk_rows)
             snprintf(name, sizeof name, "visit%u", k);
             sys[k] = add_par_reader(s, name, visit_chunk, min_rows[k], k);
         }
-        install(rt, s);
+        tu_install(rt, s);
         for (uint32_t tick = 1; tick <= 2; tick++) {
             ck_assert_ok(keel_runtime_step(rt));
             uint32_t tasks[3];
             for (uint32_t k = 0; k < 3; k++) {
                 assert_visits(k, tick, workers);
-                keel_system_record r = sysrec(rt, tick, sys[k]);
+                keel_system_record r = tu_sysrec(rt, tick, sys[k]);
                 ck_assert_uint_eq(r.rows, P_N);
                 tasks[k] = r.tasks;
                 uint32_t m = min_rows[k] ? min_rows[k] : 64;
@@ -1600,7 +1530,7 @@ static int rendezvous_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
     uint32_t n = atomic_fetch_add(&g_chunk_rdv.arrived, 1) + 1;
     /* 40 chunks a tick: the first of this tick waits for a second one */
     if (n == 40 * (tick - 1) + 1) {
-        if (wait_at_least(&g_chunk_rdv.arrived, n + 1))
+        if (tu_wait_at_least(&g_chunk_rdv.arrived, n + 1))
             atomic_fetch_add(&g_chunk_rdv.met, 1);
         else
             atomic_fetch_add(&g_chunk_rdv.timeouts, 1);
@@ -1615,7 +1545,9 @@ START_TEST(test_parallel_tasks_overlap)
         atomic_store(&g_chunk_rdv.arrived, 0);
         atomic_store(&g_chunk_rdv.met, 0);
         atomic_store(&g_chunk_rdv.timeouts, 0);
-        keel_runtime *rt = rt_new(workers, 16, 0, par_hook, (void *)(uintptr_t)(40 * 16));
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1, .on_first_tick = par_hook,
+                                                         .hook_user = (void *)(uintptr_t)(40 * 16)});
         par_world(rt);
         keel_schedule *s = sched_new(rt);
         keel_system sys = add_sys(s, &(keel_system_desc){.name = "rdv",
@@ -1624,13 +1556,13 @@ START_TEST(test_parallel_tasks_overlap)
                                                          .query = {.with = {P_ID}},
                                                          .parallel = true,
                                                          .min_chunk_rows = 16});
-        install(rt, s);
+        tu_install(rt, s);
         for (uint32_t tick = 1; tick <= 5; tick++) {
             ck_assert_ok(keel_runtime_step(rt));
             ck_assert_uint_eq(atomic_load(&g_chunk_rdv.timeouts), 0);
             ck_assert_uint_eq(atomic_load(&g_chunk_rdv.met), tick);
             ck_assert_uint_eq(atomic_load(&g_chunk_rdv.arrived), 40 * tick);
-            ck_assert_uint_gt(sysrec(rt, tick, sys).tasks, 1);
+            ck_assert_uint_gt(tu_sysrec(rt, tick, sys).tasks, 1);
         }
         keel_runtime_close(rt);
     }
@@ -1664,7 +1596,7 @@ START_TEST(test_parallel_pipeline)
             for (uint32_t i = 0; i < 1000; i++)
                 atomic_store(&g_hits[k][i], 0);
         atomic_store(&g_pipe_bad, 0);
-        keel_runtime *rt = rt_new(workers, 0, 0, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = workers, .tick_rate_hz = -1});
         keel_schedule *s = sched_new(rt);
         /* zero0 (root, 0 indices) -> zero1 (0 indices) -> one (1 index) -> cb ; big (1000) -> cb2 */
         keel_system zero0 = add_sys(s, &(keel_system_desc){.name = "zero0", .kind = KEEL_SYSTEM_PIPELINE, .pipeline = hit_pipe, .pipeline_count = 0, .user = (void *)(uintptr_t)1});
@@ -1673,7 +1605,7 @@ START_TEST(test_parallel_pipeline)
         keel_system cb = add_sys(s, &(keel_system_desc){.name = "cb", .run = probe_cb, .user = PROBE(0), .after = {"one"}});
         keel_system big = add_sys(s, &(keel_system_desc){.name = "big", .kind = KEEL_SYSTEM_PIPELINE, .pipeline = hit_pipe, .pipeline_count = 1000, .user = (void *)(uintptr_t)0});
         keel_system cb2 = add_sys(s, &(keel_system_desc){.name = "cb2", .run = probe_cb, .user = PROBE(1), .after = {"big", "zero0"}});
-        install(rt, s);
+        tu_install(rt, s);
         for (uint32_t tick = 1; tick <= 4; tick++) {
             probe_tick_reset();
             ck_assert_ok(keel_runtime_step(rt));
@@ -1685,10 +1617,10 @@ START_TEST(test_parallel_pipeline)
             ck_assert_uint_eq(atomic_load(&g_probe.calls[1]), 1);
             keel_system all[] = {zero0, zero1, one, cb, big, cb2};
             for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
-                ck_assert_int_eq(sysrec(rt, tick, all[k]).skip, KEEL_SKIP_NONE);
-            ck_assert_uint_eq(sysrec(rt, tick, big).tasks, 1000);
-            ck_assert_uint_eq(sysrec(rt, tick, one).tasks, 1);
-            ck_assert_uint_eq(sysrec(rt, tick, zero0).tasks, 0);
+                ck_assert_int_eq(tu_sysrec(rt, tick, all[k]).skip, KEEL_SKIP_NONE);
+            ck_assert_uint_eq(tu_sysrec(rt, tick, big).tasks, 1000);
+            ck_assert_uint_eq(tu_sysrec(rt, tick, one).tasks, 1);
+            ck_assert_uint_eq(tu_sysrec(rt, tick, zero0).tasks, 0);
             ck_assert_uint_eq(tickrec(rt, tick).systems_run, 6);
         }
         ck_assert_uint_eq(atomic_load(&g_pipe_bad), 0);
@@ -1704,7 +1636,9 @@ START_TEST(test_parallel_small_queries)
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = rt_new(workers, 64, 0, par_hook, (void *)(uintptr_t)10);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 64}, .workers = workers,
+                                                         .tick_rate_hz = -1, .on_first_tick = par_hook,
+                                                         .hook_user = (void *)(uintptr_t)10});
         par_world(rt);
         keel_world *w = keel_runtime_world(rt);
         keel_component none = reg_u32(w, "none", 4);
@@ -1712,20 +1646,20 @@ START_TEST(test_parallel_small_queries)
         keel_system empty = add_sys(s, &(keel_system_desc){.name = "empty", .kind = KEEL_SYSTEM_QUERY, .each_chunk = probe_chunk, .user = PROBE(0), .query = {.with = {none}}, .parallel = true});
         keel_system single = add_sys(s, &(keel_system_desc){.name = "single", .kind = KEEL_SYSTEM_QUERY, .each_chunk = probe_chunk, .user = PROBE(1), .query = {.with = {P_ID}}, .parallel = true, .min_chunk_rows = 1});
         keel_system after = add_sys(s, &(keel_system_desc){.name = "after", .run = probe_cb, .user = PROBE(2), .after = {"empty", "single"}});
-        install(rt, s);
+        tu_install(rt, s);
         for (uint32_t tick = 1; tick <= 3; tick++) {
             probe_tick_reset();
             ck_assert_ok(keel_runtime_step(rt));
             ck_assert_uint_eq(atomic_load(&g_probe.calls[0]), 0);
             ck_assert_uint_eq(atomic_load(&g_probe.calls[1]), 1);
             ck_assert_uint_eq(atomic_load(&g_probe.calls[2]), 1);
-            keel_system_record re = sysrec(rt, tick, empty), rs = sysrec(rt, tick, single);
+            keel_system_record re = tu_sysrec(rt, tick, empty), rs = tu_sysrec(rt, tick, single);
             ck_assert_int_eq(re.skip, KEEL_SKIP_NONE);
             ck_assert_uint_eq(re.rows, 0);
             ck_assert_int_eq(rs.skip, KEEL_SKIP_NONE);
             ck_assert_uint_eq(rs.rows, 10);
             ck_assert_uint_eq(rs.tasks, 1);
-            ck_assert_int_eq(sysrec(rt, tick, after).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, tick, after).skip, KEEL_SKIP_NONE);
         }
         ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
         keel_runtime_close(rt);
@@ -1821,20 +1755,20 @@ static bool det_conflict(uint32_t a, uint32_t b)
  * sorts by (phase, index): acyclic by construction. */
 static void det_generate(uint64_t seed)
 {
-    rng_t r = {seed};
+    uint64_t r = seed;
     memset(g_det, 0, sizeof g_det);
     for (uint32_t i = 0; i < DET_NSYS; i++) {
         det_sys *d = &g_det[i];
-        uint32_t k = rng_below(&r, 4);
+        uint32_t k = tu_rng_below(&r, 4);
         d->kind = k == 3 ? KEEL_SYSTEM_PIPELINE : k == 0 ? KEEL_SYSTEM_CALLBACK : KEEL_SYSTEM_QUERY;
         d->parallel = k == 2;
-        d->pipe_count = 1 + rng_below(&r, 6);
-        d->phase = rng_below(&r, 3);
-        d->salt = rng_next(&r);
+        d->pipe_count = 1 + tu_rng_below(&r, 6);
+        d->phase = tu_rng_below(&r, 3);
+        d->salt = tu_rng_next(&r);
         d->produce = d->consume = -1;
         /* pipelines have no transaction: they may not write VERSIONED state */
         for (uint32_t c = 0; c < DET_COMPS; c++)
-            d->wr[c] = rng_below(&r, 3) == 0 && d->kind != KEEL_SYSTEM_PIPELINE;
+            d->wr[c] = tu_rng_below(&r, 3) == 0 && d->kind != KEEL_SYSTEM_PIPELINE;
     }
     /* the last system is exclusive, alone in the highest phase */
     det_sys *ex = &g_det[DET_NSYS - 1];
@@ -1860,7 +1794,7 @@ static void det_generate(uint64_t seed)
     for (uint32_t i = 0; i + 1 < DET_NSYS; i++) {
         det_sys *d = &g_det[i];
         for (uint32_t c = 0; c < DET_COMPS; c++) {
-            if (d->wr[c] || rng_below(&r, 2))
+            if (d->wr[c] || tu_rng_below(&r, 2))
                 continue;
             bool lower = true, higher = true;
             for (uint32_t j = 0; j < DET_NSYS; j++)
@@ -1874,13 +1808,13 @@ static void det_generate(uint64_t seed)
                 opts[n++] = 2;
             if (higher && d->kind != KEEL_SYSTEM_PIPELINE) /* no snapshot without a transaction */
                 opts[n++] = 3;
-            d->rd[c] = opts[rng_below(&r, n)];
+            d->rd[c] = opts[tu_rng_below(&r, n)];
         }
         bool any = false;
         for (uint32_t c = 0; c < DET_COMPS; c++)
             any |= d->wr[c] || d->rd[c];
         if (!any)
-            d->rd[rng_below(&r, DET_COMPS)] = 1;
+            d->rd[tu_rng_below(&r, DET_COMPS)] = 1;
     }
     /* conflicts in one phase need an explicit edge */
     for (uint32_t a = 0; a < DET_NSYS; a++)
@@ -1889,11 +1823,11 @@ static void det_generate(uint64_t seed)
                 det_edge(a, b);
     /* some extra explicit edges */
     for (uint32_t i = 0; i < DET_NSYS; i++)
-        if (g_det[i].rank > 0 && rng_below(&r, 3) == 0)
-            det_edge(order[rng_below(&r, g_det[i].rank)], i);
+        if (g_det[i].rank > 0 && tu_rng_below(&r, 3) == 0)
+            det_edge(order[tu_rng_below(&r, g_det[i].rank)], i);
     /* two events */
     for (int e = 0; e < 2; e++) {
-        uint32_t a = rng_below(&r, DET_NSYS - 1), b = rng_below(&r, DET_NSYS - 1);
+        uint32_t a = tu_rng_below(&r, DET_NSYS - 1), b = tu_rng_below(&r, DET_NSYS - 1);
         if (a == b || g_det[a].produce >= 0 || g_det[b].consume >= 0)
             continue;
         if (g_det[a].rank > g_det[b].rank) {
@@ -2082,7 +2016,7 @@ static keel_schedule *det_install(keel_runtime *rt)
         }
         ck_assert_uint_eq(add_sys(s, &sd), i);
     }
-    install(rt, s);
+    tu_install(rt, s);
     return s;
 }
 
@@ -2117,12 +2051,13 @@ static void det_run_one(int workers, det_run *out)
     memset(g_seen, 0, sizeof g_seen);
     memset(out, 0, sizeof *out);
     atomic_store(&g_det_bad, 0);
-    keel_runtime *rt = rt_new(workers, 16, 0, det_hook, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                     .tick_rate_hz = -1, .on_first_tick = det_hook});
     keel_schedule *s = det_install(rt);
     out->schedule_hash = keel_schedule_hash(s);
     ck_assert_uint_ne(out->schedule_hash, 0);
     keel_world *w = keel_runtime_world(rt);
-    keel_query *q = query_new(w, D_ORIGIN, 0);
+    keel_query *q = tu_query_new(w, D_ORIGIN, 0);
     static ent_val all[DET_CAP * 4];
     for (uint32_t t = 1; t <= DET_TICKS; t++) {
         atomic_store(&g_det_tick, t);
@@ -2300,7 +2235,9 @@ START_TEST(test_sync_schedule_order)
         int workers = k_workers[wi];
         atomic_store(&g_spawn_on, 1);
         atomic_store(&g_sync_bad, 0);
-        keel_runtime *rt = rt_new(workers, 16, 0, p_hook, (void *)(uintptr_t)NP);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1, .on_first_tick = p_hook,
+                                                         .hook_user = (void *)(uintptr_t)NP});
         sync_world(rt);
         keel_schedule *s = sched_new(rt);
         keel_system b = add_sys(s, &(keel_system_desc){.name = "B", .run = spawn_n, .user = (void *)&sb, .after = {"A"}});
@@ -2315,13 +2252,13 @@ START_TEST(test_sync_schedule_order)
                                                          .user = (void *)&spar,
                                                          .access = {.reads = {S_P}},
                                                          .after = {"C"}});
-        install(rt, s);
+        tu_install(rt, s);
         /* Kahn with the smallest registration index first: A, B, C, par */
         ck_assert_uint_eq(keel_schedule_order(s, 0), a);
         ck_assert_uint_eq(keel_schedule_order(s, 1), b);
         ck_assert_uint_eq(keel_schedule_order(s, 2), c);
         ck_assert_uint_eq(keel_schedule_order(s, 3), par);
-        keel_query *q = query_new(keel_runtime_world(rt), S_ORIGIN, 0);
+        keel_query *q = tu_query_new(keel_runtime_world(rt), S_ORIGIN, 0);
         /* expected playback: A0 A1 A2 B0 C0 par(0) par(16) ... par(384) */
         uint64_t expect[5 + NP / 16];
         static ent_val got[64];
@@ -2335,7 +2272,7 @@ START_TEST(test_sync_schedule_order)
                 expect[ne++] = sorigin(3, tick, k);
             ck_assert_ok(keel_runtime_step(rt));
             if (workers > 1)
-                ck_assert_uint_gt(sysrec(rt, tick, par).tasks, 1);
+                ck_assert_uint_gt(tu_sysrec(rt, tick, par).tasks, 1);
             uint32_t n = spawned_in(q, tick, got, 64);
             ck_assert_uint_eq(n, ne);
             for (uint32_t i = 0; i < n; i++) {
@@ -2373,14 +2310,16 @@ START_TEST(test_sync_destroy_spawn_order)
             int workers = k_workers[wi];
             atomic_store(&g_spawn_on, 1);
             atomic_store(&g_sync_bad, 0);
-            keel_runtime *rt = rt_new(workers, 16, 0, p_hook, (void *)(uintptr_t)3);
+            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                             .tick_rate_hz = -1, .on_first_tick = p_hook,
+                                                             .hook_user = (void *)(uintptr_t)3});
             sync_world(rt);
             keel_schedule *s = sched_new(rt);
             add_sys(s, &(keel_system_desc){.name = "kill", .run = destroy_victim, .after = {destroy_first ? NULL : "spawn"}});
             add_sys(s, &(keel_system_desc){.name = "spawn", .run = spawn_n, .user = (void *)&sp, .after = {destroy_first ? "kill" : NULL}});
-            install(rt, s);
+            tu_install(rt, s);
             keel_world *w = keel_runtime_world(rt);
-            keel_query *qp = query_new(w, S_P, 0), *qo = query_new(w, S_ORIGIN, 0);
+            keel_query *qp = tu_query_new(w, S_P, 0), *qo = tu_query_new(w, S_ORIGIN, 0);
             /* tick 1: the victim does not exist yet (null handle: ignored); the hook spawns 3 */
             atomic_store(&g_victim, KEEL_ENTITY_NULL);
             atomic_store(&g_spawn_on, 0);
@@ -2473,10 +2412,12 @@ START_TEST(test_sync_invisible_same_tick)
         atomic_store(&g_sync_bad, 0);
         memset(&g_vis, 0, sizeof g_vis);
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = rt_new(workers, 16, 0, p_hook, (void *)(uintptr_t)40);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1, .on_first_tick = p_hook,
+                                                         .hook_user = (void *)(uintptr_t)40});
         sync_world(rt);
         keel_world *w = keel_runtime_world(rt);
-        g_vis.qp = query_new(w, S_P, 0);
+        g_vis.qp = tu_query_new(w, S_P, 0);
         keel_schedule *s = sched_new(rt);
         add_sys(s, &(keel_system_desc){.name = "actor", .run = vis_actor, .access = {.reads = {S_P}}});
         add_sys(s, &(keel_system_desc){.name = "observer", .run = vis_observer, .after = {"actor"}});
@@ -2488,7 +2429,7 @@ START_TEST(test_sync_invisible_same_tick)
                                                              .parallel = true,
                                                              .min_chunk_rows = 16,
                                                              .after = {"actor"}});
-        install(rt, s);
+        tu_install(rt, s);
         /* expected live entities with p seen by the systems of tick t:
          * 40 (hook), 40 (+1 spawn -1 destroy), 41, 42, 43 */
         static const uint32_t want[6] = {0, 40, 40, 41, 42, 43};
@@ -2497,7 +2438,7 @@ START_TEST(test_sync_invisible_same_tick)
             ck_assert_uint_eq(atomic_load(&g_vis.seen_tick[t]), 1);
             ck_assert_uint_eq(atomic_load(&g_vis.count[t]), want[t]);
             ck_assert_uint_eq(atomic_load(&g_vis.world[t]), want[t]);
-            ck_assert_uint_eq(sysrec(rt, t, counter).rows, want[t]);
+            ck_assert_uint_eq(tu_sysrec(rt, t, counter).rows, want[t]);
             /* the add and the destroy recorded in tick 1 show from tick 2 on */
             ck_assert_uint_eq(atomic_load(&g_vis.has_tag[t]), t == 1 ? 0 : 1);
             ck_assert_uint_eq(atomic_load(&g_vis.alive[t]), t == 1 ? 1 : 0);
@@ -2539,14 +2480,15 @@ START_TEST(test_sync_failure_pending)
             atomic_store(&g_sync_bad, 0);
             atomic_store(&g_sync_calls[0], 0);
             atomic_store(&g_sync_calls[1], 0);
-            keel_runtime *rt = rt_new(workers, 16, 10, NULL, NULL);
+            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16, .max_entities = 10},
+                                                             .workers = workers, .tick_rate_hz = -1});
             sync_world(rt);
             keel_schedule *s = sched_new(rt);
             add_sys(s, &(keel_system_desc){.name = "A", .run = counted_spawn2, .user = (void *)&sa});
             add_sys(s, &(keel_system_desc){.name = "B", .run = counted_spawn2, .user = (void *)&sb, .after = {"A"}});
-            install(rt, s);
+            tu_install(rt, s);
             keel_world *w = keel_runtime_world(rt);
-            keel_query *q = query_new(w, S_ORIGIN, 0);
+            keel_query *q = tu_query_new(w, S_ORIGIN, 0);
             ck_assert_ok(keel_runtime_step(rt));
             ck_assert_ok(keel_runtime_step(rt));
             ck_assert_uint_eq(keel_world_count(w), 8);
@@ -2644,14 +2586,15 @@ START_TEST(test_sync_retry_resumes_in_order)
         int workers = k_workers[wi];
         atomic_store(&g_spawn_on, 1);
         atomic_store(&g_sync_bad, 0);
-        keel_runtime *rt = rt_new(workers, 16, 0, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1});
         sync_world(rt);
         keel_schedule *s = sched_new(rt);
         add_sys(s, &(keel_system_desc){.name = "B", .run = spawn_n, .user = (void *)&sb, .after = {"A"}});
         add_sys(s, &(keel_system_desc){.name = "A", .run = spawn_n, .user = (void *)&sa});
-        install(rt, s);
+        tu_install(rt, s);
         keel_world *w = keel_runtime_world(rt);
-        keel_query *q = query_new(w, S_ORIGIN, 0);
+        keel_query *q = tu_query_new(w, S_ORIGIN, 0);
         ck_assert_ok(keel_runtime_step(rt));
         world_test_inject_failure(w, 3, KEEL_ENOMEM);
         ck_assert_rc(keel_runtime_step(rt), KEEL_ENOMEM);
@@ -2735,15 +2678,16 @@ START_TEST(test_sync_first_tick_hook)
                 atomic_store(&g_hook.how, how);
                 probe_reset((uint32_t)workers);
                 probe_tick_reset();
-                keel_runtime *rt = rt_new(workers, 16, 0, first_hook, NULL);
+                keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                                 .tick_rate_hz = -1, .on_first_tick = first_hook});
                 sync_world(rt);
                 keel_world *w = keel_runtime_world(rt);
-                g_hook.qp = query_new(w, S_P, 0);
+                g_hook.qp = tu_query_new(w, S_P, 0);
                 keel_schedule *s = sched_new(rt);
                 add_sys(s, &(keel_system_desc){.name = "obs0", .run = hook_observer, .user = PROBE(0)});
                 add_sys(s, &(keel_system_desc){.name = "obs1", .run = probe_cb, .user = PROBE(1)});
                 keel_system par = add_sys(s, &(keel_system_desc){.name = "par", .kind = KEEL_SYSTEM_QUERY, .each_chunk = probe_chunk, .user = PROBE(2), .query = {.with = {S_P}}, .parallel = true});
-                install(rt, s);
+                tu_install(rt, s);
                 for (uint32_t f = 1; f <= fails; f++) {
                     ck_assert_rc(keel_runtime_step(rt), how == 1 ? KEEL_EIO : KEEL_ECONFLICT);
                     ck_assert_uint_eq(atomic_load(&g_hook.calls), f);
@@ -2758,7 +2702,7 @@ START_TEST(test_sync_first_tick_hook)
                 ck_assert_uint_eq(keel_runtime_tick(rt), 1);
                 ck_assert_uint_eq(atomic_load(&g_hook.ran[1]), 1);
                 ck_assert_uint_eq(atomic_load(&g_hook.seen[1]), 5); /* the hook's spawns, applied before tick 1 */
-                ck_assert_uint_eq(sysrec(rt, 1, par).rows, 5);
+                ck_assert_uint_eq(tu_sysrec(rt, 1, par).rows, 5);
                 uint64_t hs = atomic_load(&g_hook.stamp);
                 for (uint32_t p = 0; p < 3; p++) {
                     ck_assert_uint_eq(atomic_load(&g_probe.total[p]), 1);

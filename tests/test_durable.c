@@ -217,15 +217,12 @@ static void dir_view_free(dir_view *v)
 static void dir_read(const char *dir, dir_view *v)
 {
     memset(v, 0, sizeof *v);
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
     kw_codec_ctx *c = NULL;
     ck_assert_ok(kw_codec_create(NULL, &c));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, 0, &it));
+    tu_wal_reader w;
+    tu_wal_open(&w, dir, 0);
+    kw_rtxn *r = w.r;
+    kw_walit *it = w.it;
     uint64_t lsn = 0, cap = 0;
     const void *rec;
     size_t len;
@@ -304,9 +301,9 @@ static void dir_read(const char *dir, dir_view *v)
         }
         kw_schema_free(&s);
     }
-    kw_read_end(r);
+    w.it = NULL; /* ended above */
+    tu_wal_close(&w);
     kw_codec_destroy(c);
-    kw_store_close(st);
 }
 
 static uint64_t count_kind_tick(const dir_view *v, uint32_t kind, uint64_t tick, bool hook)
@@ -350,28 +347,6 @@ static keel_runtime_desc desc_dir(const char *dir, int32_t workers, uint32_t chu
     d.durable.checkpoint_every_bytes = -1;
     d.durable.checkpoint_every_seconds = -1;
     return d;
-}
-
-static keel_runtime *rt_create(const keel_runtime_desc *d)
-{
-    keel_runtime *rt = NULL;
-    ck_assert_ok(keel_runtime_create(d, &rt));
-    ck_assert_ptr_nonnull(rt);
-    return rt;
-}
-
-static keel_runtime_stats stats_of(const keel_runtime *rt)
-{
-    keel_runtime_stats st;
-    memset(&st, 0xab, sizeof st);
-    keel_runtime_stats_get(rt, &st);
-    return st;
-}
-
-static void install(keel_runtime *rt, keel_schedule *s)
-{
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(rt, s));
 }
 
 static int64_t get_i64(keel_runtime *rt, keel_entity e, keel_component c)
@@ -527,7 +502,7 @@ START_TEST(test_reopen_matches_reference)
     ck_assert_ok(keel_runtime_recover(w->rt, &again));
     recovery_eq(&info, &again);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
-    keel_runtime_stats st = stats_of(w->rt);
+    keel_runtime_stats st = tu_stats(w->rt);
     ck_assert_uint_eq(st.recovery_ns, info.ns);
     ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
     ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), ref.hash[0]);
@@ -584,7 +559,7 @@ START_TEST(test_reopen_matches_reference)
     ck_assert_uint_eq(info.side_txns, nside);
     ck_assert_uint_eq(info.truncated, 0);
     ck_assert_uint_gt(info.raw_bytes, 0);
-    ck_assert_uint_eq(stats_of(w->rt).recovery_ns, info.ns);
+    ck_assert_uint_eq(tu_stats(w->rt).recovery_ns, info.ns);
     ck_assert_uint_eq(keel_durable_lsn(w->rt), last);
     w_expect(w, &ref, 6);
     w_expect_transient_empty(w);
@@ -652,14 +627,14 @@ START_TEST(test_checkpoint_reopen)
         ck_assert_ok(keel_runtime_recover(w->rt, NULL));
         for (uint64_t t = 1; t <= 5; t++)
             w_drive(w, t);
-        ck_assert_uint_eq(stats_of(w->rt).checkpoints, 0);
+        ck_assert_uint_eq(tu_stats(w->rt).checkpoints, 0);
         ck_assert_ok(keel_checkpoint(w->rt));
-        keel_runtime_stats st = stats_of(w->rt);
+        keel_runtime_stats st = tu_stats(w->rt);
         ck_assert_uint_eq(st.checkpoints, 1);
         ck_assert_uint_eq(st.checkpoint_age_ticks, 0);
         for (uint64_t t = 6; t <= 8; t++)
             w_drive(w, t);
-        st = stats_of(w->rt);
+        st = tu_stats(w->rt);
         ck_assert_uint_eq(st.checkpoints, 1);
         ck_assert_uint_eq(st.checkpoint_age_ticks, 3);
         w_expect(w, &ref, 8);
@@ -717,7 +692,7 @@ START_TEST(test_checkpoint_reopen)
         ck_assert_uint_eq(info.records, after);
         w_expect(w, &ref, 8);
         w_expect_transient_empty(w);
-        st = stats_of(w->rt);
+        st = tu_stats(w->rt);
         ck_assert_uint_eq(st.checkpoints, 0); /* recorded by this runtime */
         ck_assert_uint_eq(st.checkpoint_age_ticks, 3);
         for (uint64_t t = 9; t <= 10; t++) {
@@ -807,13 +782,13 @@ static void i_open(iworld *w, const keel_runtime_desc *d)
 {
     memset(w, 0, sizeof *w);
     w->poke = -1;
-    w->rt = rt_create(d);
+    w->rt = tu_rt_new(*d);
     w->V = reg_i64(w->rt, "v", KEEL_VERSIONED);
     keel_schedule *s = sched_new(w->rt);
     keel_system_desc sd = {.name = "inc", .kind = KEEL_SYSTEM_CALLBACK, .run = i_sys, .user = w,
                            .access = {.writes = {w->V}}};
     add_sys(s, &sd);
-    install(w->rt, s);
+    tu_install(w->rt, s);
 }
 
 static void i_step(iworld *w)
@@ -866,7 +841,7 @@ START_TEST(test_incremental_checkpoint)
     i_step(w); /* rows 180..199 go: chunk 11 shrinks to 4 rows, chunk 12 vanishes */
     w->kill_from = w->kill_to = 0;
     ck_assert_ok(keel_checkpoint(w->rt)); /* tick 5: tables, slots, chunk 11; chunk 12 deleted */
-    ck_assert_uint_eq(stats_of(w->rt).checkpoints, 4);
+    ck_assert_uint_eq(tu_stats(w->rt).checkpoints, 4);
     i_step(w); /* tick 6 changes nothing */
     uint64_t h6 = keel_world_hash(keel_runtime_world(w->rt));
     ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 180);
@@ -1050,7 +1025,7 @@ static int mt_sys(keel_ctx *ctx, void *user)
 static void mt_open(mtworld *w, const keel_runtime_desc *d)
 {
     memset(w, 0, sizeof *w);
-    w->rt = rt_create(d);
+    w->rt = tu_rt_new(*d);
     w->BORN = reg_i64(w->rt, "born", KEEL_VERSIONED);
     for (int i = 0; i < MT_KINDS; i++) {
         char name[8];
@@ -1066,7 +1041,7 @@ static void mt_open(mtworld *w, const keel_runtime_desc *d)
     keel_system_desc sd = {.name = "tables", .kind = KEEL_SYSTEM_CALLBACK, .run = mt_sys, .user = w,
                            .access = {.writes = {w->K[0]}}};
     add_sys(s, &sd);
-    install(w->rt, s);
+    tu_install(w->rt, s);
 }
 
 static void mt_close(mtworld *w)
@@ -1237,7 +1212,7 @@ static int b_sys(keel_ctx *ctx, void *user)
 static void b_open(bworld *w, const keel_runtime_desc *d)
 {
     memset(w, 0, sizeof *w);
-    w->rt = rt_create(d);
+    w->rt = tu_rt_new(*d);
     keel_component_desc a = {.name = "a", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
     ck_assert_ok(keel_component_register(keel_runtime_world(w->rt), &a, &w->A));
     w->B = reg_i64(w->rt, "b", KEEL_SINGLE_VERSION);
@@ -1247,7 +1222,7 @@ static void b_open(bworld *w, const keel_runtime_desc *d)
     keel_system_desc sd = {.name = "big", .kind = KEEL_SYSTEM_CALLBACK, .run = b_sys, .user = w,
                            .access = {.writes = {w->A, w->B}}};
     add_sys(s, &sd);
-    install(w->rt, s);
+    tu_install(w->rt, s);
 }
 
 static void b_close(bworld *w)
@@ -1362,7 +1337,7 @@ START_TEST(test_stats_and_telemetry)
     ck_assert_ok(keel_uow_flush(w->rt));
     uint64_t durable = keel_durable_lsn(w->rt);
     ck_assert_uint_eq(durable, dur_last_lsn(w->rt->dur));
-    keel_runtime_stats st = stats_of(w->rt);
+    keel_runtime_stats st = tu_stats(w->rt);
     ck_assert_uint_gt(st.wal_bytes, 0);
     ck_assert_uint_ge(st.fsyncs, 1);
     ck_assert_uint_eq(st.checkpoints, 0);
@@ -1375,7 +1350,7 @@ START_TEST(test_stats_and_telemetry)
     ck_assert_ok(keel_telemetry_tick(w->rt, T + 1, &r6));
     ck_assert_uint_le(r6.durable_lag, 1);
     ck_assert_ok(keel_uow_flush(w->rt));
-    st = stats_of(w->rt);
+    st = tu_stats(w->rt);
     durable = keel_durable_lsn(w->rt);
     b_close(w);
 
@@ -1512,7 +1487,7 @@ START_TEST(test_flush_deferred_and_no_dir)
     ck_assert_ok(keel_uow_flush(w->rt));
     ck_assert_uint_eq(keel_durable_lsn(w->rt), 0);
     ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
-    keel_runtime_stats st = stats_of(w->rt);
+    keel_runtime_stats st = tu_stats(w->rt);
     ck_assert_uint_eq(st.wal_bytes, 0);
     ck_assert_uint_eq(st.fsyncs, 0);
     ck_assert_uint_eq(st.checkpoints, 0);
@@ -1621,7 +1596,7 @@ START_TEST(test_writes_before_recover_refused)
     char dir[256];
     tu_path(dir, sizeof dir, "before-recover");
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    keel_runtime *rt = rt_create(&d);
+    keel_runtime *rt = tu_rt_new(d);
     keel_component V = reg_i64(rt, "v", KEEL_VERSIONED);
     keel_world *wd = keel_runtime_world(rt);
     keel_cmdbuf *cb = NULL;
@@ -1637,7 +1612,7 @@ START_TEST(test_writes_before_recover_refused)
         uint32_t before = keel_world_count(wd);
         ck_assert_ok(keel_runtime_recover(rt, NULL));
         keel_runtime_close(rt);
-        rt = rt_create(&d);
+        rt = tu_rt_new(d);
         reg_i64(rt, "v", KEEL_VERSIONED);
         keel_recovery info;
         int rrc = keel_runtime_recover(rt, &info);
@@ -1711,12 +1686,12 @@ static uint64_t gate_wait_ticks(gate *g, uint64_t n)
 
 static keel_runtime *gate_runtime(const keel_runtime_desc *d, gate *g)
 {
-    keel_runtime *rt = rt_create(d);
+    keel_runtime *rt = tu_rt_new(*d);
     reg_i64(rt, "v", KEEL_VERSIONED);
     keel_schedule *s = sched_new(rt);
     keel_system_desc sd = {.name = "gate", .kind = KEEL_SYSTEM_CALLBACK, .run = gate_sys, .user = g};
     add_sys(s, &sd);
-    install(rt, s);
+    tu_install(rt, s);
     return rt;
 }
 
@@ -1907,7 +1882,7 @@ START_TEST(test_durable_lag_while_writer_blocked)
     ck_assert_ok(keel_uow_flush(w->rt));
     uint64_t l0 = keel_durable_lsn(w->rt);
     ck_assert_uint_eq(l0, dur_last_lsn(w->rt->dur));
-    uint64_t f0 = stats_of(w->rt).fsyncs;
+    uint64_t f0 = tu_stats(w->rt).fsyncs;
     keel_entity a[8];
     ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
     int64_t m0 = get_i64(w->rt, a[0], w->MONEY);
@@ -1933,7 +1908,7 @@ START_TEST(test_durable_lag_while_writer_blocked)
     ck_assert_rc(keel_ticket_wait(rk, 0), KEEL_ETIMEDOUT); /* read-only, but it read the transfer */
     ck_assert_int_eq(ra.value, m0 - 25); /* it ran after the transfer, and saw it */
     ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 25);
-    ck_assert_uint_eq(stats_of(w->rt).fsyncs, f0);
+    ck_assert_uint_eq(tu_stats(w->rt).fsyncs, f0);
     holder_release(&h);
 
     ck_assert_ok(keel_ticket_wait(tk, -1));
@@ -1942,7 +1917,7 @@ START_TEST(test_durable_lag_while_writer_blocked)
     keel_ticket_release(rk);
     ck_assert_ok(keel_uow_flush(w->rt));
     ck_assert_uint_eq(keel_durable_lsn(w->rt), dur_last_lsn(w->rt->dur));
-    ck_assert_uint_gt(stats_of(w->rt).fsyncs, f0);
+    ck_assert_uint_gt(tu_stats(w->rt).fsyncs, f0);
     /* everything durable: a read-only IMMEDIATE closure is acknowledged
      * although the writer is stuck again, since it read nothing unsynced */
     holder h2;
@@ -2034,7 +2009,7 @@ START_TEST(test_idle_ticks_checkpoint)
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
     i_step(w); /* tick 1: 200 spawns */
     ck_assert_ok(keel_uow_flush(w->rt));
-    ck_assert_uint_eq(stats_of(w->rt).checkpoints, 0);
+    ck_assert_uint_eq(tu_stats(w->rt).checkpoints, 0);
     holder_hold(&h);
     i_step(w); /* tick 2, idle: the writer takes its marker and blocks in LMDB */
     wait_writer_took_queue(w->rt);
@@ -2358,7 +2333,7 @@ static int noop_sys(keel_ctx *ctx, void *user)
 static void s_open(sworld *w, const keel_runtime_desc *d, int variant)
 {
     memset(w, 0, sizeof *w);
-    w->rt = rt_create(d);
+    w->rt = tu_rt_new(*d);
     keel_world *wd = keel_runtime_world(w->rt);
     keel_field bf[3] = {
         {.name = "x", .type = KEEL_I64, .offset = 0},
@@ -2392,7 +2367,7 @@ static void s_open(sworld *w, const keel_runtime_desc *d, int variant)
         keel_system_desc sd = {.name = "noop", .kind = KEEL_SYSTEM_CALLBACK, .run = noop_sys};
         add_sys(s, &sd);
     }
-    install(w->rt, s);
+    tu_install(w->rt, s);
 }
 
 /* A new component registered last is added to the stored schema; a stored
@@ -2486,12 +2461,12 @@ END_TEST
 static int try_bad_dir(const char *dir, const char *names, const int *codes, int ncodes)
 {
     keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    keel_runtime *rt = rt_create(&d);
+    keel_runtime *rt = tu_rt_new(d);
     reg_i64(rt, "v", KEEL_VERSIONED);
     keel_schedule *s = sched_new(rt);
     keel_system_desc sd = {.name = "noop", .kind = KEEL_SYSTEM_CALLBACK, .run = noop_sys};
     add_sys(s, &sd);
-    install(rt, s);
+    tu_install(rt, s);
     keel_recovery info;
     int rc = keel_runtime_recover(rt, &info);
     char msg[1024];
@@ -2549,7 +2524,7 @@ START_TEST(test_bad_data_dirs)
     tu_path(newer, sizeof newer, "newer-format");
     {
         keel_runtime_desc d = desc_dir(newer, 1, 16, KEEL_DURABLE_GROUP);
-        keel_runtime *rt = rt_create(&d);
+        keel_runtime *rt = tu_rt_new(d);
         reg_i64(rt, "v", KEEL_VERSIONED);
         ck_assert_ok(keel_runtime_recover(rt, NULL));
         keel_runtime_close(rt);
@@ -2638,7 +2613,7 @@ static void g_open(gworld *w, const keel_runtime_desc *d, uint32_t n)
 {
     memset(w, 0, sizeof *w);
     w->n = n;
-    w->rt = rt_create(d);
+    w->rt = tu_rt_new(*d);
     static const keel_field bf[] = {{.name = "bytes", .type = KEEL_BYTES, .offset = 0, .count = BLOB}};
     keel_component_desc cd = {.name = "blob", .size = BLOB, .fields = bf, .field_count = 1};
     ck_assert_ok(keel_component_register(keel_runtime_world(w->rt), &cd, &w->BLOBC));
@@ -2648,7 +2623,7 @@ static void g_open(gworld *w, const keel_runtime_desc *d, uint32_t n)
     keel_system_desc sd = {.name = "blobs", .kind = KEEL_SYSTEM_CALLBACK, .run = g_sys, .user = w,
                            .access = {.writes = {w->BLOBC}}};
     add_sys(s, &sd);
-    install(w->rt, s);
+    tu_install(w->rt, s);
 }
 
 static void g_close(gworld *w)
@@ -2679,7 +2654,7 @@ START_TEST(test_map_growth)
     ck_assert_ok(keel_uow_flush(w->rt));
     ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
     ck_assert_uint_gt(kw_store_map_size(w->rt->dur->store), 1u << 20);
-    ck_assert_uint_gt(stats_of(w->rt).wal_bytes, 3u << 20);
+    ck_assert_uint_gt(tu_stats(w->rt).wal_bytes, 3u << 20);
     uint64_t h = keel_world_hash(keel_runtime_world(w->rt));
     g_close(w);
     fdigest f = file_digest(mdb);
@@ -2786,7 +2761,7 @@ static void f_open(fworld *w, const keel_runtime_desc *base)
     keel_runtime_desc d = *base;
     d.durable.on_shutdown = f_shutdown;
     d.durable.shutdown_arg = w;
-    w->rt = rt_create(&d);
+    w->rt = tu_rt_new(d);
     w->MONEY = reg_i64(w->rt, "money", KEEL_VERSIONED);
     keel_component_desc pos = {.name = "pos", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
     ck_assert_ok(keel_component_register(keel_runtime_world(w->rt), &pos, &w->POS));
@@ -2796,7 +2771,7 @@ static void f_open(fworld *w, const keel_runtime_desc *base)
     keel_system_desc sd = {.name = "bank", .kind = KEEL_SYSTEM_CALLBACK, .run = f_sys, .user = w,
                            .access = {.writes = {w->POS}, .side_writes = {w->MONEY}}};
     add_sys(s, &sd);
-    install(w->rt, s);
+    tu_install(w->rt, s);
 }
 
 static void f_close(fworld *w)
@@ -3549,7 +3524,7 @@ static int rck_rewrite(keel_ctx *ctx, const keel_iter *it, void *user)
 
 static void rck_open(rck_world *r, const keel_runtime_desc *d)
 {
-    r->rt = rt_create(d);
+    r->rt = tu_rt_new(*d);
     r->a = reg_i64(r->rt, "a", KEEL_VERSIONED);
     r->b = reg_i64(r->rt, "b", KEEL_VERSIONED);
     r->bulk = reg_i64(r->rt, "bulk", KEEL_VERSIONED);
@@ -3562,7 +3537,7 @@ static void rck_open(rck_world *r, const keel_runtime_desc *d)
     keel_system_desc sp = {.name = "spawn", .run = rck_spawn, .user = r};
     ck_assert_ok(keel_schedule_add_system(s, &rw, NULL));
     ck_assert_ok(keel_schedule_add_system(s, &sp, NULL));
-    install(r->rt, s);
+    tu_install(r->rt, s);
 }
 
 static void rck_close(rck_world *r)
@@ -3607,7 +3582,7 @@ START_TEST(test_recycle_with_checkpoints)
         if (t >= 2)
             rck_expect(&r, t);
     }
-    ck_assert_uint_gt(stats_of(r.rt).checkpoints, 3);
+    ck_assert_uint_gt(tu_stats(r.rt).checkpoints, 3);
     ck_assert_ok(keel_uow_flush(r.rt));
     rck_close(&r);
 

@@ -329,14 +329,6 @@ static void note_observer(const char *name, const char *action, uint64_t hit, vo
     note("fired %s %s %" PRIu64, name, action, hit);
 }
 
-static uint32_t count_lines(const char *s)
-{
-    uint32_t n = 0;
-    for (; *s; s++)
-        n += *s == '\n';
-    return n;
-}
-
 static keel_runtime *make_runtime(void)
 {
     keel_runtime *rt = NULL;
@@ -425,7 +417,7 @@ START_TEST(test_env_bad)
     tu_run e = tu_run_fn(child_env_bad);
     ck_assert_msg(e.status == 0, "child status %d: %s %s", e.status, e.out, e.err);
     ck_assert_str_eq(e.out, "wal.put KEEL_OK\n");
-    ck_assert_msg(count_lines(e.err) == 1 && strstr(e.err, "keel: KEEL_FAILPOINTS ignored: ") == e.err &&
+    ck_assert_msg(tu_count_lines(e.err) == 1 && strstr(e.err, "keel: KEEL_FAILPOINTS ignored: ") == e.err &&
                       strstr(e.err, "bad hit number '@0' in item 'wal.after_commit=crash@0'"),
                   "stderr: %s", e.err);
     tu_run_free(&e);
@@ -456,7 +448,7 @@ START_TEST(test_env_compiled_out)
     tu_run e = tu_run_fn(child_env_compiled_out);
     ck_assert_msg(e.status == 0, "child status %d", e.status);
     ck_assert_str_eq(e.out, "created\n");
-    ck_assert_msg(count_lines(e.err) == 1 && strstr(e.err, "keel: KEEL_FAILPOINTS ignored: failpoints are compiled out"),
+    ck_assert_msg(tu_count_lines(e.err) == 1 && strstr(e.err, "keel: KEEL_FAILPOINTS ignored: failpoints are compiled out"),
                   "stderr: %s", e.err);
     tu_run_free(&e);
 }
@@ -716,8 +708,7 @@ static void mini_open(mini *m, const char *dir)
     keel_component_desc cd = {.name = "v", .size = 8, .fields = f_v, .field_count = 1};
     ck_assert_ok(keel_component_register(keel_runtime_world(m->rt), &cd, &m->v));
     keel_schedule *s = sched_new(m->rt);
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(m->rt, s));
+    tu_install(m->rt, s);
 }
 
 /* Regression: keel_checkpoint whose commit failed returned 0. The writer

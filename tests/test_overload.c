@@ -29,6 +29,7 @@
 
 #include "keel/keel.h"
 #include "keel_test.h"
+#include "test_util.h"
 #include "runtime/overload.h"
 #include "runtime/runtime_internal.h"
 
@@ -423,13 +424,6 @@ static void fake_wait(uint64_t deadline, void *user)
         fc->now = deadline;
 }
 
-static keel_runtime *rt_make(keel_runtime_desc d)
-{
-    keel_runtime *rt = NULL;
-    ck_assert_ok(keel_runtime_create(&d, &rt));
-    return rt;
-}
-
 static int sys_nop(keel_ctx *ctx, void *user)
 {
     (void)ctx;
@@ -472,7 +466,7 @@ START_TEST(test_runtime_desc_errors)
         ck_assert_ptr_null(rt);
         ck_assert_ptr_nonnull(strstr(keel_last_error(), "overload."));
     }
-    keel_runtime *rt = rt_make((keel_runtime_desc){.workers = 1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     uint32_t m = 0;
     ck_assert_int_eq(keel_runtime_overload(rt, &m), KEEL_OVERLOAD_NORMAL);
     ck_assert_uint_eq(m, 1);
@@ -489,7 +483,7 @@ END_TEST
 
 START_TEST(test_schedule_fields)
 {
-    keel_runtime *rt = rt_make((keel_runtime_desc){.workers = 1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     keel_component c = 0;
     static const keel_field f[] = {{.name = "v", .type = KEEL_I64}};
     ck_assert_ok(keel_component_register(keel_runtime_world(rt),
@@ -537,15 +531,14 @@ static void never_moves(keel_runtime_desc d, bool stepped)
     d.workers = 1;
     d.overload.escalation_ticks = 1;
     d.overload.on_critical_overload = on_critical;
-    keel_runtime *rt = rt_make(d);
+    keel_runtime *rt = tu_rt_new(d);
     script sc = {.permille = 10000, .rt = rt};
     runtime_test_set_tick_cost(rt, scripted_cost, &sc);
     fake_clock *fc = calloc(1, sizeof *fc);
     runtime_test_set_clock(rt, fake_now, fake_wait, fc);
     keel_schedule *s = sched_new(rt);
     add_sys(s, &(keel_system_desc){.name = "low", .run = sys_nop, .priority = KEEL_PRIORITY_LOW});
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(rt, s));
+    tu_install(rt, s);
     g_critical_calls = 0;
     for (int i = 0; i < 30; i++)
         ck_assert_ok(stepped ? keel_runtime_step(rt) : keel_runtime_run(rt, 1));
@@ -668,7 +661,7 @@ static void rig_open(rig *r, int32_t workers, bool parallel_scan)
     r->fc = calloc(1, sizeof *r->fc);
     ck_assert(r->log && r->fc);
     r->fc->now = 1000000000ull;
-    r->rt = rt_make((keel_runtime_desc){
+    r->rt = tu_rt_new((keel_runtime_desc){
         .workers = workers, .tick_rate_hz = HZ, .world = {.chunk_rows = 64}, .telemetry_capacity = 1024,
         .overload = {.throttled_tick_divisor = 3, .on_critical_overload = on_critical, .user = r}});
     r->sc = (script){.permille = 500, .rt = r->rt};
@@ -702,8 +695,7 @@ static void rig_open(rig *r, int32_t workers, bool parallel_scan)
                              .query = {.with = {r->v}}, .access = {.rewrites = {r->v}}, .priority = KEEL_PRIORITY_HIGH,
                              .entity_budget = BUDGET_ROWS, .parallel = parallel_scan, .min_chunk_rows = 16};
     r->id[S_NCB] = add_sys(s, &scan);
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(r->rt, s));
+    tu_install(r->rt, s);
 }
 
 static void rig_close(rig *r)

@@ -33,6 +33,7 @@
 
 #include "keel/keel.h"
 #include "keel_test.h"
+#include "test_util.h"
 #include "runtime/runtime_internal.h"
 
 #define WAIT_GUARD_S 60 /* a wait that takes this long is a failure, not a hang */
@@ -48,21 +49,9 @@ static const keel_field pos_fields[] = {
     {.name = "y", .type = KEEL_I32, .offset = 4, .count = 0},
 };
 
-static keel_runtime *rt_new(keel_runtime_desc d)
-{
-    keel_runtime *rt = NULL;
-    ck_assert_ok(keel_runtime_create(&d, &rt));
-    ck_assert_ptr_nonnull(rt);
-    return rt;
-}
-
 static keel_component reg_pos(keel_runtime *rt)
 {
-    keel_component c = 0;
-    keel_component_desc d = {.name = "pos", .size = sizeof(pos_t), .fields = pos_fields, .field_count = 2};
-    ck_assert_ok(keel_component_register(keel_runtime_world(rt), &d, &c));
-    ck_assert_uint_ne(c, 0);
-    return c;
+    return tu_reg(keel_runtime_world(rt), "pos", sizeof(pos_t), KEEL_VERSIONED, pos_fields, 2);
 }
 
 /* A callback system, optionally ordered after one other system. */
@@ -73,26 +62,7 @@ static keel_system add_cb(keel_schedule *s, const char *name, keel_system_fn fn,
     return add_sys(s, &d);
 }
 
-static void sched_install(keel_runtime *rt, keel_schedule *s)
-{
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(rt, s));
-}
-
-static void step_n(keel_runtime *rt, uint64_t n)
-{
-    for (uint64_t i = 0; i < n; i++)
-        ck_assert_ok(keel_runtime_step(rt));
-}
-
 /* ---- systems used by several suites -------------------------------------------- */
-
-static int sys_noop(keel_ctx *ctx, void *user)
-{
-    (void)ctx;
-    (void)user;
-    return 0;
-}
 
 static int sys_count(keel_ctx *ctx, void *user)
 {
@@ -267,13 +237,13 @@ START_TEST(test_create_defaults)
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     uint32_t cpus = n < 1 ? 1 : n > 64 ? 64 : (uint32_t)n;
 
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = -1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = -1});
     ck_assert_uint_eq(keel_runtime_workers(rt), cpus);
     ck_assert_ptr_nonnull(keel_runtime_world(rt));
     ck_assert_uint_eq(keel_runtime_tick(rt), 0);
     keel_runtime_close(rt);
 
-    rt = rt_new((keel_runtime_desc){.workers = 0});
+    rt = tu_rt_new((keel_runtime_desc){.workers = 0});
     ck_assert_uint_eq(keel_runtime_workers(rt), cpus);
     keel_runtime_close(rt);
 
@@ -283,12 +253,12 @@ START_TEST(test_create_defaults)
     ck_assert_uint_eq(keel_runtime_workers(rt), cpus);
     keel_runtime_close(rt);
 
-    rt = rt_new((keel_runtime_desc){.workers = 3});
+    rt = tu_rt_new((keel_runtime_desc){.workers = 3});
     ck_assert_uint_eq(keel_runtime_workers(rt), 3);
     keel_runtime_close(rt);
 
     /* boundaries that are valid */
-    rt = rt_new((keel_runtime_desc){.workers = 1, .telemetry_capacity = 1, .tick_rate_hz = 100000});
+    rt = tu_rt_new((keel_runtime_desc){.workers = 1, .telemetry_capacity = 1, .tick_rate_hz = 100000});
     ck_assert_uint_eq(keel_runtime_workers(rt), 1);
     keel_runtime_close(rt);
 }
@@ -297,17 +267,17 @@ END_TEST
 /* Default telemetry capacity is 1024: tick 1 survives 1024 ticks, not 1025. */
 START_TEST(test_default_telemetry_capacity)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = -1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = -1});
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
     keel_tick_record r;
-    step_n(rt, 1024);
+    tu_step_n(rt, 1024);
     ck_assert_ok(keel_telemetry_tick(rt, 1, &r));
     ck_assert_uint_eq(r.tick, 1);
     ck_assert_ok(keel_telemetry_tick(rt, 1024, &r));
     ck_assert_uint_eq(r.tick, 1024);
-    step_n(rt, 1);
+    tu_step_n(rt, 1);
     ck_assert_rc(keel_telemetry_tick(rt, 1, &r), KEEL_ENOENT);
     ck_assert_ok(keel_telemetry_tick(rt, 2, &r));
     ck_assert_uint_eq(r.tick, 2);
@@ -319,7 +289,7 @@ END_TEST
 
 START_TEST(test_step_without_schedule)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     ck_assert_rc(keel_runtime_step(rt), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "schedule"));
     ck_assert_rc(keel_runtime_run(rt, 3), KEEL_EINVAL);
@@ -344,9 +314,9 @@ START_TEST(test_null_args)
     ck_assert_uint_eq(keel_runtime_workers(NULL), 0);
     ck_assert_uint_eq(keel_runtime_tick(NULL), 0);
 
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
     ck_assert_ok(keel_schedule_build(s));
     ck_assert_rc(keel_runtime_set_schedule(NULL, s), KEEL_EINVAL);
     ck_assert_rc(keel_runtime_set_schedule(rt, NULL), KEEL_EINVAL);
@@ -413,11 +383,11 @@ static int sys_seen(keel_ctx *ctx, void *user)
 
 static void check_tick_numbers(int32_t workers)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = workers});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = workers});
     ctx_seen c = {.rt = rt};
     keel_schedule *s = sched_new(rt);
     add_cb(s, "seen", sys_seen, &c, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     ck_assert_uint_eq(keel_runtime_tick(rt), 0);
     for (uint64_t t = 1; t <= 5; t++) {
         ck_assert_ok(keel_runtime_step(rt));
@@ -466,11 +436,11 @@ static int hook_record(keel_ctx *ctx, void *user)
 START_TEST(test_first_tick_hook_tick)
 {
     hook_seen h = {0};
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .on_first_tick = hook_record, .hook_user = &h});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .on_first_tick = hook_record, .hook_user = &h});
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s);
-    step_n(rt, 3);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
+    tu_step_n(rt, 3);
     ck_assert_uint_eq(h.calls, 1);
     ck_assert_uint_eq(h.tick, 1);
     ck_assert_str_eq(h.name, "on_first_tick");
@@ -480,11 +450,11 @@ END_TEST
 
 static float dt_seen(double hz)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = hz});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = hz});
     ctx_seen c = {.rt = rt};
     keel_schedule *s = sched_new(rt);
     add_cb(s, "seen", sys_seen, &c, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_uint_eq(c.n, 1);
     keel_runtime_close(rt);
@@ -502,11 +472,11 @@ END_TEST
 
 START_TEST(test_stale_schedule)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     reg_pos(rt);
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
     keel_component c2 = 0;
     keel_component_desc tag = {.name = "tag", .size = 0};
     ck_assert_ok(keel_component_register(keel_runtime_world(rt), &tag, &c2));
@@ -515,8 +485,8 @@ START_TEST(test_stale_schedule)
     ck_assert_uint_eq(keel_runtime_tick(rt), 0);
     /* a schedule built now runs */
     keel_schedule *s2 = sched_new(rt);
-    add_cb(s2, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s2);
+    add_cb(s2, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s2);
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_uint_eq(keel_runtime_tick(rt), 1);
     keel_runtime_close(rt);
@@ -525,47 +495,47 @@ END_TEST
 
 START_TEST(test_replace_schedule)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2});
     _Atomic uint64_t a = 0, b = 0, c = 0;
     keel_schedule *s1 = sched_new(rt);
     add_cb(s1, "a", sys_count, &a, NULL);
-    sched_install(rt, s1);
-    step_n(rt, 2);
+    tu_install(rt, s1);
+    tu_step_n(rt, 2);
     ck_assert_uint_eq(atomic_load(&a), 2);
 
     /* refused replacements leave the installed schedule in place */
     keel_schedule *unbuilt = sched_new(rt);
-    add_cb(unbuilt, "x", sys_noop, NULL, NULL);
+    add_cb(unbuilt, "x", tu_sys_noop, NULL, NULL);
     ck_assert_rc(keel_runtime_set_schedule(rt, unbuilt), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "not built"));
     keel_schedule_destroy(unbuilt);
 
     keel_schedule *bad = sched_new(rt);
-    add_cb(bad, "dup", sys_noop, NULL, NULL);
-    add_cb(bad, "dup", sys_noop, NULL, NULL);
+    add_cb(bad, "dup", tu_sys_noop, NULL, NULL);
+    add_cb(bad, "dup", tu_sys_noop, NULL, NULL);
     ck_assert_rc(keel_schedule_build(bad), KEEL_EINVAL);
     ck_assert_rc(keel_runtime_set_schedule(rt, bad), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "errors"));
     keel_schedule_destroy(bad);
 
-    keel_runtime *other = rt_new((keel_runtime_desc){.workers = 1});
+    keel_runtime *other = tu_rt_new((keel_runtime_desc){.workers = 1});
     keel_schedule *foreign = sched_new(other);
-    add_cb(foreign, "f", sys_noop, NULL, NULL);
+    add_cb(foreign, "f", tu_sys_noop, NULL, NULL);
     ck_assert_ok(keel_schedule_build(foreign));
     ck_assert_rc(keel_runtime_set_schedule(rt, foreign), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "another runtime"));
     keel_schedule_destroy(foreign);
     keel_runtime_close(other);
 
-    step_n(rt, 1);
+    tu_step_n(rt, 1);
     ck_assert_uint_eq(atomic_load(&a), 3);
 
     /* a real replacement: the old schedule is freed (ASan checks), the new runs */
     keel_schedule *s2 = sched_new(rt);
     add_cb(s2, "b", sys_count, &b, NULL);
     add_cb(s2, "c", sys_count, &c, "b");
-    sched_install(rt, s2);
-    step_n(rt, 2);
+    tu_install(rt, s2);
+    tu_step_n(rt, 2);
     ck_assert_uint_eq(atomic_load(&a), 3);
     ck_assert_uint_eq(atomic_load(&b), 2);
     ck_assert_uint_eq(atomic_load(&c), 2);
@@ -587,7 +557,7 @@ END_TEST
 
 START_TEST(test_stats_counts)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2});
     keel_component pos = reg_pos(rt);
     spawn_arg two = {pos, 2}, one = {pos, 1};
     _Atomic uint64_t dep = 0;
@@ -597,14 +567,14 @@ START_TEST(test_stats_counts)
     add_cb(s, "dependent", sys_count, &dep, "fail");
     add_cb(s, "dependent2", sys_count, &dep, "dependent");
     add_cb(s, "spawn1", sys_spawn, &one, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
 
     keel_runtime_stats st;
     keel_runtime_stats_get(rt, &st);
     ck_assert_uint_eq(st.ticks, 0);
     ck_assert_uint_eq(st.commands_applied, 0);
 
-    step_n(rt, 4);
+    tu_step_n(rt, 4);
     keel_runtime_stats_get(rt, &st);
     ck_assert_uint_eq(st.ticks, 4);
     ck_assert_uint_eq(st.systems_run, 4 * 3);    /* spawn2, fail (ran and failed), spawn1 */
@@ -631,10 +601,10 @@ START_TEST(test_busy_while_driver_runs)
 {
     signal_t sig;
     sig_init(&sig);
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = 1000});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = 1000});
     keel_schedule *s = sched_new(rt);
     add_cb(s, "beat", sys_beat, &sig, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_start(rt));
     ck_assert_rc(keel_runtime_step(rt), KEEL_EBUSY);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "driver"));
@@ -733,11 +703,11 @@ static int sys_fake_work(keel_ctx *ctx, void *user)
 
 static keel_runtime *fake_rt(fake_clock *fc, double hz)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = hz});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = hz});
     runtime_test_set_clock(rt, fake_now, fake_wait, fc);
     keel_schedule *s = sched_new(rt);
     add_cb(s, "work", sys_fake_work, fc, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     return rt;
 }
 
@@ -976,10 +946,10 @@ static void *stop_from_another_thread(void *rt)
  * not end within its 30 s timeout (it needs 200 s). */
 START_TEST(test_stop_cuts_the_metronome_sleep_short)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = 0.01}); /* the lowest: 100 s */
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = 0.01}); /* the lowest: 100 s */
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_start(rt));
     while (keel_runtime_tick(rt) < 1) /* the first tick runs at once */
         sched_yield();
@@ -1010,7 +980,7 @@ static uint64_t first_deadline_at(double hz, uint64_t t0, int *create_rc)
     runtime_test_set_clock(rt, fake_now, fake_wait, fc);
     keel_schedule *s = sched_new(rt);
     add_cb(s, "work", sys_fake_work, fc, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_run(rt, 2));
     ck_assert_uint_eq(fc->nticks, 2);
     uint64_t dl = fc->nwaits ? fc->deadline[fc->nwaits - 1] : 0;
@@ -1073,16 +1043,16 @@ START_TEST(test_start_stop)
 {
     signal_t sig;
     sig_init(&sig);
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = 1000});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = 1000});
     ck_assert_rc(keel_runtime_start(rt), KEEL_EINVAL); /* no schedule */
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "schedule"));
     ck_assert_rc(keel_runtime_stop(rt), 0);           /* not running */
 
     keel_schedule *s = sched_new(rt);
     add_cb(s, "beat", sys_beat, &sig, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     keel_schedule *other = sched_new(rt); /* built before the driver runs */
-    add_cb(other, "other", sys_noop, NULL, NULL);
+    add_cb(other, "other", tu_sys_noop, NULL, NULL);
     ck_assert_ok(keel_schedule_build(other));
 
     ck_assert_ok(keel_runtime_start(rt));
@@ -1127,10 +1097,10 @@ START_TEST(test_close_while_running)
 {
     signal_t sig;
     sig_init(&sig);
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = 1000});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = 1000});
     keel_schedule *s = sched_new(rt);
     add_cb(s, "beat", sys_beat, &sig, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_start(rt));
     ck_assert(sig_wait_at_least(&sig, 1));
     keel_runtime_close(rt); /* stops the driver and joins everything */
@@ -1163,12 +1133,12 @@ static int sys_flood_once(keel_ctx *ctx, void *user)
 
 static keel_runtime *flood_rt(flood_arg *a, double hz)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = hz, .world = {.max_entities = 2}});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = hz, .world = {.max_entities = 2}});
     a->pos = reg_pos(rt);
     sig_init(&a->sig);
     keel_schedule *s = sched_new(rt);
     add_cb(s, "flood", sys_flood_once, a, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     return rt;
 }
 
@@ -1262,13 +1232,13 @@ static int sys_stoppable(keel_ctx *ctx, void *user)
 START_TEST(test_stop_ends_run_from_other_thread)
 {
     stopper *st = calloc(1, sizeof *st);
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = -1, .world = {.max_entities = 2}});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = -1, .world = {.max_entities = 2}});
     st->rt = rt;
     st->pos = reg_pos(rt);
     sig_init(&st->sig);
     keel_schedule *s = sched_new(rt);
     add_cb(s, "stoppable", sys_stoppable, st, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     pthread_t helper;
     ck_assert_int_eq(pthread_create(&helper, NULL, stopper_main, st), 0);
     int rc = keel_runtime_run(rt, UINT64_MAX);
@@ -1419,11 +1389,11 @@ START_TEST(test_watchdog_reports_slow_system)
     wd_init(&l, "slow_system");
     l.block = true;
     keel_log_set(wd_handler, &l, KEEL_LOG_DEBUG);
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2, .watchdog_seconds = 0.05});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2, .watchdog_seconds = 0.05});
     keel_schedule *s = sched_new(rt);
-    keel_system fast = add_cb(s, "fast_system", sys_noop, NULL, NULL);
+    keel_system fast = add_cb(s, "fast_system", tu_sys_noop, NULL, NULL);
     keel_system slow = add_cb(s, "slow_system", sys_slow, &l, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
 
     ck_assert_ok(keel_runtime_step(rt));
     pthread_mutex_lock(&l.mu);
@@ -1492,10 +1462,10 @@ START_TEST(test_watchdog_serial)
     wd_init(&l, "slow_serial");
     l.block = true;
     keel_log_set(wd_handler, &l, KEEL_LOG_DEBUG);
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .watchdog_seconds = 0.05});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .watchdog_seconds = 0.05});
     keel_schedule *s = sched_new(rt);
     keel_system slow = add_cb(s, "slow_serial", sys_slow, &l, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_step(rt));
     pthread_mutex_lock(&l.mu);
     bool timed_out = l.timed_out;
@@ -1521,14 +1491,14 @@ START_TEST(test_watchdog_fast_not_reported)
     wd_log l;
     wd_init(&l, "anything");
     keel_log_set(wd_handler, &l, KEEL_LOG_DEBUG);
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2}); /* watchdog 30 s */
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2}); /* watchdog 30 s */
     _Atomic uint64_t n = 0;
     keel_schedule *s = sched_new(rt);
     add_cb(s, "f1", sys_count, &n, NULL);
     add_cb(s, "f2", sys_count, &n, NULL);
     add_cb(s, "f3", sys_count, &n, "f1");
-    sched_install(rt, s);
-    step_n(rt, 20);
+    tu_install(rt, s);
+    tu_step_n(rt, 20);
     ck_assert_uint_eq(atomic_load(&n), 60);
     for (uint64_t t = 1; t <= 20; t++) {
         keel_tick_record tr;
@@ -1595,15 +1565,14 @@ START_TEST(test_watchdog_no_wrapped_reports)
 {
     wrap_log l = {.lock = PTHREAD_MUTEX_INITIALIZER};
     keel_log_set(wrap_handler, &l, KEEL_LOG_DEBUG);
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = -1, .watchdog_seconds = 0.001});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = -1, .watchdog_seconds = 0.001});
     keel_schedule *s = sched_new(rt);
     for (int i = 0; i < 32; i++) {
         char name[16];
         snprintf(name, sizeof name, "spin%d", i);
         add_sys(s, &(keel_system_desc){.name = name, .run = wrap_spin});
     }
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(rt, s));
+    tu_install(rt, s);
     for (int t = 0; t < 3000; t++)
         ck_assert_ok(keel_runtime_step(rt));
     keel_runtime_close(rt);
@@ -1669,7 +1638,7 @@ static void tel_setup(tel_fix *f, int32_t workers, double hz, bool parallel_quer
                            .world = {.chunk_rows = 16},
                            .on_first_tick = hook_spawn,
                            .hook_user = &f->hook_spawn};
-    f->rt = rt_new(d);
+    f->rt = tu_rt_new(d);
     f->pos = reg_pos(f->rt);
     f->hook_spawn = (spawn_arg){f->pos, 50};
     f->tick_spawn = (spawn_arg){f->pos, 3};
@@ -1692,8 +1661,8 @@ static void tel_setup(tel_fix *f, int32_t workers, double hz, bool parallel_quer
     keel_system_desc p = {.name = "pipe", .kind = KEEL_SYSTEM_PIPELINE, .pipeline = pipe_body,
                           .pipeline_count = 5, .user = &f->pipe_calls};
     f->pipe = add_sys(s, &p);
-    f->independent = add_cb(s, "independent", sys_noop, NULL, NULL);
-    sched_install(f->rt, s);
+    f->independent = add_cb(s, "independent", tu_sys_noop, NULL, NULL);
+    tu_install(f->rt, s);
 }
 
 START_TEST(test_tick_records)
@@ -1703,7 +1672,7 @@ START_TEST(test_tick_records)
     keel_tick_record r;
     ck_assert_rc(keel_telemetry_tick(f.rt, 1, &r), KEEL_ENOENT); /* not run yet */
     ck_assert_rc(keel_telemetry_tick(f.rt, 0, &r), KEEL_ENOENT);
-    step_n(f.rt, 3);
+    tu_step_n(f.rt, 3);
     uint64_t prev_start = 0;
     for (uint64_t t = 1; t <= 3; t++) {
         memset(&r, 0xee, sizeof r);
@@ -1737,11 +1706,11 @@ END_TEST
 
 START_TEST(test_tick_records_unthrottled)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = -1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = -1});
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s);
-    step_n(rt, 2);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
+    tu_step_n(rt, 2);
     keel_tick_record r;
     ck_assert_ok(keel_telemetry_tick(rt, 2, &r));
     ck_assert_uint_eq(r.target_ns, 0);
@@ -1751,11 +1720,11 @@ START_TEST(test_tick_records_unthrottled)
     ck_assert_uint_eq(r.entities, 0);
     keel_runtime_close(rt);
 
-    rt = rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = 200});
+    rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = 200});
     s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s);
-    step_n(rt, 1);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
+    tu_step_n(rt, 1);
     ck_assert_ok(keel_telemetry_tick(rt, 1, &r));
     ck_assert_uint_eq(r.target_ns, 5000000);
     keel_runtime_close(rt);
@@ -1824,7 +1793,7 @@ START_TEST(test_system_records_serial)
 {
     tel_fix f;
     tel_setup(&f, 1, 0, false);
-    step_n(f.rt, 2);
+    tu_step_n(f.rt, 2);
     check_system_records(&f, 1, 50, false); /* tick 1 sees the hook's 50 */
     check_system_records(&f, 2, 53, false); /* tick 2 also the spawner's 3 */
     ck_assert_uint_eq(atomic_load(&f.query_rows), 103);
@@ -1840,7 +1809,7 @@ START_TEST(test_system_records_parallel)
 {
     tel_fix f;
     tel_setup(&f, 2, 0, true);
-    step_n(f.rt, 3);
+    tu_step_n(f.rt, 3);
     check_system_records(&f, 1, 50, true);
     check_system_records(&f, 2, 53, true);
     check_system_records(&f, 3, 56, true);
@@ -1869,18 +1838,18 @@ END_TEST
 
 START_TEST(test_ring_overwrite)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1, .telemetry_capacity = 4});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .telemetry_capacity = 4});
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
     keel_tick_record r;
     keel_system_record sr;
-    step_n(rt, 4);
+    tu_step_n(rt, 4);
     for (uint64_t t = 1; t <= 4; t++) {
         ck_assert_ok(keel_telemetry_tick(rt, t, &r));
         ck_assert_uint_eq(r.tick, t);
     }
-    step_n(rt, 1);
+    tu_step_n(rt, 1);
     ck_assert_rc(keel_telemetry_tick(rt, 1, &r), KEEL_ENOENT);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "1"));
     ck_assert_rc(keel_telemetry_system(rt, 1, 0, &sr), KEEL_ENOENT);
@@ -1896,11 +1865,11 @@ START_TEST(test_ring_overwrite)
     keel_runtime_close(rt);
 
     /* capacity 1 keeps only the last tick */
-    rt = rt_new((keel_runtime_desc){.workers = 1, .telemetry_capacity = 1});
+    rt = tu_rt_new((keel_runtime_desc){.workers = 1, .telemetry_capacity = 1});
     s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s);
-    step_n(rt, 3);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
+    tu_step_n(rt, 3);
     ck_assert_ok(keel_telemetry_tick(rt, 3, &r));
     ck_assert_uint_eq(r.tick, 3);
     ck_assert_rc(keel_telemetry_tick(rt, 2, &r), KEEL_ENOENT);
@@ -1910,14 +1879,14 @@ END_TEST
 
 START_TEST(test_system_bad_index)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     keel_system_record sr;
     ck_assert_rc(keel_telemetry_system(rt, 1, 0, &sr), KEEL_EINVAL); /* no schedule: no system 0 */
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "a", sys_noop, NULL, NULL);
-    add_cb(s, "b", sys_noop, NULL, NULL);
-    sched_install(rt, s);
-    step_n(rt, 1);
+    add_cb(s, "a", tu_sys_noop, NULL, NULL);
+    add_cb(s, "b", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
+    tu_step_n(rt, 1);
     ck_assert_ok(keel_telemetry_system(rt, 1, 1, &sr));
     ck_assert_uint_eq(sr.system, 1);
     ck_assert_rc(keel_telemetry_system(rt, 1, 2, &sr), KEEL_EINVAL);
@@ -2546,7 +2515,7 @@ static int sys_work(keel_ctx *ctx, void *user)
 
 START_TEST(test_trace_export)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2});
     _Atomic uint64_t acc = 0;
     const char *names[] = {"alpha", "beta", WEIRD_NAME, "gamma", CTL_NAME};
     keel_schedule *s = sched_new(rt);
@@ -2555,9 +2524,9 @@ START_TEST(test_trace_export)
     add_cb(s, names[2], sys_work, &acc, NULL);
     add_cb(s, names[3], sys_work, &acc, names[0]);
     add_cb(s, names[4], sys_work, &acc, NULL);
-    sched_install(rt, s);
+    tu_install(rt, s);
     const uint64_t ticks = 4;
-    step_n(rt, ticks);
+    tu_step_n(rt, ticks);
 
     temp_path tp = temp_json();
     ck_assert_ok(keel_trace_export(rt, tp.path));
@@ -2606,14 +2575,14 @@ END_TEST
 
 START_TEST(test_trace_escaping)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     _Atomic uint64_t acc = 0;
     keel_schedule *s = sched_new(rt);
     add_cb(s, WEIRD_NAME, sys_work, &acc, NULL);
     add_cb(s, CTL_NAME, sys_work, &acc, NULL);
     add_cb(s, "\\\\\"\"\\", sys_work, &acc, NULL);
-    sched_install(rt, s);
-    step_n(rt, 2);
+    tu_install(rt, s);
+    tu_step_n(rt, 2);
     temp_path tp = temp_json();
     ck_assert_ok(keel_trace_export(rt, tp.path));
     jval root;
@@ -2640,7 +2609,7 @@ END_TEST
 
 START_TEST(test_trace_failed_and_skipped)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2});
     keel_component pos = reg_pos(rt);
     spawn_arg one = {pos, 1};
     _Atomic uint64_t n = 0;
@@ -2648,8 +2617,8 @@ START_TEST(test_trace_failed_and_skipped)
     add_cb(s, "ok", sys_count, &n, NULL);
     add_cb(s, "fails", sys_fail_return, &one, NULL);
     add_cb(s, "skipped", sys_count, &n, "fails");
-    sched_install(rt, s);
-    step_n(rt, 2);
+    tu_install(rt, s);
+    tu_step_n(rt, 2);
     temp_path tp = temp_json();
     ck_assert_ok(keel_trace_export(rt, tp.path));
     jval root;
@@ -2669,7 +2638,7 @@ END_TEST
 START_TEST(test_trace_wrapped_ring_and_empty)
 {
     /* before any schedule: a valid trace with metadata only */
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 2, .telemetry_capacity = 4});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2, .telemetry_capacity = 4});
     temp_path tp = temp_json();
     ck_assert_ok(keel_trace_export(rt, tp.path));
     jval root;
@@ -2682,8 +2651,8 @@ START_TEST(test_trace_wrapped_ring_and_empty)
     keel_schedule *s = sched_new(rt);
     _Atomic uint64_t acc = 0;
     add_cb(s, "w", sys_work, &acc, NULL);
-    sched_install(rt, s);
-    step_n(rt, 7);
+    tu_install(rt, s);
+    tu_step_n(rt, 7);
     ck_assert_ok(keel_trace_export(rt, tp.path)); /* overwrites the file */
     trace_load(tp.path, &root, NULL);
     ev = trace_events(&root);
@@ -2701,11 +2670,11 @@ END_TEST
 
 START_TEST(test_trace_unwritable)
 {
-    keel_runtime *rt = rt_new((keel_runtime_desc){.workers = 1});
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, NULL);
-    sched_install(rt, s);
-    step_n(rt, 1);
+    add_cb(s, "noop", tu_sys_noop, NULL, NULL);
+    tu_install(rt, s);
+    tu_step_n(rt, 1);
     const char *path = "/nonexistent-dir/x.json";
     ck_assert_rc(keel_trace_export(rt, path), KEEL_EIO);
     ck_assert_msg(strstr(keel_last_error(), path) != NULL, "last error '%s' does not name %s", keel_last_error(),

@@ -20,6 +20,7 @@
 
 #include "keel/keel.h"
 #include "keel_test.h"
+#include "test_util.h"
 
 /* ======================================================================
  * Fixtures
@@ -49,35 +50,17 @@ typedef struct fx {
     keel_component tag;     /* tag, VERSIONED (id 5) */
 } fx;
 
-static keel_component reg(keel_world *w, const char *name, uint32_t size, keel_discipline disc,
-                          const keel_field *fields, uint32_t nfields)
-{
-    keel_component_desc d = {.name = name, .size = size, .discipline = disc, .fields = fields, .field_count = nfields};
-    keel_component id = 0;
-    ck_assert_ok(keel_component_register(w, &d, &id));
-    ck_assert_uint_ne(id, 0);
-    return id;
-}
-
-static keel_runtime *make_runtime(void)
-{
-    keel_runtime *rt = NULL;
-    ck_assert_ok(keel_runtime_create(&(keel_runtime_desc){.workers = 1}, &rt));
-    ck_assert_ptr_nonnull(rt);
-    return rt;
-}
-
 static void fx_open(fx *f)
 {
     memset(f, 0, sizeof *f);
-    f->rt = make_runtime();
+    f->rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     f->w = keel_runtime_world(f->rt);
     ck_assert_ptr_nonnull(f->w);
-    f->pos = reg(f->w, "pos", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
-    f->vel = reg(f->w, "vel", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
-    f->hp = reg(f->w, "hp", 4, KEEL_SINGLE_VERSION, u32_fields, 1);
-    f->scratch = reg(f->w, "scratch", 4, KEEL_TRANSIENT, u32_fields, 1);
-    f->tag = reg(f->w, "tag", 0, KEEL_VERSIONED, NULL, 0);
+    f->pos = tu_reg(f->w, "pos", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
+    f->vel = tu_reg(f->w, "vel", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
+    f->hp = tu_reg(f->w, "hp", 4, KEEL_SINGLE_VERSION, u32_fields, 1);
+    f->scratch = tu_reg(f->w, "scratch", 4, KEEL_TRANSIENT, u32_fields, 1);
+    f->tag = tu_reg(f->w, "tag", 0, KEEL_VERSIONED, NULL, 0);
     ck_assert_uint_eq(f->pos, 1);
     ck_assert_uint_eq(f->tag, 5);
     ck_assert_ok(keel_schedule_create(f->rt, &f->s));
@@ -248,20 +231,6 @@ static void assert_permutation(const keel_schedule *s)
     free(seen);
 }
 
-/* Deterministic PRNG (splitmix64). */
-static uint64_t rng_next(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint32_t rng_below(uint64_t *state, uint32_t n)
-{
-    return (uint32_t)(rng_next(state) % n);
-}
-
 /* ======================================================================
  * sched_build
  * ====================================================================== */
@@ -286,7 +255,7 @@ START_TEST(test_empty_builds)
     ck_assert_ptr_null(keel_schedule_diag(f.s, 0));
 
     /* another runtime, another empty schedule: same hash */
-    keel_runtime *rt2 = make_runtime();
+    keel_runtime *rt2 = tu_rt_new((keel_runtime_desc){.workers = 1});
     keel_schedule *s2 = NULL;
     ck_assert_ok(keel_schedule_create(rt2, &s2));
     build_clean(s2);
@@ -530,7 +499,7 @@ START_TEST(test_set_schedule_foreign)
 {
     fx f;
     fx_open(&f);
-    keel_runtime *other = make_runtime();
+    keel_runtime *other = tu_rt_new((keel_runtime_desc){.workers = 1});
     add_cb(f.s, "a");
     build_clean(f.s);
     ck_assert_rc(keel_runtime_set_schedule(other, f.s), KEEL_EINVAL);
@@ -552,7 +521,7 @@ START_TEST(test_stale_schedule)
     int runs = 0;
     add(f.s, (keel_system_desc){.name = "count", .run = count_body, .user = &runs});
     build_clean(f.s);
-    reg(f.w, "late_component", 4, KEEL_VERSIONED, u32_fields, 1);
+    tu_reg(f.w, "late_component", 4, KEEL_VERSIONED, u32_fields, 1);
     ck_assert_ok(keel_runtime_set_schedule(f.rt, f.s)); /* installed: owned by the runtime now */
     ck_assert_rc(keel_runtime_step(f.rt), KEEL_EINVAL);
     assert_contains(keel_last_error(), "stale");
@@ -1813,11 +1782,11 @@ typedef struct rnd_sys {
 
 static keel_runtime *rnd_runtime(keel_component *ids)
 {
-    keel_runtime *rt = make_runtime();
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     char name[16];
     for (int c = 0; c < RND_COMPS; c++) {
         snprintf(name, sizeof name, "c%02d", c);
-        ids[c] = reg(keel_runtime_world(rt), name, 4, KEEL_VERSIONED, u32_fields, 1);
+        ids[c] = tu_reg(keel_runtime_world(rt), name, 4, KEEL_VERSIONED, u32_fields, 1);
     }
     return rt;
 }
@@ -1837,7 +1806,7 @@ static keel_schedule *build_phased_random(keel_runtime *rt, const keel_component
     for (uint32_t i = 0; i < n; i++)
         perm[i] = i;
     for (uint32_t i = n - 1; i > 0; i--) {
-        uint32_t j = rng_below(&seed, i + 1), t = perm[i];
+        uint32_t j = tu_rng_below(&seed, i + 1), t = perm[i];
         perm[i] = perm[j];
         perm[j] = t;
     }
@@ -1846,29 +1815,29 @@ static keel_schedule *build_phased_random(keel_runtime *rt, const keel_component
         snprintf(name, sizeof name, "sys%03u", i);
         keel_system_desc d = {.name = name, .run = body, .phase = perm[i]};
         rnd_sys r = {.phase = perm[i]};
-        uint32_t nr = rng_below(&seed, 4), nw = rng_below(&seed, 3);
+        uint32_t nr = tu_rng_below(&seed, 4), nw = tu_rng_below(&seed, 3);
         for (uint32_t k = 0; k < nr; k++) {
-            uint32_t c = rng_below(&seed, RND_COMPS);
+            uint32_t c = tu_rng_below(&seed, RND_COMPS);
             d.access.reads[k] = ids[c];
             r.rd |= 1u << c;
         }
         for (uint32_t k = 0; k < nw; k++) {
-            uint32_t c = rng_below(&seed, RND_COMPS);
+            uint32_t c = tu_rng_below(&seed, RND_COMPS);
             d.access.writes[k] = ids[c];
             r.wr |= 1u << c;
         }
-        if (rng_below(&seed, 4) == 0) {
-            uint32_t c = rng_below(&seed, RND_COMPS);
+        if (tu_rng_below(&seed, 4) == 0) {
+            uint32_t c = tu_rng_below(&seed, RND_COMPS);
             d.access.side_writes[0] = ids[c];
             r.wr |= 1u << c;
         }
-        if (rng_below(&seed, 3) == 0) {
-            uint32_t x = rng_below(&seed, RND_RES);
+        if (tu_rng_below(&seed, 3) == 0) {
+            uint32_t x = tu_rng_below(&seed, RND_RES);
             d.access.resources_read[0] = res_names[x];
             r.rrd |= 1u << x;
         }
-        if (rng_below(&seed, 5) == 0) {
-            uint32_t x = rng_below(&seed, RND_RES);
+        if (tu_rng_below(&seed, 5) == 0) {
+            uint32_t x = tu_rng_below(&seed, RND_RES);
             d.access.resources_write[0] = res_names[x];
             r.rwr |= 1u << x;
         }
@@ -1973,22 +1942,22 @@ static keel_schedule *build_chaos(keel_runtime *rt, const keel_component *ids, u
     for (uint32_t i = 0; i < n; i++) {
         char name[16], after[16];
         snprintf(name, sizeof name, "sys%03u", i);
-        snprintf(after, sizeof after, "sys%03u", rng_below(&seed, n + 5)); /* sometimes missing */
-        keel_system_desc d = {.name = name, .run = body, .dag = dags[rng_below(&seed, 3)],
-                              .phase = rng_below(&seed, 4), .track = rng_below(&seed, 8) ? NULL : "Late"};
-        if (rng_below(&seed, 10) == 0)
+        snprintf(after, sizeof after, "sys%03u", tu_rng_below(&seed, n + 5)); /* sometimes missing */
+        keel_system_desc d = {.name = name, .run = body, .dag = dags[tu_rng_below(&seed, 3)],
+                              .phase = tu_rng_below(&seed, 4), .track = tu_rng_below(&seed, 8) ? NULL : "Late"};
+        if (tu_rng_below(&seed, 10) == 0)
             d.after[0] = after;
         keel_component *lists[] = {d.access.reads, d.access.reads_fresh, d.access.reads_snapshot, d.access.writes,
                                    d.access.side_writes};
         for (int l = 0; l < 5; l++)
-            for (uint32_t k = 0, m = rng_below(&seed, 3); k < m; k++)
-                lists[l][k] = ids[rng_below(&seed, RND_COMPS)];
+            for (uint32_t k = 0, m = tu_rng_below(&seed, 3); k < m; k++)
+                lists[l][k] = ids[tu_rng_below(&seed, RND_COMPS)];
         const char **names[] = {d.access.resources_read, d.access.resources_write, d.access.events_produce,
                                 d.access.events_consume};
         for (int l = 0; l < 4; l++)
-            if (rng_below(&seed, 4) == 0)
-                names[l][0] = l < 2 ? res_names[rng_below(&seed, RND_RES)] : events[rng_below(&seed, 4)];
-        d.access.exclusive = rng_below(&seed, 60) == 0;
+            if (tu_rng_below(&seed, 4) == 0)
+                names[l][0] = l < 2 ? res_names[tu_rng_below(&seed, RND_RES)] : events[tu_rng_below(&seed, 4)];
+        d.access.exclusive = tu_rng_below(&seed, 60) == 0;
         ck_assert_ok(keel_schedule_add_system(s, &d, NULL));
     }
     int rc = keel_schedule_build(s);
@@ -2067,13 +2036,13 @@ END_TEST
 START_TEST(test_long_fresh_chain)
 {
     enum { N = 200 };
-    keel_runtime *rt = make_runtime();
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     keel_world *w = keel_runtime_world(rt);
     keel_component ids[N];
     char name[16], cname[16];
     for (int i = 0; i < N; i++) {
         snprintf(cname, sizeof cname, "k%03d", i);
-        ids[i] = reg(w, cname, 4, KEEL_VERSIONED, u32_fields, 1);
+        ids[i] = tu_reg(w, cname, 4, KEEL_VERSIONED, u32_fields, 1);
     }
     keel_schedule *s = NULL;
     ck_assert_ok(keel_schedule_create(rt, &s));

@@ -37,6 +37,7 @@
 
 #include "keel/keel.h"
 #include "keel_test.h"
+#include "test_util.h"
 #include "runtime/runtime_internal.h"
 
 /* ---- fixture helpers ------------------------------------------------------------ */
@@ -44,43 +45,14 @@
 static const keel_field i64_fields[] = {{.name = "v", .type = KEEL_I64, .offset = 0, .count = 0}};
 static const keel_field u32_fields[] = {{.name = "id", .type = KEEL_U32, .offset = 0, .count = 0}};
 
-static keel_runtime *rt_make(int32_t workers, uint32_t chunk_rows, double hz, keel_durability dur, keel_hook_fn hook,
-                             void *user)
-{
-    keel_runtime_desc d = {
-        .world = {.chunk_rows = chunk_rows},
-        .workers = workers,
-        .tick_rate_hz = hz,
-        .durability = dur,
-        .on_first_tick = hook,
-        .hook_user = user,
-    };
-    keel_runtime *rt = NULL;
-    ck_assert_ok(keel_runtime_create(&d, &rt));
-    ck_assert_ptr_nonnull(rt);
-    return rt;
-}
-
-static keel_runtime *rt_new(int32_t workers)
-{
-    return rt_make(workers, 16, -1, KEEL_DURABLE_DEFAULT, NULL, NULL);
-}
-
 static keel_component reg_i64(keel_runtime *rt, const char *name, keel_discipline d)
 {
-    keel_component c = 0;
-    keel_component_desc cd = {.name = name, .size = 8, .discipline = d, .fields = i64_fields, .field_count = 1};
-    ck_assert_ok(keel_component_register(keel_runtime_world(rt), &cd, &c));
-    ck_assert_uint_ne(c, 0);
-    return c;
+    return tu_reg(keel_runtime_world(rt), name, 8, d, i64_fields, 1);
 }
 
 static keel_component reg_u32(keel_runtime *rt, const char *name)
 {
-    keel_component c = 0;
-    keel_component_desc cd = {.name = name, .size = 4, .fields = u32_fields, .field_count = 1};
-    ck_assert_ok(keel_component_register(keel_runtime_world(rt), &cd, &c));
-    return c;
+    return tu_reg(keel_runtime_world(rt), name, 4, KEEL_VERSIONED, u32_fields, 1);
 }
 
 /* Spawn one entity with n i64 components (applied at once, between steps). */
@@ -94,11 +66,8 @@ static keel_entity spawn_i64(keel_runtime *rt, const keel_component *cs, const i
     for (uint32_t i = 0; i < n; i++)
         in[i] = (keel_init){cs[i], &vals[i]};
     ck_assert_ok(keel_cmd_spawn(cb, in, n));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
-    ck_assert_uint_eq(r.created_count, 1);
-    keel_entity e = r.created[0];
-    keel_cmdbuf_destroy(cb);
+    keel_entity e;
+    tu_cmdbuf_apply_created(cb, 1, &e);
     ck_assert(keel_alive(w, e));
     return e;
 }
@@ -132,27 +101,6 @@ static keel_system add_cb(keel_schedule *s, const char *name, keel_system_fn fn,
 {
     keel_system_desc d = {.name = name, .kind = KEEL_SYSTEM_CALLBACK, .run = fn, .user = user, .access = acc};
     return add_sys(s, &d);
-}
-
-static void install(keel_runtime *rt, keel_schedule *s)
-{
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(rt, s));
-}
-
-static keel_runtime_stats stats_of(const keel_runtime *rt)
-{
-    keel_runtime_stats st;
-    memset(&st, 0xab, sizeof st);
-    keel_runtime_stats_get(rt, &st);
-    return st;
-}
-
-static int sys_noop(keel_ctx *ctx, void *user)
-{
-    (void)ctx;
-    (void)user;
-    return 0;
 }
 
 /* ---- the probe: what serial bodies saw ------------------------------------------- */
@@ -335,13 +283,14 @@ static void basic_setup(keel_runtime *rt)
 
 START_TEST(test_side_args_and_access)
 {
-    keel_runtime *rt = rt_make(1, 16, -1, KEEL_DURABLE_DEFAULT, hook_try_side, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1,
+                                                     .on_first_tick = hook_try_side});
     basic_setup(rt);
     g_b.hook_rc = 12345;
     keel_schedule *s = sched_new(rt);
     keel_access a = {.reads = {g_b.R}, .writes = {g_b.X, g_b.T}, .rewrites = {g_b.Z}, .side_writes = {g_b.Y, g_b.W}};
     add_cb(s, "checks", sys_arg_checks, NULL, a);
-    install(rt, s);
+    tu_install(rt, s);
     /* NULL context outside any system */
     keel_side_txn *tx = NULL;
     ck_assert_rc(keel_side_txn_begin(NULL, KEEL_DURABLE_DEFAULT, &tx), KEEL_EINVAL);
@@ -427,7 +376,8 @@ START_TEST(test_side_visibility_and_failure)
     for (int wi = 0; wi < 2; wi++) {
         memset(&g_v, 0, sizeof g_v);
         probe_reset();
-        keel_runtime *rt = rt_new(workers[wi]);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers[wi],
+                                                         .tick_rate_hz = -1});
         g_v.X = reg_i64(rt, "x", KEEL_VERSIONED);
         g_v.Y = reg_i64(rt, "y", KEEL_VERSIONED);
         keel_component cs[] = {g_v.X, g_v.Y};
@@ -438,7 +388,7 @@ START_TEST(test_side_visibility_and_failure)
                                     (keel_access){.reads_fresh = {g_v.X, g_v.Y}}); /* registered first */
         keel_system writer =
             add_cb(s, "writer", sys_side_writer, NULL, (keel_access){.writes = {g_v.X}, .side_writes = {g_v.Y}});
-        install(rt, s);
+        tu_install(rt, s);
 
         /* tick 1: success; the successor sees the system's and the side transaction's writes */
         ck_assert_ok(keel_runtime_step(rt));
@@ -451,9 +401,9 @@ START_TEST(test_side_visibility_and_failure)
 
         /* tick 2: the system fails after its side commit (error return) */
         g_v.mode = 1;
-        keel_runtime_stats before = stats_of(rt);
+        keel_runtime_stats before = tu_stats(rt);
         ck_assert_ok(keel_runtime_step(rt));
-        keel_runtime_stats after = stats_of(rt);
+        keel_runtime_stats after = tu_stats(rt);
         ck_assert_uint_eq(g_v.writer_runs, 2);
         ck_assert_uint_eq(g_v.reader_runs, 1); /* skipped */
         ck_assert_int_eq(geti(rt, g_v.e, g_v.X), 10);  /* the system's write vanished */
@@ -586,16 +536,16 @@ START_TEST(test_side_conflict_and_blind_write)
 {
     memset(&g_c, 0, sizeof g_c);
     probe_reset();
-    keel_runtime *rt = rt_new(2);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
     g_c.B = reg_i64(rt, "balance", KEEL_VERSIONED);
     g_c.x = spawn1(rt, g_c.B, 100);
     g_c.y = spawn1(rt, g_c.B, 200);
     keel_schedule *s = sched_new(rt);
     add_cb(s, "conflicts", sys_conflicts, NULL, (keel_access){.side_writes = {g_c.B}});
-    install(rt, s);
-    keel_runtime_stats before = stats_of(rt);
+    tu_install(rt, s);
+    keel_runtime_stats before = tu_stats(rt);
     ck_assert_ok(keel_runtime_step(rt));
-    keel_runtime_stats after = stats_of(rt);
+    keel_runtime_stats after = tu_stats(rt);
     ck_assert_uint_eq(g_c.runs, 1);
     probe_assert(40);
     ck_assert_int_eq(geti(rt, g_c.x, g_c.B), 7);
@@ -614,7 +564,7 @@ START_TEST(test_side_conflict_and_blind_write)
     v = 200;
     ck_assert_ok(keel_set(w, g_c.y, g_c.B, &v));
     ck_assert_ok(keel_runtime_step(rt));
-    keel_runtime_stats after2 = stats_of(rt);
+    keel_runtime_stats after2 = tu_stats(rt);
     probe_assert(80);
     ck_assert_uint_eq(after2.conflicts - after.conflicts, 2);
     ck_assert_int_eq(geti(rt, g_c.x, g_c.B), 7);
@@ -677,18 +627,18 @@ START_TEST(test_side_left_open_aborted)
     atomic_store(&g_left_open_logs, 0);
     atomic_store(&g_other_logs, 0);
     keel_log_set(log_left_open, NULL, KEEL_LOG_DEBUG);
-    keel_runtime *rt = rt_new(1);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1});
     g_lo.Y = reg_i64(rt, "y", KEEL_VERSIONED);
     g_lo.a = spawn1(rt, g_lo.Y, 1);
     g_lo.b = spawn1(rt, g_lo.Y, 2);
     keel_schedule *s = sched_new(rt);
     add_cb(s, "leaves_open", sys_left_open, NULL, (keel_access){.side_writes = {g_lo.Y}});
-    install(rt, s);
+    tu_install(rt, s);
     for (int mode = 0; mode < 3; mode++) {
         g_lo.mode = mode;
-        keel_runtime_stats before = stats_of(rt);
+        keel_runtime_stats before = tu_stats(rt);
         ck_assert_ok(keel_runtime_step(rt));
-        keel_runtime_stats after = stats_of(rt);
+        keel_runtime_stats after = tu_stats(rt);
         ck_assert_uint_eq(g_lo.runs, (uint32_t)mode + 1);
         ck_assert_int_eq(geti(rt, g_lo.a, g_lo.Y), 1); /* the open transaction applied nothing */
         ck_assert_int_eq(geti(rt, g_lo.b, g_lo.Y), mode == 2 ? 42 : 2);
@@ -818,7 +768,8 @@ START_TEST(test_side_uow_records)
     memset(&g_u, 0, sizeof g_u);
     probe_reset();
     keel_log_set(log_quiet, NULL, KEEL_LOG_WARN); /* the system leaves one transaction open on purpose */
-    keel_runtime *rt = rt_make(2, 16, -1, KEEL_DURABLE_DEFERRED, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1,
+                                                     .durability = KEEL_DURABLE_DEFERRED});
     g_u.B = reg_i64(rt, "b", KEEL_VERSIONED);
     g_u.C = reg_i64(rt, "c", KEEL_SINGLE_VERSION);
     keel_component cs[] = {g_u.B, g_u.C};
@@ -827,7 +778,7 @@ START_TEST(test_side_uow_records)
     g_u.y = spawn_i64(rt, cs, vals, 2);
     keel_schedule *s = sched_new(rt);
     add_cb(s, "uow", sys_uow, NULL, (keel_access){.side_writes = {g_u.B, g_u.C}});
-    install(rt, s);
+    tu_install(rt, s);
     uint64_t last_seq = 0;
     for (int64_t t = 1; t <= 4; t++) {
         ck_assert_ok(keel_runtime_step(rt));
@@ -958,7 +909,8 @@ START_TEST(test_side_same_chunk_as_system_write)
     for (int wi = 0; wi < 2; wi++) {
         memset(&g_m, 0, sizeof g_m);
         probe_reset();
-        keel_runtime *rt = rt_new(workers[wi]);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers[wi],
+                                                         .tick_rate_hz = -1});
         g_m.X = reg_i64(rt, "x", KEEL_VERSIONED);
         for (int i = 0; i < 4; i++)
             g_m.e[i] = spawn1(rt, g_m.X, i + 1);
@@ -973,7 +925,7 @@ START_TEST(test_side_same_chunk_as_system_write)
         ck_assert_ok(keel_query_create(w, &(keel_query_desc){.with = {g_m.X}}, &g_m.q));
         keel_schedule *s = sched_new(rt);
         add_cb(s, "mixed", sys_mixed, NULL, (keel_access){.writes = {g_m.X}});
-        install(rt, s);
+        tu_install(rt, s);
 
         ck_assert_ok(keel_runtime_step(rt));
         ck_assert_int_eq(geti(rt, g_m.e[0], g_m.X), 100);
@@ -1128,18 +1080,13 @@ static void spawn_traders(keel_runtime *rt, keel_component tid, keel_component e
         keel_init in[2] = {{tid, &i}, {extra, &zero}};
         ck_assert_ok(keel_cmd_spawn(cb, in, extra ? 2 : 1));
     }
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
-    ck_assert_uint_eq(r.created_count, n);
-    if (out)
-        memcpy(out, r.created, n * sizeof *out);
-    keel_cmdbuf_destroy(cb);
+    tu_cmdbuf_apply_created(cb, n, out);
 }
 
 START_TEST(test_side_concurrent_transfers)
 {
     ct_reset();
-    keel_runtime *rt = rt_new(2);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
     g_ct.bal = reg_i64(rt, "balance", KEEL_VERSIONED);
     g_ct.tid = reg_u32(rt, "trader");
     for (int i = 0; i < NACC; i++)
@@ -1156,7 +1103,7 @@ START_TEST(test_side_concurrent_transfers)
         .access = {.side_writes = {g_ct.bal}},
     };
     keel_system sys = add_sys(s, &d);
-    install(rt, s);
+    tu_install(rt, s);
 
     side_rec *recs = malloc(NTRADERS * sizeof *recs);
     ck_assert_ptr_nonnull(recs);
@@ -1165,9 +1112,9 @@ START_TEST(test_side_concurrent_transfers)
         int64_t start[NACC];
         for (int i = 0; i < NACC; i++)
             start[i] = geti(rt, g_ct.acc[i], g_ct.bal);
-        keel_runtime_stats before = stats_of(rt);
+        keel_runtime_stats before = tu_stats(rt);
         ck_assert_ok(keel_runtime_step(rt));
-        keel_runtime_stats after = stats_of(rt);
+        keel_runtime_stats after = tu_stats(rt);
         ck_assert_msg(atomic_load(&g_ct.bad) == 0, "%llu unexpected results, first %s",
                       (unsigned long long)atomic_load(&g_ct.bad), keel_strerror(atomic_load(&g_ct.first_bad)));
         uint64_t ok = atomic_load(&g_ct.ok), conf = atomic_load(&g_ct.conflicts);
@@ -1303,7 +1250,7 @@ START_TEST(test_side_concurrent_same_chunks)
     atomic_store(&g_sc.conflicts, 0);
     atomic_store(&g_sc.bad, 0);
     atomic_store(&g_sc.first_bad, 0);
-    keel_runtime *rt = rt_new(2);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
     g_sc.tid = reg_u32(rt, "trader");
     g_sc.score = reg_i64(rt, "score", KEEL_VERSIONED);
     spawn_traders(rt, g_sc.tid, g_sc.score, SC_N, g_sc.tr);
@@ -1318,7 +1265,7 @@ START_TEST(test_side_concurrent_same_chunks)
         .access = {.writes = {g_sc.score}},
     };
     keel_system sys = add_sys(s, &d);
-    install(rt, s);
+    tu_install(rt, s);
     keel_world *w = keel_runtime_world(rt);
     for (int64_t t = 1; t <= SC_TICKS; t++) {
         ck_assert_ok(keel_runtime_step(rt));
@@ -1342,7 +1289,7 @@ START_TEST(test_side_concurrent_same_chunks)
                       wrong, first, (long long)first_v, (long long)(first % 2 ? 2 * t : t));
     }
     ck_assert_uint_eq(atomic_load(&g_sc.ok), (uint64_t)SC_TICKS * SC_N);
-    keel_runtime_stats st = stats_of(rt);
+    keel_runtime_stats st = tu_stats(rt);
     ck_assert_uint_eq(st.conflicts, atomic_load(&g_sc.conflicts));
     keel_runtime_close(rt);
 }
@@ -1441,7 +1388,7 @@ static void *producer_order(void *p)
 static void sub_setup(int32_t workers, double hz)
 {
     memset(&g_sub, 0, sizeof g_sub);
-    g_sub.rt = rt_make(workers, 16, hz, KEEL_DURABLE_DEFAULT, NULL, NULL);
+    g_sub.rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers, .tick_rate_hz = hz});
     g_sub.cnt = reg_i64(g_sub.rt, "count", KEEL_VERSIONED);
     g_sub.poison = reg_i64(g_sub.rt, "poison", KEEL_SINGLE_VERSION);
     keel_component cs[] = {g_sub.cnt, g_sub.poison};
@@ -1455,8 +1402,8 @@ START_TEST(test_submit_order_and_results)
     sub_setup(2, -1);
     keel_runtime *rt = g_sub.rt;
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, (keel_access){0});
-    install(rt, s);
+    add_cb(s, "noop", tu_sys_noop, NULL, (keel_access){0});
+    tu_install(rt, s);
     ck_assert_int_eq(pthread_barrier_init(&g_sub.submitted, NULL, SUB_THREADS + 1), 0);
     static producer prods[SUB_THREADS];
     pthread_t th[SUB_THREADS];
@@ -1467,9 +1414,9 @@ START_TEST(test_submit_order_and_results)
     }
     pthread_barrier_wait(&g_sub.submitted);
     ck_assert_uint_eq(g_sub.nlog, 0); /* nothing runs before a step */
-    keel_runtime_stats before = stats_of(rt);
+    keel_runtime_stats before = tu_stats(rt);
     ck_assert_ok(keel_runtime_step(rt));
-    keel_runtime_stats after = stats_of(rt);
+    keel_runtime_stats after = tu_stats(rt);
     for (uint32_t i = 0; i < SUB_THREADS; i++)
         ck_assert_int_eq(pthread_join(th[i], NULL), 0);
     pthread_barrier_destroy(&g_sub.submitted);
@@ -1579,7 +1526,7 @@ START_TEST(test_submit_during_tick_and_fire_and_forget)
     g_dt.e = g_sub.counter[0];
     keel_schedule *s = sched_new(rt);
     add_cb(s, "submitter", sys_submitter, NULL, (keel_access){.reads = {g_dt.c}});
-    install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_int_eq(atomic_load(&g_dt.submit_rc), KEEL_OK);
     ck_assert_uint_eq(atomic_load(&g_dt.ran), 0); /* queued for the next tick */
@@ -1647,8 +1594,8 @@ START_TEST(test_submit_bad_args_and_errors)
         keel_cmdbuf_destroy(cb);
     }
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, (keel_access){0});
-    install(rt, s);
+    add_cb(s, "noop", tu_sys_noop, NULL, (keel_access){0});
+    tu_install(rt, s);
     keel_ticket *t = NULL;
     ck_assert_rc(keel_submit(NULL, closure_ret, NULL, KEEL_DURABLE_DEFAULT, &t), KEEL_EINVAL);
     ck_assert_rc(keel_submit(rt, NULL, NULL, KEEL_DURABLE_DEFAULT, &t), KEEL_EINVAL);
@@ -1660,9 +1607,9 @@ START_TEST(test_submit_bad_args_and_errors)
     ck_assert_rc(keel_ticket_wait(NULL, -1), KEEL_EINVAL);
     keel_ticket_release(NULL);
     /* nothing was queued by the refused calls */
-    keel_runtime_stats before = stats_of(rt);
+    keel_runtime_stats before = tu_stats(rt);
     ck_assert_ok(keel_runtime_step(rt));
-    keel_runtime_stats after = stats_of(rt);
+    keel_runtime_stats after = tu_stats(rt);
     ck_assert_uint_eq(after.commits - before.commits, 1);
     ck_assert_uint_eq(after.aborts - before.aborts, 0);
 
@@ -1677,9 +1624,9 @@ START_TEST(test_submit_bad_args_and_errors)
         ck_assert_rc(keel_ticket_wait(tk[i], 0), KEEL_ETIMEDOUT);
     }
     ck_assert_rc(keel_ticket_wait(tk[0], 1000), KEEL_ETIMEDOUT); /* a short timeout, still not run */
-    before = stats_of(rt);
+    before = tu_stats(rt);
     ck_assert_ok(keel_runtime_step(rt));
-    after = stats_of(rt);
+    after = tu_stats(rt);
     ck_assert_rc(keel_ticket_wait(tk[0], 0), KEEL_EIO);
     ck_assert_rc(keel_ticket_wait(tk[1], -1), KEEL_EINVAL);
     ck_assert_rc(keel_ticket_wait(tk[2], 0), KEEL_ESTALE);
@@ -1722,11 +1669,11 @@ static void *waiter_main(void *p)
 START_TEST(test_submit_close_completes_busy)
 {
     atomic_store(&g_cl.ran, 0);
-    keel_runtime *rt = rt_new(2);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
     (void)reg_i64(rt, "c", KEEL_VERSIONED);
     keel_schedule *s = sched_new(rt);
-    add_cb(s, "noop", sys_noop, NULL, (keel_access){0});
-    install(rt, s);
+    add_cb(s, "noop", tu_sys_noop, NULL, (keel_access){0});
+    tu_install(rt, s);
     keel_ticket *first = NULL;
     ck_assert_ok(keel_submit(rt, closure_flag, NULL, KEEL_DURABLE_DEFAULT, &first));
     ck_assert_ok(keel_runtime_step(rt));
@@ -1854,14 +1801,14 @@ static void *producer_transfers(void *p)
 START_TEST(test_submit_with_driver)
 {
     memset(&g_dr, 0, sizeof g_dr);
-    g_dr.rt = rt_make(2, 16, 2000, KEEL_DURABLE_DEFAULT, NULL, NULL);
+    g_dr.rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = 2000});
     keel_runtime *rt = g_dr.rt;
     g_dr.bal = reg_i64(rt, "balance", KEEL_VERSIONED);
     for (int i = 0; i < DR_ACC; i++)
         g_dr.acc[i] = spawn1(rt, g_dr.bal, DR_INIT);
     keel_schedule *s = sched_new(rt);
     add_cb(s, "audit", sys_audit, NULL, (keel_access){.reads = {g_dr.bal}});
-    install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_start(rt));
     static dr_producer prods[DR_THREADS];
     pthread_t th[DR_THREADS];
@@ -1898,7 +1845,7 @@ START_TEST(test_submit_with_driver)
     }
     ck_assert_int_eq(total, (int64_t)DR_ACC * DR_INIT);
     ck_assert_uint_eq(atomic_load(&g_dr.violations), 0);
-    keel_runtime_stats st = stats_of(rt);
+    keel_runtime_stats st = tu_stats(rt);
     ck_assert_uint_gt(atomic_load(&g_dr.observed), 0);
     ck_assert_uint_eq(atomic_load(&g_dr.observed), st.systems_run);
     ck_assert_uint_eq(st.systems_failed, 0);

@@ -37,6 +37,7 @@
 
 #include "keel/keel.h"
 #include "keel_test.h"
+#include "test_util.h"
 #include "runtime/runtime_internal.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -45,45 +46,7 @@ static const keel_field f_u32[] = {{.name = "v", .type = KEEL_U32, .offset = 0, 
 
 static keel_component reg_u32(keel_world *w, const char *name, keel_discipline d)
 {
-    keel_component c = 0;
-    keel_component_desc desc = {.name = name, .size = sizeof(uint32_t), .discipline = d, .fields = f_u32, .field_count = 1};
-    ck_assert_ok(keel_component_register(w, &desc, &c));
-    ck_assert_uint_ne(c, 0);
-    return c;
-}
-
-static keel_runtime *rt_new(int workers, uint32_t chunk_rows, keel_hook_fn hook, void *user)
-{
-    keel_runtime_desc d = {
-        .world = {.chunk_rows = chunk_rows},
-        .workers = workers,
-        .tick_rate_hz = -1,
-        .on_first_tick = hook,
-        .hook_user = user,
-    };
-    keel_runtime *rt = NULL;
-    ck_assert_ok(keel_runtime_create(&d, &rt));
-    ck_assert_ptr_nonnull(rt);
-    ck_assert_uint_eq(keel_runtime_workers(rt), (uint32_t)workers);
-    return rt;
-}
-
-static void print_diags(const keel_schedule *s)
-{
-    for (uint32_t i = 0; i < keel_schedule_diag_count(s); i++) {
-        const keel_sched_diag *d = keel_schedule_diag(s, i);
-        fprintf(stderr, "diag %s: %s\n", keel_sched_code_name(d->code), d->message);
-    }
-}
-
-/* Build (warnings allowed) and install. */
-static void install(keel_runtime *rt, keel_schedule *s)
-{
-    int rc = keel_schedule_build(s);
-    if (rc)
-        print_diags(s);
-    ck_assert_msg(rc == KEEL_OK, "keel_schedule_build: %s: %s", keel_strerror(rc), keel_last_error());
-    ck_assert_ok(keel_runtime_set_schedule(rt, s));
+    return tu_reg(w, name, sizeof(uint32_t), d, f_u32, 1);
 }
 
 /* The first diagnostic with this code and severity ERROR, or NULL. */
@@ -121,23 +84,7 @@ static void spawn_rows(keel_runtime *rt, uint32_t n, const keel_component *cs, c
         }
         ck_assert_ok(keel_cmd_spawn(cb, in, nc));
     }
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
-    ck_assert_uint_eq(r.created_count, n);
-    if (out)
-        memcpy(out, r.created, n * sizeof *out);
-    keel_cmdbuf_destroy(cb);
-}
-
-/* Destroy one entity between steps. */
-static void destroy_now(keel_runtime *rt, keel_entity e)
-{
-    keel_cmdbuf *cb = NULL;
-    ck_assert_ok(keel_cmdbuf_create(keel_runtime_world(rt), &cb));
-    ck_assert_ok(keel_cmd_destroy(cb, e));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    ck_assert_uint_eq(keel_cmdbuf_result(cb).destroyed, 1);
-    keel_cmdbuf_destroy(cb);
+    tu_cmdbuf_apply_created(cb, n, out);
 }
 
 static uint32_t get_u32(keel_runtime *rt, keel_entity e, keel_component c)
@@ -145,43 +92,6 @@ static uint32_t get_u32(keel_runtime *rt, keel_entity e, keel_component c)
     uint32_t v = 0xdeadbeef;
     ck_assert_ok(keel_get(keel_runtime_world(rt), e, c, &v));
     return v;
-}
-
-static keel_system_record sysrec(keel_runtime *rt, uint64_t tick, keel_system sys)
-{
-    keel_system_record r;
-    memset(&r, 0, sizeof r);
-    ck_assert_ok(keel_telemetry_system(rt, tick, sys, &r));
-    ck_assert_uint_eq(r.system, sys);
-    return r;
-}
-
-static keel_query *query_new(keel_world *w, keel_component c0, keel_component c1)
-{
-    keel_query_desc d = {.with = {c0, c1}};
-    keel_query *q = NULL;
-    ck_assert_ok(keel_query_create(w, &d, &q));
-    return q;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Wait until *v >= target; false after a (very generous) deadline. Only a
- * rendezvous guard: never decides an outcome a correct runtime could miss. */
-static bool wait_at_least(_Atomic uint64_t *v, uint64_t target)
-{
-    uint64_t deadline = now_ns() + 30ull * 1000000000ull;
-    while (atomic_load(v) < target) {
-        if (now_ns() > deadline)
-            return false;
-        sched_yield();
-    }
-    return true;
 }
 
 /* ========================================================================== */
@@ -239,7 +149,7 @@ static int api_body(keel_ctx *ctx, void *user)
 
 START_TEST(test_api_get_set_errors)
 {
-    keel_runtime *rt = rt_new(1, 0, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static api_probe p;
     memset(&p, 0, sizeof p);
@@ -256,7 +166,7 @@ START_TEST(test_api_get_set_errors)
     p.full = ents[0];
     p.dead = ents[2];
     p.partial = partial;
-    destroy_now(rt, p.dead);
+    tu_destroy_now(keel_runtime_world(rt), p.dead);
 
     keel_schedule *s = sched_new(rt);
     keel_system sys = add_sys(s, &(keel_system_desc){
@@ -265,10 +175,10 @@ START_TEST(test_api_get_set_errors)
                                      .user = &p,
                                      .access = {.reads = {p.B}, .writes = {p.A}, .side_writes = {p.S}},
                                  });
-    install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_int_eq(p.ran, 1);
-    ck_assert_int_eq(sysrec(rt, 1, sys).skip, KEEL_SKIP_NONE);
+    ck_assert_int_eq(tu_sysrec(rt, 1, sys).skip, KEEL_SKIP_NONE);
 
     const int *rc = p.rc;
     ck_assert_int_eq(rc[R_GET_NULLCTX], KEEL_EINVAL);
@@ -334,7 +244,7 @@ static int busy_body(keel_ctx *ctx, void *user)
 START_TEST(test_api_direct_set_busy)
 {
     for (int workers = 1; workers <= 2; workers++) {
-        keel_runtime *rt = rt_new(workers, 0, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = workers, .tick_rate_hz = -1});
         keel_world *w = keel_runtime_world(rt);
         static busy_probe p;
         memset(&p, 0, sizeof p);
@@ -342,7 +252,7 @@ START_TEST(test_api_direct_set_busy)
         spawn_rows(rt, 1, &p.A, (uint32_t[]){5}, 1, &p.e);
         keel_schedule *s = sched_new(rt);
         add_sys(s, &(keel_system_desc){.name = "busy", .run = busy_body, .user = &p, .access = {.writes = {p.A}}});
-        install(rt, s);
+        tu_install(rt, s);
 
         ck_assert_ok(keel_runtime_step(rt));
         ck_assert_int_eq(p.ran, 1);
@@ -386,7 +296,7 @@ static int noop_cb(keel_ctx *ctx, void *user)
 
 START_TEST(test_api_pipeline_build_rules)
 {
-    keel_runtime *rt = rt_new(2, 0, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     keel_component V = reg_u32(w, "Vers", KEEL_VERSIONED);
     keel_component SV = reg_u32(w, "Single", KEEL_SINGLE_VERSION);
@@ -438,7 +348,7 @@ START_TEST(test_api_pipeline_build_rules)
     atomic_store(&g_pipe_calls, 0);
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_uint_eq(atomic_load(&g_pipe_calls), 5);
-    keel_system_record r = sysrec(rt, 1, pipe);
+    keel_system_record r = tu_sysrec(rt, 1, pipe);
     ck_assert_int_eq(r.skip, KEEL_SKIP_NONE);
     ck_assert_uint_eq(r.tasks, 5);
     keel_runtime_close(rt);
@@ -470,7 +380,7 @@ static int rw_second(keel_ctx *ctx, void *user)
 
 START_TEST(test_api_rewrites_conflict)
 {
-    keel_runtime *rt = rt_new(2, 0, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static rw_probe p;
     memset(&p, 0, sizeof p);
@@ -506,7 +416,7 @@ START_TEST(test_api_rewrites_conflict)
     add_sys(s, &(keel_system_desc){
                    .name = "r2", .phase = 1, .run = rw_second, .user = &p, .access = {.rewrites = {p.A}}});
     add_sys(s, &(keel_system_desc){.name = "r1", .phase = 0, .run = rw_first, .user = &p, .access = {.rewrites = {p.A}}});
-    install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_int_eq(p.rc1, KEEL_OK);
     ck_assert_int_eq(p.get_rc, KEEL_OK);
@@ -559,7 +469,7 @@ static int setall_body(keel_ctx *ctx, void *user)
 
 START_TEST(test_api_query_term_is_read)
 {
-    keel_runtime *rt = rt_new(2, 16, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static undecl_probe p;
     memset(&p, 0, sizeof p);
@@ -609,11 +519,11 @@ START_TEST(test_api_query_term_is_read)
                                                     .min_chunk_rows = 16,
                                                     .user = &p,
                                                     .query = {.with = {p.A}}});
-    install(rt, s);
+    tu_install(rt, s);
     p.expect = 31;
     ck_assert_ok(keel_runtime_step(rt));
-    ck_assert_int_eq(sysrec(rt, 1, ws).skip, KEEL_SKIP_NONE);
-    ck_assert_int_eq(sysrec(rt, 1, qs).skip, KEEL_SKIP_NONE);
+    ck_assert_int_eq(tu_sysrec(rt, 1, ws).skip, KEEL_SKIP_NONE);
+    ck_assert_int_eq(tu_sysrec(rt, 1, qs).skip, KEEL_SKIP_NONE);
     ck_assert_int_eq(sp.bad, 0);
     ck_assert_uint_eq(atomic_load(&p.rows), 40);
     ck_assert_uint_eq(atomic_load(&p.bad), 0);
@@ -715,7 +625,8 @@ static int cow_inc_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
 START_TEST(test_cow_visible_on_success)
 {
     for (int workers = 1; workers <= 2; workers++) {
-        keel_runtime *rt = rt_new(workers, 16, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1});
         keel_world *w = keel_runtime_world(rt);
         cow_probe *p = &g_cow;
         memset(p, 0, sizeof *p);
@@ -739,17 +650,17 @@ START_TEST(test_cow_visible_on_success)
                                                          .access = {.writes = {p->P}}});
         keel_system chk1 = add_sys(s, &(keel_system_desc){.name = "check1", .run = cow_check1, .user = p,
                                                           .access = {.reads_fresh = {p->P}}});
-        install(rt, s);
+        tu_install(rt, s);
         for (uint32_t tick = 1; tick <= 3; tick++) {
             ck_assert_ok(keel_runtime_step(rt));
             ck_assert_uint_eq(atomic_load(&p->bad), 0);
             ck_assert_uint_eq(atomic_load(&p->checked), tick * 4 * COW_N);
-            ck_assert_int_eq(sysrec(rt, tick, set).skip, KEEL_SKIP_NONE);
-            ck_assert_int_eq(sysrec(rt, tick, chk0).skip, KEEL_SKIP_NONE);
-            ck_assert_int_eq(sysrec(rt, tick, inc).skip, KEEL_SKIP_NONE);
-            ck_assert_int_eq(sysrec(rt, tick, chk1).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, tick, set).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, tick, chk0).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, tick, inc).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, tick, chk1).skip, KEEL_SKIP_NONE);
             if (workers == 2)
-                ck_assert_uint_gt(sysrec(rt, tick, inc).tasks, 1);
+                ck_assert_uint_gt(tu_sysrec(rt, tick, inc).tasks, 1);
             for (uint32_t i = 0; i < COW_N; i++)
                 ck_assert_uint_eq(get_u32(rt, p->ents[i], p->P), tick * 1000 + i + 1);
         }
@@ -819,7 +730,8 @@ START_TEST(test_cow_rollback_on_failure)
 {
     for (uint32_t mode = 1; mode <= 2; mode++) {
         for (int workers = 1; workers <= 2; workers++) {
-            keel_runtime *rt = rt_new(workers, 16, NULL, NULL);
+            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                             .tick_rate_hz = -1});
             keel_world *w = keel_runtime_world(rt);
             static fail_probe p;
             memset(&p, 0, sizeof p);
@@ -841,7 +753,7 @@ START_TEST(test_cow_rollback_on_failure)
                                                             .access = {.writes = {p.Q}}});
             keel_system after = add_sys(s, &(keel_system_desc){.name = "after", .run = fail_after, .user = &p,
                                                                .access = {.reads_fresh = {p.P, p.Q}}});
-            install(rt, s);
+            tu_install(rt, s);
             uint64_t h0 = keel_world_hash(w);
 
             atomic_store(&p.fail_mode, mode);
@@ -849,9 +761,9 @@ START_TEST(test_cow_rollback_on_failure)
             ck_assert_uint_eq(atomic_load(&p.bad), 0);
             ck_assert_uint_eq(atomic_load(&p.cb_runs), 1);
             ck_assert_uint_ge(atomic_load(&p.q_chunks), 1);
-            ck_assert_int_eq(sysrec(rt, 1, cbs).skip, KEEL_SKIP_FAILED);
-            ck_assert_int_eq(sysrec(rt, 1, qs).skip, KEEL_SKIP_FAILED);
-            ck_assert_int_eq(sysrec(rt, 1, after).skip, KEEL_SKIP_DEPENDENCY_FAILED);
+            ck_assert_int_eq(tu_sysrec(rt, 1, cbs).skip, KEEL_SKIP_FAILED);
+            ck_assert_int_eq(tu_sysrec(rt, 1, qs).skip, KEEL_SKIP_FAILED);
+            ck_assert_int_eq(tu_sysrec(rt, 1, after).skip, KEEL_SKIP_DEPENDENCY_FAILED);
             ck_assert_uint_eq(atomic_load(&p.after_runs), 0);
             /* every VERSIONED value unchanged, every command dropped */
             for (uint32_t i = 0; i < COW_N; i++) {
@@ -870,9 +782,9 @@ START_TEST(test_cow_rollback_on_failure)
             ck_assert_ok(keel_runtime_step(rt));
             ck_assert_uint_eq(atomic_load(&p.bad), 0);
             ck_assert_uint_eq(atomic_load(&p.q_chunks) - chunks_before, (COW_N + 15) / 16);
-            ck_assert_int_eq(sysrec(rt, 2, cbs).skip, KEEL_SKIP_NONE);
-            ck_assert_int_eq(sysrec(rt, 2, qs).skip, KEEL_SKIP_NONE);
-            ck_assert_int_eq(sysrec(rt, 2, after).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, 2, cbs).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, 2, qs).skip, KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, 2, after).skip, KEEL_SKIP_NONE);
             ck_assert_uint_eq(atomic_load(&p.after_runs), 1);
             ck_assert(!keel_alive(w, p.ents[0]));
             for (uint32_t i = 1; i < COW_N; i++) {
@@ -919,7 +831,7 @@ static int par_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
 
 START_TEST(test_cow_parallel_one_task_fails)
 {
-    keel_runtime *rt = rt_new(2, 16, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static par_probe p;
     memset(&p, 0, sizeof p);
@@ -936,13 +848,13 @@ START_TEST(test_cow_parallel_one_task_fails)
                                                     .user = &p,
                                                     .query = {.with = {p.P}},
                                                     .access = {.writes = {p.P}}});
-    install(rt, s);
+    tu_install(rt, s);
     const uint32_t nchunks = PAR_N / 16;
     uint64_t h0 = keel_world_hash(w);
 
     atomic_store(&p.fail, 1);
     ck_assert_ok(keel_runtime_step(rt));
-    keel_system_record r = sysrec(rt, 1, qs);
+    keel_system_record r = tu_sysrec(rt, 1, qs);
     ck_assert_int_eq(r.skip, KEEL_SKIP_FAILED);
     ck_assert_uint_gt(r.tasks, 1); /* many chunk tasks, exactly one of which failed */
     ck_assert_uint_eq(atomic_load(&p.failed_chunks), 1);
@@ -961,7 +873,7 @@ START_TEST(test_cow_parallel_one_task_fails)
     atomic_store(&p.fail, 0);
     atomic_store(&p.chunks, 0);
     ck_assert_ok(keel_runtime_step(rt));
-    r = sysrec(rt, 2, qs);
+    r = tu_sysrec(rt, 2, qs);
     ck_assert_int_eq(r.skip, KEEL_SKIP_NONE);
     ck_assert_uint_eq(atomic_load(&p.chunks), nchunks);
     for (uint32_t i = 0; i < PAR_N; i++)
@@ -1015,7 +927,8 @@ static int sv_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
 START_TEST(test_cow_single_version_in_place)
 {
     for (int workers = 1; workers <= 2; workers++) {
-        keel_runtime *rt = rt_new(workers, 16, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1});
         keel_world *w = keel_runtime_world(rt);
         static sv_probe p;
         memset(&p, 0, sizeof p);
@@ -1038,13 +951,13 @@ START_TEST(test_cow_single_version_in_place)
                                                         .user = &qp,
                                                         .query = {.with = {p.S, p.V}},
                                                         .access = {.writes = {p.S, p.V}}});
-        install(rt, s);
+        tu_install(rt, s);
         uint64_t h0 = keel_world_hash(w);
         ck_assert_ok(keel_runtime_step(rt));
         ck_assert_int_eq(p.bad, 0);
-        ck_assert_int_eq(sysrec(rt, 1, cb).skip, KEEL_SKIP_FAILED);
+        ck_assert_int_eq(tu_sysrec(rt, 1, cb).skip, KEEL_SKIP_FAILED);
         /* phase 1 after a failed phase-0 writer of S and V: skipped */
-        ck_assert_int_eq(sysrec(rt, 1, qs).skip, KEEL_SKIP_DEPENDENCY_FAILED);
+        ck_assert_int_eq(tu_sysrec(rt, 1, qs).skip, KEEL_SKIP_DEPENDENCY_FAILED);
         ck_assert_uint_eq(p.seen_S_committed, 703);
         ck_assert_uint_eq(p.seen_V_committed, 3);
         for (uint32_t i = 0; i < p.n; i++) {
@@ -1064,9 +977,9 @@ START_TEST(test_cow_single_version_in_place)
                                             .user = &qp,
                                             .query = {.with = {p.S, p.V}},
                                             .access = {.writes = {p.S, p.V}}});
-        install(rt, s);
+        tu_install(rt, s);
         ck_assert_ok(keel_runtime_step(rt));
-        ck_assert_int_eq(sysrec(rt, 2, qs).skip, KEEL_SKIP_FAILED);
+        ck_assert_int_eq(tu_sysrec(rt, 2, qs).skip, KEEL_SKIP_FAILED);
         uint32_t rows = atomic_load(&qp.rows);
         ck_assert_uint_ge(rows, 1);
         ck_assert_uint_le(rows, p.n);
@@ -1122,7 +1035,7 @@ static int rwq_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
 
 START_TEST(test_cow_rewrites)
 {
-    keel_runtime *rt = rt_new(2, 16, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static rwq_probe p;
     memset(&p, 0, sizeof p);
@@ -1147,11 +1060,11 @@ START_TEST(test_cow_rewrites)
                                                     .user = &p,
                                                     .query = {.with = {p.P, p.Q}},
                                                     .access = {.rewrites = {p.P}, .writes = {p.Q}}});
-    install(rt, s);
+    tu_install(rt, s);
     const uint32_t nchunks = (RW_N + 15) / 16;
     for (uint32_t tick = 1; tick <= 3; tick++) {
         ck_assert_ok(keel_runtime_step(rt));
-        ck_assert_int_eq(sysrec(rt, tick, rs).skip, KEEL_SKIP_NONE);
+        ck_assert_int_eq(tu_sysrec(rt, tick, rs).skip, KEEL_SKIP_NONE);
         ck_assert_uint_eq(atomic_load(&p.rows), tick * RW_N);
         ck_assert_uint_eq(atomic_load(&p.bad), 0);
         ck_assert_uint_eq(atomic_load(&p.fresh_ptr), tick * nchunks); /* columns[0] is a new buffer */
@@ -1164,7 +1077,7 @@ START_TEST(test_cow_rewrites)
     /* a failing rewriter leaves the committed values, not its fresh buffers */
     atomic_store(&p.fail, 1);
     ck_assert_ok(keel_runtime_step(rt));
-    ck_assert_int_eq(sysrec(rt, 4, rs).skip, KEEL_SKIP_FAILED);
+    ck_assert_int_eq(tu_sysrec(rt, 4, rs).skip, KEEL_SKIP_FAILED);
     ck_assert_uint_eq(atomic_load(&p.bad), 0);
     for (uint32_t i = 0; i < RW_N; i++) {
         ck_assert_uint_eq(get_u32(rt, ents[i], p.P), 3 * i + 3);
@@ -1199,7 +1112,7 @@ static int ryw_body(keel_ctx *ctx, void *user)
 
 START_TEST(test_cow_read_your_writes)
 {
-    keel_runtime *rt = rt_new(1, 16, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static ryw_probe p;
     memset(&p, 0, sizeof p);
@@ -1210,7 +1123,7 @@ START_TEST(test_cow_read_your_writes)
     p.b = ents[35];
     keel_schedule *s = sched_new(rt);
     add_sys(s, &(keel_system_desc){.name = "ryw", .run = ryw_body, .user = &p, .access = {.writes = {p.P}}});
-    install(rt, s);
+    tu_install(rt, s);
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_int_eq(p.rc, 0);
     ck_assert_uint_eq(p.own1, 50);
@@ -1260,7 +1173,8 @@ static int ti_body(keel_ctx *ctx, void *user)
 START_TEST(test_cow_txn_iter_callback)
 {
     for (int workers = 1; workers <= 2; workers++) {
-        keel_runtime *rt = rt_new(workers, 16, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1});
         keel_world *w = keel_runtime_world(rt);
         static ti_probe p;
         memset(&p, 0, sizeof p);
@@ -1268,17 +1182,17 @@ START_TEST(test_cow_txn_iter_callback)
         p.Q = reg_u32(w, "Q", KEEL_VERSIONED);
         keel_entity ents[100];
         spawn_rows(rt, 100, (keel_component[]){p.P, p.Q}, (uint32_t[]){0, 1}, 2, ents); /* P = i, Q = i + 1 */
-        p.q = query_new(w, p.P, p.Q);
+        p.q = tu_query_new(w, p.P, p.Q);
         keel_schedule *s = sched_new(rt);
         keel_system ts = add_sys(s, &(keel_system_desc){.name = "iter", .run = ti_body, .user = &p,
                                                         .access = {.writes = {p.P}, .reads = {p.Q}}});
-        install(rt, s);
+        tu_install(rt, s);
         /* tick 1 commits, tick 2 fails, tick 3 commits */
         uint32_t expect_mult[4] = {0, 1, 1, 2};
         for (uint32_t tick = 1; tick <= 3; tick++) {
             atomic_store(&p.fail, tick == 2);
             ck_assert_ok(keel_runtime_step(rt));
-            ck_assert_int_eq(sysrec(rt, tick, ts).skip, tick == 2 ? KEEL_SKIP_FAILED : KEEL_SKIP_NONE);
+            ck_assert_int_eq(tu_sysrec(rt, tick, ts).skip, tick == 2 ? KEEL_SKIP_FAILED : KEEL_SKIP_NONE);
             ck_assert_uint_eq(p.rows, tick * 100);
             ck_assert_uint_eq(p.chunks, tick * 7);
             ck_assert_uint_eq(p.bad, 0);
@@ -1351,16 +1265,17 @@ START_TEST(test_cow_first_tick_hook)
         static hook_probe p;
         memset(&p, 0, sizeof p);
         p.fail_mode = mode;
-        keel_runtime *rt = rt_new(2, 16, hook_fn, &p);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1,
+                                                         .on_first_tick = hook_fn, .hook_user = &p});
         keel_world *w = keel_runtime_world(rt);
         p.P = reg_u32(w, "P", KEEL_VERSIONED);
         p.Q = reg_u32(w, "Q", KEEL_VERSIONED);
         spawn_rows(rt, 50, (keel_component[]){p.P, p.Q}, (uint32_t[]){0, 0}, 2, p.ents);
-        p.q = query_new(w, p.Q, 0);
+        p.q = tu_query_new(w, p.Q, 0);
         keel_schedule *s = sched_new(rt);
         add_sys(s, &(keel_system_desc){.name = "reader", .run = hook_reader, .user = &p,
                                        .access = {.reads = {p.P, p.Q}}});
-        install(rt, s);
+        tu_install(rt, s);
         uint64_t h0 = keel_world_hash(w);
 
         if (mode) {
@@ -1447,7 +1362,7 @@ static int snap_reader(keel_ctx *ctx, void *user)
 {
     snap_probe *p = user;
     uint64_t tick = keel_ctx_tick(ctx);
-    if (snap_wait_tick(tick) && !wait_at_least(&p->written, tick))
+    if (snap_wait_tick(tick) && !tu_wait_at_least(&p->written, tick))
         atomic_fetch_add(&p->timeouts, 1);
     uint32_t expect = (uint32_t)(tick - 1);
     keel_iter it;
@@ -1508,7 +1423,7 @@ static bool has_succ(const keel_schedule *sc, keel_system from, keel_system to)
 
 START_TEST(test_snapshot_concurrent_writer)
 {
-    keel_runtime *rt = rt_new(2, 64, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 64}, .workers = 2, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static snap_probe p;
     memset(&p, 0, sizeof p);
@@ -1516,7 +1431,7 @@ START_TEST(test_snapshot_concurrent_writer)
     spawn_rows(rt, SNAP_N, &p.C, (uint32_t[]){0}, 1, p.ents);
     for (uint32_t i = 0; i < SNAP_N; i++) /* start at 0: tick t's snapshot is then t - 1 for every t */
         ck_assert_ok(keel_set(w, p.ents[i], p.C, &(uint32_t){0}));
-    p.q = query_new(w, p.C, 0);
+    p.q = tu_query_new(w, p.C, 0);
 
     keel_schedule *s = sched_new(rt);
     keel_system ws = add_sys(s, &(keel_system_desc){.name = "writer", .run = snap_writer, .user = &p,
@@ -1537,7 +1452,7 @@ START_TEST(test_snapshot_concurrent_writer)
                                                     .user = &p,
                                                     .query = {.with = {p.C}},
                                                     .access = {.reads_fresh = {p.C}}});
-    install(rt, s);
+    tu_install(rt, s);
     /* same phase, no edge between the writer and the snapshot readers; the
      * fresh reader is ordered after the writer */
     const keel_schedule *sc = rt->ex.sched;
@@ -1558,8 +1473,8 @@ START_TEST(test_snapshot_concurrent_writer)
     ck_assert_uint_eq(atomic_load(&p.qr_rows), SNAP_TICKS * SNAP_N);
     ck_assert_uint_eq(atomic_load(&p.f_rows), SNAP_TICKS * SNAP_N);
     for (uint32_t t = 1; t <= 4; t++) {
-        ck_assert_int_eq(sysrec(rt, SNAP_TICKS - t, ws).skip, KEEL_SKIP_NONE);
-        ck_assert_int_eq(sysrec(rt, SNAP_TICKS - t, rs).skip, KEEL_SKIP_NONE);
+        ck_assert_int_eq(tu_sysrec(rt, SNAP_TICKS - t, ws).skip, KEEL_SKIP_NONE);
+        ck_assert_int_eq(tu_sysrec(rt, SNAP_TICKS - t, rs).skip, KEEL_SKIP_NONE);
     }
     for (uint32_t i = 0; i < SNAP_N; i++)
         ck_assert_uint_eq(get_u32(rt, p.ents[i], p.C), SNAP_TICKS);
@@ -1607,7 +1522,8 @@ static int hash_wd(keel_ctx *ctx, const keel_iter *it, void *user)
 
 static uint64_t run_hash_world(int workers, uint32_t ticks, uint32_t *bad)
 {
-    keel_runtime *rt = rt_new(workers, 64, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 64}, .workers = workers,
+                                                     .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static hash_probe p;
     memset(&p, 0, sizeof p);
@@ -1632,7 +1548,7 @@ static uint64_t run_hash_world(int workers, uint32_t ticks, uint32_t *bad)
                                    .user = &p,
                                    .query = {.with = {p.C, p.D}},
                                    .access = {.reads_snapshot = {p.C}, .writes = {p.D}}});
-    install(rt, s);
+    tu_install(rt, s);
     for (uint32_t t = 0; t < ticks; t++)
         ck_assert_ok(keel_runtime_step(rt));
     for (uint32_t i = 0; i < 1000; i++) {
@@ -1744,7 +1660,8 @@ static int uow_rw(keel_ctx *ctx, const keel_iter *it, void *user)
 START_TEST(test_uow_changed_rows_only)
 {
     for (int workers = 1; workers <= 2; workers++) {
-        keel_runtime *rt = rt_new(workers, 16, NULL, NULL);
+        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                         .tick_rate_hz = -1});
         keel_world *w = keel_runtime_world(rt);
         static uow_probe p;
         memset(&p, 0, sizeof p);
@@ -1765,12 +1682,12 @@ START_TEST(test_uow_changed_rows_only)
         add_sys(s, &(keel_system_desc){.name = "pw", .run = uow_pw, .user = &p, .access = {.writes = {p.P}}});
         keel_system qf = add_sys(s, &(keel_system_desc){.name = "qfail", .run = uow_qfail, .user = &p,
                                                         .access = {.writes = {p.Q}}});
-        install(rt, s);
+        tu_install(rt, s);
         rt->txn.uow.capture = true;
 
         ck_assert_ok(keel_runtime_step(rt));
         ck_assert_uint_eq(atomic_load(&p.bad), 0);
-        ck_assert_int_eq(sysrec(rt, 1, qf).skip, KEEL_SKIP_FAILED);
+        ck_assert_int_eq(tu_sysrec(rt, 1, qf).skip, KEEL_SKIP_FAILED);
         static cap_row rows[4 * UOW_N];
         uint32_t n = captured(rt, rows, 4 * UOW_N);
         /* execution order (pw, rw; qfail failed), chunk order, row order */
@@ -1847,7 +1764,7 @@ static int diff_write(keel_ctx *ctx, void *user)
 
 START_TEST(test_uow_changed_rows_every_size)
 {
-    keel_runtime *rt = rt_new(1, 64, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 64}, .workers = 1, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static diff_probe p;
     keel_system_desc sys = {.name = "diff", .run = diff_write, .user = &p};
@@ -1878,7 +1795,7 @@ START_TEST(test_uow_changed_rows_every_size)
     keel_cmdbuf_destroy(cb);
     keel_schedule *s = sched_new(rt);
     add_sys(s, &sys);
-    install(rt, s);
+    tu_install(rt, s);
     rt->txn.uow.capture = true;
     ck_assert_ok(keel_runtime_step(rt));
 
@@ -1940,7 +1857,7 @@ static int svt_fail(keel_ctx *ctx, void *user)
 
 START_TEST(test_uow_single_version_and_transient)
 {
-    keel_runtime *rt = rt_new(1, 16, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static svt_probe p;
     memset(&p, 0, sizeof p);
@@ -1952,11 +1869,11 @@ START_TEST(test_uow_single_version_and_transient)
     add_sys(s, &(keel_system_desc){.name = "svt", .run = svt_write, .user = &p, .access = {.writes = {p.S, p.T}}});
     keel_system fs = add_sys(s, &(keel_system_desc){.name = "svtfail", .run = svt_fail, .user = &p,
                                                     .after = {"svt"}, .access = {.writes = {p.S, p.V}}});
-    install(rt, s);
+    tu_install(rt, s);
     rt->txn.uow.capture = true;
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_int_eq(p.bad, 0);
-    ck_assert_int_eq(sysrec(rt, 1, fs).skip, KEEL_SKIP_FAILED);
+    ck_assert_int_eq(tu_sysrec(rt, 1, fs).skip, KEEL_SKIP_FAILED);
     static cap_row rows[200];
     uint32_t n = captured(rt, rows, 200);
     /* chunk 1 (rows 16..31) whole, then chunk 2 (rows 32..39) of the failed system */
@@ -2018,7 +1935,7 @@ static int life_bad(keel_ctx *ctx, void *user)
 
 START_TEST(test_uow_lifecycle_log)
 {
-    keel_runtime *rt = rt_new(2, 16, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static life_probe p;
     memset(&p, 0, sizeof p);
@@ -2034,7 +1951,7 @@ START_TEST(test_uow_lifecycle_log)
     add_sys(s, &(keel_system_desc){.name = "b", .run = life_b, .user = &p, .after = {"a"}});
     add_sys(s, &(keel_system_desc){.name = "bad", .run = life_bad, .user = &p});
     add_sys(s, &(keel_system_desc){.name = "a", .run = life_a, .user = &p});
-    install(rt, s);
+    tu_install(rt, s);
     rt->txn.uow.capture = true;
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_int_eq(atomic_load(&p.bad), 0);
@@ -2124,13 +2041,14 @@ START_TEST(test_uow_hook_rows_first)
 {
     static uhook_probe p;
     memset(&p, 0, sizeof p);
-    keel_runtime *rt = rt_new(1, 16, uhook_fn, &p);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1,
+                                                     .on_first_tick = uhook_fn, .hook_user = &p});
     keel_world *w = keel_runtime_world(rt);
     p.P = reg_u32(w, "P", KEEL_VERSIONED);
     spawn_rows(rt, 20, &p.P, (uint32_t[]){0}, 1, p.ents);
     keel_schedule *s = sched_new(rt);
     add_sys(s, &(keel_system_desc){.name = "sys", .run = uhook_sys, .user = &p, .access = {.writes = {p.P}}});
-    install(rt, s);
+    tu_install(rt, s);
     rt->txn.uow.capture = true;
     ck_assert_ok(keel_runtime_step(rt));
     cap_row rows[8];
@@ -2189,7 +2107,8 @@ typedef struct pd_result {
 
 static void run_pd(int workers, pd_result *res)
 {
-    keel_runtime *rt = rt_new(workers, 16, NULL, NULL);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
+                                                     .tick_rate_hz = -1});
     keel_world *w = keel_runtime_world(rt);
     static pd_probe p;
     memset(&p, 0, sizeof p);
@@ -2212,7 +2131,7 @@ static void run_pd(int workers, pd_result *res)
                                                 .query = {.with = {comps[k]}},
                                                 .access = {.writes = {comps[k]}}});
     add_sys(s, &(keel_system_desc){.name = "cd", .run = pd_cb, .user = &p, .access = {.writes = {p.D}}});
-    install(rt, s);
+    tu_install(rt, s);
     rt->txn.uow.capture = true;
     res->rows = malloc(PD_TICKS * 4 * PD_N * sizeof *res->rows);
     ck_assert_ptr_nonnull(res->rows);
@@ -2229,7 +2148,7 @@ static void run_pd(int workers, pd_result *res)
         }
         res->n += n;
         for (int k = 0; k < 3; k++) {
-            keel_system_record r = sysrec(rt, tick, sys[k]);
+            keel_system_record r = tu_sysrec(rt, tick, sys[k]);
             ck_assert_int_eq(r.skip, KEEL_SKIP_NONE);
             if (r.tasks > res->max_tasks)
                 res->max_tasks = r.tasks;

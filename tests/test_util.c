@@ -1,7 +1,7 @@
 /*
- * test_util.c -- temporary directories, tools run as child processes and
- * WAL records on disk, for the test programs that list this file in
- * tests/CMakeLists.txt (test_util.h says what each helper does).
+ * test_util.c -- time and waiting, runtimes, temporary directories, tools
+ * run as child processes and WAL records on disk, for every test program
+ * (test_util.h says what each helper does).
  */
 #include "test_util.h"
 
@@ -12,15 +12,182 @@
 #include <ftw.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "core/hash.h"
 #include "keel_test.h"
 #include "keel_wal/wal.h"
+
+/* ---- time and waiting ---------------------------------------------------------------------- */
+
+uint64_t tu_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static bool tu_reached_u32(void *v, uint64_t target)
+{
+    return atomic_load((_Atomic uint32_t *)v) >= target;
+}
+
+static bool tu_reached_u64(void *v, uint64_t target)
+{
+    return atomic_load((_Atomic uint64_t *)v) >= target;
+}
+
+static bool tu_wait_until(bool (*reached)(void *v, uint64_t target), void *v, uint64_t target)
+{
+    uint64_t deadline = tu_now_ns() + 30ull * 1000000000ull;
+    while (!reached(v, target)) {
+        if (tu_now_ns() > deadline)
+            return false;
+        sched_yield();
+    }
+    return true;
+}
+
+bool tu_wait_at_least_u32(_Atomic uint32_t *v, uint32_t target)
+{
+    return tu_wait_until(tu_reached_u32, (void *)v, target);
+}
+
+bool tu_wait_at_least_u64(_Atomic uint64_t *v, uint64_t target)
+{
+    return tu_wait_until(tu_reached_u64, (void *)v, target);
+}
+
+/* ---- runtimes -------------------------------------------------------------------------------- */
+
+keel_runtime *tu_rt_new(keel_runtime_desc d)
+{
+    keel_runtime *rt = NULL;
+    ck_assert_ok(keel_runtime_create(&d, &rt));
+    ck_assert_ptr_nonnull(rt);
+    if (d.workers > 0)
+        ck_assert_uint_eq(keel_runtime_workers(rt), (uint32_t)d.workers);
+    return rt;
+}
+
+void tu_step_n(keel_runtime *rt, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert_ok(keel_runtime_step(rt));
+}
+
+void tu_print_diags(const keel_schedule *s)
+{
+    for (uint32_t i = 0; i < keel_schedule_diag_count(s); i++) {
+        const keel_sched_diag *d = keel_schedule_diag(s, i);
+        fprintf(stderr, "diag %s: %s\n", keel_sched_code_name(d->code), d->message);
+    }
+}
+
+void tu_install(keel_runtime *rt, keel_schedule *s)
+{
+    int rc = keel_schedule_build(s);
+    if (rc)
+        tu_print_diags(s);
+    ck_assert_msg(rc == KEEL_OK, "keel_schedule_build: %s: %s", keel_strerror(rc), keel_last_error());
+    ck_assert_ok(keel_runtime_set_schedule(rt, s));
+}
+
+keel_world *tu_world_new(keel_world_desc d)
+{
+    keel_world *w = NULL;
+    ck_assert_ok(keel_world_create(&d, &w));
+    ck_assert_ptr_nonnull(w);
+    return w;
+}
+
+keel_cmdbuf *tu_cmdbuf_new(keel_world *w)
+{
+    keel_cmdbuf *cb = NULL;
+    ck_assert_ok(keel_cmdbuf_create(w, &cb));
+    ck_assert_ptr_nonnull(cb);
+    return cb;
+}
+
+void tu_cmdbuf_apply_created(keel_cmdbuf *cb, uint32_t n, keel_entity *out)
+{
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    keel_cmd_result r = keel_cmdbuf_result(cb);
+    ck_assert_uint_eq(r.created_count, n);
+    if (out)
+        memcpy(out, r.created, n * sizeof *out);
+    keel_cmdbuf_destroy(cb);
+}
+
+void tu_destroy_now(keel_world *w, keel_entity e)
+{
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
+    ck_assert_ok(keel_cmd_destroy(cb, e));
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).destroyed, 1);
+    keel_cmdbuf_destroy(cb);
+    ck_assert(!keel_alive(w, e));
+}
+
+keel_component tu_reg(keel_world *w, const char *name, uint32_t size, keel_discipline disc,
+                      const keel_field *fields, uint32_t nfields)
+{
+    keel_component_desc d = {.name = name, .size = size, .discipline = disc, .fields = fields, .field_count = nfields};
+    keel_component id = 0;
+    ck_assert_ok(keel_component_register(w, &d, &id));
+    ck_assert_uint_ne(id, 0);
+    return id;
+}
+
+keel_query *tu_query_new(keel_world *w, keel_component c0, keel_component c1)
+{
+    keel_query_desc d = {.with = {c0, c1}};
+    keel_query *q = NULL;
+    ck_assert_ok(keel_query_create(w, &d, &q));
+    return q;
+}
+
+keel_system_record tu_sysrec(keel_runtime *rt, uint64_t tick, keel_system sys)
+{
+    keel_system_record r;
+    memset(&r, 0, sizeof r);
+    ck_assert_ok(keel_telemetry_system(rt, tick, sys, &r));
+    ck_assert_uint_eq(r.system, sys);
+    return r;
+}
+
+keel_runtime_stats tu_stats(const keel_runtime *rt)
+{
+    keel_runtime_stats st;
+    memset(&st, 0xab, sizeof st);
+    keel_runtime_stats_get(rt, &st);
+    return st;
+}
+
+int tu_sys_noop(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    (void)user;
+    return 0;
+}
+
+uint64_t tu_rng_next(uint64_t *state)
+{
+    *state += 0x9e3779b97f4a7c15ull;
+    return core_mix64(*state);
+}
+
+uint32_t tu_rng_below(uint64_t *state, uint32_t n)
+{
+    return (uint32_t)(tu_rng_next(state) % n);
+}
 
 /* ---- temporary directories ------------------------------------------------------------- */
 
@@ -98,6 +265,14 @@ void tu_write_file(const char *path, const void *p, size_t n)
     ck_assert_msg(f != NULL, "cannot create %s: %s", path, strerror(errno));
     ck_assert_uint_eq(fwrite(p, 1, n, f), n);
     ck_assert_int_eq(fclose(f), 0);
+}
+
+uint32_t tu_count_lines(const char *s)
+{
+    uint32_t n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
 }
 
 /* ---- running a tool ---------------------------------------------------------------------- */
@@ -216,25 +391,36 @@ int tu_wait(pid_t pid)
 
 /* ---- WAL records on disk ------------------------------------------------------------------- */
 
+void tu_wal_open(tu_wal_reader *w, const char *dir, uint64_t from)
+{
+    *w = (tu_wal_reader){0};
+    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
+    ck_assert_ok(kw_store_open(dir, &sd, &w->st));
+    ck_assert_ok(kw_read_begin(w->st, &w->r));
+    ck_assert_ok(kw_wal_iter(w->r, from, &w->it));
+}
+
+void tu_wal_close(tu_wal_reader *w)
+{
+    if (w->it)
+        kw_wal_iter_end(w->it);
+    kw_read_end(w->r);
+    kw_store_close(w->st);
+    *w = (tu_wal_reader){0};
+}
+
 void *tu_record_copy(const char *dir, uint64_t lsn, size_t *len)
 {
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, lsn, &it));
+    tu_wal_reader w;
+    tu_wal_open(&w, dir, lsn);
     uint64_t got = 0;
     const void *rec = NULL;
-    ck_assert_int_eq(kw_wal_next(it, &got, &rec, len), 1);
+    ck_assert_int_eq(kw_wal_next(w.it, &got, &rec, len), 1);
     ck_assert_uint_eq(got, lsn);
     void *copy = malloc(*len);
     ck_assert_ptr_nonnull(copy);
     memcpy(copy, rec, *len);
-    kw_wal_iter_end(it);
-    kw_read_end(r);
-    kw_store_close(st);
+    tu_wal_close(&w);
     return copy;
 }
 

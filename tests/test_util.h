@@ -1,8 +1,14 @@
 /*
- * test_util.h -- what the tests of real files and real processes share
- * (tests/test_util.c, compiled into the programs that list it in
- * tests/CMakeLists.txt):
+ * test_util.h -- what the test programs share (tests/test_util.c, the
+ * library keel_test_util that tests/CMakeLists.txt links into every
+ * program):
  *
+ *   time and waiting       the monotonic clock, a rendezvous on an atomic
+ *                          counter guarded by a generous deadline;
+ *   runtimes               a runtime made from a descriptor, a schedule
+ *                          built and installed, components registered,
+ *                          telemetry and counters read back, a system that
+ *                          does nothing, a seeded PRNG;
  *   temporary directories  a mkdtemp base per test case, removed with all
  *                          in it by the case's unchecked fixture;
  *   running a tool         a built binary (keel-wal, keel-world), or a
@@ -18,10 +24,64 @@
 #ifndef KEEL_TEST_UTIL_H
 #define KEEL_TEST_UTIL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "keel/keel.h"
+#include "keel_wal/wal.h"
+
+/* ---- time and waiting ---------------------------------------------------------------------- */
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+uint64_t tu_now_ns(void);
+
+/* Wait (yielding) until *v >= target; false after a (very generous) 30 s
+ * deadline. Only a rendezvous guard: it never decides an outcome that a
+ * correct runtime could miss. For _Atomic uint32_t and _Atomic uint64_t. */
+#define tu_wait_at_least(v, target) \
+    _Generic((v), _Atomic uint32_t *: tu_wait_at_least_u32, _Atomic uint64_t *: tu_wait_at_least_u64)((v), (target))
+bool tu_wait_at_least_u32(_Atomic uint32_t *v, uint32_t target);
+bool tu_wait_at_least_u64(_Atomic uint64_t *v, uint64_t target);
+
+/* ---- runtimes -------------------------------------------------------------------------------- */
+
+/* keel_runtime_create(&d) that must succeed (zero fields: the runtime's
+ * defaults). With d.workers > 0 the runtime runs exactly that many. */
+keel_runtime *tu_rt_new(keel_runtime_desc d);
+/* Build s (warnings allowed, an error fails the test after printing every
+ * diagnostic) and install it on rt. */
+void tu_install(keel_runtime *rt, keel_schedule *s);
+/* n keel_runtime_step calls that must succeed. */
+void tu_step_n(keel_runtime *rt, uint64_t n);
+/* Print every diagnostic of s to stderr. */
+void tu_print_diags(const keel_schedule *s);
+/* keel_world_create(&d) that must succeed. */
+keel_world *tu_world_new(keel_world_desc d);
+/* A new command buffer on w. */
+keel_cmdbuf *tu_cmdbuf_new(keel_world *w);
+/* Apply cb at once (between steps): it must create exactly n entities,
+ * whose handles go to out (may be NULL); cb is destroyed. */
+void tu_cmdbuf_apply_created(keel_cmdbuf *cb, uint32_t n, keel_entity *out);
+/* Destroy e at once (between steps, one apply); it must be gone after. */
+void tu_destroy_now(keel_world *w, keel_entity e);
+/* Register a component that must get an id (not 0). */
+keel_component tu_reg(keel_world *w, const char *name, uint32_t size, keel_discipline disc,
+                      const keel_field *fields, uint32_t nfields);
+/* A query over entities with c0 and c1 (c1 0: c0 alone). */
+keel_query *tu_query_new(keel_world *w, keel_component c0, keel_component c1);
+/* The telemetry record of system sys at tick (it must exist). */
+keel_system_record tu_sysrec(keel_runtime *rt, uint64_t tick, keel_system sys);
+/* The runtime's counters (every field written by keel_runtime_stats_get). */
+keel_runtime_stats tu_stats(const keel_runtime *rt);
+/* A callback system body that does nothing. */
+int tu_sys_noop(keel_ctx *ctx, void *user);
+/* splitmix64 on *state: the same sequence for the same seed, everywhere. */
+uint64_t tu_rng_next(uint64_t *state);
+/* tu_rng_next(state) % n. */
+uint32_t tu_rng_below(uint64_t *state, uint32_t n);
 
 /* ---- temporary directories ------------------------------------------------------------- */
 
@@ -41,6 +101,8 @@ void tu_path(char *out, size_t n, const char *name);
 void tu_rmtree(const char *dir);
 /* Create path holding the n bytes at p. */
 void tu_write_file(const char *path, const void *p, size_t n);
+/* The number of newlines in s. */
+uint32_t tu_count_lines(const char *s);
 
 /* ---- running a tool ---------------------------------------------------------------------- */
 
@@ -62,6 +124,18 @@ int tu_wait(pid_t pid);
 
 /* ---- WAL records on disk ------------------------------------------------------------------- */
 
+/* The WAL of the data directory dir, read: the store opened read-only, a
+ * read transaction, an iterator from LSN `from` (kw_wal_next(w.it, ...)).
+ * No handle of this process may have dir open (LMDB forbids opening one
+ * environment twice in a process). */
+typedef struct tu_wal_reader {
+    kw_store *st;
+    kw_rtxn *r;
+    kw_walit *it;
+} tu_wal_reader;
+void tu_wal_open(tu_wal_reader *w, const char *dir, uint64_t from);
+/* End the iterator (unless NULL), the transaction and the store. */
+void tu_wal_close(tu_wal_reader *w);
 /* A malloc'd copy of the record with LSN lsn in the data directory dir
  * (opened read-only). */
 void *tu_record_copy(const char *dir, uint64_t lsn, size_t *len);

@@ -52,18 +52,12 @@
 #include "keel/keel.h"
 #include "core/core.h"
 #include "keel_test.h"
+#include "test_util.h"
 #include "world/world_internal.h" /* chunk counts, to check the scenario frees chunks */
 
 #define K_SUM 1000000ll
 #define REG_CAP (1u << 17)
 #define GUARD_NS (60ull * 1000000000ull) /* a wait this long is a failure, not a hang */
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- the simulation ------------------------------------------------------------ */
 
@@ -96,12 +90,7 @@ static const keel_field ent_field[] = {{.name = "e", .type = KEEL_ENTITY, .offse
 static keel_component reg_comp(keel_world *w, const char *name, uint32_t size, keel_discipline d,
                                const keel_field *f)
 {
-    keel_component c = 0;
-    keel_component_desc desc = {.name = name, .size = size, .discipline = d, .fields = size ? f : NULL,
-                                .field_count = size ? 1 : 0};
-    ck_assert_ok(keel_component_register(w, &desc, &c));
-    ck_assert_uint_ne(c, 0);
-    return c;
+    return tu_reg(w, name, size, d, size ? f : NULL, size ? 1 : 0);
 }
 
 static int64_t move_amount(keel_entity e, uint64_t tick)
@@ -251,8 +240,7 @@ static void sim_init(sim *s, int32_t workers, bool systems, const keel_system_de
         ch.access.reads_fresh[0] = s->self;
         add_sys(sc, &ch);
     }
-    ck_assert_ok(keel_schedule_build(sc));
-    ck_assert_ok(keel_runtime_set_schedule(s->rt, sc));
+    tu_install(s->rt, sc);
 }
 
 static void sim_close(sim *s)
@@ -262,12 +250,6 @@ static void sim_close(sim *s)
     keel_query_destroy(s->q_a);
     keel_runtime_close(s->rt);
     free(s->reg);
-}
-
-static void step_n(sim *s, uint32_t n)
-{
-    for (uint32_t i = 0; i < n; i++)
-        ck_assert_ok(keel_runtime_step(s->rt));
 }
 
 /* The live world's handles (walk of q_a: every sim entity has a). */
@@ -418,7 +400,7 @@ START_TEST(test_before_first_tick)
     keel_read_end(v);
 
     s.spawn_first = 5;
-    step_n(&s, 1);
+    tu_step_n(s.rt, 1);
     ck_assert_ok(keel_read_begin(s.rt, &v));
     ck_assert_uint_eq(keel_view_tick(v), 1);
     uint32_t survivors = 0;
@@ -454,7 +436,7 @@ static void run_tracks_world(int32_t workers)
             s.spawn_base = 1;
             s.spawn_var = 2;
         }
-        step_n(&s, 1);
+        tu_step_n(s.rt, 1);
         const keel_view *v = NULL;
         ck_assert_ok(keel_read_begin(s.rt, &v));
         assert_view_matches_world(&s, v);
@@ -483,7 +465,7 @@ START_TEST(test_errors)
 {
     sim s;
     sim_init(&s, 2, true, NULL);
-    step_n(&s, 3);
+    tu_step_n(s.rt, 3);
     /* one entity with SINGLE_VERSION and TRANSIENT components, made between steps */
     keel_cmdbuf *cb = NULL;
     ck_assert_ok(keel_cmdbuf_create(s.w, &cb));
@@ -495,7 +477,7 @@ START_TEST(test_errors)
     ck_assert_ok(keel_cmdbuf_apply(cb));
     keel_entity special = keel_cmdbuf_result(cb).created[0];
     s.destroy_mod = 0; /* keep `special` (ticks 1-3 destroyed some entities) */
-    step_n(&s, 5);
+    tu_step_n(s.rt, 5);
     ck_assert(keel_alive(s.w, special));
 
     /* a destroyed handle, an entity with t and one without */
@@ -588,7 +570,7 @@ START_TEST(test_held_view_keeps_tick)
     sim s;
     sim_init(&s, 2, true, NULL);
     s.spawn_first = 120;
-    step_n(&s, 4);
+    tu_step_n(s.rt, 4);
     const uint64_t T = 4;
     keel_entity *held = malloc(CAP * sizeof *held), *later = malloc(CAP * sizeof *later);
     ent_state *snap = malloc(CAP * sizeof *snap);
@@ -611,11 +593,11 @@ START_TEST(test_held_view_keeps_tick)
     s.destroy_mod = 2;
     s.spawn_base = 2;
     s.spawn_var = 3;
-    step_n(&s, 4);
+    tu_step_n(s.rt, 4);
     uint32_t chunks_low = total_chunks(s.w);
     s.destroy_mod = 5;
     s.spawn_base = 30;
-    step_n(&s, 3);
+    tu_step_n(s.rt, 3);
     ck_assert_uint_eq(keel_runtime_tick(s.rt), T + 7);
     ck_assert_uint_lt(chunks_low, chunks_before); /* the sync point freed chunks */
 
@@ -677,7 +659,7 @@ START_TEST(test_views_nest)
 {
     sim s;
     sim_init(&s, 2, true, NULL);
-    step_n(&s, 2);
+    tu_step_n(s.rt, 2);
     keel_entity e[8];
     uint32_t ne = 0;
     for (uint32_t i = 0; i < atomic_load(&s.nreg) && ne < 8; i++)
@@ -691,14 +673,14 @@ START_TEST(test_views_nest)
     ck_assert_ok(keel_read_begin(s.rt, &v1b)); /* nested, same tick */
     ck_assert_ptr_eq(v1, v1b);
     ck_assert_uint_eq(keel_view_tick(v1b), 2);
-    step_n(&s, 1);
+    tu_step_n(s.rt, 1);
     ck_assert_ok(keel_read_begin(s.rt, &v2));
     ck_assert_uint_eq(keel_view_tick(v2), 3);
-    step_n(&s, 1);
+    tu_step_n(s.rt, 1);
     ck_assert_ok(keel_read_begin(s.rt, &v3));
     ck_assert_uint_eq(keel_view_tick(v3), 4);
     assert_view_matches_world(&s, v3);
-    step_n(&s, 1);
+    tu_step_n(s.rt, 1);
 
     ent_state st1[8], st2[8];
     for (uint32_t i = 0; i < ne; i++) {
@@ -715,7 +697,7 @@ START_TEST(test_views_nest)
     keel_read_end(v3);
     ck_assert_uint_eq(keel_view_tick(v1), 2);
     ck_assert_uint_eq(keel_view_tick(v2), 3);
-    step_n(&s, 2); /* reclaims run; v1 and v2 are still open */
+    tu_step_n(s.rt, 2); /* reclaims run; v1 and v2 are still open */
     for (uint32_t i = 0; i < ne; i++) {
         ent_state a1 = view_state(&s, v1, e[i]), a2 = view_state(&s, v2, e[i]);
         assert_same_state(e[i], &st1[i], &a1);
@@ -772,12 +754,12 @@ START_TEST(test_between_steps_published_at_next_step)
     pd.before[2] = "restore";
     pd.before[3] = "churn";
     sim_init(&s, 2, true, &pd);
-    step_n(&s, 3);
+    tu_step_n(s.rt, 3);
     s.destroy_mod = 0;
     s.toggle_mod = 0;
     s.spawn_base = 0;
     s.spawn_var = 0;
-    step_n(&s, 1); /* tick 4: no structural change from now on */
+    tu_step_n(s.rt, 1); /* tick 4: no structural change from now on */
     keel_entity live[256];
     uint32_t n = live_handles(&s, live, 256);
     ck_assert_uint_ge(n, 2);
@@ -815,7 +797,7 @@ START_TEST(test_between_steps_published_at_next_step)
     p.changed = changed;
     p.spawned = spawned;
     p.destroyed = destroyed;
-    step_n(&s, 1);
+    tu_step_n(s.rt, 1);
     ck_assert_uint_eq(atomic_load(&p.runs), 1);
     ck_assert_uint_eq(p.tick, 4);
     ck_assert_uint_eq(p.count, n);
@@ -850,25 +832,18 @@ START_TEST(test_between_steps_published_at_next_step)
 }
 END_TEST
 
-static int sys_noop(keel_ctx *ctx, void *user)
-{
-    (void)ctx;
-    (void)user;
-    return 0;
-}
-
 /* A tick that changes nothing still completes: the view shows its number. */
 START_TEST(test_idle_tick_advances_view_tick)
 {
     sim s;
-    keel_system_desc nd = {.name = "noop", .run = sys_noop};
+    keel_system_desc nd = {.name = "noop", .run = tu_sys_noop};
     sim_init(&s, 1, false, &nd);
     keel_cmdbuf *cb = NULL;
     ck_assert_ok(keel_cmdbuf_create(s.w, &cb));
     ck_assert_ok(spawn_one(&s, cb, 0, 1));
     ck_assert_ok(keel_cmdbuf_apply(cb));
     for (uint64_t t = 1; t <= 3; t++) {
-        step_n(&s, 1);
+        tu_step_n(s.rt, 1);
         const keel_view *v = NULL;
         ck_assert_ok(keel_read_begin(s.rt, &v));
         ck_assert_uint_eq(keel_view_count(v), 1);
@@ -918,10 +893,9 @@ static void bd_init(bd_world *b)
     memcpy(b->e, keel_cmdbuf_result(cb).created, sizeof b->e);
     keel_cmdbuf_destroy(cb);
     keel_schedule *sc = sched_new(b->rt);
-    keel_system_desc nd = {.name = "noop", .run = sys_noop};
+    keel_system_desc nd = {.name = "noop", .run = tu_sys_noop};
     add_sys(sc, &nd);
-    ck_assert_ok(keel_schedule_build(sc));
-    ck_assert_ok(keel_runtime_set_schedule(b->rt, sc));
+    tu_install(b->rt, sc);
     ck_assert_ok(keel_runtime_step(b->rt)); /* publishes: the view shares every chunk */
 }
 
@@ -1196,12 +1170,12 @@ static void run_concurrent(int32_t workers, bool driver)
         rd[i].stop = &stop;
         ck_assert_int_eq(pthread_create(&rd[i].thread, NULL, reader_main, &rd[i]), 0);
     }
-    uint64_t deadline = now_ns() + GUARD_NS;
+    uint64_t deadline = tu_now_ns() + GUARD_NS;
     bool timed_out = false;
     if (driver) {
         ck_assert_ok(keel_runtime_start(s.rt));
         while (keel_runtime_tick(s.rt) < MIN_TICKS || !readers_done(rd, NREADERS)) {
-            if (now_ns() > deadline) {
+            if (tu_now_ns() > deadline) {
                 timed_out = true;
                 break;
             }
@@ -1210,7 +1184,7 @@ static void run_concurrent(int32_t workers, bool driver)
         ck_assert_int_eq(keel_runtime_stop(s.rt), 0);
     } else {
         while (keel_runtime_tick(s.rt) < MIN_TICKS || !readers_done(rd, NREADERS)) {
-            if (now_ns() > deadline) {
+            if (tu_now_ns() > deadline) {
                 timed_out = true;
                 break;
             }
@@ -1277,9 +1251,9 @@ typedef struct holder {
 
 static bool wait_phase(_Atomic int *phase, int want)
 {
-    uint64_t deadline = now_ns() + GUARD_NS;
+    uint64_t deadline = tu_now_ns() + GUARD_NS;
     while (atomic_load(phase) < want) {
-        if (now_ns() > deadline)
+        if (tu_now_ns() > deadline)
             return false;
         sched_yield();
     }
@@ -1340,7 +1314,7 @@ START_TEST(test_held_view_does_not_block_ticks)
     sim s;
     sim_init(&s, 2, true, NULL);
     s.spawn_first = 150;
-    step_n(&s, 3);
+    tu_step_n(s.rt, 3);
     keel_entity *held = malloc(CAP * sizeof *held), *later = malloc(CAP * sizeof *later);
     ck_assert_ptr_nonnull(held);
     ck_assert_ptr_nonnull(later);
@@ -1461,8 +1435,7 @@ static void rc_init(rc_world *r, int32_t workers)
                            .query = {.with = {r->a, r->b}}, .parallel = true, .min_chunk_rows = 16,
                            .access = {.rewrites = {r->a, r->b}}};
     add_sys(sc, &rw);
-    ck_assert_ok(keel_schedule_build(sc));
-    ck_assert_ok(keel_runtime_set_schedule(r->rt, sc));
+    tu_install(r->rt, sc);
 }
 
 /* The column versions of the table holding a and b, in chunk order. */
@@ -1643,14 +1616,14 @@ START_TEST(test_recycle_readers_concurrent)
     /* at least TICKS more ticks, and on until every reader has opened a
      * few views (the deadline turns a stuck reader into a failure below) */
     int rc = KEEL_OK;
-    uint64_t deadline = now_ns() + GUARD_NS, ticks = 1;
+    uint64_t deadline = tu_now_ns() + GUARD_NS, ticks = 1;
     for (bool more = true; more && !rc;) {
         rc = keel_runtime_step(r.rt);
         ticks++;
         more = ticks <= TICKS;
         for (int i = 0; i < READERS; i++)
             more = more || atomic_load(&rd[i].views) < 20;
-        more = more && now_ns() < deadline;
+        more = more && tu_now_ns() < deadline;
     }
     atomic_store(&stop, true);
     for (int i = 0; i < READERS; i++)

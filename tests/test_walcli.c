@@ -95,14 +95,6 @@ static bool next_line(const char **p, char *buf, size_t n)
     return true;
 }
 
-static uint32_t count_lines(const char *s)
-{
-    uint32_t n = 0;
-    for (; *s; s++)
-        n += *s == '\n';
-    return n;
-}
-
 static const char *js_ws(const char *p)
 {
     while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
@@ -398,8 +390,7 @@ static wl *wl_run(const char *dir, wl_opts o)
                            .access = {.side_writes = {w->ACCT}}, .after = {"life"}};
     add_sys(s, &sl);
     add_sys(s, &sb);
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(w->rt, s));
+    tu_install(w->rt, s);
     for (uint64_t t = 1; t <= W_TICKS; t++) {
         ck_assert_ok(keel_runtime_step(w->rt));
         ck_assert_msg(w->bad == 0, "tick %llu: %s", (unsigned long long)t, w->msg);
@@ -610,7 +601,7 @@ START_TEST(test_info)
     make_dir(dir, sizeof dir, "w", (wl_opts){0});
     tu_run r = wal_ok("info", dir, "--json");
     assert_json(r.out);
-    ck_assert_uint_eq(count_lines(r.out), 1);
+    ck_assert_uint_eq(tu_count_lines(r.out), 1);
     ck_assert(js_has(r.out, "\"format\":1"));
     ck_assert(js_has(r.out, "\"checkpoint\":null"));
     ck_assert_uint_eq(js_u64(r.out, "records"), 0); /* the snapshot's: there is no checkpoint */
@@ -766,7 +757,7 @@ START_TEST(test_dump_json_values)
     tu_run_free(&r);
     /* tick commits carry their counts */
     r = wal_ok("dump", dir, "--json", "--kind", "tick_commit", "--from-tick", "8", "--to-tick", "8");
-    ck_assert_uint_eq(count_lines(r.out), 1);
+    ck_assert_uint_eq(tu_count_lines(r.out), 1);
     ck_assert(js_has(r.out, "\"nrecords\":2,\"nlive\":4,\"nslots\":4"));
     tu_run_free(&r);
 }
@@ -833,7 +824,7 @@ START_TEST(test_dump_filters)
         ck_assert_uint_eq(l.lsn[i], 5 + i);
     tu_run_free(&r);
     r = wal_ok("dump", dir, "--from-lsn=27");
-    ck_assert_uint_eq(count_lines(r.out), 2);
+    ck_assert_uint_eq(tu_count_lines(r.out), 2);
     ck_assert(!strncmp(r.out, "lsn=27 ", 7));
     tu_run_free(&r);
     r = wal_ok("dump", dir, "--from-lsn", "100");
@@ -842,7 +833,7 @@ START_TEST(test_dump_filters)
 
     /* --entity in text mode lists only the matching changes */
     r = wal_ok("dump", dir, "--kind", "side", "--entity", "1:1");
-    ck_assert_uint_eq(count_lines(r.out), 1);
+    ck_assert_uint_eq(tu_count_lines(r.out), 1);
     ck_assert_msg(js_has(r.out, "kind=side flags=0 codec=raw raw=80 stored=80 seq=") &&
                   js_has(r.out, "mode=immediate writes=1 | set 0000000100000001 acct={\"coins\":107,"), "%s", r.out);
     ck_assert(!js_has(r.out, "0000000100000000"));
@@ -850,8 +841,8 @@ START_TEST(test_dump_filters)
 
     /* a dump of 11 ticks has at least 10 lines (the acceptance floor) */
     r = wal_ok("dump", dir, "--from-tick", "1", "--to-tick", "11");
-    ck_assert_uint_ge(count_lines(r.out), 10);
-    ck_assert_uint_eq(count_lines(r.out), 27);
+    ck_assert_uint_ge(tu_count_lines(r.out), 10);
+    ck_assert_uint_eq(tu_count_lines(r.out), 27);
     tu_run_free(&r);
 }
 END_TEST
@@ -957,7 +948,7 @@ START_TEST(test_verify_good)
     char dir[256];
     make_dir(dir, sizeof dir, "w", (wl_opts){0});
     tu_run r = wal_ok("verify", dir);
-    ck_assert_uint_eq(count_lines(r.out), 1);
+    ck_assert_uint_eq(tu_count_lines(r.out), 1);
     ck_assert_msg(js_has(r.out, ": 28 WAL records (LSN 1..28), 0 snapshot records: ok"), "%s", r.out);
     tu_run_free(&r);
 }
@@ -981,7 +972,7 @@ START_TEST(test_verify_corrupt_record)
     /* dump skips it (saying so) and prints the rest; exit 1 */
     r = wal("dump", dir, "--json");
     ck_assert_int_eq(r.status, 1);
-    ck_assert_uint_eq(count_lines(r.out), 27);
+    ck_assert_uint_eq(tu_count_lines(r.out), 27);
     snprintf(line, sizeof line, "LSN %" PRIu64 ": ", lsn);
     ck_assert_msg(strstr(r.err, line) && strstr(r.err, "CRC32C"), "%s", r.err);
     tu_run_free(&r);
@@ -1060,7 +1051,7 @@ START_TEST(test_verify_checkpoint)
         ck_assert_uint_eq(js_u64(wal, "last_lsn"), 29); /* 28 + the checkpoint marker */
         tu_run_free(&r);
         r = wal_ok("dump", dir, "--json", "--kind", "checkpoint");
-        ck_assert_uint_eq(count_lines(r.out), 1);
+        ck_assert_uint_eq(tu_count_lines(r.out), 1);
         next_line(&(const char *){r.out}, line, sizeof line);
         ck_assert_uint_eq(js_u64(line, "covered_lsn"), covered);
         ck_assert_uint_eq(js_u64(line, "checkpoint_tick"), 6);
@@ -1121,7 +1112,7 @@ START_TEST(test_read_only_media)
     ck_assert_str_eq(before, " data.mdb");
 
     tu_run ro = wal_ok("dump", mnt, "--json");
-    ck_assert_uint_gt(count_lines(ro.out), 10);
+    ck_assert_uint_gt(tu_count_lines(ro.out), 10);
     ck_assert_str_eq(ro.out, rw.out);
     tu_run_free(&rw);
     tu_run_free(&ro);
@@ -1187,7 +1178,7 @@ START_TEST(test_live_read)
     tu_run_free(&r);
     /* tail without -f: the last records */
     r = wal_ok("tail", dir, "-n", "3");
-    ck_assert_uint_eq(count_lines(r.out), 3);
+    ck_assert_uint_eq(tu_count_lines(r.out), 3);
     ck_assert(!strncmp(r.out, "lsn=26 ", 7));
     ck_assert(js_has(r.out, "lsn=28 tick=11 kind=tick_commit "));
     tu_run_free(&r);

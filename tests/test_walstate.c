@@ -654,25 +654,18 @@ static void *record_copy(const char *dir, uint64_t lsn, size_t *len, kw_header *
 /* The LSN of the first record of `kind` with tick >= tick (not on_first_tick's). */
 static uint64_t find_record(const char *dir, uint32_t kind, uint64_t tick)
 {
-    kw_store *st = NULL;
-    kw_store_desc sd = {.flags = KW_OPEN_READONLY};
-    ck_assert_ok(kw_store_open(dir, &sd, &st));
-    kw_rtxn *r = NULL;
-    ck_assert_ok(kw_read_begin(st, &r));
-    kw_walit *it = NULL;
-    ck_assert_ok(kw_wal_iter(r, 0, &it));
+    tu_wal_reader w;
+    tu_wal_open(&w, dir, 0);
     uint64_t lsn = 0, found = 0;
     const void *rec;
     size_t len;
-    while (!found && kw_wal_next(it, &lsn, &rec, &len) == 1) {
+    while (!found && kw_wal_next(w.it, &lsn, &rec, &len) == 1) {
         kw_header h;
         ck_assert_ok(kw_record_check(rec, len, &h));
         if (h.kind == kind && h.tick >= tick && !(h.flags & KW_FLAG_HOOK))
             found = lsn;
     }
-    kw_wal_iter_end(it);
-    kw_read_end(r);
-    kw_store_close(st);
+    tu_wal_close(&w);
     ck_assert_msg(found, "no %s record at tick >= %" PRIu64, kw_kind_name(kind), tick);
     return found;
 }

@@ -17,6 +17,7 @@
 
 #include "keel/keel.h"
 #include "keel_test.h"
+#include "test_util.h"
 #include "world/world_internal.h"
 
 /* ======================================================================
@@ -55,39 +56,19 @@ typedef struct comps {
     keel_component pad;     /* padded, VERSIONED */
 } comps;
 
-static keel_world *make_world(uint32_t chunk_rows, uint32_t max_entities)
-{
-    keel_world_desc d = {.chunk_rows = chunk_rows, .max_entities = max_entities};
-    keel_world *w = NULL;
-    ck_assert_ok(keel_world_create(&d, &w));
-    ck_assert_ptr_nonnull(w);
-    return w;
-}
-
-static keel_component reg(keel_world *w, const char *name, uint32_t size, keel_discipline disc,
-                          const keel_field *fields, uint32_t nfields)
-{
-    keel_component_desc d = {
-        .name = name, .size = size, .discipline = disc, .fields = fields, .field_count = nfields};
-    keel_component id = 0;
-    ck_assert_ok(keel_component_register(w, &d, &id));
-    ck_assert_uint_ne(id, 0);
-    return id;
-}
-
 static void register_std(keel_world *w, comps *c)
 {
-    c->pos = reg(w, "pos", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
-    c->vel = reg(w, "vel", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
-    c->hp = reg(w, "hp", sizeof(uint32_t), KEEL_SINGLE_VERSION, u32_fields, 1);
-    c->tag = reg(w, "tag", 0, KEEL_VERSIONED, NULL, 0);
-    c->scratch = reg(w, "scratch", sizeof(uint32_t), KEEL_TRANSIENT, u32_fields, 1);
-    c->pad = reg(w, "pad", sizeof(padded), KEEL_VERSIONED, padded_fields, 2);
+    c->pos = tu_reg(w, "pos", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
+    c->vel = tu_reg(w, "vel", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
+    c->hp = tu_reg(w, "hp", sizeof(uint32_t), KEEL_SINGLE_VERSION, u32_fields, 1);
+    c->tag = tu_reg(w, "tag", 0, KEEL_VERSIONED, NULL, 0);
+    c->scratch = tu_reg(w, "scratch", sizeof(uint32_t), KEEL_TRANSIENT, u32_fields, 1);
+    c->pad = tu_reg(w, "pad", sizeof(padded), KEEL_VERSIONED, padded_fields, 2);
 }
 
 static keel_world *std_world(uint32_t chunk_rows, comps *c)
 {
-    keel_world *w = make_world(chunk_rows, 0);
+    keel_world *w = tu_world_new((keel_world_desc){.chunk_rows = chunk_rows});
     register_std(w, c);
     return w;
 }
@@ -107,14 +88,6 @@ static uint32_t hp_val(uint32_t k)
 
 /* ---- command helpers ---------------------------------------------------- */
 
-static keel_cmdbuf *cb_open(keel_world *w)
-{
-    keel_cmdbuf *cb = NULL;
-    ck_assert_ok(keel_cmdbuf_create(w, &cb));
-    ck_assert_ptr_nonnull(cb);
-    return cb;
-}
-
 /* Apply, expect full success, return the result (valid until cb changes). */
 static keel_cmd_result cb_apply(keel_cmdbuf *cb)
 {
@@ -127,7 +100,7 @@ static keel_cmd_result cb_apply(keel_cmdbuf *cb)
 /* Spawn one entity with the given initial values; returns its handle. */
 static keel_entity spawn(keel_world *w, const keel_init *inits, uint32_t n)
 {
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_spawn(cb, inits, n));
     keel_cmd_result r = cb_apply(cb);
     ck_assert_uint_eq(r.created_count, 1);
@@ -146,7 +119,7 @@ static keel_entity spawn_pos(keel_world *w, keel_component pos, const vec3 *v)
 
 static void destroy(keel_world *w, keel_entity e)
 {
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, e));
     keel_cmd_result r = cb_apply(cb);
     ck_assert_uint_eq(r.destroyed, 1);
@@ -156,7 +129,7 @@ static void destroy(keel_world *w, keel_entity e)
 
 static void add(keel_world *w, keel_entity e, keel_component c, const void *value)
 {
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_add(cb, e, c, value));
     keel_cmd_result r = cb_apply(cb);
     ck_assert_uint_eq(r.ignored_null + r.ignored_stale + r.ignored_absent, 0);
@@ -166,7 +139,7 @@ static void add(keel_world *w, keel_entity e, keel_component c, const void *valu
 
 static void rem(keel_world *w, keel_entity e, keel_component c)
 {
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_remove(cb, e, c));
     keel_cmd_result r = cb_apply(cb);
     ck_assert_uint_eq(r.removed, 1);
@@ -230,7 +203,7 @@ static void run_script(keel_world *w, const comps *c, uint64_t seed, uint32_t ro
     static uint8_t arena[SCRIPT_MAX_CMDS][SCRIPT_NCOMPS][16];
 
     for (uint32_t round = 0; round < rounds; round++) {
-        keel_cmdbuf *cb = cb_open(w);
+        keel_cmdbuf *cb = tu_cmdbuf_new(w);
         uint32_t ncmd = 1 + rng_below(&r, SCRIPT_MAX_CMDS);
         for (uint32_t k = 0; k < ncmd; k++) {
             uint32_t op = rng_below(&r, 10);
@@ -397,7 +370,7 @@ START_TEST(test_handle_layout)
     keel_world *w = std_world(16, &c);
     ck_assert_uint_eq(keel_world_count(w), 0);
 
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     vec3 v[5];
     for (uint32_t i = 0; i < 5; i++) {
         v[i] = pos_val(i);
@@ -472,7 +445,7 @@ START_TEST(test_destroy_makes_stale)
     ck_assert_uint_eq(keel_world_hash(w), h);
 
     /* A queued destroy of the old handle is ignored and counted. */
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, old));
     ck_assert_ok(keel_cmd_add(cb, old, c.vel, &bogus));
     keel_cmd_result r = cb_apply(cb);
@@ -513,7 +486,7 @@ START_TEST(test_lowest_free_index_first)
         e[i] = spawn_pos(w, c.pos, &v);
 
     /* Destroy 5 before 2: allocation must not be LIFO. */
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, e[5]));
     ck_assert_ok(keel_cmd_destroy(cb, e[2]));
     keel_cmd_result r = cb_apply(cb);
@@ -521,7 +494,7 @@ START_TEST(test_lowest_free_index_first)
     keel_cmdbuf_destroy(cb);
     ck_assert_uint_eq(keel_world_count(w), 8);
 
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     for (int i = 0; i < 3; i++)
         ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
     r = cb_apply(cb);
@@ -533,14 +506,14 @@ START_TEST(test_lowest_free_index_first)
     ck_assert_uint_eq(keel_world_count(w), 11);
 
     /* Destroy then spawn in one buffer reuses the slot; spawn then destroy cannot. */
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, e[7]));
     ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
     r = cb_apply(cb);
     ck_assert_uint_eq(r.created[0], KEEL_ENTITY_MAKE(7, 2));
     keel_cmdbuf_destroy(cb);
 
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
     ck_assert_ok(keel_cmd_destroy(cb, e[8]));
     r = cb_apply(cb);
@@ -625,7 +598,7 @@ START_TEST(test_null_and_foreign_handles)
     ck_assert_uint_eq(keel_world_count(w), 1);
 
     /* As commands they are ignored and counted, and change nothing. */
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, KEEL_ENTITY_NULL));
     ck_assert_ok(keel_cmd_destroy(cb, KEEL_ENTITY_MAKE(1000000, 1)));
     ck_assert_ok(keel_cmd_add(cb, KEEL_ENTITY_MAKE(1000000, 1), c.vel, NULL));
@@ -645,7 +618,7 @@ START_TEST(test_world_count)
     comps c;
     keel_world *w = std_world(16, &c);
     ck_assert_uint_eq(keel_world_count(w), 0);
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     for (int i = 0; i < 40; i++)
         ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
     keel_cmd_result r = cb_apply(cb);
@@ -654,7 +627,7 @@ START_TEST(test_world_count)
     keel_cmdbuf_destroy(cb);
     ck_assert_uint_eq(keel_world_count(w), 40);
 
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     for (int i = 0; i < 40; i += 4)
         ck_assert_ok(keel_cmd_destroy(cb, e[i]));
     ck_assert_ok(keel_cmd_destroy(cb, e[0])); /* second destroy: ignored */
@@ -674,8 +647,8 @@ END_TEST
 
 START_TEST(test_max_entities)
 {
-    keel_world *w = make_world(16, 4);
-    keel_component pos = reg(w, "pos", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
+    keel_world *w = tu_world_new((keel_world_desc){.chunk_rows = 16, .max_entities = 4});
+    keel_component pos = tu_reg(w, "pos", sizeof(vec3), KEEL_VERSIONED, vec3_fields, 3);
     vec3 v = pos_val(1);
     keel_entity e[4];
     for (int i = 0; i < 4; i++)
@@ -683,7 +656,7 @@ START_TEST(test_max_entities)
     ck_assert_uint_eq(keel_world_count(w), 4);
     uint64_t h = keel_world_hash(w);
 
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
     ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
     ck_assert_rc(keel_cmdbuf_apply(cb), KEEL_ENOSPC);
@@ -700,7 +673,7 @@ START_TEST(test_max_entities)
     keel_cmdbuf_destroy(cb);
 
     /* Destroy frees room: destroy applies, one spawn fits, the next fails. */
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, e[2]));
     ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
     ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
@@ -770,7 +743,7 @@ static Suite *entity_suite(void)
 
 START_TEST(test_register_ids_lookup_info)
 {
-    keel_world *w = make_world(0, 0);
+    keel_world *w = tu_world_new((keel_world_desc){0});
     ck_assert_uint_eq(keel_component_count(w), 0);
     ck_assert_ptr_null(keel_component_info(w, 0));
     ck_assert_ptr_null(keel_component_info(w, 1));
@@ -829,7 +802,7 @@ END_TEST
 
 START_TEST(test_descriptor_copied)
 {
-    keel_world *w = make_world(0, 0);
+    keel_world *w = tu_world_new((keel_world_desc){0});
     char *name = strdup("transform");
     char *fx = strdup("px"), *fy = strdup("py");
     keel_field *fields = calloc(2, sizeof *fields);
@@ -1052,8 +1025,8 @@ START_TEST(test_register_case)
 {
     init_case_data();
     const reg_case *rc = &reg_cases[_i];
-    keel_world *w = make_world(0, 0);
-    keel_component base = reg(w, "base", 4, KEEL_VERSIONED, f_u32, 1);
+    keel_world *w = tu_world_new((keel_world_desc){0});
+    keel_component base = tu_reg(w, "base", 4, KEEL_VERSIONED, f_u32, 1);
     ck_assert_uint_eq(base, 1);
 
     keel_component id = 12345;
@@ -1098,7 +1071,7 @@ START_TEST(test_register_case)
             keel_component found = 0;
             ck_assert_rc(keel_component_lookup(w, rc->desc.name, &found), KEEL_ENOENT);
         }
-        ck_assert_uint_eq(reg(w, "after", 4, KEEL_VERSIONED, f_u32, 1), 2);
+        ck_assert_uint_eq(tu_reg(w, "after", 4, KEEL_VERSIONED, f_u32, 1), 2);
         ck_assert_str_eq(keel_component_info(w, 1)->name, "base");
     }
     keel_world_destroy(w);
@@ -1107,19 +1080,19 @@ END_TEST
 
 START_TEST(test_register_null_desc)
 {
-    keel_world *w = make_world(0, 0);
+    keel_world *w = tu_world_new((keel_world_desc){0});
     keel_component id = 0;
     ck_assert_rc(keel_component_register(w, NULL, &id), KEEL_EINVAL);
     assert_last_error_set();
     ck_assert_uint_eq(keel_component_count(w), 0);
-    ck_assert_uint_eq(reg(w, "first", 4, KEEL_VERSIONED, f_u32, 1), 1);
+    ck_assert_uint_eq(tu_reg(w, "first", 4, KEEL_VERSIONED, f_u32, 1), 1);
     keel_world_destroy(w);
 }
 END_TEST
 
 START_TEST(test_register_too_many)
 {
-    keel_world *w = make_world(0, 0);
+    keel_world *w = tu_world_new((keel_world_desc){0});
     char name[32];
     for (uint32_t i = 1; i <= KEEL_MAX_COMPONENTS; i++) {
         snprintf(name, sizeof name, "comp%03u", i); /* the buffer is reused: names must be copied */
@@ -1154,8 +1127,8 @@ END_TEST
 
 START_TEST(test_register_after_freeze)
 {
-    keel_world *w = make_world(0, 0);
-    ck_assert_uint_eq(reg(w, "early", 4, KEEL_VERSIONED, f_u32, 1), 1);
+    keel_world *w = tu_world_new((keel_world_desc){0});
+    ck_assert_uint_eq(tu_reg(w, "early", 4, KEEL_VERSIONED, f_u32, 1), 1);
     keel_world_freeze(w);
     keel_world_freeze(w); /* idempotent */
     keel_component id = 0;
@@ -1316,7 +1289,7 @@ START_TEST(test_storage_shadow_model)
     ck_assert_ptr_nonnull(m);
 
     /* Step 1: spawn N entities across several archetypes. */
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     for (uint32_t i = 0; i < N; i++) {
         model_ent *me = &m[i];
         keel_init in[4];
@@ -1352,7 +1325,7 @@ START_TEST(test_storage_shadow_model)
     model_verify(w, &c, m, N, "spawn");
 
     /* Step 2: destroy every third one (swap-removes across chunk boundaries). */
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     uint32_t ndestroy = 0;
     for (uint32_t i = 0; i < N; i += 3) {
         ck_assert_ok(keel_cmd_destroy(cb, m[i].e));
@@ -1365,7 +1338,7 @@ START_TEST(test_storage_shadow_model)
     model_verify(w, &c, m, N, "destroy every third");
 
     /* Step 3: adds, overwrites and removes move entities between tables. */
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     uint32_t exp_removed = 0, exp_absent = 0, exp_stale = 0;
     for (uint32_t i = 0; i < N; i++) {
         model_ent *me = &m[i];
@@ -1435,7 +1408,7 @@ START_TEST(test_storage_shadow_model)
     model_verify(w, &c, m, N, "set");
 
     /* Step 5: spawn more; freed slots are reused lowest index first. */
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     for (uint32_t j = 0; j < NEW; j++) {
         model_ent *me = &m[N + j];
         me->pos = pos_val(20000 + j);
@@ -1473,7 +1446,7 @@ START_TEST(test_storage_shadow_model)
     ck_assert_uint_eq(keel_query_count(q), npos);
 
     /* Step 7: destroy everything in a scattered order. */
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     for (uint32_t k = 0; k < CAP; k++) {
         uint32_t i = (k * 7u) % CAP; /* 7 is coprime with 1500: a permutation */
         if (m[i].alive) {
@@ -1503,7 +1476,7 @@ START_TEST(test_storage_zero_fill)
     const uint8_t ff[sizeof(padded)] = {0xff, 0xee, 0xee, 0xee, 0xff, 0xff, 0xff, 0xff};
 
     /* Dirty rows of several tables, then free them. */
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     vec3 junk = {1e9f, -2e9f, 3.5f};
     uint32_t junk32 = 0xdeadbeefu;
     for (int i = 0; i < 40; i++) {
@@ -1519,7 +1492,7 @@ START_TEST(test_storage_zero_fill)
     keel_entity dirty[120];
     memcpy(dirty, r.created, sizeof dirty);
     keel_cmdbuf_destroy(cb);
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     for (int i = 0; i < 120; i++)
         ck_assert_ok(keel_cmd_destroy(cb, dirty[i]));
     cb_apply(cb);
@@ -1527,7 +1500,7 @@ START_TEST(test_storage_zero_fill)
     ck_assert_uint_eq(keel_world_count(w), 0);
 
     /* Spawned with NULL values: zero-filled, padding included. */
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     for (int i = 0; i < 40; i++) {
         keel_init a[] = {{c.pos, NULL}, {c.vel, NULL}, {c.pad, NULL}, {c.hp, NULL}};
         ck_assert_ok(keel_cmd_spawn(cb, a, 4));
@@ -1551,7 +1524,7 @@ START_TEST(test_storage_zero_fill)
     }
 
     /* Added with NULL value: zero-filled in the destination table's (reused) row. */
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     for (int i = 0; i < 40; i++)
         ck_assert_ok(keel_cmd_destroy(cb, e[i]));
     vec3 p = pos_val(9);
@@ -1560,7 +1533,7 @@ START_TEST(test_storage_zero_fill)
     keel_cmdbuf_destroy(cb);
     for (int i = 0; i < 40; i++)
         f[i] = spawn_pos(w, c.pos, &p);
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     for (int i = 0; i < 40; i++) {
         ck_assert_ok(keel_cmd_add(cb, f[i], c.vel, NULL));
         ck_assert_ok(keel_cmd_add(cb, f[i], c.pad, NULL));
@@ -1688,7 +1661,7 @@ static uint32_t spawn_mix(keel_world *w, const comps *c, keel_entity **out)
     enum { N = 437 };
     static vec3 pv[N], vv[N];
     static uint32_t hv[N];
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     for (uint32_t i = 0; i < N; i++) {
         pv[i] = pos_val(i);
         vv[i] = vel_val(i);
@@ -1910,12 +1883,12 @@ START_TEST(test_query_invalid)
     keel_query_destroy(NULL);
 
     /* Sixteen with terms, no terminator, are fine. */
-    keel_world *w2 = make_world(16, 0);
+    keel_world *w2 = tu_world_new((keel_world_desc){.chunk_rows = 16});
     keel_query_desc full = {0};
     char name[16];
     for (int i = 0; i < KEEL_QUERY_MAX_TERMS; i++) {
         snprintf(name, sizeof name, "c%d", i);
-        full.with[i] = reg(w2, name, 4, KEEL_VERSIONED, f_u32, 1);
+        full.with[i] = tu_reg(w2, name, 4, KEEL_VERSIONED, f_u32, 1);
     }
     keel_query *qf = make_query(w2, &full);
     keel_init in[KEEL_QUERY_MAX_TERMS];
@@ -1999,7 +1972,7 @@ START_TEST(test_query_skips_empty_chunks)
     vec3 p = pos_val(4), v = vel_val(4);
     uint32_t h = 8;
     keel_entity t1[40], t2[40], t3[5];
-    keel_cmdbuf *cb = cb_open(w);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
     for (int i = 0; i < 40; i++) {
         keel_init a[] = {{c.pos, &p}};
         keel_init b[] = {{c.pos, &p}, {c.vel, &v}};
@@ -2025,7 +1998,7 @@ START_TEST(test_query_skips_empty_chunks)
     ck_assert_uint_eq(query_collect(q, 16, buf, 128), 85);
 
     /* Empty the middle table completely and most of the first. */
-    cb = cb_open(w);
+    cb = tu_cmdbuf_new(w);
     for (int i = 0; i < 40; i++)
         ck_assert_ok(keel_cmd_destroy(cb, t2[i]));
     for (int i = 0; i < 39; i++)
@@ -2229,8 +2202,8 @@ static Suite *getset_suite(void)
 
 START_TEST(test_hash_empty_world)
 {
-    keel_world *a = make_world(16, 0);
-    keel_world *b = make_world(1024, 0);
+    keel_world *a = tu_world_new((keel_world_desc){.chunk_rows = 16});
+    keel_world *b = tu_world_new((keel_world_desc){.chunk_rows = 1024});
     comps c;
     keel_world *d = std_world(65536, &c);
     uint64_t h = keel_world_hash(a);
@@ -2271,7 +2244,7 @@ START_TEST(test_hash_history_independent)
 
     /* A: spawn with {pos, hp}, add vel in reverse order, add then remove tag
      * and hp ... then add hp back. Rows end up in a different order. */
-    keel_cmdbuf *cb = cb_open(a);
+    keel_cmdbuf *cb = tu_cmdbuf_new(a);
     for (uint32_t i = 0; i < N; i++) {
         keel_init in[] = {{ca.pos, &p[i]}, {ca.hp, &hp[i]}};
         ck_assert_ok(keel_cmd_spawn(cb, in, 2));
@@ -2280,7 +2253,7 @@ START_TEST(test_hash_history_independent)
     keel_entity ea[N];
     memcpy(ea, r.created, sizeof ea);
     keel_cmdbuf_destroy(cb);
-    cb = cb_open(a);
+    cb = tu_cmdbuf_new(a);
     for (uint32_t k = N; k-- > 0;) {
         ck_assert_ok(keel_cmd_add(cb, ea[k], ca.vel, &v[k]));
         ck_assert_ok(keel_cmd_add(cb, ea[k], ca.tag, NULL));
@@ -2297,7 +2270,7 @@ START_TEST(test_hash_history_independent)
     keel_cmdbuf_destroy(cb);
 
     /* B: spawn {pos, vel, hp} directly. */
-    cb = cb_open(b);
+    cb = tu_cmdbuf_new(b);
     for (uint32_t i = 0; i < N; i++) {
         keel_init in[] = {{cb2.hp, &hp[i]}, {cb2.vel, &v[i]}, {cb2.pos, &p[i]}};
         ck_assert_ok(keel_cmd_spawn(cb, in, 3));
@@ -2420,8 +2393,8 @@ START_TEST(test_hash_disciplines_and_ids)
     ck_assert_uint_ne(keel_world_hash(c1), keel_world_hash(c2));
 
     /* An entity without components still counts as a live slot. */
-    keel_world *d1 = make_world(16, 0);
-    keel_world *d2 = make_world(16, 0);
+    keel_world *d1 = tu_world_new((keel_world_desc){.chunk_rows = 16});
+    keel_world *d2 = tu_world_new((keel_world_desc){.chunk_rows = 16});
     uint64_t empty = keel_world_hash(d1);
     spawn(d1, NULL, 0);
     ck_assert_uint_ne(keel_world_hash(d1), empty);
@@ -2546,7 +2519,7 @@ END_TEST
  * value only together with docs/world.md. */
 START_TEST(test_hash_known_answer)
 {
-    keel_world *w = make_world(16, 0);
+    keel_world *w = tu_world_new((keel_world_desc){.chunk_rows = 16});
     keel_field f[] = {{.name = "a", .type = KEEL_U32, .offset = 0}, {.name = "b", .type = KEEL_U32, .offset = 4}};
     keel_component pair, tag;
     ck_assert_ok(keel_component_register(w, &(keel_component_desc){.name = "pair", .size = 8, .fields = f, .field_count = 2}, &pair));

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "keel_test.h"
+#include "test_util.h"
 #include "world/world_internal.h"
 
 void berr_note(berr *b, int line, const char *what, int rc)
@@ -257,8 +258,7 @@ static void w_install(wworld *w)
     if (w->misc)
         add_sys(s, &misc);
     add_sys(s, &bank);
-    ck_assert_ok(keel_schedule_build(s));
-    ck_assert_ok(keel_runtime_set_schedule(w->rt, s));
+    tu_install(w->rt, s);
 }
 
 wworld *w_new(bool no_side)

@@ -85,17 +85,9 @@ static uint64_t rd64(const unsigned char *p) { return (uint64_t)rd32(p) | (uint6
  * that could not be allocated (b unchanged). */
 static size_t buf_grow(kw_buf *b, size_t extra)
 {
-    if (b->len + extra <= b->cap)
+    if (!CORE_GROW(b->p, b->cap, b->len + extra, 256))
         return 0;
-    size_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + extra)
-        cap *= 2;
-    unsigned char *p = realloc(b->p, cap);
-    if (!p)
-        return cap;
-    b->p = p;
-    b->cap = cap;
-    return 0;
+    return core_grow_cap(b->cap, b->len + extra, 256);
 }
 
 int kw_buf_reserve(kw_buf *b, size_t extra)

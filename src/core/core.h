@@ -1,6 +1,6 @@
 /*
  * core/core.h -- internal helpers shared by every subsystem: setting the
- * thread-local last error, emitting diagnostics, hashing.
+ * thread-local last error, emitting diagnostics, growing arrays, hashing.
  */
 #ifndef KEEL_CORE_H
 #define KEEL_CORE_H
@@ -78,6 +78,35 @@ static inline void core_pool_run(const core_pool *p, uint32_t n, core_task_fn fn
     for (uint32_t i = 0; i < n; i++)
         fn(arg, i, 0);
 }
+/* ---- growable arrays (core/grow.c) ----
+ *
+ * An array is a pointer to its elements and a capacity (in elements). The
+ * helpers take the address of the pointer (any element type: `&w->tables`),
+ * realloc it and write it back only on success: on KEEL_ENOMEM (realloc
+ * failed, or the byte size does not fit a size_t) nothing changed. They do
+ * not set the last error: the caller names what it was growing. */
+
+/* The capacity to grow to for `need` elements: cap (min_cap when 0)
+ * doubled until it holds need; SIZE_MAX when doubling overflows. */
+size_t core_grow_cap(size_t cap, size_t need, size_t min_cap);
+/* Resize the array at *arrp from n to new_n elements of elem bytes; zero:
+ * elements n .. new_n are zeroed. */
+int core_resize(void *arrp, size_t n, size_t new_n, size_t elem, bool zero);
+/* Make the array at *arrp (capacity *cap) hold need elements: when it
+ * does not, it grows to core_grow_cap(*cap, need, min_cap) and *cap is
+ * updated. A uint32_t capacity stops at UINT32_MAX. */
+int core_grow(void *arrp, uint32_t *cap, uint32_t need, size_t elem, uint32_t min_cap, bool zero);
+int core_grow_size(void *arrp, size_t *cap, size_t need, size_t elem, size_t min_cap, bool zero);
+
+/* CORE_GROW(arr, cap, need, min_cap): core_grow or core_grow_size (after
+ * the type of cap, an lvalue) for the array arr (an lvalue pointer), its
+ * element size taken from arr. CORE_GROW_ZEROED also zeroes the new
+ * elements. Both evaluate to KEEL_OK or KEEL_ENOMEM. */
+#define CORE_GROW_(arr, cap, need, min_cap, zero)                                            \
+    _Generic(&(cap), uint32_t *: core_grow, default: core_grow_size)(&(arr), &(cap), (need), \
+                                                                      sizeof *(arr), (min_cap), (zero))
+#define CORE_GROW(arr, cap, need, min_cap) CORE_GROW_(arr, cap, need, min_cap, false)
+#define CORE_GROW_ZEROED(arr, cap, need, min_cap) CORE_GROW_(arr, cap, need, min_cap, true)
 
 #include "core/hash.h"
 

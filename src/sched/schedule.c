@@ -74,14 +74,8 @@ static int own_string(keel_schedule *s, const char *str, const char **out)
         *out = NULL;
         return KEEL_OK;
     }
-    if (s->nowned == s->owned_cap) {
-        uint32_t cap = s->owned_cap ? s->owned_cap * 2 : 64;
-        char **owned = realloc(s->owned, cap * sizeof *owned);
-        if (!owned)
-            return core_fail(KEEL_ENOMEM, "schedule: out of memory");
-        s->owned = owned;
-        s->owned_cap = cap;
-    }
+    if (CORE_GROW(s->owned, s->owned_cap, s->nowned + 1, 64))
+        return core_fail(KEEL_ENOMEM, "schedule: out of memory");
     char *copy = strdup(str);
     if (!copy)
         return core_fail(KEEL_ENOMEM, "schedule: out of memory");
@@ -99,15 +93,9 @@ static void diag_add(keel_schedule *s, keel_sched_code code, uint32_t nnames, co
     keel_sched_severity severity = code == KEEL_SCHED_READ_BEFORE_WRITE ? KEEL_SCHED_WARNING : KEEL_SCHED_ERROR;
     if (severity == KEEL_SCHED_ERROR)
         s->ok = false; /* first: an error whose diagnostic cannot be stored still fails the build */
-    if (s->ndiags == s->diags_cap) {
-        uint32_t cap = s->diags_cap ? s->diags_cap * 2 : 16;
-        keel_sched_diag *d = realloc(s->diags, cap * sizeof *d);
-        if (!d) {
-            s->oom = true; /* the build then returns KEEL_ENOMEM */
-            return;
-        }
-        s->diags = d;
-        s->diags_cap = cap;
+    if (CORE_GROW(s->diags, s->diags_cap, s->ndiags + 1, 16)) {
+        s->oom = true; /* the build then returns KEEL_ENOMEM */
+        return;
     }
     char msg[512];
     va_list ap;
@@ -185,10 +173,8 @@ int keel_schedule_add_track(keel_schedule *s, const char *name)
     for (uint32_t i = 0; i < s->nuser_tracks; i++)
         if (!strcmp(s->user_tracks[i], name))
             return core_fail(KEEL_EEXIST, "keel_schedule_add_track: track '%s' is already declared", name);
-    char **tracks = realloc(s->user_tracks, (s->nuser_tracks + 1) * sizeof *tracks);
-    if (!tracks)
+    if (core_resize(&s->user_tracks, s->nuser_tracks, s->nuser_tracks + 1, sizeof *s->user_tracks, false))
         return core_fail(KEEL_ENOMEM, "keel_schedule_add_track: out of memory");
-    s->user_tracks = tracks;
     const char *copy;
     int rc = own_string(s, name, &copy);
     if (rc)
@@ -235,14 +221,8 @@ int keel_schedule_add_system(keel_schedule *s, const keel_system_desc *desc, kee
     if ((desc->track && !name_ok(desc->track)) || (desc->dag && !name_ok(desc->dag)))
         return core_fail(KEEL_EINVAL, "keel_schedule_add_system: system '%s' has an empty or too long track or dag name",
                          desc->name);
-    if (s->nsys == s->sys_cap) {
-        uint32_t cap = s->sys_cap ? s->sys_cap * 2 : 32;
-        sched_system *sys = realloc(s->sys, cap * sizeof *sys);
-        if (!sys)
-            return core_fail(KEEL_ENOMEM, "keel_schedule_add_system: out of memory");
-        s->sys = sys;
-        s->sys_cap = cap;
-    }
+    if (CORE_GROW(s->sys, s->sys_cap, s->nsys + 1, 32))
+        return core_fail(KEEL_ENOMEM, "keel_schedule_add_system: out of memory");
     sched_system *sys = &s->sys[s->nsys];
     memset(sys, 0, sizeof *sys);
     sys->d = *desc;
@@ -408,15 +388,9 @@ static int64_t key_id(build *b, const char *name)
     for (uint32_t i = 0; i < b->nkeys; i++)
         if (!strcmp(b->keys[i], name))
             return KEEL_MAX_COMPONENTS + 1 + i;
-    if (b->nkeys == b->keys_cap) {
-        uint32_t cap = b->keys_cap ? b->keys_cap * 2 : 32;
-        const char **keys = realloc(b->keys, cap * sizeof *keys);
-        if (!keys) {
-            b->s->oom = true;
-            return -1;
-        }
-        b->keys = keys;
-        b->keys_cap = cap;
+    if (CORE_GROW(b->keys, b->keys_cap, b->nkeys + 1, 32)) {
+        b->s->oom = true;
+        return -1;
     }
     b->keys[b->nkeys++] = name;
     return KEEL_MAX_COMPONENTS + b->nkeys;
@@ -573,15 +547,9 @@ static void explicit_edges(build *b, uint32_t i)
 
 static void need(build *b, uint32_t x, uint32_t y, uint32_t key, keel_sched_code code)
 {
-    if (b->nneeds == b->needs_cap) {
-        uint32_t cap = b->needs_cap ? b->needs_cap * 2 : 64;
-        struct need *n = realloc(b->needs, cap * sizeof *n);
-        if (!n) {
-            b->s->oom = true;
-            return;
-        }
-        b->needs = n;
-        b->needs_cap = cap;
+    if (CORE_GROW(b->needs, b->needs_cap, b->nneeds + 1, 64)) {
+        b->s->oom = true;
+        return;
     }
     b->needs[b->nneeds++] = (struct need){x, y, key, code};
 }

@@ -93,17 +93,10 @@ static cmd_hdr *record_alloc(keel_cmdbuf *cb, size_t size, const char *fn)
         core_fail(KEEL_EBUSY, "%s: the buffer holds commands whose playback failed; retry or discard them first", fn);
         return NULL;
     }
-    if (cb->len + size > cb->cap) {
-        size_t cap = cb->cap ? cb->cap * 2 : 4096;
-        while (cap < cb->len + size)
-            cap *= 2;
-        unsigned char *buf = realloc(cb->buf, cap);
-        if (!buf) {
-            core_fail(KEEL_ENOMEM, "%s: out of memory growing the command buffer to %zu bytes", fn, cap);
-            return NULL;
-        }
-        cb->buf = buf;
-        cb->cap = cap;
+    if (CORE_GROW(cb->buf, cb->cap, cb->len + size, 4096)) {
+        core_fail(KEEL_ENOMEM, "%s: out of memory growing the command buffer to %zu bytes", fn,
+                  core_grow_cap(cb->cap, cb->len + size, 4096));
+        return NULL;
     }
     cmd_hdr *h = (cmd_hdr *)(cb->buf + cb->len);
     memset(h, 0, sizeof *h);
@@ -231,14 +224,8 @@ static void write_value(keel_world *w, world_table *t, uint32_t row, keel_compon
 
 static int reserve_receipt(keel_cmdbuf *cb)
 {
-    if (cb->res.created_count < cb->created_cap)
-        return KEEL_OK;
-    uint32_t cap = cb->created_cap ? cb->created_cap * 2 : 64;
-    keel_entity *c = realloc(cb->created, (size_t)cap * sizeof *c);
-    if (!c)
+    if (CORE_GROW(cb->created, cb->created_cap, cb->res.created_count + 1, 64))
         return core_fail(KEEL_ENOMEM, "out of memory growing the creation receipts");
-    cb->created = c;
-    cb->created_cap = cap;
     return KEEL_OK;
 }
 
@@ -503,16 +490,8 @@ static size_t pf_batch(const keel_cmdbuf *cb, size_t off, const destroy_run *run
  * handles, since allocation is a function of the slots. */
 static int log_reserve(world_lifecycle_log *log, size_t n)
 {
-    if (log->len + n <= log->cap)
-        return KEEL_OK;
-    size_t cap = log->cap ? log->cap * 2 : 4096;
-    while (cap < log->len + n)
-        cap *= 2;
-    unsigned char *buf = realloc(log->buf, cap);
-    if (!buf)
+    if (CORE_GROW(log->buf, log->cap, log->len + n, 4096))
         return core_fail(KEEL_ENOMEM, "out of memory growing the lifecycle log");
-    log->buf = buf;
-    log->cap = cap;
     return KEEL_OK;
 }
 
@@ -643,15 +622,7 @@ static run_table *run_table_of(destroy_run *run, const world_table *t, uint32_t 
 
 static bool run_fill_room(destroy_run *run)
 {
-    if (run->nfills < run->fills_cap)
-        return true;
-    uint32_t cap = run->fills_cap ? run->fills_cap * 2 : 256;
-    run_fill *f = realloc(run->fills, (size_t)cap * sizeof *f);
-    if (!f)
-        return false;
-    run->fills = f;
-    run->fills_cap = cap;
-    return true;
+    return CORE_GROW(run->fills, run->fills_cap, run->nfills + 1, 256) == KEEL_OK;
 }
 
 /* Destroy h's target on slots and entity arrays only. False, with nothing

@@ -24,16 +24,10 @@ static int grow_slots(keel_world *w)
     if (p < w->npages)
         return KEEL_OK;
     if (w->npages == w->pages_cap) {
-        uint32_t cap = w->pages_cap ? w->pages_cap * 2 : 16;
-        world_slot **pages = realloc(w->pages, (size_t)cap * sizeof *pages);
-        if (!pages)
+        uint32_t cap = w->pages_cap; /* both arrays take the new capacity once both grew */
+        if (CORE_GROW(w->pages, cap, w->npages + 1, 16) ||
+            core_resize(&w->pub_pages, w->pages_cap, cap, sizeof *w->pub_pages, true))
             return core_fail(KEEL_ENOMEM, "out of memory growing the entity index");
-        w->pages = pages;
-        world_slot **pub = realloc(w->pub_pages, (size_t)cap * sizeof *pub);
-        if (!pub)
-            return core_fail(KEEL_ENOMEM, "out of memory growing the entity index");
-        memset(pub + w->pages_cap, 0, (size_t)(cap - w->pages_cap) * sizeof *pub);
-        w->pub_pages = pub;
         w->pages_cap = cap;
     }
     world_slot *page = malloc(WORLD_PAGE_SLOTS * sizeof *page);
@@ -60,19 +54,11 @@ static int grow_free_bits(keel_world *w)
     uint32_t need_words = (w->nslots >> 6) + 1;
     if (need_words <= w->free_words_cap)
         return KEEL_OK;
-    uint32_t cap = w->free_words_cap ? w->free_words_cap * 2 : 64;
-    while (cap < need_words)
-        cap *= 2;
-    uint64_t *bits = realloc(w->free_bits, (size_t)cap * sizeof *bits);
-    if (!bits)
+    uint32_t cap = w->free_words_cap; /* the summary has a bit per word: cap / 64 words */
+    if (CORE_GROW_ZEROED(w->free_bits, cap, need_words, 64))
         return core_fail(KEEL_ENOMEM, "out of memory growing the free-slot bitmap");
-    memset(bits + w->free_words_cap, 0, (size_t)(cap - w->free_words_cap) * sizeof *bits);
-    w->free_bits = bits;
-    uint64_t *sum = realloc(w->free_summary, (size_t)(cap / 64) * sizeof *sum);
-    if (!sum)
+    if (core_resize(&w->free_summary, w->free_words_cap / 64, cap / 64, sizeof *w->free_summary, true))
         return core_fail(KEEL_ENOMEM, "out of memory growing the free-slot summary");
-    memset(sum + w->free_words_cap / 64, 0, (size_t)(cap - w->free_words_cap) / 64 * sizeof *sum);
-    w->free_summary = sum;
     w->free_words_cap = cap;
     return KEEL_OK;
 }

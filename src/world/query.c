@@ -27,14 +27,8 @@ static bool query_matches(const keel_query *q, const world_table *t)
 
 static int query_reserve(keel_query *q)
 {
-    if (q->ntables < q->tables_cap)
-        return KEEL_OK;
-    uint32_t cap = q->tables_cap ? q->tables_cap * 2 : 8;
-    uint32_t *tables = realloc(q->tables, (size_t)cap * sizeof *tables);
-    if (!tables)
+    if (CORE_GROW(q->tables, q->tables_cap, q->ntables + 1, 8))
         return core_fail(KEEL_ENOMEM, "out of memory growing a query's table list");
-    q->tables = tables;
-    q->tables_cap = cap;
     return KEEL_OK;
 }
 
@@ -97,15 +91,9 @@ int keel_query_create(keel_world *w, const keel_query_desc *desc, keel_query **o
     if (!q)
         return core_fail(KEEL_ENOMEM, "keel_query_create: out of memory");
     *q = tmp;
-    if (w->nqueries == w->queries_cap) {
-        uint32_t cap = w->queries_cap ? w->queries_cap * 2 : 8;
-        keel_query **qs = realloc(w->queries, (size_t)cap * sizeof *qs);
-        if (!qs) {
-            free(q);
-            return core_fail(KEEL_ENOMEM, "keel_query_create: out of memory");
-        }
-        w->queries = qs;
-        w->queries_cap = cap;
+    if (CORE_GROW(w->queries, w->queries_cap, w->nqueries + 1, 8)) {
+        free(q);
+        return core_fail(KEEL_ENOMEM, "keel_query_create: out of memory");
     }
     for (uint32_t id = 0; id < w->ntables; id++) {
         if (!query_matches(q, w->tables[id]))

@@ -91,14 +91,8 @@ int storage_table_get(keel_world *w, const world_compset *set, world_table **out
     int rc = map_reserve(w);
     if (rc)
         return rc;
-    if (w->ntables == w->tables_cap) {
-        uint32_t cap = w->tables_cap ? w->tables_cap * 2 : 16;
-        world_table **tables = realloc(w->tables, (size_t)cap * sizeof *tables);
-        if (!tables)
-            return core_fail(KEEL_ENOMEM, "out of memory growing the table list");
-        w->tables = tables;
-        w->tables_cap = cap;
-    }
+    if (CORE_GROW(w->tables, w->tables_cap, w->ntables + 1, 16))
+        return core_fail(KEEL_ENOMEM, "out of memory growing the table list");
     world_table *t = table_new(w, set);
     if (!t)
         return core_fail(KEEL_ENOMEM, "out of memory creating an archetype table");
@@ -265,14 +259,8 @@ static int reserve_room(keel_world *w, world_table *t)
         if (last->capacity < w->chunk_rows)
             return chunk_grow(w, t, last); /* only a table's first chunk is ever small */
     }
-    if (t->nchunks == t->chunk_cap) {
-        uint32_t cap = t->chunk_cap ? t->chunk_cap * 2 : 4;
-        world_chunk **chunks = realloc(t->chunks, (size_t)cap * sizeof *chunks);
-        if (!chunks)
-            return core_fail(KEEL_ENOMEM, "out of memory growing a table's chunk list");
-        t->chunks = chunks;
-        t->chunk_cap = cap;
-    }
+    if (CORE_GROW(t->chunks, t->chunk_cap, t->nchunks + 1, 4))
+        return core_fail(KEEL_ENOMEM, "out of memory growing a table's chunk list");
     uint32_t rows = t->nchunks ? w->chunk_rows : (CHUNK_FIRST_ROWS < w->chunk_rows ? CHUNK_FIRST_ROWS : w->chunk_rows);
     world_chunk *ch = t->nchunks ? chunk_take(t, rows) : NULL;
     if (!ch)

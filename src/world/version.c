@@ -58,14 +58,8 @@
 /* The slow path of version_reserve_retire: grow the list. */
 int version_grow_retired(keel_world *w, uint32_t n)
 {
-    uint32_t cap = w->retired_cap ? w->retired_cap * 2 : 64;
-    while (cap < w->nretired + n)
-        cap *= 2;
-    void **r = realloc(w->retired, (size_t)cap * sizeof *r);
-    if (!r)
+    if (CORE_GROW(w->retired, w->retired_cap, w->nretired + n, 64))
         return core_fail(KEEL_ENOMEM, "out of memory growing the list of retired versions");
-    w->retired = r;
-    w->retired_cap = cap;
     return KEEL_OK;
 }
 
