@@ -371,14 +371,8 @@ static int add_put(dur_state *d, ckpt_job *j, kw_codec_ctx *c, uint64_t code, co
         same = *s == code && d->stored->hashes[s - d->stored->keys] == hash;
     }
     pthread_mutex_unlock(&d->ckpt_mu);
-    if (j->nputs == j->puts_cap) {
-        uint32_t cap = j->puts_cap ? j->puts_cap * 2 : 256;
-        ckpt_put *p = realloc(j->puts, cap * sizeof *p);
-        if (!p)
-            return KEEL_ENOMEM;
-        j->puts = p;
-        j->puts_cap = cap;
-    }
+    if (CORE_GROW(j->puts, j->puts_cap, j->nputs + 1, 256))
+        return KEEL_ENOMEM;
     ckpt_put *p = &j->puts[j->nputs++];
     *p = (ckpt_put){.code = code, .hash = hash, .off = j->out.len, .len = 0};
     if (same)

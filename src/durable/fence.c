@@ -112,16 +112,7 @@ static void serialize_task(void *arg, uint32_t i, uint32_t worker)
 /* The next segment slot of d->segs (its record buffer kept), or NULL. */
 static fence_seg *seg_slot(dur_state *d, uint32_t n)
 {
-    if (n == d->segs_cap) {
-        uint32_t cap = d->segs_cap ? d->segs_cap * 2 : 8;
-        fence_seg *p = realloc(d->segs, cap * sizeof *p);
-        if (!p)
-            return NULL;
-        memset(p + d->segs_cap, 0, (cap - d->segs_cap) * sizeof *p);
-        d->segs = p;
-        d->segs_cap = cap;
-    }
-    return &d->segs[n];
+    return CORE_GROW_ZEROED(d->segs, d->segs_cap, n + 1, 8) ? NULL : &d->segs[n];
 }
 
 /* The payload bytes per segment: DUR_RECORD_TARGET at most, and an even

@@ -465,14 +465,8 @@ static int replay_one(replay *p, uint64_t lsn, uint64_t expect, const void *rec,
     switch (u.h.kind) {
     case KW_KIND_TICK_CHUNK:
     case KW_KIND_LIFECYCLE:
-        if (p->n == p->cap) {
-            uint32_t cap = p->cap ? p->cap * 2 : 64;
-            unit_rec *r = realloc(p->recs, cap * sizeof *r);
-            if (!r)
-                return core_fail(KEEL_ENOMEM, "out of memory replaying the WAL");
-            p->recs = r;
-            p->cap = cap;
-        }
+        if (CORE_GROW(p->recs, p->cap, p->n + 1, 64))
+            return core_fail(KEEL_ENOMEM, "out of memory replaying the WAL");
         if (!p->n)
             p->unit_first = lsn;
         p->recs[p->n++] = u;

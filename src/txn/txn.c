@@ -35,16 +35,8 @@
 
 int txn_vec_reserve(txn_vec *v, uint32_t extra)
 {
-    if (v->n + extra <= v->cap)
-        return KEEL_OK;
-    uint32_t cap = v->cap ? v->cap * 2 : 16;
-    while (cap < v->n + extra)
-        cap *= 2;
-    txn_touch *p = realloc(v->v, (size_t)cap * sizeof *p);
-    if (!p)
+    if (CORE_GROW(v->v, v->cap, v->n + extra, 16))
         return core_fail(KEEL_ENOMEM, "out of memory growing a transaction's chunk list");
-    v->v = p;
-    v->cap = cap;
     return KEEL_OK;
 }
 

@@ -45,16 +45,8 @@ typedef struct side_hdr {
 
 static int buf_reserve(unsigned char **buf, size_t *cap, size_t len, size_t n)
 {
-    if (len + n <= *cap)
-        return KEEL_OK;
-    size_t c = *cap ? *cap * 2 : 65536;
-    while (c < len + n)
-        c *= 2;
-    unsigned char *p = realloc(*buf, c);
-    if (!p)
+    if (CORE_GROW(*buf, *cap, len + n, 65536))
         return core_fail(KEEL_ENOMEM, "out of memory growing the unit of work");
-    *buf = p;
-    *cap = c;
     return KEEL_OK;
 }
 
@@ -199,19 +191,9 @@ static void capture_task(void *arg, uint32_t i, uint32_t worker)
     j->u->groups[j->base + i] = capture_chunk(&j->u->wbuf[worker], worker, j->w, j->u->flat[i]);
 }
 
-static int uow_grow(void **p, uint32_t *cap, uint32_t need, size_t elem)
+static int uow_grow(void *p, uint32_t *cap, uint32_t need, size_t elem)
 {
-    if (need <= *cap)
-        return KEEL_OK;
-    uint32_t c = *cap ? *cap : 16;
-    while (c < need)
-        c *= 2;
-    void *q = realloc(*p, (size_t)c * elem);
-    if (!q)
-        return KEEL_ENOMEM;
-    *p = q;
-    *cap = c;
-    return KEEL_OK;
+    return core_grow(p, cap, need, elem, 16, false);
 }
 
 /* Collect the durable touches of lists[0..nlists) into flat; *rows gets
