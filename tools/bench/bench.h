@@ -174,6 +174,7 @@ void bench_fence(const config *cfg);
 /* bench_world.c: the demo (keel-world's world) with the WAL on and off */
 void bench_wal_world(const config *cfg);
 void bench_checkpoint(const config *cfg);
+void bench_jitter(const config *cfg);
 /* bench_commit.c: against one synced LMDB commit per record */
 void bench_commit(const config *cfg);
 void bench_immediate(const config *cfg);

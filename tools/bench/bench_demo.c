@@ -5,9 +5,12 @@
  * WAL-off tick) and checkpoint (tick times with and without checkpoints,
  * and with and without a checkpoint in progress).
  */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench.h"
@@ -447,4 +450,75 @@ void bench_checkpoint(const config *cfg)
     note(cfg, "checkpoint jitter: in the checkpointing run, tick times of the ticks during which a checkpoint was "
               "in progress (captured, being written or waiting to be recorded: telemetry `checkpoint`; %.0f of %u "
               "ticks per measurement) vs the other ticks of the same run", (double)busy / R, CKPT_TICKS);
+}
+
+/* ---- jitter at 60 Hz ---------------------------------------------------------- */
+
+#define JITTER_TICKS 300u          /* ticks per measurement: 5 s at 60 Hz */
+#define JITTER_HZ 60
+
+/* The p99 tick time of the demo-like workload paced at 60 Hz (each tick
+ * starts on an absolute 1/60 s grid; its time is keel_runtime_step's wall
+ * time): WAL off over every tick, or WAL on (GROUP) with a checkpoint every
+ * CKPT_EVERY ticks over the ticks during which a checkpoint was in progress
+ * (telemetry `checkpoint`). NAN when no tick qualifies. */
+static double jitter_measure(bool wal)
+{
+    char *dir = wal ? make_tmpdir("jitter") : NULL;
+    demo d;
+    demo_open(&d, &(demo_opts){ .n = DEMO_ENTITIES, .turn = DEMO_TURN, .churn = DEMO_CHURN, .dir = dir,
+                                .ckpt_ticks = wal ? CKPT_EVERY : -1, .telemetry = 1024, .schedule = true });
+    for (uint32_t t = 0; t <= WAL_WARM_TICKS; t++)
+        step(d.rt);
+    check(keel_uow_flush(d.rt), "keel_uow_flush");
+    double *ms = xmalloc(JITTER_TICKS * sizeof *ms);
+    uint64_t first = keel_runtime_tick(d.rt) + 1;
+    struct timespec next;
+    clock_gettime(CLOCK_MONOTONIC, &next);
+    for (uint32_t k = 0; k < JITTER_TICKS; k++) {
+        next.tv_nsec += 1000000000L / JITTER_HZ;
+        if (next.tv_nsec >= 1000000000L) {
+            next.tv_sec++;
+            next.tv_nsec -= 1000000000L;
+        }
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL) == EINTR)
+            ;
+        uint64_t t0 = now_ns();
+        step(d.rt);
+        ms[k] = (double)(now_ns() - t0) / 1e6;
+    }
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < JITTER_TICKS; k++) {
+        keel_tick_record rec;
+        check(keel_telemetry_tick(d.rt, first + k, &rec), "keel_telemetry_tick");
+        if (!wal || rec.checkpoint)
+            ms[n++] = ms[k];
+    }
+    double p99 = n ? percentile(ms, n, 0.99) : NAN;
+    free(ms);
+    demo_close(&d);
+    if (dir)
+        remove_tmpdir(dir);
+    return p99;
+}
+
+void bench_jitter(const config *cfg)
+{
+    keep_heap_resident();
+    uint32_t R = cfg->rounds;
+    double *v[2] = { xmalloc(R * sizeof(double)), xmalloc(R * sizeof(double)) };
+    for (uint32_t r = 0; r < R; r++)
+        for (int k = 0; k < 2; k++) {
+            int c = r % 2 == 0 ? k : 1 - k; /* WAL off first in even rounds */
+            v[c][r] = jitter_measure(c == 1);
+        }
+    figure f = { .name = "jitter_p99", .unit = "ms", .value = median(v[1], R), .baseline = median(v[0], R),
+                 .target = 1.5, .target_on_ratio = true };
+    report(cfg, &f);
+    note(cfg, "jitter_p99: the wal_min figure's workload paced at %d Hz, %u ticks per measurement: p99 of "
+              "keel_runtime_step's wall time over the ticks with a checkpoint in progress, WAL on (GROUP) and a "
+              "checkpoint every %d ticks (value), against the p99 over every tick with the WAL off (baseline)",
+         JITTER_HZ, JITTER_TICKS, CKPT_EVERY);
+    free(v[0]);
+    free(v[1]);
 }

@@ -239,8 +239,9 @@ static double codec_read(kw_codec_ctx *c, const kw_buf *recs, const size_t *ends
 
 /* The planar form (codec 2, docs/wal-format.md) against plain zstd (codec
  * 1) on the demo's own tick_chunk payloads, at the default level, in
- * alternating rounds: write and read MB/s of raw payload, and compression. */
-static void codec_figures(const config *cfg)
+ * alternating rounds: write and read MB/s of raw payload, and compression.
+ * Returns the planar write MB/s (the codec alone, one thread). */
+static double codec_figures(const config *cfg)
 {
     kw_buf all = { 0 }, recs[2] = { { 0 } };
     size_t *lens;
@@ -263,7 +264,8 @@ static void codec_figures(const config *cfg)
             w[k][r] = mb / codec_write(c[k], &all, lens, n, &recs[k], ends[k]);
             rd[k][r] = mb / codec_read(c[k], &recs[k], ends[k], n);
         }
-    figure fw = { .name = "codec_planar", .unit = "MB/s", .value = median(w[1], R), .baseline = median(w[0], R),
+    double planar_mbps = median(w[1], R);
+    figure fw = { .name = "codec_planar", .unit = "MB/s", .value = planar_mbps, .baseline = median(w[0], R),
                   .no_target = true };
     report(cfg, &fw);
     figure fr = { .name = "codec_planar_read", .unit = "MB/s", .value = median(rd[1], R),
@@ -286,6 +288,7 @@ static void codec_figures(const config *cfg)
     }
     kw_buf_free(&all);
     free(lens);
+    return planar_mbps;
 }
 
 void bench_wal_world(const config *cfg)
@@ -315,12 +318,12 @@ void bench_wal_world(const config *cfg)
             }
         }
     double off = median(tps[0], R);
-    figure f = { .name = "wal", .unit = "ticks/s", .value = median(tps[1], R), .baseline = off, .target = 0.8,
-                 .target_on_ratio = true, .at_least = true };
+    figure f = { .name = "wal", .unit = "ticks/s", .value = median(tps[1], R), .baseline = off, .no_target = true };
     report(cfg, &f);
     figure c = { .name = "wal_cpu", .unit = "ms/tick", .value = median(cpu[1], R), .baseline = median(cpu[0], R),
                  .no_target = true };
     report(cfg, &c);
+    double extra_ms = c.value - c.baseline, raw_kb = median(raw, R);
     figure st = { .name = "wal_settle", .unit = "ms/tick", .value = median(wait[1], R), .baseline = median(wait[0], R),
                   .no_target = true };
     report(cfg, &st);
@@ -354,8 +357,18 @@ void bench_wal_world(const config *cfg)
         free(cpu[k]);
         free(wait[k]);
     }
+    /* The WAL's extra CPU per tick against the codec alone on the same
+     * bytes: the codec's own MB/s on the demo's payloads, measured below in
+     * this run, applied to this run's raw WAL bytes per tick. */
+    double planar_mbps = codec_figures(cfg);
+    figure x = { .name = "wal_extra_cpu", .unit = "ms/tick", .value = extra_ms,
+                 .baseline = planar_mbps > 0 ? raw_kb * 1024 / 1e6 / planar_mbps * 1e3 : 0, .target = 1.5,
+                 .target_on_ratio = true };
+    report(cfg, &x);
+    note(cfg, "wal_extra_cpu: process CPU per tick with the WAL on minus with it off (wal_cpu's two sides), "
+              "baseline: the time the codec alone (codec_planar, one thread) takes for the same %.0f KB of raw "
+              "WAL per tick", raw_kb);
     free(fence);
     free(raw);
     free(stored);
-    codec_figures(cfg);
 }

@@ -108,6 +108,7 @@ static const struct bench {
     { "immediate", bench_immediate, NULL },
     { "recovery", bench_recovery, NULL },
     { "checkpoint", bench_checkpoint, NULL },
+    { "jitter", bench_jitter, NULL },
 };
 #define NBENCHES (sizeof BENCHES / sizeof BENCHES[0])
 
@@ -124,8 +125,8 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: keel-bench [all|NAME...] [--json] [--rounds N] [--entities N]\n"
-            "  NAME          iterate|systems|spawn|commit|side|fence|recovery|checkpoint|wal|\n"
-            "                immediate|memory|parallel|destroy (several may be named; default all).\n"
+            "  NAME          iterate|systems|spawn|commit|side|fence|recovery|checkpoint|jitter|\n"
+            "                wal|immediate|memory|parallel|destroy (several may be named; default all).\n"
             "                iterate includes parallel, spawn includes destroy\n"
             "  --rounds N    rounds; figures are medians over rounds (default 7)\n"
             "  --entities N  entities of the in-memory figures (default 1000000); the durability\n"
