@@ -50,6 +50,19 @@ int core_fail(int rc, const char *fmt, ...)
     return rc;
 }
 
+/* Append s to the string of length `at` in dst[cap], cutting it to fit. */
+static size_t append(char *dst, size_t cap, size_t at, const char *s)
+{
+    size_t n = strlen(s);
+    if (at + 1 >= cap)
+        return at;
+    if (n > cap - 1 - at)
+        n = cap - 1 - at;
+    memcpy(dst + at, s, n);
+    dst[at + n] = 0;
+    return at + n;
+}
+
 int core_fail_prefix(int rc, const char *fmt, ...)
 {
     char cause[CORE_ERROR_MAX]; /* the prefix is formatted into last_error, the cause's home */
@@ -61,7 +74,7 @@ int core_fail_prefix(int rc, const char *fmt, ...)
     int n = vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
     if (n >= 0 && (size_t)n < sizeof last_error)
-        snprintf(last_error + n, sizeof last_error - (size_t)n, ": %s", cause);
+        append(last_error, sizeof last_error, append(last_error, sizeof last_error, (size_t)n, ": "), cause);
     return rc;
 }
 
