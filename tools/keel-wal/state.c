@@ -326,13 +326,11 @@ static int corrupt(kws_replay *r, uint64_t lsn, const char *why)
     return fail(r, "KEEL_ECORRUPT: WAL record at LSN %" PRIu64 ": %s", lsn, why);
 }
 
-/* A libkeel_wal error: its sentence names the LSN already when it has one. */
-static int lib_error(kws_replay *r, int rc, uint64_t lsn)
+/* A libkeel_wal error from decoding a record: libkeel_wal's sentences of
+ * a damaged record name its LSN already. */
+static int lib_error(kws_replay *r, int rc)
 {
-    const char *e = keel_last_error();
-    if (rc == KEEL_ECORRUPT && !strstr(e, "LSN"))
-        return fail(r, "KEEL_ECORRUPT: WAL record at LSN %" PRIu64 ": %s", lsn, e);
-    return fail(r, "%s: %s", keel_strerror(rc), e);
+    return fail(r, "%s: %s", keel_strerror(rc), keel_last_error());
 }
 
 static bool comp_known(const kws_replay *r, uint32_t id)
@@ -459,14 +457,14 @@ static int apply_record(kws_replay *r, const void *rec, const kw_header *h)
     if (!rc)
         rc = kw_decode_begin(&r->dec, h->kind, h->lsn, payload, h->raw_len, &r->d->schema);
     if (rc)
-        return lib_error(r, rc, h->lsn);
+        return lib_error(r, rc);
     kw_change ch;
     while ((rc = kw_decode_next(&r->dec, &ch)) == 1) {
         rc = h->kind == KW_KIND_LIFECYCLE ? apply_command(r, h->lsn, &ch) : apply_set(r, h->lsn, &ch);
         if (rc)
             return rc;
     }
-    return rc ? lib_error(r, rc, h->lsn) : KEEL_OK;
+    return rc ? lib_error(r, rc) : KEEL_OK;
 }
 
 /* A TICK_COMMIT closes the open unit: check it against the records, apply them. */
@@ -476,7 +474,7 @@ static int close_unit(kws_replay *r, const void *rec, const kw_header *h)
     kw_commit_info ci;
     int rc = kw_record_payload(r->d->codec, rec, h, &payload);
     if (rc)
-        return lib_error(r, rc, h->lsn);
+        return lib_error(r, rc);
     if (kw_decode_commit(payload, h->raw_len, &ci) || ci.nrecords != r->nunit)
         return corrupt(r, h->lsn, "the tick's commit marker does not match the records before it");
     for (uint32_t i = 0; i < r->nunit; i++)
@@ -536,12 +534,8 @@ static bool later_tick(const kw_header *h, uint64_t target)
 static int step(kws_replay *r, uint64_t lsn, const void *rec, size_t len)
 {
     kw_header h;
-    if (lsn != r->expect)
-        return corrupt(r, lsn, "LSNs are not consecutive (a record is missing before it)");
-    if (kw_record_check(rec, len, &h))
-        return lib_error(r, KEEL_ECORRUPT, lsn);
-    if (h.lsn != lsn)
-        return corrupt(r, lsn, "the record's LSN differs from its key");
+    if (kw_wal_check(lsn, r->expect, rec, len, &h, NULL))
+        return lib_error(r, KEEL_ECORRUPT);
     if (later_tick(&h, r->target)) /* the open unit's records are of an earlier tick */
         return r->nunit ? corrupt(r, lsn, "a record of the unit belongs to another tick") : STEP_LATER;
     int rc = KEEL_OK;
