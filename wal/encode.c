@@ -29,7 +29,8 @@ int kw_tick_chunk_group_put(kw_buf *out, uint32_t component, uint32_t size, uint
     unsigned char *p = out->p + out->len;
     kw_group_header_put(p, component, size, n);
     memcpy(p + KW_GROUP_HDR, entities, ents);
-    memcpy(p + KW_GROUP_HDR + ents, values, vals);
+    if (vals) /* a tag's group has no values (values may be NULL) */
+        memcpy(p + KW_GROUP_HDR + ents, values, vals);
     out->len += KW_GROUP_HDR + ents + vals;
     return KEEL_OK;
 }
