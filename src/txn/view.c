@@ -174,10 +174,22 @@ static void view_free(keel_view *v)
     free(v);
 }
 
+/* urcu_bp_barrier returns once every queued view_reclaim has run: what a
+ * reclaim read (the view, the transaction state it consults) may be freed
+ * after the barrier. TSan cannot see liburcu's hand-off, hence the token. */
+static char tsan_barrier_token;
+
 static void view_reclaim(struct rcu_head *head)
 {
     CORE_TSAN_ACQUIRE(&tsan_grace_token);
     view_free(caa_container_of(head, keel_view, rcu));
+    CORE_TSAN_RELEASE(&tsan_barrier_token);
+}
+
+static void view_barrier(void)
+{
+    urcu_bp_barrier();
+    CORE_TSAN_ACQUIRE(&tsan_barrier_token);
 }
 
 int view_publish(txn_state *ts, uint64_t tick)
@@ -226,13 +238,13 @@ int view_init(txn_state *ts)
 
 void view_quiesce(void)
 {
-    urcu_bp_barrier(); /* every queued view_reclaim has run */
+    view_barrier(); /* every queued view_reclaim has run */
 }
 
 void view_fini(txn_state *ts)
 {
     /* readers are gone (documented); wait for queued reclaims, free the last */
-    urcu_bp_barrier();
+    view_barrier();
     keel_view *v = atomic_load_explicit(&ts->view, memory_order_relaxed);
     if (v)
         view_free(v);
