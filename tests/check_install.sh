@@ -9,7 +9,8 @@
 #   - a C and a C++ program through pkg-config (shared) and a C program
 #     through `pkg-config --static` (libkeel.a), each run;
 #   - a C and a C++ consumer through find_package(keel) -> keel::keel, and a C
-#     one through keel::keel_static, each run;
+#     one through keel::keel_static, each run; find_package of the next
+#     incompatible version refused;
 #   - every docs/examples/*.c built through pkg-config, shared and static,
 #     and run in an empty directory (exit 0).
 # Usage: check_install.sh BUILD_DIR SOURCE_DIR VERSION SOVERSION
@@ -129,6 +130,15 @@ consumer c C "$d/m.c" keel::keel
 consumer cxx CXX "$d/m.cpp" keel::keel
 consumer c_static C "$d/m.c" keel::keel_static
 objdump -p "$d/c_static/b/m" | grep -q 'NEEDED.*libkeel' && fail "the keel::keel_static consumer needs libkeel.so"
+# The package accepts what the ABI promises (docs/api-stability.md): 0.x the
+# same minor version, from 1.0 the same major one; so the next one is refused.
+IFS=. read -r major minor _ <<<"$version"
+if [ "$major" = 0 ]; then next="0.$((minor + 1))"; else next="$((major + 1)).0"; fi
+mkdir -p "$d/next"
+printf 'cmake_minimum_required(VERSION 3.16)\nproject(next C)\nfind_package(keel %s REQUIRED)\n' "$next" >"$d/next/CMakeLists.txt"
+cmake -S "$d/next" -B "$d/next/b" -DCMAKE_PREFIX_PATH="$p" >"$d/log" 2>&1 &&
+    fail "find_package(keel $next) accepts the installed $version"
+grep -q "requested version \"$next\"" "$d/log" || { cat "$d/log" >&2; fail "find_package(keel $next) failed for another reason than the version"; }
 
 # ---- the examples, against the prefix -------------------------------------------------------
 n=0
