@@ -55,38 +55,31 @@ static int move(keel_ctx *ctx, const keel_iter *it, void *user)
     return 0;
 }
 
-static int fail(const char *what, int rc)
-{
-    fprintf(stderr, "durable_world: %s: %s: %s\n", what, keel_strerror(rc), keel_last_error());
-    return 1;
-}
-
 /* One life of a server process: open dir, run TICKS ticks, close.
  * *hash: the state hash the previous run ended with, then this run's. */
 static int run(const char *dir, int n, uint64_t *hash)
 {
     app a = {0};
-    keel_runtime *rt;
+    keel_runtime *rt = NULL;
+    keel_schedule *s = NULL;
+    keel_query *q = NULL;
+    keel_recovery r;
+    int bad = 0;
     keel_runtime_desc d = {
         .durable = {.dir = dir},
         .tick_rate_hz = -1, /* as fast as ticks run; a server keeps the default 60 Hz */
         .on_first_tick = first_tick,
         .hook_user = &a,
     };
-    int rc = keel_runtime_create(&d, &rt);
-    if (rc)
-        return fail("keel_runtime_create", rc);
-    keel_world *w = keel_runtime_world(rt);
     /* Every open registers the same components in the same order: the
      * directory stores their ids and schemas and checks them. */
     keel_field xy[] = {{.name = "x", .type = KEEL_F32, .offset = 0}, {.name = "y", .type = KEEL_F32, .offset = 4}};
     keel_component_desc pos = {.name = "pos", .size = sizeof(vec2), .fields = xy, .field_count = 2};
     keel_component_desc vel = {.name = "vel", .size = sizeof(vec2), .fields = xy, .field_count = 2};
     keel_system_desc mover = {.name = "move", .kind = KEEL_SYSTEM_QUERY, .each_chunk = move};
-    keel_schedule *s = NULL;
-    keel_recovery r;
-    int bad = 0;
-    if ((rc = keel_component_register(w, &pos, &a.pos)) || (rc = keel_component_register(w, &vel, &a.vel)))
+    int rc = keel_runtime_create(&d, &rt);
+    keel_world *w = rc ? NULL : keel_runtime_world(rt);
+    if (rc || (rc = keel_component_register(w, &pos, &a.pos)) || (rc = keel_component_register(w, &vel, &a.vel)))
         goto out;
     mover.query = (keel_query_desc){.with = {a.pos, a.vel}};
     mover.access = (keel_access){.writes = {a.pos}, .reads = {a.vel}};
@@ -103,23 +96,22 @@ static int run(const char *dir, int n, uint64_t *hash)
     printf("run %d: on_first_tick spawned %u ships; now tick %" PRIu64 ", %u entities, hash %016" PRIx64 "\n", n,
            a.spawned, keel_runtime_tick(rt), keel_world_count(w), keel_world_hash(w));
     /* Between ticks the controlling thread may read the world. */
-    keel_query *q;
     if ((rc = keel_query_create(w, &(keel_query_desc){.with = {a.pos}}, &q)))
         goto out;
     keel_iter it;
     for (keel_query_iter(q, &it); keel_iter_next(&it);)
         for (uint32_t i = 0; i < it.count; i++)
             printf("  ship %016" PRIx64 " at x=%.0f\n", it.entities[i], (double)KEEL_COLUMN(&it, vec2, 0)[i].x);
-    keel_query_destroy(q);
     /* Run 1 populated the world; run 2 recovered it and its hook spawned nothing. */
     *hash = keel_world_hash(w);
     bad |= keel_world_count(w) != SHIPS || a.spawned != (r.fresh ? SHIPS : 0) || r.tick != (uint64_t)(n - 1) * TICKS;
     if (bad)
         fprintf(stderr, "durable_world: run %d did not continue the world as expected\n", n);
 out:
-    if (rc)
-        fail("run", rc);
-    keel_schedule_destroy(s); /* no-op once installed: the runtime owns it */
+    if (rc) /* the last error names the culprit: the component, the file, the system */
+        fprintf(stderr, "durable_world: run %d: %s: %s\n", n, keel_strerror(rc), keel_last_error());
+    keel_query_destroy(q);    /* each of these ignores NULL */
+    keel_schedule_destroy(s); /* and an installed schedule: the runtime owns it */
     keel_runtime_close(rt);   /* everything acknowledged is on disk */
     return rc || bad;
 }
