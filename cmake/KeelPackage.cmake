@@ -18,11 +18,14 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 # 0.x: every minor release may change the ABI, so the SONAME carries
-# MAJOR.MINOR (libkeel.so.0.2); from 1.0 on it carries MAJOR only.
+# MAJOR.MINOR (libkeel.so.0.2) and the CMake package accepts the same minor
+# version only; from 1.0 on, both go by the major version.
 if(PROJECT_VERSION_MAJOR EQUAL 0)
   set(KEEL_SOVERSION "${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}")
+  set(keel_compat SameMinorVersion)
 else()
   set(KEEL_SOVERSION "${PROJECT_VERSION_MAJOR}")
+  set(keel_compat SameMajorVersion)
 endif()
 
 # The user libraries are made of the internal libraries' objects (compiled
@@ -82,13 +85,6 @@ set(keel_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/keel)
 install(EXPORT keelTargets NAMESPACE keel:: DESTINATION ${keel_cmake_dir})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/keelConfig.cmake.in ${PROJECT_BINARY_DIR}/keelConfig.cmake
                               INSTALL_DESTINATION ${keel_cmake_dir})
-# 0.x: only the same minor version is compatible (SameMinorVersion); from
-# 1.0 on, the same major version.
-if(PROJECT_VERSION_MAJOR EQUAL 0)
-  set(keel_compat SameMinorVersion)
-else()
-  set(keel_compat SameMajorVersion)
-endif()
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/keelConfigVersion.cmake COMPATIBILITY ${keel_compat})
 install(FILES ${PROJECT_BINARY_DIR}/keelConfig.cmake ${PROJECT_BINARY_DIR}/keelConfigVersion.cmake
         DESTINATION ${keel_cmake_dir})

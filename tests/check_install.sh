@@ -4,7 +4,7 @@
 # temporary prefix, then, against that prefix only:
 #   - the layout: headers, libkeel.so with its SONAME, libkeel.a holding the
 #     runtime, wal and base objects, keel.pc, the CMake package, the tools,
-#     the power-loss shim, the man pages;
+#     the power-loss shim (the installed keel-crash finds it), the man pages;
 #   - every public header compiles alone as C11 and as C++11 (-pedantic);
 #   - a C and a C++ program through pkg-config (shared) and a C program
 #     through `pkg-config --static` (libkeel.a), each run;
@@ -60,6 +60,15 @@ done
 leaked=$(nm -D --defined-only "$lib/libkeel.so" | awk '{print $3}' | grep -v '^keel_' | head -n 5)
 [ -z "$leaked" ] || fail "libkeel.so exports non-public symbols: $leaked"
 "$p/bin/keel-wal" --help >/dev/null || fail "the installed keel-wal does not run"
+# The installed keel-crash finds keel-world beside it and its power-loss shim
+# in libexec/keel (a sanitizer build refuses powerloss mode: the shim cannot
+# be preloaded before the sanitizer's runtime).
+if [ ${#flags[@]} = 0 ]; then
+    step "the installed keel-crash in powerloss mode" \
+        "$p/bin/keel-crash" --mode powerloss --rounds 2 --until-tick 10 --entities 50
+    grep -q '^crashes=[0-9]* lost_acknowledged=0 hash_mismatches=0 invariant_violations=0$' "$d/log" ||
+        fail "the installed keel-crash: $(tail -n 1 "$d/log")"
+fi
 
 export PKG_CONFIG_PATH=$lib/pkgconfig
 step "pkg-config --modversion keel" pkg-config --modversion keel
