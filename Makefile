@@ -6,7 +6,8 @@
 # Developer targets: build, test-asan (ASan+UBSan), test-tsan (TSan, thread
 # suites), bench (Release build; BENCH_ARGS="systems --json"), fuzz
 # (libFuzzer targets of tests/fuzz for FUZZ_SECONDS each; needs the Debian
-# packages clang and libclang-rt-dev, docs/testing.md), clean.
+# packages clang and libclang-rt-dev, docs/testing.md), install (cmake
+# --install of the build into PREFIX, default /usr/local), clean.
 # WERROR=ON turns warnings into errors (CI does).
 
 BUILD      ?= build
@@ -17,11 +18,13 @@ RUN_ARGS   ?=
 BENCH_ARGS ?=
 CTEST_ARGS ?=
 FUZZ_SECONDS ?= 60
+PREFIX     ?= /usr/local
 
-# Debian packages the build and the tests need.
-DEB_PACKAGES := build-essential cmake pkg-config liblmdb-dev lmdb-utils liburcu-dev libzstd-dev check
+# Debian packages the build and the tests need (groff-base: the man pages'
+# test renders them with groff).
+DEB_PACKAGES := build-essential cmake pkg-config liblmdb-dev lmdb-utils liburcu-dev libzstd-dev check groff-base
 
-.PHONY: all deps build run test test-asan test-tsan bench fuzz clean
+.PHONY: all deps build run test test-asan test-tsan bench fuzz install clean
 
 all: build
 
@@ -55,6 +58,11 @@ run: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
+
+# Headers, libkeel.so + libkeel.a, keel.pc, the CMake package, the tools and
+# the man pages under PREFIX (README, "Install and link").
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # Sanitizer builds live in their own directories.
 test-asan: deps

@@ -18,9 +18,6 @@
 #include "keel/view.h"
 #include "keel/telemetry.h"
 #include "keel/failpoint.h"
-
-#define KEEL_VERSION_MAJOR 0
-#define KEEL_VERSION_MINOR 1
-#define KEEL_VERSION_PATCH 0
+#include "keel/version.h"
 
 #endif

@@ -754,9 +754,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "keel-crash: no keel-world next to keel-crash (%s); give --world PATH\n", c.world);
         return 2;
     }
-    if (o.modes[M_POWERLOSS] && !find_beside("libkeel_powerloss.so", c.world, c.shim, sizeof c.shim)) {
-        fprintf(stderr, "keel-crash: powerloss mode needs libkeel_powerloss.so next to keel-crash or keel-world "
-                "(target keel_powerloss)\n");
+    /* in the build tree the shim sits beside the tools; installed, in libexec/keel (KEEL_CRASH_SHIM_DIR,
+     * relative to bin/), since bin/ holds programs only */
+    if (o.modes[M_POWERLOSS] && !find_beside("libkeel_powerloss.so", c.world, c.shim, sizeof c.shim) &&
+        !find_beside(KEEL_CRASH_SHIM_DIR "/libkeel_powerloss.so", NULL, c.shim, sizeof c.shim)) {
+        fprintf(stderr, "keel-crash: powerloss mode needs libkeel_powerloss.so next to keel-crash or keel-world, "
+                "or in " KEEL_CRASH_SHIM_DIR " from keel-crash's directory (target keel_powerloss)\n");
         return 2;
     }
     if (o.modes[M_FAILPOINT] && load_failpoints(&c))
