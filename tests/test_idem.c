@@ -40,6 +40,11 @@
 #include "test_util.h"
 #include "txn/txn_internal.h"
 
+static bool has(const char *s, const char *needle)
+{
+    return strstr(s, needle) != NULL;
+}
+
 /* ---- idem_keys: the set ------------------------------------------------------------------- */
 
 START_TEST(test_keys_window_boundaries)
@@ -135,12 +140,85 @@ START_TEST(test_keys_against_model)
 }
 END_TEST
 
+/* The keyed SIDE payload and SNAP_KEYS, encoded and decoded in wal/: round
+ * trips and the malformed forms they refuse. */
+START_TEST(test_keys_wal_codec)
+{
+    kw_buf b = {0};
+    uint32_t flags = 0;
+    int64_t v = 5;
+    ck_assert_ok(kw_side_begin(&b, 9, KEEL_DURABLE_IMMEDIATE, 1));
+    ck_assert_ok(kw_side_put_write(&b, 0x100000002ull, 3, 8, &v));
+    ck_assert_ok(kw_side_end(&b, 0, &flags)); /* no key: nothing added */
+    ck_assert_uint_eq(flags, 0);
+    size_t unkeyed = b.len;
+    ck_assert_ok(kw_side_end(&b, 0xabcdef0123ull, &flags));
+    ck_assert_uint_eq(flags, KW_FLAG_KEY);
+    ck_assert_uint_eq(b.len, unkeyed + 8);
+    kw_header h = {.kind = KW_KIND_SIDE, .lsn = 7, .flags = flags, .raw_len = (uint32_t)b.len};
+    kw_decoder d;
+    kw_change ch;
+    ck_assert_ok(kw_decode_record(&d, &h, b.p, NULL));
+    ck_assert_uint_eq(d.side_key, 0xabcdef0123ull);
+    ck_assert_uint_eq(d.side_seq, 9);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_uint_eq(ch.entity, 0x100000002ull);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 0);
+    /* without the flag the same bytes are refused, not misread */
+    h.flags = 0;
+    ck_assert_ok(kw_decode_record(&d, &h, b.p, NULL));
+    ck_assert_uint_eq(d.side_key, 0);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_rc(kw_decode_next(&d, &ch), KEEL_ECORRUPT);
+    /* key 0 and a payload too short for the key are corrupt */
+    h.flags = KW_FLAG_KEY;
+    memset(b.p + b.len - 8, 0, 8);
+    ck_assert_rc(kw_decode_record(&d, &h, b.p, NULL), KEEL_ECORRUPT);
+    ck_assert_msg(has(keel_last_error(), "LSN 7") && has(keel_last_error(), "key is 0"), "%s", keel_last_error());
+    h.raw_len = 20;
+    ck_assert_rc(kw_decode_record(&d, &h, b.p, NULL), KEEL_ECORRUPT);
+    /* the flag means nothing on other kinds */
+    kw_buf lc = {0};
+    ck_assert_ok(kw_lifecycle_begin(&lc));
+    kw_lifecycle_end(&lc, 0);
+    kw_header hl = {.kind = KW_KIND_LIFECYCLE, .lsn = 8, .flags = KW_FLAG_KEY, .raw_len = (uint32_t)lc.len};
+    ck_assert_ok(kw_decode_record(&d, &hl, lc.p, NULL));
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 0);
+    kw_buf_free(&lc);
+
+    uint64_t keys[3] = {11, 12, 0xffffffffffffffffull}, ticks[3] = {1, 1, 9};
+    ck_assert_ok(kw_snap_keys_encode(&b, 3, keys, ticks));
+    ck_assert_uint_eq(b.len, 4 + 3 * 16);
+    kw_snap_keys sk;
+    ck_assert_ok(kw_snap_keys_decode(b.p, b.len, &sk));
+    ck_assert_uint_eq(sk.n, 3);
+    for (uint32_t i = 0; i < 3; i++) {
+        uint64_t k, t;
+        kw_snap_keys_get(&sk, i, &k, &t);
+        ck_assert_uint_eq(k, keys[i]);
+        ck_assert_uint_eq(t, ticks[i]);
+    }
+    ck_assert_rc(kw_snap_keys_decode(b.p, b.len - 1, &sk), KEEL_ECORRUPT);
+    ck_assert_rc(kw_snap_keys_decode(b.p, 2, &sk), KEEL_ECORRUPT);
+    keys[1] = 0;
+    ck_assert_ok(kw_snap_keys_encode(&b, 3, keys, ticks));
+    ck_assert_rc(kw_snap_keys_decode(b.p, b.len, &sk), KEEL_ECORRUPT);
+    ck_assert_msg(has(keel_last_error(), "key 1 is 0"), "%s", keel_last_error());
+    ck_assert_ok(kw_snap_keys_encode(&b, 0, NULL, NULL));
+    ck_assert_ok(kw_snap_keys_decode(b.p, b.len, &sk));
+    ck_assert_uint_eq(sk.n, 0);
+    ck_assert_str_eq(kw_kind_name(KW_KIND_SNAP_KEYS), "snap_keys");
+    kw_buf_free(&b);
+}
+END_TEST
+
 static Suite *idem_keys(void)
 {
     Suite *s = suite_create("idem_keys");
     TCase *tc = tcase_create("keys");
     tcase_add_test(tc, test_keys_window_boundaries);
     tcase_add_test(tc, test_keys_against_model);
+    tcase_add_test(tc, test_keys_wal_codec);
     suite_add_tcase(s, tc);
     return s;
 }
@@ -234,11 +312,6 @@ static int run_xfer(econ *e, xfer *x, keel_durability mode)
     int rc = keel_ticket_wait(t, -1);
     keel_ticket_release(t);
     return rc;
-}
-
-static bool has(const char *s, const char *needle)
-{
-    return strstr(s, needle) != NULL;
 }
 
 /* ---- idem_run ------------------------------------------------------------------------------ */
@@ -474,6 +547,53 @@ START_TEST(test_key_across_reopen_and_checkpoint)
 }
 END_TEST
 
+static int fill_snap_keys(kw_wtxn *t, void *arg)
+{
+    const kw_buf *rec = arg;
+    return kw_put(t, KW_DB_SNAP, KW_SNAP_KEYS_KEY, 1, rec->p, rec->len);
+}
+
+/* A damaged SNAP_KEYS (a key 0 under a valid CRC): keel-wal verify reports
+ * it, and recovery refuses the checkpoint instead of forgetting keys. */
+START_TEST(test_key_damaged_snapshot_refused)
+{
+    char dir[512];
+    tu_path(dir, sizeof dir, "badkeys");
+    econ e;
+    econ_open(&e, dir, 0, (keel_durable_desc){.checkpoint_every_ticks = -1});
+    xfer a = {&e, 3003, 0, 1, 7};
+    ck_assert_ok(run_xfer(&e, &a, KEEL_DURABLE_IMMEDIATE));
+    ck_assert_ok(keel_checkpoint(e.rt));
+    uint64_t ckpt_tick = keel_runtime_tick(e.rt);
+    keel_runtime_close(e.rt);
+    uint64_t keys[1] = {0}, ticks[1] = {ckpt_tick};
+    kw_buf payload = {0}, rec = {0};
+    ck_assert_ok(kw_snap_keys_encode(&payload, 1, keys, ticks));
+    kw_codec_ctx *cc = NULL;
+    ck_assert_ok(kw_codec_create(&(kw_codec_desc){0}, &cc));
+    ck_assert_ok(kw_record_build(cc, &rec, KW_KIND_SNAP_KEYS, 0, ckpt_tick, 0, payload.p, payload.len));
+    kw_store *st = NULL;
+    ck_assert_ok(kw_store_open(dir, &(kw_store_desc){0}, &st));
+    ck_assert_ok(kw_store_write(st, fill_snap_keys, &rec));
+    kw_store_close(st);
+    kw_codec_destroy(cc);
+    kw_buf_free(&payload);
+    kw_buf_free(&rec);
+
+    tu_run r = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"verify", dir, NULL});
+    ck_assert_msg(r.status == 1 && has(r.out, "snap K") && has(r.out, "key 0 is 0"), "exit %d: %s%s", r.status, r.out,
+                  r.err);
+    tu_run_free(&r);
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .tick_rate_hz = -1, .durable = {.dir = dir}});
+    tu_reg(keel_runtime_world(rt), "balance", 8, KEEL_VERSIONED, bal_fields, 1);
+    ck_assert_rc(keel_runtime_recover(rt, NULL), KEEL_ECORRUPT);
+    ck_assert_msg(has(keel_last_error(), "checkpoint") && has(keel_last_error(), "key 0 is 0"), "%s",
+                  keel_last_error());
+    keel_runtime_close(rt);
+    tu_rmtree(dir);
+}
+END_TEST
+
 /* A key older than the window applies again: exactly at tick + window, in
  * memory and across a reopen (the record's tick is what counts). */
 static void window_expiry(const char *dir)
@@ -576,6 +696,7 @@ static Suite *idem_run(void)
     tcase_add_test(tc, test_key_twice_durable);
     tcase_add_test(tc, test_key_checked_first_and_read_only_keys);
     tcase_add_test(tc, test_key_across_reopen_and_checkpoint);
+    tcase_add_test(tc, test_key_damaged_snapshot_refused);
     tcase_add_test(tc, test_key_window_expiry);
     tcase_add_test(tc, test_key_race_applies_once);
     suite_add_tcase(s, tc);
@@ -710,6 +831,13 @@ START_TEST(test_wait_lsns_and_arguments)
     ck_assert_ok(keel_runtime_step(m.rt));
     ck_assert_ok(keel_ticket_wait_durable(t, -1));
     ck_assert_uint_eq(keel_ticket_lsn(t), 0);
+    keel_ticket_release(t);
+    /* a closure not run yet: its ticket times out, then completes when it runs */
+    ck_assert_ok(keel_submit(m.rt, closure_xfer, &x, KEEL_DURABLE_DEFERRED, &t));
+    ck_assert_rc(keel_ticket_wait_durable(t, 0), KEEL_ETIMEDOUT);
+    ck_assert_msg(has(keel_last_error(), "not completed"), "%s", keel_last_error());
+    ck_assert_ok(keel_runtime_step(m.rt));
+    ck_assert_ok(keel_ticket_wait_durable(t, 0));
     keel_ticket_release(t);
     keel_runtime_close(m.rt);
     ck_assert_rc(keel_wait_durable(NULL, 1, 0), KEEL_EINVAL);
