@@ -89,7 +89,8 @@ int keel_side_set(keel_side_txn *tx, keel_entity e, keel_component c, const void
  * (tx is freed whatever the outcome). 0, or KEEL_ECONFLICT (a row read has a
  * newer version, or an entity written was destroyed: nothing applied),
  * KEEL_ENOMEM (nothing applied), KEEL_EFATAL (the runtime cannot make it
- * durable). Committed writes are visible to the rest of the system at once
+ * durable), KEEL_EALREADY (its idempotency key committed before, within the
+ * window: nothing applied; keel_side_txn_set_key). Committed writes are visible to the rest of the system at once
  * and stay even if the system later fails. A transaction that wrote nothing
  * is validated the same way and logs nothing; IMMEDIATE, it returns once
  * everything logged before its commit is durable (at once when it is). */
@@ -144,7 +145,7 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
 /* Wait until the closure ran and its commit is durable per its mode (or,
  * for a ticket of keel_side_txn_commit_async, until that commit is); returns
  * its result: 0, the closure's own non-zero return, a commit error
- * (KEEL_ECONFLICT, KEEL_EFATAL ...), KEEL_EBUSY when the runtime closed
+ * (KEEL_ECONFLICT, KEEL_EALREADY, KEEL_EFATAL ...), KEEL_EBUSY when the runtime closed
  * before running it, or KEEL_EFATAL when it latched fatal before running it
  * (the ticket completes at the next keel_runtime_step attempt or at close).
  * timeout_ns < 0 waits for ever; on timeout returns KEEL_ETIMEDOUT and the
