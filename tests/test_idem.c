@@ -489,6 +489,13 @@ START_TEST(test_key_checked_first_and_read_only_keys)
     r = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"dump", dir, NULL});
     ck_assert_msg(r.status == 0 && has(r.out, "key=77"), "%s%s", r.out, r.err);
     tu_run_free(&r);
+    /* the tools that decode every record read keyed ones */
+    static const char *const readers[] = {"verify", "stats", "replay"};
+    for (int i = 0; i < 3; i++) {
+        r = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){readers[i], dir, i == 2 ? "--to-tick" : NULL, "3", NULL});
+        ck_assert_msg(r.status == 0, "keel-wal %s: exit %d: %s%s", readers[i], r.status, r.out, r.err);
+        tu_run_free(&r);
+    }
     tu_rmtree(dir);
 }
 END_TEST

@@ -282,10 +282,11 @@ static void check_record(verifier *v, const kw_record *r)
         problem(v, r->lsn, "a %s record in the WAL (it belongs in the snap database)", kw_kind_name(r->h.kind));
         break;
     }
-    if (r->h.kind != KW_KIND_TICK_COMMIT && r->h.kind != KW_KIND_TICK_CHUNK && r->h.kind != KW_KIND_LIFECYCLE &&
-        r->h.flags)
-        problem(v, r->lsn, "a %s record with flags %u (only unit records carry HOOK)", kw_kind_name(r->h.kind),
-                r->h.flags);
+    bool unit = r->h.kind == KW_KIND_TICK_COMMIT || r->h.kind == KW_KIND_TICK_CHUNK || r->h.kind == KW_KIND_LIFECYCLE;
+    uint32_t allowed = r->h.kind == KW_KIND_SIDE ? KW_FLAG_KEY : 0;
+    if (!unit && (r->h.flags & ~allowed))
+        problem(v, r->lsn, "a %s record with flags %u (only unit records carry HOOK, only side records KEY)",
+                kw_kind_name(r->h.kind), r->h.flags);
 }
 
 static int scan_wal(verifier *v, kw_rtxn *r)
