@@ -2,7 +2,7 @@
  * test_oom.c -- out of memory at every allocation, in turn.
  *
  * A small world (workload O below: spawns, destroys, a tag, a rewriting
- * parallel query, direct writes, a side transaction and a submitted
+ * parallel query, direct writes, a keyed side transaction and a submitted
  * closure every tick) is run again and again, and each time the k-th
  * allocation of one phase fails (oom_shim.c: one-shot; on the stepping
  * thread, or on any thread in the two-worker sweep), for k = 1, 2, ...
@@ -100,7 +100,9 @@ static int sys_setter(keel_ctx *ctx, void *user)
     return 0;
 }
 
-/* sider: a side transaction moves 1 from B of the first entity to B of the second. */
+/* sider: a side transaction moves 1 from B of the first entity to B of the
+ * second, keyed by its tick (so the key set grows, is checkpointed and
+ * recovered; a tick that runs again after a recovery finds its key: done). */
 static int sys_sider(keel_ctx *ctx, void *user)
 {
     oworld *o = user;
@@ -119,11 +121,13 @@ static int sys_sider(keel_ctx *ctx, void *user)
     bx -= 1, by += 1;
     rc = rc ? rc : keel_side_set(tx, x, o->B, &bx);
     rc = rc ? rc : keel_side_set(tx, y, o->B, &by);
+    rc = rc ? rc : keel_side_txn_set_key(tx, keel_ctx_tick(ctx));
     if (rc) {
         keel_side_txn_abort(tx);
         return rc;
     }
-    return keel_side_txn_commit(tx);
+    rc = keel_side_txn_commit(tx);
+    return rc == KEEL_EALREADY ? 0 : rc;
 }
 
 static int closure_add(keel_side_txn *tx, void *arg)

@@ -29,11 +29,21 @@ static int check_size(const kw_decoder *d, uint32_t comp, uint32_t size)
     return KEEL_OK;
 }
 
-int kw_decode_begin(kw_decoder *d, uint32_t kind, uint64_t lsn, const void *payload, size_t len,
-                    const kw_schema *schema)
+static int decode_begin(kw_decoder *d, uint32_t kind, uint32_t flags, uint64_t lsn, const void *payload, size_t len,
+                        const kw_schema *schema)
 {
     memset(d, 0, offsetof(kw_decoder, comps));
     d->cur = kw_cursor_make(payload, len);
+    d->lsn = lsn;
+    if (kind == KW_KIND_SIDE && (flags & KW_FLAG_KEY)) { /* the trailing key (encode.c, kw_side_end) */
+        if (len < 24)
+            return bad(d, "the payload is too short for its header and key");
+        kw_cursor k = kw_cursor_make((const unsigned char *)payload + len - 8, 8);
+        d->side_key = kw_get_u64(&k);
+        if (!d->side_key)
+            return bad(d, "a side transaction's idempotency key is 0");
+        d->cur.end -= 8;
+    }
     d->kind = kind;
     d->lsn = lsn;
     d->schema = schema;
@@ -45,6 +55,17 @@ int kw_decode_begin(kw_decoder *d, uint32_t kind, uint64_t lsn, const void *payl
     }
     d->left = kw_get_u32(&d->cur);
     return d->cur.bad ? bad(d, "the payload is too short for its header") : KEEL_OK;
+}
+
+int kw_decode_begin(kw_decoder *d, uint32_t kind, uint64_t lsn, const void *payload, size_t len,
+                    const kw_schema *schema)
+{
+    return decode_begin(d, kind, 0, lsn, payload, len, schema);
+}
+
+int kw_decode_record(kw_decoder *d, const kw_header *h, const void *payload, const kw_schema *schema)
+{
+    return decode_begin(d, h->kind, h->flags, h->lsn, payload, h->raw_len, schema);
 }
 
 static int end(kw_decoder *d)

@@ -142,6 +142,16 @@ int kw_side_put_write(kw_buf *out, uint64_t entity, uint32_t component, uint32_t
     return rc ? rc : kw_put_bytes(out, value, size);
 }
 
+int kw_side_end(kw_buf *out, uint64_t key, uint32_t *flags)
+{
+    /* the key goes last: a reader that ignores the flag finds trailing
+     * bytes and refuses the record instead of misreading its writes */
+    if (!key)
+        return KEEL_OK;
+    *flags |= KW_FLAG_KEY;
+    return kw_put_u64(out, key);
+}
+
 /* ---- snap ------------------------------------------------------------------------- */
 
 int kw_snap_tables_put_header(kw_buf *out, uint32_t ntables, uint32_t nslots, uint32_t nlive)
@@ -188,5 +198,17 @@ int kw_snap_chunk_encode(kw_buf *out, uint32_t table, uint32_t chunk, uint32_t c
     rc = rc ? rc : kw_put_bytes(out, entities, (size_t)count * 8);
     for (uint32_t i = 0; !rc && i < ncols; i++)
         rc = kw_put_bytes(out, values[i], (size_t)count * sizes[i]);
+    return rc;
+}
+
+int kw_snap_keys_encode(kw_buf *out, uint32_t n, const uint64_t *keys, const uint64_t *ticks)
+{
+    out->len = 0;
+    int rc = kw_buf_reserve(out, 4 + (size_t)n * 16);
+    rc = rc ? rc : kw_put_u32(out, n);
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        rc = kw_put_u64(out, keys[i]);
+        rc = rc ? rc : kw_put_u64(out, ticks[i]);
+    }
     return rc;
 }

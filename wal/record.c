@@ -44,6 +44,7 @@ static const char *const kind_names[] = {
     [KW_KIND_TICK_CHUNK] = "tick_chunk", [KW_KIND_TICK_COMMIT] = "tick_commit", [KW_KIND_SIDE] = "side",
     [KW_KIND_LIFECYCLE] = "lifecycle",   [KW_KIND_SCHEMA] = "schema",           [KW_KIND_CHECKPOINT] = "checkpoint",
     [KW_KIND_SNAP_TABLES] = "snap_tables", [KW_KIND_SNAP_SLOTS] = "snap_slots", [KW_KIND_SNAP_CHUNK] = "snap_chunk",
+    [KW_KIND_SNAP_KEYS] = "snap_keys",
 };
 #define NKINDS (sizeof kind_names / sizeof kind_names[0])
 

@@ -1,6 +1,6 @@
 /*
  * wal/snap.c -- decoding the checkpoint's snap records (SNAP_TABLES,
- * SNAP_SLOTS, SNAP_CHUNK; docs/wal-format.md §4).
+ * SNAP_SLOTS, SNAP_CHUNK, SNAP_KEYS; docs/wal-format.md §4).
  *
  * One decoder for every reader of a checkpoint: recovery (durable/recover.c)
  * loads the runtime's world through it, keel-wal replay its offline state.
@@ -118,4 +118,33 @@ uint64_t kw_snap_chunk_entity(const kw_snap_chunk *c, uint32_t row)
     for (int i = 7; i >= 0; i--)
         v = v << 8 | p[i];
     return v;
+}
+
+/* ---- SNAP_KEYS ------------------------------------------------------------------------ */
+
+static uint64_t le64_at(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+int kw_snap_keys_decode(const void *payload, size_t len, kw_snap_keys *out)
+{
+    kw_cursor c = kw_cursor_make(payload, len);
+    out->n = kw_get_u32(&c);
+    out->p = kw_get_bytes(&c, (size_t)out->n * 16);
+    if (c.bad || !kw_cursor_done(&c))
+        return core_fail(KEEL_ECORRUPT, "checkpoint key set has the wrong length (%zu bytes for %u keys)", len, out->n);
+    for (uint32_t i = 0; i < out->n; i++)
+        if (!le64_at(out->p + (size_t)i * 16))
+            return core_fail(KEEL_ECORRUPT, "checkpoint key set: key %u is 0", i);
+    return KEEL_OK;
+}
+
+void kw_snap_keys_get(const kw_snap_keys *k, uint32_t i, uint64_t *key, uint64_t *tick)
+{
+    *key = le64_at(k->p + (size_t)i * 16);
+    *tick = le64_at(k->p + (size_t)i * 16 + 8);
 }

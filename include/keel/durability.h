@@ -45,6 +45,9 @@ typedef struct keel_durable_desc {
     bool wal_retain;               /* keep WAL records after checkpoints (audit, time travel) */
     bool truncate_bad_tail;        /* recovery: drop an invalid record and everything after it,
                                       instead of refusing to open (KEEL_ECORRUPT) */
+    uint64_t idempotency_window_ticks; /* how long side transactions' idempotency keys are remembered,
+                                      in ticks (keel_side_txn_set_key); 0 = 216000 (1 h at 60 Hz); also
+                                      without a data directory */
     keel_submit_fn on_shutdown;    /* run by keel_runtime_close in an IMMEDIATE side transaction
                                       with access to every durable component; also without a
                                       data directory */
@@ -93,6 +96,24 @@ int keel_runtime_fatal(const keel_runtime *rt);
 
 /* The last LSN known durable (0 without a data directory). Thread-safe. */
 uint64_t keel_durable_lsn(const keel_runtime *rt);
+
+/* Wait until every WAL record up to lsn is synced to disk: 0 at once when
+ * it is, else it asks the WAL writer to sync now (held DEFERRED records
+ * included; never waits for the next periodic sync) and waits. 0 at once
+ * for lsn 0 or without a data directory. timeout_ns < 0 waits for ever.
+ * LSNs come from keel_side_txn_commit_lsn, keel_ticket_lsn and
+ * keel_runtime_tick_lsn. Errors: KEEL_EINVAL (rt NULL; lsn above the last
+ * LSN handed out, or the directory is not open yet), KEEL_ETIMEDOUT,
+ * KEEL_EFATAL (the runtime latched before lsn was durable). Thread-safe,
+ * while the runtime is open. */
+int keel_wait_durable(keel_runtime *rt, uint64_t lsn, int64_t timeout_ns);
+
+/* The LSN of the last completed tick's commit marker: once it is durable,
+ * so is that tick and everything before it. 0 without a data directory
+ * and before the first tick of this run (the recovered state is durable).
+ * keel_wait_durable(rt, keel_runtime_tick_lsn(rt), -1) waits for that
+ * tick. Thread-safe. */
+uint64_t keel_runtime_tick_lsn(const keel_runtime *rt);
 
 #ifdef __cplusplus
 }

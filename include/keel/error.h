@@ -32,6 +32,7 @@ enum {
     KEEL_ENOENT    = -11,  /* named thing does not exist (component on entity, name) */
     KEEL_EEXIST    = -12,  /* named thing already exists */
     KEEL_ERANGE    = -13,  /* value outside its documented range */
+    KEEL_EALREADY  = -14,  /* the side transaction's idempotency key already committed: nothing applied */
 };
 
 /* Short stable name of a status code: "KEEL_ESTALE", ... Unknown codes give

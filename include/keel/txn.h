@@ -89,11 +89,30 @@ int keel_side_set(keel_side_txn *tx, keel_entity e, keel_component c, const void
  * (tx is freed whatever the outcome). 0, or KEEL_ECONFLICT (a row read has a
  * newer version, or an entity written was destroyed: nothing applied),
  * KEEL_ENOMEM (nothing applied), KEEL_EFATAL (the runtime cannot make it
- * durable). Committed writes are visible to the rest of the system at once
+ * durable), KEEL_EALREADY (its idempotency key committed before, within the
+ * window: nothing applied; keel_side_txn_set_key). Committed writes are visible to the rest of the system at once
  * and stay even if the system later fails. A transaction that wrote nothing
  * is validated the same way and logs nothing; IMMEDIATE, it returns once
  * everything logged before its commit is durable (at once when it is). */
 int keel_side_txn_commit(keel_side_txn *tx);
+
+/* keel_side_txn_commit, and *lsn receives the commit's WAL LSN (0 when
+ * nothing was logged: a read-only transaction without a key, no data
+ * directory, or an error) -- keel_wait_durable(rt, lsn, ...) waits for it.
+ * Errors: those of keel_side_txn_commit; KEEL_EINVAL when lsn is NULL (tx
+ * is aborted). Thread-safe as keel_side_txn_commit. */
+int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn);
+
+/* Give the transaction an idempotency key (0 = none; the last call before
+ * the commit counts). keel remembers which keys committed -- durably with a
+ * data directory, across recovery and checkpoints, else in memory -- for
+ * keel_durable_desc.idempotency_window_ticks ticks; committing a key that
+ * committed within that window applies nothing and returns KEEL_EALREADY
+ * (the last error names the key), whatever the transaction read or wrote.
+ * Two concurrent commits of one key apply exactly once. A keyed
+ * transaction that wrote nothing still logs a record: its key.
+ * Errors: KEEL_EINVAL (tx NULL). Call it on the thread that owns tx. */
+int keel_side_txn_set_key(keel_side_txn *tx, uint64_t key);
 
 /* Drop the transaction and its buffered writes. NULL is ignored. */
 void keel_side_txn_abort(keel_side_txn *tx);
@@ -126,12 +145,29 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
 /* Wait until the closure ran and its commit is durable per its mode (or,
  * for a ticket of keel_side_txn_commit_async, until that commit is); returns
  * its result: 0, the closure's own non-zero return, a commit error
- * (KEEL_ECONFLICT, KEEL_EFATAL ...), KEEL_EBUSY when the runtime closed
+ * (KEEL_ECONFLICT, KEEL_EALREADY, KEEL_EFATAL ...), KEEL_EBUSY when the runtime closed
  * before running it, or KEEL_EFATAL when it latched fatal before running it
  * (the ticket completes at the next keel_runtime_step attempt or at close).
  * timeout_ns < 0 waits for ever; on timeout returns KEEL_ETIMEDOUT and the
  * ticket stays valid. Thread-safe. */
 int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns);
+
+/* The LSN of the ticket's commit record once it committed; 0 before that,
+ * when nothing was logged (read-only, no data directory) or when it
+ * failed. Thread-safe. */
+uint64_t keel_ticket_lsn(const keel_ticket *t);
+
+/* Wait until the ticket completed (as keel_ticket_wait) and its record is
+ * synced to disk, whatever its mode: an IMMEDIATE ticket completes only
+ * then anyway; for GROUP and DEFERRED it asks the WAL writer to sync now
+ * (held DEFERRED records included) rather than waiting for its window.
+ * Returns keel_ticket_wait's result when that is not 0, else 0 once
+ * durable (at once when nothing was logged), KEEL_EFATAL when the runtime
+ * latched before the record was durable, KEEL_ETIMEDOUT after timeout_ns
+ * (< 0 = for ever; the ticket stays valid). Thread-safe; call it before
+ * keel_runtime_close returns or after (close makes every record durable),
+ * not while close runs. */
+int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns);
 
 /* Give the ticket back (after or instead of waiting). NULL is ignored. */
 void keel_ticket_release(keel_ticket *t);

@@ -30,6 +30,7 @@ const char *keel_strerror(int rc)
     case KEEL_ENOENT:    return "KEEL_ENOENT";
     case KEEL_EEXIST:    return "KEEL_EEXIST";
     case KEEL_ERANGE:    return "KEEL_ERANGE";
+    case KEEL_EALREADY:  return "KEEL_EALREADY";
     default:             return "KEEL_E?";
     }
 }

@@ -13,7 +13,8 @@
  *      checkpoint thread has read it. The job covers every record queued so
  *      far (all of them belong to ticks <= T).
  *   2. serialise (checkpoint thread): one SNAP_CHUNK record per chunk, one
- *      SNAP_SLOTS record per page of 1024 slots, one SNAP_TABLES record;
+ *      SNAP_SLOTS record per page of 1024 slots, one SNAP_TABLES record,
+ *      one SNAP_KEYS record of the idempotency keys (copied at capture);
  *      a record whose payload hashes like the one snap already holds is
  *      skipped (incremental: only what changed since the last checkpoint
  *      is written); keys snap holds that no longer exist are deleted.
@@ -55,13 +56,13 @@ static uint64_t key_code(const void *key, size_t klen)
     uint64_t v = 0;
     for (size_t i = 1; i < klen; i++)
         v = v << 8 | k[i];
-    return (uint64_t)k[0] << 56 | v;   /* 'T', 'S'+page, 'C'+table+chunk (table < 2^24) */
+    return (uint64_t)k[0] << 56 | v;   /* 'T', 'K', 'S'+page, 'C'+table+chunk (table < 2^24) */
 }
 
 static void code_key(uint64_t code, unsigned char *out, size_t *klen)
 {
     out[0] = (unsigned char)(code >> 56);
-    if (out[0] == 'T') {
+    if (out[0] == 'T' || out[0] == 'K') {
         *klen = 1;
     } else if (out[0] == 'S') {
         *klen = kw_snap_key_slots(out, (uint32_t)code);
@@ -222,6 +223,8 @@ struct ckpt_job {
     uint32_t npages;
     const world_slot **pages;
     kw_buf tables;             /* SNAP_TABLES payload, built at capture */
+    txn_key *keys;             /* the idempotency keys remembered at the tick (SNAP_KEYS) */
+    uint32_t nkeys;
     ckpt_src *srcs;
     uint32_t nsrcs;
     void **owned;              /* SINGLE_VERSION copies */
@@ -248,6 +251,7 @@ void ckpt_job_free(ckpt_job *j)
     free(j->srcs);
     free(j->pages);
     kw_buf_free(&j->tables);
+    free(j->keys);
     kw_buf_free(&j->out);
     free(j->puts);
     free(j->dels);
@@ -344,6 +348,20 @@ static int capture(dur_state *d, uint64_t tick, ckpt_job **out)
         return core_fail(KEEL_ENOMEM, "out of memory taking a checkpoint of tick %llu", (unsigned long long)tick);
     }
     pin->deferred_cap = pin->n + w->npages + 1;
+    /* the keys of every side commit up to now, i.e. of every record the
+     * job covers (no side transaction commits between ticks) */
+    txn_state *ts = d->txn;
+    pthread_mutex_lock(&ts->side_lock);
+    keys_expire(&ts->keys, tick);
+    rc = keys_snapshot(&ts->keys, tick, &j->keys, &j->nkeys);
+    pthread_mutex_unlock(&ts->side_lock);
+    if (rc) {
+        ckpt_job_free(j);
+        free(pin->deferred);
+        free(pin->set);
+        free(pin);
+        return core_fail(KEEL_ENOMEM, "out of memory taking a checkpoint of tick %llu", (unsigned long long)tick);
+    }
     j->tick = tick;
     j->nslots = w->nslots;
     j->npages = (w->nslots + WORLD_PAGE_SLOTS - 1) / WORLD_PAGE_SLOTS;
@@ -402,6 +420,21 @@ static int slots_payload(const ckpt_job *j, uint32_t p, kw_buf *b)
     return kw_snap_slots_encode(b, first, n, gens, live);
 }
 
+static int keys_payload(const ckpt_job *j, kw_buf *b)
+{
+    uint64_t *keys = malloc((size_t)j->nkeys * 2 * sizeof *keys);
+    if (!keys)
+        return KEEL_ENOMEM;
+    uint64_t *ticks = keys + j->nkeys;
+    for (uint32_t i = 0; i < j->nkeys; i++) {
+        keys[i] = j->keys[i].key;
+        ticks[i] = j->keys[i].tick;
+    }
+    int rc = kw_snap_keys_encode(b, j->nkeys, keys, ticks);
+    free(keys);
+    return rc;
+}
+
 static bool listed(const ckpt_job *j, uint64_t code)
 {
     /* puts are in key order per kind: a linear scan is fine for the rare deletes */
@@ -427,6 +460,10 @@ static int serialize(dur_state *d, ckpt_job *j, kw_codec_ctx *c)
         rc = chunk_payload(&j->srcs[i], &b);
         rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_CHUNK);
     }
+    if (!rc && j->nkeys) /* none: "K" is not listed, so a stored one is deleted below */
+        rc = keys_payload(j, &b);
+    if (!rc && j->nkeys)
+        rc = add_put(d, j, c, key_code(KW_SNAP_KEYS_KEY, 1), &b, KW_KIND_SNAP_KEYS);
     kw_buf_free(&b);
     pin_release(d); /* everything the job points at has been read */
     for (uint32_t i = 0; i < j->nowned; i++)

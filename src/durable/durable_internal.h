@@ -90,6 +90,7 @@ typedef struct dur_state {
     /* published by the writer (also read without mu) */
     _Atomic uint64_t durable_lsn;
     _Atomic uint64_t durable_tick;
+    _Atomic uint64_t tick_lsn;     /* the last tick's TICK_COMMIT marker (fence_tick; 0 before the first) */
     _Atomic int fatal;         /* 0, or the KEEL_E* code that latched the runtime */
     pthread_t thread;
     bool thread_running;
@@ -159,6 +160,8 @@ void dur_item_free(dur_item *it);
  * (keel_uow_flush, close) -- an IMMEDIATE or GROUP record needs no flush.
  * 0, or KEEL_EFATAL. */
 int dur_wait(dur_state *d, uint64_t lsn, bool flush);
+/* dur_wait for at most timeout_ns (< 0: for ever): KEEL_ETIMEDOUT after it. */
+int dur_wait_timed(dur_state *d, uint64_t lsn, bool flush, int64_t timeout_ns);
 /* Run done(arg, rc) once lsn is durable (at once when it is): rc 0, or
  * KEEL_EFATAL when the runtime latched before. */
 void dur_when_durable(dur_state *d, uint64_t lsn, void (*done)(void *arg, int rc), void *arg);

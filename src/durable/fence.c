@@ -23,8 +23,9 @@
  * u32 component, u32 size, u32 n, n entity handles (u64), n values;
  * LIFECYCLE = u32 nops, then per op u8 kind, u64 entity and the kind's
  * operands; SIDE = u64 seq, u32 mode, u32 nwrites, then per write u64
- * entity, u32 component, u32 size, value. TRANSIENT values are logged as
- * zeros: they are not durable.
+ * entity, u32 component, u32 size, value, and with flag KEY a trailing u64
+ * idempotency key. TRANSIENT values are logged as zeros: they are not
+ * durable.
  *
  * Failpoints between the stages (docs/testing.md): fence.after_prep,
  * fence.after_compress, fence.before_enqueue; they fire for every unit (a
@@ -280,7 +281,7 @@ void fence_fini(dur_state *d)
 
 /* One unit: value rows [rows_from, rows_to), lifecycle from life_from. */
 static int fence_unit(dur_state *d, uint64_t tick, uint32_t flags, uint32_t rows_from, uint32_t rows_to,
-                      size_t life_from, bool parallel)
+                      size_t life_from, bool parallel, uint64_t *lsn)
 {
     if (d->txn->uow.oom)
         return core_fail(KEEL_ENOMEM, "tick %llu: the unit of work ran out of memory; its changes cannot be logged",
@@ -320,7 +321,7 @@ static int fence_unit(dur_state *d, uint64_t tick, uint32_t flags, uint32_t rows
     d->fence_raw_bytes = raw;
     d->fence_stored_bytes = item->recs.len;
     (void)KEEL_FAILPOINT(FENCE_BEFORE_ENQUEUE);
-    return dur_enqueue(d, item, NULL);
+    return dur_enqueue(d, item, lsn); /* the unit's last LSN: its marker's */
 }
 
 void fence_tick_start(dur_state *d)
@@ -330,7 +331,7 @@ void fence_tick_start(dur_state *d)
 
 int fence_hook(dur_state *d, uint64_t tick)
 {
-    int rc = fence_unit(d, tick, KW_FLAG_HOOK, 0, d->txn->uow.hook_rows_end, 0, false);
+    int rc = fence_unit(d, tick, KW_FLAG_HOOK, 0, d->txn->uow.hook_rows_end, 0, false, NULL);
     d->fence_rows_from = d->txn->uow.ngroups;
     d->fence_life_from = d->txn->uow.lifecycle.len;
     return rc;
@@ -338,12 +339,20 @@ int fence_hook(dur_state *d, uint64_t tick)
 
 int fence_retry(dur_state *d, uint64_t tick, bool hook, size_t life_from)
 {
-    return fence_unit(d, tick, hook ? KW_FLAG_HOOK : 0, d->txn->uow.ngroups, d->txn->uow.ngroups, life_from, false);
+    uint64_t lsn = 0;
+    int rc = fence_unit(d, tick, hook ? KW_FLAG_HOOK : 0, d->txn->uow.ngroups, d->txn->uow.ngroups, life_from, false,
+                        &lsn);
+    if (!rc && !hook) /* the retried commands complete the tick: its last marker */
+        atomic_store_explicit(&d->tick_lsn, lsn, memory_order_release);
+    return rc;
 }
 
 int fence_tick(dur_state *d, uint64_t tick)
 {
-    int rc = fence_unit(d, tick, 0, d->fence_rows_from, d->txn->uow.ngroups, d->fence_life_from, true);
+    uint64_t lsn = 0;
+    int rc = fence_unit(d, tick, 0, d->fence_rows_from, d->txn->uow.ngroups, d->fence_life_from, true, &lsn);
+    if (!rc)
+        atomic_store_explicit(&d->tick_lsn, lsn, memory_order_release);
     d->fence_rows_from = d->fence_life_from = 0;
     return rc;
 }
@@ -362,11 +371,14 @@ int fence_side(dur_state *d, uint64_t seq, keel_durability mode, uint64_t tick, 
     uow_row r;
     for (uint32_t i = 0; !rc && i < s.nwrites && uow_next_side_row(u, &writes, &r); i++)
         rc = kw_side_put_write(p, r.entity, r.component, r.size, r.value);
+    uint32_t flags = 0;
+    if (!rc)
+        rc = kw_side_end(p, s.key, &flags);
     dur_item *item = rc ? NULL : dur_item_new(DUR_RECORDS, mode);
     if (!rc && !item)
         rc = core_fail(KEEL_ENOMEM, "out of memory logging a side transaction");
     if (!rc)
-        rc = kw_record_build_unsealed(d->side_codec, &item->recs, KW_KIND_SIDE, tick, 0, p->p, p->len);
+        rc = kw_record_build_unsealed(d->side_codec, &item->recs, KW_KIND_SIDE, tick, flags, p->p, p->len);
     if (rc) {
         dur_item_free(item);
         return rc;

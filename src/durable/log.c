@@ -21,9 +21,9 @@ static int sync_request(void *self, uint64_t lsn)
     return dur_sync_request(self, lsn);
 }
 
-static int wait_durable(void *self, uint64_t lsn, bool flush)
+static int wait_durable(void *self, uint64_t lsn, bool flush, int64_t timeout_ns)
 {
-    return dur_wait(self, lsn, flush);
+    return dur_wait_timed(self, lsn, flush, timeout_ns);
 }
 
 static void when_durable(void *self, uint64_t lsn, void (*done)(void *arg, int rc), void *arg)

@@ -250,6 +250,29 @@ static int load_chunk(loader *l, const void *p, size_t plen)
     return KEEL_OK;
 }
 
+static int remember_key(dur_state *d, uint64_t key, uint64_t tick, uint64_t lsn);
+
+/* The idempotency keys the checkpoint remembers ("K"; absent: none, also
+ * in a directory written before keys existed). */
+static int load_keys(loader *l)
+{
+    const void *val, *p;
+    size_t vlen, plen;
+    int rc = kw_get(l->r, KW_DB_SNAP, KW_SNAP_KEYS_KEY, 1, &val, &vlen);
+    if (rc)
+        return rc == KEEL_ENOENT ? KEEL_OK : rc;
+    kw_snap_keys k;
+    if ((rc = snap_payload(l, KW_SNAP_KEYS_KEY, 1, val, vlen, KW_KIND_SNAP_KEYS, &p, &plen)) ||
+        (rc = snap_corrupt(l, kw_snap_keys_decode(p, plen, &k))))
+        return rc;
+    for (uint32_t i = 0; !rc && i < k.n; i++) {
+        uint64_t key, tick;
+        kw_snap_keys_get(&k, i, &key, &tick);
+        rc = remember_key(l->d, key, tick, 0);
+    }
+    return rc;
+}
+
 static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
 {
     const void *val;
@@ -287,7 +310,7 @@ static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
     if (!rc && w->nlive != l->nlive)
         rc = core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu: %u live entities listed, %u loaded",
                        (unsigned long long)m->tick, l->nlive, w->nlive);
-    return rc;
+    return rc ? rc : load_keys(l);
 }
 
 /* ---- replay ------------------------------------------------------------------------ */
@@ -369,7 +392,7 @@ static int apply_changes(replay *p, const kw_header *h, const void *payload)
 {
     keel_world *w = p->l->d->world;
     kw_decoder *d = &p->dec;
-    int rc = kw_decode_begin(d, h->kind, h->lsn, payload, h->raw_len, NULL);
+    int rc = kw_decode_record(d, h, payload, NULL);
     if (rc)
         return rc;
     keel_entity *expect = NULL;
@@ -410,6 +433,18 @@ static int apply_changes(replay *p, const kw_header *h, const void *payload)
     return rc;
 }
 
+/* A keyed side transaction's key, remembered again (at recovery no commit
+ * runs: the side lock is not needed). lsn 0: from the checkpoint. */
+static int remember_key(dur_state *d, uint64_t key, uint64_t tick, uint64_t lsn)
+{
+    int rc = keys_reserve(&d->txn->keys, 1);
+    if (rc)
+        return lsn ? not_applied(lsn, KEEL_ENOMEM, NULL) /* keys_reserve fails only so */
+                   : core_fail(KEEL_ENOMEM, "out of memory loading the checkpoint's idempotency keys");
+    keys_add(&d->txn->keys, key, tick);
+    return KEEL_OK;
+}
+
 /* The payload of a checked record; out of memory names the record too. */
 static int payload_of(replay *p, const unit_rec *u, const void **payload)
 {
@@ -426,7 +461,10 @@ static int apply_record(replay *p, const unit_rec *u)
     p->l->out->raw_bytes += u->h.raw_len;
     if (u->h.kind == KW_KIND_SIDE)
         p->l->out->side_txns++;
-    return apply_changes(p, &u->h, payload);
+    rc = apply_changes(p, &u->h, payload);
+    if (!rc && u->h.kind == KW_KIND_SIDE && p->dec.side_key)
+        rc = remember_key(p->l->d, p->dec.side_key, u->h.tick, u->h.lsn);
+    return rc;
 }
 
 /* A TICK_COMMIT closes the unit: check it, apply the unit. */
@@ -522,7 +560,7 @@ static int record_validity(loader *l, uint64_t lsn, uint64_t expect, const void 
         return KEEL_OK;
     kw_decoder d;
     kw_change ch;
-    rc = kw_decode_begin(&d, h->kind, lsn, p, h->raw_len, NULL);
+    rc = kw_decode_record(&d, h, p, NULL);
     while (rc == KEEL_OK && (rc = kw_decode_next(&d, &ch)) == 1)
         rc = KEEL_OK;
     return rc;
@@ -633,7 +671,11 @@ static int make_state(const dur_open_desc *o, dur_state **out)
     const keel_durable_desc *dd = &d->desc;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->wake, NULL);
-    pthread_cond_init(&d->durable_cv, NULL);
+    pthread_condattr_t ca; /* dur_wait_timed's deadlines are CLOCK_MONOTONIC */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&d->durable_cv, &ca);
+    pthread_condattr_destroy(&ca);
     pthread_mutex_init(&d->ckpt_mu, NULL);
     pthread_cond_init(&d->ckpt_cv, NULL);
     pthread_mutex_init(&d->pin_mu, NULL);

@@ -21,6 +21,7 @@
  * Every commit is synced: an acknowledged IMMEDIATE commit is on disk, and
  * a GROUP tick is on disk one batch after it was queued.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,11 @@ void dur_latch_fatal(dur_state *d, int rc)
 
 int dur_wait(dur_state *d, uint64_t lsn, bool flush)
 {
+    return dur_wait_timed(d, lsn, flush, -1);
+}
+
+int dur_wait_timed(dur_state *d, uint64_t lsn, bool flush, int64_t timeout_ns)
+{
     if (d && flush && atomic_load(&d->fatal)) /* a flush vouches for every tick: none after the latch */
         return core_fail(KEEL_EFATAL, "the runtime latched fatal (%s): nothing more is made durable",
                          keel_strerror(atomic_load(&d->fatal)));
@@ -126,15 +132,29 @@ int dur_wait(dur_state *d, uint64_t lsn, bool flush)
         return KEEL_OK;
     if (flush && dur_sync_request(d, lsn)) /* held DEFERRED records must go out now */
         return KEEL_EFATAL;
+    struct timespec deadline = {0};
+    if (timeout_ns >= 0) { /* durable_cv runs on CLOCK_MONOTONIC (recover.c) */
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        uint64_t at = (uint64_t)deadline.tv_sec * 1000000000ull + (uint64_t)deadline.tv_nsec + (uint64_t)timeout_ns;
+        deadline = (struct timespec){(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)};
+    }
+    bool timed_out = false;
     pthread_mutex_lock(&d->mu);
-    while (atomic_load(&d->durable_lsn) < lsn && !atomic_load(&d->fatal))
-        pthread_cond_wait(&d->durable_cv, &d->mu);
-    int rc = atomic_load(&d->durable_lsn) >= lsn ? KEEL_OK : KEEL_EFATAL;
+    while (atomic_load(&d->durable_lsn) < lsn && !atomic_load(&d->fatal) && !timed_out) {
+        if (timeout_ns < 0)
+            pthread_cond_wait(&d->durable_cv, &d->mu);
+        else
+            timed_out = pthread_cond_timedwait(&d->durable_cv, &d->mu, &deadline) == ETIMEDOUT;
+    }
+    bool durable = atomic_load(&d->durable_lsn) >= lsn;
     pthread_mutex_unlock(&d->mu);
-    if (rc)
-        core_fail(KEEL_EFATAL, "LSN %llu cannot be made durable: the runtime latched fatal (%s)",
-                  (unsigned long long)lsn, keel_strerror(atomic_load(&d->fatal)));
-    return rc;
+    if (durable)
+        return KEEL_OK;
+    if (!atomic_load(&d->fatal))
+        return core_fail(KEEL_ETIMEDOUT, "LSN %llu is not durable yet (durable up to %llu)", (unsigned long long)lsn,
+                         (unsigned long long)atomic_load(&d->durable_lsn));
+    return core_fail(KEEL_EFATAL, "LSN %llu cannot be made durable: the runtime latched fatal (%s)",
+                     (unsigned long long)lsn, keel_strerror(atomic_load(&d->fatal)));
 }
 
 uint32_t dur_spans(dur_state *d, struct dur_span *out, uint32_t cap)

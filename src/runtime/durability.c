@@ -23,6 +23,9 @@ static int open_data_dir(keel_runtime *rt)
     int rc = dur_open(&o, &rt->dur, &rt->recovery);
     if (!rc) {
         atomic_store(&rt->tick, rt->recovery.tick);
+        /* between ticks, side commits (on_shutdown) belong to the last tick
+         * that ran: the recovered one until the first step */
+        atomic_store_explicit(&rt->txn.running_tick, rt->recovery.tick, memory_order_relaxed);
         rt->txn.log = (txn_log){&dur_txn_log, rt->dur};
         rc = view_publish(&rt->txn, rt->recovery.tick); /* readers see the recovered state at once */
     }
@@ -99,4 +102,28 @@ int keel_runtime_fatal(const keel_runtime *rt)
 uint64_t keel_durable_lsn(const keel_runtime *rt)
 {
     return rt && rt->dur ? atomic_load_explicit(&((dur_state *)rt->dur)->durable_lsn, memory_order_acquire) : 0;
+}
+
+int keel_wait_durable(keel_runtime *rt, uint64_t lsn, int64_t timeout_ns)
+{
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_wait_durable: runtime is NULL");
+    if (!lsn || !rt->data_dir)
+        return KEEL_OK;
+    if (!rt->dur)
+        return core_fail(KEEL_EINVAL, "keel_wait_durable: LSN %llu was never handed out: the data directory %s is "
+                                      "not open", (unsigned long long)lsn, rt->data_dir);
+    dur_state *d = rt->dur;
+    uint64_t last = dur_last_lsn(d);
+    if (lsn > last)
+        return core_fail(KEEL_EINVAL, "keel_wait_durable: LSN %llu was never handed out (the last is %llu)",
+                         (unsigned long long)lsn, (unsigned long long)last);
+    if (atomic_load_explicit(&d->durable_lsn, memory_order_acquire) >= lsn)
+        return KEEL_OK; /* on disk, latched or not */
+    return dur_wait_timed(d, lsn, true, timeout_ns);
+}
+
+uint64_t keel_runtime_tick_lsn(const keel_runtime *rt)
+{
+    return rt && rt->dur ? atomic_load_explicit(&((dur_state *)rt->dur)->tick_lsn, memory_order_acquire) : 0;
 }

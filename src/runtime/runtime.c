@@ -119,6 +119,8 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
         rt->world->log_required = durable_world;
     if (!rc)
         rc = txn_state_init(&rt->txn, rt->world, mode);
+    if (!rc && d.durable.idempotency_window_ticks)
+        rt->txn.keys.window = d.durable.idempotency_window_ticks;
     rt->ex.rt = rt;
     rt->ex.txn = &rt->txn;
     rt->ex.world = rt->world;

@@ -111,11 +111,13 @@ int side_init(txn_state *ts)
     if (!ts->rowvers)
         return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
     ts->rowvers->epoch = 1;
+    keys_init(&ts->keys, 0);
     return KEEL_OK;
 }
 
 void side_fini(txn_state *ts)
 {
+    keys_fini(&ts->keys);
     if (ts->rowvers)
         free(ts->rowvers->slots);
     free(ts->rowvers);
@@ -158,6 +160,7 @@ struct keel_side_txn {
     const txn_access *acc;    /* NULL: every component */
     const char *name;           /* the system, for messages */
     keel_durability mode;
+    uint64_t key;               /* idempotency key, 0 = none */
     side_read *reads;
     side_write *writes;
     unsigned char *vals;
@@ -350,6 +353,14 @@ int keel_side_set(keel_side_txn *tx, keel_entity e, keel_component c, const void
     return KEEL_OK;
 }
 
+int keel_side_txn_set_key(keel_side_txn *tx, uint64_t key)
+{
+    if (!tx)
+        return core_fail(KEEL_EINVAL, "keel_side_txn_set_key: transaction is NULL");
+    tx->key = key;
+    return KEEL_OK;
+}
+
 void keel_side_txn_abort(keel_side_txn *tx)
 {
     if (!tx)
@@ -372,7 +383,8 @@ static int64_t first_conflict(const keel_side_txn *tx)
 }
 
 /* Under side_lock: make every write applicable without failure (copies of
- * shared chunks, room for row versions and for the after-image record). */
+ * shared chunks, room for row versions, for the key and for the
+ * after-image record). */
 static int prepare_apply(keel_side_txn *tx)
 {
     txn_state *ts = tx->ts;
@@ -388,6 +400,8 @@ static int prepare_apply(keel_side_txn *tx)
             return rc;
     }
     int rc = rowver_reserve(ts->rowvers, tx->nwrites);
+    if (!rc && tx->key)
+        rc = keys_reserve(&ts->keys, 1);
     return rc ? rc : uow_side_reserve(&ts->uow, tx->nwrites, tx->vlen);
 }
 
@@ -407,56 +421,82 @@ static void apply_one(keel_side_txn *tx, const side_write *wr, uint64_t seq)
     uow_side_write(&tx->ts->uow, wr->e, wr->c, size, tx->vals + wr->off);
 }
 
-/* Validate, apply and log. *lsn receives the WAL record's LSN (0 without a
- * data directory); the caller waits for it per mode. A read-only
- * transaction is validated like any other -- its reads were a consistent
- * snapshot if no stamp moved -- but changes nothing, so it takes no
- * sequence number and logs no record. IMMEDIATE, it still waits for what a
- * writing one would: everything logged before its commit (so what it read
- * from earlier side transactions is on disk before it is acknowledged);
- * *lsn is then the last LSN handed out (read under side_lock, which every
- * side commit holds while it applies and logs), its sync requested after
- * the lock is released (docs/transactions.md, "Read-only side transactions"). */
-int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
+/* Under side_lock: KEEL_EALREADY when the transaction's key committed
+ * within the window (*when: at which tick). Checked before the read set:
+ * a transaction that already committed applies nothing, whatever it read. */
+static int key_check(keel_side_txn *tx, uint64_t tick, uint64_t *when)
 {
+    if (!tx->key)
+        return KEEL_OK;
+    keys_expire(&tx->ts->keys, tick);
+    return keys_find(&tx->ts->keys, tx->key, tick, when) ? KEEL_EALREADY : KEEL_OK;
+}
+
+/* Validate, apply and log; out tells the caller what was logged and what
+ * to wait for per mode. A read-only transaction is validated like any
+ * other -- its reads were a consistent snapshot if no stamp moved -- but
+ * changes nothing, so it takes no sequence number and logs no record.
+ * IMMEDIATE, it still waits for what a writing one would: everything
+ * logged before its commit (so what it read from earlier side transactions
+ * is on disk before it is acknowledged); out->wait_lsn is then the last
+ * LSN handed out (read under side_lock, which every side commit holds
+ * while it applies and logs), its sync requested after the lock is
+ * released (docs/transactions.md, "Read-only side transactions"). A
+ * transaction with an idempotency key always logs its record, writes or
+ * not: the record is what makes the key durable. */
+int side_commit(keel_side_txn *tx, side_result *out)
+{
+    *out = (side_result){0};
     if (!tx)
         return core_fail(KEEL_EINVAL, "keel_side_txn_commit: transaction is NULL");
     txn_state *ts = tx->ts;
-    *lsn = 0;
-    *mode_out = tx->mode;
+    out->mode = tx->mode;
     pthread_mutex_lock(&ts->side_lock);
+    uint64_t tick = atomic_load_explicit(&ts->running_tick, memory_order_relaxed), when = 0;
     int fatal = txn_log_fatal(&ts->log);
-    int64_t bad = fatal ? -1 : first_conflict(tx);
-    int rc = fatal ? KEEL_EFATAL : bad >= 0 ? KEEL_ECONFLICT : prepare_apply(tx);
-    bool read_only_wait = !rc && !tx->nwrites && ts->log.ops && tx->mode == KEEL_DURABLE_IMMEDIATE;
-    if (!rc && !tx->nwrites) {
+    int rc = fatal ? KEEL_EFATAL : key_check(tx, tick, &when);
+    int64_t bad = rc ? -1 : first_conflict(tx);
+    if (!rc)
+        rc = bad >= 0 ? KEEL_ECONFLICT : prepare_apply(tx);
+    bool logs = tx->nwrites || tx->key;
+    bool read_only_wait = !rc && !logs && ts->log.ops && tx->mode == KEEL_DURABLE_IMMEDIATE;
+    if (!rc && !logs) {
         ts->side_commits_tick++;
         ts->counts.commits++;
-        if (read_only_wait)
-            *lsn = ts->log.ops->last_lsn(ts->log.self); /* under the lock: every side commit it could have read is below */
+        if (read_only_wait) /* under the lock: every side commit it could have read is below */
+            out->wait_lsn = ts->log.ops->last_lsn(ts->log.self);
     } else if (!rc) {
-        uint64_t seq = ++ts->side_seq, tick = atomic_load_explicit(&ts->running_tick, memory_order_relaxed);
+        uint64_t seq = ++ts->side_seq;
         size_t side_off = ts->uow.side_len;
-        uow_side_begin(&ts->uow, seq, tick, tx->mode, tx->nwrites);
+        uow_side_begin(&ts->uow, seq, tick, tx->mode, tx->nwrites, tx->key);
         for (uint32_t i = 0; i < tx->nwrites; i++)
             apply_one(tx, &tx->writes[i], seq);
+        if (tx->key)
+            keys_add(&ts->keys, tx->key, tick);
         ts->side_commits_tick++;
         ts->counts.commits++;
         /* applied: logging must follow (a failure here latches the runtime:
          * the commit is then never acknowledged) */
         if (ts->log.ops)
             (void)KEEL_FAILPOINT(SIDE_BEFORE_ENQUEUE);
-        if (ts->log.ops && (rc = ts->log.ops->log_side(ts->log.self, seq, tx->mode, tick, side_off, lsn)))
+        if (ts->log.ops && (rc = ts->log.ops->log_side(ts->log.self, seq, tx->mode, tick, side_off, &out->lsn)))
             ts->log.ops->latch_fatal(ts->log.self, rc == KEEL_EFATAL ? KEEL_EIO : rc), rc = KEEL_EFATAL;
+        out->wait_lsn = out->lsn;
     } else if (rc == KEEL_ECONFLICT) {
         ts->counts.conflicts++;
+    } else if (rc == KEEL_EALREADY) {
+        ts->counts.already++;
     } else {
         ts->counts.aborts++;
     }
     pthread_mutex_unlock(&ts->side_lock);
     if (read_only_wait)
-        (void)ts->log.ops->sync_request(ts->log.self, *lsn); /* a latch meanwhile: the wait reports it */
-    if (bad >= 0) {
+        (void)ts->log.ops->sync_request(ts->log.self, out->wait_lsn); /* a latch meanwhile: the wait reports it */
+    if (rc == KEEL_EALREADY) {
+        core_fail(KEEL_EALREADY, "side transaction in '%s': idempotency key %llu (0x%016llx) already committed at "
+                                 "tick %llu; nothing applied", tx->name, (unsigned long long)tx->key,
+                  (unsigned long long)tx->key, (unsigned long long)when);
+    } else if (bad >= 0) {
         const side_read *r = &tx->reads[bad];
         core_fail(KEEL_ECONFLICT, "side transaction in '%s': entity 0x%016llx component '%s' changed since it was read",
                   tx->name, (unsigned long long)r->e, ts->world->comps[r->c].name);
@@ -464,7 +504,7 @@ int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode_out)
         core_fail(KEEL_EFATAL, "side transaction in '%s': the runtime is in its fatal state (%s); nothing is "
                                "acknowledged any more", tx->name, keel_strerror(txn_log_fatal(&ts->log)));
     }
-    bool logged = !rc && ts->log.ops && tx->nwrites;
+    bool logged = !rc && ts->log.ops && logs;
     side_free(tx);
     if (logged)
         (void)KEEL_FAILPOINT(SIDE_BEFORE_WAIT);
@@ -476,13 +516,23 @@ txn_state *side_state(const keel_side_txn *tx)
     return tx->ts;
 }
 
+int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn)
+{
+    if (!lsn) {
+        keel_side_txn_abort(tx);
+        return core_fail(KEEL_EINVAL, "keel_side_txn_commit_lsn: lsn is NULL");
+    }
+    side_result r;
+    txn_state *ts = tx ? tx->ts : NULL;
+    int rc = side_commit(tx, &r);
+    *lsn = rc ? 0 : r.lsn;
+    return rc ? rc : txn_durable_wait(ts, r.wait_lsn, r.mode);
+}
+
 int keel_side_txn_commit(keel_side_txn *tx)
 {
     uint64_t lsn;
-    keel_durability mode;
-    txn_state *ts = tx ? tx->ts : NULL;
-    int rc = side_commit(tx, &lsn, &mode);
-    return rc ? rc : txn_durable_wait(ts, lsn, mode);
+    return keel_side_txn_commit_lsn(tx, &lsn);
 }
 
 int txn_durable_wait(txn_state *ts, uint64_t lsn, keel_durability mode)
@@ -492,5 +542,5 @@ int txn_durable_wait(txn_state *ts, uint64_t lsn, keel_durability mode)
      * window, or at flush / checkpoint / shutdown (docs/durability.md). */
     if (!ts->log.ops || !lsn || mode != KEEL_DURABLE_IMMEDIATE)
         return KEEL_OK;
-    return ts->log.ops->wait_durable(ts->log.self, lsn, false);
+    return ts->log.ops->wait_durable(ts->log.self, lsn, false, -1);
 }

@@ -9,11 +9,17 @@
  * local one -- so closures submitted while it runs wait for the next tick
  * instead of starving this one -- then runs them in order.
  *
- * Ticket: `state` goes 0 (queued) -> 1 (done) once, with a release store
- * after `result` is written; waiters load it with acquire and sleep on it as
- * a futex. `refs` counts the submitter's handle and the queue's; the last
- * release frees the ticket. wfcqueue is not visible to ThreadSanitizer, so
- * the producer releases and the consumer acquires the ticket under TSan.
+ * Ticket: `state` goes 0 (queued) -> 1 (done: committed and durable per
+ * its mode) -> 2 (its record is durable), or straight to 2 when there is
+ * nothing more to wait for (an IMMEDIATE commit, nothing logged, an
+ * error), each step a release store after `result` / `durable_rc` and
+ * `lsn` are written; waiters load it with acquire and sleep on it as a
+ * futex. A GROUP or DEFERRED ticket that someone still holds takes its
+ * last step from the log's when_durable callback, which holds the queue's
+ * reference until then. `refs` counts the submitter's handle and the
+ * queue's; the last release frees the ticket. wfcqueue is not visible to
+ * ThreadSanitizer, so the producer releases and the consumer acquires the
+ * ticket under TSan.
  */
 #include <errno.h>
 #include <limits.h>
@@ -31,10 +37,15 @@ struct keel_ticket {
     keel_submit_fn fn;
     void *arg;
     keel_durability mode;
+    txn_state *ts;             /* keel_ticket_wait_durable asks its log for a sync */
     int result;
-    _Atomic uint32_t state;    /* 0 queued, 1 done */
+    int durable_rc;            /* state 2: 0, or KEEL_EFATAL when the record never became durable */
+    _Atomic uint64_t lsn;      /* the commit's record; 0 until committed, or when nothing was logged */
+    _Atomic uint32_t state;    /* 0 queued, 1 done, 2 done and durable */
     _Atomic uint32_t refs;
 };
+
+enum { TICKET_QUEUED = 0, TICKET_DONE = 1, TICKET_DURABLE = 2 };
 
 int submit_init(txn_state *ts)
 {
@@ -48,11 +59,18 @@ static void ticket_put(keel_ticket *t)
         free(t);
 }
 
+static void ticket_state(keel_ticket *t, uint32_t state)
+{
+    atomic_store_explicit(&t->state, state, memory_order_release);
+    syscall(SYS_futex, (uint32_t *)&t->state, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Done with nothing more to wait for (also its record's durability). */
 static void ticket_complete(keel_ticket *t, int result)
 {
     t->result = result;
-    atomic_store_explicit(&t->state, 1, memory_order_release);
-    syscall(SYS_futex, (uint32_t *)&t->state, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    t->durable_rc = result;
+    ticket_state(t, TICKET_DURABLE);
     ticket_put(t);
 }
 
@@ -72,8 +90,10 @@ int submit_enqueue(txn_state *ts, keel_submit_fn fn, void *arg, keel_durability 
     t->fn = fn;
     t->arg = arg;
     t->mode = mode;
-    t->result = 0;
-    atomic_init(&t->state, 0);
+    t->ts = ts;
+    t->result = t->durable_rc = 0;
+    atomic_init(&t->lsn, 0);
+    atomic_init(&t->state, TICKET_QUEUED);
     atomic_init(&t->refs, out ? 2 : 1);
     if (out)
         *out = t;
@@ -91,6 +111,39 @@ static void ticket_durable(void *arg, int rc)
     ticket_complete(t, rc ? rc : t->result);
 }
 
+/* A GROUP or DEFERRED ticket completed at commit; this is its record
+ * becoming durable (rc 0) or never (KEEL_EFATAL). */
+static void ticket_record_durable(void *arg, int rc)
+{
+    keel_ticket *t = arg;
+    t->durable_rc = rc;
+    ticket_state(t, TICKET_DURABLE);
+    ticket_put(t);
+}
+
+/* The commit of t's transaction ended with rc (r: what it logged): complete
+ * the ticket per its mode, keeping the queue's reference while a step is
+ * left for the log. */
+static void ticket_committed(txn_state *ts, keel_ticket *t, int rc, const side_result *r)
+{
+    if (rc || !ts->log.ops || !r->wait_lsn) {
+        ticket_complete(t, rc);
+        return;
+    }
+    atomic_store_explicit(&t->lsn, r->lsn, memory_order_release);
+    t->result = 0;
+    if (r->mode == KEEL_DURABLE_IMMEDIATE) {
+        ts->log.ops->when_durable(ts->log.self, r->wait_lsn, ticket_durable, t);
+        return;
+    }
+    if (!r->lsn || atomic_load_explicit(&t->refs, memory_order_acquire) < 2) {
+        ticket_complete(t, 0); /* nothing logged, or nobody left to wait for the record */
+        return;
+    }
+    ticket_state(t, TICKET_DONE);
+    ts->log.ops->when_durable(ts->log.self, r->lsn, ticket_record_durable, t);
+}
+
 int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out)
 {
     if (!out) {
@@ -103,39 +156,30 @@ int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out)
         return core_fail(KEEL_ENOMEM, "keel_side_txn_commit_async: out of memory");
     }
     txn_state *ts = tx ? side_state(tx) : NULL;
-    uint64_t lsn;
-    keel_durability mode;
-    int rc = side_commit(tx, &lsn, &mode);
+    side_result r;
+    int rc = side_commit(tx, &r);
     if (rc) {
         free(t);
         return rc;
     }
+    t->ts = ts;
+    t->mode = r.mode;
     atomic_init(&t->refs, 2);
     *out = t;
-    if (ts->log.ops && lsn && mode == KEEL_DURABLE_IMMEDIATE)
-        ts->log.ops->when_durable(ts->log.self, lsn, ticket_durable, t);
-    else
-        ticket_complete(t, KEEL_OK);
+    ticket_committed(ts, t, KEEL_OK, &r);
     return KEEL_OK;
 }
 
 static void run_closure(txn_state *ts, keel_ticket *t)
 {
     keel_side_txn *tx = NULL;
+    side_result r = {0};
     int rc = side_begin_full(ts, t->mode, &tx);
     if (!rc && (rc = t->fn(tx, t->arg)))
         keel_side_txn_abort(tx);
-    else if (!rc) {
-        uint64_t lsn;
-        keel_durability mode;
-        rc = side_commit(tx, &lsn, &mode);
-        if (!rc && ts->log.ops && lsn && mode == KEEL_DURABLE_IMMEDIATE) {
-            t->result = 0;
-            ts->log.ops->when_durable(ts->log.self, lsn, ticket_durable, t);
-            return;
-        }
-    }
-    ticket_complete(t, rc);
+    else if (!rc)
+        rc = side_commit(tx, &r);
+    ticket_committed(ts, t, rc, &r);
 }
 
 /* Take every queued ticket in order; `run` false completes them unrun
@@ -174,10 +218,30 @@ void submit_fini(txn_state *ts)
     cds_wfcq_destroy(&ts->submit_head, &ts->submit_tail);
 }
 
-int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns)
+/* Sleep until t's state reaches `want` or the deadline (timeout_ns < 0:
+ * none) passes: true when it did. */
+static bool ticket_reach(keel_ticket *t, uint32_t want, int64_t timeout_ns, const struct timespec *deadline)
 {
-    if (!t)
-        return core_fail(KEEL_EINVAL, "keel_ticket_wait: ticket is NULL");
+    uint32_t s;
+    while ((s = atomic_load_explicit(&t->state, memory_order_acquire)) < want) {
+        if (timeout_ns < 0) {
+            syscall(SYS_futex, (uint32_t *)&t->state, FUTEX_WAIT_PRIVATE, s, NULL, NULL, 0);
+            continue;
+        }
+        struct timespec now, rel;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        int64_t left = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000000000 + (deadline->tv_nsec - now.tv_nsec);
+        if (left <= 0)
+            return false;
+        rel.tv_sec = left / 1000000000;
+        rel.tv_nsec = left % 1000000000;
+        syscall(SYS_futex, (uint32_t *)&t->state, FUTEX_WAIT_PRIVATE, s, &rel, NULL, 0);
+    }
+    return true;
+}
+
+static struct timespec deadline_after(int64_t timeout_ns)
+{
     struct timespec deadline = {0};
     if (timeout_ns >= 0) {
         clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -188,21 +252,48 @@ int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns)
             deadline.tv_nsec -= 1000000000;
         }
     }
-    while (!atomic_load_explicit(&t->state, memory_order_acquire)) {
-        if (timeout_ns < 0) {
-            syscall(SYS_futex, (uint32_t *)&t->state, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
-            continue;
-        }
-        struct timespec now, rel;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        int64_t left = (int64_t)(deadline.tv_sec - now.tv_sec) * 1000000000 + (deadline.tv_nsec - now.tv_nsec);
-        if (left <= 0)
-            return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait: the closure has not completed yet");
-        rel.tv_sec = left / 1000000000;
-        rel.tv_nsec = left % 1000000000;
-        syscall(SYS_futex, (uint32_t *)&t->state, FUTEX_WAIT_PRIVATE, 0, &rel, NULL, 0);
-    }
+    return deadline;
+}
+
+int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns)
+{
+    if (!t)
+        return core_fail(KEEL_EINVAL, "keel_ticket_wait: ticket is NULL");
+    struct timespec deadline = deadline_after(timeout_ns);
+    if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline))
+        return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait: the closure has not completed yet");
     return t->result;
+}
+
+uint64_t keel_ticket_lsn(const keel_ticket *t)
+{
+    return t ? atomic_load_explicit(&((keel_ticket *)t)->lsn, memory_order_acquire) : 0;
+}
+
+int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns)
+{
+    if (!t)
+        return core_fail(KEEL_EINVAL, "keel_ticket_wait_durable: ticket is NULL");
+    struct timespec deadline = deadline_after(timeout_ns);
+    if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline))
+        return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: the closure has not completed yet");
+    if (t->result)
+        return t->result;
+    if (atomic_load_explicit(&t->state, memory_order_acquire) < TICKET_DURABLE) {
+        /* committed, its record not yet synced: GROUP goes out with the
+         * writer's next batch, DEFERRED is held -- ask for the sync now (a
+         * latch meanwhile completes the ticket with KEEL_EFATAL) */
+        txn_state *ts = t->ts;
+        if (ts->log.ops)
+            (void)ts->log.ops->sync_request(ts->log.self, keel_ticket_lsn(t));
+        if (!ticket_reach(t, TICKET_DURABLE, timeout_ns, &deadline))
+            return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: LSN %llu is not durable yet",
+                             (unsigned long long)keel_ticket_lsn(t));
+    }
+    if (t->durable_rc)
+        return core_fail(t->durable_rc, "keel_ticket_wait_durable: LSN %llu never became durable: the runtime "
+                                        "latched fatal", (unsigned long long)keel_ticket_lsn(t));
+    return KEEL_OK;
 }
 
 void keel_ticket_release(keel_ticket *t)

@@ -103,13 +103,54 @@ void side_fini(txn_state *ts);
 int side_begin_full(txn_state *ts, keel_durability mode, keel_side_txn **out);
 /* Tick end: row versions of this tick are no longer needed. */
 void side_tick_end(txn_state *ts);
-/* Commit without waiting for durability: *lsn (0 without a log) and the
- * resolved *mode tell the caller what to wait for. */
-int side_commit(keel_side_txn *tx, uint64_t *lsn, keel_durability *mode);
+/* What a commit logged and what its committer waits for. */
+typedef struct side_result {
+    uint64_t lsn;              /* its record's LSN; 0 when nothing was logged */
+    uint64_t wait_lsn;         /* what IMMEDIATE waits for: lsn, or for a read-only commit the last
+                                  LSN handed out when it committed; 0 without a log */
+    keel_durability mode;      /* resolved */
+} side_result;
+/* Commit without waiting for durability. */
+int side_commit(keel_side_txn *tx, side_result *out);
 txn_state *side_state(const keel_side_txn *tx);
 /* Wait until the commit logged at `lsn` is durable per mode (IMMEDIATE:
  * synced; others: at once). 0, or KEEL_EFATAL. */
 int txn_durable_wait(txn_state *ts, uint64_t lsn, keel_durability mode);
+
+/* ---- keys.c ----------------------------------------------------------------- */
+
+/* The idempotency keys committed during the last `window` ticks: a key
+ * committed at tick t is remembered while the committing tick is below
+ * t + window. Under side_lock. */
+#define TXN_KEYS_DEFAULT_WINDOW 216000u /* 1 h at 60 Hz */
+
+typedef struct txn_key {
+    uint64_t key;
+    uint64_t tick;             /* the tick it committed in */
+} txn_key;
+
+typedef struct txn_keys {
+    txn_key *map;              /* open addressing, key 0 = empty */
+    uint32_t map_cap, map_n;
+    txn_key *ring;             /* commit order (a power-of-two ring), for expiry */
+    uint32_t ring_cap, ring_head, ring_n;
+    uint64_t window;
+} txn_keys;
+
+/* window 0: TXN_KEYS_DEFAULT_WINDOW. */
+void keys_init(txn_keys *k, uint64_t window);
+void keys_fini(txn_keys *k);
+/* Forget the keys that are no longer remembered at tick `now`. */
+void keys_expire(txn_keys *k, uint64_t now);
+/* True when key is remembered at tick now (*tick: when it committed). */
+bool keys_find(const txn_keys *k, uint64_t key, uint64_t now, uint64_t *tick);
+/* Room for `extra` more keys (then keys_add cannot fail). */
+int keys_reserve(txn_keys *k, uint32_t extra);
+void keys_add(txn_keys *k, uint64_t key, uint64_t tick);
+uint32_t keys_count(const txn_keys *k);
+/* A copy of the keys remembered at `now`, in commit order (*out NULL when
+ * none; the caller frees it). */
+int keys_snapshot(const txn_keys *k, uint64_t now, txn_key **out, uint32_t *n);
 
 /* ---- submit.c --------------------------------------------------------------- */
 
@@ -140,6 +181,7 @@ typedef struct uow_side {
     uint64_t tick;
     keel_durability mode;
     uint32_t nwrites;
+    uint64_t key;              /* its idempotency key, 0 = none */
 } uow_side;
 
 /* The unit of work of one tick: the changes the fence turns into
@@ -204,7 +246,7 @@ void uow_fini(txn_uow *u);
 /* Side records (under side_lock): reserve room, then begin + one write
  * per row. */
 int uow_side_reserve(txn_uow *u, uint32_t nwrites, uint32_t value_bytes);
-void uow_side_begin(txn_uow *u, uint64_t seq, uint64_t tick, keel_durability mode, uint32_t nwrites);
+void uow_side_begin(txn_uow *u, uint64_t seq, uint64_t tick, keel_durability mode, uint32_t nwrites, uint64_t key);
 void uow_side_write(txn_uow *u, keel_entity e, keel_component c, uint32_t size, const void *value);
 /* A captured group, in the TICK_CHUNK group layout (libkeel_wal's
  * KW_GROUP_HDR header, n u64 entities, n values). */
@@ -263,8 +305,9 @@ typedef struct txn_log_ops {
     uint64_t (*last_lsn)(void *self);
     /* Ask for everything up to lsn to be synced now (outside side_lock). */
     int (*sync_request)(void *self, uint64_t lsn);
-    /* Wait until lsn is durable (flush: force held DEFERRED records out). */
-    int (*wait_durable)(void *self, uint64_t lsn, bool flush);
+    /* Wait until lsn is durable (flush: force held DEFERRED records out);
+     * timeout_ns < 0 waits for ever, else KEEL_ETIMEDOUT after it. */
+    int (*wait_durable)(void *self, uint64_t lsn, bool flush, int64_t timeout_ns);
     /* Run done(arg, rc) once lsn is durable. */
     void (*when_durable)(void *self, uint64_t lsn, void (*done)(void *arg, int rc), void *arg);
     /* Latch the fatal state (first code wins); the latched code, or 0. */
@@ -291,6 +334,7 @@ static inline int txn_log_fatal(const txn_log *l)
  * transactions); system transactions are counted by their dispatcher. */
 typedef struct txn_counts {
     uint64_t commits, aborts, conflicts;
+    uint64_t already;              /* refused with KEEL_EALREADY: the key committed before */
 } txn_counts;
 
 /* Everything the transaction layer owns; runtime/ embeds one. */
@@ -305,6 +349,7 @@ struct txn_state {
      * race a side commit to the same chunk) on side_lock. */
     pthread_mutex_t side_lock;
     txn_rowvers *rowvers;
+    txn_keys keys;                 /* idempotency keys (keys.c; under side_lock) */
     uint64_t side_seq;             /* sequence of the last side commit (under side_lock) */
     uint64_t side_commits_tick;    /* side commits this tick (under side_lock) */
     txn_counts counts;             /* under side_lock */

@@ -39,6 +39,7 @@ typedef struct side_hdr {
     uint64_t tick;
     uint32_t mode;
     uint32_t nwrites;
+    uint64_t key;
 } side_hdr;
 
 #define PAD8(x) (((size_t)(x) + 7u) & ~(size_t)7u)
@@ -325,9 +326,9 @@ int uow_side_reserve(txn_uow *u, uint32_t nwrites, uint32_t value_bytes)
     return buf_reserve(&u->side, &u->side_cap, u->side_len, n);
 }
 
-void uow_side_begin(txn_uow *u, uint64_t seq, uint64_t tick, keel_durability mode, uint32_t nwrites)
+void uow_side_begin(txn_uow *u, uint64_t seq, uint64_t tick, keel_durability mode, uint32_t nwrites, uint64_t key)
 {
-    side_hdr h = {seq, tick, (uint32_t)mode, nwrites};
+    side_hdr h = {seq, tick, (uint32_t)mode, nwrites, key};
     memcpy(u->side + u->side_len, &h, sizeof h);
     u->side_len += sizeof h;
     u->nside++;
@@ -345,7 +346,7 @@ bool uow_next_side(const txn_uow *u, size_t *off, uow_side *out, size_t *writes_
         return false;
     side_hdr h;
     memcpy(&h, u->side + *off, sizeof h);
-    *out = (uow_side){h.seq, h.tick, (keel_durability)h.mode, h.nwrites};
+    *out = (uow_side){h.seq, h.tick, (keel_durability)h.mode, h.nwrites, h.key};
     *off += sizeof h;
     *writes_off = *off;
     for (uint32_t i = 0; i < h.nwrites; i++) {

@@ -175,7 +175,7 @@ static int summarize(const kwt_dir *d, const dump_opts *o, const kw_record *r, c
                      kw_decoder *dec)
 {
     kw_change c;
-    int rc = kw_decode_begin(dec, r->h.kind, r->lsn, payload, r->h.raw_len, d->has_schema ? &d->schema : NULL);
+    int rc = kw_decode_record(dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
     if (rc)
         return rc;
     while ((rc = kw_decode_next(dec, &c)) == 1) {
@@ -197,9 +197,11 @@ static void json_changes(const kwt_dir *d, const dump_opts *o, const kw_record *
 {
     kw_change c;
     bool first = true;
-    kw_decode_begin(dec, r->h.kind, r->lsn, payload, r->h.raw_len, d->has_schema ? &d->schema : NULL);
+    kw_decode_record(dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
     if (r->h.kind == KW_KIND_SIDE)
         printf(",\"seq\":%" PRIu64 ",\"mode\":\"%s\"", dec->side_seq, mode_name(dec->side_mode));
+    if (r->h.kind == KW_KIND_SIDE && dec->side_key)
+        printf(",\"key\":%" PRIu64, dec->side_key);
     printf(",\"changes\":[");
     while (kw_decode_next(dec, &c) == 1) {
         if (!change_matches(o, &c))
@@ -218,7 +220,7 @@ static void text_changes(const kwt_dir *d, const dump_opts *o, const kw_record *
     kw_change c;
     const char *sep = " |";
     char eb[17], nb[16];
-    kw_decode_begin(dec, r->h.kind, r->lsn, payload, r->h.raw_len, d->has_schema ? &d->schema : NULL);
+    kw_decode_record(dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
     while (kw_decode_next(dec, &c) == 1) {
         if (!change_matches(o, &c))
             continue;
@@ -255,6 +257,8 @@ static void text_summary(const kwt_dir *d, const kw_record *r, const summary *sm
         break;
     case KW_KIND_SIDE:
         printf(" seq=%" PRIu64 " mode=%s writes=%" PRIu64, dec->side_seq, mode_name(dec->side_mode), sm->matched);
+        if (dec->side_key)
+            printf(" key=%" PRIu64, dec->side_key);
         break;
     default:
         break;

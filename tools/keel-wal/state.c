@@ -455,7 +455,7 @@ static int apply_record(kws_replay *r, const void *rec, const kw_header *h)
     const void *payload;
     int rc = kw_record_payload(r->d->codec, rec, h, &payload);
     if (!rc)
-        rc = kw_decode_begin(&r->dec, h->kind, h->lsn, payload, h->raw_len, &r->d->schema);
+        rc = kw_decode_record(&r->dec, h, payload, &r->d->schema);
     if (rc)
         return lib_error(r, rc);
     kw_change ch;

@@ -117,7 +117,7 @@ static int count_changes(kwt_dir *d, stats *st, const kw_record *r)
     kw_change c;
     int rc = kwt_payload(d, r, &payload);
     if (!rc)
-        rc = kw_decode_begin(&st->dec, r->h.kind, r->lsn, payload, r->h.raw_len, d->has_schema ? &d->schema : NULL);
+        rc = kw_decode_record(&st->dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
     if (rc)
         return rc;
     double ratio = r->h.raw_len ? (double)r->h.stored_len / r->h.raw_len : 1.0;

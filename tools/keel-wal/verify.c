@@ -148,7 +148,7 @@ static int decode_changes(verifier *v, const kw_record *r, const void *payload)
 {
     const kwt_dir *d = v->d;
     kw_change c;
-    int rc = kw_decode_begin(&v->dec, r->h.kind, r->lsn, payload, r->h.raw_len, d->has_schema ? &d->schema : NULL);
+    int rc = kw_decode_record(&v->dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
     if (rc)
         return rc;
     while ((rc = kw_decode_next(&v->dec, &c)) == 1)
@@ -282,10 +282,11 @@ static void check_record(verifier *v, const kw_record *r)
         problem(v, r->lsn, "a %s record in the WAL (it belongs in the snap database)", kw_kind_name(r->h.kind));
         break;
     }
-    if (r->h.kind != KW_KIND_TICK_COMMIT && r->h.kind != KW_KIND_TICK_CHUNK && r->h.kind != KW_KIND_LIFECYCLE &&
-        r->h.flags)
-        problem(v, r->lsn, "a %s record with flags %u (only unit records carry HOOK)", kw_kind_name(r->h.kind),
-                r->h.flags);
+    bool unit = r->h.kind == KW_KIND_TICK_COMMIT || r->h.kind == KW_KIND_TICK_CHUNK || r->h.kind == KW_KIND_LIFECYCLE;
+    uint32_t allowed = r->h.kind == KW_KIND_SIDE ? KW_FLAG_KEY : 0;
+    if (!unit && (r->h.flags & ~allowed))
+        problem(v, r->lsn, "a %s record with flags %u (only unit records carry HOOK, only side records KEY)",
+                kw_kind_name(r->h.kind), r->h.flags);
 }
 
 static int scan_wal(verifier *v, kw_rtxn *r)
@@ -388,8 +389,8 @@ static void snap_key_name(const unsigned char *k, size_t kl, char *buf, size_t n
         a = a << 8 | k[i];
     for (size_t i = 5; i < 9 && i < kl; i++)
         b = b << 8 | k[i];
-    if (kl == 1 && k[0] == 'T')
-        snprintf(buf, n, "snap T");
+    if (kl == 1 && (k[0] == 'T' || k[0] == 'K'))
+        snprintf(buf, n, "snap %c", k[0]);
     else if (kl == 5 && k[0] == 'S')
         snprintf(buf, n, "snap S page %u", a);
     else if (kl == 9 && k[0] == 'C')
@@ -493,6 +494,7 @@ static void check_snap_record(verifier *v, const void *k, size_t kl, const void 
     uint32_t kind = kl == 1 && key[0] == 'T'   ? KW_KIND_SNAP_TABLES
                   : kl == 5 && key[0] == 'S'   ? KW_KIND_SNAP_SLOTS
                   : kl == 9 && key[0] == 'C'   ? KW_KIND_SNAP_CHUNK
+                  : kl == 1 && key[0] == 'K'   ? KW_KIND_SNAP_KEYS
                                                : 0;
     v->snap_records++;
     if (!kind) {
@@ -509,7 +511,11 @@ static void check_snap_record(verifier *v, const void *k, size_t kl, const void 
     if (v->d->has_checkpoint && h.tick > v->d->checkpoint.tick)
         problem_at(v, where, "written at tick %" PRIu64 ", after the checkpoint's tick %" PRIu64, h.tick,
                    v->d->checkpoint.tick);
-    if (kind == KW_KIND_SNAP_TABLES)
+    kw_snap_keys keys;
+    if (kind == KW_KIND_SNAP_KEYS) {
+        if (kw_snap_keys_decode(p, n, &keys))
+            problem_at(v, where, "%s", keel_last_error());
+    } else if (kind == KW_KIND_SNAP_TABLES)
         check_tables(v, where, p, n, e);
     else if (kind == KW_KIND_SNAP_SLOTS)
         check_slots(v, where, (uint32_t)key[1] << 24 | (uint32_t)key[2] << 16 | (uint32_t)key[3] << 8 | key[4], p,

@@ -59,6 +59,7 @@ typedef enum kw_kind {
     KW_KIND_SNAP_TABLES = 16, /* snap db: archetype tables and the entity index size */
     KW_KIND_SNAP_SLOTS = 17,  /* snap db: one page of entity slots */
     KW_KIND_SNAP_CHUNK = 18,  /* snap db: one chunk of one table */
+    KW_KIND_SNAP_KEYS = 19,   /* snap db: the idempotency keys remembered at the checkpoint */
 } kw_kind;
 
 typedef enum kw_codec {
@@ -73,6 +74,7 @@ const char *kw_codec_name(uint32_t codec);
 
 /* Record flags. */
 #define KW_FLAG_HOOK 1u       /* TICK_COMMIT: the unit is on_first_tick's, the tick is not complete */
+#define KW_FLAG_KEY 2u        /* SIDE: the payload ends with the transaction's u64 idempotency key */
 
 /* A record's decoded header. */
 typedef struct kw_header {
@@ -279,6 +281,7 @@ typedef struct kw_decoder {
     const kw_schema *schema;
     uint64_t side_seq;        /* SIDE: the transaction's sequence and mode */
     uint32_t side_mode;
+    uint64_t side_key;        /* SIDE: its idempotency key (flag KEY; 0 = none) */
     uint32_t left;            /* items (groups, ops, writes) left */
     uint32_t group_left;      /* TICK_CHUNK: rows left in the current group */
     uint32_t group_comp, group_size;
@@ -292,6 +295,11 @@ typedef struct kw_decoder {
  * Errors: KEEL_EINVAL (a kind without changes), KEEL_ECORRUPT. */
 int kw_decode_begin(kw_decoder *d, uint32_t kind, uint64_t lsn, const void *payload, size_t len,
                     const kw_schema *schema);
+/* kw_decode_begin for a checked record's header and payload (raw_len
+ * bytes), honouring its flags: a SIDE record with flag KEY yields its key
+ * in d->side_key. Readers of whole records use this one: kw_decode_begin
+ * (flags 0) refuses a keyed SIDE payload as having trailing bytes. */
+int kw_decode_record(kw_decoder *d, const kw_header *h, const void *payload, const kw_schema *schema);
 /* 1 with *out filled, 0 at the end (the payload was consumed exactly), or
  * KEEL_ECORRUPT naming the LSN. */
 int kw_decode_next(kw_decoder *d, kw_change *out);
@@ -363,6 +371,9 @@ int kw_checkpoint_marker_decode(const void *payload, size_t len, uint64_t *cover
  * one put_write per write (an after-image of `size` bytes). */
 int kw_side_begin(kw_buf *out, uint64_t seq, uint32_t mode, uint32_t nwrites);
 int kw_side_put_write(kw_buf *out, uint64_t entity, uint32_t component, uint32_t size, const void *value);
+/* End a SIDE payload: a non-zero idempotency key is appended and *flags
+ * (the record's flags) gets KW_FLAG_KEY; key 0 adds nothing. */
+int kw_side_end(kw_buf *out, uint64_t key, uint32_t *flags);
 
 /* ---- store --------------------------------------------------------------- */
 
@@ -563,6 +574,18 @@ typedef struct kw_snap_chunk {
 int kw_snap_chunk_decode(const void *payload, size_t len, kw_snap_chunk *out);
 uint64_t kw_snap_chunk_entity(const kw_snap_chunk *c, uint32_t row);
 
+/* SNAP_KEYS (snap key "K"): the side transactions' idempotency keys the
+ * checkpoint remembers, each with the tick it committed in, in commit
+ * order. Decoding checks the length exactly and refuses key 0. */
+#define KW_SNAP_KEYS_KEY "K"
+typedef struct kw_snap_keys {
+    uint32_t n;
+    const unsigned char *p;   /* n x (u64 key, u64 tick): kw_snap_keys_get */
+} kw_snap_keys;
+
+int kw_snap_keys_decode(const void *payload, size_t len, kw_snap_keys *out);
+void kw_snap_keys_get(const kw_snap_keys *k, uint32_t i, uint64_t *key, uint64_t *tick);
+
 /* Encoders of the three snap payloads (encode.c). SNAP_TABLES: the header,
  * then one put_table per table, in id order (appending). */
 int kw_snap_tables_put_header(kw_buf *out, uint32_t ntables, uint32_t nslots, uint32_t nlive);
@@ -574,6 +597,8 @@ int kw_snap_slots_encode(kw_buf *out, uint32_t first, uint32_t n, const uint32_t
 int kw_snap_chunk_encode(kw_buf *out, uint32_t table, uint32_t chunk, uint32_t count, uint32_t ncols,
                          const uint32_t *comps, const uint32_t *sizes, const void *entities,
                          const void *const *values);
+/* SNAP_KEYS: n keys and their ticks (parallel arrays); empties out first. */
+int kw_snap_keys_encode(kw_buf *out, uint32_t n, const uint64_t *keys, const uint64_t *ticks);
 
 #ifdef __cplusplus
 }
