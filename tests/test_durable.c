@@ -2292,6 +2292,21 @@ static const char *const sv_culprit[SV_COUNT] = {
     [SV_DISC] = "'gamma'", [SV_DISC_TRANSIENT] = "'alpha'", [SV_ORDER] = "'alpha'", [SV_MISSING] = "'gamma'",
 };
 
+/* ... what differs, types and disciplines by name, and what to do */
+#define SV_FIX "register the stored layout, or start a new data directory"
+static const char *const sv_says[SV_COUNT][2] = {
+    [SV_SIZE] = {"component 'beta': stored size 16 bytes, registered 24; stored 2 fields, registered 3", SV_FIX},
+    [SV_FIELD_NAME] = {"component 'beta': field 1: stored 'born', registered 'birth'", SV_FIX},
+    [SV_FIELD_TYPE] = {"component 'beta': field 'born': stored type i64, registered u64", SV_FIX},
+    [SV_FIELD_OFFSET] = {"component 'beta': field 'x': stored at offset 0, registered at 8", SV_FIX},
+    [SV_DISC] = {"component 'gamma': stored discipline single_version, registered versioned", SV_FIX},
+    [SV_DISC_TRANSIENT] = {"component 'alpha': stored discipline versioned, registered transient", SV_FIX},
+    [SV_ORDER] = {"component id 1 is 'alpha' in the data directory but 'beta' is registered with that id",
+                  "register stored components in the stored order, new ones last, or start a new data directory"},
+    [SV_MISSING] = {"component 'gamma' (id 3, single_version) is stored in the data directory but not registered",
+                    "register every stored component, in the stored order"},
+};
+
 typedef struct sworld {
     keel_runtime *rt;
     keel_component alpha, beta, gamma, delta;
@@ -2408,6 +2423,9 @@ START_TEST(test_schema_extend_and_mismatch)
                       variant, sv_culprit[variant], msg);
         ck_assert_msg(strstr(msg, dir) != NULL, "variant %d: the error does not name the directory: %s", variant,
                       msg);
+        for (int k = 0; k < 2; k++)
+            ck_assert_msg(strstr(msg, sv_says[variant][k]) != NULL, "variant %d: the error does not say \"%s\": %s",
+                          variant, sv_says[variant][k], msg);
         ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_EINVAL);
         ck_assert_str_eq(keel_last_error(), msg);
         ck_assert_rc(keel_runtime_step(w->rt), KEEL_EINVAL);
