@@ -1529,7 +1529,7 @@ START_TEST(test_hooks_first_tick_and_shutdown)
     int64_t m0 = get_i64(w->rt, a[0], w->MONEY), m1 = get_i64(w->rt, a[1], w->MONEY);
     ck_assert_int_eq(m0 + m1, 2000);
     w->shutdown_xfer = (xfer){a[0], a[1], 500, w->MONEY};
-    w_close(w);
+    ck_assert_ok(w_close(w));
     ck_assert_uint_eq(w->shutdown_calls, 1);
     dir_view v;
     dir_read(dir, &v);
@@ -1559,7 +1559,9 @@ START_TEST(test_hooks_first_tick_and_shutdown)
     ck_assert_uint_eq(w->hook_calls, 1);
     int64_t n0 = get_i64(w->rt, a[0], w->MONEY), n1 = get_i64(w->rt, a[1], w->MONEY);
     ck_assert_int_eq(n0 + n1, 2000);
-    w_close(w);
+    ck_assert_rc(w_close(w), KEEL_ERANGE); /* on_shutdown's own code reaches the caller */
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_runtime_close: on_shutdown returned"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "its writes are not applied"));
     ck_assert_uint_eq(w->shutdown_calls, 1);
     ck_assert_logged("runtime/on_shutdown_failed", "code=KEEL_ERANGE");
     dir_read(dir, &v);
@@ -1583,7 +1585,14 @@ START_TEST(test_hooks_first_tick_and_shutdown)
     w_drive(w, 2);
     ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
     w->shutdown_xfer = (xfer){a[0], a[1], 1, w->MONEY};
-    w_close(w);
+    ck_assert_ok(w_close(w));
+    ck_assert_uint_eq(w->shutdown_calls, 1);
+    /* ... and its failure is close's result there too */
+    w_reset(w, false);
+    w->shutdown_ret = KEEL_ERANGE;
+    w_open(w, &m, true);
+    w_drive(w, 1);
+    ck_assert_rc(w_close(w), KEEL_ERANGE);
     ck_assert_uint_eq(w->shutdown_calls, 1);
     free(w);
 }

@@ -47,7 +47,7 @@ typedef struct keel_durable_desc {
                                       instead of refusing to open (KEEL_ECORRUPT) */
     keel_submit_fn on_shutdown;    /* run by keel_runtime_close in an IMMEDIATE side transaction
                                       with access to every durable component; also without a
-                                      data directory */
+                                      data directory; its failure is close's result */
     void *shutdown_arg;
 } keel_durable_desc;
 

@@ -108,9 +108,20 @@ typedef struct keel_runtime_desc {
 
 /* Errors: KEEL_EINVAL (bad desc field: the last error names it), KEEL_ENOMEM. */
 int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out);
-/* Stop the driver if running, join the workers, free everything (the world,
- * the installed schedule's runtime state). NULL is ignored. */
-void keel_runtime_close(keel_runtime *rt);
+/* Stop the driver if running, run on_shutdown (keel_durable_desc), make
+ * everything committed durable, join the workers, free everything (the
+ * world, the installed schedule's runtime state). The runtime is gone
+ * whatever the result; end every read view first. Returns 0 (NULL is
+ * ignored: 0), or
+ *   KEEL_EFATAL  the runtime had latched fatal, or the final flush failed:
+ *                commits after the last durable LSN are lost; the last
+ *                error names the cause (KEEL_EIO ...), the directory, that
+ *                LSN and the tick a reopen recovers;
+ *   on_shutdown's failure: its own non-zero return, or its commit's code
+ *                (KEEL_ECONFLICT, KEEL_ENOMEM): its writes are not applied.
+ * A data directory that never opened (keel_runtime_recover failed) is not
+ * an error of close: nothing was committed to it. */
+int keel_runtime_close(keel_runtime *rt);
 
 /* The world the runtime owns: register components on it before the first tick. */
 keel_world *keel_runtime_world(keel_runtime *rt);
