@@ -23,12 +23,21 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "keel/schedule.h"
-#include "keel/txn.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef struct keel_runtime keel_runtime;   /* keel/runtime.h */
+typedef struct keel_side_txn keel_side_txn; /* keel/txn.h */
+
+/* When a commit counts as durable (docs/durability.md). Without a
+ * data directory every mode completes at commit. */
+typedef enum keel_durability {
+    KEEL_DURABLE_DEFAULT = 0,   /* the runtime's mode (GROUP unless configured) */
+    KEEL_DURABLE_IMMEDIATE = 1, /* return only after the record is synced to disk */
+    KEEL_DURABLE_GROUP = 2,     /* synced by the WAL writer within a bounded window */
+    KEEL_DURABLE_DEFERRED = 3,  /* synced at flush, checkpoint or shutdown */
+} keel_durability;
 
 /* Part of keel_runtime_desc. Zero = default everywhere; dir NULL = no
  * durability (the world lives in memory only). */
@@ -45,9 +54,10 @@ typedef struct keel_durable_desc {
     bool wal_retain;               /* keep WAL records after checkpoints (audit, time travel) */
     bool truncate_bad_tail;        /* recovery: drop an invalid record and everything after it,
                                       instead of refusing to open (KEEL_ECORRUPT) */
-    keel_submit_fn on_shutdown;    /* run by keel_runtime_close in an IMMEDIATE side transaction
-                                      with access to every durable component; also without a
-                                      data directory; its failure is close's result */
+    /* run by keel_runtime_close in an IMMEDIATE side transaction with access to every
+     * durable component; also without a data directory; its failure is close's result.
+     * A keel_submit_fn (keel/txn.h), spelled out: txn.h includes this header. */
+    int (*on_shutdown)(keel_side_txn *tx, void *arg);
     void *shutdown_arg;
 } keel_durable_desc;
 

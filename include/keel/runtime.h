@@ -32,6 +32,11 @@
 extern "C" {
 #endif
 
+/* The runtime: a world, a worker pool, a schedule and a tick loop, made by
+ * keel_runtime_create. Other headers that take one repeat this typedef
+ * (C11 allows the repetition), so each of them stands alone. */
+typedef struct keel_runtime keel_runtime;
+
 /* A runtime hook (on_first_tick). It runs with a context like a callback
  * system's; its commands are applied before the first tick's systems run.
  * If the hook fails, the step returns its code and the hook runs again on
@@ -202,9 +207,6 @@ const char *keel_ctx_system_name(const keel_ctx *ctx);
  * system). Structural changes recorded here are applied at the sync point.
  * Never NULL inside a callback or query system. */
 keel_cmdbuf *keel_ctx_commands(keel_ctx *ctx);
-/* Fail the running system: as if its body returned rc (KEEL_EINVAL when rc
- * is 0). The body should return right after. */
-void keel_txn_fail(keel_ctx *ctx, int rc);
 
 #ifdef __cplusplus
 }

@@ -22,11 +22,12 @@
 #include "keel/component.h"
 #include "keel/entity.h"
 #include "keel/query.h"
-#include "keel/schedule.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef struct keel_runtime keel_runtime; /* keel/runtime.h */
 
 typedef struct keel_view keel_view;
 
