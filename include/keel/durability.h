@@ -86,9 +86,11 @@ typedef struct keel_recovery {
  * keel_runtime_start opens the directory itself before it starts). */
 int keel_runtime_recover(keel_runtime *rt, keel_recovery *out);
 
-/* Wait until every tick completed so far and every side transaction
- * committed so far is durable (forces DEFERRED records to disk).
- * 0 at once without a data directory. Errors: KEEL_EFATAL. */
+/* Make everything so far durable: wait until every tick completed so far
+ * and every side transaction committed so far is on disk (DEFERRED records
+ * are forced out). 0 at once without a data directory. Errors: KEEL_EINVAL
+ * (NULL), KEEL_EFATAL (latched fatal, before or while flushing:
+ * keel_runtime_fatal names the cause; or the directory failed to open). */
 int keel_uow_flush(keel_runtime *rt);
 
 /* Take a checkpoint of the last completed tick now and wait until it is
