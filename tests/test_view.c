@@ -29,8 +29,10 @@
  *                    created after it; non-VERSIONED data terms, NULLs and a
  *                    query of another world yield nothing with a sentence
  *                    (tags and `without` terms of any discipline are fine);
- *                    reader threads iterating views while ticks churn see
- *                    the per-row invariant and the view's count every time.
+ *                    reader threads iterating views while ticks churn, or
+ *                    while a system rewrites every column every tick (its
+ *                    buffers recycled), see every row's invariant, values
+ *                    equal to keel_view_get's and the view's count, every time.
  *
  * The simulation ("sim"): every entity has VERSIONED a, b (a + b == K),
  * self (its own handle, filled in by the `fixup` system on the tick after
@@ -1583,10 +1585,39 @@ END_TEST
 
 typedef struct rc_reader {
     const rc_world *r;
+    const keel_query *q; /* with a, b: read the views by iterating it; NULL: by keel_view_get */
     _Atomic bool *stop;
     _Atomic uint32_t views;
     uint32_t bad, ticks_seen;
 } rc_reader;
+
+static uint32_t rc_get_bad(const rc_world *r, const keel_view *v, const keel_query *q, uint64_t tick)
+{
+    (void)q;
+    return rc_view_bad(r, v, tick);
+}
+
+/* Iterating q (with a, b) over v: every row is one of the RC_N entities
+ * (entity i has index i), its a and b are the values of tick `tick` and
+ * equal keel_view_get's, and the rows are all RC_N. */
+static uint32_t rc_iter_bad(const rc_world *r, const keel_view *v, const keel_query *q, uint64_t tick)
+{
+    uint32_t bad = 0, rows = 0;
+    keel_iter it;
+    keel_view_iter(v, q, &it);
+    while (keel_view_next(v, &it)) {
+        const int64_t *a = KEEL_COLUMN(&it, int64_t, 0), *b = KEEL_COLUMN(&it, int64_t, 1);
+        for (uint32_t k = 0; k < it.count; k++, rows++) {
+            uint32_t i = KEEL_ENTITY_INDEX(it.entities[k]);
+            int64_t ga = 0, gb = 0;
+            if (i >= RC_N || r->e[i] != it.entities[k] || a[k] != r->a0[i] + (int64_t)tick || a[k] + b[k] != K_SUM ||
+                keel_view_get(v, it.entities[k], r->a, &ga) || keel_view_get(v, it.entities[k], r->b, &gb) ||
+                ga != a[k] || gb != b[k])
+                bad++;
+        }
+    }
+    return bad + (rows != RC_N);
+}
 
 static void *rc_reader_main(void *arg)
 {
@@ -1599,8 +1630,10 @@ static void *rc_reader_main(void *arg)
             break;
         }
         uint64_t t = keel_view_tick(v);
-        rd->bad += rc_view_bad(rd->r, v, t);
-        rd->bad += rc_view_bad(rd->r, v, t); /* twice: a write under the view shows as a change */
+        uint32_t (*bad)(const rc_world *, const keel_view *, const keel_query *, uint64_t) =
+            rd->q ? rc_iter_bad : rc_get_bad;
+        rd->bad += bad(rd->r, v, rd->q, t);
+        rd->bad += bad(rd->r, v, rd->q, t); /* twice: a write under the view shows as a change */
         keel_read_end(v);
         uint32_t views = atomic_fetch_add(&rd->views, 1) + 1;
         rd->ticks_seen += t != last;
@@ -1613,18 +1646,20 @@ static void *rc_reader_main(void *arg)
 
 /* Readers come and go while the runtime rewrites every tick on two
  * workers: a view is never written under its reader (values match its
- * tick, twice), whichever path each publication took. */
-START_TEST(test_recycle_readers_concurrent)
+ * tick, twice), whichever path each publication took. The readers read
+ * through keel_view_get, or (iterate) by iterating a query over each view. */
+static void run_recycle_readers(bool iterate)
 {
     enum { TICKS = 400, READERS = 2 };
     rc_world r;
     rc_init(&r, 2);
+    keel_query *q = iterate ? tu_query_new(r.w, r.a, r.b) : NULL;
     ck_assert_ok(keel_runtime_step(r.rt)); /* the view of tick 0 is empty */
     _Atomic bool stop = false;
     rc_reader rd[READERS];
     pthread_t th[READERS];
     for (int i = 0; i < READERS; i++) {
-        rd[i] = (rc_reader){.r = &r, .stop = &stop};
+        rd[i] = (rc_reader){.r = &r, .q = q, .stop = &stop};
         ck_assert_int_eq(pthread_create(&th[i], NULL, rc_reader_main, &rd[i]), 0);
     }
     /* at least TICKS more ticks, and on until every reader has opened a
@@ -1651,7 +1686,13 @@ START_TEST(test_recycle_readers_concurrent)
     ck_assert_ok(keel_read_begin(r.rt, &v));
     ck_assert_uint_eq(rc_view_bad(&r, v, ticks), 0);
     keel_read_end(v);
+    keel_query_destroy(q);
     keel_runtime_close(r.rt);
+}
+
+START_TEST(test_recycle_readers_concurrent)
+{
+    run_recycle_readers(false);
 }
 END_TEST
 
@@ -2023,8 +2064,8 @@ static void *iter_reader_main(void *arg)
                                  (self[k] == KEEL_ENTITY_NULL && (uint64_t)born[k] == tk)) ||
                                (uint64_t)born[k] > tk;
                 int64_t ga = 0, gb = 0;
-                if (k % 5 == 0 && (keel_view_get(v, it.entities[k], s->a, &ga) ||
-                                   keel_view_get(v, it.entities[k], s->b, &gb) || ga != a[k] || gb != b[k]))
+                if (keel_view_get(v, it.entities[k], s->a, &ga) || keel_view_get(v, it.entities[k], s->b, &gb) ||
+                    ga != a[k] || gb != b[k])
                     r->bad_get++;
             }
         }
@@ -2090,6 +2131,15 @@ START_TEST(test_iter_readers_parallel)
 }
 END_TEST
 
+/* Reader threads iterating views of a world whose columns are rewritten
+ * every tick, their buffers recycled (world/version.c): every row of every
+ * view holds its tick's values. */
+START_TEST(test_iter_readers_rewrites)
+{
+    run_recycle_readers(true);
+}
+END_TEST
+
 static Suite *view_iter(void)
 {
     Suite *s = suite_create("view_iter");
@@ -2102,6 +2152,7 @@ static Suite *view_iter(void)
     tcase_add_test(tc, test_iter_refused);
     tcase_add_test(tc, test_iter_readers_serial);
     tcase_add_test(tc, test_iter_readers_parallel);
+    tcase_add_test(tc, test_iter_readers_rewrites);
     suite_add_tcase(s, tc);
     return s;
 }
