@@ -120,6 +120,7 @@ int main(void)
     CHECK(keel_cmdbuf_apply(cb));
     keel_cmdbuf_destroy(cb);
 
+    CHECK(keel_runtime_step(a.rt)); /* tick 1 publishes the entities: from now on every view holds them */
     pthread_t th;
     if (pthread_create(&th, NULL, reader, &a))
         return 1;
