@@ -630,7 +630,7 @@ START_TEST(test_io_fault)
             ofail(&o, "keel_runtime_fatal is %s, expected %s", keel_strerror(f->fatal), keel_strerror(code));
         if (f->rc != KEEL_EFATAL)
             ofail(&o, "%s returned %s, expected KEEL_EFATAL", f->text, keel_strerror(f->rc));
-        static const char *const probe[NPROBES] = {"keel_runtime_step", "keel_uow_flush", "keel_checkpoint",
+        static const char *const probe[NPROBES] = {"keel_runtime_step", "keel_flush", "keel_checkpoint",
                                                    "keel_submit"};
         for (int k = 0; k < NPROBES; k++)
             if (f->probe_rc[k] != KEEL_EFATAL)
@@ -734,7 +734,7 @@ START_TEST(test_checkpoint_failure_reported)
         mini m = {0};
         mini_open(&m, d.data);
         ck_assert_ok(keel_runtime_step(m.rt));
-        ck_assert_ok(keel_uow_flush(m.rt)); /* the writer is idle: the next commit is the checkpoint's */
+        ck_assert_ok(keel_flush(m.rt)); /* the writer is idle: the next commit is the checkpoint's */
         ck_assert_ok(keel_failpoints_set(spec));
         int rc = keel_checkpoint(m.rt);
         ck_assert_msg(rc == KEEL_EFATAL, "%s: keel_checkpoint returned %s", spec, keel_strerror(rc));
@@ -761,7 +761,7 @@ START_TEST(test_fatal_queued_tickets)
         mini m = {0};
         mini_open(&m, d.data);
         ck_assert_ok(keel_runtime_step(m.rt)); /* tick 1: the hook spawns the entity, v = 1 */
-        ck_assert_ok(keel_uow_flush(m.rt));
+        ck_assert_ok(keel_flush(m.rt));
         keel_ticket *queued = NULL, *late = NULL;
         ck_assert_ok(keel_submit(m.rt, mini_write, &m, KEEL_DURABLE_IMMEDIATE, &queued));
         ck_assert_ok(keel_failpoints_set("ckpt.before_meta=eio"));
@@ -811,7 +811,7 @@ START_TEST(test_close_reports_failed_flush)
         mini m = {0};
         mini_open_mode(&m, d.data, KEEL_DURABLE_DEFERRED);
         ck_assert_ok(keel_runtime_step(m.rt)); /* tick 1: v = 1 */
-        ck_assert_ok(keel_uow_flush(m.rt));
+        ck_assert_ok(keel_flush(m.rt));
         uint64_t durable = keel_durable_lsn(m.rt);
         ck_assert_uint_gt(durable, 0);
         if (failing)

@@ -387,7 +387,7 @@ START_TEST(test_before_first_tick)
     sim s;
     sim_init(&s, 1, true, NULL);
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_ptr_nonnull(v);
     ck_assert_uint_eq(keel_view_tick(v), 0);
     ck_assert_uint_eq(keel_view_count(v), 0);
@@ -395,7 +395,7 @@ START_TEST(test_before_first_tick)
     int64_t x = 7;
     ck_assert_rc(keel_view_get(v, KEEL_ENTITY_MAKE(0, 1), s.a, &x), KEEL_ESTALE);
     ck_assert_int_eq(x, 7);
-    keel_read_end(v);
+    keel_view_end(v);
 
     /* entities made between steps are not in a view until a step publishes them */
     keel_cmdbuf *cb = NULL;
@@ -406,18 +406,18 @@ START_TEST(test_before_first_tick)
     keel_cmd_result res = keel_cmdbuf_result(cb);
     ck_assert_uint_eq(res.created_count, 3);
     ck_assert_uint_eq(keel_world_count(s.w), 3);
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_uint_eq(keel_view_tick(v), 0);
     ck_assert_uint_eq(keel_view_count(v), 0);
     for (uint32_t i = 0; i < 3; i++) {
         ck_assert(!keel_view_alive(v, res.created[i]));
         ck_assert_rc(keel_view_get(v, res.created[i], s.a, &x), KEEL_ESTALE);
     }
-    keel_read_end(v);
+    keel_view_end(v);
 
     s.spawn_first = 5;
     tu_step_n(s.rt, 1);
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_uint_eq(keel_view_tick(v), 1);
     uint32_t survivors = 0;
     for (uint32_t i = 0; i < 3; i++)
@@ -434,7 +434,7 @@ START_TEST(test_before_first_tick)
         ck_assert_int_eq(vs.born, 0);
     }
     assert_view_matches_world(&s, v);
-    keel_read_end(v);
+    keel_view_end(v);
     keel_cmdbuf_destroy(cb);
     sim_close(&s);
 }
@@ -454,12 +454,12 @@ static void run_tracks_world(int32_t workers)
         }
         tu_step_n(s.rt, 1);
         const keel_view *v = NULL;
-        ck_assert_ok(keel_read_begin(s.rt, &v));
+        ck_assert_ok(keel_view_begin(s.rt, &v));
         assert_view_matches_world(&s, v);
         uint32_t c = keel_view_count(v);
         max_count = c > max_count ? c : max_count;
         min_count = c < min_count ? c : min_count;
-        keel_read_end(v);
+        keel_view_end(v);
     }
     ck_assert_uint_gt(max_count, 2 * min_count + 10); /* the population really moved */
     sim_close(&s);
@@ -522,9 +522,9 @@ START_TEST(test_errors)
     ck_assert_uint_ne(without_tag, 0);
 
     const keel_view *v = NULL;
-    ck_assert_rc(keel_read_begin(NULL, &v), KEEL_EINVAL);
-    ck_assert_rc(keel_read_begin(s.rt, NULL), KEEL_EINVAL);
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_rc(keel_view_begin(NULL, &v), KEEL_EINVAL);
+    ck_assert_rc(keel_view_begin(s.rt, NULL), KEEL_EINVAL);
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_uint_eq(keel_view_tick(v), 8);
     int64_t x = 0;
     int32_t y = 0;
@@ -571,9 +571,9 @@ START_TEST(test_errors)
     ck_assert_uint_eq(keel_view_tick(NULL), 0);
     ck_assert_uint_eq(keel_view_count(NULL), 0);
     ck_assert(!keel_view_alive(NULL, special));
-    keel_read_end(NULL); /* ignored */
+    keel_view_end(NULL); /* ignored */
     ck_assert(keel_view_alive(v, special)); /* v still open */
-    keel_read_end(v);
+    keel_view_end(v);
     keel_cmdbuf_destroy(cb);
     sim_close(&s);
 }
@@ -595,7 +595,7 @@ START_TEST(test_held_view_keeps_tick)
     ck_assert_ptr_nonnull(snap);
     uint32_t nheld = live_handles(&s, held, CAP);
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_uint_eq(keel_view_tick(v), T);
     ck_assert_uint_eq(keel_view_count(v), nheld);
     for (uint32_t i = 0; i < nheld; i++) {
@@ -658,11 +658,11 @@ START_TEST(test_held_view_keeps_tick)
 
     /* a new view shows the live world */
     const keel_view *v2 = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v2));
+    ck_assert_ok(keel_view_begin(s.rt, &v2));
     ck_assert_ptr_ne(v2, v);
     assert_view_matches_world(&s, v2);
-    keel_read_end(v2);
-    keel_read_end(v);
+    keel_view_end(v2);
+    keel_view_end(v);
     free(held);
     free(later);
     free(snap);
@@ -685,15 +685,15 @@ START_TEST(test_views_nest)
     s.destroy_mod = 0; /* keep e[] alive */
 
     const keel_view *v1 = NULL, *v1b = NULL, *v2 = NULL, *v3 = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v1));
-    ck_assert_ok(keel_read_begin(s.rt, &v1b)); /* nested, same tick */
+    ck_assert_ok(keel_view_begin(s.rt, &v1));
+    ck_assert_ok(keel_view_begin(s.rt, &v1b)); /* nested, same tick */
     ck_assert_ptr_eq(v1, v1b);
     ck_assert_uint_eq(keel_view_tick(v1b), 2);
     tu_step_n(s.rt, 1);
-    ck_assert_ok(keel_read_begin(s.rt, &v2));
+    ck_assert_ok(keel_view_begin(s.rt, &v2));
     ck_assert_uint_eq(keel_view_tick(v2), 3);
     tu_step_n(s.rt, 1);
-    ck_assert_ok(keel_read_begin(s.rt, &v3));
+    ck_assert_ok(keel_view_begin(s.rt, &v3));
     ck_assert_uint_eq(keel_view_tick(v3), 4);
     assert_view_matches_world(&s, v3);
     tu_step_n(s.rt, 1);
@@ -709,8 +709,8 @@ START_TEST(test_views_nest)
         ck_assert_int_eq(st3.a, st2[i].a - move_amount(e[i], 4));
         ck_assert_int_eq(st3.a + st3.b, K_SUM);
     }
-    keel_read_end(v1b); /* out of order */
-    keel_read_end(v3);
+    keel_view_end(v1b); /* out of order */
+    keel_view_end(v3);
     ck_assert_uint_eq(keel_view_tick(v1), 2);
     ck_assert_uint_eq(keel_view_tick(v2), 3);
     tu_step_n(s.rt, 2); /* reclaims run; v1 and v2 are still open */
@@ -719,8 +719,8 @@ START_TEST(test_views_nest)
         assert_same_state(e[i], &st1[i], &a1);
         assert_same_state(e[i], &st2[i], &a2);
     }
-    keel_read_end(v1);
-    keel_read_end(v2);
+    keel_view_end(v1);
+    keel_view_end(v2);
     sim_close(&s);
 }
 END_TEST
@@ -742,7 +742,7 @@ static int sys_probe(keel_ctx *ctx, void *user)
     (void)ctx;
     probe *p = user;
     const keel_view *v = NULL;
-    if (!p->changed || keel_read_begin(p->s->rt, &v))
+    if (!p->changed || keel_view_begin(p->s->rt, &v))
         return 0;
     p->tick = keel_view_tick(v);
     p->count = keel_view_count(v);
@@ -752,7 +752,7 @@ static int sys_probe(keel_ctx *ctx, void *user)
     int64_t x = 0;
     p->rc_spawned = keel_view_get(v, p->spawned, p->s->a, &x);
     p->destroyed_alive = keel_view_alive(v, p->destroyed);
-    keel_read_end(v);
+    keel_view_end(v);
     atomic_fetch_add(&p->runs, 1);
     return 0;
 }
@@ -782,7 +782,7 @@ START_TEST(test_between_steps_published_at_next_step)
     keel_entity changed = live[0], destroyed = live[n - 1];
 
     const keel_view *v_old = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v_old));
+    ck_assert_ok(keel_view_begin(s.rt, &v_old));
     ck_assert_uint_eq(keel_view_tick(v_old), 4);
     ent_state old_changed = view_state(&s, v_old, changed);
 
@@ -800,14 +800,14 @@ START_TEST(test_between_steps_published_at_next_step)
 
     /* not published yet: a view opened now is the tick-4 view */
     const keel_view *v_mid = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v_mid));
+    ck_assert_ok(keel_view_begin(s.rt, &v_mid));
     ck_assert_uint_eq(keel_view_tick(v_mid), 4);
     ck_assert_uint_eq(keel_view_count(v_mid), n);
     ent_state mid = view_state(&s, v_mid, changed);
     assert_same_state(changed, &old_changed, &mid);
     ck_assert(!keel_view_alive(v_mid, spawned));
     ck_assert(keel_view_alive(v_mid, destroyed));
-    keel_read_end(v_mid);
+    keel_view_end(v_mid);
 
     /* step 5: the probe runs first and sees the between-step state as tick 4 */
     p.changed = changed;
@@ -824,7 +824,7 @@ START_TEST(test_between_steps_published_at_next_step)
 
     /* after the step: tick 5 with the changes (and tick 5's systems) */
     const keel_view *v_new = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v_new));
+    ck_assert_ok(keel_view_begin(s.rt, &v_new));
     assert_view_matches_world(&s, v_new);
     ck_assert_uint_eq(keel_view_tick(v_new), 5);
     ent_state now = view_state(&s, v_new, changed);
@@ -834,7 +834,7 @@ START_TEST(test_between_steps_published_at_next_step)
     ck_assert(sp.alive);
     ck_assert_uint_eq(sp.self, spawned);
     ck_assert(!keel_view_alive(v_new, destroyed));
-    keel_read_end(v_new);
+    keel_view_end(v_new);
 
     /* the view held since tick 4 is unchanged */
     ent_state held = view_state(&s, v_old, changed);
@@ -842,7 +842,7 @@ START_TEST(test_between_steps_published_at_next_step)
     ck_assert(!keel_view_alive(v_old, spawned));
     ck_assert(keel_view_alive(v_old, destroyed));
     ck_assert_uint_eq(keel_view_tick(v_old), 4);
-    keel_read_end(v_old);
+    keel_view_end(v_old);
     keel_cmdbuf_destroy(cb);
     sim_close(&s);
 }
@@ -861,11 +861,11 @@ START_TEST(test_idle_tick_advances_view_tick)
     for (uint64_t t = 1; t <= 3; t++) {
         tu_step_n(s.rt, 1);
         const keel_view *v = NULL;
-        ck_assert_ok(keel_read_begin(s.rt, &v));
+        ck_assert_ok(keel_view_begin(s.rt, &v));
         ck_assert_uint_eq(keel_view_count(v), 1);
         ck_assert_msg(keel_view_tick(v) == t, "after step %llu the view shows tick %llu", (unsigned long long)t,
                       (unsigned long long)keel_view_tick(v));
-        keel_read_end(v);
+        keel_view_end(v);
     }
     keel_cmdbuf_destroy(cb);
     sim_close(&s);
@@ -980,8 +980,8 @@ START_TEST(test_batched_destroy_under_view)
     ck_assert_ptr_eq(t->chunks[0]->entities, t->chunks[0]->pub_entities); /* shared with the view */
 
     const keel_view *vx = NULL, *vy = NULL;
-    ck_assert_ok(keel_read_begin(x.rt, &vx));
-    ck_assert_ok(keel_read_begin(y.rt, &vy));
+    ck_assert_ok(keel_view_begin(x.rt, &vx));
+    ck_assert_ok(keel_view_begin(y.rt, &vy));
 
     /* the table of `a` alone holds the entities with i % 3 != 0: e[1], e[2],
      * e[4], ... in rows 0, 1, 2, ...; destroying e[1] owns its chunk 0 */
@@ -1017,16 +1017,16 @@ START_TEST(test_batched_destroy_under_view)
     bd_assert_same(&x, &y);
     bd_assert_view(&x, vx);
     bd_assert_view(&y, vy);
-    keel_read_end(vx);
-    keel_read_end(vy);
+    keel_view_end(vx);
+    keel_view_end(vy);
 
     /* the next publication takes the new state; the retired buffers go */
     ck_assert_ok(keel_runtime_step(x.rt));
     ck_assert_ok(keel_runtime_step(y.rt));
     bd_assert_same(&x, &y);
-    ck_assert_ok(keel_read_begin(x.rt, &vx));
+    ck_assert_ok(keel_view_begin(x.rt, &vx));
     ck_assert_uint_eq(keel_view_count(vx), keel_world_count(x.w));
-    keel_read_end(vx);
+    keel_view_end(vx);
     keel_runtime_close(x.rt);
     keel_runtime_close(y.rt);
 }
@@ -1072,7 +1072,7 @@ static void *reader_main(void *arg)
     r->first_tick = UINT64_MAX;
     while (!atomic_load(r->stop)) {
         const keel_view *v = NULL;
-        if (keel_read_begin(s->rt, &v) || !v) {
+        if (keel_view_begin(s->rt, &v) || !v) {
             r->bad_rc++;
             break;
         }
@@ -1136,7 +1136,7 @@ static void *reader_main(void *arg)
             if (alive)
                 atomic_fetch_add(&r->checked, 1);
         }
-        keel_read_end(v);
+        keel_view_end(v);
         r->views++;
     }
     r->last_tick = last;
@@ -1227,9 +1227,9 @@ static void run_concurrent(int32_t workers, bool driver)
     ck_assert_uint_gt(atomic_load(&s.nreg), 2 * MIN_TICKS); /* churn really happened */
     /* the final state: a view equals the world */
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     assert_view_matches_world(&s, v);
-    keel_read_end(v);
+    keel_view_end(v);
     sim_close(&s);
 }
 
@@ -1288,7 +1288,7 @@ static void *holder_main(void *arg)
     holder *h = arg;
     ent_state *snap = calloc(h->nheld ? h->nheld : 1, sizeof *snap);
     const keel_view *v = NULL;
-    if (!snap || keel_read_begin(h->s->rt, &v)) {
+    if (!snap || keel_view_begin(h->s->rt, &v)) {
         h->mismatches++;
         atomic_store(&h->phase, 3);
         free(snap);
@@ -1318,7 +1318,7 @@ static void *holder_main(void *arg)
         if (keel_view_alive(v, h->later[i]))
             h->later_visible++;
     }
-    keel_read_end(v);
+    keel_view_end(v);
     free(snap);
     atomic_store(&h->phase, 3);
     return NULL;
@@ -1353,9 +1353,9 @@ START_TEST(test_held_view_does_not_block_ticks)
         ck_assert_ok(rc);
         /* the main thread's own views see the new ticks meanwhile */
         const keel_view *v = NULL;
-        ck_assert_ok(keel_read_begin(s.rt, &v));
+        ck_assert_ok(keel_view_begin(s.rt, &v));
         ck_assert_uint_eq(keel_view_tick(v), 3 + (uint64_t)i + 1);
-        keel_read_end(v);
+        keel_view_end(v);
     }
     uint32_t chunks_after = total_chunks(s.w);
     h.nlater = live_handles(&s, later, CAP);
@@ -1522,10 +1522,10 @@ static void run_recycle_alternates(int32_t workers)
             prev[i] = cur;
         }
         const keel_view *v = NULL;
-        ck_assert_ok(keel_read_begin(r.rt, &v));
+        ck_assert_ok(keel_view_begin(r.rt, &v));
         ck_assert_uint_eq(keel_view_tick(v), t);
         ck_assert_uint_eq(rc_view_bad(&r, v, t), 0);
-        keel_read_end(v);
+        keel_view_end(v);
     }
     for (uint32_t i = 0; i < RC_N; i++) {
         int64_t a = 0;
@@ -1560,7 +1560,7 @@ START_TEST(test_recycle_skips_held_view)
     for (int i = 0; i < 3; i++)
         ck_assert_ok(keel_runtime_step(r.rt));
     const keel_view *held = NULL;
-    ck_assert_ok(keel_read_begin(r.rt, &held));
+    ck_assert_ok(keel_view_begin(r.rt, &held));
     ck_assert_uint_eq(keel_view_tick(held), 3);
     void *in_view[RC_MAXCOLS];
     for (uint32_t i = 0; i < n; i++)
@@ -1575,7 +1575,7 @@ START_TEST(test_recycle_skips_held_view)
         ck_assert_uint_eq(rc_view_bad(&r, held, 3), 0);
     }
     ck_assert_uint_eq(keel_view_tick(held), 3);
-    keel_read_end(held);
+    keel_view_end(held);
     ck_assert_ok(keel_runtime_step(r.rt));
     for (uint32_t i = 0; i < n; i++)
         ck_assert_ptr_nonnull(rc_spare(cv[i]));
@@ -1625,7 +1625,7 @@ static void *rc_reader_main(void *arg)
     uint64_t last = 0;
     while (!atomic_load(rd->stop)) {
         const keel_view *v = NULL;
-        if (keel_read_begin(rd->r->rt, &v)) {
+        if (keel_view_begin(rd->r->rt, &v)) {
             rd->bad++;
             break;
         }
@@ -1634,7 +1634,7 @@ static void *rc_reader_main(void *arg)
             rd->q ? rc_iter_bad : rc_get_bad;
         rd->bad += bad(rd->r, v, rd->q, t);
         rd->bad += bad(rd->r, v, rd->q, t); /* twice: a write under the view shows as a change */
-        keel_read_end(v);
+        keel_view_end(v);
         uint32_t views = atomic_fetch_add(&rd->views, 1) + 1;
         rd->ticks_seen += t != last;
         last = t;
@@ -1683,9 +1683,9 @@ static void run_recycle_readers(bool iterate)
         ck_assert_uint_ge(atomic_load(&rd[i].views), 20);
     }
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(r.rt, &v));
+    ck_assert_ok(keel_view_begin(r.rt, &v));
     ck_assert_uint_eq(rc_view_bad(&r, v, ticks), 0);
-    keel_read_end(v);
+    keel_view_end(v);
     keel_query_destroy(q);
     keel_runtime_close(r.rt);
 }
@@ -1784,17 +1784,17 @@ START_TEST(test_iter_empty_view)
     keel_query *q = query4(&s, NULL);
     iter_row rows[8];
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     core_fail(KEEL_EIO, "marker");
     ck_assert_uint_eq(iter_collect(&s, v, q, 4, rows, 8, NULL), 0);
     ck_assert_str_eq(keel_last_error(), "marker"); /* an empty view is no error */
-    keel_read_end(v);
+    keel_view_end(v);
     keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
     ck_assert_ok(spawn_one(&s, cb, 0, 5));
     tu_cmdbuf_apply_created(cb, 1, NULL);
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_uint_eq(iter_collect(&s, v, q, 4, rows, 8, NULL), 0);
-    keel_read_end(v);
+    keel_view_end(v);
     keel_query_destroy(q);
     sim_close(&s);
 }
@@ -1824,7 +1824,7 @@ static void run_iter_tracks_world(int32_t workers)
         }
         tu_step_n(s.rt, 1);
         const keel_view *v = NULL;
-        ck_assert_ok(keel_read_begin(s.rt, &v));
+        ck_assert_ok(keel_view_begin(s.rt, &v));
         uint64_t tk = keel_view_tick(v);
         uint32_t chunks = 0, n = iter_collect(&s, v, all, 4, rows, CAP, &chunks);
         ck_assert_uint_eq(n, keel_view_count(v));
@@ -1857,7 +1857,7 @@ static void run_iter_tracks_world(int32_t workers)
         ck_assert_uint_eq(nu + nt, n);
         seen_tagged = seen_tagged || nt > 0;
         seen_untagged = seen_untagged || nu > 0;
-        keel_read_end(v);
+        keel_view_end(v);
     }
     ck_assert(seen_tagged && seen_untagged);
     ck_assert_uint_gt(max_chunks, 4); /* several tables and chunks were walked */
@@ -1898,7 +1898,7 @@ START_TEST(test_iter_held_view)
     ck_assert_ptr_nonnull(before);
     ck_assert_ptr_nonnull(after);
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     uint32_t n = iter_collect(&s, v, all, 4, before, CAP, NULL);
     ck_assert_uint_eq(n, keel_view_count(v));
     uint32_t tables = s.w->ntables;
@@ -1922,9 +1922,9 @@ START_TEST(test_iter_held_view)
     keel_iter it;
     keel_view_iter(v, q_late, &it);
     ck_assert(!keel_view_next(v, &it)); /* the table came after the view */
-    keel_read_end(v);
+    keel_view_end(v);
 
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     keel_view_iter(v, q_late, &it);
     ck_assert(keel_view_next(v, &it));
     ck_assert_uint_eq(it.count, 1);
@@ -1932,7 +1932,7 @@ START_TEST(test_iter_held_view)
     ck_assert_int_eq(KEEL_COLUMN(&it, int64_t, 1)[0], 9);
     ck_assert(!keel_view_next(v, &it));
     ck_assert_uint_eq(iter_collect(&s, v, all, 4, after, CAP, NULL), keel_view_count(v) - 1); /* late_e lacks self */
-    keel_read_end(v);
+    keel_view_end(v);
     free(before);
     free(after);
     keel_query_destroy(all);
@@ -1965,7 +1965,7 @@ START_TEST(test_iter_refused)
     ck_assert_ok(keel_query_create(s.w, &(keel_query_desc){.with = {s.a, s.svtag}}, &q_svtag));
     ck_assert_ok(keel_query_create(s.w, &(keel_query_desc){.with = {s.a}, .without = {s.sv, s.tr}}, &q_no_sv));
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     keel_iter it;
 
     keel_view_iter(v, q_sv, &it);
@@ -2014,7 +2014,7 @@ START_TEST(test_iter_refused)
     ck_assert_str_eq(keel_last_error(), "keel_view_iter: the query was made on another world than the view's");
     keel_query_destroy(q_other);
     keel_world_destroy(other);
-    keel_read_end(v);
+    keel_view_end(v);
 
     keel_query_destroy(q_sv);
     keel_query_destroy(q_tr);
@@ -2044,7 +2044,7 @@ static void *iter_reader_main(void *arg)
     uint64_t last = 0;
     while (!atomic_load(r->stop)) {
         const keel_view *v = NULL;
-        if (keel_read_begin(s->rt, &v)) {
+        if (keel_view_begin(s->rt, &v)) {
             r->bad_get++;
             break;
         }
@@ -2070,7 +2070,7 @@ static void *iter_reader_main(void *arg)
             }
         }
         r->bad_count += rows != keel_view_count(v);
-        keel_read_end(v);
+        keel_view_end(v);
         if (rows)
             atomic_fetch_add(&r->checked, 1);
     }

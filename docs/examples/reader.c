@@ -59,7 +59,7 @@ static void *reader(void *arg)
     app *a = arg;
     while (!atomic_load(&a->stop)) {
         const keel_view *view;
-        if (keel_read_begin(a->rt, &view))
+        if (keel_view_begin(a->rt, &view))
             break;
         uint32_t rows = 0;
         keel_iter it;
@@ -75,7 +75,7 @@ static void *reader(void *arg)
         }
         if (rows != keel_view_count(view)) /* every live entity has pos, vel and moves */
             a->broken++;
-        keel_read_end(view);
+        keel_view_end(view);
         a->rows += rows;
         atomic_fetch_add(&a->views, 1);
     }

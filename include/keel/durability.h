@@ -91,7 +91,7 @@ int keel_runtime_recover(keel_runtime *rt, keel_recovery *out);
  * are forced out). 0 at once without a data directory. Errors: KEEL_EINVAL
  * (NULL), KEEL_EFATAL (latched fatal, before or while flushing:
  * keel_runtime_fatal names the cause; or the directory failed to open). */
-int keel_uow_flush(keel_runtime *rt);
+int keel_flush(keel_runtime *rt);
 
 /* Take a checkpoint of the last completed tick now and wait until it is
  * recorded. Between ticks, from the controlling thread. Errors: KEEL_EINVAL

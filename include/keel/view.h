@@ -33,9 +33,9 @@ typedef struct keel_view keel_view;
 
 /* Open a view of the last published tick. Thread-safe, wait-free apart from
  * the RCU read lock. Views nest. Errors: KEEL_EINVAL (NULL). */
-int keel_read_begin(keel_runtime *rt, const keel_view **out);
+int keel_view_begin(keel_runtime *rt, const keel_view **out);
 /* Close it. Every pointer obtained through the view is invalid afterwards. */
-void keel_read_end(const keel_view *v);
+void keel_view_end(const keel_view *v);
 
 /* The tick the view shows (0: the state before the first tick). */
 uint64_t keel_view_tick(const keel_view *v);

@@ -694,9 +694,9 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
     return submit_enqueue(&rt->txn, fn, arg, mode, out);
 }
 
-int keel_read_begin(keel_runtime *rt, const keel_view **out)
+int keel_view_begin(keel_runtime *rt, const keel_view **out)
 {
     if (!rt || !out)
-        return core_fail(KEEL_EINVAL, "keel_read_begin: runtime or out is NULL");
+        return core_fail(KEEL_EINVAL, "keel_view_begin: runtime or out is NULL");
     return view_begin(&rt->txn, out);
 }

@@ -32,7 +32,7 @@
  * targets (with readers they retire with the old view, as before).
  * The view pointer is a C11 atomic rather than rcu_assign_pointer so that
  * ThreadSanitizer sees the publication; the grace period itself is
- * invisible to TSan (liburcu is not instrumented), so keel_read_end
+ * invisible to TSan (liburcu is not instrumented), so keel_view_end
  * releases, and the reclaim callback acquires, a token under TSan.
  */
 #include <stdlib.h>
@@ -249,7 +249,7 @@ int view_begin(txn_state *ts, const keel_view **out)
     return KEEL_OK;
 }
 
-void keel_read_end(const keel_view *v)
+void keel_view_end(const keel_view *v)
 {
     if (!v)
         return;
