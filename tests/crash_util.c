@@ -559,7 +559,7 @@ static _Noreturn void fatal_report(app *a, const char *where, int rc, keel_ticke
     }
     if (opened) {
         m.probe_rc[PROBE_STEP] = keel_runtime_step(a->rt);
-        m.probe_rc[PROBE_FLUSH] = keel_uow_flush(a->rt);
+        m.probe_rc[PROBE_FLUSH] = keel_flush(a->rt);
         m.probe_rc[PROBE_CHECKPOINT] = keel_checkpoint(a->rt);
         keel_ticket *t = NULL;
         m.probe_rc[PROBE_SUBMIT] = keel_submit(a->rt, noop_closure, NULL, KEEL_DURABLE_IMMEDIATE, &t);
@@ -659,9 +659,9 @@ static _Noreturn void child_main(const plan *p, int out_fd, int hold_fd)
             }
         }
         if (t == p->flush_at) {
-            m = (msg){.type = M_FLUSHED, .tick = t, .rc = keel_uow_flush(a.rt)};
+            m = (msg){.type = M_FLUSHED, .tick = t, .rc = keel_flush(a.rt)};
             if (p->fatal_ok && m.rc == KEEL_EFATAL)
-                fatal_report(&a, "keel_uow_flush", m.rc, NULL, true);
+                fatal_report(&a, "keel_flush", m.rc, NULL, true);
             send_msg(out_fd, &m);
         }
         if (t == p->checkpoint_at) {
@@ -673,8 +673,8 @@ static _Noreturn void child_main(const plan *p, int out_fd, int hold_fd)
     }
     free(before);
     /* fatal_ok: a failure in the last batches must not pass for a clean close */
-    if (p->fatal_ok && (rc = keel_uow_flush(a.rt)) == KEEL_EFATAL)
-        fatal_report(&a, "keel_uow_flush at the end", rc, NULL, true);
+    if (p->fatal_ok && (rc = keel_flush(a.rt)) == KEEL_EFATAL)
+        fatal_report(&a, "keel_flush at the end", rc, NULL, true);
     if (p->hold_at_end)
         hold(out_fd, hold_fd, keel_runtime_tick(a.rt));
     app_close(&a);
@@ -846,7 +846,7 @@ static void verify_recovered(oracle *o, const msg *m)
               "ran", R, o->max_ran, o->slack ? " (+1 unreported)" : "");
     if (R < o->min_durable)
         ofail(o, "recovered tick %" PRIu64 " (checkpoint tick %" PRIu64 "), but tick %" PRIu64 " was durable "
-              "(an IMMEDIATE step, keel_uow_flush, keel_checkpoint or a clean close returned): lost ticks",
+              "(an IMMEDIATE step, keel_flush, keel_checkpoint or a clean close returned): lost ticks",
               R, m->aux, o->min_durable);
     /* the state: reference tick R, or R plus the first j transfers of tick R+1 */
     int j = -1;
@@ -967,7 +967,7 @@ static outcome pump(oracle *o, child *c, trigger tr, const plan *p)
         case M_FLUSHED:
         case M_CKPT:
             if (m.rc)
-                ofail(o, "%s after tick %" PRIu64 " returned %s", m.type == M_CKPT ? "keel_checkpoint" : "keel_uow_flush",
+                ofail(o, "%s after tick %" PRIu64 " returned %s", m.type == M_CKPT ? "keel_checkpoint" : "keel_flush",
                       m.tick, keel_strerror(m.rc));
             else if (m.tick > o->min_durable)
                 o->min_durable = m.tick;

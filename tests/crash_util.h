@@ -57,7 +57,7 @@
  * a sleep -- and checks the next recovery against everything it was told: the
  * recovered state is a reference state, no acknowledged transfer is missing
  * (ledger >= id, balance as acknowledged), no tick the child saw durable is
- * missing (IMMEDIATE steps, keel_uow_flush, keel_checkpoint), nothing past the
+ * missing (IMMEDIATE steps, keel_flush, keel_checkpoint), nothing past the
  * last tick that ran was recovered.
  *
  * A child is normally a fork of the test process. With plan.exec_env set it
@@ -131,7 +131,7 @@ enum {
     M_RECOVERED,    /* tick, hash, ledgers, balances, probes, last_lsn */
     M_ACK,          /* an IMMEDIATE transfer committed (returned 0) */
     M_TICK,         /* keel_runtime_step returned 0: tick, hash */
-    M_FLUSHED,      /* keel_uow_flush returned rc after tick */
+    M_FLUSHED,      /* keel_flush returned rc after tick */
     M_CKPT,         /* keel_checkpoint returned rc after tick */
     M_HOLD,         /* the child stops and waits to be killed */
     M_DONE,         /* clean close done */
@@ -176,7 +176,7 @@ typedef struct plan {
     bool async_bank;           /* bank: keel_side_txn_commit_async, tickets waited at its end */
     bool wal_retain;           /* durable.wal_retain: checkpoints keep the WAL they cover */
     uint64_t until;            /* run ticks until keel_runtime_tick reaches it */
-    uint64_t flush_at;         /* after this tick: keel_uow_flush */
+    uint64_t flush_at;         /* after this tick: keel_flush */
     uint64_t checkpoint_at;    /* after this tick: keel_checkpoint */
     bool hold_after_recover;   /* report, then wait to be killed (no tick) */
     bool hold_at_end;          /* at `until`: wait to be killed instead of closing */

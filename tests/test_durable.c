@@ -10,7 +10,7 @@
  *                 uninterrupted in-memory reference run at every later tick;
  *                 TRANSIENT values empty after open; checkpoints (WAL
  *                 records they cover dropped unless wal_retain; incremental:
- *                 only changed chunks rewritten); keel_uow_flush; stats and
+ *                 only changed chunks rewritten); keel_flush; stats and
  *                 the telemetry's WAL fields checked against the records on
  *                 disk; on_first_tick after every open; on_shutdown's
  *                 IMMEDIATE side transaction; writes between ticks refused;
@@ -1305,7 +1305,7 @@ START_TEST(test_threads_are_named)
 }
 END_TEST
 
-/* keel_uow_flush; keel_runtime_stats_get's WAL counters; the telemetry
+/* keel_flush; keel_runtime_stats_get's WAL counters; the telemetry
  * tick record's wal_raw_bytes / wal_stored_bytes / durable_lag -- each
  * compared with what the records on disk say. Tick 1 spawns enough
  * entities for several LIFECYCLE records, tick 2 rewrites enough rows for
@@ -1334,7 +1334,7 @@ START_TEST(test_stats_and_telemetry)
         ck_assert_uint_gt(rec[t].wal_stored_bytes, 0); /* every tick logs at least its commit marker */
     }
     ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 2910);
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     uint64_t durable = keel_durable_lsn(w->rt);
     ck_assert_uint_eq(durable, dur_last_lsn(w->rt->dur));
     keel_runtime_stats st = tu_stats(w->rt);
@@ -1349,7 +1349,7 @@ START_TEST(test_stats_and_telemetry)
     keel_tick_record r6;
     ck_assert_ok(keel_telemetry_tick(w->rt, T + 1, &r6));
     ck_assert_uint_le(r6.durable_lag, 1);
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     st = tu_stats(w->rt);
     durable = keel_durable_lsn(w->rt);
     b_close(w);
@@ -1444,7 +1444,7 @@ START_TEST(test_fence_splits_groups)
 }
 END_TEST
 
-/* keel_uow_flush forces DEFERRED ticks and side transactions to disk; the
+/* keel_flush forces DEFERRED ticks and side transactions to disk; the
  * calls without a data directory. */
 START_TEST(test_flush_deferred_and_no_dir)
 {
@@ -1457,10 +1457,10 @@ START_TEST(test_flush_deferred_and_no_dir)
     w_open(w, &d, false);
     for (uint64_t t = 1; t <= 4; t++)
         w_drive(w, t);
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     uint64_t last = dur_last_lsn(w->rt->dur);
     ck_assert_uint_eq(keel_durable_lsn(w->rt), last);
-    ck_assert_ok(keel_uow_flush(w->rt)); /* nothing pending: at once */
+    ck_assert_ok(keel_flush(w->rt)); /* nothing pending: at once */
     ck_assert_uint_eq(keel_durable_lsn(w->rt), last);
     w_close(w);
     dir_view v;
@@ -1484,7 +1484,7 @@ START_TEST(test_flush_deferred_and_no_dir)
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "durable.dir"));
     ck_assert_rc(keel_checkpoint(w->rt), KEEL_EINVAL);
     w_drive(w, 1);
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     ck_assert_uint_eq(keel_durable_lsn(w->rt), 0);
     ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
     keel_runtime_stats st = tu_stats(w->rt);
@@ -1499,7 +1499,7 @@ START_TEST(test_flush_deferred_and_no_dir)
     ck_assert_uint_eq(r1.durable_lag, 0);
     w_close(w);
     ck_assert_rc(keel_runtime_recover(NULL, &info), KEEL_EINVAL);
-    ck_assert_rc(keel_uow_flush(NULL), KEEL_EINVAL);
+    ck_assert_rc(keel_flush(NULL), KEEL_EINVAL);
     ck_assert_rc(keel_checkpoint(NULL), KEEL_EINVAL);
     ck_assert_int_eq(keel_runtime_fatal(NULL), 0);
     ck_assert_uint_eq(keel_durable_lsn(NULL), 0);
@@ -1529,7 +1529,7 @@ START_TEST(test_hooks_first_tick_and_shutdown)
     int64_t m0 = get_i64(w->rt, a[0], w->MONEY), m1 = get_i64(w->rt, a[1], w->MONEY);
     ck_assert_int_eq(m0 + m1, 2000);
     w->shutdown_xfer = (xfer){a[0], a[1], 500, w->MONEY};
-    w_close(w);
+    ck_assert_ok(w_close(w));
     ck_assert_uint_eq(w->shutdown_calls, 1);
     dir_view v;
     dir_read(dir, &v);
@@ -1559,7 +1559,9 @@ START_TEST(test_hooks_first_tick_and_shutdown)
     ck_assert_uint_eq(w->hook_calls, 1);
     int64_t n0 = get_i64(w->rt, a[0], w->MONEY), n1 = get_i64(w->rt, a[1], w->MONEY);
     ck_assert_int_eq(n0 + n1, 2000);
-    w_close(w);
+    ck_assert_rc(w_close(w), KEEL_ERANGE); /* on_shutdown's own code reaches the caller */
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_runtime_close: on_shutdown returned"));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "its writes are not applied"));
     ck_assert_uint_eq(w->shutdown_calls, 1);
     ck_assert_logged("runtime/on_shutdown_failed", "code=KEEL_ERANGE");
     dir_read(dir, &v);
@@ -1583,7 +1585,14 @@ START_TEST(test_hooks_first_tick_and_shutdown)
     w_drive(w, 2);
     ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
     w->shutdown_xfer = (xfer){a[0], a[1], 1, w->MONEY};
-    w_close(w);
+    ck_assert_ok(w_close(w));
+    ck_assert_uint_eq(w->shutdown_calls, 1);
+    /* ... and its failure is close's result there too */
+    w_reset(w, false);
+    w->shutdown_ret = KEEL_ERANGE;
+    w_open(w, &m, true);
+    w_drive(w, 1);
+    ck_assert_rc(w_close(w), KEEL_ERANGE);
     ck_assert_uint_eq(w->shutdown_calls, 1);
     free(w);
 }
@@ -1879,7 +1888,7 @@ START_TEST(test_durable_lag_while_writer_blocked)
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
     w_drive(w, 1);
     w_drive(w, 2);
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     uint64_t l0 = keel_durable_lsn(w->rt);
     ck_assert_uint_eq(l0, dur_last_lsn(w->rt->dur));
     uint64_t f0 = tu_stats(w->rt).fsyncs;
@@ -1915,7 +1924,7 @@ START_TEST(test_durable_lag_while_writer_blocked)
     keel_ticket_release(tk);
     ck_assert_ok(keel_ticket_wait(rk, -1));
     keel_ticket_release(rk);
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     ck_assert_uint_eq(keel_durable_lsn(w->rt), dur_last_lsn(w->rt->dur));
     ck_assert_uint_gt(tu_stats(w->rt).fsyncs, f0);
     /* everything durable: a read-only IMMEDIATE closure is acknowledged
@@ -1928,7 +1937,7 @@ START_TEST(test_durable_lag_while_writer_blocked)
     ck_assert_ok(keel_ticket_wait(rk, 0));
     keel_ticket_release(rk);
     holder_release(&h2);
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     keel_tick_record r6;
     ck_assert_ok(keel_telemetry_tick(w->rt, 6, &r6));
     ck_assert_uint_le(r6.durable_lag, 1);
@@ -2008,7 +2017,7 @@ START_TEST(test_idle_ticks_checkpoint)
     i_open(w, &d);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
     i_step(w); /* tick 1: 200 spawns */
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     ck_assert_uint_eq(tu_stats(w->rt).checkpoints, 0);
     holder_hold(&h);
     i_step(w); /* tick 2, idle: the writer takes its marker and blocks in LMDB */
@@ -2021,7 +2030,7 @@ START_TEST(test_idle_ticks_checkpoint)
     pthread_mutex_unlock(&ds->pin_mu);
     ck_assert_msg(held_off, "the checkpoint's record was queued before tick 4's marker: the scenario is not set up");
     holder_release(&h);
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     uint64_t tick = keel_runtime_tick(w->rt), hash = keel_world_hash(keel_runtime_world(w->rt));
     ck_assert_uint_eq(tick, 4);
     keel_runtime_close(w->rt);
@@ -2292,6 +2301,21 @@ static const char *const sv_culprit[SV_COUNT] = {
     [SV_DISC] = "'gamma'", [SV_DISC_TRANSIENT] = "'alpha'", [SV_ORDER] = "'alpha'", [SV_MISSING] = "'gamma'",
 };
 
+/* ... what differs, types and disciplines by name, and what to do */
+#define SV_FIX "register the stored layout, or start a new data directory"
+static const char *const sv_says[SV_COUNT][2] = {
+    [SV_SIZE] = {"component 'beta': stored size 16 bytes, registered 24; stored 2 fields, registered 3", SV_FIX},
+    [SV_FIELD_NAME] = {"component 'beta': field 1: stored 'born', registered 'birth'", SV_FIX},
+    [SV_FIELD_TYPE] = {"component 'beta': field 'born': stored type i64, registered u64", SV_FIX},
+    [SV_FIELD_OFFSET] = {"component 'beta': field 'x': stored at offset 0, registered at 8", SV_FIX},
+    [SV_DISC] = {"component 'gamma': stored discipline single_version, registered versioned", SV_FIX},
+    [SV_DISC_TRANSIENT] = {"component 'alpha': stored discipline versioned, registered transient", SV_FIX},
+    [SV_ORDER] = {"component id 1 is 'alpha' in the data directory but 'beta' is registered with that id",
+                  "register stored components in the stored order, new ones last, or start a new data directory"},
+    [SV_MISSING] = {"component 'gamma' (id 3, single_version) is stored in the data directory but not registered",
+                    "register every stored component, in the stored order"},
+};
+
 typedef struct sworld {
     keel_runtime *rt;
     keel_component alpha, beta, gamma, delta;
@@ -2408,6 +2432,9 @@ START_TEST(test_schema_extend_and_mismatch)
                       variant, sv_culprit[variant], msg);
         ck_assert_msg(strstr(msg, dir) != NULL, "variant %d: the error does not name the directory: %s", variant,
                       msg);
+        for (int k = 0; k < 2; k++)
+            ck_assert_msg(strstr(msg, sv_says[variant][k]) != NULL, "variant %d: the error does not say \"%s\": %s",
+                          variant, sv_says[variant][k], msg);
         ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_EINVAL);
         ck_assert_str_eq(keel_last_error(), msg);
         ck_assert_rc(keel_runtime_step(w->rt), KEEL_EINVAL);
@@ -2651,7 +2678,7 @@ START_TEST(test_map_growth)
         ck_assert_ok(keel_runtime_step(w->rt));
         ck_assert_berr(&w->err);
     }
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
     ck_assert_uint_gt(kw_store_map_size(w->rt->dur->store), 1u << 20);
     ck_assert_uint_gt(tu_stats(w->rt).wal_bytes, 3u << 20);
@@ -2797,7 +2824,7 @@ static void f_prefix(fworld *w, uint64_t *hash, int64_t money[2], uint64_t *lsn)
         ck_assert_ok(keel_runtime_step(w->rt));
         ck_assert_berr(&w->err);
     }
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     *hash = keel_world_hash(keel_runtime_world(w->rt));
     f_money(w, money);
     *lsn = keel_durable_lsn(w->rt);
@@ -2879,7 +2906,7 @@ START_TEST(test_fatal_injected)
         ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
         ck_assert_ptr_nonnull(strstr(keel_last_error(), "fatal"));
         ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
-        ck_assert_rc(keel_uow_flush(w->rt), KEEL_EFATAL);
+        ck_assert_rc(keel_flush(w->rt), KEEL_EFATAL);
         ck_assert_rc(keel_checkpoint(w->rt), KEEL_EFATAL);
         ck_assert_uint_eq(keel_durable_lsn(w->rt), l3); /* nothing more acknowledged */
         ck_assert_int_eq(keel_runtime_fatal(w->rt), codes[i]); /* the first code stays */
@@ -2921,7 +2948,7 @@ START_TEST(test_fatal_after_acknowledged_immediate)
     int rc = keel_runtime_step(w->rt);
     ck_assert_msg(rc == KEEL_OK || rc == KEEL_EFATAL, "step: %s", keel_strerror(rc));
     ck_assert_rc(w->rc_imm1, KEEL_OK);
-    keel_uow_flush(w->rt); /* returns once the failure latched (see test_fatal_fence_oom for its code) */
+    keel_flush(w->rt); /* returns once the failure latched (see test_fatal_fence_oom for its code) */
     ck_assert_int_eq(keel_runtime_fatal(w->rt), KEEL_EIO);
     ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
     f_close(w);
@@ -2941,7 +2968,7 @@ START_TEST(test_fatal_after_acknowledged_immediate)
 END_TEST
 
 /* The fence cannot log tick 4 (its unit of work ran out of memory): the
- * runtime latches, and keel_uow_flush -- "wait until every tick completed
+ * runtime latches, and keel_flush -- "wait until every tick completed
  * so far is durable" -- must not report success for it. */
 START_TEST(test_fatal_fence_oom)
 {
@@ -2958,12 +2985,12 @@ START_TEST(test_fatal_fence_oom)
     ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
     ck_assert_rc(keel_checkpoint(w->rt), KEEL_EFATAL);
     uint64_t tick = keel_runtime_tick(w->rt);
-    int flush = keel_uow_flush(w->rt);
+    int flush = keel_flush(w->rt);
     f_close(w);
     ck_assert_uint_eq(w->shutdown_calls, 0);
     f_expect_reopen(&d, 3, h3, m3);
     free(w);
-    ck_assert_msg(flush == KEEL_EFATAL, "keel_uow_flush on a runtime latched fatal returned %s although tick %llu "
+    ck_assert_msg(flush == KEEL_EFATAL, "keel_flush on a runtime latched fatal returned %s although tick %llu "
                   "(keel_runtime_tick) was never logged; expected KEEL_EFATAL", keel_strerror(flush),
                   (unsigned long long)tick);
 }
@@ -2997,7 +3024,7 @@ START_TEST(test_map_max_enospc)
     ck_assert_uint_ge(t, 2);
     ck_assert_int_eq(keel_runtime_fatal(w->rt), KEEL_ENOSPC);
     ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL);
-    ck_assert_rc(keel_uow_flush(w->rt), KEEL_EFATAL);
+    ck_assert_rc(keel_flush(w->rt), KEEL_EFATAL);
     g_close(w);
     ck_assert_logged("wal/commit_failed", "full");
     ck_assert_logged("wal/fatal", "code=KEEL_ENOSPC");
@@ -3583,7 +3610,7 @@ START_TEST(test_recycle_with_checkpoints)
             rck_expect(&r, t);
     }
     ck_assert_uint_gt(tu_stats(r.rt).checkpoints, 3);
-    ck_assert_ok(keel_uow_flush(r.rt));
+    ck_assert_ok(keel_flush(r.rt));
     rck_close(&r);
 
     /* the last checkpoint and the WAL after it give the same state back */

@@ -23,7 +23,7 @@
  *                and after a checkpoint and a crash; (c) a crash right after
  *                recovery loses nothing; (d) crashes with a checkpoint every
  *                tick; (e) durability modes IMMEDIATE / GROUP / DEFERRED; (f)
- *                keel_uow_flush with DEFERRED ticks.
+ *                keel_flush with DEFERRED ticks.
  *
  * KEEL_CRASH_SEED=<n> changes the kill points; KEEL_CRASH_VERBOSE=1 prints every
  * child's story; KEEL_CRASH_KEEP=1 keeps the data directories.
@@ -299,14 +299,14 @@ START_TEST(test_durability_modes)
 }
 END_TEST
 
-/* (f) keel_uow_flush with DEFERRED ticks: after it returns a SIGKILL loses nothing. */
+/* (f) keel_flush with DEFERRED ticks: after it returns a SIGKILL loses nothing. */
 START_TEST(test_uow_flush)
 {
     refdata *ref = reference_run();
     tmpdir d;
     tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, "(f) keel_uow_flush");
+    oracle_init(&o, ref, "(f) keel_flush");
     static const uint64_t at[] = {9, 21, 34};
     for (size_t i = 0; i < 3 && !o.failed; i++) {
         plan p = base_plan(d.data, KEEL_DURABLE_DEFERRED, -1, at[i]);
@@ -317,7 +317,7 @@ START_TEST(test_uow_flush)
         q.hold_after_recover = true;
         run_child(&o, &q, (trigger){TRIG_NONE, 0});
         if (!o.failed && o.last_rec.tick != at[i])
-            ofail(&o, "keel_uow_flush returned after tick %" PRIu64 ", the child stopped there; recovered tick %" PRIu64,
+            ofail(&o, "keel_flush returned after tick %" PRIu64 ", the child stopped there; recovered tick %" PRIu64,
                   at[i], o.last_rec.tick);
     }
     /* flush at 40, three more DEFERRED ticks, killed: somewhere in [40, 43] */

@@ -630,7 +630,7 @@ START_TEST(test_io_fault)
             ofail(&o, "keel_runtime_fatal is %s, expected %s", keel_strerror(f->fatal), keel_strerror(code));
         if (f->rc != KEEL_EFATAL)
             ofail(&o, "%s returned %s, expected KEEL_EFATAL", f->text, keel_strerror(f->rc));
-        static const char *const probe[NPROBES] = {"keel_runtime_step", "keel_uow_flush", "keel_checkpoint",
+        static const char *const probe[NPROBES] = {"keel_runtime_step", "keel_flush", "keel_checkpoint",
                                                    "keel_submit"};
         for (int k = 0; k < NPROBES; k++)
             if (f->probe_rc[k] != KEEL_EFATAL)
@@ -700,15 +700,20 @@ static int mini_write(keel_side_txn *tx, void *arg)
     return keel_side_set(tx, MINI_E, m->v, &two);
 }
 
-static void mini_open(mini *m, const char *dir)
+static void mini_open_mode(mini *m, const char *dir, keel_durability mode)
 {
     keel_runtime_desc d = {.workers = 1, .tick_rate_hz = -1, .durable = {.dir = dir, .checkpoint_every_ticks = -1},
-                           .on_first_tick = mini_hook, .hook_user = m};
+                           .on_first_tick = mini_hook, .hook_user = m, .durability = mode};
     ck_assert_ok(keel_runtime_create(&d, &m->rt));
     keel_component_desc cd = {.name = "v", .size = 8, .fields = f_v, .field_count = 1};
     ck_assert_ok(keel_component_register(keel_runtime_world(m->rt), &cd, &m->v));
     keel_schedule *s = sched_new(m->rt);
     tu_install(m->rt, s);
+}
+
+static void mini_open(mini *m, const char *dir)
+{
+    mini_open_mode(m, dir, KEEL_DURABLE_DEFAULT);
 }
 
 /* Regression: keel_checkpoint whose commit failed returned 0. The writer
@@ -729,7 +734,7 @@ START_TEST(test_checkpoint_failure_reported)
         mini m = {0};
         mini_open(&m, d.data);
         ck_assert_ok(keel_runtime_step(m.rt));
-        ck_assert_ok(keel_uow_flush(m.rt)); /* the writer is idle: the next commit is the checkpoint's */
+        ck_assert_ok(keel_flush(m.rt)); /* the writer is idle: the next commit is the checkpoint's */
         ck_assert_ok(keel_failpoints_set(spec));
         int rc = keel_checkpoint(m.rt);
         ck_assert_msg(rc == KEEL_EFATAL, "%s: keel_checkpoint returned %s", spec, keel_strerror(rc));
@@ -756,7 +761,7 @@ START_TEST(test_fatal_queued_tickets)
         mini m = {0};
         mini_open(&m, d.data);
         ck_assert_ok(keel_runtime_step(m.rt)); /* tick 1: the hook spawns the entity, v = 1 */
-        ck_assert_ok(keel_uow_flush(m.rt));
+        ck_assert_ok(keel_flush(m.rt));
         keel_ticket *queued = NULL, *late = NULL;
         ck_assert_ok(keel_submit(m.rt, mini_write, &m, KEEL_DURABLE_IMMEDIATE, &queued));
         ck_assert_ok(keel_failpoints_set("ckpt.before_meta=eio"));
@@ -770,7 +775,8 @@ START_TEST(test_fatal_queued_tickets)
             ck_assert_rc(keel_runtime_step(m.rt), KEEL_EFATAL);
             ck_assert_rc(keel_ticket_wait(queued, 0), KEEL_EFATAL);
         }
-        keel_runtime_close(m.rt);
+        ck_assert_rc(keel_runtime_close(m.rt), KEEL_EFATAL); /* the caller learns it once more */
+        ck_assert_ptr_nonnull(strstr(keel_last_error(), "keel_runtime_close: the runtime had latched fatal (KEEL_EIO)"));
         ck_assert_rc(keel_ticket_wait(queued, -1), KEEL_EFATAL);
         keel_ticket_release(queued);
         ck_assert_ok(keel_failpoints_set(""));
@@ -785,6 +791,65 @@ START_TEST(test_fatal_queued_tickets)
         ck_assert_ok(keel_get(keel_runtime_world(r.rt), MINI_E, r.v, &v));
         ck_assert_uint_eq(v, 1);
         keel_runtime_close(r.rt);
+        tmpdir_remove(&d);
+    }
+}
+END_TEST
+
+/* keel_runtime_close's final flush fails: close returns KEEL_EFATAL with a
+ * sentence naming the cause, the directory, the last durable LSN and the
+ * tick a reopen recovers -- and that is what the directory holds. A clean
+ * close returns 0 and loses nothing. DEFERRED, so tick 2 and a submitted
+ * write wait in the writer for the close's flush (the writer's own 1 s
+ * deadline may come first on a slow machine: then the runtime latched just
+ * before the close, and the sentence says so; code and facts are the same). */
+START_TEST(test_close_reports_failed_flush)
+{
+    for (int failing = 0; failing < 2; failing++) {
+        tmpdir d;
+        tmpdir_make(&d);
+        mini m = {0};
+        mini_open_mode(&m, d.data, KEEL_DURABLE_DEFERRED);
+        ck_assert_ok(keel_runtime_step(m.rt)); /* tick 1: v = 1 */
+        ck_assert_ok(keel_flush(m.rt));
+        uint64_t durable = keel_durable_lsn(m.rt);
+        ck_assert_uint_gt(durable, 0);
+        if (failing)
+            ck_assert_ok(keel_failpoints_set("wal.before_commit=eio@1"));
+        ck_assert_ok(keel_submit(m.rt, mini_write, &m, KEEL_DURABLE_DEFERRED, NULL));
+        ck_assert_ok(keel_runtime_step(m.rt)); /* tick 2: v = 2, held */
+        int rc = keel_runtime_close(m.rt);
+        char why[1024];
+        snprintf(why, sizeof why, "%s", keel_last_error());
+        ck_assert_ok(keel_failpoints_set(""));
+        uint64_t last = 0;
+        uint32_t ckpts = 0;
+        read_back(d.data, &last, &ckpts);
+        mini r = {0};
+        mini_open(&r, d.data);
+        keel_recovery rec;
+        ck_assert_ok(keel_runtime_recover(r.rt, &rec));
+        uint64_t v = 0;
+        ck_assert_ok(keel_get(keel_runtime_world(r.rt), MINI_E, r.v, &v));
+        if (failing) {
+            ck_assert_rc(rc, KEEL_EFATAL);
+            char where[512];
+            snprintf(where, sizeof where, "(KEEL_EIO) in data directory %s: what was committed after", d.data);
+            ck_assert_msg(strstr(why, "keel_runtime_close: ") == why, "%s", why);
+            ck_assert_msg(strstr(why, where) != NULL, "%s", why);
+            ck_assert_msg(tu_names_lsn(why, durable), "the sentence does not name LSN %llu: %s",
+                          (unsigned long long)durable, why);
+            ck_assert_msg(strstr(why, "reopening the directory recovers tick 1") != NULL, "%s", why);
+            ck_assert_uint_eq(last, durable); /* nothing of the failed flush is on disk */
+            ck_assert_uint_eq(rec.tick, 1);
+            ck_assert_uint_eq(v, 1);
+        } else {
+            ck_assert_msg(rc == KEEL_OK, "a clean close returned %s: %s", keel_strerror(rc), why);
+            ck_assert_uint_gt(last, durable);
+            ck_assert_uint_eq(rec.tick, 2);
+            ck_assert_uint_eq(v, 2);
+        }
+        ck_assert_ok(keel_runtime_close(r.rt));
         tmpdir_remove(&d);
     }
 }
@@ -885,6 +950,7 @@ static Suite *fp_io_suite(void)
     tcase_add_loop_test(tc, test_io_fault, 0, (int)(sizeof io_cases / sizeof io_cases[0]));
     tcase_add_test(tc, test_checkpoint_failure_reported);
     tcase_add_test(tc, test_fatal_queued_tickets);
+    tcase_add_test(tc, test_close_reports_failed_flush);
     suite_add_tcase(s, tc);
     return s;
 }

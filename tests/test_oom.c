@@ -286,9 +286,9 @@ static long settle(void)
          * reader, and the old view goes to call_rcu, whose thread and queue
          * liburcu makes once per process */
         const keel_view *v;
-        ck_assert_ok(keel_read_begin(o.rt, &v));
+        ck_assert_ok(keel_view_begin(o.rt, &v));
         ck_assert_ok(o_step(&o));
-        keel_read_end(v);
+        keel_view_end(v);
         if (i)
             ck_assert_ok(keel_checkpoint(o.rt));
         o_close(&o);
@@ -372,7 +372,7 @@ static void sweep_ticks(int32_t workers)
             int64_t a0 = 0;
             if (t >= 3) { /* e0: an entity of the view (a retried sync point's spawns are not in it yet) */
                 keel_iter it;
-                ck_assert_ok(keel_read_begin(o.rt, &v));
+                ck_assert_ok(keel_view_begin(o.rt, &v));
                 keel_query_iter(o.qa, &it);
                 while (!e0 && keel_iter_next(&it))
                     for (uint32_t r = 0; r < it.count && !e0; r++)
@@ -388,7 +388,7 @@ static void sweep_ticks(int32_t workers)
                 int64_t a = -1;
                 ck_assert_ok(keel_view_get(v, e0, o.A, &a));
                 ck_assert_int_eq(a, a0); /* the view did not move */
-                keel_read_end(v);
+                keel_view_end(v);
             }
             check_world(&o);
             if (rc) /* the sync point's playback stopped: its commands are pending (keel/runtime.h) */
@@ -611,7 +611,7 @@ static void sweep_durable(int64_t checkpoint_every_ticks, bool all_threads)
         uint64_t hash = 0, tick = 0;
         if (opened && !fatal) {
             ck_assert_ok(o_step(&o));
-            ck_assert_ok(keel_uow_flush(o.rt));
+            ck_assert_ok(keel_flush(o.rt));
             hash = keel_world_hash(keel_runtime_world(o.rt));
         }
         tick = opened ? keel_runtime_tick(o.rt) : 0;
@@ -702,7 +702,7 @@ static void sweep_recovery(bool truncate_bad_tail)
         if (t == 3)
             ck_assert_ok(keel_checkpoint(o.rt));
     }
-    ck_assert_ok(keel_uow_flush(o.rt));
+    ck_assert_ok(keel_flush(o.rt));
     uint64_t hash = keel_world_hash(keel_runtime_world(o.rt)), tick = keel_runtime_tick(o.rt);
     o_close(&o);
     snprintf(from, sizeof from, "%s/data.mdb", ref);

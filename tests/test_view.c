@@ -21,6 +21,18 @@
  *                    buffers are never recycled and its values stay intact
  *                    across many ticks of rewrites; readers coming and going
  *                    never see a value change under their view.
+ *   view_iter        keel_view_iter / keel_view_next: an empty view; after every
+ *                    step the iteration visits the live world's chunks in
+ *                    keel_query_iter's order with keel_view_get's values,
+ *                    `without` terms splitting the rows by membership; a held
+ *                    view iterates unchanged across churn and skips a table
+ *                    created after it; non-VERSIONED data terms, NULLs and a
+ *                    query of another world yield nothing with a sentence
+ *                    (tags and `without` terms of any discipline are fine);
+ *                    reader threads iterating views while ticks churn, or
+ *                    while a system rewrites every column every tick (its
+ *                    buffers recycled), see every row's invariant, values
+ *                    equal to keel_view_get's and the view's count, every time.
  *
  * The simulation ("sim"): every entity has VERSIONED a, b (a + b == K),
  * self (its own handle, filled in by the `fixup` system on the tick after
@@ -65,6 +77,8 @@ typedef struct sim {
     keel_runtime *rt;
     keel_world *w;
     keel_component a, b, self, born, t, tag, sv, tr;
+    keel_component late;  /* VERSIONED, on no sim entity: tests spawn with it between steps (a new table) */
+    keel_component svtag; /* a SINGLE_VERSION tag, likewise */
     keel_query *q_self; /* with self: fixup, churn */
     keel_query *q_a;    /* with a: restore, the test's walks of the live world */
 
@@ -211,6 +225,8 @@ static void sim_init(sim *s, int32_t workers, bool systems, const keel_system_de
     s->tag = reg_comp(s->w, "tag", 0, KEEL_VERSIONED, NULL);
     s->sv = reg_comp(s->w, "sv", 4, KEEL_SINGLE_VERSION, i32_field);
     s->tr = reg_comp(s->w, "tr", 4, KEEL_TRANSIENT, i32_field);
+    s->late = reg_comp(s->w, "late", 8, KEEL_VERSIONED, i64_field);
+    s->svtag = reg_comp(s->w, "svtag", 0, KEEL_SINGLE_VERSION, NULL);
     ck_assert_ok(keel_query_create(s->w, &(keel_query_desc){.with = {s->self}}, &s->q_self));
     ck_assert_ok(keel_query_create(s->w, &(keel_query_desc){.with = {s->a}}, &s->q_a));
     s->reg = calloc(REG_CAP, sizeof *s->reg);
@@ -371,7 +387,7 @@ START_TEST(test_before_first_tick)
     sim s;
     sim_init(&s, 1, true, NULL);
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_ptr_nonnull(v);
     ck_assert_uint_eq(keel_view_tick(v), 0);
     ck_assert_uint_eq(keel_view_count(v), 0);
@@ -379,7 +395,7 @@ START_TEST(test_before_first_tick)
     int64_t x = 7;
     ck_assert_rc(keel_view_get(v, KEEL_ENTITY_MAKE(0, 1), s.a, &x), KEEL_ESTALE);
     ck_assert_int_eq(x, 7);
-    keel_read_end(v);
+    keel_view_end(v);
 
     /* entities made between steps are not in a view until a step publishes them */
     keel_cmdbuf *cb = NULL;
@@ -390,18 +406,18 @@ START_TEST(test_before_first_tick)
     keel_cmd_result res = keel_cmdbuf_result(cb);
     ck_assert_uint_eq(res.created_count, 3);
     ck_assert_uint_eq(keel_world_count(s.w), 3);
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_uint_eq(keel_view_tick(v), 0);
     ck_assert_uint_eq(keel_view_count(v), 0);
     for (uint32_t i = 0; i < 3; i++) {
         ck_assert(!keel_view_alive(v, res.created[i]));
         ck_assert_rc(keel_view_get(v, res.created[i], s.a, &x), KEEL_ESTALE);
     }
-    keel_read_end(v);
+    keel_view_end(v);
 
     s.spawn_first = 5;
     tu_step_n(s.rt, 1);
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_uint_eq(keel_view_tick(v), 1);
     uint32_t survivors = 0;
     for (uint32_t i = 0; i < 3; i++)
@@ -418,7 +434,7 @@ START_TEST(test_before_first_tick)
         ck_assert_int_eq(vs.born, 0);
     }
     assert_view_matches_world(&s, v);
-    keel_read_end(v);
+    keel_view_end(v);
     keel_cmdbuf_destroy(cb);
     sim_close(&s);
 }
@@ -438,12 +454,12 @@ static void run_tracks_world(int32_t workers)
         }
         tu_step_n(s.rt, 1);
         const keel_view *v = NULL;
-        ck_assert_ok(keel_read_begin(s.rt, &v));
+        ck_assert_ok(keel_view_begin(s.rt, &v));
         assert_view_matches_world(&s, v);
         uint32_t c = keel_view_count(v);
         max_count = c > max_count ? c : max_count;
         min_count = c < min_count ? c : min_count;
-        keel_read_end(v);
+        keel_view_end(v);
     }
     ck_assert_uint_gt(max_count, 2 * min_count + 10); /* the population really moved */
     sim_close(&s);
@@ -506,9 +522,9 @@ START_TEST(test_errors)
     ck_assert_uint_ne(without_tag, 0);
 
     const keel_view *v = NULL;
-    ck_assert_rc(keel_read_begin(NULL, &v), KEEL_EINVAL);
-    ck_assert_rc(keel_read_begin(s.rt, NULL), KEEL_EINVAL);
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_rc(keel_view_begin(NULL, &v), KEEL_EINVAL);
+    ck_assert_rc(keel_view_begin(s.rt, NULL), KEEL_EINVAL);
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_uint_eq(keel_view_tick(v), 8);
     int64_t x = 0;
     int32_t y = 0;
@@ -555,9 +571,9 @@ START_TEST(test_errors)
     ck_assert_uint_eq(keel_view_tick(NULL), 0);
     ck_assert_uint_eq(keel_view_count(NULL), 0);
     ck_assert(!keel_view_alive(NULL, special));
-    keel_read_end(NULL); /* ignored */
+    keel_view_end(NULL); /* ignored */
     ck_assert(keel_view_alive(v, special)); /* v still open */
-    keel_read_end(v);
+    keel_view_end(v);
     keel_cmdbuf_destroy(cb);
     sim_close(&s);
 }
@@ -579,7 +595,7 @@ START_TEST(test_held_view_keeps_tick)
     ck_assert_ptr_nonnull(snap);
     uint32_t nheld = live_handles(&s, held, CAP);
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     ck_assert_uint_eq(keel_view_tick(v), T);
     ck_assert_uint_eq(keel_view_count(v), nheld);
     for (uint32_t i = 0; i < nheld; i++) {
@@ -642,11 +658,11 @@ START_TEST(test_held_view_keeps_tick)
 
     /* a new view shows the live world */
     const keel_view *v2 = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v2));
+    ck_assert_ok(keel_view_begin(s.rt, &v2));
     ck_assert_ptr_ne(v2, v);
     assert_view_matches_world(&s, v2);
-    keel_read_end(v2);
-    keel_read_end(v);
+    keel_view_end(v2);
+    keel_view_end(v);
     free(held);
     free(later);
     free(snap);
@@ -669,15 +685,15 @@ START_TEST(test_views_nest)
     s.destroy_mod = 0; /* keep e[] alive */
 
     const keel_view *v1 = NULL, *v1b = NULL, *v2 = NULL, *v3 = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v1));
-    ck_assert_ok(keel_read_begin(s.rt, &v1b)); /* nested, same tick */
+    ck_assert_ok(keel_view_begin(s.rt, &v1));
+    ck_assert_ok(keel_view_begin(s.rt, &v1b)); /* nested, same tick */
     ck_assert_ptr_eq(v1, v1b);
     ck_assert_uint_eq(keel_view_tick(v1b), 2);
     tu_step_n(s.rt, 1);
-    ck_assert_ok(keel_read_begin(s.rt, &v2));
+    ck_assert_ok(keel_view_begin(s.rt, &v2));
     ck_assert_uint_eq(keel_view_tick(v2), 3);
     tu_step_n(s.rt, 1);
-    ck_assert_ok(keel_read_begin(s.rt, &v3));
+    ck_assert_ok(keel_view_begin(s.rt, &v3));
     ck_assert_uint_eq(keel_view_tick(v3), 4);
     assert_view_matches_world(&s, v3);
     tu_step_n(s.rt, 1);
@@ -693,8 +709,8 @@ START_TEST(test_views_nest)
         ck_assert_int_eq(st3.a, st2[i].a - move_amount(e[i], 4));
         ck_assert_int_eq(st3.a + st3.b, K_SUM);
     }
-    keel_read_end(v1b); /* out of order */
-    keel_read_end(v3);
+    keel_view_end(v1b); /* out of order */
+    keel_view_end(v3);
     ck_assert_uint_eq(keel_view_tick(v1), 2);
     ck_assert_uint_eq(keel_view_tick(v2), 3);
     tu_step_n(s.rt, 2); /* reclaims run; v1 and v2 are still open */
@@ -703,8 +719,8 @@ START_TEST(test_views_nest)
         assert_same_state(e[i], &st1[i], &a1);
         assert_same_state(e[i], &st2[i], &a2);
     }
-    keel_read_end(v1);
-    keel_read_end(v2);
+    keel_view_end(v1);
+    keel_view_end(v2);
     sim_close(&s);
 }
 END_TEST
@@ -726,7 +742,7 @@ static int sys_probe(keel_ctx *ctx, void *user)
     (void)ctx;
     probe *p = user;
     const keel_view *v = NULL;
-    if (!p->changed || keel_read_begin(p->s->rt, &v))
+    if (!p->changed || keel_view_begin(p->s->rt, &v))
         return 0;
     p->tick = keel_view_tick(v);
     p->count = keel_view_count(v);
@@ -736,7 +752,7 @@ static int sys_probe(keel_ctx *ctx, void *user)
     int64_t x = 0;
     p->rc_spawned = keel_view_get(v, p->spawned, p->s->a, &x);
     p->destroyed_alive = keel_view_alive(v, p->destroyed);
-    keel_read_end(v);
+    keel_view_end(v);
     atomic_fetch_add(&p->runs, 1);
     return 0;
 }
@@ -766,7 +782,7 @@ START_TEST(test_between_steps_published_at_next_step)
     keel_entity changed = live[0], destroyed = live[n - 1];
 
     const keel_view *v_old = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v_old));
+    ck_assert_ok(keel_view_begin(s.rt, &v_old));
     ck_assert_uint_eq(keel_view_tick(v_old), 4);
     ent_state old_changed = view_state(&s, v_old, changed);
 
@@ -784,14 +800,14 @@ START_TEST(test_between_steps_published_at_next_step)
 
     /* not published yet: a view opened now is the tick-4 view */
     const keel_view *v_mid = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v_mid));
+    ck_assert_ok(keel_view_begin(s.rt, &v_mid));
     ck_assert_uint_eq(keel_view_tick(v_mid), 4);
     ck_assert_uint_eq(keel_view_count(v_mid), n);
     ent_state mid = view_state(&s, v_mid, changed);
     assert_same_state(changed, &old_changed, &mid);
     ck_assert(!keel_view_alive(v_mid, spawned));
     ck_assert(keel_view_alive(v_mid, destroyed));
-    keel_read_end(v_mid);
+    keel_view_end(v_mid);
 
     /* step 5: the probe runs first and sees the between-step state as tick 4 */
     p.changed = changed;
@@ -808,7 +824,7 @@ START_TEST(test_between_steps_published_at_next_step)
 
     /* after the step: tick 5 with the changes (and tick 5's systems) */
     const keel_view *v_new = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v_new));
+    ck_assert_ok(keel_view_begin(s.rt, &v_new));
     assert_view_matches_world(&s, v_new);
     ck_assert_uint_eq(keel_view_tick(v_new), 5);
     ent_state now = view_state(&s, v_new, changed);
@@ -818,7 +834,7 @@ START_TEST(test_between_steps_published_at_next_step)
     ck_assert(sp.alive);
     ck_assert_uint_eq(sp.self, spawned);
     ck_assert(!keel_view_alive(v_new, destroyed));
-    keel_read_end(v_new);
+    keel_view_end(v_new);
 
     /* the view held since tick 4 is unchanged */
     ent_state held = view_state(&s, v_old, changed);
@@ -826,7 +842,7 @@ START_TEST(test_between_steps_published_at_next_step)
     ck_assert(!keel_view_alive(v_old, spawned));
     ck_assert(keel_view_alive(v_old, destroyed));
     ck_assert_uint_eq(keel_view_tick(v_old), 4);
-    keel_read_end(v_old);
+    keel_view_end(v_old);
     keel_cmdbuf_destroy(cb);
     sim_close(&s);
 }
@@ -845,11 +861,11 @@ START_TEST(test_idle_tick_advances_view_tick)
     for (uint64_t t = 1; t <= 3; t++) {
         tu_step_n(s.rt, 1);
         const keel_view *v = NULL;
-        ck_assert_ok(keel_read_begin(s.rt, &v));
+        ck_assert_ok(keel_view_begin(s.rt, &v));
         ck_assert_uint_eq(keel_view_count(v), 1);
         ck_assert_msg(keel_view_tick(v) == t, "after step %llu the view shows tick %llu", (unsigned long long)t,
                       (unsigned long long)keel_view_tick(v));
-        keel_read_end(v);
+        keel_view_end(v);
     }
     keel_cmdbuf_destroy(cb);
     sim_close(&s);
@@ -964,8 +980,8 @@ START_TEST(test_batched_destroy_under_view)
     ck_assert_ptr_eq(t->chunks[0]->entities, t->chunks[0]->pub_entities); /* shared with the view */
 
     const keel_view *vx = NULL, *vy = NULL;
-    ck_assert_ok(keel_read_begin(x.rt, &vx));
-    ck_assert_ok(keel_read_begin(y.rt, &vy));
+    ck_assert_ok(keel_view_begin(x.rt, &vx));
+    ck_assert_ok(keel_view_begin(y.rt, &vy));
 
     /* the table of `a` alone holds the entities with i % 3 != 0: e[1], e[2],
      * e[4], ... in rows 0, 1, 2, ...; destroying e[1] owns its chunk 0 */
@@ -1001,16 +1017,16 @@ START_TEST(test_batched_destroy_under_view)
     bd_assert_same(&x, &y);
     bd_assert_view(&x, vx);
     bd_assert_view(&y, vy);
-    keel_read_end(vx);
-    keel_read_end(vy);
+    keel_view_end(vx);
+    keel_view_end(vy);
 
     /* the next publication takes the new state; the retired buffers go */
     ck_assert_ok(keel_runtime_step(x.rt));
     ck_assert_ok(keel_runtime_step(y.rt));
     bd_assert_same(&x, &y);
-    ck_assert_ok(keel_read_begin(x.rt, &vx));
+    ck_assert_ok(keel_view_begin(x.rt, &vx));
     ck_assert_uint_eq(keel_view_count(vx), keel_world_count(x.w));
-    keel_read_end(vx);
+    keel_view_end(vx);
     keel_runtime_close(x.rt);
     keel_runtime_close(y.rt);
 }
@@ -1056,7 +1072,7 @@ static void *reader_main(void *arg)
     r->first_tick = UINT64_MAX;
     while (!atomic_load(r->stop)) {
         const keel_view *v = NULL;
-        if (keel_read_begin(s->rt, &v) || !v) {
+        if (keel_view_begin(s->rt, &v) || !v) {
             r->bad_rc++;
             break;
         }
@@ -1120,7 +1136,7 @@ static void *reader_main(void *arg)
             if (alive)
                 atomic_fetch_add(&r->checked, 1);
         }
-        keel_read_end(v);
+        keel_view_end(v);
         r->views++;
     }
     r->last_tick = last;
@@ -1211,9 +1227,9 @@ static void run_concurrent(int32_t workers, bool driver)
     ck_assert_uint_gt(atomic_load(&s.nreg), 2 * MIN_TICKS); /* churn really happened */
     /* the final state: a view equals the world */
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(s.rt, &v));
+    ck_assert_ok(keel_view_begin(s.rt, &v));
     assert_view_matches_world(&s, v);
-    keel_read_end(v);
+    keel_view_end(v);
     sim_close(&s);
 }
 
@@ -1272,7 +1288,7 @@ static void *holder_main(void *arg)
     holder *h = arg;
     ent_state *snap = calloc(h->nheld ? h->nheld : 1, sizeof *snap);
     const keel_view *v = NULL;
-    if (!snap || keel_read_begin(h->s->rt, &v)) {
+    if (!snap || keel_view_begin(h->s->rt, &v)) {
         h->mismatches++;
         atomic_store(&h->phase, 3);
         free(snap);
@@ -1302,7 +1318,7 @@ static void *holder_main(void *arg)
         if (keel_view_alive(v, h->later[i]))
             h->later_visible++;
     }
-    keel_read_end(v);
+    keel_view_end(v);
     free(snap);
     atomic_store(&h->phase, 3);
     return NULL;
@@ -1337,9 +1353,9 @@ START_TEST(test_held_view_does_not_block_ticks)
         ck_assert_ok(rc);
         /* the main thread's own views see the new ticks meanwhile */
         const keel_view *v = NULL;
-        ck_assert_ok(keel_read_begin(s.rt, &v));
+        ck_assert_ok(keel_view_begin(s.rt, &v));
         ck_assert_uint_eq(keel_view_tick(v), 3 + (uint64_t)i + 1);
-        keel_read_end(v);
+        keel_view_end(v);
     }
     uint32_t chunks_after = total_chunks(s.w);
     h.nlater = live_handles(&s, later, CAP);
@@ -1506,10 +1522,10 @@ static void run_recycle_alternates(int32_t workers)
             prev[i] = cur;
         }
         const keel_view *v = NULL;
-        ck_assert_ok(keel_read_begin(r.rt, &v));
+        ck_assert_ok(keel_view_begin(r.rt, &v));
         ck_assert_uint_eq(keel_view_tick(v), t);
         ck_assert_uint_eq(rc_view_bad(&r, v, t), 0);
-        keel_read_end(v);
+        keel_view_end(v);
     }
     for (uint32_t i = 0; i < RC_N; i++) {
         int64_t a = 0;
@@ -1544,7 +1560,7 @@ START_TEST(test_recycle_skips_held_view)
     for (int i = 0; i < 3; i++)
         ck_assert_ok(keel_runtime_step(r.rt));
     const keel_view *held = NULL;
-    ck_assert_ok(keel_read_begin(r.rt, &held));
+    ck_assert_ok(keel_view_begin(r.rt, &held));
     ck_assert_uint_eq(keel_view_tick(held), 3);
     void *in_view[RC_MAXCOLS];
     for (uint32_t i = 0; i < n; i++)
@@ -1559,7 +1575,7 @@ START_TEST(test_recycle_skips_held_view)
         ck_assert_uint_eq(rc_view_bad(&r, held, 3), 0);
     }
     ck_assert_uint_eq(keel_view_tick(held), 3);
-    keel_read_end(held);
+    keel_view_end(held);
     ck_assert_ok(keel_runtime_step(r.rt));
     for (uint32_t i = 0; i < n; i++)
         ck_assert_ptr_nonnull(rc_spare(cv[i]));
@@ -1569,10 +1585,39 @@ END_TEST
 
 typedef struct rc_reader {
     const rc_world *r;
+    const keel_query *q; /* with a, b: read the views by iterating it; NULL: by keel_view_get */
     _Atomic bool *stop;
     _Atomic uint32_t views;
     uint32_t bad, ticks_seen;
 } rc_reader;
+
+static uint32_t rc_get_bad(const rc_world *r, const keel_view *v, const keel_query *q, uint64_t tick)
+{
+    (void)q;
+    return rc_view_bad(r, v, tick);
+}
+
+/* Iterating q (with a, b) over v: every row is one of the RC_N entities
+ * (entity i has index i), its a and b are the values of tick `tick` and
+ * equal keel_view_get's, and the rows are all RC_N. */
+static uint32_t rc_iter_bad(const rc_world *r, const keel_view *v, const keel_query *q, uint64_t tick)
+{
+    uint32_t bad = 0, rows = 0;
+    keel_iter it;
+    keel_view_iter(v, q, &it);
+    while (keel_view_next(v, &it)) {
+        const int64_t *a = KEEL_COLUMN(&it, int64_t, 0), *b = KEEL_COLUMN(&it, int64_t, 1);
+        for (uint32_t k = 0; k < it.count; k++, rows++) {
+            uint32_t i = KEEL_ENTITY_INDEX(it.entities[k]);
+            int64_t ga = 0, gb = 0;
+            if (i >= RC_N || r->e[i] != it.entities[k] || a[k] != r->a0[i] + (int64_t)tick || a[k] + b[k] != K_SUM ||
+                keel_view_get(v, it.entities[k], r->a, &ga) || keel_view_get(v, it.entities[k], r->b, &gb) ||
+                ga != a[k] || gb != b[k])
+                bad++;
+        }
+    }
+    return bad + (rows != RC_N);
+}
 
 static void *rc_reader_main(void *arg)
 {
@@ -1580,14 +1625,16 @@ static void *rc_reader_main(void *arg)
     uint64_t last = 0;
     while (!atomic_load(rd->stop)) {
         const keel_view *v = NULL;
-        if (keel_read_begin(rd->r->rt, &v)) {
+        if (keel_view_begin(rd->r->rt, &v)) {
             rd->bad++;
             break;
         }
         uint64_t t = keel_view_tick(v);
-        rd->bad += rc_view_bad(rd->r, v, t);
-        rd->bad += rc_view_bad(rd->r, v, t); /* twice: a write under the view shows as a change */
-        keel_read_end(v);
+        uint32_t (*bad)(const rc_world *, const keel_view *, const keel_query *, uint64_t) =
+            rd->q ? rc_iter_bad : rc_get_bad;
+        rd->bad += bad(rd->r, v, rd->q, t);
+        rd->bad += bad(rd->r, v, rd->q, t); /* twice: a write under the view shows as a change */
+        keel_view_end(v);
         uint32_t views = atomic_fetch_add(&rd->views, 1) + 1;
         rd->ticks_seen += t != last;
         last = t;
@@ -1599,18 +1646,20 @@ static void *rc_reader_main(void *arg)
 
 /* Readers come and go while the runtime rewrites every tick on two
  * workers: a view is never written under its reader (values match its
- * tick, twice), whichever path each publication took. */
-START_TEST(test_recycle_readers_concurrent)
+ * tick, twice), whichever path each publication took. The readers read
+ * through keel_view_get, or (iterate) by iterating a query over each view. */
+static void run_recycle_readers(bool iterate)
 {
     enum { TICKS = 400, READERS = 2 };
     rc_world r;
     rc_init(&r, 2);
+    keel_query *q = iterate ? tu_query_new(r.w, r.a, r.b) : NULL;
     ck_assert_ok(keel_runtime_step(r.rt)); /* the view of tick 0 is empty */
     _Atomic bool stop = false;
     rc_reader rd[READERS];
     pthread_t th[READERS];
     for (int i = 0; i < READERS; i++) {
-        rd[i] = (rc_reader){.r = &r, .stop = &stop};
+        rd[i] = (rc_reader){.r = &r, .q = q, .stop = &stop};
         ck_assert_int_eq(pthread_create(&th[i], NULL, rc_reader_main, &rd[i]), 0);
     }
     /* at least TICKS more ticks, and on until every reader has opened a
@@ -1634,10 +1683,16 @@ START_TEST(test_recycle_readers_concurrent)
         ck_assert_uint_ge(atomic_load(&rd[i].views), 20);
     }
     const keel_view *v = NULL;
-    ck_assert_ok(keel_read_begin(r.rt, &v));
+    ck_assert_ok(keel_view_begin(r.rt, &v));
     ck_assert_uint_eq(rc_view_bad(&r, v, ticks), 0);
-    keel_read_end(v);
+    keel_view_end(v);
+    keel_query_destroy(q);
     keel_runtime_close(r.rt);
+}
+
+START_TEST(test_recycle_readers_concurrent)
+{
+    run_recycle_readers(false);
 }
 END_TEST
 
@@ -1654,4 +1709,452 @@ static Suite *view_recycle(void)
     return s;
 }
 
-KEEL_TEST_MAIN(view_basic, view_concurrent, view_recycle)
+/* =============================================================================
+ * view_iter: keel_view_iter / keel_view_next
+ * ============================================================================= */
+
+/* One row as an iteration over a view saw it. */
+typedef struct iter_row {
+    keel_entity e;
+    int64_t a, b, born;
+    keel_entity self;
+} iter_row;
+
+/* Iterate q (with = {a, b, self, born}, or a prefix of it) over v into rows
+ * (cap), checking every value against keel_view_get and the sim's
+ * invariants; returns the row count. chunks (may be NULL) receives the
+ * chunk count. */
+static uint32_t iter_collect(const sim *s, const keel_view *v, const keel_query *q, uint32_t nterms, iter_row *rows,
+                             uint32_t cap, uint32_t *chunks)
+{
+    keel_component terms[4] = {s->a, s->b, s->self, s->born};
+    uint32_t n = 0, nch = 0;
+    keel_iter it;
+    keel_view_iter(v, q, &it);
+    while (keel_view_next(v, &it)) {
+        nch++;
+        ck_assert_uint_ge(it.count, 1);
+        for (uint32_t r = 0; r < it.count; r++) {
+            ck_assert_uint_lt(n, cap);
+            iter_row *row = &rows[n++];
+            memset(row, 0, sizeof *row);
+            row->e = it.entities[r];
+            ck_assert(keel_view_alive(v, row->e));
+            for (uint32_t i = 0; i < nterms; i++) {
+                ck_assert_ptr_eq(it.columns[i], it.prev[i]);
+                int64_t got = 0, col = ((const int64_t *)it.columns[i])[r];
+                ck_assert_ok(keel_view_get(v, row->e, terms[i], &got));
+                ck_assert_int_eq(col, got);
+                if (i == 0)
+                    row->a = col;
+                else if (i == 1)
+                    row->b = col;
+                else if (i == 2)
+                    row->self = (keel_entity)col;
+                else
+                    row->born = col;
+            }
+            if (nterms >= 2)
+                ck_assert_int_eq(row->a + row->b, K_SUM);
+        }
+    }
+    ck_assert_uint_eq(it.count, 0);
+    ck_assert(!keel_view_next(v, &it)); /* stays at the end */
+    if (chunks)
+        *chunks = nch;
+    return n;
+}
+
+static keel_query *query4(sim *s, const keel_component *without)
+{
+    keel_query_desc d = {.with = {s->a, s->b, s->self, s->born}};
+    for (uint32_t i = 0; without && without[i]; i++)
+        d.without[i] = without[i];
+    keel_query *q = NULL;
+    ck_assert_ok(keel_query_create(s->w, &d, &q));
+    return q;
+}
+
+/* Before the first tick the view is empty: nothing is visited, no error.
+ * Entities made between steps appear only once a step published them. */
+START_TEST(test_iter_empty_view)
+{
+    sim s;
+    sim_init(&s, 1, true, NULL);
+    keel_query *q = query4(&s, NULL);
+    iter_row rows[8];
+    const keel_view *v = NULL;
+    ck_assert_ok(keel_view_begin(s.rt, &v));
+    core_fail(KEEL_EIO, "marker");
+    ck_assert_uint_eq(iter_collect(&s, v, q, 4, rows, 8, NULL), 0);
+    ck_assert_str_eq(keel_last_error(), "marker"); /* an empty view is no error */
+    keel_view_end(v);
+    keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
+    ck_assert_ok(spawn_one(&s, cb, 0, 5));
+    tu_cmdbuf_apply_created(cb, 1, NULL);
+    ck_assert_ok(keel_view_begin(s.rt, &v));
+    ck_assert_uint_eq(iter_collect(&s, v, q, 4, rows, 8, NULL), 0);
+    keel_view_end(v);
+    keel_query_destroy(q);
+    sim_close(&s);
+}
+END_TEST
+
+/* After every step the iteration over a new view visits exactly the live
+ * world's chunks, in keel_query_iter's order, with the values keel_view_get
+ * gives; `without` terms split the rows as membership says. */
+static void run_iter_tracks_world(int32_t workers)
+{
+    enum { CAP = 8192 };
+    sim s;
+    sim_init(&s, workers, true, NULL);
+    keel_query *all = query4(&s, NULL), *untagged = query4(&s, (keel_component[]){s.tag, 0});
+    keel_query *tagged = NULL;
+    ck_assert_ok(keel_query_create(s.w, &(keel_query_desc){.with = {s.a, s.tag}}, &tagged));
+    iter_row *rows = malloc(CAP * sizeof *rows), *rows2 = malloc(CAP * sizeof *rows2);
+    ck_assert_ptr_nonnull(rows);
+    ck_assert_ptr_nonnull(rows2);
+    uint32_t max_chunks = 0;
+    bool seen_tagged = false, seen_untagged = false;
+    for (int i = 0; i < 20; i++) {
+        if (i == 10) { /* shrink: the sync point frees chunks */
+            s.destroy_mod = 2;
+            s.spawn_base = 1;
+            s.spawn_var = 2;
+        }
+        tu_step_n(s.rt, 1);
+        const keel_view *v = NULL;
+        ck_assert_ok(keel_view_begin(s.rt, &v));
+        uint64_t tk = keel_view_tick(v);
+        uint32_t chunks = 0, n = iter_collect(&s, v, all, 4, rows, CAP, &chunks);
+        ck_assert_uint_eq(n, keel_view_count(v));
+        max_chunks = chunks > max_chunks ? chunks : max_chunks;
+        for (uint32_t r = 0; r < n; r++) {
+            ck_assert_int_le(rows[r].born, (int64_t)tk);
+            ck_assert(rows[r].self == rows[r].e || (rows[r].self == KEEL_ENTITY_NULL && rows[r].born == (int64_t)tk));
+        }
+        /* the live world right after the step is the view: same chunks, same order */
+        keel_iter it;
+        keel_query_iter(all, &it);
+        uint32_t k = 0;
+        while (keel_iter_next(&it))
+            for (uint32_t r = 0; r < it.count; r++, k++) {
+                ck_assert_uint_lt(k, n);
+                ck_assert_uint_eq(it.entities[r], rows[k].e);
+            }
+        ck_assert_uint_eq(k, n);
+        /* without tag + with tag = everything; membership as keel_view_get says */
+        uint32_t nu = iter_collect(&s, v, untagged, 4, rows2, CAP, NULL);
+        for (uint32_t r = 0; r < nu; r++)
+            ck_assert_rc(keel_view_get(v, rows2[r].e, s.tag, NULL), KEEL_ENOENT);
+        uint32_t nt = 0;
+        keel_view_iter(v, tagged, &it);
+        while (keel_view_next(v, &it))
+            for (uint32_t r = 0; r < it.count; r++, nt++) {
+                ck_assert_ptr_null(it.columns[1]); /* a tag has no column */
+                ck_assert_ok(keel_view_get(v, it.entities[r], s.tag, NULL));
+            }
+        ck_assert_uint_eq(nu + nt, n);
+        seen_tagged = seen_tagged || nt > 0;
+        seen_untagged = seen_untagged || nu > 0;
+        keel_view_end(v);
+    }
+    ck_assert(seen_tagged && seen_untagged);
+    ck_assert_uint_gt(max_chunks, 4); /* several tables and chunks were walked */
+    free(rows);
+    free(rows2);
+    keel_query_destroy(all);
+    keel_query_destroy(untagged);
+    keel_query_destroy(tagged);
+    sim_close(&s);
+}
+
+START_TEST(test_iter_tracks_world_serial)
+{
+    run_iter_tracks_world(1);
+}
+END_TEST
+
+START_TEST(test_iter_tracks_world_parallel)
+{
+    run_iter_tracks_world(2);
+}
+END_TEST
+
+/* A view held across steps iterates to the same rows and values as when it
+ * was opened, although the live world moved rows, freed chunks, reused
+ * slots and created a table (an entity with `late`) meanwhile: tables
+ * created after the view are not visited. */
+START_TEST(test_iter_held_view)
+{
+    enum { CAP = 8192 };
+    sim s;
+    sim_init(&s, 2, true, NULL);
+    s.spawn_first = 150;
+    tu_step_n(s.rt, 4);
+    keel_query *all = query4(&s, NULL), *q_late = NULL;
+    ck_assert_ok(keel_query_create(s.w, &(keel_query_desc){.with = {s.a, s.late}}, &q_late));
+    iter_row *before = malloc(CAP * sizeof *before), *after = malloc(CAP * sizeof *after);
+    ck_assert_ptr_nonnull(before);
+    ck_assert_ptr_nonnull(after);
+    const keel_view *v = NULL;
+    ck_assert_ok(keel_view_begin(s.rt, &v));
+    uint32_t n = iter_collect(&s, v, all, 4, before, CAP, NULL);
+    ck_assert_uint_eq(n, keel_view_count(v));
+    uint32_t tables = s.w->ntables;
+
+    /* a new table between steps: an entity with `late` (without self: churn,
+     * which walks `self`, leaves it alone), and heavy churn */
+    keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
+    int64_t a = 1, b = K_SUM - 1, born = 4, lv = 9;
+    keel_init in[4] = {{s.a, &a}, {s.b, &b}, {s.born, &born}, {s.late, &lv}};
+    ck_assert_ok(keel_cmd_spawn(cb, in, 4));
+    keel_entity late_e = KEEL_ENTITY_NULL;
+    tu_cmdbuf_apply_created(cb, 1, &late_e);
+    ck_assert_uint_gt(s.w->ntables, tables);
+    s.destroy_mod = 2;
+    s.spawn_base = 30;
+    tu_step_n(s.rt, 6);
+    ck_assert_uint_eq(keel_query_count(q_late), 1);
+
+    ck_assert_uint_eq(iter_collect(&s, v, all, 4, after, CAP, NULL), n);
+    ck_assert_mem_eq(before, after, n * sizeof *before);
+    keel_iter it;
+    keel_view_iter(v, q_late, &it);
+    ck_assert(!keel_view_next(v, &it)); /* the table came after the view */
+    keel_view_end(v);
+
+    ck_assert_ok(keel_view_begin(s.rt, &v));
+    keel_view_iter(v, q_late, &it);
+    ck_assert(keel_view_next(v, &it));
+    ck_assert_uint_eq(it.count, 1);
+    ck_assert_uint_eq(it.entities[0], late_e);
+    ck_assert_int_eq(KEEL_COLUMN(&it, int64_t, 1)[0], 9);
+    ck_assert(!keel_view_next(v, &it));
+    ck_assert_uint_eq(iter_collect(&s, v, all, 4, after, CAP, NULL), keel_view_count(v) - 1); /* late_e lacks self */
+    keel_view_end(v);
+    free(before);
+    free(after);
+    keel_query_destroy(all);
+    keel_query_destroy(q_late);
+    sim_close(&s);
+}
+END_TEST
+
+/* A `with` term with data that is not VERSIONED, a NULL view, query or
+ * iterator, a query of another world: nothing is visited and the last error
+ * says why. Tags and `without` terms of any discipline are fine. */
+START_TEST(test_iter_refused)
+{
+    sim s;
+    sim_init(&s, 1, true, NULL);
+    tu_step_n(s.rt, 2);
+    keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
+    int64_t a = 3, b = K_SUM - 3, born = 2;
+    int32_t sv = 4;
+    keel_entity zero = KEEL_ENTITY_NULL, special = KEEL_ENTITY_NULL;
+    keel_init in[6] = {{s.a, &a}, {s.b, &b}, {s.self, &zero}, {s.born, &born}, {s.sv, &sv}, {s.svtag, NULL}};
+    ck_assert_ok(keel_cmd_spawn(cb, in, 6));
+    tu_cmdbuf_apply_created(cb, 1, &special);
+    s.destroy_mod = 0;
+    tu_step_n(s.rt, 1);
+
+    keel_query *q_sv = NULL, *q_tr = NULL, *q_svtag = NULL, *q_no_sv = NULL;
+    ck_assert_ok(keel_query_create(s.w, &(keel_query_desc){.with = {s.a, s.sv}}, &q_sv));
+    ck_assert_ok(keel_query_create(s.w, &(keel_query_desc){.with = {s.tr}}, &q_tr));
+    ck_assert_ok(keel_query_create(s.w, &(keel_query_desc){.with = {s.a, s.svtag}}, &q_svtag));
+    ck_assert_ok(keel_query_create(s.w, &(keel_query_desc){.with = {s.a}, .without = {s.sv, s.tr}}, &q_no_sv));
+    const keel_view *v = NULL;
+    ck_assert_ok(keel_view_begin(s.rt, &v));
+    keel_iter it;
+
+    keel_view_iter(v, q_sv, &it);
+    ck_assert(!keel_view_next(v, &it));
+    ck_assert_uint_eq(it.count, 0);
+    ck_assert_str_eq(keel_last_error(), "keel_view_iter: component 'sv' is single_version: a read view holds the "
+                                        "values of versioned components only; read it inside a system, or register "
+                                        "it KEEL_VERSIONED");
+    keel_view_iter(v, q_tr, &it);
+    ck_assert(!keel_view_next(v, &it));
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "component 'tr' is transient"));
+
+    /* a SINGLE_VERSION tag: membership only, which the view holds */
+    keel_view_iter(v, q_svtag, &it);
+    ck_assert(keel_view_next(v, &it));
+    ck_assert_uint_eq(it.count, 1);
+    ck_assert_uint_eq(it.entities[0], special);
+    ck_assert_int_eq(KEEL_COLUMN(&it, int64_t, 0)[0], 3 - move_amount(special, 3));
+    ck_assert(!keel_view_next(v, &it));
+    /* without SINGLE_VERSION / TRANSIENT: everyone but special */
+    uint32_t n = 0;
+    keel_view_iter(v, q_no_sv, &it);
+    while (keel_view_next(v, &it))
+        for (uint32_t r = 0; r < it.count; r++, n++)
+            ck_assert_uint_ne(it.entities[r], special);
+    ck_assert_uint_eq(n, keel_view_count(v) - 1);
+
+    /* NULL arguments */
+    keel_view_iter(NULL, q_no_sv, &it);
+    ck_assert(!keel_view_next(v, &it));
+    ck_assert_str_eq(keel_last_error(), "keel_view_iter: view or query is NULL");
+    keel_view_iter(v, NULL, &it);
+    ck_assert(!keel_view_next(v, &it));
+    keel_view_iter(v, q_no_sv, NULL);
+    ck_assert_str_eq(keel_last_error(), "keel_view_iter: the iterator is NULL");
+    ck_assert(!keel_view_next(v, NULL));
+    keel_view_iter(v, q_no_sv, &it);
+    ck_assert(!keel_view_next(NULL, &it));
+
+    /* a query of another world */
+    keel_world *other = tu_world_new((keel_world_desc){0});
+    keel_component oa = reg_comp(other, "a", 8, KEEL_VERSIONED, i64_field);
+    keel_query *q_other = tu_query_new(other, oa, 0);
+    keel_view_iter(v, q_other, &it);
+    ck_assert(!keel_view_next(v, &it));
+    ck_assert_str_eq(keel_last_error(), "keel_view_iter: the query was made on another world than the view's");
+    keel_query_destroy(q_other);
+    keel_world_destroy(other);
+    keel_view_end(v);
+
+    keel_query_destroy(q_sv);
+    keel_query_destroy(q_tr);
+    keel_query_destroy(q_svtag);
+    keel_query_destroy(q_no_sv);
+    sim_close(&s);
+}
+END_TEST
+
+/* Reader threads iterate views chunk by chunk while the main thread steps
+ * (with structural churn): every row of every view keeps the systems'
+ * invariant (a + b == K, broken inside each tick), its values equal
+ * keel_view_get's, and the rows add up to the view's count. */
+typedef struct iter_reader {
+    sim *s;
+    keel_query *q;
+    _Atomic bool *stop;
+    pthread_t thread;
+    _Atomic uint64_t checked; /* views with rows, fully checked */
+    uint64_t bad_sum, bad_get, bad_count, bad_self, bad_tick;
+} iter_reader;
+
+static void *iter_reader_main(void *arg)
+{
+    iter_reader *r = arg;
+    const sim *s = r->s;
+    uint64_t last = 0;
+    while (!atomic_load(r->stop)) {
+        const keel_view *v = NULL;
+        if (keel_view_begin(s->rt, &v)) {
+            r->bad_get++;
+            break;
+        }
+        uint64_t tk = keel_view_tick(v);
+        r->bad_tick += tk < last;
+        last = tk;
+        uint32_t rows = 0;
+        keel_iter it;
+        keel_view_iter(v, r->q, &it);
+        while (keel_view_next(v, &it)) {
+            const int64_t *a = KEEL_COLUMN(&it, int64_t, 0), *b = KEEL_COLUMN(&it, int64_t, 1);
+            const keel_entity *self = KEEL_COLUMN(&it, keel_entity, 2);
+            const int64_t *born = KEEL_COLUMN(&it, int64_t, 3);
+            for (uint32_t k = 0; k < it.count; k++, rows++) {
+                r->bad_sum += a[k] + b[k] != K_SUM;
+                r->bad_self += !(self[k] == it.entities[k] ||
+                                 (self[k] == KEEL_ENTITY_NULL && (uint64_t)born[k] == tk)) ||
+                               (uint64_t)born[k] > tk;
+                int64_t ga = 0, gb = 0;
+                if (keel_view_get(v, it.entities[k], s->a, &ga) || keel_view_get(v, it.entities[k], s->b, &gb) ||
+                    ga != a[k] || gb != b[k])
+                    r->bad_get++;
+            }
+        }
+        r->bad_count += rows != keel_view_count(v);
+        keel_view_end(v);
+        if (rows)
+            atomic_fetch_add(&r->checked, 1);
+    }
+    return NULL;
+}
+
+static void run_iter_concurrent(int32_t workers)
+{
+    enum { READERS = 2, MIN_VIEWS = 25, MIN_STEPS = 150 };
+    sim s;
+    sim_init(&s, workers, true, NULL);
+    _Atomic bool stop = false;
+    iter_reader rd[READERS];
+    memset(rd, 0, sizeof rd);
+    for (int i = 0; i < READERS; i++) {
+        rd[i].s = &s;
+        rd[i].q = query4(&s, NULL);
+        rd[i].stop = &stop;
+        ck_assert_int_eq(pthread_create(&rd[i].thread, NULL, iter_reader_main, &rd[i]), 0);
+    }
+    uint64_t deadline = tu_now_ns() + GUARD_NS;
+    bool timed_out = false, done = false;
+    int rc = 0;
+    while (!rc && !done) {
+        rc = keel_runtime_step(s.rt);
+        done = keel_runtime_tick(s.rt) >= MIN_STEPS;
+        for (int i = 0; i < READERS; i++)
+            done = done && atomic_load(&rd[i].checked) >= MIN_VIEWS;
+        if (!done && tu_now_ns() > deadline)
+            timed_out = done = true;
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < READERS; i++)
+        pthread_join(rd[i].thread, NULL);
+    ck_assert_ok(rc);
+    ck_assert_msg(!timed_out, "the readers did not check %d views each within the guard", MIN_VIEWS);
+    for (int i = 0; i < READERS; i++) {
+        iter_reader *r = &rd[i];
+        ck_assert_msg(r->bad_sum + r->bad_get + r->bad_count + r->bad_self + r->bad_tick == 0,
+                      "reader %d: sum %llu get %llu count %llu self %llu tick %llu", i,
+                      (unsigned long long)r->bad_sum, (unsigned long long)r->bad_get,
+                      (unsigned long long)r->bad_count, (unsigned long long)r->bad_self,
+                      (unsigned long long)r->bad_tick);
+        keel_query_destroy(r->q);
+    }
+    sim_close(&s);
+}
+
+START_TEST(test_iter_readers_serial)
+{
+    run_iter_concurrent(1);
+}
+END_TEST
+
+START_TEST(test_iter_readers_parallel)
+{
+    run_iter_concurrent(2);
+}
+END_TEST
+
+/* Reader threads iterating views of a world whose columns are rewritten
+ * every tick, their buffers recycled (world/version.c): every row of every
+ * view holds its tick's values. */
+START_TEST(test_iter_readers_rewrites)
+{
+    run_recycle_readers(true);
+}
+END_TEST
+
+static Suite *view_iter(void)
+{
+    Suite *s = suite_create("view_iter");
+    TCase *tc = tcase_create("iter");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_iter_empty_view);
+    tcase_add_test(tc, test_iter_tracks_world_serial);
+    tcase_add_test(tc, test_iter_tracks_world_parallel);
+    tcase_add_test(tc, test_iter_held_view);
+    tcase_add_test(tc, test_iter_refused);
+    tcase_add_test(tc, test_iter_readers_serial);
+    tcase_add_test(tc, test_iter_readers_parallel);
+    tcase_add_test(tc, test_iter_readers_rewrites);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+KEEL_TEST_MAIN(view_basic, view_concurrent, view_recycle, view_iter)

@@ -397,7 +397,7 @@ static wl *wl_run(const char *dir, wl_opts o)
         if (t == o.checkpoint_after)
             ck_assert_ok(keel_checkpoint(w->rt));
     }
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     if (o.keep_open)
         return w;
     keel_runtime_close(w->rt);
@@ -1204,7 +1204,7 @@ START_TEST(test_tail_follow)
     /* two more ticks, committed while tail follows */
     for (int t = 12; t <= 13; t++)
         ck_assert_ok(keel_runtime_step(w->rt));
-    ck_assert_ok(keel_uow_flush(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
     uint64_t expect = 29;
     bool seen13 = false;
     while (!seen13 && fgets(line, sizeof line, out)) {

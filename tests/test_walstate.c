@@ -194,7 +194,7 @@ START_TEST(replay_hash_equals_the_runtime_hash_at_every_tick)
             ck_assert_ok(keel_checkpoint(w2.rt));
     }
     /* beside the live runtime (a read-only reader of its LMDB environment) */
-    ck_assert_ok(keel_uow_flush(w2.rt));
+    ck_assert_ok(keel_flush(w2.rt));
     ck_assert_uint_eq(replay_hash(dir, 45, NULL), hash[45]);
     w_close(&w2);
 

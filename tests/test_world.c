@@ -982,6 +982,10 @@ static const reg_case reg_cases[] = {
     {"size*count wraps", {.name = "cntwrap", .size = 8, .fields = f_count_wrap, .field_count = 1}, KEEL_EINVAL,
      "cntwrap", "huge", 0},
     {"overlap", {.name = "ovl", .size = 8, .fields = f_overlap, .field_count = 2}, KEEL_EINVAL, "ovl", NULL, 0},
+    {"size not a multiple of the widest field", {.name = "pad6", .size = 6, .fields = f_u32, .field_count = 1},
+     KEEL_EINVAL, "pad6", "'v'", 0},
+    {"size not a multiple of align", {.name = "pad12", .size = 12, .align = 8, .fields = f_u32, .field_count = 1},
+     KEEL_EINVAL, "pad12", NULL, 0},
     {"overlap unsorted", {.name = "ovlu", .size = 8, .fields = f_overlap_unsorted, .field_count = 3}, KEEL_EINVAL,
      "ovlu", NULL, 0},
     {"overlap same offset", {.name = "ovls", .size = 4, .fields = f_overlap_same, .field_count = 2}, KEEL_EINVAL,
@@ -1020,6 +1024,31 @@ static const reg_case reg_cases[] = {
     {"transient", {U32D("tr"), .discipline = KEEL_TRANSIENT}, KEEL_OK, NULL, NULL, 4},
 };
 #define N_REG_CASES ((int)(sizeof reg_cases / sizeof reg_cases[0]))
+
+/* What the sentence of a failing case must also say (the types,
+ * disciplines and sizes involved, and what to do), by label. */
+static const struct {
+    const char *label, *says;
+} reg_says[] = {
+    {"discipline 3",
+     "discipline 3 is not a keel_discipline (KEEL_VERSIONED, KEEL_SINGLE_VERSION or KEEL_TRANSIENT)"},
+    {"type 200", "type 200, not a keel_type"},
+    {"field past the end", "(1 x u32 at offset 4, 4 bytes) ends past the value size 4"},
+    {"array past the end", "3 x u32 at offset 0, 12 bytes"},
+    {"overlap", "fields 'first' (u32 at offset 0) and 'second' (u16 at offset 2) overlap"},
+    {"size not a multiple of the widest field",
+     "alignment 4 (that of field 'v', u32); pad the size to a multiple of 4"},
+    {"size not a multiple of align", "size 12 is not a multiple of its alignment 8"},
+    {"fields on a tag", "set size to the value's bytes, or drop the fields"},
+};
+
+static const char *reg_case_says(const char *label)
+{
+    for (size_t i = 0; i < sizeof reg_says / sizeof reg_says[0]; i++)
+        if (!strcmp(reg_says[i].label, label))
+            return reg_says[i].says;
+    return NULL;
+}
 
 START_TEST(test_register_case)
 {
@@ -1064,6 +1093,9 @@ START_TEST(test_register_case)
         if (rc->needle2)
             ck_assert_msg(strstr(msg, rc->needle2), "case '%s': last error '%s' does not name field '%s'",
                           rc->label, msg, rc->needle2);
+        const char *says = reg_case_says(rc->label);
+        if (says)
+            ck_assert_msg(strstr(msg, says), "case '%s': last error '%s' does not say '%s'", rc->label, msg, says);
         /* Nothing changed: no id consumed, the name is not registered. */
         ck_assert_uint_eq(keel_component_count(w), 1);
         ck_assert_ptr_null(keel_component_info(w, 2));
@@ -1173,6 +1205,11 @@ START_TEST(test_type_size_and_name)
     ck_assert_str_eq(keel_type_name(KEEL_TYPE_COUNT_), "?");
     ck_assert_str_eq(keel_type_name((keel_type)1000), "?");
     ck_assert_str_eq(keel_type_name((keel_type)-1), "?");
+    ck_assert_str_eq(keel_discipline_name(KEEL_VERSIONED), "versioned");
+    ck_assert_str_eq(keel_discipline_name(KEEL_SINGLE_VERSION), "single_version");
+    ck_assert_str_eq(keel_discipline_name(KEEL_TRANSIENT), "transient");
+    ck_assert_str_eq(keel_discipline_name((keel_discipline)3), "?");
+    ck_assert_str_eq(keel_discipline_name((keel_discipline)-1), "?");
 }
 END_TEST
 

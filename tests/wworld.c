@@ -292,15 +292,16 @@ void w_open(wworld *w, const keel_runtime_desc *base, bool with_shutdown)
 }
 
 /* Queries belong to the world: destroyed before the runtime closes it. */
-void w_close(wworld *w)
+int w_close(wworld *w)
 {
     keel_query_destroy(w->q_pos);
     keel_query_destroy(w->q_money);
     keel_query_destroy(w->q_tmp);
     keel_query_destroy(w->q_misc);
     w->q_pos = w->q_money = w->q_tmp = w->q_misc = NULL;
-    keel_runtime_close(w->rt);
+    int rc = keel_runtime_close(w->rt);
     w->rt = NULL;
+    return rc;
 }
 
 void w_drive(wworld *w, uint64_t t)

@@ -125,7 +125,8 @@ wworld *w_new(bool no_side);
 void w_reset(wworld *w, bool no_side);
 /* Create the runtime from base (hooks wired to w), register, install. */
 void w_open(wworld *w, const keel_runtime_desc *base, bool with_shutdown);
-void w_close(wworld *w);
+/* Destroy the queries, close the runtime: keel_runtime_close's result. */
+int w_close(wworld *w);
 /* Tick t: queue this tick's closure (once the accounts exist), step, check
  * the bodies, wait for the ticket. */
 void w_drive(wworld *w, uint64_t t);

@@ -96,6 +96,13 @@ const char *kw_scalar_name(uint32_t type)
     return type > KEEL_TYPE_INVALID && type < KEEL_TYPE_COUNT_ ? scalars[type].name : "?";
 }
 
+const char *kw_discipline_name(uint32_t discipline)
+{
+    static const char *const names[] = {[KEEL_VERSIONED] = "versioned", [KEEL_SINGLE_VERSION] = "single_version",
+                                        [KEEL_TRANSIENT] = "transient"};
+    return discipline <= KEEL_TRANSIENT ? names[discipline] : "?";
+}
+
 /* ---- schema -------------------------------------------------------------------
  * u32 ncomps; per component: u32 id, u32 size, u32 align, u32 discipline,
  * u8 name length, name bytes, u32 nfields; per field: u8 name length, name,
@@ -182,7 +189,7 @@ int kw_schema_decode(const void *payload, size_t len, kw_schema *out)
             kw_schema_free(&s);
             return core_fail(KEEL_ECORRUPT, "schema payload: component %u is malformed", i + 1);
         }
-        if (k->discipline > 2 || (!k->size && k->nfields)) {
+        if (k->discipline > KEEL_TRANSIENT || (!k->size && k->nfields)) {
             int rc = core_fail(KEEL_ECORRUPT, "schema payload: component '%s' has discipline %u and %u fields for %u "
                                "bytes", k->name, k->discipline, k->nfields, k->size);
             kw_schema_free(&s);

@@ -65,6 +65,9 @@ typedef struct keel_component_desc {
 uint32_t keel_type_size(keel_type t);
 /* Lower-case name ("u32", "f64", "entity", "bytes"), "?" for an invalid type. */
 const char *keel_type_name(keel_type t);
+/* Lower-case name ("versioned", "single_version", "transient"), "?" for
+ * anything else: how messages and the tools name a discipline. */
+const char *keel_discipline_name(keel_discipline d);
 
 #ifdef __cplusplus
 }

@@ -23,12 +23,21 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "keel/schedule.h"
-#include "keel/txn.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef struct keel_runtime keel_runtime;   /* keel/runtime.h */
+typedef struct keel_side_txn keel_side_txn; /* keel/txn.h */
+
+/* When a commit counts as durable (docs/durability.md). Without a
+ * data directory every mode completes at commit. */
+typedef enum keel_durability {
+    KEEL_DURABLE_DEFAULT = 0,   /* the runtime's mode (GROUP unless configured) */
+    KEEL_DURABLE_IMMEDIATE = 1, /* return only after the record is synced to disk */
+    KEEL_DURABLE_GROUP = 2,     /* synced by the WAL writer within a bounded window */
+    KEEL_DURABLE_DEFERRED = 3,  /* synced at flush, checkpoint or shutdown */
+} keel_durability;
 
 /* Part of keel_runtime_desc. Zero = default everywhere; dir NULL = no
  * durability (the world lives in memory only). */
@@ -48,9 +57,10 @@ typedef struct keel_durable_desc {
     uint64_t idempotency_window_ticks; /* how long side transactions' idempotency keys are remembered,
                                       in ticks (keel_side_txn_set_key); 0 = 216000 (1 h at 60 Hz); also
                                       without a data directory */
-    keel_submit_fn on_shutdown;    /* run by keel_runtime_close in an IMMEDIATE side transaction
-                                      with access to every durable component; also without a
-                                      data directory */
+    /* run by keel_runtime_close in an IMMEDIATE side transaction with access to every
+     * durable component; also without a data directory; its failure is close's result.
+     * A keel_submit_fn (keel/txn.h), spelled out: txn.h includes this header. */
+    int (*on_shutdown)(keel_side_txn *tx, void *arg);
     void *shutdown_arg;
 } keel_durable_desc;
 
@@ -79,10 +89,12 @@ typedef struct keel_recovery {
  * keel_runtime_start opens the directory itself before it starts). */
 int keel_runtime_recover(keel_runtime *rt, keel_recovery *out);
 
-/* Wait until every tick completed so far and every side transaction
- * committed so far is durable (forces DEFERRED records to disk).
- * 0 at once without a data directory. Errors: KEEL_EFATAL. */
-int keel_uow_flush(keel_runtime *rt);
+/* Make everything so far durable: wait until every tick completed so far
+ * and every side transaction committed so far is on disk (DEFERRED records
+ * are forced out). 0 at once without a data directory. Errors: KEEL_EINVAL
+ * (NULL), KEEL_EFATAL (latched fatal, before or while flushing:
+ * keel_runtime_fatal names the cause; or the directory failed to open). */
+int keel_flush(keel_runtime *rt);
 
 /* Take a checkpoint of the last completed tick now and wait until it is
  * recorded. Between ticks, from the controlling thread. Errors: KEEL_EINVAL

@@ -32,6 +32,11 @@
 extern "C" {
 #endif
 
+/* The runtime: a world, a worker pool, a schedule and a tick loop, made by
+ * keel_runtime_create. Other headers that take one repeat this typedef
+ * (C11 allows the repetition), so each of them stands alone. */
+typedef struct keel_runtime keel_runtime;
+
 /* A runtime hook (on_first_tick). It runs with a context like a callback
  * system's; its commands are applied before the first tick's systems run.
  * If the hook fails, the step returns its code and the hook runs again on
@@ -108,9 +113,20 @@ typedef struct keel_runtime_desc {
 
 /* Errors: KEEL_EINVAL (bad desc field: the last error names it), KEEL_ENOMEM. */
 int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out);
-/* Stop the driver if running, join the workers, free everything (the world,
- * the installed schedule's runtime state). NULL is ignored. */
-void keel_runtime_close(keel_runtime *rt);
+/* Stop the driver if running, run on_shutdown (keel_durable_desc), make
+ * everything committed durable, join the workers, free everything (the
+ * world, the installed schedule's runtime state). The runtime is gone
+ * whatever the result; end every read view first. Returns 0 (NULL is
+ * ignored: 0), or
+ *   KEEL_EFATAL  the runtime had latched fatal, or the final flush failed:
+ *                commits after the last durable LSN are lost; the last
+ *                error names the cause (KEEL_EIO ...), the directory, that
+ *                LSN and the tick a reopen recovers;
+ *   on_shutdown's failure: its own non-zero return, or its commit's code
+ *                (KEEL_ECONFLICT, KEEL_ENOMEM): its writes are not applied.
+ * A data directory that never opened (keel_runtime_recover failed) is not
+ * an error of close: nothing was committed to it. */
+int keel_runtime_close(keel_runtime *rt);
 
 /* The world the runtime owns: register components on it before the first tick. */
 keel_world *keel_runtime_world(keel_runtime *rt);
@@ -191,9 +207,6 @@ const char *keel_ctx_system_name(const keel_ctx *ctx);
  * system). Structural changes recorded here are applied at the sync point.
  * Never NULL inside a callback or query system. */
 keel_cmdbuf *keel_ctx_commands(keel_ctx *ctx);
-/* Fail the running system: as if its body returned rc (KEEL_EINVAL when rc
- * is 0). The body should return right after. */
-void keel_txn_fail(keel_ctx *ctx, int rc);
 
 #ifdef __cplusplus
 }

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-typedef struct keel_runtime keel_runtime;
+typedef struct keel_runtime keel_runtime; /* keel/runtime.h */
 typedef struct keel_schedule keel_schedule;
 typedef struct keel_ctx keel_ctx;
 

@@ -22,21 +22,13 @@
 #include <stdint.h>
 
 #include "keel/component.h"
+#include "keel/durability.h"
 #include "keel/entity.h"
 #include "keel/schedule.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* When a commit counts as durable (docs/durability.md). Without a
- * data directory every mode completes at commit. */
-typedef enum keel_durability {
-    KEEL_DURABLE_DEFAULT = 0,   /* the runtime's mode (GROUP unless configured) */
-    KEEL_DURABLE_IMMEDIATE = 1, /* return only after the record is synced to disk */
-    KEEL_DURABLE_GROUP = 2,     /* synced by the WAL writer within a bounded window */
-    KEEL_DURABLE_DEFERRED = 3,  /* synced at flush, checkpoint or shutdown */
-} keel_durability;
 
 /* ---- the system transaction ---------------------------------------------- */
 
@@ -64,6 +56,10 @@ int keel_txn_set(keel_ctx *ctx, keel_entity e, keel_component c, const void *val
  * KEEL_ENOMEM (as if keel_txn_fail was called) and should return. */
 void keel_txn_iter(keel_ctx *ctx, const keel_query *q, keel_iter *it);
 bool keel_txn_next(keel_ctx *ctx, keel_iter *it);
+
+/* Fail the running system: as if its body returned rc (KEEL_EINVAL when rc
+ * is 0). The body should return right after. */
+void keel_txn_fail(keel_ctx *ctx, int rc);
 
 /* ---- side transactions ----------------------------------------------------- */
 

@@ -157,7 +157,7 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn);
 dur_item *dur_item_new(dur_item_kind kind, keel_durability mode);
 void dur_item_free(dur_item *it);
 /* Wait until lsn is durable; `flush` forces held DEFERRED records out
- * (keel_uow_flush, close) -- an IMMEDIATE or GROUP record needs no flush.
+ * (keel_flush, close) -- an IMMEDIATE or GROUP record needs no flush.
  * 0, or KEEL_EFATAL. */
 int dur_wait(dur_state *d, uint64_t lsn, bool flush);
 /* dur_wait for at most timeout_ns (< 0: for ever): KEEL_ETIMEDOUT after it. */

@@ -19,6 +19,7 @@
  * hook's records at their marker, or one side transaction), and
  * recover.after_replay in keel_runtime_recover (durable.c).
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,31 +30,78 @@
 
 /* ---- schema ------------------------------------------------------------------------ */
 
+/* Every mismatch message ends with what to do about it. */
+#define SCHEMA_FIX "register the stored layout, or start a new data directory; the data directory was not changed"
+
+/* Append "; <what>" (the first without "; ") to the sentence being built. */
+static void diff_add(char *buf, size_t cap, size_t *len, const char *fmt, ...) CORE_PRINTF(4, 5);
+static void diff_add(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+{
+    if (*len >= cap)
+        return;
+    if (*len)
+        *len += (size_t)snprintf(buf + *len, cap - *len, "; ");
+    if (*len >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    *len += (size_t)vsnprintf(buf + *len, cap - *len, fmt, ap);
+    va_end(ap);
+}
+
+/* The first field whose name, type, offset or count differ, every
+ * difference named ("field 'x': stored type f32, registered f64"). */
+static void diff_fields(const keel_component_desc *reg, const kw_component *k, char *buf, size_t cap, size_t *len)
+{
+    uint32_t n = reg->field_count < k->nfields ? reg->field_count : k->nfields;
+    for (uint32_t f = 0; f < n; f++) {
+        const keel_field *a = &reg->fields[f];
+        const kw_field *b = &k->fields[f];
+        size_t before = *len;
+        if (strcmp(a->name, b->name))
+            diff_add(buf, cap, len, "field %u: stored '%s', registered '%s'", f, b->name, a->name);
+        else if ((uint32_t)a->type != b->type)
+            diff_add(buf, cap, len, "field '%s': stored type %s, registered %s", b->name, kw_scalar_name(b->type),
+                     keel_type_name(a->type));
+        else if (a->offset != b->offset)
+            diff_add(buf, cap, len, "field '%s': stored at offset %u, registered at %u", b->name, b->offset,
+                     a->offset);
+        else if (a->count != b->count)
+            diff_add(buf, cap, len, "field '%s': stored count %u, registered %u", b->name, b->count, a->count);
+        if (*len != before)
+            return;
+    }
+}
+
 static int check_component(const keel_world *w, const kw_component *k)
 {
     if (k->id > w->ncomps)
-        return core_fail(KEEL_EINVAL, "component '%s' (id %u) is stored in the data directory but not registered; "
-                                      "register every stored component, in the same order", k->name, k->id);
+        return core_fail(KEEL_EINVAL, "component '%s' (id %u, %s) is stored in the data directory but not "
+                                      "registered; register every stored component, in the stored order (new "
+                                      "ones after them), or start a new data directory",
+                         k->name, k->id, kw_discipline_name(k->discipline));
     const world_component *c = &w->comps[k->id];
     if (strcmp(c->name, k->name))
         return core_fail(KEEL_EINVAL, "component id %u is '%s' in the data directory but '%s' is registered with "
-                                      "that id; register stored components in the same order, new ones last",
+                                      "that id; register stored components in the stored order, new ones last, "
+                                      "or start a new data directory",
                          k->id, k->name, c->name);
-    if (c->desc.size != k->size || c->desc.align != k->align || (uint32_t)c->desc.discipline != k->discipline ||
-        c->desc.field_count != k->nfields)
-        return core_fail(KEEL_EINVAL, "component '%s' changed its layout: stored size %u align %u discipline %u "
-                                      "fields %u, registered %u %u %u %u; the data directory was not changed",
-                         k->name, k->size, k->align, k->discipline, k->nfields, c->desc.size, c->desc.align,
-                         (uint32_t)c->desc.discipline, c->desc.field_count);
-    for (uint32_t f = 0; f < k->nfields; f++) {
-        const keel_field *a = &c->desc.fields[f];
-        const kw_field *b = &k->fields[f];
-        if (strcmp(a->name, b->name) || (uint32_t)a->type != b->type || a->offset != b->offset || a->count != b->count)
-            return core_fail(KEEL_EINVAL, "component '%s' field %u changed: stored '%s' type %u offset %u count %u, "
-                                          "registered '%s' %u %u %u; the data directory was not changed",
-                             k->name, f, b->name, b->type, b->offset, b->count, a->name, (uint32_t)a->type, a->offset,
-                             a->count);
-    }
+    const keel_component_desc *reg = &c->desc;
+    char diff[768];
+    size_t len = 0;
+    diff[0] = 0;
+    if ((uint32_t)reg->discipline != k->discipline)
+        diff_add(diff, sizeof diff, &len, "stored discipline %s, registered %s", kw_discipline_name(k->discipline),
+                 keel_discipline_name(reg->discipline));
+    if (reg->size != k->size)
+        diff_add(diff, sizeof diff, &len, "stored size %u bytes, registered %u", k->size, reg->size);
+    if (reg->align != k->align)
+        diff_add(diff, sizeof diff, &len, "stored alignment %u, registered %u", k->align, reg->align);
+    if (reg->field_count != k->nfields)
+        diff_add(diff, sizeof diff, &len, "stored %u fields, registered %u", k->nfields, reg->field_count);
+    diff_fields(reg, k, diff, sizeof diff, &len);
+    if (len)
+        return core_fail(KEEL_EINVAL, "component '%s': %s; " SCHEMA_FIX, k->name, diff);
     return KEEL_OK;
 }
 

@@ -67,12 +67,12 @@ int keel_runtime_recover(keel_runtime *rt, keel_recovery *out)
     return rt->recover_rc;
 }
 
-int keel_uow_flush(keel_runtime *rt)
+int keel_flush(keel_runtime *rt)
 {
     if (!rt)
-        return core_fail(KEEL_EINVAL, "keel_uow_flush: runtime is NULL");
+        return core_fail(KEEL_EINVAL, "keel_flush: runtime is NULL");
     if (!rt->dur)
-        return rt->data_dir && rt->recover_rc ? core_fail(KEEL_EFATAL, "keel_uow_flush: the data directory is not open")
+        return rt->data_dir && rt->recover_rc ? core_fail(KEEL_EFATAL, "keel_flush: the data directory is not open")
                                                : KEEL_OK;
     return dur_wait(rt->dur, dur_last_lsn(rt->dur), true);
 }

@@ -132,7 +132,7 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     if (!rc)
         rc = watchdog_start(rt);
     if (rc) {
-        keel_runtime_close(rt);
+        (void)keel_runtime_close(rt); /* nothing was opened or committed yet: it cannot fail */
         return rc;
     }
     *out = rt;
@@ -158,38 +158,69 @@ static void free_system_state(keel_runtime *rt)
     rt->ex.st = NULL;
 }
 
-/* on_shutdown, in an IMMEDIATE side transaction; then every record is
- * made durable before the writer stops. */
-static void shutdown_durable(keel_runtime *rt)
+/* on_shutdown, in an IMMEDIATE side transaction: 0, or why its writes are
+ * not applied (its own non-zero return or the commit's code), with the
+ * last error saying which. */
+static int run_on_shutdown(keel_runtime *rt)
 {
-    if (rt->durable_desc.on_shutdown && (!rt->data_dir || (rt->dur && !dur_fatal(rt->dur)))) {
-        keel_side_txn *tx = NULL;
-        int rc = side_begin_full(&rt->txn, KEEL_DURABLE_IMMEDIATE, &tx);
-        if (!rc && (rc = rt->durable_desc.on_shutdown(tx, rt->durable_desc.shutdown_arg)))
-            keel_side_txn_abort(tx);
-        else if (!rc)
-            rc = keel_side_txn_commit(tx);
-        if (rc && rc != KEEL_ECONFLICT)
-            core_log(KEEL_LOG_WARN, "runtime", "on_shutdown_failed", "code=%s", keel_strerror(rc));
+    keel_side_txn *tx = NULL;
+    int rc = side_begin_full(&rt->txn, KEEL_DURABLE_IMMEDIATE, &tx);
+    if (rc)
+        return core_fail_prefix(rc, "keel_runtime_close: on_shutdown could not start its transaction");
+    rc = rt->durable_desc.on_shutdown(tx, rt->durable_desc.shutdown_arg);
+    if (rc) {
+        keel_side_txn_abort(tx);
+        core_fail(rc, "keel_runtime_close: on_shutdown returned %d (%s): its writes are not applied", rc,
+                  keel_strerror(rc));
+    } else if ((rc = keel_side_txn_commit(tx))) {
+        core_fail_prefix(rc, "keel_runtime_close: on_shutdown's transaction did not commit (%s): its writes are "
+                             "not applied", keel_strerror(rc));
     }
-    if (rt->dur) {
-        if (!dur_fatal(rt->dur))
-            dur_wait(rt->dur, dur_last_lsn(rt->dur), true);
-        else
-            submit_refuse(&rt->txn, KEEL_EFATAL); /* closures queued before the latch never run */
-        view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
-        runtime_close_data_dir(rt);
-    }
+    if (rc)
+        core_log(KEEL_LOG_WARN, "runtime", "on_shutdown_failed", "code=%s", keel_strerror(rc));
+    return rc;
 }
 
-void keel_runtime_close(keel_runtime *rt)
+/* on_shutdown; then every record is made durable before the writer stops.
+ * A runtime that is (or becomes, in the final flush) fatal returns
+ * KEEL_EFATAL with a sentence naming the cause, the directory and what a
+ * reopen recovers: after close the caller has no runtime left to ask. That
+ * outranks an on_shutdown failure, whose code is returned otherwise. */
+static int shutdown_durable(keel_runtime *rt)
+{
+    int rc = KEEL_OK;
+    int was_fatal = rt->dur ? dur_fatal(rt->dur) : 0;
+    if (rt->durable_desc.on_shutdown && (!rt->data_dir || (rt->dur && !was_fatal)))
+        rc = run_on_shutdown(rt);
+    if (!rt->dur)
+        return rc;
+    if (!dur_fatal(rt->dur))
+        (void)dur_wait(rt->dur, dur_last_lsn(rt->dur), true); /* failing latches fatal: reported below */
+    int fatal = dur_fatal(rt->dur);
+    if (fatal) {
+        submit_refuse(&rt->txn, KEEL_EFATAL); /* closures queued before the latch never run */
+        rc = core_fail(KEEL_EFATAL,
+                       "keel_runtime_close: %s (%s) in data directory %s: what was committed after LSN %llu is "
+                       "not on disk; reopening the directory recovers tick %llu and the side transactions "
+                       "durable with it",
+                       was_fatal ? "the runtime had latched fatal" : "the final flush failed", keel_strerror(fatal),
+                       rt->data_dir, (unsigned long long)keel_durable_lsn(rt),
+                       (unsigned long long)atomic_load(&rt->dur->durable_tick));
+    }
+    view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
+    runtime_close_data_dir(rt);
+    return rc;
+}
+
+int keel_runtime_close(keel_runtime *rt)
 {
     if (!rt)
-        return;
+        return KEEL_OK;
     if (atomic_load(&rt->driver_running))
         keel_runtime_stop(rt);
-    if (rt->world)
-        shutdown_durable(rt);
+    int rc = rt->world ? shutdown_durable(rt) : KEEL_OK;
+    char why[512];
+    snprintf(why, sizeof why, "%s", rc ? keel_last_error() : "");
     watchdog_stop(rt);
     dispatch_fini(&rt->ex);
     free_system_state(rt);
@@ -208,6 +239,7 @@ void keel_runtime_close(keel_runtime *rt)
     pthread_cond_destroy(&rt->stop_cond);
     free(rt->data_dir);
     free(rt);
+    return rc ? core_fail(rc, "%s", why) : KEEL_OK; /* the teardown may have set another last error */
 }
 
 keel_world *keel_runtime_world(keel_runtime *rt)
@@ -664,9 +696,9 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
     return submit_enqueue(&rt->txn, fn, arg, mode, out);
 }
 
-int keel_read_begin(keel_runtime *rt, const keel_view **out)
+int keel_view_begin(keel_runtime *rt, const keel_view **out)
 {
     if (!rt || !out)
-        return core_fail(KEEL_EINVAL, "keel_read_begin: runtime or out is NULL");
+        return core_fail(KEEL_EINVAL, "keel_view_begin: runtime or out is NULL");
     return view_begin(&rt->txn, out);
 }

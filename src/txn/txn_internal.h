@@ -285,7 +285,7 @@ int view_init(txn_state *ts);
  * after an RCU grace period together with the versions only it held.
  * Fails only with KEEL_ENOMEM, changing nothing. */
 int view_publish(txn_state *ts, uint64_t tick);
-/* keel_read_begin's body (runtime/ holds the public entry point). */
+/* keel_view_begin's body (runtime/ holds the public entry point). */
 int view_begin(txn_state *ts, const keel_view **out);
 void view_fini(txn_state *ts);
 /* Wait until every view reclamation queued so far has run (before the

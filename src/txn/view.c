@@ -32,7 +32,7 @@
  * targets (with readers they retire with the old view, as before).
  * The view pointer is a C11 atomic rather than rcu_assign_pointer so that
  * ThreadSanitizer sees the publication; the grace period itself is
- * invisible to TSan (liburcu is not instrumented), so keel_read_end
+ * invisible to TSan (liburcu is not instrumented), so keel_view_end
  * releases, and the reclaim callback acquires, a token under TSan.
  */
 #include <stdlib.h>
@@ -261,7 +261,7 @@ int view_begin(txn_state *ts, const keel_view **out)
     return KEEL_OK;
 }
 
-void keel_read_end(const keel_view *v)
+void keel_view_end(const keel_view *v)
 {
     if (!v)
         return;
@@ -290,6 +290,16 @@ static const world_slot *view_slot(const keel_view *v, keel_entity e)
     return s->table != WORLD_NO_TABLE && s->gen == KEEL_ENTITY_GEN(e) ? s : NULL;
 }
 
+/* A component whose values a view does not hold (SINGLE_VERSION and
+ * TRANSIENT are written in place, never published). */
+static int not_in_view(const keel_world *w, keel_component c, const char *fn)
+{
+    return core_fail(KEEL_EINVAL,
+                     "%s: component '%s' is %s: a read view holds the values of versioned components only; "
+                     "read it inside a system, or register it KEEL_VERSIONED",
+                     fn, w->comps[c].name, keel_discipline_name(w->comps[c].desc.discipline));
+}
+
 bool keel_view_alive(const keel_view *v, keel_entity e)
 {
     return v && view_slot(v, e) != NULL;
@@ -300,8 +310,10 @@ int keel_view_get(const keel_view *v, keel_entity e, keel_component c, void *out
     if (!v)
         return core_fail(KEEL_EINVAL, "keel_view_get: view is NULL");
     const keel_world *w = v->w;
-    if (!world_component_valid(w, c) || w->comps[c].desc.discipline != KEEL_VERSIONED)
-        return core_fail(KEEL_EINVAL, "keel_view_get: component id %u is not a registered VERSIONED component", c);
+    if (!world_component_valid(w, c))
+        return core_fail(KEEL_EINVAL, "keel_view_get: component id %u is not registered", c);
+    if (w->comps[c].desc.discipline != KEEL_VERSIONED)
+        return not_in_view(w, c, "keel_view_get");
     uint32_t size = w->comps[c].desc.size;
     if (size && !out)
         return core_fail(KEEL_EINVAL, "keel_view_get: out is NULL");
@@ -319,4 +331,68 @@ int keel_view_get(const keel_view *v, keel_entity e, keel_component c, void *out
         memcpy(out, (const char *)vc->cols[col - 1] + (size_t)(s->row & w->chunk_mask) * size, size);
     }
     return KEEL_OK;
+}
+
+/* ---- iterating a query over the view ------------------------------------------------
+ * The view's tables in creation order -- the order of the query's table
+ * list, so the order keel_query_iter gives -- filtered by the query's
+ * terms (a table's component set never changes); chunks in row order,
+ * empty ones skipped. Tables created after the view was published are not
+ * in it. The query itself is only read (its terms, its world): its live
+ * table list may grow under a tick meanwhile and is not used. */
+
+/* 0 when q can be iterated over v, else why not (in the last error). Every
+ * with-term with data must be VERSIONED; tags and `without` terms ask only
+ * about membership, which the view holds for every component. */
+static int view_iter_check(const keel_view *v, const keel_query *q)
+{
+    if (!v || !q)
+        return core_fail(KEEL_EINVAL, "keel_view_iter: view or query is NULL");
+    const keel_world *w = v->w;
+    if (query_world(q) != w)
+        return core_fail(KEEL_EINVAL, "keel_view_iter: the query was made on another world than the view's");
+    const keel_component *terms = query_terms(q);
+    for (uint32_t i = 0; i < KEEL_QUERY_MAX_TERMS && terms[i]; i++)
+        if (w->comps[terms[i]].desc.size && w->comps[terms[i]].desc.discipline != KEEL_VERSIONED)
+            return not_in_view(w, terms[i], "keel_view_iter");
+    return KEEL_OK;
+}
+
+void keel_view_iter(const keel_view *v, const keel_query *q, keel_iter *it)
+{
+    if (!it) {
+        core_fail(KEEL_EINVAL, "keel_view_iter: the iterator is NULL");
+        return;
+    }
+    memset(it, 0, sizeof *it);
+    it->query_ = q;
+    if (view_iter_check(v, q))
+        it->table_pos_ = UINT32_MAX; /* past every table: keel_view_next yields nothing */
+}
+
+bool keel_view_next(const keel_view *v, keel_iter *it)
+{
+    if (!it)
+        return false;
+    const keel_query *q = it->query_;
+    if (v && q && query_world(q) == v->w) {
+        const keel_component *terms = query_terms(q);
+        for (; it->table_pos_ < v->ntables; it->table_pos_++, it->chunk_ = 0) {
+            const view_table *vt = &v->tables[it->table_pos_];
+            if (!query_matches_table(q, vt->t))
+                continue;
+            while (it->chunk_ < vt->nchunks) {
+                const view_chunk *vc = &vt->chunks[it->chunk_++];
+                if (!vc->count)
+                    continue;
+                it->count = vc->count;
+                it->entities = vc->entities;
+                for (uint32_t i = 0; i < KEEL_QUERY_MAX_TERMS && terms[i]; i++)
+                    it->prev[i] = it->columns[i] = vc->cols[vt->t->col_of[terms[i]] - 1];
+                return true;
+            }
+        }
+    }
+    it->count = 0;
+    return false;
 }

@@ -25,6 +25,11 @@ const char *keel_type_name(keel_type t)
     return kw_scalar_name(t);
 }
 
+const char *keel_discipline_name(keel_discipline d)
+{
+    return kw_discipline_name((uint32_t)d);
+}
+
 static bool name_valid(const char *name)
 {
     return name && name[0] && strlen(name) <= KEEL_NAME_MAX;
@@ -48,10 +53,13 @@ static int check_field(const keel_component_desc *d, uint32_t i)
         return core_fail(KEEL_EINVAL, "component '%s': field %u has an empty, missing or longer than %d bytes name",
                          d->name, i, KEEL_NAME_MAX);
     if (!type_valid(f->type))
-        return core_fail(KEEL_EINVAL, "component '%s': field '%s' has unknown type %d", d->name, f->name, (int)f->type);
+        return core_fail(KEEL_EINVAL, "component '%s': field '%s' has type %d, not a keel_type (KEEL_U8 ... KEEL_BYTES)",
+                         d->name, f->name, (int)f->type);
     if ((uint64_t)f->offset + field_bytes(f) > d->size)
-        return core_fail(KEEL_EINVAL, "component '%s': field '%s' (offset %u, %llu bytes) ends past the value size %u",
-                         d->name, f->name, f->offset, (unsigned long long)field_bytes(f), d->size);
+        return core_fail(KEEL_EINVAL, "component '%s': field '%s' (%u x %s at offset %u, %llu bytes) ends past the value "
+                         "size %u; make size cover every field",
+                         d->name, f->name, field_count(f), keel_type_name(f->type), f->offset,
+                         (unsigned long long)field_bytes(f), d->size);
     for (uint32_t j = 0; j < i; j++) {
         const keel_field *g = &d->fields[j];
         if (strcmp(f->name, g->name) == 0)
@@ -59,9 +67,27 @@ static int check_field(const keel_component_desc *d, uint32_t i)
         bool disjoint = (uint64_t)f->offset + field_bytes(f) <= g->offset ||
                         (uint64_t)g->offset + field_bytes(g) <= f->offset;
         if (!disjoint)
-            return core_fail(KEEL_EINVAL, "component '%s': fields '%s' and '%s' overlap", d->name, g->name, f->name);
+            return core_fail(KEEL_EINVAL, "component '%s': fields '%s' (%s at offset %u) and '%s' (%s at offset %u) overlap",
+                             d->name, g->name, keel_type_name(g->type), g->offset, f->name, keel_type_name(f->type),
+                             f->offset);
     }
     return KEEL_OK;
+}
+
+static uint32_t field_align(const keel_field *f)
+{
+    return f->type == KEEL_BYTES ? 1 : keel_type_size(f->type);
+}
+
+/* The first field with the largest alignment (d has fields): it sets the
+ * component's alignment when d->align is 0. */
+static const keel_field *align_field(const keel_component_desc *d)
+{
+    const keel_field *widest = &d->fields[0];
+    for (uint32_t i = 1; i < d->field_count; i++)
+        if (field_align(&d->fields[i]) > field_align(widest))
+            widest = &d->fields[i];
+    return widest;
 }
 
 /* The alignment a descriptor asks for, or 0 when it is invalid. */
@@ -69,13 +95,7 @@ static uint32_t effective_align(const keel_component_desc *d)
 {
     if (d->align)
         return (d->align & (d->align - 1)) == 0 && d->align <= 64 ? d->align : 0;
-    uint32_t a = 1;
-    for (uint32_t i = 0; i < d->field_count; i++) {
-        uint32_t s = d->fields[i].type == KEEL_BYTES ? 1 : keel_type_size(d->fields[i].type);
-        if (s > a)
-            a = s;
-    }
-    return a;
+    return d->field_count ? field_align(align_field(d)) : 1;
 }
 
 static int check_desc(const keel_world *w, const keel_component_desc *d)
@@ -94,14 +114,16 @@ static int check_desc(const keel_world *w, const keel_component_desc *d)
         return core_fail(KEEL_ERANGE, "component '%s': the world already has the maximum of %d component types",
                          d->name, KEEL_MAX_COMPONENTS);
     if ((unsigned)d->discipline > KEEL_TRANSIENT)
-        return core_fail(KEEL_EINVAL, "component '%s': unknown discipline %d", d->name, (int)d->discipline);
+        return core_fail(KEEL_EINVAL, "component '%s': discipline %d is not a keel_discipline (KEEL_VERSIONED, "
+                         "KEEL_SINGLE_VERSION or KEEL_TRANSIENT)", d->name, (int)d->discipline);
     if (d->field_count > KEEL_MAX_FIELDS)
         return core_fail(KEEL_EINVAL, "component '%s': %u fields, the limit is %d", d->name, d->field_count,
                          KEEL_MAX_FIELDS);
     if (d->field_count && !d->fields)
         return core_fail(KEEL_EINVAL, "component '%s': field_count is %u but fields is NULL", d->name, d->field_count);
     if (d->size == 0 && d->field_count)
-        return core_fail(KEEL_EINVAL, "component '%s': a tag (size 0) cannot have fields", d->name);
+        return core_fail(KEEL_EINVAL, "component '%s': a tag (size 0) cannot have fields (%u declared); set size to "
+                         "the value's bytes, or drop the fields", d->name, d->field_count);
     if (d->size && !d->field_count)
         return core_fail(KEEL_EINVAL,
                          "component '%s': a component with data needs a field schema (declare KEEL_BYTES for opaque data)",
@@ -114,9 +136,15 @@ static int check_desc(const keel_world *w, const keel_component_desc *d)
     uint32_t align = effective_align(d);
     if (!align)
         return core_fail(KEEL_EINVAL, "component '%s': alignment %u is not a power of two <= 64", d->name, d->align);
-    if (d->size % align)
+    if (d->size % align && d->align)
         return core_fail(KEEL_EINVAL, "component '%s': size %u is not a multiple of its alignment %u", d->name, d->size,
                          align);
+    if (d->size % align) {
+        const keel_field *widest = align_field(d);
+        return core_fail(KEEL_EINVAL, "component '%s': size %u is not a multiple of its alignment %u (that of field "
+                         "'%s', %s); pad the size to a multiple of %u", d->name, d->size, align, widest->name,
+                         keel_type_name(widest->type), align);
+    }
     return KEEL_OK;
 }
 

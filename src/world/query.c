@@ -20,7 +20,7 @@ struct keel_query {
     uint32_t ntables, tables_cap;
 };
 
-static bool query_matches(const keel_query *q, const world_table *t)
+bool query_matches_table(const keel_query *q, const world_table *t)
 {
     return compset_contains(&t->set, &q->with) && compset_disjoint(&t->set, &q->without);
 }
@@ -37,7 +37,7 @@ int query_on_new_table(keel_world *w, world_table *t)
     /* Reserve in every matching query first, so the table is added to all
      * of them or to none. */
     for (uint32_t i = 0; i < w->nqueries; i++) {
-        if (query_matches(w->queries[i], t)) {
+        if (query_matches_table(w->queries[i], t)) {
             int rc = query_reserve(w->queries[i]);
             if (rc)
                 return rc;
@@ -45,7 +45,7 @@ int query_on_new_table(keel_world *w, world_table *t)
     }
     for (uint32_t i = 0; i < w->nqueries; i++) {
         keel_query *q = w->queries[i];
-        if (query_matches(q, t))
+        if (query_matches_table(q, t))
             q->tables[q->ntables++] = t->id;
     }
     return KEEL_OK;
@@ -96,7 +96,7 @@ int keel_query_create(keel_world *w, const keel_query_desc *desc, keel_query **o
         return core_fail(KEEL_ENOMEM, "keel_query_create: out of memory");
     }
     for (uint32_t id = 0; id < w->ntables; id++) {
-        if (!query_matches(q, w->tables[id]))
+        if (!query_matches_table(q, w->tables[id]))
             continue;
         if (query_reserve(q)) {
             free(q->tables);
@@ -171,6 +171,11 @@ world_chunk_ref query_iter_ref(const keel_iter *it)
 const keel_component *query_terms(const keel_query *q)
 {
     return q->terms;
+}
+
+const keel_world *query_world(const keel_query *q)
+{
+    return q->world;
 }
 
 uint32_t query_chunk_refs(const keel_query *q, world_chunk_ref *out, uint32_t cap)

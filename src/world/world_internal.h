@@ -339,6 +339,11 @@ uint32_t query_chunk_refs(const keel_query *q, world_chunk_ref *out, uint32_t ca
 /* The chunk keel_iter_next last stopped at, and a query's with-terms. */
 world_chunk_ref query_iter_ref(const keel_iter *it);
 const keel_component *query_terms(const keel_query *q);
+/* The world q was made on, and whether table t holds q's entities. Both
+ * read only what never changes once the query and the table exist, so a
+ * read view's iteration (txn/view.c) calls them beside a running tick. */
+const keel_world *query_world(const keel_query *q);
+bool query_matches_table(const keel_query *q, const world_table *t);
 /* Point it at one chunk, as keel_iter_next would. */
 void query_iter_chunk(const keel_query *q, world_chunk_ref ref, keel_iter *it);
 

@@ -330,7 +330,7 @@ static void run(app *a, uint64_t until, uint64_t ckpt)
         if ((rc = keel_runtime_step(a->rt)))
             die("keel_runtime_step", rc);
         if (tk) {
-            keel_uow_flush(a->rt);
+            keel_flush(a->rt);
             if ((rc = keel_ticket_wait(tk, -1)))
                 die("the deposit", rc);
             keel_ticket_release(tk);
@@ -338,8 +338,8 @@ static void run(app *a, uint64_t until, uint64_t ckpt)
         if (keel_runtime_tick(a->rt) == ckpt && (rc = keel_checkpoint(a->rt)))
             die("keel_checkpoint", rc);
     }
-    if ((rc = keel_uow_flush(a->rt)))
-        die("keel_uow_flush", rc);
+    if ((rc = keel_flush(a->rt)))
+        die("keel_flush", rc);
     keel_runtime_close(a->rt);
 }
 

@@ -129,7 +129,7 @@ typedef struct wal_sample {
 } wal_sample;
 
 /* Warm rt up (WAL_WARM_TICKS untimed ticks after the populating first one),
- * then time WAL_TICKS ticks plus the keel_uow_flush that makes them durable;
+ * then time WAL_TICKS ticks plus the keel_flush that makes them durable;
  * the telemetry ring must hold WAL_TICKS + WAL_WARM_TICKS + 2 ticks. */
 void wal_time_ticks(keel_runtime *rt, wal_sample *r);
 

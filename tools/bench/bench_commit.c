@@ -184,7 +184,7 @@ static imm_sample imm_measure(uint32_t window, double rate_hz)
     check(keel_schedule_build(s), "keel_schedule_build");
     check(keel_runtime_set_schedule(r->rt, s), "keel_runtime_set_schedule");
     step(r->rt);
-    check(keel_uow_flush(r->rt), "keel_uow_flush");
+    check(keel_flush(r->rt), "keel_flush");
     keel_query *q;
     check(keel_query_create(w, &(keel_query_desc){ .with = { r->coins } }, &q), "keel_query_create");
     uint32_t n = 0;
@@ -390,7 +390,7 @@ void bench_immediate(const config *cfg)
 
 /* Durable ticks: a system changes COMMIT_ROWS rows of a VERSIONED i64 every
  * tick; the runtime steps unthrottled for COMMIT_SECONDS in GROUP mode (the
- * final keel_uow_flush timed) or IMMEDIATE mode (every tick returns once it
+ * final keel_flush timed) or IMMEDIATE mode (every tick returns once it
  * is on disk). Durable ticks per second, against the one-synced-commit-per-
  * record rate of fsync_measure. */
 typedef struct commit_run {
@@ -437,7 +437,7 @@ static commit_sample commit_measure(keel_durability mode)
     check(keel_schedule_build(s), "keel_schedule_build");
     check(keel_runtime_set_schedule(rt, s), "keel_runtime_set_schedule");
     step(rt);
-    check(keel_uow_flush(rt), "keel_uow_flush");
+    check(keel_flush(rt), "keel_flush");
     keel_runtime_stats s0, s1;
     keel_runtime_stats_get(rt, &s0);
     uint64_t t0 = now_ns(), stop_at = t0 + (uint64_t)(COMMIT_SECONDS * 1e9), n = 0;
@@ -445,7 +445,7 @@ static commit_sample commit_measure(keel_durability mode)
         step(rt);
         n++;
     } while (now_ns() < stop_at);
-    check(keel_uow_flush(rt), "keel_uow_flush");
+    check(keel_flush(rt), "keel_flush");
     uint64_t t1 = now_ns();
     keel_runtime_stats_get(rt, &s1);
     commit_sample out = { .tps = (double)n / ((double)(t1 - t0) / 1e9) };
@@ -481,7 +481,7 @@ void bench_commit(const config *cfg)
     report(cfg, &g);
     report(cfg, &i);
     note(cfg, "commit: durable ticks/s of a tick that changes %u rows of a VERSIONED i64 (1 worker, unthrottled "
-              "keel_runtime_step for %.1f s, checkpoints off): GROUP (the final keel_uow_flush timed; %.1f ticks "
+              "keel_runtime_step for %.1f s, checkpoints off): GROUP (the final keel_flush timed; %.1f ticks "
               "per synced commit) and IMMEDIATE (each tick waits for its sync; %.1f ticks per synced commit); "
               "baseline = one synced LMDB commit per %u-byte record (kw_store_write loop), commits/s",
          COMMIT_ROWS, COMMIT_SECONDS, median(gpf, R), median(ipf, R), IMM_RECORD);
@@ -579,7 +579,7 @@ void bench_recovery(const config *cfg)
     demo_open(&d, &o);
     for (uint32_t t = 0; t < RECOVERY_TICKS; t++)
         step(d.rt);
-    check(keel_uow_flush(d.rt), "keel_uow_flush");
+    check(keel_flush(d.rt), "keel_flush");
     uint64_t full_hash = keel_world_hash(keel_runtime_world(d.rt)), full_tick = keel_runtime_tick(d.rt);
     keel_runtime_stats bs;
     keel_runtime_stats_get(d.rt, &bs);

@@ -166,7 +166,7 @@ void wal_time_ticks(keel_runtime *rt, wal_sample *r)
 {
     for (uint32_t t = 0; t <= WAL_WARM_TICKS; t++)
         step(rt);
-    check(keel_uow_flush(rt), "keel_uow_flush");
+    check(keel_flush(rt), "keel_flush");
     uint64_t first = keel_runtime_tick(rt) + 1;
     keel_runtime_stats s0, s1;
     keel_runtime_stats_get(rt, &s0);
@@ -174,7 +174,7 @@ void wal_time_ticks(keel_runtime *rt, wal_sample *r)
     uint64_t t0 = now_ns();
     for (uint32_t t = 0; t < WAL_TICKS; t++)
         step(rt);
-    check(keel_uow_flush(rt), "keel_uow_flush");   /* every timed tick is on disk */
+    check(keel_flush(rt), "keel_flush");   /* every timed tick is on disk */
     uint64_t t1 = now_ns();
     double c1 = process_cpu_s();
     keel_runtime_stats_get(rt, &s1);
@@ -300,7 +300,7 @@ static void wal_report_default(const config *cfg, double med[NWAL][WAL_NMETRICS]
               "(and a fresh directory under $TMPDIR or /tmp) per measurement, checkpoints off",
          DEMO_ENTITIES, DEMO_TURN, 100 / DEMO_TURN, DEMO_CHURN, DEMO_CHURN, (unsigned)sysconf(_SC_NPROCESSORS_ONLN),
          WAL_TICKS, WAL_WARM_TICKS);
-    note(cfg, "wal_min: value = ticks/s with the WAL on (GROUP; the final keel_uow_flush is timed), baseline = "
+    note(cfg, "wal_min: value = ticks/s with the WAL on (GROUP; the final keel_flush is timed), baseline = "
               "ticks/s with durable.dir NULL; *_bytes: WAL bytes per changed value row, stored (zstd, 48-byte "
               "record headers and lifecycle/commit records included) vs raw payload; wal_compression = raw / "
               "stored; wal_cpu: process CPU time per tick (all threads), default level vs WAL off; fence: the "
@@ -370,7 +370,7 @@ static ckpt_sample ckpt_measure(int64_t every)
                                 .ckpt_ticks = every, .telemetry = 1024, .schedule = true });
     for (uint32_t t = 0; t <= WAL_WARM_TICKS; t++)
         step(d.rt);
-    check(keel_uow_flush(d.rt), "keel_uow_flush");
+    check(keel_flush(d.rt), "keel_flush");
     keel_runtime_stats s0, s1;
     keel_runtime_stats_get(d.rt, &s0);
     double *ms = xmalloc(CKPT_TICKS * sizeof *ms);
@@ -470,7 +470,7 @@ static double jitter_measure(bool wal)
                                 .ckpt_ticks = wal ? CKPT_EVERY : -1, .telemetry = 1024, .schedule = true });
     for (uint32_t t = 0; t <= WAL_WARM_TICKS; t++)
         step(d.rt);
-    check(keel_uow_flush(d.rt), "keel_uow_flush");
+    check(keel_flush(d.rt), "keel_flush");
     double *ms = xmalloc(JITTER_TICKS * sizeof *ms);
     uint64_t first = keel_runtime_tick(d.rt) + 1;
     struct timespec next;

@@ -348,7 +348,7 @@ void bench_wal_world(const config *cfg)
               "directory per measurement, checkpoints off; WAL %.0f KB raw, %.0f KB stored per tick",
          WORLD_AGENTS, WORLD_SEED, TRADES_PER_TICK, (unsigned)sysconf(_SC_NPROCESSORS_ONLN), WAL_TICKS, WAL_WARM_TICKS,
          median(raw, R), median(stored, R));
-    note(cfg, "wal: value = ticks/s with the WAL on (GROUP, default zstd level; the final keel_uow_flush is timed), "
+    note(cfg, "wal: value = ticks/s with the WAL on (GROUP, default zstd level; the final keel_flush is timed), "
               "baseline = the same world with durable.dir NULL; wal_cpu: process CPU per tick (all threads); "
               "wal_settle: wall time per tick of `settle`, which acknowledges the trades already on disk (it waits only "
               "when 8 ticks of trades are in flight); fence: the fence's wall time per tick vs the whole WAL-off tick");

@@ -47,7 +47,7 @@
  * about 10% of the durable rows change per tick, 8 IMMEDIATE trades per tick
  * that `settle` waits for, 2 workers, unthrottled):
  *  wal        ticks/s with the WAL on (GROUP, default zstd level, checkpoints
- *             off, the final keel_uow_flush timed) vs off (target: ratio
+ *             off, the final keel_flush timed) vs off (target: ratio
  *             >= 0.8); wal_cpu: CPU ms per tick; fence: the fence's wall
  *             time per tick (telemetry fence_ns) vs the whole WAL-off tick;
  *             wal_disk_bound: the ticks/s this disk admits at the tick's

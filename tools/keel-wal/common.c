@@ -440,8 +440,7 @@ uint32_t kwt_type_size(uint32_t type)
 
 const char *kwt_discipline_name(uint32_t discipline)
 {
-    static const char *const names[] = {"versioned", "single_version", "transient"};
-    return discipline < 3 ? names[discipline] : "?";
+    return kw_discipline_name(discipline);
 }
 
 /* ---- JSON output --------------------------------------------------------------- */

@@ -449,6 +449,7 @@ int main(int argc, char **argv)
     keel_query_destroy(app.players);
     keel_query_destroy(app.merchants);
     keel_query_destroy(app.agents);
-    keel_runtime_close(app.rt);
+    if (check(keel_runtime_close(app.rt), "closing the runtime")) /* the final flush failed: not durable */
+        status = 1;
     return status;
 }

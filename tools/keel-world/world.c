@@ -716,7 +716,7 @@ static int walk_accounts(world_app *app, economy *out,
     enum { MAX_ITEM = MERCHANTS * ITEMS_PER_MERCHANT };
     uint8_t seen[MAX_ITEM + 1] = {0};
     const keel_view *v;
-    int rc = keel_read_begin(app->rt, &v);
+    int rc = keel_view_begin(app->rt, &v);
     if (rc)
         return rc;
     *out = (economy){0};
@@ -742,7 +742,7 @@ static int walk_accounts(world_app *app, economy *out,
                     each(app, it.entities[i], q == 1, &a);
             }
     }
-    keel_read_end(v);
+    keel_view_end(v);
     return rc;
 }
 

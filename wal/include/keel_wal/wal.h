@@ -240,6 +240,10 @@ typedef struct kw_schema {
  * table: the runtime validates fields and the tools print values by it. */
 uint32_t kw_scalar_width(uint32_t type);
 const char *kw_scalar_name(uint32_t type);
+/* A durability discipline's name (keel_discipline: "versioned",
+ * "single_version", "transient"; "?" outside the table): the schema's
+ * JSON, the tools and the runtime's messages spell them this way. */
+const char *kw_discipline_name(uint32_t discipline);
 
 int kw_schema_encode(const kw_schema *s, kw_buf *out);
 /* Errors: KEEL_ECORRUPT (malformed), KEEL_ENOMEM. */
