@@ -267,6 +267,29 @@ void tu_write_file(const char *path, const void *p, size_t n)
     ck_assert_int_eq(fclose(f), 0);
 }
 
+tu_digest tu_file_digest(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s: %s", path, strerror(errno));
+    tu_digest d = {0, 1469598103934665603ull};
+    unsigned char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        for (size_t i = 0; i < n; i++)
+            d.hash = (d.hash ^ buf[i]) * 1099511628211ull;
+        d.size += n;
+    }
+    fclose(f);
+    return d;
+}
+
+uint64_t tu_file_mtime_ns(const char *path)
+{
+    struct stat st;
+    ck_assert_msg(stat(path, &st) == 0, "cannot stat %s: %s", path, strerror(errno));
+    return (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
+}
+
 uint32_t tu_count_lines(const char *s)
 {
     uint32_t n = 0;

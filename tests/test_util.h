@@ -101,6 +101,17 @@ void tu_path(char *out, size_t n, const char *name);
 void tu_rmtree(const char *dir);
 /* Create path holding the n bytes at p. */
 void tu_write_file(const char *path, const void *p, size_t n);
+/* A file's size and FNV-1a hash of its bytes, to show it was left as it was. */
+typedef struct tu_digest {
+    uint64_t size, hash;
+} tu_digest;
+tu_digest tu_file_digest(const char *path);
+#define tu_assert_digest_eq(a, b)                                                                         \
+    ck_assert_msg((a).size == (b).size && (a).hash == (b).hash, "data.mdb changed: %llu bytes %016llx -> " \
+                  "%llu bytes %016llx", (unsigned long long)(a).size, (unsigned long long)(a).hash,         \
+                  (unsigned long long)(b).size, (unsigned long long)(b).hash)
+/* A file's modification time in nanoseconds. */
+uint64_t tu_file_mtime_ns(const char *path);
 /* The number of newlines in s. */
 uint32_t tu_count_lines(const char *s);
 

@@ -502,6 +502,37 @@ static void assert_cannot_open(const char *dir, const char *cause)
     }
 }
 
+/* Every command on dir, whose data.mdb is damaged: exit 1, nothing on stdout, one sentence naming the
+ * directory, data.mdb and `cause`; the file is left as it was (bytes and mtime). */
+static void assert_damaged(const char *dir, const char *cause)
+{
+    char dest[300], p[300];
+    snprintf(dest, sizeof dest, "%s-backup", dir);
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    tu_digest d0 = tu_file_digest(p);
+    uint64_t m0 = tu_file_mtime_ns(p);
+    const char *const cmds[][5] = {
+        {"info"}, {"dump"}, {"dump", "--json"}, {"verify"}, {"stats"}, {"tail"}, {"tail", "-n", "0"},
+        {"replay", "--to-tick", "1"}, {"diff", "--from-tick", "0", "--to-tick", "1"}, {"backup", dest},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        const char *args[8] = {cmds[i][0], dir, cmds[i][1], cmds[i][2], cmds[i][3], cmds[i][4], NULL};
+        tu_run r = wal_argv(args);
+        char want[320];
+        snprintf(want, sizeof want, "keel-wal: %s: data.mdb is damaged: ", dir);
+        ck_assert_msg(r.status == 1, "keel-wal %s %s: exit %d (want 1): %s", cmds[i][0], dir, r.status, r.err);
+        ck_assert_msg(!strncmp(r.err, want, strlen(want)), "keel-wal %s: '%s' does not start: %s", cmds[i][0], want,
+                      r.err);
+        ck_assert_msg(strstr(r.err, cause), "keel-wal %s %s: '%s' not in: %s", cmds[i][0], dir, cause, r.err);
+        ck_assert_uint_eq(tu_count_lines(r.err), 1);
+        ck_assert_uint_eq(r.outlen, 0);
+        tu_run_free(&r);
+    }
+    tu_assert_digest_eq(d0, tu_file_digest(p));
+    ck_assert_uint_eq(m0, tu_file_mtime_ns(p));
+    ck_assert_int_eq(access(dest, F_OK), -1); /* the refused backup created nothing */
+}
+
 /* An LMDB environment in dir holding one key in its main database: LMDB, not keel. */
 static void make_plain_lmdb(const char *dir)
 {
@@ -556,8 +587,8 @@ START_TEST(test_bad_directories)
         junk[i] = (char)(i * 131 + 7);
     tu_write_file(p, junk, sizeof junk);
     assert_cannot_open(garbage, "not an LMDB file");
-    tu_write_file(p, "", 0); /* an empty data.mdb */
-    assert_cannot_open(garbage, "empty file");
+    tu_write_file(p, "", 0); /* an empty data.mdb: damage (exit 1), never a directory to create */
+    assert_damaged(garbage, "the file is empty");
 
     tdir(plain, sizeof plain, "plain");
     make_plain_lmdb(plain);
@@ -573,7 +604,7 @@ START_TEST(test_bad_directories)
 }
 END_TEST
 
-/* A data.mdb cut short: LMDB faults reading it; keel-wal says so and exits 2. */
+/* A data.mdb cut short: refused before LMDB maps it (which would fault); every command exits 1 saying so. */
 START_TEST(test_truncated_file)
 {
     char dir[256], p[300];
@@ -582,14 +613,7 @@ START_TEST(test_truncated_file)
     struct stat st;
     ck_assert_int_eq(stat(p, &st), 0);
     ck_assert_int_eq(truncate(p, 3 * 4096), 0); /* the meta pages survive, the trees do not */
-    static const char *const cmds[] = {"info", "dump", "verify", "stats", "tail"};
-    for (size_t i = 0; i < 5; i++) {
-        tu_run r = wal(cmds[i], dir);
-        ck_assert_msg(r.status == 2 || (i == 2 && r.status == 1), "keel-wal %s on a truncated file: exit %d: %s",
-                      cmds[i], r.status, r.err);
-        ck_assert_msg(strstr(r.err, "keel-wal: "), "no message: %s", r.err);
-        tu_run_free(&r);
-    }
+    assert_damaged(dir, "it is truncated");
 }
 END_TEST
 
@@ -1104,6 +1128,8 @@ START_TEST(test_read_only_media)
     tu_run rw = wal_ok("dump", dir, "--json"); /* the original, writable: LMDB makes lock.mdb */
     snprintf(path, sizeof path, "%s/lock.mdb", dir);
     ck_assert_int_eq(unlink(path), 0); /* a backup copies data.mdb only */
+    snprintf(path, sizeof path, "%s/keel.lock", dir);
+    ck_assert_int_eq(unlink(path), 0); /* and no runtime's lock */
     snprintf(path, sizeof path, "%s/probe", mnt);
     errno = 0;
     ck_assert_int_eq(open(path, O_CREAT | O_WRONLY, 0644), -1);
