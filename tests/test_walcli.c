@@ -422,7 +422,7 @@ static void make_dir(char *dir, size_t n, const char *name, wl_opts o)
 
 /* ---- suite walcli_args: --help, bad arguments, directories that are not keel's ---------------- */
 
-static const char *const commands[] = {"info", "dump", "verify", "stats", "tail", "replay", "diff"};
+static const char *const commands[] = {"info", "dump", "verify", "stats", "tail", "replay", "diff", "backup"};
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
 START_TEST(test_help)
@@ -468,7 +468,14 @@ START_TEST(test_bad_arguments)
         {"dump", "@", "--to-tick", NULL},
         {"verify", "@", "--fast", NULL},
         {"stats", "@", "--top", "x", NULL},
+        {"stats", "@", "--bucket", "0", NULL},
         {"tail", "@", "--interval", "0", NULL},
+        {"backup", NULL},
+        {"backup", "@", NULL},
+        {"backup", "@", "@", NULL},                 /* DEST exists and is not empty */
+        {"backup", "@", "/nonexistent/parent/bk", NULL},
+        {"backup", "@", "x", "y", NULL},
+        {"backup", "@", "--fast", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *args[8] = {0};
@@ -1213,7 +1220,20 @@ START_TEST(test_live_read)
     ck_assert_uint_eq(l.n, 2);
     ck_assert_uint_eq(l.lsn[1], 28);
     tu_run_free(&r);
+    /* a backup beside the runtime that owns the directory: the copy holds the same records and verifies */
+    char bk[300];
+    snprintf(bk, sizeof bk, "%s-backup", dir);
+    r = wal_ok("backup", dir, bk);
+    ck_assert_msg(js_has(r.out, "WAL LSN 1..28)"), "%s", r.out);
+    tu_run_free(&r);
     wl_close(w);
+    r = wal_ok("verify", bk);
+    ck_assert(js_has(r.out, ": ok\n"));
+    tu_run_free(&r);
+    tu_run a = wal_ok("dump", dir, "--json"), b = wal_ok("dump", bk, "--json");
+    ck_assert_str_eq(a.out, b.out);
+    tu_run_free(&a);
+    tu_run_free(&b);
 }
 END_TEST
 
