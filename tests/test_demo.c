@@ -729,16 +729,9 @@ static Suite *demo_sigint(void)
 
 static Suite *demo_server(void)
 {
-    Suite *s = one_case("demo_server", server_refusals, 300);
-    TCase *t = tcase_create("server");
-    tcase_add_unchecked_fixture(t, tu_base_setup, tu_base_teardown);
-    tcase_set_timeout(t, 300);
-    tcase_add_test(t, server_params);
-    tcase_add_test(t, server_owned_and_backup);
-    tcase_add_test(t, server_damaged_file);
-    tcase_add_test(t, server_status_line_fits);
-    suite_add_tcase(s, t);
-    return s;
+    const TTest *t[] = {server_refusals, server_params, server_owned_and_backup, server_damaged_file,
+                        server_status_line_fits};
+    return tu_suite("demo_server", t, sizeof t / sizeof t[0], 300);
 }
 
 KEEL_TEST_MAIN(demo_cli, demo_runs, demo_crash, demo_slowdisk, demo_sigint, demo_server)

@@ -401,34 +401,22 @@ START_TEST(backup_recovers_and_refuses)
 }
 END_TEST
 
-static Suite *one_case(const char *name, const TTest *const *tests, int n)
-{
-    Suite *s = suite_create(name);
-    TCase *t = tcase_create(name);
-    tcase_add_unchecked_fixture(t, tu_base_setup, tu_base_teardown);
-    tcase_set_timeout(t, 120);
-    for (int i = 0; i < n; i++)
-        tcase_add_test(t, tests[i]);
-    suite_add_tcase(s, t);
-    return s;
-}
-
 static Suite *ops_lock(void)
 {
     const TTest *t[] = {lock_second_process_refused, lock_same_process_refused};
-    return one_case("ops_lock", t, 2);
+    return tu_suite("ops_lock", t, 2, 120);
 }
 
 static Suite *ops_damage(void)
 {
     const TTest *t[] = {damage_refused_untouched, damage_empty_never_new_world};
-    return one_case("ops_damage", t, 2);
+    return tu_suite("ops_damage", t, 2, 120);
 }
 
 static Suite *ops_backup(void)
 {
     const TTest *t[] = {backup_recovers_and_refuses};
-    return one_case("ops_backup", t, 1);
+    return tu_suite("ops_backup", t, 1, 120);
 }
 
 KEEL_TEST_MAIN(ops_lock, ops_damage, ops_backup)

@@ -267,6 +267,18 @@ void tu_write_file(const char *path, const void *p, size_t n)
     ck_assert_int_eq(fclose(f), 0);
 }
 
+Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout)
+{
+    Suite *s = suite_create(name);
+    TCase *tc = tcase_create(name);
+    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
+    tcase_set_timeout(tc, timeout);
+    for (size_t i = 0; i < n; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
 tu_digest tu_file_digest(const char *path)
 {
     FILE *f = fopen(path, "rb");

@@ -24,6 +24,7 @@
 #ifndef KEEL_TEST_UTIL_H
 #define KEEL_TEST_UTIL_H
 
+#include <check.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -93,6 +94,9 @@ uint32_t tu_rng_below(uint64_t *state, uint32_t n);
  * Directories a test made unreadable are made readable again first. */
 void tu_base_setup(void);
 void tu_base_teardown(void);
+/* A suite `name` of one test case `name` holding the n tests, with the
+ * base-directory fixture above and a timeout of `timeout` seconds. */
+Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout);
 /* The base directory of the running test case. */
 const char *tu_base(void);
 /* base/name into out (not created: the runtime creates its own directory). */
