@@ -187,98 +187,6 @@ END_TEST
 
 /* ---- ops_damage ----------------------------------------------------------------------------- */
 
-/* LMDB's meta page layout on a 64-bit build (wal/store.c reads the same):
- * the page header is 16 bytes, then magic (u32), version (u32), ... */
-#define META_MAGIC 16
-#define META_VERSION 20
-#define META_MAIN_ROOT 128
-#define META_LAST_PG 136
-#define META_TXNID 144
-#define PAGE 4096
-
-static uint64_t rd64(const char *path, long off)
-{
-    int fd = open(path, O_RDONLY);
-    ck_assert_int_ge(fd, 0);
-    uint64_t v = 0;
-    ck_assert_int_eq(pread(fd, &v, sizeof v, off), (ssize_t)sizeof v);
-    close(fd);
-    return v;
-}
-
-static void wr(const char *path, long off, const void *p, size_t n)
-{
-    int fd = open(path, O_WRONLY);
-    ck_assert_int_ge(fd, 0);
-    ck_assert_int_eq(pwrite(fd, p, n, off), (ssize_t)n);
-    close(fd);
-}
-
-static void wr64(const char *path, long off, uint64_t v)
-{
-    wr(path, off, &v, sizeof v);
-}
-
-typedef enum damage {
-    D_EMPTY, D_PAGE_SHORT, D_HALF, D_METAS_ONLY, D_TORN_META0, D_TORN_META1, D_LAST_PAST_END, D_ROOT_PAST_LAST,
-    D_VERSION, D_COUNT
-} damage;
-
-static const struct {
-    const char *name, *says;
-} damages[D_COUNT] = {
-    {"empty", "the file is empty"},
-    {"one page short", "it is truncated"},
-    {"half", "it is truncated"},
-    {"only the meta pages", "it is truncated"},
-    {"torn meta page 0", "meta page 0 has no LMDB magic"},
-    {"torn meta page 1", "meta page 1 has no LMDB magic"},
-    {"a meta pointing past the end", "is not a free page: the file is truncated"},
-    {"a root past the last page", "puts the root of the main tree at page"},
-    {"a newer LMDB data version", "has LMDB data version 2"},
-};
-
-/* Apply damage d to path, a compacted copy (no free pages: every page past
- * a cut is one the trees use). */
-static void apply(const char *path, damage d)
-{
-    struct stat st;
-    ck_assert_int_eq(stat(path, &st), 0);
-    uint64_t size = (uint64_t)st.st_size, zero = 0;
-    int newest = rd64(path, PAGE + META_TXNID) > rd64(path, META_TXNID);
-    switch (d) {
-    case D_EMPTY:
-        ck_assert_int_eq(truncate(path, 0), 0);
-        break;
-    case D_PAGE_SHORT:
-        ck_assert_int_eq(truncate(path, (off_t)(size - PAGE)), 0);
-        break;
-    case D_HALF:
-        ck_assert_int_eq(truncate(path, (off_t)(size / 2)), 0);
-        break;
-    case D_METAS_ONLY:
-        ck_assert_int_eq(truncate(path, 2 * PAGE), 0);
-        break;
-    case D_TORN_META0:
-    case D_TORN_META1:
-        wr(path, (d == D_TORN_META1 ? PAGE : 0) + META_MAGIC, &zero, 4);
-        break;
-    case D_LAST_PAST_END:
-        wr64(path, newest * PAGE + META_LAST_PG, size / PAGE + 10);
-        break;
-    case D_ROOT_PAST_LAST:
-        wr64(path, META_MAIN_ROOT, rd64(path, META_LAST_PG) + 1);
-        break;
-    case D_VERSION: {
-        uint32_t v = 2;
-        wr(path, newest * PAGE + META_VERSION, &v, 4);
-        break;
-    }
-    default:
-        ck_abort();
-    }
-}
-
 START_TEST(damage_refused_untouched)
 {
     char src[256], copy[256];
@@ -289,41 +197,34 @@ START_TEST(damage_refused_untouched)
     char good[300];
     file_in(good, sizeof good, copy, "data.mdb");
     ck_assert_ok(kw_store_check_file(copy));
-    tu_digest whole = tu_file_digest(good);
 
-    for (int d = 0; d < D_COUNT; d++) {
+    for (int d = 0; d < TU_DAMAGE_COUNT; d++) {
         char dir[256], mdb[300], lockmdb[300], name[32], err[1024];
         snprintf(name, sizeof name, "damaged-%d", d);
         tu_path(dir, sizeof dir, name);
         ck_assert_int_eq(mkdir(dir, 0755), 0);
         file_in(mdb, sizeof mdb, dir, "data.mdb");
         file_in(lockmdb, sizeof lockmdb, dir, "lock.mdb");
-        FILE *in = fopen(good, "rb");
-        ck_assert_ptr_nonnull(in);
-        char *buf = malloc(whole.size);
-        ck_assert_uint_eq(fread(buf, 1, whole.size, in), whole.size);
-        fclose(in);
-        tu_write_file(mdb, buf, whole.size);
-        free(buf);
-        apply(mdb, (damage)d);
+        tu_copy_file(good, mdb);
+        tu_damage_apply(mdb, (tu_damage)d);
         tu_digest before = tu_file_digest(mdb);
         uint64_t mtime = tu_file_mtime_ns(mdb);
 
         /* the runtime: KEEL_ECORRUPT, the file and the damage named */
         ck_assert_int_eq(open_world(dir, NULL, NULL, err, sizeof err), KEEL_ECORRUPT);
-        ck_assert_msg(strstr(err, mdb) && strstr(err, "is damaged") && strstr(err, damages[d].says),
-                      "%s: the sentence does not name the file and '%s': %s", damages[d].name, damages[d].says, err);
+        ck_assert_msg(strstr(err, mdb) && strstr(err, "is damaged") && strstr(err, tu_damages[d].says),
+                      "%s: the sentence does not name the file and '%s': %s", tu_damages[d].name, tu_damages[d].says, err);
         /* a read-only open (the tools') and the check itself say the same */
         kw_store *st = NULL;
         ck_assert_int_eq(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &st), KEEL_ECORRUPT);
         ck_assert_ptr_null(st);
         ck_assert_int_eq(kw_store_check_file(dir), KEEL_ECORRUPT);
-        ck_assert_msg(strstr(keel_last_error(), damages[d].says), "%s", keel_last_error());
+        ck_assert_msg(strstr(keel_last_error(), tu_damages[d].says), "%s", keel_last_error());
 
         /* nothing written, nothing mapped: same bytes, same mtime, no lock.mdb */
         tu_assert_digest_eq(before, tu_file_digest(mdb));
         ck_assert_uint_eq(mtime, tu_file_mtime_ns(mdb));
-        ck_assert_msg(access(lockmdb, F_OK) != 0, "%s: LMDB opened the file (lock.mdb exists)", damages[d].name);
+        ck_assert_msg(access(lockmdb, F_OK) != 0, "%s: LMDB opened the file (lock.mdb exists)", tu_damages[d].name);
     }
 }
 END_TEST
@@ -393,7 +294,7 @@ START_TEST(backup_recovers_and_refuses)
     /* a damaged source: refused, and the destination holds no data.mdb */
     char mdb[300], bad[256];
     file_in(mdb, sizeof mdb, src, "data.mdb");
-    ck_assert_int_eq(truncate(mdb, 2 * PAGE), 0);
+    tu_damage_apply(mdb, TU_DAMAGE_METAS_ONLY);
     tu_path(bad, sizeof bad, "bk-bad");
     ck_assert_rc(kw_store_backup(src, bad), KEEL_ECORRUPT);
     file_in(copy, sizeof copy, bad, "data.mdb");

@@ -114,6 +114,29 @@ tu_digest tu_file_digest(const char *path);
     ck_assert_msg((a).size == (b).size && (a).hash == (b).hash, "data.mdb changed: %llu bytes %016llx -> " \
                   "%llu bytes %016llx", (unsigned long long)(a).size, (unsigned long long)(a).hash,         \
                   (unsigned long long)(b).size, (unsigned long long)(b).hash)
+/* Copy the file src to dst (created or replaced). */
+void tu_copy_file(const char *src, const char *dst);
+
+/* Damage to a data.mdb, as an operator meets it (test_ops, test_walcli, test_demo). Apply it
+ * to a compacted copy (kw_store_backup: no free pages), so every page a cut removes is one
+ * the trees use. `says` is what the refusal's sentence holds. */
+typedef enum tu_damage {
+    TU_DAMAGE_EMPTY,
+    TU_DAMAGE_PAGE_SHORT,      /* one page short */
+    TU_DAMAGE_HALF,            /* half of the file */
+    TU_DAMAGE_METAS_ONLY,      /* only the two meta pages */
+    TU_DAMAGE_TORN_META0,      /* meta page 0 without LMDB's magic */
+    TU_DAMAGE_TORN_META1,
+    TU_DAMAGE_LAST_PAST_END,   /* the newest meta's last page 10 pages past the end */
+    TU_DAMAGE_ROOT_PAST_LAST,  /* meta page 0's main root past its last page */
+    TU_DAMAGE_VERSION,         /* the newest meta says LMDB data version 2 */
+    TU_DAMAGE_COUNT
+} tu_damage;
+extern const struct tu_damage_info {
+    const char *name, *says;
+} tu_damages[TU_DAMAGE_COUNT];
+void tu_damage_apply(const char *mdb, tu_damage d);
+
 /* A file's modification time in nanoseconds. */
 uint64_t tu_file_mtime_ns(const char *path);
 /* The number of newlines in s. */

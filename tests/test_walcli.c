@@ -624,6 +624,29 @@ START_TEST(test_truncated_file)
 }
 END_TEST
 
+/* Each damage of tu_damage_apply, to a compacted copy of W's directory: every command refuses it (exit 1,
+ * one sentence naming data.mdb and the damage), the file unchanged. */
+START_TEST(test_damaged_files)
+{
+    char dir[256], compact[256], good[300];
+    make_dir(dir, sizeof dir, "whole", (wl_opts){.checkpoint_after = 6});
+    tdir(compact, sizeof compact, "compact");
+    tu_run r = wal_ok("backup", dir, compact);
+    tu_run_free(&r);
+    snprintf(good, sizeof good, "%s/data.mdb", compact);
+    for (int d = 0; d < TU_DAMAGE_COUNT; d++) {
+        char name[32], bad[256], mdb[300];
+        snprintf(name, sizeof name, "damaged-%d", d);
+        tdir(bad, sizeof bad, name);
+        ck_assert_int_eq(mkdir(bad, 0755), 0);
+        snprintf(mdb, sizeof mdb, "%s/data.mdb", bad);
+        tu_copy_file(good, mdb);
+        tu_damage_apply(mdb, (tu_damage)d);
+        assert_damaged(bad, tu_damages[d].says);
+    }
+}
+END_TEST
+
 /* ---- suite walcli_read: info, dump, stats against W ------------------------------------------ */
 
 START_TEST(test_info)
@@ -1374,6 +1397,7 @@ static Suite *args_suite(void)
     tcase_add_test(tc, test_bad_arguments);
     tcase_add_test(tc, test_bad_directories);
     tcase_add_test(tc, test_truncated_file);
+    tcase_add_test(tc, test_damaged_files);
     suite_add_tcase(s, tc);
     return s;
 }
