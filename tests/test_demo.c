@@ -475,10 +475,30 @@ START_TEST(server_params)
     ck_assert_uint_eq(h, run_final((const char *const[]){"--memory", "--seed", "3", "--entities", ENTITIES,
                                                          "--until-tick", "40", "--tick-rate", "0", "--quiet", NULL}));
 
+    /* a world without its record (made before keel-world kept one): this run's flags are recorded, with a note */
+    ck_assert_int_eq(unlink(params), 0);
+    r = world((const char *const[]){"--data", data, "--seed", "3", "--until-tick", "41", "--tick-rate", "0", "--quiet",
+                                    NULL});
+    ck_assert_msg(r.status == 0 && strstr(r.err, "has no world.params: recording --seed 3"), "%s", r.err);
+    tu_run_free(&r);
+    ck_assert_int_eq(access(params, F_OK), 0);
+    refused((const char *const[]){"--data", data, "--seed", "4", NULL}, "--seed 4 contradicts the world");
+    /* an unreadable record: exit 1 naming the file and the line */
+    tu_write_file(params, "seed=3\nentities=lots\n", 21);
+    r = world((const char *const[]){"--data", data, "--until-tick", "42", NULL});
+    ck_assert_msg(r.status == 1 && strstr(r.err, "world.params: unreadable line 'entities=lots'"), "%d %s", r.status,
+                  r.err);
+    tu_run_free(&r);
+    tu_write_file(params, "seed=3\n", 7);
+    r = world((const char *const[]){"--data", data, "--until-tick", "42", NULL});
+    ck_assert_msg(r.status == 1 && strstr(r.err, "world.params lacks entities="), "%d %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_write_file(params, "seed=3\nentities=" ENTITIES "\n", strlen("seed=3\nentities=" ENTITIES "\n"));
+
     /* a tick the world is past: exit 2, saying so, no final line */
     r = world((const char *const[]){"--data", data, "--until-tick", "25", "--quiet", NULL});
     ck_assert_int_eq(r.status, 2);
-    ck_assert_msg(strstr(r.err, "is at tick 40, past --until-tick 25"), "%s", r.err);
+    ck_assert_msg(strstr(r.err, "is at tick 41, past --until-tick 25"), "%s", r.err);
     ck_assert_ptr_null(strstr(r.out, "final tick="));
     tu_run_free(&r);
 }

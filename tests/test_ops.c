@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -185,6 +186,24 @@ START_TEST(lock_same_process_refused)
 }
 END_TEST
 
+/* A holder that has the lock but has not written its pid yet (or whose file was
+ * emptied): still refused, "by another process". */
+START_TEST(lock_without_pid_refused)
+{
+    char dir[256], lock[300], err[1024];
+    tu_path(dir, sizeof dir, "nopid");
+    make_world(dir, NULL);
+    file_in(lock, sizeof lock, dir, "keel.lock");
+    int fd = open(lock, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
+    ck_assert_int_eq(open_world(dir, NULL, NULL, err, sizeof err), KEEL_EBUSY);
+    ck_assert_msg(strstr(err, "in use by another process"), "%s", err);
+    close(fd);
+    ck_assert_ok(open_world(dir, NULL, NULL, NULL, 0));
+}
+END_TEST
+
 /* ---- ops_damage ----------------------------------------------------------------------------- */
 
 START_TEST(damage_refused_untouched)
@@ -304,8 +323,8 @@ END_TEST
 
 static Suite *ops_lock(void)
 {
-    const TTest *t[] = {lock_second_process_refused, lock_same_process_refused};
-    return tu_suite("ops_lock", t, 2, 120);
+    const TTest *t[] = {lock_second_process_refused, lock_same_process_refused, lock_without_pid_refused};
+    return tu_suite("ops_lock", t, 3, 120);
 }
 
 static Suite *ops_damage(void)

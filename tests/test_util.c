@@ -308,10 +308,11 @@ void tu_copy_file(const char *src, const char *dst)
 }
 
 /* LMDB's meta page on a 64-bit build (wal/store.c reads the same): a 16-byte page
- * header, then magic (u32), version (u32), ..., the main tree's root at 128, the last
+ * header, then magic (u32), version (u32), ..., the page size at 40, the main tree's root at 128, the last
  * page at 136, the transaction id at 144; pages of 4096 bytes. */
 #define MDB_META_MAGIC 16
 #define MDB_META_VERSION 20
+#define MDB_META_PSIZE 40      /* the free database's pad */
 #define MDB_META_MAIN_ROOT 128
 #define MDB_META_LAST_PG 136
 #define MDB_META_TXNID 144
@@ -327,6 +328,11 @@ const struct tu_damage_info tu_damages[TU_DAMAGE_COUNT] = {
     {"a meta pointing past the end", "is not a free page: the file is truncated"},
     {"a root past the last page", "puts the root of the main tree at page"},
     {"a newer LMDB data version", "has LMDB data version 2"},
+    {"100 bytes", "fewer than its first meta page"},
+    {"a page size of 1000", "gives a page size of 1000 bytes"},
+    {"two page sizes", "meta page 1 says pages are 8192 bytes, meta page 0 says 4096"},
+    {"a meta page numbered 7", "meta page 1 is not marked as one (page number 7"},
+    {"a last page of 0", "says the last page is 0, below the meta pages"},
 };
 
 static uint64_t mdb_rd64(const char *path, long off)
@@ -379,6 +385,22 @@ void tu_damage_apply(const char *mdb, tu_damage d)
     case TU_DAMAGE_VERSION:
         v32 = 2;
         mdb_wr(mdb, newest + MDB_META_VERSION, &v32, 4);
+        break;
+    case TU_DAMAGE_TINY:
+        ck_assert_int_eq(truncate(mdb, 100), 0);
+        break;
+    case TU_DAMAGE_PAGE_SIZE:
+    case TU_DAMAGE_PAGE_SIZES:
+        v32 = d == TU_DAMAGE_PAGE_SIZE ? 1000 : 8192;
+        mdb_wr(mdb, (d == TU_DAMAGE_PAGE_SIZE ? 0 : MDB_PAGE) + MDB_META_PSIZE, &v32, 4);
+        break;
+    case TU_DAMAGE_PAGE_NUMBER:
+        v64 = 7;
+        mdb_wr(mdb, MDB_PAGE, &v64, 8);
+        break;
+    case TU_DAMAGE_LAST_ZERO:
+        v64 = 0;
+        mdb_wr(mdb, newest + MDB_META_LAST_PG, &v64, 8);
         break;
     default:
         ck_abort();

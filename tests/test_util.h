@@ -130,6 +130,11 @@ typedef enum tu_damage {
     TU_DAMAGE_LAST_PAST_END,   /* the newest meta's last page 10 pages past the end */
     TU_DAMAGE_ROOT_PAST_LAST,  /* meta page 0's main root past its last page */
     TU_DAMAGE_VERSION,         /* the newest meta says LMDB data version 2 */
+    TU_DAMAGE_TINY,            /* 100 bytes: not even the first meta page */
+    TU_DAMAGE_PAGE_SIZE,       /* meta page 0 gives a page size of 1000 */
+    TU_DAMAGE_PAGE_SIZES,      /* meta page 1 gives 8192, meta page 0 4096 */
+    TU_DAMAGE_PAGE_NUMBER,     /* meta page 1 says it is page 7 */
+    TU_DAMAGE_LAST_ZERO,       /* the newest meta's last page is 0 */
     TU_DAMAGE_COUNT
 } tu_damage;
 extern const struct tu_damage_info {
