@@ -228,6 +228,7 @@ typedef struct free_walk {
     unsigned char *seen;       /* one byte per tail page: listed free */
     unsigned char *page;       /* psize bytes */
     uint64_t bad;              /* a page of the free tree itself past the end (+1), or 0 */
+    uint64_t visits;           /* pages read: a damaged tree could name a page twice (a cycle) */
 } free_walk;
 
 static bool read_page(free_walk *w, uint64_t pgno, unsigned char *buf)
@@ -274,7 +275,7 @@ static bool walk_value(free_walk *w, const unsigned char *data, uint64_t dsize, 
 static bool walk_tree(free_walk *w, uint64_t pgno, int depth)
 {
     unsigned char *p = malloc(w->psize);
-    if (!p || depth > 32 || !read_page(w, pgno, p)) {
+    if (!p || depth > 32 || ++w->visits > w->npages || !read_page(w, pgno, p)) {
         free(p);
         return false;
     }
