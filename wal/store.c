@@ -229,6 +229,7 @@ typedef struct free_walk {
     unsigned char *page;       /* psize bytes */
     uint64_t bad;              /* a page of the free tree itself past the end (+1), or 0 */
     uint64_t visits;           /* pages read: a damaged tree could name a page twice (a cycle) */
+    bool oom;                  /* out of memory: no verdict on the file */
 } free_walk;
 
 static bool read_page(free_walk *w, uint64_t pgno, unsigned char *buf)
@@ -263,8 +264,10 @@ static bool walk_value(free_walk *w, const unsigned char *data, uint64_t dsize, 
         return false;
     }
     unsigned char *buf = malloc(npg * w->psize);
-    if (!buf)
+    if (!buf) {
+        w->oom = true;
         return false;
+    }
     bool ok = pread(w->fd, buf, npg * w->psize, (off_t)(first * w->psize)) == (ssize_t)(npg * w->psize);
     if (ok)
         mark_free(w, buf + LMDB_HDR + LMDB_Z, dsize / LMDB_Z ? dsize / LMDB_Z - 1 : 0);
@@ -275,6 +278,7 @@ static bool walk_value(free_walk *w, const unsigned char *data, uint64_t dsize, 
 static bool walk_tree(free_walk *w, uint64_t pgno, int depth)
 {
     unsigned char *p = malloc(w->psize);
+    w->oom |= !p;
     if (!p || depth > 32 || ++w->visits > w->npages || !read_page(w, pgno, p)) {
         free(p);
         return false;
@@ -305,9 +309,10 @@ static bool walk_tree(free_walk *w, uint64_t pgno, int depth)
     return ok;
 }
 
-/* The first page past the end (npages..last_pg) that the free tree of m
- * does not list, or UINT64_MAX when all are free; w.bad set when the free
- * tree itself reaches past the end. -1 (as uint64) -> see caller. */
+/* 1 when the free tree of m lists every page from npages (the file's end)
+ * to m's last page; 0 when it does not, *missing then naming the first page
+ * it leaves out (or a page of the free tree itself past the end); a KEEL_E*
+ * code (out of memory) when it could not tell. */
 static int tail_is_free(int fd, const lmdb_meta *m, uint64_t npages, uint64_t *missing)
 {
     free_walk w = {.fd = fd, .psize = m->psize, .npages = npages, .tail = m->last_pg + 1 - npages};
@@ -322,6 +327,8 @@ static int tail_is_free(int fd, const lmdb_meta *m, uint64_t npages, uint64_t *m
     while (ok && i < w.tail && w.seen[i])
         i++;
     free(w.seen);
+    if (w.oom) /* never a damaged file for lack of memory */
+        return core_fail(KEEL_ENOMEM, "out of memory checking data.mdb's free pages");
     if (!ok) {
         *missing = w.bad ? w.bad - 1 : npages;
         return 0;
