@@ -53,12 +53,14 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
 
 # The demo needs two binaries, not the tests, benchmarks and fuzz tools.
-run: deps $(BUILD)/CMakeCache.txt
-	@cmake -S . -B $(BUILD) -DKEEL_WERROR=$(WERROR) >/dev/null
-	@echo "keel: building keel-world and keel-wal ($(BUILD)/run-build.log)"
-	@cmake --build $(BUILD) -j$(JOBS) --target keel-world keel-wal >$(BUILD)/run-build.log 2>&1 || \
+run: deps
+	@mkdir -p $(BUILD)
+	@echo "keel: configuring and building keel-world and keel-wal ($(BUILD)/run-build.log)"
+	@{ { [ -f $(BUILD)/CMakeCache.txt ] || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE); } && \
+	   cmake -S . -B $(BUILD) -DKEEL_WERROR=$(WERROR) && \
+	   cmake --build $(BUILD) -j$(JOBS) --target keel-world keel-wal; } >$(BUILD)/run-build.log 2>&1 || \
 	  { tail -n 30 $(BUILD)/run-build.log; echo "keel: the build failed (all of it: $(BUILD)/run-build.log)" >&2; exit 1; }
-	./$(BUILD)/tools/keel-world $(RUN_ARGS)
+	$(BUILD)/tools/keel-world $(RUN_ARGS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
