@@ -1,7 +1,9 @@
 # keel -- the two commands of the README, and a few more for developers.
 #
-#   make run    install missing Debian packages, configure, build, run the demo world
-#   make test   the same set-up, then the whole test suite through ctest
+#   make run    install missing Debian packages, configure, build keel-world and
+#               keel-wal only (the build's output goes to $(BUILD)/run-build.log;
+#               its tail is shown when it fails), run the demo world
+#   make test   the same set-up, build everything, then the whole test suite
 #
 # Developer targets: build, test-asan (ASan+UBSan), test-tsan (TSan, thread
 # suites), bench (Release build; BENCH_ARGS="systems --json"), fuzz
@@ -53,8 +55,15 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake -S . -B $(BUILD) -DKEEL_WERROR=$(WERROR) >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 
-run: build
-	./$(BUILD)/tools/keel-world $(RUN_ARGS)
+# The demo needs two binaries, not the tests, benchmarks and fuzz tools.
+run: deps
+	@mkdir -p $(BUILD)
+	@echo "keel: configuring and building keel-world and keel-wal ($(BUILD)/run-build.log)"
+	@{ { [ -f $(BUILD)/CMakeCache.txt ] || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE); } && \
+	   cmake -S . -B $(BUILD) -DKEEL_WERROR=$(WERROR) && \
+	   cmake --build $(BUILD) -j$(JOBS) --target keel-world keel-wal; } >$(BUILD)/run-build.log 2>&1 || \
+	  { tail -n 30 $(BUILD)/run-build.log; echo "keel: the build failed (all of it: $(BUILD)/run-build.log)" >&2; exit 1; }
+	$(BUILD)/tools/keel-world $(RUN_ARGS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)

@@ -19,6 +19,20 @@
  *   demo_sigint    SIGINT stops a --forever run cleanly: exit 0, a final
  *                  line, a final checkpoint at the stop tick; a restart
  *                  continues to the reference hash
+ *   demo_server    keel-world as a server: contradictory flags and options
+ *                  naming what cannot be had (a closed --report-fd, a
+ *                  --trace path that cannot be created) are refused before
+ *                  anything starts, one line each; world.params records the
+ *                  seed and entities, a run contradicting it exits 2, a run
+ *                  without them continues the recorded world; --until-tick
+ *                  below the recovered tick exits 2; a second server on a
+ *                  held directory exits 1 naming the holder while the first
+ *                  runs on; `keel-wal backup` (KEEL_WAL_BIN) of the live
+ *                  server, which is then killed, recovers and ends on the
+ *                  reference hash; a damaged data.mdb exits 1, untouched;
+ *                  on a terminal (a pty) every status line fits its width,
+ *                  a resize (SIGWINCH) is followed, --memory shows no WAL
+ *                  fields; in a pipe there is no status line at --quiet
  */
 #include <check.h>
 #include <inttypes.h>
@@ -26,6 +40,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -370,6 +387,323 @@ START_TEST(sigint_stops_cleanly)
 }
 END_TEST
 
+/* ---- demo_server ------------------------------------------------------------------------------ */
+
+/* keel-world with args: exit 2, one line on stderr naming culprit, nothing on stdout. */
+static void refused(const char *const *args, const char *culprit)
+{
+    tu_run r = tu_run_argv(KEEL_WORLD_BIN, args);
+    ck_assert_msg(r.status == 2, "'%s ...': exit %d (want 2): %s", args[0], r.status, r.err);
+    ck_assert_msg(strstr(r.err, culprit), "stderr does not name '%s': %s", culprit, r.err);
+    ck_assert_msg(tu_count_lines(r.err) == 1, "want one line on stderr: %s", r.err);
+    ck_assert_msg(r.outlen == 0, "stdout: %s", r.out);
+    tu_run_free(&r);
+}
+
+START_TEST(server_refusals)
+{
+    char data[300], trace[300];
+    tu_path(data, sizeof data, "never");
+    tu_path(trace, sizeof trace, "no-such-dir/trace.json");
+    refused((const char *const[]){"--memory", "--data", data, NULL}, "--memory and --data exclude each other");
+    refused((const char *const[]){"--forever", "--until-tick", "9", NULL}, "--forever and --until-tick");
+    refused((const char *const[]){"--memory", "--report-prefix", NULL}, "--report-prefix needs --report-fd");
+    refused((const char *const[]){"--memory", "--report-fd", "1000", NULL}, "--report-fd 1000: descriptor 1000 is not open");
+    refused((const char *const[]){"--data", data, "--trace", trace, NULL}, "--trace");
+    refused((const char *const[]){"--workers", "1000", NULL}, "--workers needs -1 or a number in [1, 64], got '1000'");
+    /* two bad options: a line for each */
+    tu_run r = tu_run_argv(KEEL_WORLD_BIN, (const char *const[]){"--workers", "0", "--seed", "x", NULL});
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_uint_eq(tu_count_lines(r.err), 2);
+    ck_assert(strstr(r.err, "--workers") && strstr(r.err, "--seed"));
+    tu_run_free(&r);
+    /* nothing started: the data directory was never made */
+    ck_assert_int_ne(access(data, F_OK), 0);
+}
+END_TEST
+
+/* A run's exit status and its stdout and stderr (freed by the caller). */
+static tu_run world(const char *const *args)
+{
+    return tu_run_argv(KEEL_WORLD_BIN, args);
+}
+
+static uint64_t final_hash(const char *out)
+{
+    const char *f = strstr(out, "final tick=");
+    uint64_t t, h = 0;
+    ck_assert_msg(f && sscanf(f, "final tick=%" SCNu64 " hash=%" SCNx64, &t, &h) == 2, "no final line: %s", out);
+    return h;
+}
+
+START_TEST(server_params)
+{
+    char data[300], params[340], mdb[340];
+    tu_path(data, sizeof data, "w");
+    snprintf(params, sizeof params, "%s/world.params", data);
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", data);
+    tu_run r = world((const char *const[]){"--data", data, "--seed", "3", "--entities", ENTITIES, "--until-tick", "20",
+                                           "--tick-rate", "0", "--quiet", NULL});
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    tu_run_free(&r);
+    FILE *f = fopen(params, "r");
+    ck_assert_ptr_nonnull(f);
+    char text[400] = {0};
+    ck_assert_uint_gt(fread(text, 1, sizeof text - 1, f), 0);
+    fclose(f);
+    ck_assert_msg(strstr(text, "\nseed=3\n") && strstr(text, "\nentities=" ENTITIES "\n"), "%s", text);
+
+    /* another seed or entity count: refused, the directory untouched */
+    tu_digest d0 = tu_file_digest(mdb);
+    refused((const char *const[]){"--data", data, "--seed", "7", "--until-tick", "30", "--tick-rate", "0", "--quiet",
+                                  NULL}, "--seed 7 contradicts the world");
+    r = world((const char *const[]){"--data", data, "--seed", "7", NULL});
+    ck_assert(strstr(r.err, "created with --seed 3") && strstr(r.err, "fresh --data DIR"));
+    tu_run_free(&r);
+    refused((const char *const[]){"--data", data, "--entities", "5000", NULL}, "--entities 5000 contradicts the world");
+    tu_assert_digest_eq(d0, tu_file_digest(mdb));
+
+    /* without them the recorded ones hold: the run ends on the seed-3 world's hash; the same seed continues too */
+    r = world((const char *const[]){"--data", data, "--until-tick", "30", "--tick-rate", "0", "--quiet", NULL});
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    tu_run_free(&r);
+    r = world((const char *const[]){"--data", data, "--seed", "3", "--until-tick", "40", "--tick-rate", "0", "--quiet",
+                                    NULL});
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    uint64_t h = final_hash(r.out);
+    tu_run_free(&r);
+    ck_assert_uint_eq(h, run_final((const char *const[]){"--memory", "--seed", "3", "--entities", ENTITIES,
+                                                         "--until-tick", "40", "--tick-rate", "0", "--quiet", NULL}));
+
+    /* a world without its record (made before keel-world kept one): this run's flags are recorded, with a note */
+    ck_assert_int_eq(unlink(params), 0);
+    r = world((const char *const[]){"--data", data, "--seed", "3", "--until-tick", "41", "--tick-rate", "0", "--quiet",
+                                    NULL});
+    ck_assert_msg(r.status == 0 && strstr(r.err, "has no world.params: recording --seed 3"), "%s", r.err);
+    tu_run_free(&r);
+    ck_assert_int_eq(access(params, F_OK), 0);
+    refused((const char *const[]){"--data", data, "--seed", "4", NULL}, "--seed 4 contradicts the world");
+    /* an unreadable record: exit 1 naming the file and the line */
+    tu_write_file(params, "seed=3\nentities=lots\n", 21);
+    r = world((const char *const[]){"--data", data, "--until-tick", "42", NULL});
+    ck_assert_msg(r.status == 1 && strstr(r.err, "world.params: unreadable line 'entities=lots'"), "%d %s", r.status,
+                  r.err);
+    tu_run_free(&r);
+    tu_write_file(params, "seed=3\n", 7);
+    r = world((const char *const[]){"--data", data, "--until-tick", "42", NULL});
+    ck_assert_msg(r.status == 1 && strstr(r.err, "world.params lacks entities="), "%d %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_write_file(params, "seed=3\nentities=" ENTITIES "\n", strlen("seed=3\nentities=" ENTITIES "\n"));
+
+    /* a tick the world is past: exit 2, saying so, no final line */
+    r = world((const char *const[]){"--data", data, "--until-tick", "25", "--quiet", NULL});
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_msg(strstr(r.err, "is at tick 41, past --until-tick 25"), "%s", r.err);
+    ck_assert_ptr_null(strstr(r.out, "final tick="));
+    tu_run_free(&r);
+}
+END_TEST
+
+START_TEST(server_owned_and_backup)
+{
+    char data[300], bk[300], buf[600], want[64];
+    tu_path(data, sizeof data, "live");
+    tu_path(bk, sizeof bk, "backup");
+    uint64_t ref = run_final((const char *const[]){"--memory", "--entities", ENTITIES, "--until-tick", "120",
+                                                   "--tick-rate", "0", "--quiet", NULL});
+    child c;
+    child_start(&c, (const char *const[]){"--data", data, "--entities", ENTITIES, "--forever", "--tick-rate", "0",
+                                          "--quiet", "--checkpoint-every", "15", NULL});
+    uint64_t t = 0;
+    while (t < 30 && child_line(&c, buf, sizeof buf))
+        sscanf(buf, "tick t=%" SCNu64, &t);
+    ck_assert_uint_ge(t, 30);
+
+    /* a second server: refused at once, naming the holder; the first runs on */
+    tu_run r = world((const char *const[]){"--data", data, "--until-tick", "200", "--tick-rate", "0", "--quiet", NULL});
+    snprintf(want, sizeof want, "in use by process %ld", (long)c.pid);
+    ck_assert_msg(r.status == 1 && strstr(r.err, want), "second server: exit %d: %s", r.status, r.err);
+    tu_run_free(&r);
+    uint64_t t2 = t;
+    while (t2 < t + 5 && child_line(&c, buf, sizeof buf))
+        sscanf(buf, "tick t=%" SCNu64, &t2);
+    ck_assert_uint_ge(t2, t + 5);
+
+    /* a backup of the live directory, then the server dies */
+    r = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"backup", data, bk, NULL});
+    ck_assert_msg(r.status == 0 && strstr(r.out, "backup: "), "keel-wal backup: exit %d: %s", r.status, r.err);
+    tu_run_free(&r);
+    kill(c.pid, SIGKILL);
+    int st = child_finish(&c, NULL, 0);
+    ck_assert(WIFSIGNALED(st));
+
+    /* the backup recovers a completed tick and ends where an uninterrupted run ends */
+    r = world((const char *const[]){"--data", bk, "--until-tick", "120", "--tick-rate", "0", "--quiet", NULL});
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    uint64_t rec = 0;
+    const char *line = strstr(r.out, "recovered tick=");
+    ck_assert_msg(line && sscanf(line, "recovered tick=%" SCNu64, &rec) == 1, "%s", r.out);
+    ck_assert_uint_ge(rec, 30);
+    ck_assert_uint_eq(final_hash(r.out), ref);
+    tu_run_free(&r);
+}
+END_TEST
+
+START_TEST(server_damaged_file)
+{
+    char made[300], compact[300], good[340];
+    tu_path(made, sizeof made, "made");
+    tu_path(compact, sizeof compact, "compact");
+    snprintf(good, sizeof good, "%s/data.mdb", compact);
+    tu_run r = world((const char *const[]){"--data", made, "--entities", ENTITIES, "--until-tick", "20", "--tick-rate",
+                                           "0", "--quiet", NULL});
+    ck_assert_int_eq(r.status, 0);
+    tu_run_free(&r);
+    /* compacted: no free pages, so each cut takes pages the trees use (a free page past a live file's end is no
+     * damage) */
+    r = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"backup", made, compact, NULL});
+    ck_assert_msg(r.status == 0, "%s", r.err);
+    tu_run_free(&r);
+    for (int d = 0; d < TU_DAMAGE_COUNT; d++) {
+        char name[32], data[300], mdb[340], params[340], src[340];
+        snprintf(name, sizeof name, "damaged-%d", d);
+        tu_path(data, sizeof data, name);
+        ck_assert_int_eq(mkdir(data, 0755), 0);
+        snprintf(mdb, sizeof mdb, "%s/data.mdb", data);
+        snprintf(params, sizeof params, "%s/world.params", data);
+        snprintf(src, sizeof src, "%s/world.params", compact);
+        tu_copy_file(good, mdb);
+        tu_copy_file(src, params);
+        tu_damage_apply(mdb, (tu_damage)d);
+        tu_digest d0 = tu_file_digest(mdb);
+        uint64_t m0 = tu_file_mtime_ns(mdb);
+        r = world((const char *const[]){"--data", data, "--until-tick", "40", "--tick-rate", "0", "--quiet", NULL});
+        ck_assert_msg(r.status == 1, "%s: exit %d (want 1, never a signal): %s", tu_damages[d].name, r.status, r.err);
+        ck_assert_msg(strstr(r.err, "KEEL_ECORRUPT") && strstr(r.err, "data.mdb is damaged") &&
+                      strstr(r.err, tu_damages[d].says), "%s: %s", tu_damages[d].name, r.err);
+        ck_assert_ptr_null(strstr(r.out, "final tick="));
+        tu_run_free(&r);
+        tu_assert_digest_eq(d0, tu_file_digest(mdb));
+        ck_assert_uint_eq(m0, tu_file_mtime_ns(mdb));
+    }
+}
+END_TEST
+
+/* keel-world on a pseudo-terminal of `cols` columns as its stdout and
+ * controlling terminal (so a resize sends it SIGWINCH). */
+typedef struct pty_child {
+    pid_t pid;
+    int master;
+    char buf[1 << 16];
+    size_t len;
+} pty_child;
+
+static void pty_start(pty_child *p, unsigned short cols, const char *const *args)
+{
+    p->len = 0;
+    p->master = posix_openpt(O_RDWR | O_NOCTTY);
+    ck_assert_int_ge(p->master, 0);
+    ck_assert_int_eq(grantpt(p->master), 0);
+    ck_assert_int_eq(unlockpt(p->master), 0);
+    struct winsize ws = {.ws_row = 24, .ws_col = cols};
+    ck_assert_int_eq(ioctl(p->master, TIOCSWINSZ, &ws), 0);
+    const char *slave = ptsname(p->master);
+    ck_assert_ptr_nonnull(slave);
+    p->pid = fork();
+    ck_assert_int_ge(p->pid, 0);
+    if (p->pid == 0) {
+        setsid();
+        int fd = open(slave, O_RDWR);
+        if (fd < 0 || ioctl(fd, TIOCSCTTY, 0) < 0)
+            _exit(126);
+        dup2(fd, 1);
+        const char *argv[24] = {KEEL_WORLD_BIN};
+        for (int n = 0; args[n] && n < 22; n++)
+            argv[n + 1] = args[n];
+        execv(KEEL_WORLD_BIN, (char *const *)argv);
+        _exit(127);
+    }
+}
+
+/* Read until `want` appears after offset `from` (true) or the child's end (false). */
+static bool pty_until(pty_child *p, size_t from, const char *want)
+{
+    for (;;) {
+        p->buf[p->len] = 0;
+        if (p->len > from && strstr(p->buf + from, want))
+            return true;
+        if (p->len + 1 >= sizeof p->buf)
+            return false;
+        ssize_t n = read(p->master, p->buf + p->len, sizeof p->buf - 1 - p->len);
+        if (n <= 0) /* EIO once the child closed the terminal */
+            return false;
+        p->len += (size_t)n;
+    }
+}
+
+/* Every status line in buf[from, to): they are drawn as "\r<line>\033[K". */
+static void status_lines_fit(const pty_child *p, size_t from, size_t to, size_t cols, unsigned *n, bool *wide)
+{
+    for (size_t i = from; i < to; i++) {
+        if (p->buf[i] != '\r' || strncmp(p->buf + i + 1, "tick=", 5))
+            continue;
+        const char *end = strstr(p->buf + i + 1, "\033[K");
+        ck_assert_ptr_nonnull(end);
+        size_t len = (size_t)(end - (p->buf + i + 1));
+        ck_assert_msg(len < cols, "a status line of %zu columns on a terminal of %zu: %.*s", len, cols, (int)len,
+                      p->buf + i + 1);
+        ck_assert_msg(!memchr(p->buf + i + 1, '\n', len), "a status line holds a newline");
+        *wide |= memmem(p->buf + i + 1, len, "entities=", 9) != NULL;
+        (*n)++;
+    }
+}
+
+START_TEST(server_status_line_fits)
+{
+    char data[300];
+    tu_path(data, sizeof data, "tty");
+    pty_child p;
+    pty_start(&p, 40, (const char *const[]){"--data", data, "--entities", ENTITIES, "--forever", "--tick-rate", "60",
+                                            NULL});
+    /* 40 columns: the first fields of the priority order only */
+    ck_assert(pty_until(&p, 0, "\033[K"));
+    size_t narrow_end = p.len;
+    unsigned n = 0;
+    bool wide = false;
+    status_lines_fit(&p, 0, narrow_end, 40, &n, &wide);
+    ck_assert_uint_ge(n, 1);
+    ck_assert(!wide);
+    /* widened: the next lines show more, and still fit */
+    struct winsize ws = {.ws_row = 24, .ws_col = 160};
+    ck_assert_int_eq(ioctl(p.master, TIOCSWINSZ, &ws), 0);
+    ck_assert_msg(pty_until(&p, narrow_end, "entities="), "no wider line after the resize: %s", p.buf + narrow_end);
+    ck_assert(pty_until(&p, narrow_end, "\033[K"));
+    kill(p.pid, SIGINT);
+    while (pty_until(&p, p.len, "\n\n\n")) /* to the end */
+        ;
+    ck_assert_int_eq(tu_wait(p.pid), 0);
+    close(p.master);
+    n = 0;
+    wide = false;
+    status_lines_fit(&p, narrow_end, p.len, 160, &n, &wide);
+    ck_assert(wide);
+    ck_assert_msg(strstr(p.buf, "wal_mb="), "a durable run shows the WAL: %s", p.buf);
+    ck_assert_ptr_nonnull(strstr(p.buf, "final tick="));
+
+    /* --memory: no WAL fields, however wide */
+    pty_start(&p, 250, (const char *const[]){"--memory", "--entities", ENTITIES, "--forever", "--tick-rate", "60",
+                                             NULL});
+    ck_assert(pty_until(&p, 0, "\033[K"));
+    kill(p.pid, SIGINT);
+    while (pty_until(&p, p.len, "\n\n\n"))
+        ;
+    ck_assert_int_eq(tu_wait(p.pid), 0);
+    close(p.master);
+    ck_assert_msg(strstr(p.buf, "busiest_cell=") && !strstr(p.buf, "wal_") && !strstr(p.buf, "durable_lag"),
+                  "--memory status: %s", p.buf);
+}
+END_TEST
+
 /* A suite of one case holding test; its data directories live under the
  * case's base directory, removed by the fixture (after a failure too). */
 static Suite *one_case(const char *name, const TTest *test, int timeout)
@@ -413,4 +747,11 @@ static Suite *demo_sigint(void)
     return one_case("demo_sigint", sigint_stops_cleanly, 300);
 }
 
-KEEL_TEST_MAIN(demo_cli, demo_runs, demo_crash, demo_slowdisk, demo_sigint)
+static Suite *demo_server(void)
+{
+    const TTest *t[] = {server_refusals, server_params, server_owned_and_backup, server_damaged_file,
+                        server_status_line_fits};
+    return tu_suite("demo_server", t, sizeof t / sizeof t[0], 300);
+}
+
+KEEL_TEST_MAIN(demo_cli, demo_runs, demo_crash, demo_slowdisk, demo_sigint, demo_server)

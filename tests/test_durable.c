@@ -93,38 +93,13 @@ static void mdb_path(char *out, size_t n, const char *dir)
     ck_assert_int_lt(snprintf(out, n, "%s/data.mdb", dir), (int)n);
 }
 
-/* The bytes of a file: size and a 64-bit FNV-1a over the content. */
-typedef struct fdigest {
-    uint64_t size, hash;
-} fdigest;
-
-static fdigest file_digest(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_msg(f != NULL, "cannot open %s: %s", path, strerror(errno));
-    fdigest d = {0, 1469598103934665603ull};
-    unsigned char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-        for (size_t i = 0; i < n; i++)
-            d.hash = (d.hash ^ buf[i]) * 1099511628211ull;
-        d.size += n;
-    }
-    fclose(f);
-    return d;
-}
-
-static fdigest dir_digest(const char *dir)
+/* The bytes of dir's data.mdb (tu_file_digest). */
+static tu_digest dir_digest(const char *dir)
 {
     char p[512];
     mdb_path(p, sizeof p, dir);
-    return file_digest(p);
+    return tu_file_digest(p);
 }
-
-#define ck_assert_digest_eq(a, b)                                                                         \
-    ck_assert_msg((a).size == (b).size && (a).hash == (b).hash, "data.mdb changed: %llu bytes %016llx -> " \
-                  "%llu bytes %016llx", (unsigned long long)(a).size, (unsigned long long)(a).hash,         \
-                  (unsigned long long)(b).size, (unsigned long long)(b).hash)
 
 /* ---- diagnostics ------------------------------------------------------------------------ */
 
@@ -2161,7 +2136,7 @@ START_TEST(test_corrupt_record)
         } else {
             rewrite_undecodable(dir, bad);
         }
-        fdigest d1 = dir_digest(dir);
+        tu_digest d1 = dir_digest(dir);
 
         /* refused by default */
         w_reset(w, true);
@@ -2177,9 +2152,9 @@ START_TEST(test_corrupt_record)
         ck_assert_rc(keel_runtime_step(w->rt), KEEL_ECORRUPT);
         ck_assert_rc(keel_checkpoint(w->rt), KEEL_ECORRUPT);
         ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
-        ck_assert_digest_eq(d1, dir_digest(dir));
+        tu_assert_digest_eq(d1, dir_digest(dir));
         w_close(w);
-        ck_assert_digest_eq(d1, dir_digest(dir));
+        tu_assert_digest_eq(d1, dir_digest(dir));
 
         /* truncate_bad_tail: the bad unit and everything after it go */
         keel_runtime_desc dt = d;
@@ -2419,7 +2394,7 @@ START_TEST(test_schema_extend_and_mismatch)
     ck_assert_str_eq(v.schema_names[2], "gamma");
     ck_assert_uint_eq(v.kinds[KW_KIND_SCHEMA], 1);
     dir_view_free(&v);
-    fdigest d0 = dir_digest(dir);
+    tu_digest d0 = dir_digest(dir);
 
     for (int variant = SV_SIZE; variant < SV_COUNT; variant++) {
         s_open(w, &d, variant);
@@ -2440,9 +2415,9 @@ START_TEST(test_schema_extend_and_mismatch)
         ck_assert_rc(keel_runtime_step(w->rt), KEEL_EINVAL);
         ck_assert_ptr_nonnull(strstr(keel_last_error(), sv_culprit[variant]));
         ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
-        ck_assert_digest_eq(d0, dir_digest(dir));
+        tu_assert_digest_eq(d0, dir_digest(dir));
         keel_runtime_close(w->rt);
-        ck_assert_digest_eq(d0, dir_digest(dir));
+        tu_assert_digest_eq(d0, dir_digest(dir));
     }
 
     /* a new component, registered last: stored, usable, durable */
@@ -2471,12 +2446,12 @@ START_TEST(test_schema_extend_and_mismatch)
     ck_assert_int_eq(get_i64(w->rt, de, w->delta), 44);
     keel_runtime_close(w->rt);
     /* now delta is stored: opening without it is refused */
-    fdigest d1 = dir_digest(dir);
+    tu_digest d1 = dir_digest(dir);
     s_open(w, &d, SV_BASE);
     ck_assert_rc(keel_runtime_recover(w->rt, &info), KEEL_EINVAL);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "'delta'"));
     keel_runtime_close(w->rt);
-    ck_assert_digest_eq(d1, dir_digest(dir));
+    tu_assert_digest_eq(d1, dir_digest(dir));
     free(w);
 }
 END_TEST
@@ -2526,10 +2501,10 @@ START_TEST(test_bad_data_dirs)
     /* a path under a plain file (the plain file itself: test_data_dir_is_plain_file) */
     tu_path(plain, sizeof plain, "a-file");
     tu_write_file(plain, "not a directory\n", 16);
-    fdigest fd0 = file_digest(plain);
+    tu_digest fd0 = tu_file_digest(plain);
     snprintf(under, sizeof under, "%s/sub", plain);
     try_bad_dir(under, under, io, 2);
-    ck_assert_digest_eq(fd0, file_digest(plain));
+    tu_assert_digest_eq(fd0, tu_file_digest(plain));
     /* data.mdb is a directory */
     tu_path(isdir, sizeof isdir, "mdb-is-dir");
     ck_assert_int_eq(mkdir(isdir, 0755), 0);
@@ -2544,9 +2519,9 @@ START_TEST(test_bad_data_dirs)
     for (size_t i = 0; i < sizeof junk; i++)
         junk[i] = (unsigned char)(i * 131 + 7);
     tu_write_file(mdb, junk, sizeof junk);
-    fdigest g0 = file_digest(mdb);
+    tu_digest g0 = tu_file_digest(mdb);
     try_bad_dir(garbage, garbage, corrupt, 1);
-    ck_assert_digest_eq(g0, file_digest(mdb));
+    tu_assert_digest_eq(g0, tu_file_digest(mdb));
     /* a format version from the future */
     tu_path(newer, sizeof newer, "newer-format");
     {
@@ -2561,9 +2536,9 @@ START_TEST(test_bad_data_dirs)
         ck_assert_ok(kw_store_write(st, fill_format, NULL));
         kw_store_close(st);
     }
-    fdigest n0 = dir_digest(newer);
+    tu_digest n0 = dir_digest(newer);
     try_bad_dir(newer, "99", corrupt, 1);
-    ck_assert_digest_eq(n0, dir_digest(newer));
+    tu_assert_digest_eq(n0, dir_digest(newer));
     /* an unreadable directory (root reads everything: only checked as a user) */
     if (geteuid() != 0) {
         char locked[256];
@@ -2583,9 +2558,9 @@ START_TEST(test_data_dir_is_plain_file)
     char plain[256];
     tu_path(plain, sizeof plain, "plain-file");
     tu_write_file(plain, "not a directory\n", 16);
-    fdigest fd0 = file_digest(plain);
+    tu_digest fd0 = tu_file_digest(plain);
     try_bad_dir(plain, plain, io, 2);
-    ck_assert_digest_eq(fd0, file_digest(plain));
+    tu_assert_digest_eq(fd0, tu_file_digest(plain));
 }
 END_TEST
 
@@ -2684,7 +2659,7 @@ START_TEST(test_map_growth)
     ck_assert_uint_gt(tu_stats(w->rt).wal_bytes, 3u << 20);
     uint64_t h = keel_world_hash(keel_runtime_world(w->rt));
     g_close(w);
-    fdigest f = file_digest(mdb);
+    tu_digest f = tu_file_digest(mdb);
     ck_assert_msg(f.size > (1u << 20), "data.mdb is %llu bytes", (unsigned long long)f.size);
     g_open(w, &d, 100);
     keel_recovery info;
@@ -3028,7 +3003,7 @@ START_TEST(test_map_max_enospc)
     g_close(w);
     ck_assert_logged("wal/commit_failed", "full");
     ck_assert_logged("wal/fatal", "code=KEEL_ENOSPC");
-    fdigest f = file_digest(mdb);
+    tu_digest f = tu_file_digest(mdb);
     ck_assert_uint_le(f.size, 512u << 10);
     /* reopen with room: the last tick whose step returned 0 */
     keel_runtime_desc d2 = d;

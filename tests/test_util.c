@@ -267,6 +267,153 @@ void tu_write_file(const char *path, const void *p, size_t n)
     ck_assert_int_eq(fclose(f), 0);
 }
 
+Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout)
+{
+    Suite *s = suite_create(name);
+    TCase *tc = tcase_create(name);
+    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
+    tcase_set_timeout(tc, timeout);
+    for (size_t i = 0; i < n; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+tu_digest tu_file_digest(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot open %s: %s", path, strerror(errno));
+    tu_digest d = {0, 1469598103934665603ull};
+    unsigned char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
+        for (size_t i = 0; i < n; i++)
+            d.hash = (d.hash ^ buf[i]) * 1099511628211ull;
+        d.size += n;
+    }
+    fclose(f);
+    return d;
+}
+
+void tu_copy_file(const char *src, const char *dst)
+{
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    ck_assert_msg(in && out, "cannot copy %s to %s: %s", src, dst, strerror(errno));
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0)
+        ck_assert_uint_eq(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    ck_assert_int_eq(fclose(out), 0);
+}
+
+/* LMDB's meta page on a 64-bit build (wal/store.c reads the same): a 16-byte page
+ * header, then magic (u32), version (u32), ..., the page size at 40, the main tree's root at 128, the last
+ * page at 136, the transaction id at 144; pages of 4096 bytes. */
+#define MDB_META_MAGIC 16
+#define MDB_META_VERSION 20
+#define MDB_META_PSIZE 40      /* the free database's pad */
+#define MDB_META_MAIN_ROOT 128
+#define MDB_META_LAST_PG 136
+#define MDB_META_TXNID 144
+#define MDB_PAGE 4096
+
+const struct tu_damage_info tu_damages[TU_DAMAGE_COUNT] = {
+    {"empty", "the file is empty"},
+    {"one page short", "it is truncated"},
+    {"half", "it is truncated"},
+    {"only the meta pages", "it is truncated"},
+    {"torn meta page 0", "meta page 0 has no LMDB magic"},
+    {"torn meta page 1", "meta page 1 has no LMDB magic"},
+    {"a meta pointing past the end", "is not a free page: the file is truncated"},
+    {"a root past the last page", "puts the root of the main tree at page"},
+    {"a newer LMDB data version", "has LMDB data version 2"},
+    {"100 bytes", "fewer than its first meta page"},
+    {"a page size of 1000", "gives a page size of 1000 bytes"},
+    {"two page sizes", "meta page 1 says pages are 8192 bytes, meta page 0 says 4096"},
+    {"a meta page numbered 7", "meta page 1 is not marked as one (page number 7"},
+    {"a last page of 0", "says the last page is 0, below the meta pages"},
+};
+
+static uint64_t mdb_rd64(const char *path, long off)
+{
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    uint64_t v = 0;
+    ck_assert_int_eq(pread(fd, &v, sizeof v, off), (ssize_t)sizeof v);
+    close(fd);
+    return v;
+}
+
+static void mdb_wr(const char *path, long off, const void *p, size_t n)
+{
+    int fd = open(path, O_WRONLY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(pwrite(fd, p, n, off), (ssize_t)n);
+    close(fd);
+}
+
+void tu_damage_apply(const char *mdb, tu_damage d)
+{
+    struct stat st;
+    ck_assert_int_eq(stat(mdb, &st), 0);
+    uint64_t size = (uint64_t)st.st_size, v64;
+    uint32_t v32 = 0;
+    long newest = mdb_rd64(mdb, MDB_PAGE + MDB_META_TXNID) > mdb_rd64(mdb, MDB_META_TXNID) ? MDB_PAGE : 0;
+    switch (d) {
+    case TU_DAMAGE_EMPTY:
+    case TU_DAMAGE_PAGE_SHORT:
+    case TU_DAMAGE_HALF:
+    case TU_DAMAGE_METAS_ONLY: {
+        off_t to = d == TU_DAMAGE_EMPTY ? 0 : d == TU_DAMAGE_PAGE_SHORT ? (off_t)(size - MDB_PAGE)
+                 : d == TU_DAMAGE_HALF ? (off_t)(size / 2) : 2 * MDB_PAGE;
+        ck_assert_int_eq(truncate(mdb, to), 0);
+        break;
+    }
+    case TU_DAMAGE_TORN_META0:
+    case TU_DAMAGE_TORN_META1:
+        mdb_wr(mdb, (d == TU_DAMAGE_TORN_META1 ? MDB_PAGE : 0) + MDB_META_MAGIC, &v32, 4);
+        break;
+    case TU_DAMAGE_LAST_PAST_END:
+        v64 = size / MDB_PAGE + 10;
+        mdb_wr(mdb, newest + MDB_META_LAST_PG, &v64, 8);
+        break;
+    case TU_DAMAGE_ROOT_PAST_LAST:
+        v64 = mdb_rd64(mdb, MDB_META_LAST_PG) + 1;
+        mdb_wr(mdb, MDB_META_MAIN_ROOT, &v64, 8);
+        break;
+    case TU_DAMAGE_VERSION:
+        v32 = 2;
+        mdb_wr(mdb, newest + MDB_META_VERSION, &v32, 4);
+        break;
+    case TU_DAMAGE_TINY:
+        ck_assert_int_eq(truncate(mdb, 100), 0);
+        break;
+    case TU_DAMAGE_PAGE_SIZE:
+    case TU_DAMAGE_PAGE_SIZES:
+        v32 = d == TU_DAMAGE_PAGE_SIZE ? 1000 : 8192;
+        mdb_wr(mdb, (d == TU_DAMAGE_PAGE_SIZE ? 0 : MDB_PAGE) + MDB_META_PSIZE, &v32, 4);
+        break;
+    case TU_DAMAGE_PAGE_NUMBER:
+        v64 = 7;
+        mdb_wr(mdb, MDB_PAGE, &v64, 8);
+        break;
+    case TU_DAMAGE_LAST_ZERO:
+        v64 = 0;
+        mdb_wr(mdb, newest + MDB_META_LAST_PG, &v64, 8);
+        break;
+    default:
+        ck_abort();
+    }
+}
+
+uint64_t tu_file_mtime_ns(const char *path)
+{
+    struct stat st;
+    ck_assert_msg(stat(path, &st) == 0, "cannot stat %s: %s", path, strerror(errno));
+    return (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
+}
+
 uint32_t tu_count_lines(const char *s)
 {
     uint32_t n = 0;

@@ -24,6 +24,7 @@
 #ifndef KEEL_TEST_UTIL_H
 #define KEEL_TEST_UTIL_H
 
+#include <check.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -93,6 +94,9 @@ uint32_t tu_rng_below(uint64_t *state, uint32_t n);
  * Directories a test made unreadable are made readable again first. */
 void tu_base_setup(void);
 void tu_base_teardown(void);
+/* A suite `name` of one test case `name` holding the n tests, with the
+ * base-directory fixture above and a timeout of `timeout` seconds. */
+Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout);
 /* The base directory of the running test case. */
 const char *tu_base(void);
 /* base/name into out (not created: the runtime creates its own directory). */
@@ -101,6 +105,45 @@ void tu_path(char *out, size_t n, const char *name);
 void tu_rmtree(const char *dir);
 /* Create path holding the n bytes at p. */
 void tu_write_file(const char *path, const void *p, size_t n);
+/* A file's size and FNV-1a hash of its bytes, to show it was left as it was. */
+typedef struct tu_digest {
+    uint64_t size, hash;
+} tu_digest;
+tu_digest tu_file_digest(const char *path);
+#define tu_assert_digest_eq(a, b)                                                                         \
+    ck_assert_msg((a).size == (b).size && (a).hash == (b).hash, "data.mdb changed: %llu bytes %016llx -> " \
+                  "%llu bytes %016llx", (unsigned long long)(a).size, (unsigned long long)(a).hash,         \
+                  (unsigned long long)(b).size, (unsigned long long)(b).hash)
+/* Copy the file src to dst (created or replaced). */
+void tu_copy_file(const char *src, const char *dst);
+
+/* Damage to a data.mdb, as an operator meets it (test_ops, test_walcli, test_demo). Apply it
+ * to a compacted copy (kw_store_backup: no free pages), so every page a cut removes is one
+ * the trees use. `says` is what the refusal's sentence holds. */
+typedef enum tu_damage {
+    TU_DAMAGE_EMPTY,
+    TU_DAMAGE_PAGE_SHORT,      /* one page short */
+    TU_DAMAGE_HALF,            /* half of the file */
+    TU_DAMAGE_METAS_ONLY,      /* only the two meta pages */
+    TU_DAMAGE_TORN_META0,      /* meta page 0 without LMDB's magic */
+    TU_DAMAGE_TORN_META1,
+    TU_DAMAGE_LAST_PAST_END,   /* the newest meta's last page 10 pages past the end */
+    TU_DAMAGE_ROOT_PAST_LAST,  /* meta page 0's main root past its last page */
+    TU_DAMAGE_VERSION,         /* the newest meta says LMDB data version 2 */
+    TU_DAMAGE_TINY,            /* 100 bytes: not even the first meta page */
+    TU_DAMAGE_PAGE_SIZE,       /* meta page 0 gives a page size of 1000 */
+    TU_DAMAGE_PAGE_SIZES,      /* meta page 1 gives 8192, meta page 0 4096 */
+    TU_DAMAGE_PAGE_NUMBER,     /* meta page 1 says it is page 7 */
+    TU_DAMAGE_LAST_ZERO,       /* the newest meta's last page is 0 */
+    TU_DAMAGE_COUNT
+} tu_damage;
+extern const struct tu_damage_info {
+    const char *name, *says;
+} tu_damages[TU_DAMAGE_COUNT];
+void tu_damage_apply(const char *mdb, tu_damage d);
+
+/* A file's modification time in nanoseconds. */
+uint64_t tu_file_mtime_ns(const char *path);
 /* The number of newlines in s. */
 uint32_t tu_count_lines(const char *s);
 

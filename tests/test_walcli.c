@@ -422,7 +422,7 @@ static void make_dir(char *dir, size_t n, const char *name, wl_opts o)
 
 /* ---- suite walcli_args: --help, bad arguments, directories that are not keel's ---------------- */
 
-static const char *const commands[] = {"info", "dump", "verify", "stats", "tail", "replay", "diff"};
+static const char *const commands[] = {"info", "dump", "verify", "stats", "tail", "replay", "diff", "backup"};
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
 START_TEST(test_help)
@@ -468,7 +468,14 @@ START_TEST(test_bad_arguments)
         {"dump", "@", "--to-tick", NULL},
         {"verify", "@", "--fast", NULL},
         {"stats", "@", "--top", "x", NULL},
+        {"stats", "@", "--bucket", "0", NULL},
         {"tail", "@", "--interval", "0", NULL},
+        {"backup", NULL},
+        {"backup", "@", NULL},
+        {"backup", "@", "@", NULL},                 /* DEST exists and is not empty */
+        {"backup", "@", "/nonexistent/parent/bk", NULL},
+        {"backup", "@", "x", "y", NULL},
+        {"backup", "@", "--fast", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *args[8] = {0};
@@ -500,6 +507,37 @@ static void assert_cannot_open(const char *dir, const char *cause)
         ck_assert_uint_eq(r.outlen, 0);
         tu_run_free(&r);
     }
+}
+
+/* Every command on dir, whose data.mdb is damaged: exit 1, nothing on stdout, one sentence naming the
+ * directory, data.mdb and `cause`; the file is left as it was (bytes and mtime). */
+static void assert_damaged(const char *dir, const char *cause)
+{
+    char dest[300], p[300];
+    snprintf(dest, sizeof dest, "%s-backup", dir);
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    tu_digest d0 = tu_file_digest(p);
+    uint64_t m0 = tu_file_mtime_ns(p);
+    const char *const cmds[][5] = {
+        {"info"}, {"dump"}, {"dump", "--json"}, {"verify"}, {"stats"}, {"tail"}, {"tail", "-n", "0"},
+        {"replay", "--to-tick", "1"}, {"diff", "--from-tick", "0", "--to-tick", "1"}, {"backup", dest},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        const char *args[8] = {cmds[i][0], dir, cmds[i][1], cmds[i][2], cmds[i][3], cmds[i][4], NULL};
+        tu_run r = wal_argv(args);
+        char want[320];
+        snprintf(want, sizeof want, "keel-wal: %s: data.mdb is damaged: ", dir);
+        ck_assert_msg(r.status == 1, "keel-wal %s %s: exit %d (want 1): %s", cmds[i][0], dir, r.status, r.err);
+        ck_assert_msg(!strncmp(r.err, want, strlen(want)), "keel-wal %s: '%s' does not start: %s", cmds[i][0], want,
+                      r.err);
+        ck_assert_msg(strstr(r.err, cause), "keel-wal %s %s: '%s' not in: %s", cmds[i][0], dir, cause, r.err);
+        ck_assert_uint_eq(tu_count_lines(r.err), 1);
+        ck_assert_uint_eq(r.outlen, 0);
+        tu_run_free(&r);
+    }
+    tu_assert_digest_eq(d0, tu_file_digest(p));
+    ck_assert_uint_eq(m0, tu_file_mtime_ns(p));
+    ck_assert_int_eq(access(dest, F_OK), -1); /* the refused backup created nothing */
 }
 
 /* An LMDB environment in dir holding one key in its main database: LMDB, not keel. */
@@ -556,8 +594,8 @@ START_TEST(test_bad_directories)
         junk[i] = (char)(i * 131 + 7);
     tu_write_file(p, junk, sizeof junk);
     assert_cannot_open(garbage, "not an LMDB file");
-    tu_write_file(p, "", 0); /* an empty data.mdb */
-    assert_cannot_open(garbage, "empty file");
+    tu_write_file(p, "", 0); /* an empty data.mdb: damage (exit 1), never a directory to create */
+    assert_damaged(garbage, "the file is empty");
 
     tdir(plain, sizeof plain, "plain");
     make_plain_lmdb(plain);
@@ -573,7 +611,7 @@ START_TEST(test_bad_directories)
 }
 END_TEST
 
-/* A data.mdb cut short: LMDB faults reading it; keel-wal says so and exits 2. */
+/* A data.mdb cut short: refused before LMDB maps it (which would fault); every command exits 1 saying so. */
 START_TEST(test_truncated_file)
 {
     char dir[256], p[300];
@@ -582,13 +620,29 @@ START_TEST(test_truncated_file)
     struct stat st;
     ck_assert_int_eq(stat(p, &st), 0);
     ck_assert_int_eq(truncate(p, 3 * 4096), 0); /* the meta pages survive, the trees do not */
-    static const char *const cmds[] = {"info", "dump", "verify", "stats", "tail"};
-    for (size_t i = 0; i < 5; i++) {
-        tu_run r = wal(cmds[i], dir);
-        ck_assert_msg(r.status == 2 || (i == 2 && r.status == 1), "keel-wal %s on a truncated file: exit %d: %s",
-                      cmds[i], r.status, r.err);
-        ck_assert_msg(strstr(r.err, "keel-wal: "), "no message: %s", r.err);
-        tu_run_free(&r);
+    assert_damaged(dir, "it is truncated");
+}
+END_TEST
+
+/* Each damage of tu_damage_apply, to a compacted copy of W's directory: every command refuses it (exit 1,
+ * one sentence naming data.mdb and the damage), the file unchanged. */
+START_TEST(test_damaged_files)
+{
+    char dir[256], compact[256], good[300];
+    make_dir(dir, sizeof dir, "whole", (wl_opts){.checkpoint_after = 6});
+    tdir(compact, sizeof compact, "compact");
+    tu_run r = wal_ok("backup", dir, compact);
+    tu_run_free(&r);
+    snprintf(good, sizeof good, "%s/data.mdb", compact);
+    for (int d = 0; d < TU_DAMAGE_COUNT; d++) {
+        char name[32], bad[256], mdb[300];
+        snprintf(name, sizeof name, "damaged-%d", d);
+        tdir(bad, sizeof bad, name);
+        ck_assert_int_eq(mkdir(bad, 0755), 0);
+        snprintf(mdb, sizeof mdb, "%s/data.mdb", bad);
+        tu_copy_file(good, mdb);
+        tu_damage_apply(mdb, (tu_damage)d);
+        assert_damaged(bad, tu_damages[d].says);
     }
 }
 END_TEST
@@ -1104,6 +1158,8 @@ START_TEST(test_read_only_media)
     tu_run rw = wal_ok("dump", dir, "--json"); /* the original, writable: LMDB makes lock.mdb */
     snprintf(path, sizeof path, "%s/lock.mdb", dir);
     ck_assert_int_eq(unlink(path), 0); /* a backup copies data.mdb only */
+    snprintf(path, sizeof path, "%s/keel.lock", dir);
+    ck_assert_int_eq(unlink(path), 0); /* and no runtime's lock */
     snprintf(path, sizeof path, "%s/probe", mnt);
     errno = 0;
     ck_assert_int_eq(open(path, O_CREAT | O_WRONLY, 0644), -1);
@@ -1187,7 +1243,20 @@ START_TEST(test_live_read)
     ck_assert_uint_eq(l.n, 2);
     ck_assert_uint_eq(l.lsn[1], 28);
     tu_run_free(&r);
+    /* a backup beside the runtime that owns the directory: the copy holds the same records and verifies */
+    char bk[300];
+    snprintf(bk, sizeof bk, "%s-backup", dir);
+    r = wal_ok("backup", dir, bk);
+    ck_assert_msg(js_has(r.out, "WAL LSN 1..28)"), "%s", r.out);
+    tu_run_free(&r);
     wl_close(w);
+    r = wal_ok("verify", bk);
+    ck_assert(js_has(r.out, ": ok\n"));
+    tu_run_free(&r);
+    tu_run a = wal_ok("dump", dir, "--json"), b = wal_ok("dump", bk, "--json");
+    ck_assert_str_eq(a.out, b.out);
+    tu_run_free(&a);
+    tu_run_free(&b);
 }
 END_TEST
 
@@ -1328,6 +1397,7 @@ static Suite *args_suite(void)
     tcase_add_test(tc, test_bad_arguments);
     tcase_add_test(tc, test_bad_directories);
     tcase_add_test(tc, test_truncated_file);
+    tcase_add_test(tc, test_damaged_files);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -84,14 +84,7 @@ static void kwal_expect_argv(int code, const char *err_has, const char *const *a
 /* A suite of one test case holding `tests` (the base directory fixture set). */
 static Suite *suite_of(const char *name, const TTest *const *tests, size_t n)
 {
-    Suite *s = suite_create(name);
-    TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
-    tcase_set_timeout(tc, 300);
-    for (size_t i = 0; i < n; i++)
-        tcase_add_test(tc, tests[i]);
-    suite_add_tcase(s, tc);
-    return s;
+    return tu_suite(name, tests, n, 300);
 }
 
 #define ck_assert_names_lsn(msg, lsn) \

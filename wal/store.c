@@ -20,11 +20,14 @@
  * does, and wal.after_commit is the instant after the meta page's sync.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <lmdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,6 +45,7 @@ struct kw_store {
     uint64_t map_size, map_max;
     uint32_t fail_countdown;   /* test seam */
     int fail_rc;
+    int lock_fd;               /* KW_OPEN_OWN: DIR/keel.lock, flocked; -1 otherwise */
 };
 
 struct kw_wtxn {
@@ -143,6 +147,335 @@ static int open_dbs(kw_store *s, bool create)
     return KEEL_OK;
 }
 
+/* ---- the data file's own meta pages -------------------------------------------- */
+
+/* LMDB maps data.mdb whole and trusts its meta pages: a file cut short
+ * faults (SIGBUS) at the first page past its end, and an empty file is
+ * initialised as a new environment in place. So keel reads the two meta
+ * pages itself first. lmdb.h does not publish their layout; it is mdb.c's
+ * MDB_page header followed by MDB_meta, unchanged since LMDB data version
+ * 1: page number (size_t), pad (u16), flags (u16), lower/upper (u16 each);
+ * then magic, version (u32), address, map size (size_t), the free and the
+ * main database (each u32 pad = page size in the free one, u16 flags, u16
+ * depth, 5 size_t: branch, leaf and overflow pages, entries, root), last
+ * page and transaction id (size_t). */
+#define LMDB_MAGIC 0xBEEFC0DEu
+#define LMDB_DATA_VERSION 1u
+#define LMDB_P_META 0x08u
+#define LMDB_P_INVALID ((uint64_t)(size_t)~(size_t)0)
+#define LMDB_Z sizeof(size_t)
+#define LMDB_HDR (LMDB_Z + 8)                         /* the page header */
+#define LMDB_DB0 (LMDB_HDR + 8 + 2 * LMDB_Z)          /* the free database's MDB_db */
+#define LMDB_DBSIZE (8 + 5 * LMDB_Z)
+#define LMDB_LAST (LMDB_DB0 + 2 * LMDB_DBSIZE)        /* mm_last_pg */
+#define LMDB_META_END (LMDB_LAST + 2 * LMDB_Z)
+
+#define LMDB_P_BRANCH 0x01u
+#define LMDB_P_LEAF 0x02u
+#define LMDB_F_BIGDATA 0x01u
+#define LMDB_NODE 8                                   /* MDB_node: lo, hi, flags, ksize (u16 each), then data */
+
+typedef struct lmdb_meta {
+    uint64_t pgno, root[2], last_pg, txnid;
+    uint32_t flags, magic, version, psize;
+} lmdb_meta;
+
+static uint64_t rd_size(const unsigned char *p)
+{
+    size_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static uint32_t rd_u32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The meta page at offset off; false when the file ends before it. */
+static bool read_meta(int fd, uint64_t off, lmdb_meta *m)
+{
+    unsigned char b[LMDB_META_END];
+    if (pread(fd, b, sizeof b, (off_t)off) != (ssize_t)sizeof b)
+        return false;
+    uint16_t flags;
+    memcpy(&flags, b + LMDB_Z + 2, 2);
+    *m = (lmdb_meta){.pgno = rd_size(b), .flags = flags, .magic = rd_u32(b + LMDB_HDR),
+                     .version = rd_u32(b + LMDB_HDR + 4), .psize = rd_u32(b + LMDB_DB0),
+                     .root = {rd_size(b + LMDB_DB0 + 8 + 4 * LMDB_Z), rd_size(b + LMDB_DB0 + LMDB_DBSIZE + 8 + 4 * LMDB_Z)},
+                     .last_pg = rd_size(b + LMDB_LAST), .txnid = rd_size(b + LMDB_LAST + LMDB_Z)};
+    return true;
+}
+
+/* ---- the free pages past the end of the file ----------------------------------- */
+
+/* A meta's last page is not always in the file: pages a transaction
+ * allocated at the end and freed again before its commit (LMDB's "loose"
+ * pages) are never written, yet count in the last page number. They are
+ * free, and every free page is listed in the free-page tree (the free
+ * database: transaction id -> a list of page numbers, the list counted by
+ * its first word). So the pages between the file's end and the last page
+ * must all be listed there; a page past the end that is not is one the
+ * trees may use, and the file is truncated. The walk reads the free tree
+ * only -- a few pages -- with pread, never through a map. */
+typedef struct free_walk {
+    int fd;
+    uint32_t psize;
+    uint64_t npages;           /* whole pages in the file */
+    uint64_t tail;             /* pages npages..last_pg */
+    unsigned char *seen;       /* one byte per tail page: listed free */
+    unsigned char *page;       /* psize bytes */
+    uint64_t bad;              /* a page of the free tree itself past the end (+1), or 0 */
+    uint64_t visits;           /* pages read: a damaged tree could name a page twice (a cycle) */
+    bool oom;                  /* out of memory: no verdict on the file */
+} free_walk;
+
+static bool read_page(free_walk *w, uint64_t pgno, unsigned char *buf)
+{
+    if (pgno >= w->npages) {
+        w->bad = pgno + 1;
+        return false;
+    }
+    return pread(w->fd, buf, w->psize, (off_t)(pgno * w->psize)) == (ssize_t)w->psize;
+}
+
+static void mark_free(free_walk *w, const unsigned char *ids, uint64_t n)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t pg = rd_size(ids + i * LMDB_Z);
+        if (pg >= w->npages && pg - w->npages < w->tail)
+            w->seen[pg - w->npages] = 1;
+    }
+}
+
+/* One free-list value of dsize bytes: in the leaf at `data`, or (BIGDATA)
+ * in the overflow pages starting at the page number stored there. */
+static bool walk_value(free_walk *w, const unsigned char *data, uint64_t dsize, bool big)
+{
+    if (!big) {
+        mark_free(w, data + LMDB_Z, dsize / LMDB_Z ? dsize / LMDB_Z - 1 : 0);
+        return true;
+    }
+    uint64_t first = rd_size(data), npg = (LMDB_HDR + dsize + w->psize - 1) / w->psize;
+    if (first >= w->npages || npg > w->npages - first) {
+        w->bad = (first >= w->npages ? first : w->npages) + 1;
+        return false;
+    }
+    unsigned char *buf = malloc(npg * w->psize);
+    if (!buf) {
+        w->oom = true;
+        return false;
+    }
+    bool ok = pread(w->fd, buf, npg * w->psize, (off_t)(first * w->psize)) == (ssize_t)(npg * w->psize);
+    if (ok)
+        mark_free(w, buf + LMDB_HDR + LMDB_Z, dsize / LMDB_Z ? dsize / LMDB_Z - 1 : 0);
+    free(buf);
+    return ok;
+}
+
+static bool walk_tree(free_walk *w, uint64_t pgno, int depth)
+{
+    unsigned char *p = malloc(w->psize);
+    w->oom |= !p;
+    if (!p || depth > 32 || ++w->visits > w->npages || !read_page(w, pgno, p)) {
+        free(p);
+        return false;
+    }
+    uint16_t flags, lower;
+    memcpy(&flags, p + LMDB_Z + 2, 2);
+    memcpy(&lower, p + LMDB_Z + 4, 2);
+    bool ok = (flags & (LMDB_P_BRANCH | LMDB_P_LEAF)) && lower >= LMDB_HDR && lower <= w->psize;
+    for (unsigned i = 0; ok && i < (lower - LMDB_HDR) / 2u; i++) {
+        uint16_t off, n[4];
+        memcpy(&off, p + LMDB_HDR + 2 * i, 2);
+        if ((uint32_t)off + LMDB_NODE > w->psize) {
+            ok = false;
+            break;
+        }
+        memcpy(n, p + off, sizeof n);
+        if (flags & LMDB_P_BRANCH) {
+            uint64_t child = (uint64_t)n[0] | (uint64_t)n[1] << 16 | (LMDB_Z > 4 ? (uint64_t)n[2] << 32 : 0);
+            ok = walk_tree(w, child, depth + 1);
+        } else {
+            uint64_t dsize = (uint64_t)n[0] | (uint64_t)n[1] << 16;
+            size_t at = off + LMDB_NODE + n[3];
+            bool big = n[2] & LMDB_F_BIGDATA;
+            ok = at + (big ? LMDB_Z : dsize) <= w->psize && walk_value(w, p + at, dsize, big);
+        }
+    }
+    free(p);
+    return ok;
+}
+
+/* 1 when the free tree of m lists every page from npages (the file's end)
+ * to m's last page; 0 when it does not, *missing then naming the first page
+ * it leaves out (or a page of the free tree itself past the end); a KEEL_E*
+ * code (out of memory) when it could not tell. */
+static int tail_is_free(int fd, const lmdb_meta *m, uint64_t npages, uint64_t *missing)
+{
+    free_walk w = {.fd = fd, .psize = m->psize, .npages = npages, .tail = m->last_pg + 1 - npages};
+    *missing = npages;
+    if (w.tail > (1u << 24)) /* 16 Mi pages missing: no free list explains that */
+        return 0;
+    w.seen = calloc(w.tail, 1);
+    if (!w.seen)
+        return core_fail(KEEL_ENOMEM, "out of memory checking data.mdb's free pages");
+    bool ok = m->root[0] != LMDB_P_INVALID && walk_tree(&w, m->root[0], 0);
+    uint64_t i = 0;
+    while (ok && i < w.tail && w.seen[i])
+        i++;
+    free(w.seen);
+    if (w.oom) /* never a damaged file for lack of memory */
+        return core_fail(KEEL_ENOMEM, "out of memory checking data.mdb's free pages");
+    if (!ok) {
+        *missing = w.bad ? w.bad - 1 : npages;
+        return 0;
+    }
+    *missing = npages + i;
+    return i == w.tail;
+}
+
+static int damaged(const char *path, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int damaged(const char *path, const char *fmt, ...)
+{
+    char why[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return core_fail(KEEL_ECORRUPT, "%s is damaged: %s; keel refuses it untouched (restore the directory from a backup)",
+                     path, why);
+}
+
+static int meta_ok(int fd, const char *path, int i, const lmdb_meta *m, uint32_t psize, uint64_t size, bool newest)
+{
+    static const char *const tree[2] = {"free-page", "main"};
+    if (m->magic != LMDB_MAGIC)
+        return damaged(path, "meta page %d has no LMDB magic (0x%08x)", i, m->magic);
+    if (!(m->flags & LMDB_P_META) || m->pgno != (uint64_t)i)
+        return damaged(path, "meta page %d is not marked as one (page number %llu, flags 0x%x)", i,
+                       (unsigned long long)m->pgno, m->flags);
+    if (m->version != LMDB_DATA_VERSION)
+        return damaged(path, "meta page %d has LMDB data version %u (this LMDB reads version %u)", i, m->version,
+                       LMDB_DATA_VERSION);
+    if (m->psize != psize)
+        return damaged(path, "meta page %d says pages are %u bytes, meta page 0 says %u", i, m->psize, psize);
+    if (m->last_pg < 1)
+        return damaged(path, "meta page %d says the last page is %llu, below the meta pages", i,
+                       (unsigned long long)m->last_pg);
+    for (int t = 0; t < 2; t++)
+        if (m->root[t] != LMDB_P_INVALID && (m->root[t] < 2 || m->root[t] > m->last_pg))
+            return damaged(path, "meta page %d puts the root of the %s tree at page %llu, outside pages 2..%llu", i,
+                           tree[t], (unsigned long long)m->root[t], (unsigned long long)m->last_pg);
+    for (int t = 0; t < 2; t++)
+        if (m->root[t] != LMDB_P_INVALID && m->root[t] >= size / psize)
+            return damaged(path, "meta page %d puts the root of the %s tree at page %llu, but the file ends at page "
+                           "%llu: it is truncated", i, tree[t], (unsigned long long)m->root[t],
+                           (unsigned long long)(size / psize));
+    /* the pages past the end must all be free; LMDB opens the newest meta,
+     * and the older one's free tree may since have been reused */
+    uint64_t missing;
+    int fr = newest && m->last_pg >= size / psize ? tail_is_free(fd, m, size / psize, &missing) : 1;
+    if (fr < 0)
+        return fr;
+    if (!fr)
+        return damaged(path, "meta page %d says the last page is %llu (%llu bytes of %u-byte pages), the file has "
+                       "%llu bytes, and page %llu past its end is not a free page: the file is truncated", i,
+                       (unsigned long long)m->last_pg, (unsigned long long)(m->last_pg + 1) * psize, psize,
+                       (unsigned long long)size, (unsigned long long)missing);
+    return KEEL_OK;
+}
+
+static int check_fd(int fd, const char *path)
+{
+    struct stat st;
+    if (fstat(fd, &st))
+        return core_fail(KEEL_EIO, "cannot stat %s: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return KEEL_OK; /* not a file: LMDB's open says what it is */
+    if (st.st_size == 0)
+        return damaged(path, "the file is empty (0 bytes): it has no meta page, and an empty file is never taken "
+                       "for a new world");
+    lmdb_meta m[2];
+    if (!read_meta(fd, 0, &m[0]))
+        return damaged(path, "the file has %llu bytes, fewer than its first meta page", (unsigned long long)st.st_size);
+    if (m[0].magic != LMDB_MAGIC) {
+        /* page 0 is not LMDB's: damage when page 1 (at the usual page size) is, else no LMDB file at all */
+        if (read_meta(fd, 4096, &m[1]) && m[1].magic == LMDB_MAGIC && m[1].pgno == 1)
+            return damaged(path, "meta page 0 has no LMDB magic (0x%08x) while meta page 1 has it", m[0].magic);
+        return KEEL_OK; /* LMDB says "not an LMDB file" */
+    }
+    uint32_t psize = m[0].psize;
+    if (psize < 512 || psize > 65536 || (psize & (psize - 1)))
+        return damaged(path, "meta page 0 gives a page size of %u bytes (LMDB's are powers of two from 512 to 65536)",
+                       psize);
+    if (!read_meta(fd, psize, &m[1]))
+        return damaged(path, "the file has %llu bytes, fewer than its two meta pages of %u bytes: it is truncated",
+                       (unsigned long long)st.st_size, psize);
+    /* the size after the metas: a live writer writes its pages before the meta naming them */
+    if (fstat(fd, &st))
+        return core_fail(KEEL_EIO, "cannot stat %s: %s", path, strerror(errno));
+    int rc = KEEL_OK;
+    int newest = m[1].txnid > m[0].txnid; /* the one LMDB opens */
+    for (int i = 0; i < 2 && !rc; i++)
+        rc = meta_ok(fd, path, i, &m[i], psize, (uint64_t)st.st_size, i == newest);
+    return rc;
+}
+
+int kw_store_check_file(const char *dir)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/data.mdb", dir ? dir : "");
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? KEEL_OK : core_fail(KEEL_EIO, "cannot open %s: %s", path, strerror(errno));
+    int rc = check_fd(fd, path);
+    close(fd);
+    return rc;
+}
+
+/* ---- owning the directory --------------------------------------------------------- */
+
+/* One runtime owns a data directory: two would both number WAL records after
+ * the same last LSN (LMDB serialises their writes, not their numbering) and
+ * the second would die with KEEL_EFATAL. The lock is flock(2) on
+ * DIR/keel.lock: it belongs to the open file description, so a second
+ * store in the same process is refused too, and the kernel drops it when
+ * the process dies, so a crash leaves nothing stale behind. The pid in the
+ * file only names the holder in the refusal; the lock decides. Read-only
+ * opens never take it (keel-wal works beside a server). */
+static int own_dir(kw_store *s)
+{
+    char path[4200], pid[32] = {0};
+    snprintf(path, sizeof path, "%s/keel.lock", s->dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return core_fail(KEEL_EIO, "cannot open the lock file %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB)) {
+        int e = errno;
+        ssize_t n = e == EWOULDBLOCK ? pread(fd, pid, sizeof pid - 1, 0) : -1;
+        close(fd);
+        if (e != EWOULDBLOCK)
+            return core_fail(KEEL_EIO, "cannot lock %s: %s", path, strerror(e));
+        long holder = n > 0 ? strtol(pid, NULL, 10) : 0;
+        if (holder > 0)
+            return core_fail(KEEL_EBUSY, "data directory %s is in use by process %ld (it holds %s): one runtime "
+                             "owns a directory at a time", s->dir, holder, path);
+        return core_fail(KEEL_EBUSY, "data directory %s is in use by another process (it holds %s): one runtime "
+                         "owns a directory at a time", s->dir, path);
+    }
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) || pwrite(fd, pid, (size_t)len, 0) != len) {
+        int e = errno;
+        close(fd);
+        return core_fail(KEEL_EIO, "cannot write the lock file %s: %s", path, strerror(e));
+    }
+    s->lock_fd = fd;
+    return KEEL_OK;
+}
+
 /* A new data.mdb gets its name only once it is whole on disk. LMDB writes a
  * new file's two meta pages without a sync (the first commit's fdatasync
  * covers them), so a power cut before that commit could leave a file of the
@@ -206,19 +539,20 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
         return core_fail(KEEL_ENOMEM, "out of memory opening %s", dir);
     snprintf(s->dir, sizeof s->dir, "%s", dir);
     s->readonly = readonly;
+    s->lock_fd = -1;
     s->map_size = d.map_size ? d.map_size : 64ull << 20;
     s->map_max = d.map_max ? d.map_max : 1ull << 40;
     if (s->map_size > s->map_max)
         s->map_size = s->map_max;
-    int rc = create && !readonly && stat(path, &st) ? create_data_file(s, path) : KEEL_OK;
+    /* the lock before anything is created: two creators would share data.mdb.new */
+    int rc = (d.flags & KW_OPEN_OWN) && !readonly ? own_dir(s) : KEEL_OK;
+    if (!rc)
+        rc = create && !readonly && stat(path, &st) ? create_data_file(s, path) : kw_store_check_file(dir);
+    if (!rc && (rc = mdb_env_create(&s->env)))
+        rc = core_fail(KEEL_ENOMEM, "cannot create an LMDB environment: %s", mdb_strerror(rc));
     if (rc) {
-        free(s);
+        kw_store_close(s);
         return rc;
-    }
-    rc = mdb_env_create(&s->env);
-    if (rc) {
-        free(s);
-        return core_fail(KEEL_ENOMEM, "cannot create an LMDB environment: %s", mdb_strerror(rc));
     }
     mdb_env_set_maxdbs(s->env, KW_DB_COUNT_ + 2);
     mdb_env_set_maxreaders(s->env, 126);
@@ -227,8 +561,7 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
     rc = mdb_env_open(s->env, dir, MDB_NOTLS | (readonly ? MDB_RDONLY : 0), 0644);
     if (rc) {
         int r = from_mdb(rc, "cannot open", s);
-        mdb_env_close(s->env);
-        free(s);
+        kw_store_close(s);
         return r;
     }
     MDB_envinfo info;
@@ -238,8 +571,7 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
     mdb_reader_check(s->env, &dead);
     rc = open_dbs(s, create && !readonly);
     if (rc) {
-        mdb_env_close(s->env);
-        free(s);
+        kw_store_close(s);
         return rc;
     }
     *out = s;
@@ -250,8 +582,161 @@ void kw_store_close(kw_store *s)
 {
     if (!s)
         return;
-    mdb_env_close(s->env);
+    if (s->env)
+        mdb_env_close(s->env);
+    if (s->lock_fd >= 0)
+        close(s->lock_fd); /* after LMDB let go of the files: releases the lock */
     free(s);
+}
+
+/* ---- backup ------------------------------------------------------------------------- */
+
+/* dest must be new or an empty directory: a backup never mixes with
+ * another directory's files. Creates it when missing. */
+static int backup_dest(const char *dest)
+{
+    struct stat st;
+    if (stat(dest, &st)) {
+        if (errno != ENOENT)
+            return core_fail(KEEL_EIO, "cannot use backup destination %s: %s", dest, strerror(errno));
+        if (mkdir(dest, 0755))
+            return core_fail(errno == ENOENT ? KEEL_ENOENT : KEEL_EIO, "cannot create backup destination %s: %s",
+                             dest, strerror(errno));
+        return KEEL_OK;
+    }
+    if (!S_ISDIR(st.st_mode))
+        return core_fail(KEEL_EINVAL, "backup destination %s exists and is a file: give a new directory", dest);
+    DIR *dp = opendir(dest);
+    if (!dp)
+        return core_fail(KEEL_EIO, "cannot read backup destination %s: %s", dest, strerror(errno));
+    struct dirent *e;
+    const char *first = NULL;
+    while (!first && (e = readdir(dp)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            first = e->d_name;
+    int rc = first ? core_fail(KEEL_EINVAL, "backup destination %s is not empty (it holds %s): give a new or empty "
+                                             "directory", dest, first)
+                   : KEEL_OK;
+    closedir(dp);
+    return rc;
+}
+
+static int write_all(int fd, const char *buf, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int sync_fail(const char *what, const char *path)
+{
+    return core_fail(errno == ENOSPC ? KEEL_ENOSPC : KEEL_EIO, "cannot %s %s: %s", what, path, strerror(errno));
+}
+
+/* Copy the regular file src to dst, synced. */
+static int copy_file(const char *src, const char *dst)
+{
+    int in = open(src, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        return sync_fail("read", src);
+    int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (out < 0) {
+        int rc = sync_fail("create", dst);
+        close(in);
+        return rc;
+    }
+    char buf[65536];
+    ssize_t n;
+    int rc = KEEL_OK;
+    while (!rc && (n = read(in, buf, sizeof buf)) != 0)
+        if (n < 0 ? errno != EINTR : write_all(out, buf, (size_t)n))
+            rc = n < 0 ? sync_fail("read", src) : sync_fail("write", dst);
+    if (!rc && fsync(out))
+        rc = sync_fail("sync", dst);
+    close(in);
+    close(out);
+    return rc;
+}
+
+/* The files of a data directory that belong to LMDB or to the store; the
+ * others (an application's own) travel with a backup. */
+static bool store_file(const char *name)
+{
+    return !strcmp(name, "data.mdb") || !strcmp(name, "lock.mdb") || !strcmp(name, "keel.lock") ||
+           !strncmp(name, "data.mdb.new", 12);
+}
+
+static int copy_app_files(const char *dir, const char *dest)
+{
+    DIR *dp = opendir(dir);
+    if (!dp)
+        return core_fail(KEEL_EIO, "cannot read data directory %s: %s", dir, strerror(errno));
+    struct dirent *e;
+    int rc = KEEL_OK;
+    char src[4200], dst[4200];
+    struct stat st;
+    while (!rc && (e = readdir(dp))) {
+        snprintf(src, sizeof src, "%s/%s", dir, e->d_name);
+        if (store_file(e->d_name) || stat(src, &st) || !S_ISREG(st.st_mode))
+            continue;
+        snprintf(dst, sizeof dst, "%s/%s", dest, e->d_name);
+        rc = copy_file(src, dst);
+    }
+    closedir(dp);
+    return rc;
+}
+
+/* LMDB's compacting copy runs in one read transaction of its own, so it
+ * copies exactly one committed state: every unit of work in it is whole
+ * and recovery from the copy is recovery after a crash at that commit. It
+ * omits free pages, so the copy is also the smallest form of the data. It
+ * is written under a temporary name and renamed once synced, as a new
+ * data.mdb always is (create_data_file): a failed or interrupted backup
+ * never leaves a data.mdb behind. */
+int kw_store_backup(const char *dir, const char *dest)
+{
+    if (!dir || !*dir || !dest || !*dest || strlen(dest) >= 4000)
+        return core_fail(KEEL_EINVAL, "kw_store_backup: a directory name is missing or too long");
+    kw_store *s;
+    int rc = kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &s);
+    if (rc)
+        return rc;
+    if ((rc = backup_dest(dest))) {
+        kw_store_close(s);
+        return rc;
+    }
+    char tmp[4200], final[4200];
+    snprintf(tmp, sizeof tmp, "%s/data.mdb.new", dest);
+    snprintf(final, sizeof final, "%s/data.mdb", dest);
+    rc = copy_app_files(dir, dest);
+    int fd = rc ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (!rc && fd < 0)
+        rc = sync_fail("create", tmp);
+    int mrc = fd < 0 ? 0 : mdb_env_copyfd2(s->env, fd, MDB_CP_COMPACT);
+    if (!rc && mrc)
+        rc = from_mdb(mrc, "cannot copy", s);
+    if (!rc && fsync(fd))
+        rc = sync_fail("sync", tmp);
+    if (fd >= 0)
+        close(fd);
+    if (!rc && rename(tmp, final))
+        rc = sync_fail("rename the copy to", final);
+    int dfd = rc ? -1 : open(dest, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (!rc && (dfd < 0 || fsync(dfd)))
+        rc = sync_fail("sync", dest);
+    if (dfd >= 0)
+        close(dfd);
+    if (rc)
+        unlink(tmp);
+    kw_store_close(s);
+    return rc;
 }
 
 const char *kw_store_dir(const kw_store *s)

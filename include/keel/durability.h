@@ -84,9 +84,15 @@ typedef struct keel_recovery {
  * whose id, size, alignment, discipline or fields differ from the
  * registered one -- nothing on disk is changed; the path names a file, not
  * a directory), KEEL_ECORRUPT (an invalid record: the last error names its
- * LSN and why; a data.mdb that is not LMDB; a newer format version),
- * KEEL_EIO, KEEL_ENOSPC, KEEL_ENOMEM, KEEL_EBUSY (the tick driver runs:
- * keel_runtime_start opens the directory itself before it starts). */
+ * LSN and why; a data.mdb that is not LMDB; a newer format version; a
+ * damaged data.mdb -- empty, truncated, a bad meta page -- refused before
+ * anything maps or writes it), KEEL_EIO, KEEL_ENOSPC, KEEL_ENOMEM,
+ * KEEL_EBUSY (another runtime, in this or another process, owns the
+ * directory: the last error names its pid; or the tick driver runs:
+ * keel_runtime_start opens the directory itself before it starts).
+ * The runtime owns its directory from here until keel_runtime_close: an
+ * exclusive lock on DIR/keel.lock, released by the kernel if the process
+ * dies. Read-only readers (keel-wal) are unaffected. */
 int keel_runtime_recover(keel_runtime *rt, keel_recovery *out);
 
 /* Make everything so far durable: wait until every tick completed so far

@@ -754,7 +754,7 @@ static int make_state(const dur_open_desc *o, dur_state **out)
 
 static int recover(dur_state *d, keel_recovery *out)
 {
-    kw_store_desc sd = {.flags = KW_OPEN_CREATE, .map_size = d->desc.map_size,
+    kw_store_desc sd = {.flags = KW_OPEN_CREATE | KW_OPEN_OWN, .map_size = d->desc.map_size,
                         .map_max = d->desc.map_max};
     int rc = kw_store_open(d->dir, &sd, &d->store);
     if (rc == KEEL_ENOENT) /* created when missing: ENOENT means the path is no directory */

@@ -312,9 +312,16 @@ static int precheck(const char *path)
         kwt_err(path, "not a keel data directory: no data.mdb (%s)", strerror(errno));
         return KWT_EXIT_USAGE;
     }
-    if (st.st_size == 0) {
-        kwt_err(p, "empty file: not a keel data directory");
-        return KWT_EXIT_USAGE;
+    /* a damaged data.mdb (empty, truncated, a bad meta page) is a problem
+     * found, like verify's: exit 1, before LMDB maps it */
+    int rc = kw_store_check_file(path);
+    if (rc) {
+        const char *why = keel_last_error();
+        size_t n = strlen(path);
+        if (!strncmp(why, path, n) && why[n] == '/') /* "DIR/data.mdb is damaged" reads "keel-wal: DIR: data.mdb ..." */
+            why += n + 1;
+        kwt_err(path, "%s", why);
+        return rc == KEEL_ECORRUPT ? KWT_EXIT_PROBLEM : KWT_EXIT_USAGE;
     }
     return KWT_EXIT_OK;
 }

@@ -50,6 +50,7 @@ int kwt_cmd_stats(int argc, char **argv);
 int kwt_cmd_tail(int argc, char **argv);
 int kwt_cmd_replay(int argc, char **argv);   /* walstate: replay.c */
 int kwt_cmd_diff(int argc, char **argv);     /* walstate: diff.c */
+int kwt_cmd_backup(int argc, char **argv);   /* backup.c */
 
 typedef struct kwt_command {
     const char *name;
@@ -141,8 +142,9 @@ typedef struct kwt_dir {
  * unreadable schema or checkpoint does not fail the open: it is described
  * in schema_error / checkpoint_error for the subcommand to report.
  * Returns 0, or prints "keel-wal: <path>: <cause>" and returns
- * KWT_EXIT_USAGE (missing, empty, not a keel directory, not LMDB, a newer
- * format version, I/O error). */
+ * KWT_EXIT_PROBLEM for a damaged data.mdb (empty, truncated, a bad meta
+ * page: kw_store_check_file) or KWT_EXIT_USAGE (missing, not a keel
+ * directory, not LMDB, a newer format version, I/O error). */
 int kwt_dir_open(const char *path, kwt_dir *d);
 void kwt_dir_close(kwt_dir *d);
 

@@ -18,6 +18,7 @@ const kwt_command kwt_commands[] = {
     {"tail", kwt_cmd_tail, "print the last records, and with -f new ones as they commit"},
     {"replay", kwt_cmd_replay, "rebuild the state at a tick: its hash, or an entity as JSON"},
     {"diff", kwt_cmd_diff, "entities created, destroyed and changed between two ticks"},
+    {"backup", kwt_cmd_backup, "a consistent copy of a (live) directory: keel-wal backup DIR DEST"},
     {NULL, NULL, NULL},
 };
 
@@ -25,7 +26,8 @@ static int usage(FILE *f)
 {
     fprintf(f, "usage: keel-wal <command> DIR [options]\n"
                "\n"
-               "Inspect a keel data directory (read-only; works beside a running server).\n"
+               "Inspect a keel data directory (read-only; works beside a running server),\n"
+               "or back it up.\n"
                "\n"
                "commands:\n");
     for (const kwt_command *c = kwt_commands; c->name; c++)

@@ -358,10 +358,14 @@ static int parse_args(int argc, char **argv, void *opts)
     stats_opts *o = opts;
     for (int i = 1; i < argc; i++) {
         int rc;
-        if ((rc = kwt_opt_u64("stats", argc, argv, &i, "--top", &o->top)) ||
-            (rc = kwt_opt_u64("stats", argc, argv, &i, "--bucket", &o->bucket))) {
+        if ((rc = kwt_opt_u64("stats", argc, argv, &i, "--top", &o->top))) {
             if (rc < 0)
                 return KWT_EXIT_USAGE;
+        } else if ((rc = kwt_opt_u64("stats", argc, argv, &i, "--bucket", &o->bucket))) {
+            if (rc < 0)
+                return KWT_EXIT_USAGE;
+            if (!o->bucket) /* 0 inside means "choose a width": refused rather than silently taken */
+                return kwt_usage_error("stats", "--bucket needs a width of at least 1 tick");
         } else if (!strcmp(argv[i], "--json")) {
             o->json = true;
         } else if (kwt_arg_dir("stats", argv[i], &o->dir)) {

@@ -11,12 +11,14 @@
  * is on disk) after a final checkpoint, so the next start is quick.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -31,6 +33,7 @@ typedef struct options {
     const char *trace;
     const char *data;
     bool memory;                /* --memory: no data directory */
+    bool data_given, seed_given, entities_given; /* said on the command line, not defaults */
     bool until_given;
     bool forever;
     bool wal_retain;
@@ -55,6 +58,9 @@ static void usage(FILE *to)
             "  --seed S        seed of the world's generator (default 1): the world is a pure\n"
             "                  function of the seed and the tick\n"
             "  --entities N    agents of a new world (default 100000)\n"
+            "                  A directory records the --seed and --entities of its world\n"
+            "                  (world.params); a run giving others is refused: use a fresh\n"
+            "                  --data DIR for a new world\n"
             "  --until-tick N  run until the world's tick counter reaches N (absolute, so a\n"
             "                  restarted run stops at the same tick); default: 600 more ticks\n"
             "  --forever       run until Ctrl-C (SIGINT) or SIGTERM\n"
@@ -79,16 +85,24 @@ static void usage(FILE *to)
             "`final tick=<N> hash=<16 hex digits>`.\n");
 }
 
-static int parse_u64(const char *flag, const char *s, uint64_t max, uint64_t *out)
+/* A decimal in [0, max], the whole string; -1 (nothing printed) otherwise. */
+static int parse_num(const char *s, uint64_t max, uint64_t *out)
 {
     char *end;
     errno = 0;
     unsigned long long v = s ? strtoull(s, &end, 10) : 0;
-    if (!s || !*s || *end || errno || v > max || s[0] == '-') {
+    if (!s || !*s || *end || errno || v > max || s[0] == '-')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_u64(const char *flag, const char *s, uint64_t max, uint64_t *out)
+{
+    if (parse_num(s, max, out)) {
         fprintf(stderr, "keel-world: %s needs a number in [0, %" PRIu64 "], got '%s'\n", flag, max, s ? s : "");
         return -1;
     }
-    *out = v;
     return 0;
 }
 
@@ -111,8 +125,8 @@ static int parse_workers(const char *v, int32_t *out)
         *out = -1;
         return 0;
     }
-    if (parse_u64("--workers", v, 64, &n) || n == 0) {
-        fprintf(stderr, "keel-world: --workers needs -1 or a number in [1, 64]\n");
+    if (parse_num(v, 64, &n) || n == 0) { /* one message: the range of this flag, not parse_u64's */
+        fprintf(stderr, "keel-world: --workers needs -1 or a number in [1, 64], got '%s'\n", v ? v : "");
         return -1;
     }
     *out = (int32_t)n;
@@ -159,8 +173,10 @@ static int parse_valued(const char *a, const char *v, options *o)
         return parse_durability(v, &o->durability);
     if (!strcmp(a, "--workers"))
         return parse_workers(v, &o->workers);
-    if (!strcmp(a, "--seed"))
+    if (!strcmp(a, "--seed")) {
+        o->seed_given = true;
         return parse_u64(a, v, UINT64_MAX, &o->seed);
+    }
     if (!strcmp(a, "--live-trades"))
         return parse_u64(a, v, 1000000, &o->live_trades);
     if (!strcmp(a, "--until-tick")) {
@@ -175,7 +191,7 @@ static int parse_valued(const char *a, const char *v, options *o)
         if (a[2] == 'c')
             o->checkpoint_every = n ? (int64_t)n : -1;
         else if (a[2] == 'e')
-            o->entities = (uint32_t)n;
+            o->entities = (uint32_t)n, o->entities_given = true;
         else if (a[2] == 't')
             o->tick_rate = (double)n;
         else
@@ -188,29 +204,50 @@ static int parse_valued(const char *a, const char *v, options *o)
             return -1;
         }
         *(a[2] == 'd' ? &o->data : &o->trace) = v;
+        o->data_given |= a[2] == 'd';
         return 0;
     }
-    fprintf(stderr, "keel-world: unknown argument '%s'\n", a);
-    usage(stderr);
+    fprintf(stderr, "keel-world: unknown argument '%s' (keel-world --help lists the options)\n", a);
     return -1;
+}
+
+/* Everything the command line alone decides, before anything starts: flags
+ * that contradict each other, and the resources options name. One message
+ * per problem; -1 when there was one. */
+static int validate(const options *o)
+{
+    int bad = 0;
+    if (o->memory && o->data_given)
+        bad = fprintf(stderr, "keel-world: --memory and --data exclude each other: --memory runs without a data "
+                              "directory\n");
+    if (o->forever && o->until_given)
+        bad = fprintf(stderr, "keel-world: --forever and --until-tick exclude each other\n");
+    if (o->report_prefix && o->report_fd < 0)
+        bad = fprintf(stderr, "keel-world: --report-prefix needs --report-fd FD (it adds lines to that report)\n");
+    if (o->report_fd >= 0 && fcntl(o->report_fd, F_GETFD) < 0)
+        bad = fprintf(stderr, "keel-world: --report-fd %d: descriptor %d is not open\n", o->report_fd, o->report_fd);
+    if (o->trace) { /* created now, written at exit: a run never ends on a path that cannot take it */
+        int fd = open(o->trace, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            bad = fprintf(stderr, "keel-world: --trace %s: cannot create it: %s\n", o->trace, strerror(errno));
+        else
+            close(fd);
+    }
+    return bad ? -1 : 0;
 }
 
 static int parse_args(int argc, char **argv, options *o)
 {
     *o = (options){.seed = 1, .entities = 100000, .until_tick = 600, .workers = -1, .tick_rate = 60,
                    .data = "keel-data", .checkpoint_every = 600, .report_fd = -1};
-    for (int i = 1; i < argc; i++) {
+    int bad = 0;
+    for (int i = 1; i < argc; i++) { /* on to the end: every bad option says so, once */
         if (parse_flag(argv[i], o))
             continue;
-        if (parse_valued(argv[i], i + 1 < argc ? argv[i + 1] : NULL, o))
-            return -1;
+        bad |= parse_valued(argv[i], i + 1 < argc ? argv[i + 1] : NULL, o);
         i++;
     }
-    if (o->forever && o->until_given) {
-        fprintf(stderr, "keel-world: --forever and --until-tick exclude each other\n");
-        return -1;
-    }
-    return 0;
+    return bad ? -1 : validate(o);
 }
 
 static int check(int rc, const char *what)
@@ -230,7 +267,41 @@ static void shed_players(keel_runtime *rt, uint64_t tick, void *user)
     fprintf(stderr, "keel-world: critical overload at tick %" PRIu64 ": a game server would shed players now\n", tick);
 }
 
-static int setup(world_app *app, keel_schedule **sched, const options *o)
+/* The world already in o->data: its recorded parameters stand for the
+ * flags not given, and a flag giving another value is refused (world.params,
+ * params.c). 0; 2 on a contradiction; 1 when the record is unreadable. */
+static int match_params(options *o, bool *recorded)
+{
+    world_params p;
+    int rc = params_read(o->data, &p);
+    *recorded = rc == 1;
+    if (rc <= 0)
+        return rc ? 1 : 0;
+    int bad = 0;
+    if (o->seed_given && o->seed != p.seed)
+        bad = fprintf(stderr, "keel-world: --seed %" PRIu64 " contradicts the world in %s, created with --seed %" PRIu64
+                      ": a data directory holds one world. Leave --seed out to continue it, or give a fresh "
+                      "--data DIR to start a new world\n", o->seed, o->data, p.seed);
+    if (o->entities_given && o->entities != p.entities)
+        bad = fprintf(stderr, "keel-world: --entities %u contradicts the world in %s, created with --entities %u: a "
+                      "data directory holds one world. Leave --entities out to continue it, or give a fresh "
+                      "--data DIR to start a new world\n", o->entities, o->data, p.entities);
+    o->seed = p.seed;
+    o->entities = p.entities;
+    return bad ? 2 : 0;
+}
+
+/* Record the parameters of the world just opened in o->data, once the
+ * runtime owns the directory (so two starts cannot race on the record). */
+static int record_params(const options *o, const keel_recovery *r)
+{
+    if (!r->fresh) /* a world made before keel-world kept the record: the flags of this run describe it */
+        fprintf(stderr, "keel-world: %s has no world.params: recording --seed %" PRIu64 " --entities %u for its "
+                "world\n", o->data, o->seed, o->entities);
+    return params_write(o->data, &(world_params){.seed = o->seed, .entities = o->entities});
+}
+
+static int setup(world_app *app, keel_schedule **sched, const options *o, keel_recovery *out)
 {
     app->seed = o->seed;
     app->initial_entities = o->entities;
@@ -257,6 +328,7 @@ static int setup(world_app *app, keel_schedule **sched, const options *o)
     keel_recovery r = {.fresh = true};
     if (!o->memory && check(keel_runtime_recover(app->rt, &r), "opening the data directory"))
         return -1;
+    *out = r;
     if (!r.fresh) /* printed under --quiet too: scripts look for it */
         printf("recovered tick=%" PRIu64 " in %.1f ms (checkpoint tick %" PRIu64 ", %" PRIu64 " WAL records, "
                "%" PRIu64 " side transactions)\n",
@@ -279,10 +351,55 @@ static double now_s(void)
 
 typedef struct status_line {
     bool tty;            /* stdout is a terminal: one line, rewritten */
+    bool durable;        /* a data directory: the WAL fields exist */
     double every;        /* seconds between updates */
     double last_t;       /* when the last update was printed */
     uint64_t last_tick, last_trades;
 } status_line;
+
+/* The terminal's width; set to 0 by SIGWINCH (the signal thread), measured
+ * again before the next line. */
+static _Atomic int term_cols;
+
+static int terminal_cols(void)
+{
+    int c = atomic_load(&term_cols);
+    if (c)
+        return c;
+    struct winsize ws;
+    c = ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col ? ws.ws_col : 80;
+    atomic_store(&term_cols, c);
+    return c;
+}
+
+/* The fields, in display order. */
+enum { F_TICK, F_TPS, F_ENTITIES, F_TRADES, F_TICK_MS, F_WAL_MB, F_WAL_RATIO, F_LAG, F_LEVEL, F_CELL, F_COUNT };
+
+/* On a narrow terminal fields are dropped from the end of this list: the
+ * tick and how fast it goes first, the overload level next, then what the
+ * world holds, and the WAL's volume and the busiest cell last. */
+static const int keep_order[F_COUNT] = {F_TICK, F_TPS, F_TICK_MS, F_LEVEL, F_LAG, F_ENTITIES, F_TRADES, F_WAL_MB,
+                                        F_WAL_RATIO, F_CELL};
+
+/* Join the fields that fit into width columns (all when width is 0), in
+ * display order, separated by spaces. */
+static void status_fit(char f[F_COUNT][48], int width, char *out, size_t cap)
+{
+    bool keep[F_COUNT] = {false};
+    int used = -1;
+    for (int i = 0; i < F_COUNT; i++) {
+        int k = keep_order[i], len = (int)strlen(f[k]);
+        if (len && (!width || used + 1 + len <= width)) {
+            keep[k] = true;
+            used += 1 + len;
+        }
+    }
+    size_t n = 0;
+    out[0] = 0;
+    for (int k = 0; k < F_COUNT && n < cap; k++)
+        if (keep[k])
+            n += (size_t)snprintf(out + n, cap - n, "%s%s", n ? " " : "", f[k]);
+}
 
 static void status_print(world_app *app, status_line *st, uint64_t tick)
 {
@@ -295,13 +412,27 @@ static void status_print(world_app *app, status_line *st, uint64_t tick)
     keel_runtime_stats_get(app->rt, &rs);
     uint64_t trades = atomic_load(&app->trades) + atomic_load(&app->refused);
     uint64_t busiest = atomic_load(&app->busiest_cell);
-    printf("%stick=%" PRIu64 " tps=%.1f entities=%u trades/s=%.0f tick_ms=%.2f wal_mb=%.1f wal_ratio=%.2f "
-           "durable_lag=%" PRIu64 " level=%s x%u busiest_cell=%" PRIu64 ":%" PRIu64 "%s",
-           st->tty ? "\r" : "", tick, (double)(tick - st->last_tick) / dt, rec.entities,
-           (double)(trades - st->last_trades) / dt, (double)rec.actual_ns / 1e6, (double)rs.wal_bytes / 1e6,
-           rec.wal_stored_bytes ? (double)rec.wal_raw_bytes / (double)rec.wal_stored_bytes : 0, rec.durable_lag,
-           keel_overload_level_name((keel_overload_level)rec.overload_level), rec.multiplier ? rec.multiplier : 1,
-           busiest >> 32, busiest & 0xffffffffu, st->tty ? "\033[K" : "\n");
+    char f[F_COUNT][48] = {{0}}, line[F_COUNT * 48];
+    snprintf(f[F_TICK], 48, "tick=%" PRIu64, tick);
+    snprintf(f[F_TPS], 48, "tps=%.1f", (double)(tick - st->last_tick) / dt);
+    snprintf(f[F_ENTITIES], 48, "entities=%u", rec.entities);
+    snprintf(f[F_TRADES], 48, "trades/s=%.0f", (double)(trades - st->last_trades) / dt);
+    snprintf(f[F_TICK_MS], 48, "tick_ms=%.2f", (double)rec.actual_ns / 1e6);
+    if (st->durable) { /* without a data directory there is no WAL to describe */
+        snprintf(f[F_WAL_MB], 48, "wal_mb=%.1f", (double)rs.wal_bytes / 1e6);
+        snprintf(f[F_WAL_RATIO], 48, "wal_ratio=%.2f",
+                 rec.wal_stored_bytes ? (double)rec.wal_raw_bytes / (double)rec.wal_stored_bytes : 0);
+        snprintf(f[F_LAG], 48, "durable_lag=%" PRIu64, rec.durable_lag);
+    }
+    snprintf(f[F_LEVEL], 48, "level=%s x%u", keel_overload_level_name((keel_overload_level)rec.overload_level),
+             rec.multiplier ? rec.multiplier : 1);
+    snprintf(f[F_CELL], 48, "busiest_cell=%" PRIu64 ":%" PRIu64, busiest >> 32, busiest & 0xffffffffu);
+    /* a terminal's last column would wrap the line on some terminals: one less */
+    status_fit(f, st->tty ? terminal_cols() - 1 : 0, line, sizeof line);
+    if (st->tty)
+        printf("\r%s\033[K", line);
+    else
+        printf("%s\n", line);
     fflush(stdout);
     st->last_t = t;
     st->last_tick = tick;
@@ -312,20 +443,32 @@ static void status_print(world_app *app, status_line *st, uint64_t tick)
 
 static _Atomic bool stop_requested;
 
+static void handled_signals(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    sigaddset(set, SIGWINCH);
+}
+
 /* A thread waits for SIGINT/SIGTERM (blocked in every other thread, so
  * it is the one that takes them) and asks the runtime to stop: no work in
- * a signal handler, where the runtime's locks are off limits. */
+ * a signal handler, where the runtime's locks are off limits. SIGWINCH
+ * (the terminal was resized) only has the status line measure again. */
 static void *signal_thread(void *arg)
 {
     world_app *app = arg;
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
+    handled_signals(&set);
     int sig;
-    if (sigwait(&set, &sig) == 0) {
+    while (sigwait(&set, &sig) == 0) {
+        if (sig == SIGWINCH) {
+            atomic_store(&term_cols, 0);
+            continue;
+        }
         atomic_store(&stop_requested, true);
         keel_runtime_stop(app->rt);
+        break;
     }
     return NULL;
 }
@@ -333,9 +476,7 @@ static void *signal_thread(void *arg)
 static void block_stop_signals(void)
 {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
+    handled_signals(&set);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
 }
 
@@ -372,7 +513,8 @@ static void stop_live_trades(world_app *app, pthread_t th, int *status, int quie
  * batches short enough for the status line and for Ctrl-C. */
 static int run_ticks(world_app *app, const options *o, uint64_t until)
 {
-    status_line st = {.tty = isatty(STDOUT_FILENO) == 1, .last_t = now_s(), .last_tick = keel_runtime_tick(app->rt)};
+    status_line st = {.tty = isatty(STDOUT_FILENO) == 1, .durable = !o->memory, .last_t = now_s(),
+                      .last_tick = keel_runtime_tick(app->rt)};
     st.every = st.tty ? 0.25 : 5.0;
     uint64_t batch = o->report_fd >= 0 ? 1 : o->tick_rate > 0 ? (uint64_t)(o->tick_rate / 10) + 1 : 16;
     while (!atomic_load(&stop_requested) && keel_runtime_tick(app->rt) < until) {
@@ -410,15 +552,41 @@ static int final_checks(world_app *app)
     return 0;
 }
 
+/* Destroy the queries and close the runtime: close's result (a failed final
+ * flush means the last ticks are not durable). */
+static int world_release(world_app *app)
+{
+    keel_query_destroy(app->players);
+    keel_query_destroy(app->merchants);
+    keel_query_destroy(app->agents);
+    return keel_runtime_close(app->rt);
+}
+
 int main(int argc, char **argv)
 {
     options o;
     if (parse_args(argc, argv, &o))
         return 2;
+    bool recorded = false;
+    int status = o.memory ? 0 : match_params(&o, &recorded);
+    if (status)
+        return status;
     block_stop_signals(); /* before any thread starts: they all inherit the mask */
     world_app app = {.report_fd = -1};
     keel_schedule *sched = NULL;
-    int status = setup(&app, &sched, &o) ? 1 : 0;
+    keel_recovery rec = {.fresh = true};
+    status = setup(&app, &sched, &o, &rec) ? 1 : 0;
+    if (!status && !o.memory && !recorded && record_params(&o, &rec))
+        status = 1;
+    if (!status && o.until_given && o.until_tick < keel_runtime_tick(app.rt)) {
+        /* exit 2, no final line: the tick asked for cannot be reached, and its hash is not this world's */
+        fprintf(stderr, "keel-world: the world in %s is at tick %" PRIu64 ", past --until-tick %" PRIu64 ": a world "
+                "does not go back (keel-wal replay %s --to-tick %" PRIu64 " rebuilds that tick's state)\n", o.data,
+                keel_runtime_tick(app.rt), o.until_tick, o.data, o.until_tick);
+        keel_schedule_destroy(sched);
+        world_release(&app);
+        return 2;
+    }
     pthread_t sig_th, live_th;
     bool sig_on = !status && pthread_create(&sig_th, NULL, signal_thread, &app) == 0;
     uint64_t until = o.forever ? UINT64_MAX : o.until_given ? o.until_tick : keel_runtime_tick(app.rt) + 600;
@@ -433,23 +601,22 @@ int main(int argc, char **argv)
         status = final_checks(&app);
     if (!status && atomic_load(&stop_requested) && !o.memory)
         status = check(keel_checkpoint(app.rt), "writing the final checkpoint") ? 1 : 0;
-    if (!status && o.trace)
-        status = check(keel_trace_export(app.rt, o.trace), "writing the trace") ? 1 : 0;
     if (!status) {
         report_state(&app);
         uint64_t t = keel_runtime_tick(app.rt), h = keel_world_hash(app.w);
         report_line(&app, "final tick=%" PRIu64 " hash=%016" PRIx64, t, h);
         printf("final tick=%" PRIu64 " hash=%016" PRIx64 "\n", t, h);
+        fflush(stdout);
     }
+    /* after `final`: the world's result stands whatever happens to the trace */
+    if (!status && o.trace)
+        status = check(keel_trace_export(app.rt, o.trace), "writing the trace") ? 1 : 0;
     if (sig_on) {
         pthread_kill(sig_th, SIGTERM); /* ends its sigwait if no signal came; rt is still open */
         pthread_join(sig_th, NULL);
     }
     keel_schedule_destroy(sched); /* a no-op once installed: the runtime owns it */
-    keel_query_destroy(app.players);
-    keel_query_destroy(app.merchants);
-    keel_query_destroy(app.agents);
-    if (check(keel_runtime_close(app.rt), "closing the runtime")) /* the final flush failed: not durable */
+    if (check(world_release(&app), "closing the runtime")) /* the final flush failed: not durable */
         status = 1;
     return status;
 }

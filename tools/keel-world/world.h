@@ -106,4 +106,14 @@ uint32_t world_start_items(void);
 void report_line(const world_app *app, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int report_state(world_app *app);
 
+/* world.params (params.c): the parameters a data directory's world was
+ * created with. params_read: 1 read, 0 no record, -1 unreadable (printed);
+ * params_write: 0, or -1 (printed). */
+typedef struct world_params {
+    uint64_t seed;
+    uint32_t entities;
+} world_params;
+int params_read(const char *dir, world_params *p);
+int params_write(const char *dir, const world_params *p);
+
 #endif

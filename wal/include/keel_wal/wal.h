@@ -394,6 +394,9 @@ typedef enum kw_db {
 
 #define KW_OPEN_READONLY 1u   /* never write (tools; works beside a live server) */
 #define KW_OPEN_CREATE 2u     /* create the directory and the databases when missing */
+#define KW_OPEN_OWN 4u        /* own the directory: hold the exclusive lock of DIR/keel.lock (with the
+                                 holder's pid in it) for the store's life; another owner is refused
+                                 with KEEL_EBUSY naming the holder (the runtime's open; never READONLY) */
 
 typedef struct kw_store_desc {
     uint32_t flags;           /* KW_OPEN_* */
@@ -402,10 +405,35 @@ typedef struct kw_store_desc {
 } kw_store_desc;
 
 /* Open the LMDB environment of data directory dir (clearing stale reader
- * slots). Errors: KEEL_ENOENT (no data directory / not a keel directory
- * and no CREATE), KEEL_ECORRUPT (a newer format version, or not LMDB),
+ * slots). An existing data.mdb passes kw_store_check_file before LMDB maps
+ * or writes it. Errors: KEEL_ENOENT (no data directory / not a keel
+ * directory and no CREATE), KEEL_ECORRUPT (kw_store_check_file's damage, a
+ * newer format version, or not LMDB), KEEL_EBUSY (KW_OPEN_OWN: another
+ * process or store owns the directory; the sentence names its pid),
  * KEEL_EIO, KEEL_ENOMEM. */
 int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out);
+/* Check dir/data.mdb against its own two meta pages without mapping it:
+ * an empty file, a file shorter than its meta pages, a meta page that is
+ * not one (page flags, page number, LMDB magic, data version, page size
+ * differing from the other's), a root beyond the meta's last page, or a
+ * last page beyond the file's end (a truncated file, which LMDB would map
+ * and fault on). Both metas must pass: LMDB has no checksum to tell a torn
+ * meta from a damaged one, and refuses a bad magic in either itself.
+ * 0 when the file passes, is missing, or carries no LMDB magic at all
+ * (LMDB itself then says "not an LMDB file"); KEEL_ECORRUPT with a
+ * sentence naming the file and the damage; KEEL_EIO. */
+int kw_store_check_file(const char *dir);
+/* A consistent, compacted copy of the live data directory dir in dest
+ * (LMDB's compacting copy inside one read transaction, so it holds whole
+ * committed transactions only): dest/data.mdb, written as data.mdb.new,
+ * synced and renamed, plus the directory's other regular files (an
+ * application's own files, such as keel-world's world.params), copied as
+ * they are. dest must not exist (it is created; its parent must exist) or
+ * be an empty directory. Works beside a running server (a reader).
+ * Errors: KEEL_EINVAL (dest exists and is not an empty directory),
+ * KEEL_ENOENT (dir is no keel data directory), KEEL_ECORRUPT, KEEL_EIO,
+ * KEEL_ENOSPC, KEEL_ENOMEM. On an error dest holds no data.mdb. */
+int kw_store_backup(const char *dir, const char *dest);
 void kw_store_close(kw_store *s);
 const char *kw_store_dir(const kw_store *s);
 /* Size in bytes of data.mdb. */
