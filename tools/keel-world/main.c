@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "metrics_http.h"
 #include "world.h"
 
 typedef struct options {
@@ -30,6 +31,7 @@ typedef struct options {
     double tick_rate;
     const char *trace;
     const char *data;
+    const char *metrics;        /* --metrics HOST:PORT */
     bool memory;                /* --memory: no data directory */
     bool until_given;
     bool forever;
@@ -48,7 +50,7 @@ static void usage(FILE *to)
             "usage: keel-world [--data DIR | --memory] [--seed S] [--entities N]\n"
             "                  [--until-tick N | --forever] [--workers N] [--tick-rate HZ]\n"
             "                  [--durability MODE] [--checkpoint-every N] [--wal-retain]\n"
-            "                  [--live-trades R] [--trace FILE] [--quiet]\n"
+            "                  [--live-trades R] [--trace FILE] [--metrics HOST:PORT] [--quiet]\n"
             "  --data DIR      data directory (default ./keel-data): the world is recovered\n"
             "                  from it at start and written to it as it runs\n"
             "  --memory        no data directory: the world lives in memory only\n"
@@ -68,6 +70,9 @@ static void usage(FILE *to)
             "  --live-trades R a network-like thread also submits R trades/s (keel_submit,\n"
             "                  IMMEDIATE); the run is then no longer a function of the seed\n"
             "  --trace FILE    write a Chrome trace-event JSON of the last ticks at exit\n"
+            "  --metrics HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics while\n"
+            "                  the world runs (port 0: any free port; the line `metrics\n"
+            "                  http://ADDR:PORT/metrics` names it)\n"
             "  --quiet         no status line; the recovery and final lines always print\n"
             "  --report-fd FD  write the report protocol (docs/demo.md) to FD: used by\n"
             "                  keel-crash; the run then steps one tick at a time\n"
@@ -180,6 +185,10 @@ static int parse_valued(const char *a, const char *v, options *o)
             o->tick_rate = (double)n;
         else
             o->report_fd = (int)n;
+        return 0;
+    }
+    if (!strcmp(a, "--metrics")) { /* checked when main listens, before anything starts */
+        o->metrics = v ? v : "";
         return 0;
     }
     if (!strcmp(a, "--data") || !strcmp(a, "--trace")) {
@@ -415,10 +424,21 @@ int main(int argc, char **argv)
     options o;
     if (parse_args(argc, argv, &o))
         return 2;
+    char bound[160];
+    int metrics_fd = o.metrics ? metrics_listen(o.metrics, bound, sizeof bound) : -1;
+    if (o.metrics && metrics_fd < 0)
+        return 2;
+    if (o.metrics) /* printed under --quiet too: with port 0 it names the port */
+        printf("metrics http://%s/metrics\n", bound);
     block_stop_signals(); /* before any thread starts: they all inherit the mask */
     world_app app = {.report_fd = -1};
     keel_schedule *sched = NULL;
     int status = setup(&app, &sched, &o) ? 1 : 0;
+    metrics_http *metrics = NULL;
+    if (metrics_fd >= 0 && status)
+        close(metrics_fd);
+    else if (metrics_fd >= 0 && !(metrics = metrics_serve(metrics_fd, app.rt)))
+        status = 1;
     pthread_t sig_th, live_th;
     bool sig_on = !status && pthread_create(&sig_th, NULL, signal_thread, &app) == 0;
     uint64_t until = o.forever ? UINT64_MAX : o.until_given ? o.until_tick : keel_runtime_tick(app.rt) + 600;
@@ -445,6 +465,7 @@ int main(int argc, char **argv)
         pthread_kill(sig_th, SIGTERM); /* ends its sigwait if no signal came; rt is still open */
         pthread_join(sig_th, NULL);
     }
+    metrics_stop(metrics); /* the last scrape ends before the runtime closes */
     keel_schedule_destroy(sched); /* a no-op once installed: the runtime owns it */
     keel_query_destroy(app.players);
     keel_query_destroy(app.merchants);
