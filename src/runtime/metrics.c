@@ -261,15 +261,17 @@ static void write_systems(mw *w, const keel_runtime *rt, const keel_runtime_stat
 
 static void write_txns(mw *w, const keel_runtime *rt, const keel_runtime_stats *st)
 {
-    keel_runtime *m = (keel_runtime *)rt;
-    uint64_t side_commits = atomic_load(&m->txn.counts.commits), side_aborts = atomic_load(&m->txn.counts.aborts);
+    /* by kind: the published base holds the system transactions' counts, and
+     * st (base + side) was composed from side counters read once, so the
+     * difference is the side counts st holds, never a later value */
+    const keel_runtime_stats *sys = &rt->met.pub;
     family(w, "keel_transaction_commits_total", "counter", "Transactions committed, by kind (system or side).");
-    mw_printf(w, "keel_transaction_commits_total{kind=\"system\"} %" PRIu64 "\n", st->commits - side_commits);
-    mw_printf(w, "keel_transaction_commits_total{kind=\"side\"} %" PRIu64 "\n", side_commits);
+    mw_printf(w, "keel_transaction_commits_total{kind=\"system\"} %" PRIu64 "\n", sys->commits);
+    mw_printf(w, "keel_transaction_commits_total{kind=\"side\"} %" PRIu64 "\n", st->commits - sys->commits);
     family(w, "keel_transaction_aborts_total", "counter",
            "Transactions rolled back, by kind (system: failed; side: aborted or refused).");
-    mw_printf(w, "keel_transaction_aborts_total{kind=\"system\"} %" PRIu64 "\n", st->aborts - side_aborts);
-    mw_printf(w, "keel_transaction_aborts_total{kind=\"side\"} %" PRIu64 "\n", side_aborts);
+    mw_printf(w, "keel_transaction_aborts_total{kind=\"system\"} %" PRIu64 "\n", sys->aborts);
+    mw_printf(w, "keel_transaction_aborts_total{kind=\"side\"} %" PRIu64 "\n", st->aborts - sys->aborts);
     sample_u64(w, "keel_side_conflicts_total", "counter", "Side transactions refused with KEEL_ECONFLICT.",
                st->conflicts);
 }
