@@ -24,7 +24,12 @@ PREFIX     ?= /usr/local
 
 # Debian packages the build and the tests need (groff-base: the man pages'
 # test renders them with groff).
-DEB_PACKAGES := build-essential cmake pkg-config liblmdb-dev lmdb-utils liburcu-dev libzstd-dev check groff-base
+DEB_PACKAGES := build-essential cmake pkg-config liblmdb-dev lmdb-utils liburcu-dev libzstd-dev check groff-base \
+                libmicrohttpd-dev
+# ... and what only the tests run: promtool (in prometheus) and curl check
+# keel-world --metrics. The test targets pass them on to deps.
+TEST_DEB_PACKAGES := prometheus curl
+test test-asan test-tsan: DEPS_EXTRA := $(TEST_DEB_PACKAGES)
 
 .PHONY: all deps build run test test-asan test-tsan bench fuzz install clean
 
@@ -34,7 +39,7 @@ all: build
 # without a password, otherwise say exactly what to run.
 deps:
 	@missing=""; \
-	for p in $(DEB_PACKAGES); do \
+	for p in $(DEB_PACKAGES) $(DEPS_EXTRA); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \

@@ -17,6 +17,7 @@
 #include "keel/durability.h"
 #include "keel/view.h"
 #include "keel/telemetry.h"
+#include "keel/metrics.h"
 #include "keel/failpoint.h"
 #include "keel/version.h"
 

@@ -237,6 +237,7 @@ struct ckpt_job {
     uint32_t ndels;
     uint32_t count;            /* this checkpoint's number */
     int rc;
+    uint64_t start_ns;         /* when ckpt_maybe began the capture (the duration histogram's start) */
 };
 
 void ckpt_job_free(ckpt_job *j)
@@ -545,6 +546,7 @@ void ckpt_committed(dur_state *d, ckpt_job *j, int rc)
             stored_put(d->stored, j->puts[i].code, j->puts[i].hash);
         d->ckpt_count = j->count;
         atomic_fetch_add(&d->ckpt_taken, 1);
+        core_hist_observe(&d->ckpt_hist, core_now_ns() - j->start_ns);
     } else if (!d->ckpt_rc && rc != KEEL_ENOMEM) {
         d->ckpt_rc = rc;
     }
@@ -693,6 +695,7 @@ int ckpt_maybe(dur_state *d, uint64_t tick, bool force)
         return rc;
     j->covered_lsn = dur_cover(d);
     j->count = d->ckpt_count + 1;
+    j->start_ns = now;
     (void)KEEL_FAILPOINT(CKPT_AFTER_CAPTURE);
     d->last_ckpt_tick = tick;
     d->last_ckpt_ns = now;

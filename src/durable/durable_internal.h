@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "core/core.h"
+#include "core/hist.h"
 #include "keel/durability.h"
 #include "keel/txn.h"
 #include "keel_wal/wal.h"
@@ -41,6 +42,7 @@ typedef struct dur_item {
     bool empty_tick;           /* only the TICK_COMMIT of a tick that changed nothing */
     kw_buf recs;               /* sealed records, back to back */
     ckpt_job *ckpt;            /* DUR_CHECKPOINT */
+    uint64_t queued_ns;        /* when dur_enqueue queued it (the commit latency's start) */
 } dur_item;
 
 /* Something to run once an LSN is durable (a ticket's completion). */
@@ -103,6 +105,13 @@ typedef struct dur_state {
 
     /* counters (writer thread; read racily for telemetry) */
     _Atomic uint64_t fsyncs, wal_bytes, wal_raw_bytes;
+    _Atomic uint64_t wal_records; /* records committed (wal_bytes: their stored bytes) */
+    /* histograms for the metrics exposition (runtime/metrics.c reads them while
+     * they fill; dur_metrics_init gives them their buckets) */
+    core_hist commit_hist;     /* ns from an item's hand-off (dur_enqueue) until its records are durable */
+    core_hist fsync_hist;      /* ns of the LMDB commit: page writes, fdatasync, the meta page's sync */
+    core_hist group_hist;      /* records per synced commit (the group commit's size) */
+    core_hist ckpt_hist;       /* ns from a checkpoint's capture until the writer recorded it */
     uint64_t bytes_since_ckpt;
 
     /* ---- checkpoints (checkpoint.c) ---- */
@@ -148,6 +157,8 @@ typedef struct dur_state {
 /* ---- writer.c ------------------------------------------------------------------------ */
 
 int dur_writer_start(dur_state *d);
+/* Give the histograms above their buckets (at the state's creation). */
+void dur_metrics_init(dur_state *d);
 /* Drain the queue (every held record committed) and stop the writer. */
 void dur_writer_stop(dur_state *d);
 /* Seal the records in item->recs with consecutive LSNs and queue the item

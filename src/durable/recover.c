@@ -727,6 +727,7 @@ static int make_state(const dur_open_desc *o, dur_state **out)
     pthread_mutex_init(&d->ckpt_mu, NULL);
     pthread_cond_init(&d->ckpt_cv, NULL);
     pthread_mutex_init(&d->pin_mu, NULL);
+    dur_metrics_init(d);
     d->mode = o->mode;
     d->zstd_level = dd->zstd_level ? dd->zstd_level : KW_CODEC_LEVEL_DEFAULT;
     d->ckpt_every_ticks = dd->checkpoint_every_ticks ? dd->checkpoint_every_ticks : 3600;

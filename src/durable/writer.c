@@ -195,6 +195,13 @@ int dur_sync_request(dur_state *d, uint64_t lsn)
 
 /* ---- producers ------------------------------------------------------------------------- */
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
 {
     pthread_mutex_lock(&d->mu);
@@ -238,6 +245,7 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
         item->last_lsn = lsn;
     }
     d->queued_bytes += item->recs.len;
+    item->queued_ns = now_ns();
     if (last_lsn)
         *last_lsn = item->last_lsn;
     item->next = NULL;
@@ -256,18 +264,13 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
 typedef struct batch {
     dur_item *head, **tail;
     size_t bytes;
+    uint64_t records;          /* records in the batch (a checkpoint's marker included) */
     uint64_t last_lsn, last_tick;
     uint64_t oldest_ns;
+    uint64_t filled_ns;        /* the last fill's end: the LMDB commit (and its syncs) starts there */
     bool need_sync;
     dur_state *d;
 } batch;
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static int fill(kw_wtxn *txn, void *arg)
 {
@@ -293,6 +296,7 @@ static int fill(kw_wtxn *txn, void *arg)
                 return rc;
         }
     }
+    b->filled_ns = now_ns(); /* a fill retried after the map grew sets it again */
     return KEEL_OK;
 }
 
@@ -304,8 +308,10 @@ static void batch_add(batch *b, dur_item *it)
     if (!b->bytes && !b->need_sync)
         b->oldest_ns = now_ns();
     b->bytes += it->recs.len;
-    if (it->last_lsn)
+    if (it->last_lsn) {
         b->last_lsn = it->last_lsn;
+        b->records += it->last_lsn - it->first_lsn + 1;
+    }
     if (it->tick)
         b->last_tick = it->tick;
     if (it->mode != KEEL_DURABLE_DEFERRED || it->kind != DUR_RECORDS)
@@ -324,6 +330,9 @@ static void batch_commit(dur_state *d, batch *b)
     if (!rc && work) {
         atomic_fetch_add(&d->fsyncs, 1);
         atomic_fetch_add(&d->wal_bytes, b->bytes);
+        atomic_fetch_add(&d->wal_records, b->records);
+        core_hist_observe(&d->fsync_hist, t1 - b->filled_ns);
+        core_hist_observe(&d->group_hist, b->records);
     }
     if (rc) {
         /* latch before anyone learns of the failure: a checkpoint waiter
@@ -336,6 +345,8 @@ static void batch_commit(dur_state *d, batch *b)
     }
     for (dur_item *it = b->head; it;) {
         dur_item *next = it->next;
+        if (!rc && it->last_lsn) /* durable at t1: published below, before anyone is told */
+            core_hist_observe(&d->commit_hist, t1 - it->queued_ns);
         if (it->kind == DUR_CHECKPOINT) {
             ckpt_committed(d, it->ckpt, rc);
             it->ckpt = NULL;
@@ -420,6 +431,35 @@ static void *writer_main(void *arg)
     }
     pthread_mutex_unlock(&d->mu);
     return NULL;
+}
+
+/* The buckets (docs/operations.md "Monitor"): a synced commit takes from
+ * tens of microseconds (a write cache) to tens of milliseconds (a disk that
+ * really flushes); a GROUP tick's records wait for one batch, a DEFERRED
+ * one up to DUR_DEFER_MAX_NS; at 60 Hz a group commit holds a tick's
+ * records and the side transactions beside them. */
+static const uint64_t fsync_bounds[] = {
+    50000, 100000, 250000, 500000, 1000000, 2000000, 5000000, 10000000, 25000000, 50000000, 100000000,
+    250000000, 1000000000,
+};
+static const uint64_t commit_bounds[] = {
+    250000, 500000, 1000000, 2000000, 5000000, 10000000, 20000000, 50000000, 100000000, 250000000,
+    500000000, 1000000000, 2500000000,
+};
+static const uint64_t group_bounds[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096};
+static const uint64_t ckpt_bounds[] = {
+    10000000, 50000000, 100000000, 250000000, 500000000, 1000000000, 2500000000, 5000000000, 10000000000,
+    30000000000, 60000000000, 300000000000,
+};
+
+#define NBOUNDS(a) ((uint32_t)(sizeof(a) / sizeof((a)[0])))
+
+void dur_metrics_init(dur_state *d)
+{
+    core_hist_init(&d->fsync_hist, fsync_bounds, NBOUNDS(fsync_bounds));
+    core_hist_init(&d->commit_hist, commit_bounds, NBOUNDS(commit_bounds));
+    core_hist_init(&d->group_hist, group_bounds, NBOUNDS(group_bounds));
+    core_hist_init(&d->ckpt_hist, ckpt_bounds, NBOUNDS(ckpt_bounds));
 }
 
 int dur_writer_start(dur_state *d)

@@ -126,6 +126,7 @@ void overload_after_tick(keel_runtime *rt)
         if (rt->on_critical)
             rt->on_critical(rt, tick, rt->critical_user);
     }
+    metrics_publish(rt, false); /* the step published before these counters changed */
 }
 
 /* Run up to `ticks` ticks (UINT64_MAX: until stopped) on this thread.

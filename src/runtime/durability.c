@@ -29,12 +29,15 @@ static int open_data_dir(keel_runtime *rt)
         rt->txn.log = (txn_log){&dur_txn_log, rt->dur};
         rc = view_publish(&rt->txn, rt->recovery.tick); /* readers see the recovered state at once */
     }
+    if (!rc)
+        metrics_publish(rt, true);
     return rc;
 }
 
 void runtime_close_data_dir(keel_runtime *rt)
 {
     rt->txn.log = (txn_log){0};
+    metrics_forget_dur(rt);
     dur_close(rt->dur);
     rt->dur = NULL;
 }

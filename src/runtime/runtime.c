@@ -107,6 +107,7 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     bool durable_world = rt->data_dir != NULL;
     pthread_mutex_init(&rt->watchdog_lock, NULL);
     pthread_cond_init(&rt->watchdog_cond, NULL);
+    metrics_init(rt);
     pthread_mutex_init(&rt->stop_lock, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -232,6 +233,7 @@ int keel_runtime_close(keel_runtime *rt)
     if (rt->txn.world)
         txn_state_fini(&rt->txn);
     telemetry_fini(rt);
+    metrics_fini(rt);
     keel_world_destroy(rt->world);
     pthread_mutex_destroy(&rt->watchdog_lock);
     pthread_cond_destroy(&rt->watchdog_cond);
@@ -291,6 +293,7 @@ int keel_runtime_set_schedule(keel_runtime *rt, keel_schedule *s)
     if (!st)
         return core_fail(KEEL_ENOMEM, "keel_runtime_set_schedule: out of memory");
     keel_schedule *old = rt->ex.sched;
+    metrics_lock(rt); /* a scrape reads the systems' names and counters under it */
     pthread_mutex_lock(&rt->watchdog_lock); /* the watchdog reads st and sched under it */
     free_system_state(rt);
     rt->ex.st = st;
@@ -301,14 +304,18 @@ int keel_runtime_set_schedule(keel_runtime *rt, keel_schedule *s)
     int rc = dispatch_prepare(&rt->ex);
     if (!rc)
         rc = telemetry_size(rt, s->nsys);
+    if (!rc)
+        rc = metrics_size(rt, s->nsys);
     if (rc) {
         free_system_state(rt);
         rt->ex.sched = NULL;
+        metrics_unlock(rt);
         return rc;
     }
     s->installed = true;
     if (old && old != s)
         schedule_free(old);
+    metrics_unlock(rt);
     return KEEL_OK;
 }
 
@@ -557,6 +564,8 @@ static void tick_end(keel_runtime *rt, uint64_t start, uint64_t sync_start)
     rt->stats.systems_throttled += rec.systems_throttled;
     rt->stats.rows_deferred += rec.deferred_rows;
     rt->stats.ticks_at_level[rec.overload_level]++;
+    core_hist_observe(&rt->met.tick_hist, rec.actual_ns);
+    rt->met.skipped += rec.multiplier > 1 ? rec.multiplier - 1 : 0; /* grid points a stretched interval passed over */
 }
 
 /* A periodic checkpoint that cannot be captured for lack of memory is not
@@ -632,6 +641,7 @@ int runtime_step(keel_runtime *rt)
     txn_tick_end(rt);
     atomic_store(&rt->tick, tick);
     rt->stats.ticks++;
+    metrics_publish(rt, false);
     if (rt->dur && !fence_rc) {
         if (rt->txn.durability == KEEL_DURABLE_IMMEDIATE)
             fence_rc = dur_wait(rt->dur, dur_last_lsn(rt->dur), false); /* the tick returns only once it is on disk */

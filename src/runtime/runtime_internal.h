@@ -17,6 +17,7 @@
 #include "keel/runtime.h"
 #include "keel/telemetry.h"
 
+#include "core/hist.h"
 #include "durable/durable_internal.h"
 #include "runtime/overload.h"
 #include "sched/sched_internal.h"
@@ -29,6 +30,23 @@ typedef struct rt_telemetry {
     keel_system_record *systems;   /* capacity x nsys */
     uint32_t nsys;
 } rt_telemetry;
+
+/* What keel_metrics_write reads (runtime/metrics.c). A scrape runs on any
+ * thread while the runtime ticks: the tick thread publishes a copy of its
+ * plain counters under `mu` at the end of each step, with a trylock, so a
+ * scrape holding `mu` makes it skip one publication and never wait; every
+ * other figure is an atomic or a fixed-bucket histogram. */
+typedef struct rt_metrics {
+    pthread_mutex_t mu;            /* the fields below marked (mu); a scrape holds it while it writes */
+    keel_runtime_stats pub;        /* rt->stats and the recovery time at the last publication (mu) */
+    uint64_t pub_ckpt_tick;        /* the last checkpoint's tick then (mu) */
+    uint32_t pub_entities;         /* live entities at the last tick's end (mu) */
+    uint64_t pub_skipped;          /* grid ticks the tick multiplier left out, summed (mu) */
+    struct dur_state *dur;         /* rt->dur once recovered, NULL before it closes (mu) */
+    _Atomic uint64_t *sys_ns;      /* per system (tel.nsys): time run, ns; the array is replaced under mu */
+    uint64_t skipped;              /* pub_skipped's source (tick thread) */
+    core_hist tick_hist;           /* tick durations, ns (tick thread observes) */
+} rt_metrics;
 
 struct keel_runtime {
     keel_world *world;
@@ -55,6 +73,7 @@ struct keel_runtime {
 
     rt_telemetry tel;
     keel_runtime_stats stats;
+    rt_metrics met;
 
     txn_part hook_part;            /* on_first_tick's transaction */
     txn_vec hook_changes;
@@ -123,6 +142,26 @@ void telemetry_record(keel_runtime *rt, keel_tick_record *tick);
 /* Set the checkpoint flag of a recorded tick (a checkpoint it started). */
 void telemetry_mark_checkpoint(keel_runtime *rt, uint64_t tick);
 void telemetry_fini(keel_runtime *rt);
+
+/* runtime/metrics.c */
+void metrics_init(keel_runtime *rt);
+void metrics_fini(keel_runtime *rt);
+/* Publish the plain counters for a scrape: at a step's end (wait false:
+ * skipped while a scrape holds the lock) and after opening the data
+ * directory (wait true). */
+void metrics_publish(keel_runtime *rt, bool wait);
+/* The data directory closes: a scrape no longer reads it. */
+void metrics_forget_dur(keel_runtime *rt);
+/* The schedule changes (keel_runtime_set_schedule, with metrics_lock held):
+ * per-system counters for nsys systems, zeroed. */
+int metrics_size(keel_runtime *rt, uint32_t nsys);
+void metrics_lock(keel_runtime *rt);
+void metrics_unlock(keel_runtime *rt);
+/* The counters as keel_runtime_stats_get reports them, from base (rt->stats,
+ * or the published copy) and the live atomics of the durability state d
+ * (may be NULL) whose last checkpoint was at ckpt_tick. */
+void stats_compose(const keel_runtime *rt, const keel_runtime_stats *base, const struct dur_state *d,
+                   uint64_t ckpt_tick, keel_runtime_stats *out);
 
 /* runtime/driver.c: the wait strategy of the metronome, exposed for tests. */
 typedef enum rt_wait_phase { RT_WAIT_DONE, RT_WAIT_SLEEP, RT_WAIT_YIELD, RT_WAIT_SPIN } rt_wait_phase;

@@ -72,6 +72,8 @@ void telemetry_record(keel_runtime *rt, keel_tick_record *tick)
         };
         tick->watchdog_reports += watchdog;
         tick->deferred_rows += out[i].deferred;
+        if (out[i].start_ns && out[i].end_ns > out[i].start_ns)
+            atomic_fetch_add_explicit(&rt->met.sys_ns[i], out[i].end_ns - out[i].start_ns, memory_order_relaxed);
     }
     t->ticks[slot] = *tick;
 }
@@ -122,6 +124,25 @@ int keel_telemetry_system(const keel_runtime *rt, uint64_t tick, keel_system sys
     return KEEL_OK;
 }
 
+void stats_compose(const keel_runtime *rt, const keel_runtime_stats *base, const dur_state *d, uint64_t ckpt_tick,
+                   keel_runtime_stats *out)
+{
+    keel_runtime *m = (keel_runtime *)rt; /* atomic loads take non-const pointers */
+    *out = *base;
+    out->commits += atomic_load(&m->txn.counts.commits); /* side transactions */
+    out->aborts += atomic_load(&m->txn.counts.aborts);
+    out->conflicts += atomic_load(&m->txn.counts.conflicts);
+    if (d) {
+        dur_state *dm = (dur_state *)d;
+        out->wal_bytes = atomic_load(&dm->wal_bytes);
+        out->fsyncs = atomic_load(&dm->fsyncs);
+        out->checkpoints = atomic_load(&dm->ckpt_taken);
+        uint64_t tick = atomic_load(&m->tick);
+        out->checkpoint_age_ticks = tick > ckpt_tick ? tick - ckpt_tick : 0;
+    }
+    out->overload_level = (uint32_t)keel_runtime_overload(rt, &out->multiplier);
+}
+
 void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out)
 {
     if (!out)
@@ -129,20 +150,9 @@ void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out)
     memset(out, 0, sizeof *out);
     if (!rt)
         return;
-    *out = rt->stats;
-    out->commits += rt->txn.counts.commits; /* side transactions */
-    out->aborts += rt->txn.counts.aborts;
-    out->conflicts += rt->txn.counts.conflicts;
-    const dur_state *d = rt->dur;
-    if (d) {
-        out->wal_bytes = atomic_load(&((dur_state *)d)->wal_bytes);
-        out->fsyncs = atomic_load(&((dur_state *)d)->fsyncs);
-        out->checkpoints = atomic_load(&((dur_state *)d)->ckpt_taken);
-        uint64_t tick = atomic_load(&((keel_runtime *)rt)->tick);
-        out->checkpoint_age_ticks = tick > d->last_ckpt_tick ? tick - d->last_ckpt_tick : 0;
-    }
-    out->recovery_ns = rt->recovery.ns;
-    out->overload_level = (uint32_t)keel_runtime_overload(rt, &out->multiplier);
+    keel_runtime_stats base = rt->stats;
+    base.recovery_ns = rt->recovery.ns;
+    stats_compose(rt, &base, rt->dur, rt->dur ? rt->dur->last_ckpt_tick : 0, out);
 }
 
 /* ---- trace export --------------------------------------------------------------- */

@@ -331,10 +331,12 @@ static inline int txn_log_fatal(const txn_log *l)
 }
 
 /* Counters of the transactions this layer ends itself (side
- * transactions); system transactions are counted by their dispatcher. */
+ * transactions); system transactions are counted by their dispatcher.
+ * Changed under side_lock; atomic so that a metrics scrape on another
+ * thread reads them without taking it. */
 typedef struct txn_counts {
-    uint64_t commits, aborts, conflicts;
-    uint64_t already;              /* refused with KEEL_EALREADY: the key committed before */
+    _Atomic uint64_t commits, aborts, conflicts;
+    _Atomic uint64_t already;      /* refused with KEEL_EALREADY: the key committed before */
 } txn_counts;
 
 /* Everything the transaction layer owns; runtime/ embeds one. */
@@ -352,7 +354,7 @@ struct txn_state {
     txn_keys keys;                 /* idempotency keys (keys.c; under side_lock) */
     uint64_t side_seq;             /* sequence of the last side commit (under side_lock) */
     uint64_t side_commits_tick;    /* side commits this tick (under side_lock) */
-    txn_counts counts;             /* under side_lock */
+    txn_counts counts;             /* changed under side_lock, read anywhere */
     /* keel_submit's queue (lock-free, multi-producer; drained at Engine-Pre) */
     struct cds_wfcq_head submit_head;
     struct cds_wfcq_tail submit_tail;

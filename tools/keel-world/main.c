@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "metrics_http.h"
 #include "world.h"
 
 typedef struct options {
@@ -32,6 +33,7 @@ typedef struct options {
     double tick_rate;
     const char *trace;
     const char *data;
+    const char *metrics;        /* --metrics HOST:PORT */
     bool memory;                /* --memory: no data directory */
     bool data_given, seed_given, entities_given; /* said on the command line, not defaults */
     bool until_given;
@@ -51,7 +53,7 @@ static void usage(FILE *to)
             "usage: keel-world [--data DIR | --memory] [--seed S] [--entities N]\n"
             "                  [--until-tick N | --forever] [--workers N] [--tick-rate HZ]\n"
             "                  [--durability MODE] [--checkpoint-every N] [--wal-retain]\n"
-            "                  [--live-trades R] [--trace FILE] [--quiet]\n"
+            "                  [--live-trades R] [--trace FILE] [--metrics HOST:PORT] [--quiet]\n"
             "  --data DIR      data directory (default ./keel-data): the world is recovered\n"
             "                  from it at start and written to it as it runs\n"
             "  --memory        no data directory: the world lives in memory only\n"
@@ -74,6 +76,9 @@ static void usage(FILE *to)
             "  --live-trades R a network-like thread also submits R trades/s (keel_submit,\n"
             "                  IMMEDIATE); the run is then no longer a function of the seed\n"
             "  --trace FILE    write a Chrome trace-event JSON of the last ticks at exit\n"
+            "  --metrics HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics while\n"
+            "                  the world runs (port 0: any free port; the line `metrics\n"
+            "                  http://ADDR:PORT/metrics` names it)\n"
             "  --quiet         no status line; the recovery and final lines always print\n"
             "  --report-fd FD  write the report protocol (docs/demo.md) to FD: used by\n"
             "                  keel-crash; the run then steps one tick at a time\n"
@@ -196,6 +201,10 @@ static int parse_valued(const char *a, const char *v, options *o)
             o->tick_rate = (double)n;
         else
             o->report_fd = (int)n;
+        return 0;
+    }
+    if (!strcmp(a, "--metrics")) { /* checked when main listens, before anything starts */
+        o->metrics = v ? v : "";
         return 0;
     }
     if (!strcmp(a, "--data") || !strcmp(a, "--trace")) {
@@ -571,6 +580,12 @@ int main(int argc, char **argv)
     int status = o.memory ? 0 : match_params(&o, &recorded);
     if (status)
         return status;
+    char bound[160];
+    int metrics_fd = o.metrics ? metrics_listen(o.metrics, bound, sizeof bound) : -1;
+    if (o.metrics && metrics_fd < 0)
+        return 2;
+    if (o.metrics) /* printed under --quiet too: with port 0 it names the port */
+        printf("metrics http://%s/metrics\n", bound);
     block_stop_signals(); /* before any thread starts: they all inherit the mask */
     world_app app = {.report_fd = -1};
     keel_schedule *sched = NULL;
@@ -583,10 +598,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "keel-world: the world in %s is at tick %" PRIu64 ", past --until-tick %" PRIu64 ": a world "
                 "does not go back (keel-wal replay %s --to-tick %" PRIu64 " rebuilds that tick's state)\n", o.data,
                 keel_runtime_tick(app.rt), o.until_tick, o.data, o.until_tick);
+        if (metrics_fd >= 0)
+            close(metrics_fd);
         keel_schedule_destroy(sched);
         world_release(&app);
         return 2;
     }
+    metrics_http *metrics = NULL;
+    if (metrics_fd >= 0 && status)
+        close(metrics_fd);
+    else if (metrics_fd >= 0 && !(metrics = metrics_serve(metrics_fd, app.rt)))
+        status = 1;
     pthread_t sig_th, live_th;
     bool sig_on = !status && pthread_create(&sig_th, NULL, signal_thread, &app) == 0;
     uint64_t until = o.forever ? UINT64_MAX : o.until_given ? o.until_tick : keel_runtime_tick(app.rt) + 600;
@@ -615,6 +637,7 @@ int main(int argc, char **argv)
         pthread_kill(sig_th, SIGTERM); /* ends its sigwait if no signal came; rt is still open */
         pthread_join(sig_th, NULL);
     }
+    metrics_stop(metrics); /* the last scrape ends before the runtime closes */
     keel_schedule_destroy(sched); /* a no-op once installed: the runtime owns it */
     if (check(world_release(&app), "closing the runtime")) /* the final flush failed: not durable */
         status = 1;
