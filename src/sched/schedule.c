@@ -175,7 +175,7 @@ int keel_schedule_add_track(keel_schedule *s, const char *name)
             return core_fail(KEEL_EEXIST, "keel_schedule_add_track: track '%s' is already declared", name);
     if (core_resize(&s->user_tracks, s->nuser_tracks, s->nuser_tracks + 1, sizeof *s->user_tracks, false))
         return core_fail(KEEL_ENOMEM, "keel_schedule_add_track: out of memory");
-    const char *copy;
+    const char *copy = NULL;
     int rc = own_string(s, name, &copy);
     if (rc)
         return rc;
