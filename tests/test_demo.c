@@ -149,10 +149,10 @@ START_TEST(cli_bad_arguments)
     static const char *const cases[][4] = {
         {"--workers", "0", NULL},      {"--durability", "sometimes", NULL}, {"--until-tick", "-3", NULL},
         {"--bogus", NULL},             {"--forever", "--until-tick", "5", NULL}, {"--data", NULL},
-        {"--report-fd", "x", NULL},
+        {"--report-fd", "x", NULL},    {"--failpoints", NULL},          {"--failpoints", "no.such.point=crash", NULL},
     };
     static const char *const culprit[] = {"--workers", "--durability", "--until-tick", "--bogus",
-                                          "--forever", "--data", "--report-fd"};
+                                          "--forever", "--data", "--report-fd", "--failpoints", "no.such.point"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ck_assert_int_eq(run_status(cases[i], err, sizeof err), 2);
         ck_assert_msg(strstr(err, culprit[i]), "stderr '%s' does not name %s", err, culprit[i]);
@@ -174,6 +174,28 @@ START_TEST(cli_bad_arguments)
         ck_assert_uint_eq(n, want);
     }
     tu_run_free(&r);
+}
+END_TEST
+
+/* --failpoints arms what keel accepts (a hit that never comes: the run ends
+ * normally) and refuses, with exit 2, what it does not: keel-crash's probe. */
+START_TEST(cli_failpoints_probe)
+{
+    char err[600];
+    const char *const base[] = {"--memory", "--until-tick", "1", "--entities", "0", "--quiet", "--failpoints"};
+    const char *specs[] = {"wal.before_commit=eio@1000000000", "wal.after_commit=crash@1000000000",
+                           "wal.after_commit=eio@1000000000"};
+    const int want[] = {0, 0, 2};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        const char *args[9];
+        memcpy(args, base, sizeof base);
+        args[7] = specs[i];
+        args[8] = NULL;
+        int st = run_status(args, err, sizeof err);
+        ck_assert_msg(st == (keel_failpoints_compiled() ? want[i] : 2), "%s: exit %d (%s)", specs[i], st, err);
+        if (st == 2) /* the flag and the spec it refused (compiled out: every spec) */
+            ck_assert_msg(strstr(err, "--failpoints") && strstr(err, "wal."), "stderr '%s' names no culprit", err);
+    }
 }
 END_TEST
 
@@ -719,7 +741,8 @@ static Suite *one_case(const char *name, const TTest *test, int timeout)
 
 static Suite *demo_cli(void)
 {
-    return one_case("demo_cli", cli_bad_arguments, 60);
+    const TTest *t[] = {cli_bad_arguments, cli_failpoints_probe};
+    return tu_suite("demo_cli", t, sizeof t / sizeof t[0], 60);
 }
 
 static Suite *demo_runs(void)

@@ -231,19 +231,23 @@ static void rm_tree(const char *path)
     nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
-/* Does keel accept `action` at failpoint `name`? A spec it refuses is
- * ignored with a warning (KEEL_FAILPOINTS ignored: ...): run keel-world for
- * one tick in memory with the point armed for a hit that never comes. */
+/* Does keel accept `action` at failpoint `name`? keel-world arms it with
+ * --failpoints for a hit that never comes and runs one tick in memory: exit 0
+ * when the spec is accepted, 2 when keel refuses it (its other arguments are
+ * fixed and valid). */
 static int failpoint_accepts(const ctx *c, const char *name, const char *action, bool *yes)
 {
-    char env[256], out[4096];
-    snprintf(env, sizeof env, "KEEL_FAILPOINTS=%.160s=%s@1000000000", name, action);
-    char *argv[] = {(char *)c->world, "--memory", "--until-tick", "1", "--entities", "0", "--quiet", NULL};
-    int rc = kc_capture(argv, env, true, out, sizeof out);
-    *yes = !strstr(out, "KEEL_FAILPOINTS ignored");
-    if (rc != 0)
+    char spec[256], out[4096];
+    snprintf(spec, sizeof spec, "%.160s=%s@1000000000", name, action);
+    char *argv[] = {(char *)c->world, "--memory", "--until-tick", "1", "--entities", "0", "--quiet",
+                    "--failpoints", spec, NULL};
+    int rc = kc_capture(argv, NULL, true, out, sizeof out);
+    *yes = rc == 0;
+    if (rc != 0 && rc != 2) {
         fprintf(stderr, "keel-crash: probing failpoint %s: keel-world exited with %d: %s\n", name, rc, out);
-    return rc;
+        return rc;
+    }
+    return 0;
 }
 
 /* `keel-world --list-failpoints`: one name per line (a first word per line

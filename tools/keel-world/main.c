@@ -34,6 +34,7 @@ typedef struct options {
     const char *trace;
     const char *data;
     const char *metrics;        /* --metrics HOST:PORT */
+    const char *failpoints;     /* --failpoints SPEC */
     bool memory;                /* --memory: no data directory */
     bool data_given, seed_given, entities_given; /* said on the command line, not defaults */
     bool until_given;
@@ -85,6 +86,8 @@ static void usage(FILE *to)
             "  --report-prefix with --report-fd: also the hash after every trade\n"
             "  --list-failpoints  print the failpoints compiled in, one per line\n"
             "                  (arm them with KEEL_FAILPOINTS, docs/testing.md)\n"
+            "  --failpoints SPEC  arm failpoints as KEEL_FAILPOINTS does, but a spec keel\n"
+            "                  refuses is an error (exit 2), not a warning\n"
             "On a terminal the status is one line kept up to date; otherwise a line every\n"
             "5 seconds. A restart prints `recovered tick=<T> in <ms> ms`; the last line is\n"
             "`final tick=<N> hash=<16 hex digits>`.\n");
@@ -203,6 +206,14 @@ static int parse_valued(const char *a, const char *v, options *o)
             o->report_fd = (int)n;
         return 0;
     }
+    if (!strcmp(a, "--failpoints")) { /* armed (or refused) by validate */
+        if (!v || !*v) {
+            fprintf(stderr, "keel-world: --failpoints needs a spec (docs/testing.md)\n");
+            return -1;
+        }
+        o->failpoints = v;
+        return 0;
+    }
     if (!strcmp(a, "--metrics")) { /* checked when main listens, before anything starts */
         o->metrics = v ? v : "";
         return 0;
@@ -235,6 +246,8 @@ static int validate(const options *o)
         bad = fprintf(stderr, "keel-world: --report-prefix needs --report-fd FD (it adds lines to that report)\n");
     if (o->report_fd >= 0 && fcntl(o->report_fd, F_GETFD) < 0)
         bad = fprintf(stderr, "keel-world: --report-fd %d: descriptor %d is not open\n", o->report_fd, o->report_fd);
+    if (o->failpoints && keel_failpoints_set(o->failpoints))
+        bad = fprintf(stderr, "keel-world: --failpoints: %s\n", keel_last_error());
     if (o->trace) { /* created now, written at exit: a run never ends on a path that cannot take it */
         int fd = open(o->trace, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
         if (fd < 0)
