@@ -147,6 +147,7 @@ static int drive(keel_runtime *rt, uint64_t ticks, bool *stopped)
     bool continues = throttled && next > now && next - now <= rt->interval_ns * ovl_multiplier(&rt->ovl);
     uint64_t deadline = continues ? next : now;
     *stopped = false;
+    int rc = KEEL_OK;
     for (uint64_t k = 0; k < ticks; k++) {
         if (throttled && (k || continues))
             driver_wait(rt, deadline);
@@ -154,14 +155,16 @@ static int drive(keel_runtime *rt, uint64_t ticks, bool *stopped)
             *stopped = true;
             break;
         }
-        int rc = runtime_step(rt);
-        if (rc)
-            return rc;
+        if ((rc = runtime_step(rt)))
+            break;
         overload_after_tick(rt);
         deadline += rt->interval_ns * ovl_multiplier(&rt->ovl); /* the next tick's interval */
         rt->next_deadline_ns = deadline;
     }
-    return KEEL_OK;
+    /* A step skips its publication while a scrape reads; the run's end
+     * waits for it, so a stopped runtime's metrics are its final counters. */
+    metrics_publish(rt, true);
+    return rc;
 }
 
 int keel_runtime_run(keel_runtime *rt, uint64_t ticks)

@@ -11,8 +11,11 @@
  *     and the checkpoints' in dur_state;
  *   - rt->met.pub, the tick thread's plain counters (rt->stats) as the last
  *     step published them under met.mu.
- * The scrape holds met.mu while it writes. The tick thread only ever
- * trylocks it, so it never waits for a scrape; keel_runtime_set_schedule
+ * The scrape holds met.mu while it writes. A step only trylocks it, so a
+ * tick never waits for a scrape (a scrape then sees the counters of the
+ * step before, until the next step); the end of a driven run
+ * (keel_runtime_run, the driver thread) waits, so a stopped runtime shows
+ * its final counters. keel_runtime_set_schedule
  * and closing the data directory lock it, so the schedule's names, the
  * per-system counters and the durability state stay valid under a scrape.
  */
