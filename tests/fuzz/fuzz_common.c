@@ -440,6 +440,30 @@ static int decode_change_record(kw_codec_ctx *c, const kw_header *h, const unsig
     return rc;
 }
 
+/* SNAP_KEYS: what decodes re-encodes to the same bytes, with no key 0. */
+static int decode_snap_keys(const unsigned char *p, size_t len)
+{
+    kw_snap_keys k;
+    int rc = kw_snap_keys_decode(p, len, &k);
+    if (rc) {
+        fz_expect_corrupt(rc, false, 0, "kw_snap_keys_decode");
+        return rc;
+    }
+    uint64_t *keys = malloc((k.n ? k.n : 1) * sizeof *keys), *ticks = malloc((k.n ? k.n : 1) * sizeof *ticks);
+    FZ_CHECK(keys && ticks, "out of memory for %u keys", k.n);
+    for (uint32_t i = 0; i < k.n; i++) {
+        kw_snap_keys_get(&k, i, &keys[i], &ticks[i]);
+        FZ_CHECK(keys[i] != 0, "kw_snap_keys_decode accepts key 0 (entry %u)", i);
+    }
+    kw_buf b = {0};
+    FZ_CHECK(kw_snap_keys_encode(&b, k.n, keys, ticks) == KEEL_OK, "kw_snap_keys_encode failed");
+    FZ_CHECK(b.len == len && !memcmp(b.p, p, len), "a decoded SNAP_KEYS payload re-encodes differently");
+    kw_buf_free(&b);
+    free(keys);
+    free(ticks);
+    return KEEL_OK;
+}
+
 int fz_decode_record(kw_codec_ctx *c, const void *rec, const kw_header *h, const kw_schema *schema)
 {
     const void *payload;
@@ -478,6 +502,9 @@ int fz_decode_record(kw_codec_ctx *c, const void *rec, const kw_header *h, const
         }
         break;
     }
+    case KW_KIND_SNAP_KEYS:
+        rc = decode_snap_keys(p, h->raw_len);
+        break;
     default:
         walk_snap(h->kind, p, h->raw_len);
         break;

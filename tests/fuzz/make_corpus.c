@@ -620,6 +620,14 @@ static void edge_records(void)
     put_or_die(kw_schema_encode(&(kw_schema){1, &pc}, &pl));
     edge_record("edge-schema-field-past-the-value", KW_KIND_SCHEMA, 10, 0, 0, &pl, NULL);
 
+    /* SNAP_KEYS: two remembered keys; then a key 0, which decoding refuses */
+    const uint64_t keys[] = {0x6b65656c, UINT64_MAX}, ticks[] = {7, 9};
+    pl.len = 0;
+    put_or_die(kw_snap_keys_encode(&pl, 2, keys, ticks));
+    edge_record("edge-snap-keys", KW_KIND_SNAP_KEYS, 0, 9, 0, &pl, NULL);
+    memset(pl.p, 0, 8);
+    edge_record("edge-snap-keys-zero-key", KW_KIND_SNAP_KEYS, 0, 9, 0, &pl, NULL);
+
     /* a zstd frame of 13 bytes declaring 2 GiB - 1, with a valid CRC (the
      * fuzz_record finding, made by hand): refused before any allocation */
     static const unsigned char frame[] = {0x28, 0xb5, 0x2f, 0xfd, 0xa0, 0xff, 0xff, 0xff, 0x7f, 0x83, 0x00, 0x00, 0x41};
