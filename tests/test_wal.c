@@ -1158,29 +1158,25 @@ static void add_case(Suite *s, const char *name, bool rooted, const TTest *const
     suite_add_tcase(s, tc);
 }
 
+/* add_case over the tests listed. */
+#define ADD_CASE(s, name, rooted, ...)                                                                   \
+    add_case((s), (name), (rooted), (const TTest *const[]){__VA_ARGS__},                              \
+             sizeof((const TTest *const[]){__VA_ARGS__}) / sizeof(const TTest *))
+
 static Suite *record_suite(void)
 {
     Suite *s = suite_create("wal_record");
-    const TTest *t_crc32c[] = {crc32c_known_answers, crc32c_paths_agree_on_every_length_and_alignment};
-    add_case(s, "crc32c", false, t_crc32c, sizeof t_crc32c / sizeof t_crc32c[0]);
-    const TTest *t_record[] = {kind_names_round_trip,
-                               raw_record_round_trip_has_the_documented_header,
-                               zstd_record_round_trip,
-                               planar_record_round_trip_and_documented_form,
-                               planar_snap_chunk_round_trip_and_refusals,
-                               planar_scratch_out_of_memory,
-                               codec_create_refuses_bad_levels_and_oversized_payloads,
-                               crc_is_payload_then_zeroed_header,
-                               unsealed_then_sealed_equals_direct_build};
-    add_case(s, "record", false, t_record, sizeof t_record / sizeof t_record[0]);
-    const TTest *t_corruption[] = {every_single_byte_corruption_is_detected,
-                                   truncated_and_overlong_records_are_refused,
-                                   wrong_version_kind_codec_are_refused_with_a_valid_crc,
-                                   corrupt_zstd_payload_with_valid_crc_is_refused,
-                                   planar_form_that_does_not_parse_is_corrupt,
-                                   raw_length_over_the_record_limit_is_refused,
-                                   record_faults_are_reported_by_code};
-    add_case(s, "corruption", false, t_corruption, sizeof t_corruption / sizeof t_corruption[0]);
+    ADD_CASE(s, "crc32c", false, crc32c_known_answers, crc32c_paths_agree_on_every_length_and_alignment);
+    ADD_CASE(s, "record", false, kind_names_round_trip, raw_record_round_trip_has_the_documented_header,
+             zstd_record_round_trip, planar_record_round_trip_and_documented_form,
+             planar_snap_chunk_round_trip_and_refusals, planar_scratch_out_of_memory,
+             codec_create_refuses_bad_levels_and_oversized_payloads, crc_is_payload_then_zeroed_header,
+             unsealed_then_sealed_equals_direct_build);
+    ADD_CASE(s, "corruption", false, every_single_byte_corruption_is_detected,
+             truncated_and_overlong_records_are_refused,
+             wrong_version_kind_codec_are_refused_with_a_valid_crc,
+             corrupt_zstd_payload_with_valid_crc_is_refused, planar_form_that_does_not_parse_is_corrupt,
+             raw_length_over_the_record_limit_is_refused, record_faults_are_reported_by_code);
     return s;
 }
 
@@ -1971,30 +1967,18 @@ END_TEST
 static Suite *payload_suite(void)
 {
     Suite *s = suite_create("wal_payload");
-    const TTest *t_cursor[] = {builders_write_little_endian, cursor_reads_in_bounds_and_flags_overruns};
-    add_case(s, "cursor", false, t_cursor, sizeof t_cursor / sizeof t_cursor[0]);
-    const TTest *t_schema[] = {schema_round_trip,
-                               schema_truncated_or_padded_is_corrupt,
-                               schema_malformed_payloads_are_corrupt,
-                               schema_random_damage_never_crashes};
-    add_case(s, "schema", false, t_schema, sizeof t_schema / sizeof t_schema[0]);
-    const TTest *t_keys[] = {checkpoint_meta_layout_and_round_trip,
-                             snap_keys_are_big_endian_and_sort_numerically};
-    add_case(s, "keys", false, t_keys, sizeof t_keys / sizeof t_keys[0]);
-    const TTest *t_snap[] = {snap_tables_decode_and_refuse_bad_lengths,
-                             snap_slots_decode_and_refuse_bad_lengths,
-                             snap_chunk_decode_and_refuse_bad_lengths,
-                             snap_payload_checks_the_record_and_its_kind,
-                             snap_random_damage_never_crashes};
-    add_case(s, "snap", false, t_snap, sizeof t_snap / sizeof t_snap[0]);
-    const TTest *t_encoders[] = {group_header_is_three_little_endian_u32,
-                                 tick_chunk_encoder_writes_the_documented_groups,
-                                 lifecycle_encoder_writes_the_documented_ops,
-                                 side_encoder_writes_the_documented_writes,
-                                 commit_and_checkpoint_markers_are_16_bytes,
-                                 snap_encoders_write_what_the_decoders_read,
-                                 scalar_table_names_and_widths};
-    add_case(s, "encoders", false, t_encoders, sizeof t_encoders / sizeof t_encoders[0]);
+    ADD_CASE(s, "cursor", false, builders_write_little_endian, cursor_reads_in_bounds_and_flags_overruns);
+    ADD_CASE(s, "schema", false, schema_round_trip, schema_truncated_or_padded_is_corrupt,
+             schema_malformed_payloads_are_corrupt, schema_random_damage_never_crashes);
+    ADD_CASE(s, "keys", false, checkpoint_meta_layout_and_round_trip,
+             snap_keys_are_big_endian_and_sort_numerically);
+    ADD_CASE(s, "snap", false, snap_tables_decode_and_refuse_bad_lengths,
+             snap_slots_decode_and_refuse_bad_lengths, snap_chunk_decode_and_refuse_bad_lengths,
+             snap_payload_checks_the_record_and_its_kind, snap_random_damage_never_crashes);
+    ADD_CASE(s, "encoders", false, group_header_is_three_little_endian_u32,
+             tick_chunk_encoder_writes_the_documented_groups, lifecycle_encoder_writes_the_documented_ops,
+             side_encoder_writes_the_documented_writes, commit_and_checkpoint_markers_are_16_bytes,
+             snap_encoders_write_what_the_decoders_read, scalar_table_names_and_widths);
     return s;
 }
 
@@ -3596,12 +3580,10 @@ END_TEST
 static Suite *fuzz_suite(void)
 {
     Suite *s = suite_create("wal_fuzz");
-    const TTest *t_decoders[] = {zstd_raw_length_is_checked_against_the_frame_before_allocating,
-                                 schema_fields_must_lie_inside_their_value};
-    add_case(s, "decoders", false, t_decoders, sizeof t_decoders / sizeof t_decoders[0]);
-    const TTest *t_readers[] = {scan_names_the_key_lsn_of_a_record_that_fails_its_check,
-                                wal_bounds_refuses_a_first_or_last_key_that_is_no_lsn};
-    add_case(s, "readers", true, t_readers, sizeof t_readers / sizeof t_readers[0]);
+    ADD_CASE(s, "decoders", false, zstd_raw_length_is_checked_against_the_frame_before_allocating,
+             schema_fields_must_lie_inside_their_value);
+    ADD_CASE(s, "readers", true, scan_names_the_key_lsn_of_a_record_that_fails_its_check,
+             wal_bounds_refuses_a_first_or_last_key_that_is_no_lsn);
     return s;
 }
 
