@@ -2800,6 +2800,18 @@ static size_t snap_keys(kv *e)
     return n;
 }
 
+/* A new store in the new directory dir holding snap_keys' keys; how many to *n. */
+static kw_store *store_with_snap_keys(char dir[256], size_t *n)
+{
+    new_dir(dir);
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    static kv e[2000];
+    *n = snap_keys(e);
+    kv_fill f = {e, *n};
+    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    return s;
+}
+
 /* Keys of db under prefix, in iteration order; checks the values. */
 static size_t list_keys(kw_store *s, kw_db db, const void *prefix, size_t plen, unsigned char (*keys)[16], size_t max)
 {
@@ -2911,12 +2923,8 @@ END_TEST
 START_TEST(db_iter_lists_a_prefix_in_key_order)
 {
     char dir[256];
-    new_dir(dir);
-    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
-    static kv e[2000];
-    size_t n = snap_keys(e);
-    kv_fill f = {e, n};
-    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    size_t n = 0;
+    kw_store *s = store_with_snap_keys(dir, &n);
     static unsigned char keys[2000][16];
     ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "", 0, keys, 2000), n);
     ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "C", 1, keys, 2000), 1800);
@@ -2960,12 +2968,8 @@ END_TEST
 START_TEST(db_iter_with_a_null_prefix_lists_every_key)
 {
     char dir[256];
-    new_dir(dir);
-    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
-    static kv e[2000];
-    size_t n = snap_keys(e);
-    kv_fill f = {e, n};
-    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    size_t n = 0;
+    kw_store *s = store_with_snap_keys(dir, &n);
     kw_rtxn *r;
     ck_assert_ok(kw_read_begin(s, &r));
     kw_walit *it = NULL;
@@ -3006,12 +3010,8 @@ static int fill_del_prefix(kw_wtxn *t, void *arg)
 START_TEST(del_prefix_keeps_what_keep_says)
 {
     char dir[256];
-    new_dir(dir);
-    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
-    static kv e[2000];
-    size_t n = snap_keys(e);
-    kv_fill f = {e, n};
-    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    size_t n = 0;
+    kw_store *s = store_with_snap_keys(dir, &n);
     static unsigned char keys[2000][16];
 
     prefix_del d = {"C", 1, keep_some_chunks, 0};
@@ -3049,12 +3049,8 @@ END_TEST
 START_TEST(del_prefix_with_the_empty_prefix_clears_the_database)
 {
     char dir[256];
-    new_dir(dir);
-    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
-    static kv e[2000];
-    size_t n = snap_keys(e);
-    kv_fill f = {e, n};
-    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    size_t n = 0;
+    kw_store *s = store_with_snap_keys(dir, &n);
     static unsigned char keys[2000][16];
     prefix_del d = {"", 0, keep_some_chunks, 0};
     ck_assert_ok(kw_store_write(s, fill_del_prefix, &d));
