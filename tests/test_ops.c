@@ -39,20 +39,22 @@
 
 #define TICKS 12
 
-static keel_runtime_desc desc_dir(const char *dir)
+/* A wworld (no_side: without side transactions) on the data directory dir, one worker, not yet
+ * recovered. */
+static wworld *w_open_dir(const char *dir, bool no_side)
 {
     keel_runtime_desc d = {.workers = 1, .tick_rate_hz = -1};
     d.durable.dir = dir;
-    return d;
+    wworld *w = w_new(no_side);
+    w_open(w, &d, false);
+    return w;
 }
 
 /* A directory of workload W: TICKS ticks with a checkpoint half way (so
  * the file has free pages), closed. Its final tick's hash in *hash. */
 static void make_world(const char *dir, uint64_t *hash)
 {
-    wworld *w = w_new(false);
-    keel_runtime_desc d = desc_dir(dir);
-    w_open(w, &d, false);
+    wworld *w = w_open_dir(dir, false);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
     for (uint64_t t = 1; t <= TICKS; t++) {
         w_drive(w, t);
@@ -70,9 +72,7 @@ static void make_world(const char *dir, uint64_t *hash)
  * the recovered tick and hash. The runtime is closed again. */
 static int open_world(const char *dir, uint64_t *tick, uint64_t *hash, char *err, size_t cap)
 {
-    wworld *w = w_new(false);
-    keel_runtime_desc d = desc_dir(dir);
-    w_open(w, &d, false);
+    wworld *w = w_open_dir(dir, false);
     int rc = keel_runtime_recover(w->rt, NULL);
     if (err)
         snprintf(err, cap, "%s", keel_last_error());
@@ -104,9 +104,7 @@ static pid_t fork_holder(const char *dir)
     if (pid == 0) {
         close(held[0]);
         close(go[1]);
-        wworld *w = w_new(true);
-        keel_runtime_desc d = desc_dir(dir);
-        w_open(w, &d, false);
+        wworld *w = w_open_dir(dir, true);
         char c = keel_runtime_recover(w->rt, NULL) ? 'E' : 'H';
         if (write(held[1], &c, 1) != 1)
             _exit(3);
@@ -169,9 +167,7 @@ START_TEST(lock_same_process_refused)
 {
     char dir[256], want[64];
     tu_path(dir, sizeof dir, "twice");
-    wworld *a = w_new(true);
-    keel_runtime_desc d = desc_dir(dir);
-    w_open(a, &d, false);
+    wworld *a = w_open_dir(dir, true);
     ck_assert_ok(keel_runtime_recover(a->rt, NULL));
     w_drive(a, 1);
     char err[1024];
@@ -258,9 +254,7 @@ START_TEST(damage_free_tail_accepted)
 {
     char dir[256], mdb[300];
     tu_path(dir, sizeof dir, "tail");
-    wworld *w = w_new(false);
-    keel_runtime_desc d = desc_dir(dir);
-    w_open(w, &d, false);
+    wworld *w = w_open_dir(dir, false);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
     for (uint64_t t = 1; t <= TICKS; t++) {
         w_drive(w, t);
