@@ -85,6 +85,15 @@ static int open_world(const char *dir, uint64_t *tick, uint64_t *hash, char *err
     return rc;
 }
 
+/* dir opens (open_world) at this tick with this world hash. */
+static void expect_world(const char *dir, uint64_t tick, uint64_t hash)
+{
+    uint64_t t = 0, h = 0;
+    ck_assert_ok(open_world(dir, &t, &h, NULL, 0));
+    ck_assert_uint_eq(t, tick);
+    ck_assert_uint_eq(h, hash);
+}
+
 static void file_in(char *out, size_t n, const char *dir, const char *name)
 {
     ck_assert_int_lt(snprintf(out, n, "%s/%s", dir, name), (int)n);
@@ -153,10 +162,7 @@ START_TEST(lock_second_process_refused)
     /* a crash releases the lock: the kernel drops it with the process */
     ck_assert_int_eq(kill(pid, SIGKILL), 0);
     ck_assert_int_eq(tu_wait(pid), 128 + SIGKILL);
-    uint64_t t1 = 0, h1 = 0;
-    ck_assert_ok(open_world(dir, &t1, &h1, NULL, 0));
-    ck_assert_uint_eq(t1, t0);
-    ck_assert_uint_eq(h1, h0);
+    expect_world(dir, t0, h0);
 }
 END_TEST
 
@@ -278,10 +284,7 @@ START_TEST(damage_free_tail_accepted)
     ck_assert_msg(last >= (uint64_t)st.st_size / 4096, "the last page %llu is inside the file (%lld bytes): the "
                   "case this test is for did not arise", (unsigned long long)last, (long long)st.st_size);
     ck_assert_ok(kw_store_check_file(dir));
-    uint64_t t = 0, h = 0;
-    ck_assert_ok(open_world(dir, &t, &h, NULL, 0));
-    ck_assert_uint_eq(t, TICKS);
-    ck_assert_uint_eq(h, hash);
+    expect_world(dir, TICKS, hash);
 }
 END_TEST
 
