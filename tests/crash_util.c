@@ -1163,3 +1163,17 @@ void oracle_assert(oracle *o, tmpdir *d)
                   "checkpoint; seed env KEEL_CRASH_SEED)", o->fail, o->kills, o->recoveries, o->prefix_recoveries,
                   o->ckpt_recoveries);
 }
+
+refdata *scenario_begin(tmpdir *d, oracle *o, const char *scenario)
+{
+    refdata *ref = reference_run();
+    tmpdir_make(d);
+    oracle_init(o, ref, scenario);
+    return ref;
+}
+
+void scenario_end(oracle *o, tmpdir *d, refdata *ref)
+{
+    oracle_assert(o, d);
+    munmap(ref, sizeof *ref);
+}

@@ -255,6 +255,10 @@ void crash_rounds(oracle *o, const char *dir, keel_durability mode, int64_t ckpt
 void finish(oracle *o, const char *dir, keel_durability mode, int64_t ckpt_every, uint64_t end);
 /* Remove the directory, then fail the test with the oracle's first failure. */
 void oracle_assert(oracle *o, tmpdir *d);
+/* A scenario's start: the reference run (returned), the fresh directory d, the oracle o on both. */
+refdata *scenario_begin(tmpdir *d, oracle *o, const char *scenario);
+/* Its end: oracle_assert, then the reference run unmapped. */
+void scenario_end(oracle *o, tmpdir *d, refdata *ref);
 
 void tmpdir_make(tmpdir *d);
 void tmpdir_remove(tmpdir *d);

@@ -324,6 +324,26 @@ static keel_runtime_desc desc_dir(const char *dir, int32_t workers, uint32_t chu
     return d;
 }
 
+/* desc_dir for one worker and 16-row chunks on the new data directory `name` (its path into dir). */
+static keel_runtime_desc desc_named(char dir[256], const char *name, keel_durability mode)
+{
+    tu_path(dir, 256, name);
+    return desc_dir(dir, 1, 16, mode);
+}
+
+/* A wworld (one worker, 16-row chunks) opened on the new data directory `name` (its path into
+ * dir, its descriptor into *d, kept for a reopen), having driven ticks 1..ticks. */
+static wworld *w_open_driven(keel_runtime_desc *d, char dir[256], const char *name, keel_durability mode,
+                             uint64_t ticks)
+{
+    *d = desc_named(dir, name, mode);
+    wworld *w = w_new(false);
+    w_open(w, d, false);
+    for (uint64_t t = 1; t <= ticks; t++)
+        w_drive(w, t);
+    return w;
+}
+
 static int64_t get_i64(keel_runtime *rt, keel_entity e, keel_component c)
 {
     int64_t v = -999999;
@@ -594,8 +614,7 @@ START_TEST(test_checkpoint_reopen)
     w_reference(&ref, 10, 1, false);
     for (int retain = 0; retain <= 1; retain++) {
         char dir[256];
-        tu_path(dir, sizeof dir, retain ? "ckpt-retain" : "ckpt");
-        keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+        keel_runtime_desc d = desc_named(dir, retain ? "ckpt-retain" : "ckpt", KEEL_DURABLE_GROUP);
         d.durable.wal_retain = retain;
         wworld *w = w_new(false);
         w_open(w, &d, false);
@@ -797,8 +816,7 @@ static uint64_t snap_chunk_tick(const dir_view *v, uint32_t chunk, bool *found)
 START_TEST(test_incremental_checkpoint)
 {
     char dir[256];
-    tu_path(dir, sizeof dir, "incremental");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    keel_runtime_desc d = desc_named(dir, "incremental", KEEL_DURABLE_GROUP);
     iworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
     i_open(w, &d);
@@ -892,12 +910,8 @@ START_TEST(test_reopen_right_after_checkpoint)
     static wref ref;
     w_reference(&ref, 8, 1, false);
     char dir[256];
-    tu_path(dir, sizeof dir, "ckpt-last");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    wworld *w = w_new(false);
-    w_open(w, &d, false);
-    for (uint64_t t = 1; t <= 5; t++)
-        w_drive(w, t);
+    keel_runtime_desc d;
+    wworld *w = w_open_driven(&d, dir, "ckpt-last", KEEL_DURABLE_GROUP, 5);
     ck_assert_ok(keel_checkpoint(w->rt));
     w_close(w);
     dir_view v;
@@ -1426,12 +1440,8 @@ START_TEST(test_flush_deferred_and_no_dir)
     static wref ref;
     w_reference(&ref, 4, 1, false);
     char dir[256];
-    tu_path(dir, sizeof dir, "deferred");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_DEFERRED);
-    wworld *w = w_new(false);
-    w_open(w, &d, false);
-    for (uint64_t t = 1; t <= 4; t++)
-        w_drive(w, t);
+    keel_runtime_desc d;
+    wworld *w = w_open_driven(&d, dir, "deferred", KEEL_DURABLE_DEFERRED, 4);
     ck_assert_ok(keel_flush(w->rt));
     uint64_t last = dur_last_lsn(w->rt->dur);
     ck_assert_uint_eq(keel_durable_lsn(w->rt), last);
@@ -1490,8 +1500,7 @@ END_TEST
 START_TEST(test_hooks_first_tick_and_shutdown)
 {
     char dir[256];
-    tu_path(dir, sizeof dir, "hooks");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    keel_runtime_desc d = desc_named(dir, "hooks", KEEL_DURABLE_GROUP);
     wworld *w = w_new(false);
     w_open(w, &d, true);
     for (uint64_t t = 1; t <= 3; t++)
@@ -1578,8 +1587,7 @@ END_TEST
 START_TEST(test_writes_before_recover_refused)
 {
     char dir[256];
-    tu_path(dir, sizeof dir, "before-recover");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    keel_runtime_desc d = desc_named(dir, "before-recover", KEEL_DURABLE_GROUP);
     keel_runtime *rt = tu_rt_new(d);
     keel_component V = reg_i64(rt, "v", KEEL_VERSIONED);
     keel_world *wd = keel_runtime_world(rt);
@@ -1689,8 +1697,7 @@ static keel_runtime *gate_runtime(const keel_runtime_desc *d, gate *g)
 START_TEST(test_recover_busy_while_driver_starts)
 {
     char dir[256];
-    tu_path(dir, sizeof dir, "driver-first");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    keel_runtime_desc d = desc_named(dir, "driver-first", KEEL_DURABLE_GROUP);
     gate g;
     gate_init(&g, false);
     keel_runtime *rt = gate_runtime(&d, &g);
@@ -1727,8 +1734,7 @@ END_TEST
 START_TEST(test_recover_again_after_ticks)
 {
     char dir[256];
-    tu_path(dir, sizeof dir, "driver-after");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    keel_runtime_desc d = desc_named(dir, "driver-after", KEEL_DURABLE_GROUP);
     gate g;
     gate_init(&g, true);
     keel_runtime *rt = gate_runtime(&d, &g);
@@ -2207,8 +2213,7 @@ START_TEST(test_change_of_an_unknown_component)
     static const char *const names[2] = {"unknown-side", "unknown-life"};
     for (int variant = 0; variant < 2; variant++) {
         char dir[256];
-        tu_path(dir, sizeof dir, names[variant]);
-        keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+        keel_runtime_desc d = desc_named(dir, names[variant], KEEL_DURABLE_GROUP);
         wworld *w = w_new(true);
         w_open(w, &d, false);
         for (uint64_t t = 1; t <= 3; t++)
@@ -2375,8 +2380,7 @@ static void s_open(sworld *w, const keel_runtime_desc *d, int variant)
 START_TEST(test_schema_extend_and_mismatch)
 {
     char dir[256];
-    tu_path(dir, sizeof dir, "schema");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    keel_runtime_desc d = desc_named(dir, "schema", KEEL_DURABLE_GROUP);
     sworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
     s_open(w, &d, SV_BASE);

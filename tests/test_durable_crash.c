@@ -46,11 +46,9 @@
 
 START_TEST(test_kill_rounds)
 {
-    refdata *ref = reference_run();
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, "crash_kill");
+    refdata *ref = scenario_begin(&d, &o, "crash_kill");
     static const int kinds[] = {0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7};
     const uint64_t end = 140;
     crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 7, 20, end, 1, kinds, (int)(sizeof kinds / sizeof kinds[0]));
@@ -62,8 +60,7 @@ START_TEST(test_kill_rounds)
     finish(&o, d.data, KEEL_DURABLE_GROUP, 7, end);
     if (!o.failed && o.kills < 10)
         ofail(&o, "only %u kills happened", o.kills);
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 
@@ -71,11 +68,9 @@ END_TEST
  * after; every recovery reaches the same state. */
 START_TEST(test_kill_during_recovery)
 {
-    refdata *ref = reference_run();
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, "crash_kill during recovery");
+    refdata *ref = scenario_begin(&d, &o, "crash_kill during recovery");
     plan p = base_plan(d.data, KEEL_DURABLE_GROUP, -1, 110);
     run_child(&o, &p, (trigger){TRIG_TICK, 100});
     p.until = 0;
@@ -87,8 +82,7 @@ START_TEST(test_kill_during_recovery)
     if (!o.failed && o.last_rec.aux)
         ofail(&o, "recovered from checkpoint tick %" PRIu64 " although none was taken", o.last_rec.aux);
     finish(&o, d.data, KEEL_DURABLE_GROUP, -1, 120);
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 
@@ -143,11 +137,9 @@ END_TEST
  * crash (from the WAL), then after a checkpoint and a crash (from the checkpoint). */
 START_TEST(test_spawn_never_written)
 {
-    refdata *ref = reference_run();
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, "(b) spawn never written again");
+    refdata *ref = scenario_begin(&d, &o, "(b) spawn never written again");
     const uint64_t s = PROBE_STATIC_TICK, c = 20;
     ck_assert_msg(ref->probe_alive[1][c + 5], "reference: the probe static died; pick another tick");
     plan p = base_plan(d.data, KEEL_DURABLE_IMMEDIATE, -1, s + 2);
@@ -176,8 +168,7 @@ START_TEST(test_spawn_never_written)
         else if (step > 0 && m->aux != c)
             ofail(&o, "step %d: recovered from checkpoint tick %" PRIu64 ", expected %" PRIu64, step, m->aux, c);
     }
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 
@@ -203,11 +194,9 @@ static void recover_same(oracle *o, const char *dir, int times)
 
 START_TEST(test_crash_right_after_recovery)
 {
-    refdata *ref = reference_run();
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, "(c) crash right after recovery");
+    refdata *ref = scenario_begin(&d, &o, "(c) crash right after recovery");
     /* GROUP ticks, killed mid-run (after transfers of tick 13) */
     plan p = base_plan(d.data, KEEL_DURABLE_GROUP, 5, 30);
     run_child(&o, &p, (trigger){TRIG_ACKS, 13 * SLOTS + 2});
@@ -235,26 +224,22 @@ START_TEST(test_crash_right_after_recovery)
               o.last_rec.tick, o.last_rec.aux);
     recover_same(&o, d.data, 2);
     finish(&o, d.data, KEEL_DURABLE_GROUP, 5, 40);
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 
 /* (d) a checkpoint every tick; killed at varied points: always a reference state. */
 START_TEST(test_crash_during_checkpoint)
 {
-    refdata *ref = reference_run();
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, "(d) checkpoint every tick");
+    refdata *ref = scenario_begin(&d, &o, "(d) checkpoint every tick");
     static const int kinds[] = {0, 0, 2, 2, 1, 3, 5, 6, 7};
     crash_rounds(&o, d.data, KEEL_DURABLE_GROUP, 1, 12, 70, 2, kinds, (int)(sizeof kinds / sizeof kinds[0]));
     finish(&o, d.data, KEEL_DURABLE_GROUP, 1, 70);
     if (!o.failed && o.ckpt_recoveries == 0)
         ofail(&o, "no recovery started from a checkpoint");
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 
@@ -263,12 +248,10 @@ END_TEST
  * the reference. */
 START_TEST(test_durability_modes)
 {
-    refdata *ref = reference_run();
     static const int kinds[] = {0, 2, 2, 2};
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, "(e) IMMEDIATE");
+    refdata *ref = scenario_begin(&d, &o, "(e) IMMEDIATE");
     crash_rounds(&o, d.data, KEEL_DURABLE_IMMEDIATE, 10, 8, 60, 3, kinds, 4);
     finish(&o, d.data, KEEL_DURABLE_IMMEDIATE, 10, 60);
     if (!o.failed && o.min_durable < 10)
@@ -294,19 +277,16 @@ START_TEST(test_durability_modes)
     oracle_init(&o, ref, "(e) DEFERRED");
     crash_rounds(&o, d.data, KEEL_DURABLE_DEFERRED, 10, 6, 60, 5, kinds, 4);
     finish(&o, d.data, KEEL_DURABLE_DEFERRED, 10, 60);
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 
 /* (f) keel_flush with DEFERRED ticks: after it returns a SIGKILL loses nothing. */
 START_TEST(test_uow_flush)
 {
-    refdata *ref = reference_run();
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, "(f) keel_flush");
+    refdata *ref = scenario_begin(&d, &o, "(f) keel_flush");
     static const uint64_t at[] = {9, 21, 34};
     for (size_t i = 0; i < 3 && !o.failed; i++) {
         plan p = base_plan(d.data, KEEL_DURABLE_DEFERRED, -1, at[i]);
@@ -329,8 +309,7 @@ START_TEST(test_uow_flush)
     q.hold_after_recover = true;
     run_child(&o, &q, (trigger){TRIG_NONE, 0});
     finish(&o, d.data, KEEL_DURABLE_DEFERRED, -1, 50);
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 

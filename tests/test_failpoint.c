@@ -517,11 +517,9 @@ START_TEST(test_crash_at)
 {
     const char *name = keel_failpoint_name((size_t)_i);
     ck_assert_ptr_nonnull(name);
-    refdata *ref = reference_run();
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, name);
+    refdata *ref = scenario_begin(&d, &o, name);
     uint32_t n[3];
     crash_hits(name, n);
     bool recovery = !strncmp(name, "recover.", 8);
@@ -542,8 +540,7 @@ START_TEST(test_crash_at)
             ofail(&o, "%s: the child finished its recovery before it died", spec);
     }
     finish(&o, d.data, KEEL_DURABLE_GROUP, 4, o.max_ran + 8);
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 
@@ -602,11 +599,9 @@ START_TEST(test_io_fault)
     int code = !strcmp(c->action, "eio") ? KEEL_EIO : KEEL_ENOSPC;
     char spec[96];
     snprintf(spec, sizeof spec, "%s=%s@%u", c->point, c->action, c->n);
-    refdata *ref = reference_run();
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, spec);
+    refdata *ref = scenario_begin(&d, &o, spec);
     plan p = base_plan(d.data, c->mode, 4, 60);
     p.failpoints = spec;
     p.fatal_ok = true;
@@ -665,8 +660,7 @@ START_TEST(test_io_fault)
     if (!o.failed && o.nacks == 0 && !at_open)
         ofail(&o, "no transfer was acknowledged before the failure: the case tests nothing");
     finish(&o, d.data, KEEL_DURABLE_GROUP, 4, o.max_ran + 8);
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 
@@ -859,11 +853,9 @@ END_TEST
 
 START_TEST(test_delays)
 {
-    refdata *ref = reference_run();
     tmpdir d;
-    tmpdir_make(&d);
     oracle o;
-    oracle_init(&o, ref, "every point delayed");
+    refdata *ref = scenario_begin(&d, &o, "every point delayed");
     char spec[1024] = "";
     for (size_t i = 0; keel_failpoint_name(i); i++) {
         const char *n = keel_failpoint_name(i);
@@ -892,8 +884,7 @@ START_TEST(test_delays)
         if (!(fired & (1ull << i)))
             ofail(&o, "the delay at %s never fired", keel_failpoint_name(i));
     finish(&o, d.data, KEEL_DURABLE_GROUP, 5, 40);
-    oracle_assert(&o, &d);
-    munmap(ref, sizeof *ref);
+    scenario_end(&o, &d, ref);
 }
 END_TEST
 

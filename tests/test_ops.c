@@ -39,20 +39,22 @@
 
 #define TICKS 12
 
-static keel_runtime_desc desc_dir(const char *dir)
+/* A wworld (no_side: without side transactions) on the data directory dir, one worker, not yet
+ * recovered. */
+static wworld *w_open_dir(const char *dir, bool no_side)
 {
     keel_runtime_desc d = {.workers = 1, .tick_rate_hz = -1};
     d.durable.dir = dir;
-    return d;
+    wworld *w = w_new(no_side);
+    w_open(w, &d, false);
+    return w;
 }
 
 /* A directory of workload W: TICKS ticks with a checkpoint half way (so
  * the file has free pages), closed. Its final tick's hash in *hash. */
 static void make_world(const char *dir, uint64_t *hash)
 {
-    wworld *w = w_new(false);
-    keel_runtime_desc d = desc_dir(dir);
-    w_open(w, &d, false);
+    wworld *w = w_open_dir(dir, false);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
     for (uint64_t t = 1; t <= TICKS; t++) {
         w_drive(w, t);
@@ -70,9 +72,7 @@ static void make_world(const char *dir, uint64_t *hash)
  * the recovered tick and hash. The runtime is closed again. */
 static int open_world(const char *dir, uint64_t *tick, uint64_t *hash, char *err, size_t cap)
 {
-    wworld *w = w_new(false);
-    keel_runtime_desc d = desc_dir(dir);
-    w_open(w, &d, false);
+    wworld *w = w_open_dir(dir, false);
     int rc = keel_runtime_recover(w->rt, NULL);
     if (err)
         snprintf(err, cap, "%s", keel_last_error());
@@ -83,6 +83,15 @@ static int open_world(const char *dir, uint64_t *tick, uint64_t *hash, char *err
     w_close(w);
     free(w);
     return rc;
+}
+
+/* dir opens (open_world) at this tick with this world hash. */
+static void expect_world(const char *dir, uint64_t tick, uint64_t hash)
+{
+    uint64_t t = 0, h = 0;
+    ck_assert_ok(open_world(dir, &t, &h, NULL, 0));
+    ck_assert_uint_eq(t, tick);
+    ck_assert_uint_eq(h, hash);
 }
 
 static void file_in(char *out, size_t n, const char *dir, const char *name)
@@ -104,9 +113,7 @@ static pid_t fork_holder(const char *dir)
     if (pid == 0) {
         close(held[0]);
         close(go[1]);
-        wworld *w = w_new(true);
-        keel_runtime_desc d = desc_dir(dir);
-        w_open(w, &d, false);
+        wworld *w = w_open_dir(dir, true);
         char c = keel_runtime_recover(w->rt, NULL) ? 'E' : 'H';
         if (write(held[1], &c, 1) != 1)
             _exit(3);
@@ -155,10 +162,7 @@ START_TEST(lock_second_process_refused)
     /* a crash releases the lock: the kernel drops it with the process */
     ck_assert_int_eq(kill(pid, SIGKILL), 0);
     ck_assert_int_eq(tu_wait(pid), 128 + SIGKILL);
-    uint64_t t1 = 0, h1 = 0;
-    ck_assert_ok(open_world(dir, &t1, &h1, NULL, 0));
-    ck_assert_uint_eq(t1, t0);
-    ck_assert_uint_eq(h1, h0);
+    expect_world(dir, t0, h0);
 }
 END_TEST
 
@@ -169,9 +173,7 @@ START_TEST(lock_same_process_refused)
 {
     char dir[256], want[64];
     tu_path(dir, sizeof dir, "twice");
-    wworld *a = w_new(true);
-    keel_runtime_desc d = desc_dir(dir);
-    w_open(a, &d, false);
+    wworld *a = w_open_dir(dir, true);
     ck_assert_ok(keel_runtime_recover(a->rt, NULL));
     w_drive(a, 1);
     char err[1024];
@@ -258,9 +260,7 @@ START_TEST(damage_free_tail_accepted)
 {
     char dir[256], mdb[300];
     tu_path(dir, sizeof dir, "tail");
-    wworld *w = w_new(false);
-    keel_runtime_desc d = desc_dir(dir);
-    w_open(w, &d, false);
+    wworld *w = w_open_dir(dir, false);
     ck_assert_ok(keel_runtime_recover(w->rt, NULL));
     for (uint64_t t = 1; t <= TICKS; t++) {
         w_drive(w, t);
@@ -284,10 +284,7 @@ START_TEST(damage_free_tail_accepted)
     ck_assert_msg(last >= (uint64_t)st.st_size / 4096, "the last page %llu is inside the file (%lld bytes): the "
                   "case this test is for did not arise", (unsigned long long)last, (long long)st.st_size);
     ck_assert_ok(kw_store_check_file(dir));
-    uint64_t t = 0, h = 0;
-    ck_assert_ok(open_world(dir, &t, &h, NULL, 0));
-    ck_assert_uint_eq(t, TICKS);
-    ck_assert_uint_eq(h, hash);
+    expect_world(dir, TICKS, hash);
 }
 END_TEST
 

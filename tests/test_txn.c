@@ -94,6 +94,29 @@ static uint32_t get_u32(keel_runtime *rt, keel_entity e, keel_component c)
     return v;
 }
 
+/* A stepped runtime (16-row chunks) holding n entities of one versioned u32 component *c, named
+ * name, entity i holding i; handles to ents. */
+static keel_runtime *rt_with_rows(uint32_t workers, const char *name, keel_component *c, uint32_t n,
+                                  keel_entity *ents)
+{
+    keel_runtime *rt =
+        tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers, .tick_rate_hz = -1});
+    *c = reg_u32(keel_runtime_world(rt), name, KEEL_VERSIONED);
+    spawn_rows(rt, n, c, (uint32_t[]){0}, 1, ents);
+    return rt;
+}
+
+/* Build s, which must fail with an error diagnostic `code` naming name_count names (case k of a
+ * table); that diagnostic. */
+static const keel_sched_diag *build_error(keel_schedule *s, keel_sched_code code, uint32_t name_count, int k)
+{
+    ck_assert_int_eq(keel_schedule_build(s), KEEL_EINVAL);
+    const keel_sched_diag *d = find_error(s, code);
+    ck_assert_msg(d != NULL, "case %d: no diagnostic with code %d", k, (int)code);
+    ck_assert_uint_eq(d->name_count, name_count);
+    return d;
+}
+
 /* ========================================================================== */
 /* txn_api                                                                    */
 /* ========================================================================== */
@@ -315,10 +338,7 @@ START_TEST(test_api_pipeline_build_rules)
                                        .pipeline = pipe_body,
                                        .pipeline_count = 4,
                                        .access = bad[k]});
-        ck_assert_int_eq(keel_schedule_build(s), KEEL_EINVAL);
-        const keel_sched_diag *d = find_error(s, KEEL_SCHED_BAD_SYSTEM);
-        ck_assert_msg(d != NULL, "case %d: no SCHED_BAD_SYSTEM diagnostic", k);
-        ck_assert_uint_eq(d->name_count, 2);
+        const keel_sched_diag *d = build_error(s, KEEL_SCHED_BAD_SYSTEM, 2, k);
         ck_assert_str_eq(d->names[0], "pipe");
         ck_assert_str_eq(d->names[1], "Vers");
         ck_assert_ptr_nonnull(strstr(d->message, "pipe"));
@@ -393,10 +413,7 @@ START_TEST(test_api_rewrites_conflict)
         add_sys(s, &(keel_system_desc){.name = "r1", .run = rw_first, .user = &p, .access = {.rewrites = {p.A}}});
         keel_access a2 = k == 0 ? (keel_access){.rewrites = {p.A}} : (keel_access){.writes = {p.A}};
         add_sys(s, &(keel_system_desc){.name = "r2", .run = rw_second, .user = &p, .access = a2});
-        ck_assert_int_eq(keel_schedule_build(s), KEEL_EINVAL);
-        const keel_sched_diag *d = find_error(s, KEEL_SCHED_WRITE_CONFLICT);
-        ck_assert_msg(d != NULL, "case %d: no SCHED_WRITE_CONFLICT", k);
-        ck_assert_uint_eq(d->name_count, 3);
+        const keel_sched_diag *d = build_error(s, KEEL_SCHED_WRITE_CONFLICT, 3, k);
         ck_assert_str_eq(d->names[0], "r1");
         ck_assert_str_eq(d->names[1], "r2");
         ck_assert_str_eq(d->names[2], "Acomp");
@@ -469,13 +486,10 @@ static int setall_body(keel_ctx *ctx, void *user)
 
 START_TEST(test_api_query_term_is_read)
 {
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
-    keel_world *w = keel_runtime_world(rt);
     static undecl_probe p;
     memset(&p, 0, sizeof p);
-    p.A = reg_u32(w, "Acomp", KEEL_VERSIONED);
     keel_entity ents[40];
-    spawn_rows(rt, 40, &p.A, (uint32_t[]){0}, 1, ents);
+    keel_runtime *rt = rt_with_rows(2, "Acomp", &p.A, 40, ents);
     static setall_probe sp;
     sp = (setall_probe){.c = p.A, .ents = ents, .n = 40, .value = 31};
 
@@ -484,10 +498,7 @@ START_TEST(test_api_query_term_is_read)
     add_sys(s, &(keel_system_desc){.name = "w", .run = setall_body, .user = &sp, .access = {.writes = {p.A}}});
     add_sys(s, &(keel_system_desc){
                    .name = "q", .kind = KEEL_SYSTEM_QUERY, .each_chunk = undecl_chunk, .user = &p, .query = {.with = {p.A}}});
-    ck_assert_int_eq(keel_schedule_build(s), KEEL_EINVAL);
-    const keel_sched_diag *d = find_error(s, KEEL_SCHED_READ_CONFLICT);
-    ck_assert_ptr_nonnull(d);
-    ck_assert_uint_eq(d->name_count, 3);
+    const keel_sched_diag *d = build_error(s, KEEL_SCHED_READ_CONFLICT, 3, 0);
     ck_assert_str_eq(d->names[0], "w");
     ck_assert_str_eq(d->names[1], "q");
     ck_assert_str_eq(d->names[2], "Acomp");
@@ -831,12 +842,10 @@ static int par_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
 
 START_TEST(test_cow_parallel_one_task_fails)
 {
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
-    keel_world *w = keel_runtime_world(rt);
     static par_probe p;
     memset(&p, 0, sizeof p);
-    p.P = reg_u32(w, "P", KEEL_VERSIONED);
-    spawn_rows(rt, PAR_N, &p.P, (uint32_t[]){0}, 1, p.ents);
+    keel_runtime *rt = rt_with_rows(2, "P", &p.P, PAR_N, p.ents);
+    keel_world *w = keel_runtime_world(rt);
     for (uint32_t i = 0; i < PAR_N; i++)
         ck_assert_uint_eq(KEEL_ENTITY_INDEX(p.ents[i]), i);
     keel_schedule *s = sched_new(rt);
@@ -924,6 +933,20 @@ static int sv_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
     return KEEL_EIO;
 }
 
+/* The parallel query system running sv_chunk over (S, V) in phase `phase`. */
+static keel_system add_svq(keel_schedule *s, uint32_t phase, sv_qprobe *qp, keel_component S, keel_component V)
+{
+    return add_sys(s, &(keel_system_desc){.name = "svq",
+                                          .phase = phase,
+                                          .kind = KEEL_SYSTEM_QUERY,
+                                          .each_chunk = sv_chunk,
+                                          .parallel = true,
+                                          .min_chunk_rows = 16,
+                                          .user = qp,
+                                          .query = {.with = {S, V}},
+                                          .access = {.writes = {S, V}}});
+}
+
 START_TEST(test_cow_single_version_in_place)
 {
     for (int workers = 1; workers <= 2; workers++) {
@@ -942,15 +965,7 @@ START_TEST(test_cow_single_version_in_place)
         keel_schedule *s = sched_new(rt);
         keel_system cb = add_sys(s, &(keel_system_desc){.name = "svfail", .run = sv_body, .user = &p,
                                                         .access = {.writes = {p.V, p.S, p.T}}});
-        keel_system qs = add_sys(s, &(keel_system_desc){.name = "svq",
-                                                        .phase = 1,
-                                                        .kind = KEEL_SYSTEM_QUERY,
-                                                        .each_chunk = sv_chunk,
-                                                        .parallel = true,
-                                                        .min_chunk_rows = 16,
-                                                        .user = &qp,
-                                                        .query = {.with = {p.S, p.V}},
-                                                        .access = {.writes = {p.S, p.V}}});
+        keel_system qs = add_svq(s, 1, &qp, p.S, p.V);
         tu_install(rt, s);
         uint64_t h0 = keel_world_hash(w);
         ck_assert_ok(keel_runtime_step(rt));
@@ -969,14 +984,7 @@ START_TEST(test_cow_single_version_in_place)
 
         /* the query variant on its own: drop the callback's schedule */
         s = sched_new(rt);
-        qs = add_sys(s, &(keel_system_desc){.name = "svq",
-                                            .kind = KEEL_SYSTEM_QUERY,
-                                            .each_chunk = sv_chunk,
-                                            .parallel = true,
-                                            .min_chunk_rows = 16,
-                                            .user = &qp,
-                                            .query = {.with = {p.S, p.V}},
-                                            .access = {.writes = {p.S, p.V}}});
+        qs = add_svq(s, 0, &qp, p.S, p.V);
         tu_install(rt, s);
         ck_assert_ok(keel_runtime_step(rt));
         ck_assert_int_eq(tu_sysrec(rt, 2, qs).skip, KEEL_SKIP_FAILED);
@@ -1112,13 +1120,10 @@ static int ryw_body(keel_ctx *ctx, void *user)
 
 START_TEST(test_cow_read_your_writes)
 {
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1});
-    keel_world *w = keel_runtime_world(rt);
     static ryw_probe p;
     memset(&p, 0, sizeof p);
-    p.P = reg_u32(w, "P", KEEL_VERSIONED);
     keel_entity ents[40];
-    spawn_rows(rt, 40, &p.P, (uint32_t[]){0}, 1, ents);
+    keel_runtime *rt = rt_with_rows(1, "P", &p.P, 40, ents);
     p.a = ents[2];
     p.b = ents[35];
     keel_schedule *s = sched_new(rt);
@@ -1933,6 +1938,24 @@ static int life_bad(keel_ctx *ctx, void *user)
     return KEEL_EIO;
 }
 
+/* The next op of the log, which must be a `kind` on e. */
+static world_lifecycle_op next_op(const world_lifecycle_log *log, size_t *off, uint32_t kind, keel_entity e)
+{
+    world_lifecycle_op op;
+    ck_assert(world_lifecycle_next(log, off, &op));
+    ck_assert_uint_eq(op.kind, kind);
+    ck_assert_uint_eq(op.entity, e);
+    return op;
+}
+
+/* The first value an op carries, a u32. */
+static uint32_t op_u32(const world_lifecycle_op *op)
+{
+    uint32_t v = 0;
+    memcpy(&v, op->values, 4);
+    return v;
+}
+
 START_TEST(test_uow_lifecycle_log)
 {
     keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
@@ -1959,40 +1982,24 @@ START_TEST(test_uow_lifecycle_log)
     const world_lifecycle_log *log = &rt->txn.uow.lifecycle;
     ck_assert_uint_eq(log->count, 5);
     size_t off = 0;
-    world_lifecycle_op op;
-    uint32_t v = 0;
-    ck_assert(world_lifecycle_next(log, &off, &op));
-    ck_assert_uint_eq(op.kind, WORLD_OP_DESTROY);
-    ck_assert_uint_eq(op.entity, p.e1);
-
-    ck_assert(world_lifecycle_next(log, &off, &op));
-    ck_assert_uint_eq(op.kind, WORLD_OP_SPAWN);
+    next_op(log, &off, WORLD_OP_DESTROY, p.e1);
     /* destroy then spawn reuses the slot with the next generation */
     keel_entity reused = KEEL_ENTITY_MAKE(KEEL_ENTITY_INDEX(p.e1), KEEL_ENTITY_GEN(p.e1) + 1);
-    ck_assert_uint_eq(op.entity, reused);
+    world_lifecycle_op op = next_op(log, &off, WORLD_OP_SPAWN, reused);
     ck_assert_uint_eq(op.n, 1);
     ck_assert_uint_eq(op.ids[0], p.P);
-    memcpy(&v, op.values, 4);
-    ck_assert_uint_eq(v, 5);
+    ck_assert_uint_eq(op_u32(&op), 5);
 
-    ck_assert(world_lifecycle_next(log, &off, &op));
-    ck_assert_uint_eq(op.kind, WORLD_OP_ADD);
-    ck_assert_uint_eq(op.entity, p.e2);
+    op = next_op(log, &off, WORLD_OP_ADD, p.e2);
     ck_assert_uint_eq(op.component, p.Q);
-    memcpy(&v, op.values, 4);
-    ck_assert_uint_eq(v, 7);
+    ck_assert_uint_eq(op_u32(&op), 7);
 
-    ck_assert(world_lifecycle_next(log, &off, &op));
-    ck_assert_uint_eq(op.kind, WORLD_OP_REMOVE);
-    ck_assert_uint_eq(op.entity, p.e3);
+    op = next_op(log, &off, WORLD_OP_REMOVE, p.e3);
     ck_assert_uint_eq(op.component, p.P);
 
-    ck_assert(world_lifecycle_next(log, &off, &op));
-    ck_assert_uint_eq(op.kind, WORLD_OP_SPAWN);
     keel_entity fresh = KEEL_ENTITY_MAKE(4, 1);
-    ck_assert_uint_eq(op.entity, fresh);
-    memcpy(&v, op.values, 4);
-    ck_assert_uint_eq(v, 6);
+    op = next_op(log, &off, WORLD_OP_SPAWN, fresh);
+    ck_assert_uint_eq(op_u32(&op), 6);
     ck_assert(!world_lifecycle_next(log, &off, &op)); /* the failed system's spawn is not there */
 
     /* the handles in the log are the live ones */

@@ -1143,33 +1143,40 @@ START_TEST(record_faults_are_reported_by_code)
 }
 END_TEST
 
+/* Defined with the store tests, whose fixture they are. */
+static void root_setup(void);
+static void root_teardown(void);
+
+/* Add to s the test case `name` of the n tests; rooted: each in a fresh directory under the root. */
+static void add_case(Suite *s, const char *name, bool rooted, const TTest *const *tests, size_t n)
+{
+    TCase *tc = tcase_create(name);
+    if (rooted)
+        tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
+    for (size_t i = 0; i < n; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+}
+
+/* add_case over the tests listed. */
+#define ADD_CASE(s, name, rooted, ...)                                                                   \
+    add_case((s), (name), (rooted), (const TTest *const[]){__VA_ARGS__},                              \
+             sizeof((const TTest *const[]){__VA_ARGS__}) / sizeof(const TTest *))
+
 static Suite *record_suite(void)
 {
     Suite *s = suite_create("wal_record");
-    TCase *tc = tcase_create("crc32c");
-    tcase_add_test(tc, crc32c_known_answers);
-    tcase_add_test(tc, crc32c_paths_agree_on_every_length_and_alignment);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("record");
-    tcase_add_test(tc, kind_names_round_trip);
-    tcase_add_test(tc, raw_record_round_trip_has_the_documented_header);
-    tcase_add_test(tc, zstd_record_round_trip);
-    tcase_add_test(tc, planar_record_round_trip_and_documented_form);
-    tcase_add_test(tc, planar_snap_chunk_round_trip_and_refusals);
-    tcase_add_test(tc, planar_scratch_out_of_memory);
-    tcase_add_test(tc, codec_create_refuses_bad_levels_and_oversized_payloads);
-    tcase_add_test(tc, crc_is_payload_then_zeroed_header);
-    tcase_add_test(tc, unsealed_then_sealed_equals_direct_build);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("corruption");
-    tcase_add_test(tc, every_single_byte_corruption_is_detected);
-    tcase_add_test(tc, truncated_and_overlong_records_are_refused);
-    tcase_add_test(tc, wrong_version_kind_codec_are_refused_with_a_valid_crc);
-    tcase_add_test(tc, corrupt_zstd_payload_with_valid_crc_is_refused);
-    tcase_add_test(tc, planar_form_that_does_not_parse_is_corrupt);
-    tcase_add_test(tc, raw_length_over_the_record_limit_is_refused);
-    tcase_add_test(tc, record_faults_are_reported_by_code);
-    suite_add_tcase(s, tc);
+    ADD_CASE(s, "crc32c", false, crc32c_known_answers, crc32c_paths_agree_on_every_length_and_alignment);
+    ADD_CASE(s, "record", false, kind_names_round_trip, raw_record_round_trip_has_the_documented_header,
+             zstd_record_round_trip, planar_record_round_trip_and_documented_form,
+             planar_snap_chunk_round_trip_and_refusals, planar_scratch_out_of_memory,
+             codec_create_refuses_bad_levels_and_oversized_payloads, crc_is_payload_then_zeroed_header,
+             unsealed_then_sealed_equals_direct_build);
+    ADD_CASE(s, "corruption", false, every_single_byte_corruption_is_detected,
+             truncated_and_overlong_records_are_refused,
+             wrong_version_kind_codec_are_refused_with_a_valid_crc,
+             corrupt_zstd_payload_with_valid_crc_is_refused, planar_form_that_does_not_parse_is_corrupt,
+             raw_length_over_the_record_limit_is_refused, record_faults_are_reported_by_code);
     return s;
 }
 
@@ -1960,36 +1967,18 @@ END_TEST
 static Suite *payload_suite(void)
 {
     Suite *s = suite_create("wal_payload");
-    TCase *tc = tcase_create("cursor");
-    tcase_add_test(tc, builders_write_little_endian);
-    tcase_add_test(tc, cursor_reads_in_bounds_and_flags_overruns);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("schema");
-    tcase_add_test(tc, schema_round_trip);
-    tcase_add_test(tc, schema_truncated_or_padded_is_corrupt);
-    tcase_add_test(tc, schema_malformed_payloads_are_corrupt);
-    tcase_add_test(tc, schema_random_damage_never_crashes);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("keys");
-    tcase_add_test(tc, checkpoint_meta_layout_and_round_trip);
-    tcase_add_test(tc, snap_keys_are_big_endian_and_sort_numerically);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("snap");
-    tcase_add_test(tc, snap_tables_decode_and_refuse_bad_lengths);
-    tcase_add_test(tc, snap_slots_decode_and_refuse_bad_lengths);
-    tcase_add_test(tc, snap_chunk_decode_and_refuse_bad_lengths);
-    tcase_add_test(tc, snap_payload_checks_the_record_and_its_kind);
-    tcase_add_test(tc, snap_random_damage_never_crashes);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("encoders");
-    tcase_add_test(tc, group_header_is_three_little_endian_u32);
-    tcase_add_test(tc, tick_chunk_encoder_writes_the_documented_groups);
-    tcase_add_test(tc, lifecycle_encoder_writes_the_documented_ops);
-    tcase_add_test(tc, side_encoder_writes_the_documented_writes);
-    tcase_add_test(tc, commit_and_checkpoint_markers_are_16_bytes);
-    tcase_add_test(tc, snap_encoders_write_what_the_decoders_read);
-    tcase_add_test(tc, scalar_table_names_and_widths);
-    suite_add_tcase(s, tc);
+    ADD_CASE(s, "cursor", false, builders_write_little_endian, cursor_reads_in_bounds_and_flags_overruns);
+    ADD_CASE(s, "schema", false, schema_round_trip, schema_truncated_or_padded_is_corrupt,
+             schema_malformed_payloads_are_corrupt, schema_random_damage_never_crashes);
+    ADD_CASE(s, "keys", false, checkpoint_meta_layout_and_round_trip,
+             snap_keys_are_big_endian_and_sort_numerically);
+    ADD_CASE(s, "snap", false, snap_tables_decode_and_refuse_bad_lengths,
+             snap_slots_decode_and_refuse_bad_lengths, snap_chunk_decode_and_refuse_bad_lengths,
+             snap_payload_checks_the_record_and_its_kind, snap_random_damage_never_crashes);
+    ADD_CASE(s, "encoders", false, group_header_is_three_little_endian_u32,
+             tick_chunk_encoder_writes_the_documented_groups, lifecycle_encoder_writes_the_documented_ops,
+             side_encoder_writes_the_documented_writes, commit_and_checkpoint_markers_are_16_bytes,
+             snap_encoders_write_what_the_decoders_read, scalar_table_names_and_widths);
     return s;
 }
 
@@ -2811,6 +2800,18 @@ static size_t snap_keys(kv *e)
     return n;
 }
 
+/* A new store in the new directory dir holding snap_keys' keys; how many to *n. */
+static kw_store *store_with_snap_keys(char dir[256], size_t *n)
+{
+    new_dir(dir);
+    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
+    static kv e[2000];
+    *n = snap_keys(e);
+    kv_fill f = {e, *n};
+    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    return s;
+}
+
 /* Keys of db under prefix, in iteration order; checks the values. */
 static size_t list_keys(kw_store *s, kw_db db, const void *prefix, size_t plen, unsigned char (*keys)[16], size_t max)
 {
@@ -2922,12 +2923,8 @@ END_TEST
 START_TEST(db_iter_lists_a_prefix_in_key_order)
 {
     char dir[256];
-    new_dir(dir);
-    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
-    static kv e[2000];
-    size_t n = snap_keys(e);
-    kv_fill f = {e, n};
-    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    size_t n = 0;
+    kw_store *s = store_with_snap_keys(dir, &n);
     static unsigned char keys[2000][16];
     ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "", 0, keys, 2000), n);
     ck_assert_uint_eq(list_keys(s, KW_DB_SNAP, "C", 1, keys, 2000), 1800);
@@ -2971,12 +2968,8 @@ END_TEST
 START_TEST(db_iter_with_a_null_prefix_lists_every_key)
 {
     char dir[256];
-    new_dir(dir);
-    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
-    static kv e[2000];
-    size_t n = snap_keys(e);
-    kv_fill f = {e, n};
-    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    size_t n = 0;
+    kw_store *s = store_with_snap_keys(dir, &n);
     kw_rtxn *r;
     ck_assert_ok(kw_read_begin(s, &r));
     kw_walit *it = NULL;
@@ -3017,12 +3010,8 @@ static int fill_del_prefix(kw_wtxn *t, void *arg)
 START_TEST(del_prefix_keeps_what_keep_says)
 {
     char dir[256];
-    new_dir(dir);
-    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
-    static kv e[2000];
-    size_t n = snap_keys(e);
-    kv_fill f = {e, n};
-    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    size_t n = 0;
+    kw_store *s = store_with_snap_keys(dir, &n);
     static unsigned char keys[2000][16];
 
     prefix_del d = {"C", 1, keep_some_chunks, 0};
@@ -3060,12 +3049,8 @@ END_TEST
 START_TEST(del_prefix_with_the_empty_prefix_clears_the_database)
 {
     char dir[256];
-    new_dir(dir);
-    kw_store *s = open_store(dir, KW_OPEN_CREATE, 0, 0);
-    static kv e[2000];
-    size_t n = snap_keys(e);
-    kv_fill f = {e, n};
-    ck_assert_ok(kw_store_write(s, fill_kv, &f));
+    size_t n = 0;
+    kw_store *s = store_with_snap_keys(dir, &n);
     static unsigned char keys[2000][16];
     prefix_del d = {"", 0, keep_some_chunks, 0};
     ck_assert_ok(kw_store_write(s, fill_del_prefix, &d));
@@ -3302,39 +3287,29 @@ END_TEST
 static Suite *store_suite(void)
 {
     Suite *s = suite_create("wal_store");
-    TCase *tc = tcase_create("open");
-    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
-    tcase_add_test(tc, create_opens_a_fresh_directory);
-    tcase_add_test(tc, creation_is_atomic_and_discards_a_crashed_creation);
-    tcase_add_test(tc, missing_directory_without_create_is_enoent);
-    tcase_add_test(tc, directory_without_keel_data_is_refused);
-    tcase_add_test(tc, readonly_open_sees_a_live_writers_commits);
-    tcase_add_test(tc, readonly_store_refuses_writes);
-    tcase_add_test(tc, newer_format_version_is_refused);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("wal");
-    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
-    tcase_add_test(tc, put_wal_appends_in_order_and_refuses_non_increasing_lsns);
-    tcase_add_test(tc, refused_append_leaves_the_transaction_usable);
-    tcase_add_test(tc, wal_iter_from_an_lsn_and_bounds);
-    tcase_add_test(tc, del_wal_upto_and_from);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("databases");
-    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
-    tcase_add_test(tc, put_get_del_in_the_named_databases);
-    tcase_add_test(tc, del_removes_a_key_and_ignores_absent_ones);
-    tcase_add_test(tc, db_iter_lists_a_prefix_in_key_order);
-    tcase_add_test(tc, db_iter_with_a_null_prefix_lists_every_key);
-    tcase_add_test(tc, del_prefix_keeps_what_keep_says);
-    tcase_add_test(tc, del_prefix_with_the_empty_prefix_clears_the_database);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("writes");
-    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
-    tcase_add_test(tc, a_failing_fill_commits_nothing);
-    tcase_add_test(tc, map_grows_when_a_write_does_not_fit);
-    tcase_add_test(tc, map_max_reached_is_enospc_and_commits_nothing);
-    tcase_add_test(tc, injected_write_failure_commits_nothing);
-    suite_add_tcase(s, tc);
+    const TTest *open[] = {create_opens_a_fresh_directory,
+                           creation_is_atomic_and_discards_a_crashed_creation,
+                           missing_directory_without_create_is_enoent,
+                           directory_without_keel_data_is_refused,
+                           readonly_open_sees_a_live_writers_commits,
+                           readonly_store_refuses_writes,
+                           newer_format_version_is_refused};
+    add_case(s, "open", true, open, sizeof open / sizeof open[0]);
+    const TTest *wal[] = {put_wal_appends_in_order_and_refuses_non_increasing_lsns,
+                          refused_append_leaves_the_transaction_usable, wal_iter_from_an_lsn_and_bounds,
+                          del_wal_upto_and_from};
+    add_case(s, "wal", true, wal, sizeof wal / sizeof wal[0]);
+    const TTest *databases[] = {put_get_del_in_the_named_databases,
+                                del_removes_a_key_and_ignores_absent_ones,
+                                db_iter_lists_a_prefix_in_key_order,
+                                db_iter_with_a_null_prefix_lists_every_key,
+                                del_prefix_keeps_what_keep_says,
+                                del_prefix_with_the_empty_prefix_clears_the_database};
+    add_case(s, "databases", true, databases, sizeof databases / sizeof databases[0]);
+    const TTest *writes[] = {a_failing_fill_commits_nothing, map_grows_when_a_write_does_not_fit,
+                             map_max_reached_is_enospc_and_commits_nothing,
+                             injected_write_failure_commits_nothing};
+    add_case(s, "writes", true, writes, sizeof writes / sizeof writes[0]);
     return s;
 }
 
@@ -3601,15 +3576,10 @@ END_TEST
 static Suite *fuzz_suite(void)
 {
     Suite *s = suite_create("wal_fuzz");
-    TCase *tc = tcase_create("decoders");
-    tcase_add_test(tc, zstd_raw_length_is_checked_against_the_frame_before_allocating);
-    tcase_add_test(tc, schema_fields_must_lie_inside_their_value);
-    suite_add_tcase(s, tc);
-    tc = tcase_create("readers");
-    tcase_add_unchecked_fixture(tc, root_setup, root_teardown);
-    tcase_add_test(tc, scan_names_the_key_lsn_of_a_record_that_fails_its_check);
-    tcase_add_test(tc, wal_bounds_refuses_a_first_or_last_key_that_is_no_lsn);
-    suite_add_tcase(s, tc);
+    ADD_CASE(s, "decoders", false, zstd_raw_length_is_checked_against_the_frame_before_allocating,
+             schema_fields_must_lie_inside_their_value);
+    ADD_CASE(s, "readers", true, scan_names_the_key_lsn_of_a_record_that_fails_its_check,
+             wal_bounds_refuses_a_first_or_last_key_that_is_no_lsn);
     return s;
 }
 
