@@ -67,6 +67,20 @@ static keel_world *make_world(void)
     return make_world_max(0);
 }
 
+/* keel_cmdbuf_apply(cb) that must succeed; its result. */
+static keel_cmd_result apply_ok(keel_cmdbuf *cb)
+{
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    return keel_cmdbuf_result(cb);
+}
+
+/* The buffer before its world: destroying it updates the world's pending count. */
+static void destroy_buf_and_world(keel_cmdbuf *cb, keel_world *w)
+{
+    keel_cmdbuf_destroy(cb);
+    keel_world_destroy(w);
+}
+
 /* Record a spawn with a pos value (and optionally a vel / hp). */
 static void rec_spawn_pos(keel_cmdbuf *cb, int32_t x, int32_t y)
 {
@@ -87,8 +101,7 @@ static keel_entity spawn_pos(keel_world *w, int32_t x, int32_t y)
 {
     keel_cmdbuf *cb = tu_cmdbuf_new(w);
     rec_spawn_pos(cb, x, y);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, 1);
     ck_assert_ptr_nonnull(r.created);
     keel_entity e = r.created[0];
@@ -191,8 +204,7 @@ START_TEST(record_create_args)
     assert_counters(r, 0, 0, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, 0);
     ck_assert_uint_eq(keel_world_pending(w), 0);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -232,8 +244,7 @@ START_TEST(record_unknown_component)
     ck_assert_uint_eq(keel_world_hash(w), h0);
 
     /* applying creates only the one valid spawn; a is untouched */
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     assert_counters(r, 1, 0, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, 1);
     ck_assert_uint_eq(keel_world_count(w), 2);
@@ -243,8 +254,7 @@ START_TEST(record_unknown_component)
     ck_assert_int_eq(keel_has(w, a, HP), 0);
     ck_assert_int_eq(keel_has(w, a, TAG), 0);
 
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -263,14 +273,12 @@ START_TEST(record_repeated_component)
     ck_assert_rc(keel_cmd_spawn(cb, reptag, 2), KEEL_EINVAL);
     ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 0);
 
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 0, 0, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, 0);
     ck_assert_uint_eq(keel_world_count(w), 0);
 
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -295,14 +303,12 @@ START_TEST(record_null_inits)
     /* NULL inits with n == 0 is fine: an entity without components */
     ck_assert_ok(keel_cmd_spawn(cb, NULL, 0));
     ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 1);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, 1);
     ck_assert_uint_eq(r.spawned, 1);
     ck_assert_uint_eq(keel_world_count(w), 1);
 
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -346,8 +352,7 @@ START_TEST(record_does_not_touch_world)
     ck_assert_int_eq(keel_has(w, b, TAG), 1);
     assert_vel(w, b, 1, 1);
 
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -370,16 +375,14 @@ START_TEST(record_values_copied)
     v.dx = v.dy = -99;
     in[0].c = VEL; /* the init array is copied too */
 
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, 1);
     assert_pos(w, r.created[0], 11, 12);
     assert_hp(w, r.created[0], 13);
     ck_assert_int_eq(keel_has(w, r.created[0], VEL), 0);
     assert_vel(w, a, 21, 22);
 
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -419,8 +422,7 @@ START_TEST(record_spawn_empty_and_zero_fill)
     tu_destroy_now(w, e0);
     ck_assert_uint_eq(keel_world_count(w), 2);
 
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -442,8 +444,7 @@ START_TEST(record_discard_unapplied)
     ck_assert(keel_alive(w, a));
     keel_cmdbuf_discard(cb); /* on an empty buffer: no-op */
     ck_assert_uint_eq(keel_world_pending(w), 0);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -457,8 +458,7 @@ START_TEST(playback_fifo_receipts)
     keel_cmdbuf *cb = tu_cmdbuf_new(w);
     for (int32_t i = 0; i < 5; i++)
         rec_spawn_pos_hp(cb, i, 100 + i, (uint64_t)(1000 + i));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 5, 0, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, 5);
     for (uint32_t i = 0; i < 5; i++) {
@@ -469,8 +469,7 @@ START_TEST(playback_fifo_receipts)
         assert_hp(w, r.created[i], 1000 + i);
     }
     ck_assert_uint_eq(keel_world_count(w), 5);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -505,8 +504,7 @@ START_TEST(playback_fifo_order_matters)
     assert_pos(w, a, 1, 1);
     assert_pos(w, b, 2, 2);
     assert_pos(w, c, 3, 3);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -525,8 +523,7 @@ START_TEST(playback_add_remove_moves)
     ck_assert_ok(keel_cmd_add(cb, e[1], VEL, &v1));
     ck_assert_ok(keel_cmd_add(cb, e[3], VEL, &v3));
     ck_assert_ok(keel_cmd_add(cb, e[0], TAG, NULL));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 0, 0, 3, 0, 0, 0, 0, 0);
 
     ck_assert_uint_eq(query_count(w, POS, VEL, 0), 2);
@@ -544,8 +541,7 @@ START_TEST(playback_add_remove_moves)
     ck_assert_ok(keel_cmd_remove(cb, e[1], POS));
     ck_assert_ok(keel_cmd_remove(cb, e[3], VEL));
     ck_assert_ok(keel_cmd_remove(cb, e[0], TAG));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     assert_counters(r, 0, 0, 0, 3, 0, 0, 0, 0);
 
     ck_assert_int_eq(keel_has(w, e[1], POS), 0);
@@ -571,8 +567,7 @@ START_TEST(playback_add_remove_moves)
         ck_assert_int_eq(keel_has(w, e[1], c), 0);
     ck_assert_uint_eq(keel_world_count(w), 6);
 
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -586,8 +581,7 @@ START_TEST(playback_add_overwrites)
     pos_t np = {50, 60};
     ck_assert_ok(keel_cmd_add(cb, a, POS, &np));
     ck_assert_ok(keel_cmd_add(cb, b, POS, NULL)); /* NULL = zero-filled */
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     ck_assert_uint_eq(r.ignored_absent, 0);
     ck_assert_uint_eq(r.ignored_stale, 0);
     ck_assert_uint_eq(r.ignored_null, 0);
@@ -597,8 +591,7 @@ START_TEST(playback_add_overwrites)
     assert_pos(w, b, 0, 0);
     ck_assert_uint_eq(query_count(w, POS, 0, 0), npos);
     ck_assert_int_eq(keel_has(w, a, VEL), 0);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -611,8 +604,7 @@ START_TEST(playback_destroy_then_spawn_reuses)
     keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, a));
     rec_spawn_pos(cb, 9, 9);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 1, 1, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, 1);
     keel_entity b = r.created[0];
@@ -624,8 +616,7 @@ START_TEST(playback_destroy_then_spawn_reuses)
     assert_pos(w, other, 2, 2);
     ck_assert_rc(keel_get(w, a, POS, &(pos_t){0, 0}), KEEL_ESTALE);
     ck_assert_uint_eq(keel_world_count(w), 2);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -636,8 +627,7 @@ START_TEST(playback_spawn_then_destroy_no_reuse)
     keel_cmdbuf *cb = tu_cmdbuf_new(w);
     rec_spawn_pos(cb, 9, 9);
     ck_assert_ok(keel_cmd_destroy(cb, a));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 1, 1, 0, 0, 0, 0, 0, 0);
     keel_entity b = r.created[0];
     ck_assert_uint_ne(KEEL_ENTITY_INDEX(b), KEEL_ENTITY_INDEX(a));
@@ -650,8 +640,7 @@ START_TEST(playback_spawn_then_destroy_no_reuse)
     /* a later spawn does take the freed slot, with the next generation */
     keel_entity c = spawn_pos(w, 3, 3);
     ck_assert_uint_eq(c, KEEL_ENTITY_MAKE(KEEL_ENTITY_INDEX(a), KEEL_ENTITY_GEN(a) + 1));
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -662,16 +651,14 @@ START_TEST(playback_empty_noop)
     uint64_t h0 = keel_world_hash(w);
     keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmdbuf_apply(cb));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 0, 0, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, 0);
     ck_assert_uint_eq(keel_world_hash(w), h0);
     ck_assert_uint_eq(keel_world_count(w), 1);
     ck_assert_uint_eq(keel_world_pending(w), 0);
     assert_pos(w, a, 4, 4);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -697,8 +684,7 @@ START_TEST(playback_destroy_clears)
     assert_pos(w, e[2], 3, 3);
     assert_hp(w, e[1], 2);
     assert_hp(w, e[2], 3);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -712,8 +698,7 @@ START_TEST(playback_many)
     for (uint32_t i = 0; i < MANY; i++)
         rec_spawn_pos_hp(cb, (int32_t)i, -(int32_t)i, i * 3u);
     ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, MANY);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, MANY, 0, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, MANY);
     ck_assert_uint_eq(keel_world_count(w), MANY);
@@ -745,8 +730,7 @@ START_TEST(playback_many)
     for (uint32_t i = MANY; i-- > 0;)
         if (i & 1)
             ck_assert_ok(keel_cmd_destroy(cb, ents[i]));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     assert_counters(r, 0, MANY, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(keel_world_count(w), 0);
     ck_assert_uint_eq(query_count(w, POS, 0, 0), 0);
@@ -755,16 +739,14 @@ START_TEST(playback_many)
     ck_assert_ok(keel_cmdbuf_reset(cb));
     for (uint32_t i = 0; i < MANY; i++)
         rec_spawn_pos_hp(cb, (int32_t)i, -(int32_t)i, i * 3u);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, MANY);
     for (uint32_t i = 0; i < MANY; i++)
         ck_assert_uint_eq(r.created[i], KEEL_ENTITY_MAKE(i, 2));
     ck_assert_uint_eq(keel_world_count(w), MANY);
     ck_assert_uint_ne(keel_world_hash(w), h_full); /* generations differ */
     assert_pos(w, r.created[MANY - 1], (int32_t)MANY - 1, -(int32_t)(MANY - 1));
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -891,8 +873,7 @@ static void eq_assert_same_free_order_and_close(keel_world *wa, keel_cmdbuf *ca,
                             EQ_ENTITIES * sizeof(keel_entity)), 0);
     eq_assert_same_layout(wa, wb);
     keel_cmdbuf_destroy(ca);
-    keel_cmdbuf_destroy(cbb);
-    keel_world_destroy(wa);
+    destroy_buf_and_world(cbb, wa);
     keel_world_destroy(wb);
 }
 
@@ -1032,8 +1013,7 @@ START_TEST(playback_hash_history_independent)
     assert_counters(keel_cmdbuf_result(cb), 0, 0, 2, 2, 0, 0, 0, 0);
     ck_assert_uint_eq(keel_world_hash(w1), keel_world_hash(w2));
     assert_pos(w1, a1, 1, 2);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w1);
+    destroy_buf_and_world(cb, w1);
     keel_world_destroy(w2);
 }
 END_TEST
@@ -1050,15 +1030,13 @@ START_TEST(ignored_double_destroy)
     keel_cmdbuf *cb = tu_cmdbuf_new(w);
     ck_assert_ok(keel_cmd_destroy(cb, a));
     ck_assert_ok(keel_cmd_destroy(cb, a));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 0, 1, 0, 0, 0, 1, 0, 0);
     ck_assert(!keel_alive(w, a));
     ck_assert(keel_alive(w, b));
     assert_pos(w, b, 2, 2);
     ck_assert_uint_eq(keel_world_count(w), 1);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1074,8 +1052,7 @@ START_TEST(ignored_double_destroy_occupant_safe)
     pos_t p = {-5, -5};
     ck_assert_ok(keel_cmd_add(cb, a, POS, &p));
     ck_assert_ok(keel_cmd_remove(cb, a, POS));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 1, 1, 0, 0, 0, 3, 0, 0);
     ck_assert_uint_eq(r.created_count, 1);
     keel_entity c = r.created[0];
@@ -1083,8 +1060,7 @@ START_TEST(ignored_double_destroy_occupant_safe)
     ck_assert(keel_alive(w, c));
     assert_pos(w, c, 7, 7);
     ck_assert_uint_eq(keel_world_count(w), 1);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1105,16 +1081,14 @@ START_TEST(ignored_stale_after_reuse)
     pos_t p = {8, 8};
     ck_assert_ok(keel_cmd_add(cb, a, POS, &p));  /* would overwrite c's value */
     ck_assert_ok(keel_cmd_remove(cb, a, POS));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 0, 0, 0, 0, 0, 4, 0, 0);
     ck_assert(keel_alive(w, c));
     assert_pos(w, c, 3, 4);
     ck_assert_int_eq(keel_has(w, c, VEL), 0);
     ck_assert_uint_eq(keel_world_hash(w), h0);
     ck_assert_uint_eq(keel_world_count(w), 1);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1130,14 +1104,12 @@ START_TEST(ignored_null)
     ck_assert_ok(keel_cmd_add(cb, KEEL_ENTITY_NULL, TAG, NULL));
     ck_assert_ok(keel_cmd_remove(cb, KEEL_ENTITY_NULL, POS));
     ck_assert_uint_eq(keel_cmdbuf_result(cb).pending, 4);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 0, 0, 0, 0, 4, 0, 0, 0);
     ck_assert_uint_eq(keel_world_hash(w), h0);
     assert_pos(w, a, 1, 1);
     ck_assert_uint_eq(keel_world_count(w), 1);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1161,8 +1133,7 @@ START_TEST(ignored_foreign)
         ck_assert_ok(keel_cmd_add(cb, bad[i], POS, &p));
         ck_assert_ok(keel_cmd_remove(cb, bad[i], POS));
     }
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 0, 0, 0, 0, 0, 12, 0, 0);
     ck_assert_uint_eq(keel_world_hash(w), h0);
     ck_assert(keel_alive(w, a));
@@ -1173,8 +1144,7 @@ START_TEST(ignored_foreign)
     /* the foreign index did not create slots: the next spawn takes index 2 */
     keel_entity c = spawn_pos(w, 3, 3);
     ck_assert_uint_eq(c, KEEL_ENTITY_MAKE(2, 1));
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1187,8 +1157,7 @@ START_TEST(ignored_absent)
     ck_assert_ok(keel_cmd_remove(cb, a, VEL));
     ck_assert_ok(keel_cmd_remove(cb, a, TAG));
     ck_assert_ok(keel_cmd_remove(cb, a, HP));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 0, 0, 0, 0, 0, 0, 3, 0);
     ck_assert_uint_eq(keel_world_hash(w), h0);
     assert_pos(w, a, 1, 1);
@@ -1198,11 +1167,9 @@ START_TEST(ignored_absent)
     ck_assert_ok(keel_cmd_destroy(cb, a));
     ck_assert_ok(keel_cmd_remove(cb, a, VEL));
     ck_assert_ok(keel_cmd_remove(cb, a, POS));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     assert_counters(r, 0, 1, 0, 0, 0, 2, 0, 0);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1216,15 +1183,13 @@ START_TEST(ignored_add_after_destroy_same_buffer)
     ck_assert_ok(keel_cmd_destroy(cb, a));
     ck_assert_ok(keel_cmd_add(cb, a, VEL, &v));
     ck_assert_ok(keel_cmd_add(cb, b, VEL, &v));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     assert_counters(r, 0, 1, 1, 0, 0, 1, 0, 0);
     ck_assert(!keel_alive(w, a));
     assert_vel(w, b, 3, 3);
     ck_assert_uint_eq(query_count(w, VEL, 0, 0), 1);
     ck_assert_uint_eq(keel_world_count(w), 1);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1252,8 +1217,7 @@ static void scen_setup(scen *s)
     uint64_t hp = 13;
     keel_init in[1] = {{HP, &hp}};
     ck_assert_ok(keel_cmd_spawn(cb, in, 1));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, 4);
     memcpy(s->e, r.created, sizeof s->e);
     keel_cmdbuf_destroy(cb);
@@ -1321,8 +1285,7 @@ static scen_ref scen_reference(int k)
     scen_setup(&s);
     keel_cmdbuf *cb = tu_cmdbuf_new(s.w);
     scen_record(&s, cb, 0, k);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     scen_ref ref;
     memset(&ref, 0, sizeof ref);
     ref.hash = keel_world_hash(s.w);
@@ -1330,8 +1293,7 @@ static scen_ref scen_reference(int k)
     ref.created_count = r.created_count;
     if (r.created_count)
         memcpy(ref.created, r.created, r.created_count * sizeof(keel_entity));
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(s.w);
+    destroy_buf_and_world(cb, s.w);
     return ref;
 }
 
@@ -1375,8 +1337,7 @@ START_TEST(failure_at_k_retry)
     ck_assert_uint_eq(keel_world_pending(s.w), 1);
 
     /* retry applies exactly the pending commands */
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     scen_expect(n, &sp, &de, &ad, &re);
     assert_counters(r, sp, de, ad, re, 0, 0, 0, 0);
     assert_matches_ref(s.w, r, &full);
@@ -1399,8 +1360,7 @@ START_TEST(failure_at_k_retry)
     ck_assert_uint_eq(keel_world_hash(s.w), h);
     ck_assert_uint_eq(keel_cmdbuf_result(cb).created_count, 3);
 
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(s.w);
+    destroy_buf_and_world(cb, s.w);
 }
 END_TEST
 
@@ -1439,8 +1399,7 @@ START_TEST(failure_at_k_discard)
     ck_assert_ok(keel_cmdbuf_reset(cb));
     ck_assert_uint_eq(keel_cmdbuf_result(cb).created_count, 0);
 
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(s.w);
+    destroy_buf_and_world(cb, s.w);
 }
 END_TEST
 
@@ -1463,13 +1422,11 @@ START_TEST(failure_first_command_applies_nothing)
     ck_assert_uint_eq(keel_world_pending(s.w), 1);
 
     /* the slot the failed spawn would have taken is still the next one */
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, 3);
     ck_assert_uint_eq(r.created[0], KEEL_ENTITY_MAKE(4, 1));
     ck_assert_uint_eq(keel_world_pending(s.w), 0);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(s.w);
+    destroy_buf_and_world(cb, s.w);
 }
 END_TEST
 
@@ -1513,8 +1470,7 @@ START_TEST(failure_pending_refuses)
     ck_assert_uint_eq(keel_world_pending(s.w), 1);
 
     /* retry: only the two pending commands */
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     assert_counters(r, 1, 1, 1, 1, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, 1);
     ck_assert_uint_eq(r.created[0], first);
@@ -1528,8 +1484,7 @@ START_TEST(failure_pending_refuses)
     ck_assert_ok(keel_cmdbuf_apply(cb));
 
     keel_cmdbuf_destroy(cb2);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(s.w);
+    destroy_buf_and_world(cb, s.w);
 }
 END_TEST
 
@@ -1557,8 +1512,7 @@ START_TEST(failure_retry_fails_again)
     assert_matches_ref(s.w, r, &full);
     assert_counters(r, 3, 2, 2, 1, 0, 0, 0, 0);
     ck_assert_uint_eq(keel_world_pending(s.w), 0);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(s.w);
+    destroy_buf_and_world(cb, s.w);
 }
 END_TEST
 
@@ -1626,8 +1580,7 @@ START_TEST(failure_natural_enospc)
             rec_spawn_pos(rc, i, i);
         ck_assert_ok(keel_cmdbuf_apply(rc));
         ck_assert_uint_eq(keel_world_hash(w), keel_world_hash(ref));
-        keel_cmdbuf_destroy(rc);
-        keel_world_destroy(ref);
+        destroy_buf_and_world(rc, ref);
     }
 
     /* retry without room fails the same way, without duplicating anything */
@@ -1645,8 +1598,7 @@ START_TEST(failure_natural_enospc)
     ck_assert_uint_eq(keel_world_count(w), N - 1);
     ck_assert_uint_eq(keel_world_pending(w), 1);
 
-    ck_assert_ok(keel_cmdbuf_apply(cb1));
-    r = keel_cmdbuf_result(cb1);
+    r = apply_ok(cb1);
     assert_counters(r, N + 1, 0, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, N + 1);
     for (uint32_t i = 0; i < N; i++)
@@ -1657,8 +1609,7 @@ START_TEST(failure_natural_enospc)
     ck_assert_uint_eq(keel_world_pending(w), 0);
 
     keel_cmdbuf_destroy(cb2);
-    keel_cmdbuf_destroy(cb1);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb1, w);
 }
 END_TEST
 
@@ -1693,15 +1644,13 @@ START_TEST(failure_ignored_prefix_counted_once)
         ck_assert_uint_eq(r.created_count, 1);
         ck_assert_uint_eq(keel_world_count(w), 1);
     }
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     assert_counters(r, 2, 0, 0, 0, 1, 1, 0, 0);
     ck_assert_uint_eq(r.created_count, 2);
     assert_pos(w, r.created[0], 2, 2);
     assert_pos(w, r.created[1], 3, 3);
     ck_assert_uint_eq(keel_world_count(w), 2);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1716,8 +1665,7 @@ START_TEST(receipts_accumulate_until_reset)
     rec_spawn_pos(cb, 0, 0);
     rec_spawn_pos(cb, 1, 1);
     rec_spawn_pos(cb, 2, 2);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    keel_cmd_result r = keel_cmdbuf_result(cb);
+    keel_cmd_result r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, 3);
     keel_entity first3[3];
     memcpy(first3, r.created, sizeof first3);
@@ -1725,8 +1673,7 @@ START_TEST(receipts_accumulate_until_reset)
     rec_spawn_pos(cb, 3, 3);
     rec_spawn_pos(cb, 4, 4);
     ck_assert_ok(keel_cmd_destroy(cb, first3[0]));
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     assert_counters(r, 5, 1, 0, 0, 0, 0, 0, 0);
     ck_assert_uint_eq(r.created_count, 5);
     for (uint32_t i = 0; i < 3; i++)
@@ -1740,8 +1687,7 @@ START_TEST(receipts_accumulate_until_reset)
     ck_assert(!keel_alive(w, r.created[0]));
 
     /* an empty apply keeps everything */
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, 5);
     ck_assert_uint_eq(r.spawned, 5);
 
@@ -1752,15 +1698,13 @@ START_TEST(receipts_accumulate_until_reset)
     ck_assert_uint_eq(keel_world_count(w), 4); /* reset does not touch the world */
 
     rec_spawn_pos(cb, 9, 9);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, 1);
     ck_assert_uint_eq(r.created[0], KEEL_ENTITY_MAKE(0, 2));
     assert_pos(w, r.created[0], 9, 9);
     ck_assert_ok(keel_cmdbuf_reset(cb));
     ck_assert_ok(keel_cmdbuf_reset(cb)); /* idempotent */
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1779,8 +1723,7 @@ START_TEST(receipts_reset_refuses_queued)
     keel_cmdbuf_discard(cb);
     ck_assert_ok(keel_cmdbuf_reset(cb));
     ck_assert_uint_eq(keel_world_count(w), 1);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1839,8 +1782,7 @@ START_TEST(receipts_counters_exact)
 
     ck_assert_ok(keel_cmdbuf_reset(cb));
     assert_counters(keel_cmdbuf_result(cb), 0, 0, 0, 0, 0, 0, 0, 0);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1860,8 +1802,7 @@ START_TEST(receipts_across_failure)
     for (uint32_t i = 0; i < 3; i++)
         ck_assert_uint_eq(r.created[i], KEEL_ENTITY_MAKE(i, 1));
     ck_assert_uint_eq(keel_world_count(w), 3);
-    ck_assert_ok(keel_cmdbuf_apply(cb));
-    r = keel_cmdbuf_result(cb);
+    r = apply_ok(cb);
     ck_assert_uint_eq(r.created_count, 6);
     ck_assert_uint_eq(r.spawned, 6);
     for (uint32_t i = 0; i < 6; i++) {
@@ -1869,8 +1810,7 @@ START_TEST(receipts_across_failure)
         assert_pos(w, r.created[i], (int32_t)i, (int32_t)i);
     }
     ck_assert_uint_eq(keel_world_count(w), 6);
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
 }
 END_TEST
 
@@ -1997,8 +1937,7 @@ static int reserve_fallback_child(void)
     blob_fill(want, 0);
     if (keel_get(w, first, c, got) || memcmp(got, want, BLOB))
         return 10;
-    keel_cmdbuf_destroy(cb);
-    keel_world_destroy(w);
+    destroy_buf_and_world(cb, w);
     return 0;
 }
 
