@@ -113,6 +113,16 @@ static keel_component reg_tag(keel_world *w, const char *name, keel_component ex
 
 /* ---- runtime / schedule helpers ----------------------------------------------- */
 
+/* A runtime with `workers` workers that only the test steps (no tick rate),
+ * `chunk_rows` rows a chunk; hook runs before the first tick with hook_user
+ * (typically the number of rows it spawns). */
+static keel_runtime *hooked_rt(int workers, uint32_t chunk_rows, keel_hook_fn hook, uintptr_t hook_user)
+{
+    return tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = chunk_rows}, .workers = workers,
+                                         .tick_rate_hz = -1, .on_first_tick = hook,
+                                         .hook_user = (void *)hook_user});
+}
+
 static keel_tick_record tickrec(keel_runtime *rt, uint64_t tick)
 {
     keel_tick_record r;
@@ -315,9 +325,7 @@ START_TEST(test_order_edges)
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                         .tick_rate_hz = -1, .on_first_tick = order_hook,
-                                                         .hook_user = (void *)(uintptr_t)300});
+        keel_runtime *rt = hooked_rt(workers, 16, order_hook, 300);
         order_world(rt);
         keel_schedule *s = sched_new(rt);
         keel_system id[NSYS];
@@ -751,9 +759,7 @@ START_TEST(test_order_random_dag)
         for (int wi = 0; wi < NWORKERS; wi++) {
             int workers = k_workers[wi];
             probe_reset((uint32_t)workers);
-            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                             .tick_rate_hz = -1, .on_first_tick = order_hook,
-                                                             .hook_user = (void *)(uintptr_t)100});
+            keel_runtime *rt = hooked_rt(workers, 16, order_hook, 100);
             order_world(rt);
             keel_schedule *s = sched_new(rt);
             rdag_add(s, &g, O_C, probe_cb, probe_chunk, probe_pipe, 16);
@@ -879,9 +885,7 @@ START_TEST(test_failure_isolation)
         for (int wi = 0; wi < NWORKERS; wi++) {
             int workers = k_workers[wi];
             probe_reset((uint32_t)workers);
-            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                             .tick_rate_hz = -1, .on_first_tick = dep_hook,
-                                                             .hook_user = (void *)(uintptr_t)50});
+            keel_runtime *rt = hooked_rt(workers, 16, dep_hook, 50);
             failure_world(rt);
             keel_schedule *s = sched_new(rt);
             for (uint32_t i = 0; i < NSYS; i++) {
@@ -980,9 +984,7 @@ START_TEST(test_failure_random_dag)
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                         .tick_rate_hz = -1, .on_first_tick = dep_hook,
-                                                         .hook_user = (void *)(uintptr_t)40});
+        keel_runtime *rt = hooked_rt(workers, 16, dep_hook, 40);
         failure_world(rt);
         keel_schedule *s = sched_new(rt);
         rdag_add(s, &g, F_DEP, spawn_then_maybe_fail, spawn_chunk, probe_pipe, 16);
@@ -1101,9 +1103,7 @@ START_TEST(test_failure_parallel_chunk)
         for (size_t f = 0; f < sizeof fail_ids / sizeof fail_ids[0]; f++) {
             int workers = k_workers[wi];
             probe_reset((uint32_t)workers);
-            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                             .tick_rate_hz = -1, .on_first_tick = dep_hook,
-                                                             .hook_user = (void *)(uintptr_t)N});
+            keel_runtime *rt = hooked_rt(workers, 16, dep_hook, N);
             failure_world(rt);
             keel_schedule *s = sched_new(rt);
             keel_system par = add_sys(s, &(keel_system_desc){.name = "par",
@@ -1284,9 +1284,7 @@ static keel_runtime *par_runtime(int workers, keel_schedule **s)
 {
     probe_reset((uint32_t)workers);
     visits_reset();
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = P_CHUNK}, .workers = workers,
-                                                     .tick_rate_hz = -1, .on_first_tick = par_hook,
-                                                     .hook_user = (void *)(uintptr_t)P_N});
+    keel_runtime *rt = hooked_rt(workers, P_CHUNK, par_hook, P_N);
     par_world(rt);
     *s = sched_new(rt);
     return rt;
@@ -1374,9 +1372,7 @@ START_TEST(test_parallel_integrate_matches_serial)
     }
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
-        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = P_CHUNK}, .workers = workers,
-                                                         .tick_rate_hz = -1, .on_first_tick = par_hook,
-                                                         .hook_user = (void *)(uintptr_t)P_N});
+        keel_runtime *rt = hooked_rt(workers, P_CHUNK, par_hook, P_N);
         par_world(rt);
         keel_schedule *s = sched_new(rt);
         keel_system sys = add_sys(s, &(keel_system_desc){.name = "move",
@@ -1545,9 +1541,7 @@ START_TEST(test_parallel_tasks_overlap)
         atomic_store(&g_chunk_rdv.arrived, 0);
         atomic_store(&g_chunk_rdv.met, 0);
         atomic_store(&g_chunk_rdv.timeouts, 0);
-        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                         .tick_rate_hz = -1, .on_first_tick = par_hook,
-                                                         .hook_user = (void *)(uintptr_t)(40 * 16)});
+        keel_runtime *rt = hooked_rt(workers, 16, par_hook, 40 * 16);
         par_world(rt);
         keel_schedule *s = sched_new(rt);
         keel_system sys = add_sys(s, &(keel_system_desc){.name = "rdv",
@@ -1636,9 +1630,7 @@ START_TEST(test_parallel_small_queries)
     for (int wi = 0; wi < NWORKERS; wi++) {
         int workers = k_workers[wi];
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 64}, .workers = workers,
-                                                         .tick_rate_hz = -1, .on_first_tick = par_hook,
-                                                         .hook_user = (void *)(uintptr_t)10});
+        keel_runtime *rt = hooked_rt(workers, 64, par_hook, 10);
         par_world(rt);
         keel_world *w = keel_runtime_world(rt);
         keel_component none = reg_u32(w, "none", 4);
@@ -2051,8 +2043,7 @@ static void det_run_one(int workers, det_run *out)
     memset(g_seen, 0, sizeof g_seen);
     memset(out, 0, sizeof *out);
     atomic_store(&g_det_bad, 0);
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                     .tick_rate_hz = -1, .on_first_tick = det_hook});
+    keel_runtime *rt = hooked_rt(workers, 16, det_hook, 0);
     keel_schedule *s = det_install(rt);
     out->schedule_hash = keel_schedule_hash(s);
     ck_assert_uint_ne(out->schedule_hash, 0);
@@ -2235,9 +2226,7 @@ START_TEST(test_sync_schedule_order)
         int workers = k_workers[wi];
         atomic_store(&g_spawn_on, 1);
         atomic_store(&g_sync_bad, 0);
-        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                         .tick_rate_hz = -1, .on_first_tick = p_hook,
-                                                         .hook_user = (void *)(uintptr_t)NP});
+        keel_runtime *rt = hooked_rt(workers, 16, p_hook, NP);
         sync_world(rt);
         keel_schedule *s = sched_new(rt);
         keel_system b = add_sys(s, &(keel_system_desc){.name = "B", .run = spawn_n, .user = (void *)&sb, .after = {"A"}});
@@ -2310,9 +2299,7 @@ START_TEST(test_sync_destroy_spawn_order)
             int workers = k_workers[wi];
             atomic_store(&g_spawn_on, 1);
             atomic_store(&g_sync_bad, 0);
-            keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                             .tick_rate_hz = -1, .on_first_tick = p_hook,
-                                                             .hook_user = (void *)(uintptr_t)3});
+            keel_runtime *rt = hooked_rt(workers, 16, p_hook, 3);
             sync_world(rt);
             keel_schedule *s = sched_new(rt);
             add_sys(s, &(keel_system_desc){.name = "kill", .run = destroy_victim, .after = {destroy_first ? NULL : "spawn"}});
@@ -2412,9 +2399,7 @@ START_TEST(test_sync_invisible_same_tick)
         atomic_store(&g_sync_bad, 0);
         memset(&g_vis, 0, sizeof g_vis);
         probe_reset((uint32_t)workers);
-        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                         .tick_rate_hz = -1, .on_first_tick = p_hook,
-                                                         .hook_user = (void *)(uintptr_t)40});
+        keel_runtime *rt = hooked_rt(workers, 16, p_hook, 40);
         sync_world(rt);
         keel_world *w = keel_runtime_world(rt);
         g_vis.qp = tu_query_new(w, S_P, 0);
@@ -2678,8 +2663,7 @@ START_TEST(test_sync_first_tick_hook)
                 atomic_store(&g_hook.how, how);
                 probe_reset((uint32_t)workers);
                 probe_tick_reset();
-                keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers,
-                                                                 .tick_rate_hz = -1, .on_first_tick = first_hook});
+                keel_runtime *rt = hooked_rt(workers, 16, first_hook, 0);
                 sync_world(rt);
                 keel_world *w = keel_runtime_world(rt);
                 g_hook.qp = tu_query_new(w, S_P, 0);
