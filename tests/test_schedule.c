@@ -75,6 +75,14 @@ static void fx_close(fx *f)
     memset(f, 0, sizeof *f);
 }
 
+/* fx_open into a value, for a test with one fixture. */
+static fx fx_new(void)
+{
+    fx f;
+    fx_open(&f);
+    return f;
+}
+
 static int body(keel_ctx *ctx, void *user)
 {
     (void)ctx;
@@ -201,6 +209,13 @@ static const char *order_str(const keel_schedule *s)
     return buf;
 }
 
+/* build_clean, then the execution order must be `want` ("a,b,c"). */
+static void assert_built_order(keel_schedule *s, const char *want)
+{
+    build_clean(s);
+    ck_assert_str_eq(order_str(s), want);
+}
+
 /* Position of system sys in the execution order; also checks the order is a
  * permutation of the systems. */
 static uint32_t order_pos(const keel_schedule *s, keel_system sys)
@@ -243,8 +258,7 @@ static void assert_permutation(const keel_schedule *s)
 
 START_TEST(test_empty_builds)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     ck_assert_uint_eq(keel_schedule_hash(f.s), 0); /* 0 before a successful build */
     ck_assert_uint_eq(keel_schedule_system_count(f.s), 0);
     build_clean(f.s);
@@ -268,8 +282,7 @@ END_TEST
 
 START_TEST(test_null_arguments)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     keel_schedule *s = NULL;
     ck_assert_rc(keel_schedule_create(NULL, &s), KEEL_EINVAL);
     ck_assert_ptr_null(s);
@@ -290,8 +303,7 @@ END_TEST
 
 START_TEST(test_build_twice_ebusy)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add_cb(f.s, "a");
     add(f.s, (keel_system_desc){.name = "b", .after = {"a"}});
     build_clean(f.s);
@@ -317,8 +329,7 @@ END_TEST
 
 START_TEST(test_add_after_build_ebusy)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     ck_assert_ok(keel_schedule_add_track(f.s, "Late"));
     add_cb(f.s, "a");
     build_clean(f.s);
@@ -336,8 +347,7 @@ END_TEST
 
 START_TEST(test_add_system_invalid)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     char name63[64], name64[65];
     memset(name63, 'n', 63);
     name63[63] = '\0';
@@ -372,8 +382,7 @@ END_TEST
 /* The descriptor and its strings are copied at add time. */
 START_TEST(test_add_system_copies_strings)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     char name[16], after[16], track[16], res[16];
     ck_assert_ok(keel_schedule_add_track(f.s, "Late"));
     strcpy(name, "first");
@@ -393,16 +402,14 @@ START_TEST(test_add_system_copies_strings)
     ck_assert_str_eq(keel_schedule_system_name(f.s, 0), "first");
     ck_assert_str_eq(keel_schedule_system_name(f.s, 1), "second");
     /* still "after first" on track Public writing "gold": no error, ordered */
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "first,second");
+    assert_built_order(f.s, "first,second");
     fx_close(&f);
 }
 END_TEST
 
 START_TEST(test_add_track_invalid)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     char name64[65];
     memset(name64, 't', 64);
     name64[64] = '\0';
@@ -431,8 +438,7 @@ END_TEST
 
 START_TEST(test_failed_build)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "a", .after = {"ghost"}});
     add_cb(f.s, "b");
     ck_assert_rc(keel_schedule_build(f.s), KEEL_EINVAL);
@@ -460,8 +466,7 @@ END_TEST
 /* keel_last_error names the first *error*, even when a warning precedes it. */
 START_TEST(test_last_error_names_first_error)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     /* pair (r, w): r reads pos and is explicitly before its writer -> warning;
      * pair (x, y): both write vel, unordered -> error. Needs are checked in
      * pair order, so the warning is diagnostic 0. */
@@ -482,8 +487,7 @@ END_TEST
 
 START_TEST(test_set_schedule_refusals)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add_cb(f.s, "a");
     ck_assert_rc(keel_runtime_set_schedule(f.rt, f.s), KEEL_EINVAL);
     assert_contains(keel_last_error(), "not built");
@@ -497,8 +501,7 @@ END_TEST
 
 START_TEST(test_set_schedule_foreign)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     keel_runtime *other = tu_rt_new((keel_runtime_desc){.workers = 1});
     add_cb(f.s, "a");
     build_clean(f.s);
@@ -516,8 +519,7 @@ END_TEST
 
 START_TEST(test_stale_schedule)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     int runs = 0;
     add(f.s, (keel_system_desc){.name = "count", .run = count_body, .user = &runs});
     build_clean(f.s);
@@ -601,8 +603,7 @@ static Suite *sched_build_suite(void)
 
 START_TEST(test_unknown_system)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "a", .after = {"b", "missing_after"}});
     add(f.s, (keel_system_desc){.name = "b", .before = {"missing_before"}});
     ck_assert_uint_eq(build_fails(f.s), 2);
@@ -617,8 +618,7 @@ END_TEST
 
 START_TEST(test_duplicate_system)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add_cb(f.s, "z");
     add_cb(f.s, "dup");
     add_cb(f.s, "z");
@@ -639,8 +639,7 @@ END_TEST
 
 START_TEST(test_write_conflict_component)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "w1", .access.writes = {f.pos}});
     add(f.s, (keel_system_desc){.name = "w2", .access.side_writes = {f.pos}}); /* side_writes count as writes */
     ck_assert_uint_eq(build_fails(f.s), 1);
@@ -652,8 +651,7 @@ END_TEST
 
 START_TEST(test_write_conflict_resource)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "a", .access.resources_write = {"audio", "gold"}});
     add(f.s, (keel_system_desc){.name = "b", .access.resources_write = {"gold"}});
     add(f.s, (keel_system_desc){.name = "c", .access.resources_read = {"audio"}}); /* read vs a */
@@ -666,8 +664,7 @@ END_TEST
 
 START_TEST(test_read_conflict)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     /* the reader is registered first: names stay in registration order */
     add(f.s, (keel_system_desc){.name = "reader", .access.reads = {f.vel}});
     add(f.s, (keel_system_desc){.name = "writer", .access.writes = {f.vel}});
@@ -682,36 +679,31 @@ END_TEST
 /* Readers of one component never conflict with each other. */
 START_TEST(test_readers_do_not_conflict)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "r1", .access.reads = {f.pos}, .access.resources_read = {"gold"}});
     add(f.s, (keel_system_desc){.name = "r2", .access.reads = {f.pos}, .access.reads_fresh = {f.vel}});
     add(f.s, (keel_system_desc){.name = "r3", .access.reads = {f.pos}, .access.resources_read = {"gold"}});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "r1,r2,r3");
+    assert_built_order(f.s, "r1,r2,r3");
     fx_close(&f);
 }
 END_TEST
 
 START_TEST(test_no_conflict_when_ordered)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     /* registered consumer-first; the explicit edge fixes the order */
     add(f.s, (keel_system_desc){.name = "second", .access.writes = {f.pos}, .access.reads = {f.vel},
                                 .after = {"first"}});
     add(f.s, (keel_system_desc){.name = "first", .access.writes = {f.pos, f.vel}, .access.resources_write = {"gold"}});
     add(f.s, (keel_system_desc){.name = "third", .access.resources_write = {"gold"}, .after = {"second"}}); /* transitive */
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "first,second,third");
+    assert_built_order(f.s, "first,second,third");
     fx_close(&f);
 }
 END_TEST
 
 START_TEST(test_phase_orders_conflicts)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     /* same DAG, different phases: the lower phase goes first whatever the
      * registration order; a writer in phase 0 and a plain reader in phase 1
      * is no conflict and no warning */
@@ -732,8 +724,7 @@ END_TEST
 /* Phases order only where access conflicts: no all-to-all barrier. */
 START_TEST(test_phase_no_barrier)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "p1", .phase = 1, .access.writes = {f.pos}});
     add(f.s, (keel_system_desc){.name = "p0", .phase = 0, .access.writes = {f.vel}});
     build_clean(f.s);
@@ -745,8 +736,7 @@ END_TEST
 
 START_TEST(test_reads_fresh_edge)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "reader", .access.reads_fresh = {f.pos}});
     add(f.s, (keel_system_desc){.name = "writer", .access.writes = {f.pos}});
     add(f.s, (keel_system_desc){.name = "side", .access.side_writes = {f.pos}, .after = {"writer"}});
@@ -760,8 +750,7 @@ START_TEST(test_reads_fresh_edge)
     add(s2, (keel_system_desc){.name = "reader"});
     add(s2, (keel_system_desc){.name = "writer", .access.writes = {f.pos}});
     add(s2, (keel_system_desc){.name = "side", .access.side_writes = {f.pos}, .after = {"writer"}});
-    build_clean(s2);
-    ck_assert_str_eq(order_str(s2), "reader,writer,side");
+    assert_built_order(s2, "reader,writer,side");
     ck_assert_uint_ne(keel_schedule_hash(s2), keel_schedule_hash(f.s));
     keel_schedule_destroy(s2);
     fx_close(&f);
@@ -772,12 +761,10 @@ END_TEST
  * conflict, no warning -- the two may run at the same time. */
 START_TEST(test_reads_snapshot_edge)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "writer", .access.writes = {f.pos}});
     add(f.s, (keel_system_desc){.name = "snap", .access.reads_snapshot = {f.pos}});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "writer,snap");
+    assert_built_order(f.s, "writer,snap");
     keel_schedule *s2;
     ck_assert_ok(keel_schedule_create(f.rt, &s2));
     add(s2, (keel_system_desc){.name = "writer", .access.writes = {f.pos}});
@@ -791,21 +778,18 @@ END_TEST
 
 START_TEST(test_event_edge)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "consumer", .access.events_consume = {"hit"}});
     add(f.s, (keel_system_desc){.name = "other", .access.events_consume = {"miss"}});
     add(f.s, (keel_system_desc){.name = "producer", .access.events_produce = {"hit"}});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "other,producer,consumer");
+    assert_built_order(f.s, "other,producer,consumer");
     fx_close(&f);
 }
 END_TEST
 
 START_TEST(test_snapshot_not_versioned)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "ok", .access.reads_snapshot = {f.pos, f.tag}});
     add(f.s, (keel_system_desc){.name = "single", .access.reads_snapshot = {f.pos, f.hp}});
     add(f.s, (keel_system_desc){.name = "transient", .access.reads_snapshot = {f.scratch}});
@@ -819,8 +803,7 @@ END_TEST
 
 START_TEST(test_exclusive_conflict)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "solo", .access.exclusive = true});
     add_cb(f.s, "plain"); /* no access at all: still overlaps the exclusive one */
     ck_assert_uint_eq(build_fails(f.s), 1);
@@ -832,8 +815,7 @@ END_TEST
 
 START_TEST(test_exclusive_ordered)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "after_solo", .after = {"solo"}});
     add(f.s, (keel_system_desc){.name = "solo", .access.exclusive = true});
     add(f.s, (keel_system_desc){.name = "before_solo", .before = {"solo"}});
@@ -843,16 +825,14 @@ START_TEST(test_exclusive_ordered)
      * solo -> late, solo -> solo2, solo2 -> late, after_solo -> solo2,
      * before_solo -> solo2; plus the explicit edges. Kahn (smallest index
      * first): before_solo, solo, after_solo, solo2, late. */
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "before_solo,solo,after_solo,solo2,late");
+    assert_built_order(f.s, "before_solo,solo,after_solo,solo2,late");
     fx_close(&f);
 }
 END_TEST
 
 START_TEST(test_unknown_track)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     ck_assert_ok(keel_schedule_add_track(f.s, "Late"));
     add(f.s, (keel_system_desc){.name = "a", .track = "Late"});
     add(f.s, (keel_system_desc){.name = "b", .track = "late"}); /* names are case-sensitive */
@@ -865,8 +845,7 @@ END_TEST
 
 START_TEST(test_reserved_track)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "pre", .track = KEEL_TRACK_ENGINE_PRE});
     add(f.s, (keel_system_desc){.name = "pub", .track = KEEL_TRACK_PUBLIC}); /* explicit Public is fine */
     add(f.s, (keel_system_desc){.name = "post", .track = KEEL_TRACK_ENGINE_POST});
@@ -883,8 +862,7 @@ END_TEST
 
 START_TEST(test_bad_system)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "q_ok", .kind = KEEL_SYSTEM_QUERY, .each_chunk = chunk_body,
                                 .query.with = {f.pos}, .access.reads = {f.pos}});
     add(f.s, (keel_system_desc){.name = "p_ok", .kind = KEEL_SYSTEM_PIPELINE, .pipeline = pipe_body,
@@ -925,8 +903,7 @@ END_TEST
 
 START_TEST(test_read_before_write_warning)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "writer", .access.writes = {f.pos}});
     add(f.s, (keel_system_desc){.name = "reader", .access.reads = {f.pos}, .before = {"writer"}});
     ck_assert_ok(keel_schedule_build(f.s));
@@ -947,8 +924,7 @@ END_TEST
  * error, but the same warning. */
 START_TEST(test_read_before_write_by_phase)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "writer", .phase = 1, .access.resources_write = {"gold"}});
     add(f.s, (keel_system_desc){.name = "reader", .phase = 0, .access.resources_read = {"gold"}});
     ck_assert_ok(keel_schedule_build(f.s));
@@ -966,8 +942,7 @@ END_TEST
 START_TEST(test_read_before_write_both_directions)
 {
     for (int dir = 0; dir < 2; dir++) {
-        fx f;
-        fx_open(&f);
+        fx f = fx_new();
         /* x writes pos, reads vel; y reads pos, writes vel */
         add(f.s, (keel_system_desc){.name = "x", .access.writes = {f.pos}, .access.reads = {f.vel},
                                     .after = {dir ? "y" : NULL}});
@@ -988,8 +963,7 @@ END_TEST
 
 START_TEST(test_different_dags_conflict)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     /* different DAGs of one track: phases do not order them */
     add(f.s, (keel_system_desc){.name = "a", .dag = "physics", .phase = 0, .access.writes = {f.pos}});
     add(f.s, (keel_system_desc){.name = "b", .dag = "ai", .phase = 1, .access.writes = {f.pos}});
@@ -1005,22 +979,19 @@ END_TEST
 
 START_TEST(test_different_dags_ordered)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "a", .dag = "physics", .access.writes = {f.pos}});
     add(f.s, (keel_system_desc){.name = "b", .dag = "ai", .access.writes = {f.pos}, .before = {"a"}});
     /* reads_fresh derives its edge across DAGs of one track too */
     add(f.s, (keel_system_desc){.name = "c", .dag = "ui", .access.reads_fresh = {f.pos}});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "b,a,c");
+    assert_built_order(f.s, "b,a,c");
     fx_close(&f);
 }
 END_TEST
 
 START_TEST(test_different_tracks_never_conflict)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     ck_assert_ok(keel_schedule_add_track(f.s, "Late"));
     add(f.s, (keel_system_desc){.name = "late_w", .track = "Late", .access.writes = {f.pos}, .access.exclusive = true});
     add(f.s, (keel_system_desc){.name = "pub_w", .access.writes = {f.pos}, .access.reads = {f.vel}});
@@ -1028,16 +999,14 @@ START_TEST(test_different_tracks_never_conflict)
                                 .access.reads_fresh = {f.hp}, .after = {"late_w"}});
     /* reads_fresh of a later track's writer: no cross-track edge (and no cycle) */
     add(f.s, (keel_system_desc){.name = "pub_fresh", .access.reads_fresh = {f.vel}, .access.writes = {f.hp}});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "pub_w,pub_fresh,late_w,late_r");
+    assert_built_order(f.s, "pub_w,pub_fresh,late_w,late_r");
     fx_close(&f);
 }
 END_TEST
 
 START_TEST(test_edge_against_track_order)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     ck_assert_ok(keel_schedule_add_track(f.s, "Late"));
     add(f.s, (keel_system_desc){.name = "pub"});
     add(f.s, (keel_system_desc){.name = "late", .track = "Late", .before = {"pub"}});
@@ -1053,13 +1022,11 @@ END_TEST
 /* An explicit edge that agrees with track order is fine (and redundant). */
 START_TEST(test_edge_with_track_order)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     ck_assert_ok(keel_schedule_add_track(f.s, "Late"));
     add(f.s, (keel_system_desc){.name = "late", .track = "Late", .after = {"pub"}});
     add(f.s, (keel_system_desc){.name = "pub", .before = {"late"}});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "pub,late");
+    assert_built_order(f.s, "pub,late");
     fx_close(&f);
 }
 END_TEST
@@ -1075,8 +1042,7 @@ static void declare_many_errors(keel_schedule *s, const fx *f)
 
 START_TEST(test_many_errors_in_one_build)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     declare_many_errors(f.s, &f);
     /* step 1: duplicates; then per system: track, body, access; step 2:
      * explicit edges; step 4: ordering needs, in pair order. "r after w1"
@@ -1127,8 +1093,7 @@ END_TEST
 /* More diagnostics than fit the first allocation; names stay valid. */
 START_TEST(test_many_diagnostics)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     char name[32], target[32];
     for (int i = 0; i < 40; i++) {
         snprintf(name, sizeof name, "s%02d", i);
@@ -1207,8 +1172,7 @@ static const keel_sched_diag *expect_only_cycle(keel_schedule *s, const char *me
 
 START_TEST(test_cycle_self_edge)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "a", .after = {"a"}});
     add_cb(f.s, "free");
     assert_diag(expect_only_cycle(f.s, "cycle: a -> a"), KEEL_SCHED_CYCLE, KEEL_SCHED_ERROR, "a", "a", NULL);
@@ -1224,8 +1188,7 @@ END_TEST
 
 START_TEST(test_cycle_two)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "a", .after = {"b"}});
     add(f.s, (keel_system_desc){.name = "b", .after = {"a"}});
     assert_diag(expect_only_cycle(f.s, "cycle: a -> b -> a"), KEEL_SCHED_CYCLE, KEEL_SCHED_ERROR, "a", "b", "a", NULL);
@@ -1235,8 +1198,7 @@ END_TEST
 
 START_TEST(test_cycle_three)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "A", .after = {"C"}});
     add(f.s, (keel_system_desc){.name = "B", .after = {"A"}});
     add(f.s, (keel_system_desc){.name = "C", .after = {"B"}});
@@ -1250,8 +1212,7 @@ END_TEST
  * the lowest registration index, still forwards. */
 START_TEST(test_cycle_starts_at_lowest_index)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "C", .before = {"A"}});
     add(f.s, (keel_system_desc){.name = "A", .before = {"B"}});
     add(f.s, (keel_system_desc){.name = "B", .before = {"C"}});
@@ -1265,8 +1226,7 @@ END_TEST
 /* A system behind a cycle is unordered too, but not part of the report. */
 START_TEST(test_cycle_excludes_downstream)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "down", .after = {"c2"}});
     add(f.s, (keel_system_desc){.name = "c1", .after = {"c2"}});
     add(f.s, (keel_system_desc){.name = "c2", .after = {"c1"}});
@@ -1280,8 +1240,7 @@ END_TEST
 
 START_TEST(test_cycle_plus_chain)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add_cb(f.s, "x");
     add(f.s, (keel_system_desc){.name = "y", .after = {"x"}});
     add(f.s, (keel_system_desc){.name = "p", .after = {"q"}});
@@ -1299,8 +1258,7 @@ START_TEST(test_cycle_choice_deterministic)
 {
     for (int with_s = 1; with_s >= 0; with_s--) {
         for (int round = 0; round < 2; round++) { /* twice: same answer */
-            fx f;
-            fx_open(&f);
+            fx f = fx_new();
             if (with_s)
                 add(f.s, (keel_system_desc){.name = "s", .after = {"r"}});
             add(f.s, (keel_system_desc){.name = "p", .after = {"q"}});
@@ -1322,8 +1280,7 @@ END_TEST
 /* Derived edges take part: an explicit edge against a phase edge. */
 START_TEST(test_cycle_with_phase_edge)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "w_hi", .phase = 1, .access.writes = {f.pos}, .before = {"w_lo"}});
     add(f.s, (keel_system_desc){.name = "w_lo", .phase = 0, .access.writes = {f.pos}});
     assert_diag(expect_only_cycle(f.s, "cycle: w_hi -> w_lo -> w_hi"), KEEL_SCHED_CYCLE, KEEL_SCHED_ERROR, "w_hi",
@@ -1335,8 +1292,7 @@ END_TEST
 /* Cycles made only of access-derived edges. */
 START_TEST(test_cycle_from_access)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     /* a -> b (b reads_fresh pos), b -> a (a reads_fresh vel) */
     add(f.s, (keel_system_desc){.name = "a", .access.writes = {f.pos}, .access.reads_fresh = {f.vel}});
     add(f.s, (keel_system_desc){.name = "b", .access.writes = {f.vel}, .access.reads_fresh = {f.pos}});
@@ -1357,8 +1313,7 @@ END_TEST
 /* Errors of the earlier steps are reported along with the cycle. */
 START_TEST(test_cycle_with_other_errors)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "a", .after = {"b", "ghost"}});
     add(f.s, (keel_system_desc){.name = "b", .after = {"a"}, .access.reads_snapshot = {f.scratch}});
     ck_assert_uint_eq(build_fails(f.s), 3);
@@ -1375,8 +1330,7 @@ END_TEST
  * message holds the whole cycle. */
 START_TEST(test_cycle_long)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     char name[8], prev[8];
     for (int i = 0; i < 10; i++) {
         snprintf(name, sizeof name, "c%d", i);
@@ -1398,8 +1352,7 @@ END_TEST
  * cut to its buffer, names cut at 8; no crash, deterministic. */
 START_TEST(test_cycle_huge)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     char name[16], prev[16];
     for (int k = 0; k < 300; k++) {
         int i = 299 - k; /* cycle position */
@@ -1443,8 +1396,7 @@ static Suite *sched_cycle_suite(void)
 
 START_TEST(test_order_independent_registration)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     /* names deliberately not sorted: order is registration order */
     add_cb(f.s, "zeta");
     add_cb(f.s, "alpha");
@@ -1452,8 +1404,7 @@ START_TEST(test_order_independent_registration)
     add(f.s, (keel_system_desc){.name = "query", .kind = KEEL_SYSTEM_QUERY, .each_chunk = chunk_body,
                                 .query.with = {f.pos}});
     add(f.s, (keel_system_desc){.name = "pipe", .kind = KEEL_SYSTEM_PIPELINE, .pipeline = pipe_body, .pipeline_count = 3});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "zeta,alpha,mid,query,pipe");
+    assert_built_order(f.s, "zeta,alpha,mid,query,pipe");
     for (uint32_t i = 0; i < 5; i++)
         ck_assert_uint_eq(keel_schedule_order(f.s, i), i);
     ck_assert_uint_eq(keel_schedule_order(f.s, 5), UINT32_MAX);
@@ -1466,14 +1417,12 @@ END_TEST
  * and B (2); C has the smaller index; D waits for B. So A, C, B, D. */
 START_TEST(test_order_diamond)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add_cb(f.s, "A");
     add(f.s, (keel_system_desc){.name = "B", .after = {"A"}});
     add(f.s, (keel_system_desc){.name = "C", .after = {"A"}});
     add(f.s, (keel_system_desc){.name = "D", .after = {"B", "C"}});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "A,B,C,D");
+    assert_built_order(f.s, "A,B,C,D");
     uint64_t h1 = keel_schedule_hash(f.s);
     fx_close(&f);
 
@@ -1482,8 +1431,7 @@ START_TEST(test_order_diamond)
     add(f.s, (keel_system_desc){.name = "C", .after = {"A"}});
     add(f.s, (keel_system_desc){.name = "B", .after = {"A"}});
     add_cb(f.s, "A");
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "A,C,B,D");
+    assert_built_order(f.s, "A,C,B,D");
     ck_assert_uint_eq(keel_schedule_order(f.s, 0), 3);
     ck_assert_uint_eq(keel_schedule_order(f.s, 1), 1);
     ck_assert_uint_eq(keel_schedule_order(f.s, 2), 2);
@@ -1498,13 +1446,11 @@ END_TEST
  * z (2) is ready from the start: y, then x (0 < 2), then z. */
 START_TEST(test_order_min_index_not_fifo)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "x", .after = {"y"}});
     add_cb(f.s, "y");
     add_cb(f.s, "z");
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "y,x,z");
+    assert_built_order(f.s, "y,x,z");
     fx_close(&f);
 }
 END_TEST
@@ -1531,8 +1477,7 @@ END_TEST
 
 START_TEST(test_order_tracks)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     ck_assert_ok(keel_schedule_add_track(f.s, "U2"));
     ck_assert_ok(keel_schedule_add_track(f.s, "U1"));
     add(f.s, (keel_system_desc){.name = "u1a", .track = "U1"});
@@ -1554,8 +1499,7 @@ START_TEST(test_order_engine_tracks_refused)
 {
     const char *tracks[] = {KEEL_TRACK_ENGINE_PRE, KEEL_TRACK_ENGINE_POST};
     for (int i = 0; i < 2; i++) {
-        fx f;
-        fx_open(&f);
+        fx f = fx_new();
         add_cb(f.s, "pub");
         add(f.s, (keel_system_desc){.name = "engine", .track = tracks[i]});
         ck_assert_uint_eq(build_fails(f.s), 1);
@@ -1599,8 +1543,7 @@ static void declare_variant(fx *f, variant v)
 
 static uint64_t variant_hash(variant v, const char *expect_order)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     declare_variant(&f, v);
     build_clean(f.s);
     ck_assert_str_eq(order_str(f.s), expect_order);
@@ -1656,16 +1599,14 @@ END_TEST
  * = 0x214c015bb803edba. */
 START_TEST(test_hash_known_answer)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     ck_assert_ok(keel_schedule_add_track(f.s, "Late"));
     add_cb(f.s, "a");
     add(f.s, (keel_system_desc){.name = "b", .after = {"a"}});
     add(f.s, (keel_system_desc){.name = "c", .after = {"a"}, .phase = 0, .access.writes = {f.pos}});
     add(f.s, (keel_system_desc){.name = "d", .track = "Late"});
     add(f.s, (keel_system_desc){.name = "e", .phase = 1, .access.writes = {f.pos}});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "a,b,c,e,d");
+    assert_built_order(f.s, "a,b,c,e,d");
     ck_assert_uint_eq(keel_schedule_hash(f.s), 0x214c015bb803edbaull);
     fx_close(&f);
 }
@@ -1703,8 +1644,7 @@ static Suite *sched_order_suite(void)
 
 START_TEST(test_one_system)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     int runs = 0;
     add(f.s, (keel_system_desc){.name = "only", .run = count_body, .user = &runs});
     build_clean(f.s);
@@ -1728,8 +1668,7 @@ static void chain_name(char *buf, size_t n, const char *prefix, int i)
 START_TEST(test_chain_300)
 {
     for (int reversed = 0; reversed < 2; reversed++) {
-        fx f;
-        fx_open(&f);
+        fx f = fx_new();
         char name[16], prev[16];
         for (int k = 0; k < 300; k++) {
             int i = reversed ? 299 - k : k; /* chain position of the k-th registration */
@@ -1755,8 +1694,7 @@ END_TEST
 
 START_TEST(test_independent_300)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     char name[16];
     for (int i = 0; i < 300; i++) {
         chain_name(name, sizeof name, "i", i);
@@ -2008,14 +1946,12 @@ END_TEST
  * diamond, the order is A, C, B, D. */
 START_TEST(test_diamond_via_events)
 {
-    fx f;
-    fx_open(&f);
+    fx f = fx_new();
     add(f.s, (keel_system_desc){.name = "D", .access.events_consume = {"joined"}});
     add(f.s, (keel_system_desc){.name = "C", .access.events_consume = {"split"}, .access.events_produce = {"joined"}});
     add(f.s, (keel_system_desc){.name = "B", .access.events_consume = {"split"}, .access.events_produce = {"joined"}});
     add(f.s, (keel_system_desc){.name = "A", .access.events_produce = {"split"}});
-    build_clean(f.s);
-    ck_assert_str_eq(order_str(f.s), "A,C,B,D");
+    assert_built_order(f.s, "A,C,B,D");
 
     /* same plan as the explicit diamond registered the same way */
     keel_schedule *s2 = NULL;
