@@ -360,6 +360,16 @@ static keel_query *make_query(keel_world *w, const keel_query_desc *d)
     return q;
 }
 
+/* keel_world_destroy on each of several worlds. */
+static void destroy_world_list(keel_world *const *ws, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        keel_world_destroy(ws[i]);
+}
+#define destroy_worlds(...)                                                                                         \
+    destroy_world_list((keel_world *const[]){__VA_ARGS__},                                                        \
+                       sizeof((keel_world *const[]){__VA_ARGS__}) / sizeof(keel_world *))
+
 /* ======================================================================
  * entity
  * ====================================================================== */
@@ -560,9 +570,7 @@ START_TEST(test_allocation_deterministic)
     free(pa);
     free(pb);
     free(po);
-    keel_world_destroy(a);
-    keel_world_destroy(b);
-    keel_world_destroy(other);
+    destroy_worlds(a, b, other);
 }
 END_TEST
 
@@ -1273,6 +1281,19 @@ typedef struct model_ent {
     uint32_t hp;
 } model_ent;
 
+/* Record a remove of comp (model slot `slot`) from me: applying counts it as
+ * removed when the entity has the component, else as ignored (absent). */
+static void model_rec_remove(keel_cmdbuf *cb, model_ent *me, keel_component comp, int slot, uint32_t *removed,
+                             uint32_t *absent)
+{
+    ck_assert_ok(keel_cmd_remove(cb, me->e, comp));
+    if (me->has[slot])
+        (*removed)++;
+    else
+        (*absent)++;
+    me->has[slot] = false;
+}
+
 static void model_verify(keel_world *w, const comps *c, const model_ent *m, uint32_t n, const char *step)
 {
     const keel_component ids[M_NC] = {c->pos, c->vel, c->hp, c->tag};
@@ -1396,12 +1417,7 @@ START_TEST(test_storage_shadow_model)
             ck_assert_ok(keel_cmd_add(cb, me->e, c.vel, &me->vel));
         }
         if (i % 7 == 0) {
-            ck_assert_ok(keel_cmd_remove(cb, me->e, c.pos));
-            if (me->has[M_POS])
-                exp_removed++;
-            else
-                exp_absent++;
-            me->has[M_POS] = false;
+            model_rec_remove(cb, me, c.pos, M_POS, &exp_removed, &exp_absent);
         }
         if (i % 6 == 1) {
             me->hp = hp_val(i + 5000);
@@ -1409,12 +1425,7 @@ START_TEST(test_storage_shadow_model)
             ck_assert_ok(keel_cmd_add(cb, me->e, c.hp, &me->hp));
         }
         if (i % 13 == 4) {
-            ck_assert_ok(keel_cmd_remove(cb, me->e, c.hp));
-            if (me->has[M_HP])
-                exp_removed++;
-            else
-                exp_absent++;
-            me->has[M_HP] = false;
+            model_rec_remove(cb, me, c.hp, M_HP, &exp_removed, &exp_absent);
         }
         if (me->has[M_TAG]) {
             ck_assert_ok(keel_cmd_remove(cb, me->e, c.tag));
@@ -2259,9 +2270,7 @@ START_TEST(test_hash_empty_world)
     ck_assert_uint_ne(keel_world_hash(d), h);
     destroy(d, e);
     ck_assert_uint_ne(keel_world_hash(d), h);
-    keel_world_destroy(a);
-    keel_world_destroy(b);
-    keel_world_destroy(d);
+    destroy_worlds(a, b, d);
 }
 END_TEST
 
@@ -2343,10 +2352,7 @@ START_TEST(test_hash_history_independent)
     ck_assert_ok(keel_set(c2, y2, cd.vel, &v[9]));
     ck_assert_uint_eq(keel_world_hash(c1), keel_world_hash(c2));
 
-    keel_world_destroy(a);
-    keel_world_destroy(b);
-    keel_world_destroy(c1);
-    keel_world_destroy(c2);
+    destroy_worlds(a, b, c1, c2);
 }
 END_TEST
 
@@ -2438,12 +2444,7 @@ START_TEST(test_hash_disciplines_and_ids)
     spawn(d2, NULL, 0);
     ck_assert_uint_eq(keel_world_hash(d1), keel_world_hash(d2));
 
-    keel_world_destroy(a);
-    keel_world_destroy(b);
-    keel_world_destroy(c1);
-    keel_world_destroy(c2);
-    keel_world_destroy(d1);
-    keel_world_destroy(d2);
+    destroy_worlds(a, b, c1, c2, d1, d2);
 }
 END_TEST
 
@@ -2497,11 +2498,7 @@ START_TEST(test_hash_slots_and_generations)
     ck_assert_uint_ne(keel_world_hash(l1), keel_world_hash(l2));
     (void)l1e;
 
-    keel_world_destroy(a);
-    keel_world_destroy(b);
-    keel_world_destroy(a2);
-    keel_world_destroy(l1);
-    keel_world_destroy(l2);
+    destroy_worlds(a, b, a2, l1, l2);
 }
 END_TEST
 
@@ -2545,9 +2542,7 @@ START_TEST(test_hash_random_replay)
     free(pa);
     free(pb);
     free(pc);
-    keel_world_destroy(a);
-    keel_world_destroy(b);
-    keel_world_destroy(big);
+    destroy_worlds(a, b, big);
 }
 END_TEST
 
