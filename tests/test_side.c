@@ -281,6 +281,13 @@ static void basic_setup(keel_runtime *rt)
     g_b.stale = spawn_stale(rt, g_b.X);
 }
 
+/* A runtime with `workers` workers and 16-row chunks that only the test
+ * steps (no tick rate). */
+static keel_runtime *stepped_rt(int workers)
+{
+    return tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers, .tick_rate_hz = -1});
+}
+
 START_TEST(test_side_args_and_access)
 {
     keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1,
@@ -376,8 +383,7 @@ START_TEST(test_side_visibility_and_failure)
     for (int wi = 0; wi < 2; wi++) {
         memset(&g_v, 0, sizeof g_v);
         probe_reset();
-        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers[wi],
-                                                         .tick_rate_hz = -1});
+        keel_runtime *rt = stepped_rt(workers[wi]);
         g_v.X = reg_i64(rt, "x", KEEL_VERSIONED);
         g_v.Y = reg_i64(rt, "y", KEEL_VERSIONED);
         keel_component cs[] = {g_v.X, g_v.Y};
@@ -536,7 +542,7 @@ START_TEST(test_side_conflict_and_blind_write)
 {
     memset(&g_c, 0, sizeof g_c);
     probe_reset();
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
+    keel_runtime *rt = stepped_rt(2);
     g_c.B = reg_i64(rt, "balance", KEEL_VERSIONED);
     g_c.x = spawn1(rt, g_c.B, 100);
     g_c.y = spawn1(rt, g_c.B, 200);
@@ -627,7 +633,7 @@ START_TEST(test_side_left_open_aborted)
     atomic_store(&g_left_open_logs, 0);
     atomic_store(&g_other_logs, 0);
     keel_log_set(log_left_open, NULL, KEEL_LOG_DEBUG);
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 1, .tick_rate_hz = -1});
+    keel_runtime *rt = stepped_rt(1);
     g_lo.Y = reg_i64(rt, "y", KEEL_VERSIONED);
     g_lo.a = spawn1(rt, g_lo.Y, 1);
     g_lo.b = spawn1(rt, g_lo.Y, 2);
@@ -909,8 +915,7 @@ START_TEST(test_side_same_chunk_as_system_write)
     for (int wi = 0; wi < 2; wi++) {
         memset(&g_m, 0, sizeof g_m);
         probe_reset();
-        keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = workers[wi],
-                                                         .tick_rate_hz = -1});
+        keel_runtime *rt = stepped_rt(workers[wi]);
         g_m.X = reg_i64(rt, "x", KEEL_VERSIONED);
         for (int i = 0; i < 4; i++)
             g_m.e[i] = spawn1(rt, g_m.X, i + 1);
@@ -1086,7 +1091,7 @@ static void spawn_traders(keel_runtime *rt, keel_component tid, keel_component e
 START_TEST(test_side_concurrent_transfers)
 {
     ct_reset();
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
+    keel_runtime *rt = stepped_rt(2);
     g_ct.bal = reg_i64(rt, "balance", KEEL_VERSIONED);
     g_ct.tid = reg_u32(rt, "trader");
     for (int i = 0; i < NACC; i++)
@@ -1250,7 +1255,7 @@ START_TEST(test_side_concurrent_same_chunks)
     atomic_store(&g_sc.conflicts, 0);
     atomic_store(&g_sc.bad, 0);
     atomic_store(&g_sc.first_bad, 0);
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
+    keel_runtime *rt = stepped_rt(2);
     g_sc.tid = reg_u32(rt, "trader");
     g_sc.score = reg_i64(rt, "score", KEEL_VERSIONED);
     spawn_traders(rt, g_sc.tid, g_sc.score, SC_N, g_sc.tr);
@@ -1669,7 +1674,7 @@ static void *waiter_main(void *p)
 START_TEST(test_submit_close_completes_busy)
 {
     atomic_store(&g_cl.ran, 0);
-    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.world = {.chunk_rows = 16}, .workers = 2, .tick_rate_hz = -1});
+    keel_runtime *rt = stepped_rt(2);
     (void)reg_i64(rt, "c", KEEL_VERSIONED);
     keel_schedule *s = sched_new(rt);
     add_cb(s, "noop", tu_sys_noop, NULL, (keel_access){0});
