@@ -187,6 +187,13 @@ static void probe_reset(uint32_t workers)
     }
 }
 
+/* No probe body counted an anomaly in g_probe.bad; then close rt. */
+static void close_probed(keel_runtime *rt)
+{
+    ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
+    keel_runtime_close(rt);
+}
+
 static void probe_tick_reset(void)
 {
     for (uint32_t i = 0; i < MAX_PROBES; i++) {
@@ -424,8 +431,7 @@ START_TEST(test_order_edges)
             ck_assert_uint_eq(tr.systems_skipped, 0);
             ck_assert_uint_eq(tr.entities, 300);
         }
-        ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
-        keel_runtime_close(rt);
+        close_probed(rt);
     }
 }
 END_TEST
@@ -521,8 +527,7 @@ START_TEST(test_order_chain_inline)
                     ck_assert_uint_lt(atomic_load(&g_probe.last[i - 1]), atomic_load(&g_probe.first[i]));
             }
         }
-        ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
-        keel_runtime_close(rt);
+        close_probed(rt);
     }
 }
 END_TEST
@@ -580,8 +585,7 @@ START_TEST(test_order_empty_tracks)
             ck_assert_int_eq(tu_sysrec(rt, tick, p).skip, KEEL_SKIP_NONE);
         }
         ck_assert_uint_eq(atomic_load(&g_probe.total[2]), 3);
-        ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
-        keel_runtime_close(rt);
+        close_probed(rt);
     }
 }
 END_TEST
@@ -642,8 +646,7 @@ START_TEST(test_order_user_tracks)
                         ck_assert_uint_le(tu_sysrec(rt, tick, id[t][k]).end_ns, tu_sysrec(rt, tick, id[t + 1][j]).start_ns);
             }
         }
-        ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
-        keel_runtime_close(rt);
+        close_probed(rt);
     }
 }
 END_TEST
@@ -792,8 +795,7 @@ START_TEST(test_order_random_dag)
                     }
                 }
             }
-            ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
-            keel_runtime_close(rt);
+            close_probed(rt);
         }
     }
 }
@@ -1618,8 +1620,7 @@ START_TEST(test_parallel_pipeline)
             ck_assert_uint_eq(tickrec(rt, tick).systems_run, 6);
         }
         ck_assert_uint_eq(atomic_load(&g_pipe_bad), 0);
-        ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
-        keel_runtime_close(rt);
+        close_probed(rt);
     }
 }
 END_TEST
@@ -1653,8 +1654,7 @@ START_TEST(test_parallel_small_queries)
             ck_assert_uint_eq(rs.tasks, 1);
             ck_assert_int_eq(tu_sysrec(rt, tick, after).skip, KEEL_SKIP_NONE);
         }
-        ck_assert_uint_eq(atomic_load(&g_probe.bad), 0);
-        keel_runtime_close(rt);
+        close_probed(rt);
     }
 }
 END_TEST
