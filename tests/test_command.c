@@ -1818,53 +1818,27 @@ END_TEST
 
 static Suite *record_suite(void)
 {
-    Suite *s = suite_create("cmd_record");
-    TCase *tc = tcase_create("record");
-    tcase_add_test(tc, record_create_args);
-    tcase_add_test(tc, record_unknown_component);
-    tcase_add_test(tc, record_repeated_component);
-    tcase_add_test(tc, record_null_inits);
-    tcase_add_test(tc, record_does_not_touch_world);
-    tcase_add_test(tc, record_values_copied);
-    tcase_add_test(tc, record_spawn_empty_and_zero_fill);
-    tcase_add_test(tc, record_discard_unapplied);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {record_create_args, record_unknown_component, record_repeated_component,
+                              record_null_inits, record_does_not_touch_world, record_values_copied,
+                              record_spawn_empty_and_zero_fill, record_discard_unapplied};
+    return tu_case_suite("cmd_record", "record", t, sizeof t / sizeof t[0]);
 }
 
 static Suite *playback_suite(void)
 {
-    Suite *s = suite_create("cmd_playback");
-    TCase *tc = tcase_create("playback");
-    tcase_add_test(tc, playback_fifo_receipts);
-    tcase_add_test(tc, playback_fifo_order_matters);
-    tcase_add_test(tc, playback_add_remove_moves);
-    tcase_add_test(tc, playback_add_overwrites);
-    tcase_add_test(tc, playback_destroy_then_spawn_reuses);
-    tcase_add_test(tc, playback_spawn_then_destroy_no_reuse);
-    tcase_add_test(tc, playback_empty_noop);
-    tcase_add_test(tc, playback_destroy_clears);
-    tcase_add_test(tc, playback_many);
-    tcase_add_test(tc, playback_batched_equals_one_by_one);
-    tcase_add_test(tc, playback_destroy_runs_equal_one_by_one);
-    tcase_add_test(tc, playback_hash_history_independent);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {playback_fifo_receipts, playback_fifo_order_matters, playback_add_remove_moves,
+                              playback_add_overwrites, playback_destroy_then_spawn_reuses,
+                              playback_spawn_then_destroy_no_reuse, playback_empty_noop, playback_destroy_clears,
+                              playback_many, playback_batched_equals_one_by_one, playback_destroy_runs_equal_one_by_one,
+                              playback_hash_history_independent};
+    return tu_case_suite("cmd_playback", "playback", t, sizeof t / sizeof t[0]);
 }
 
 static Suite *ignored_suite(void)
 {
-    Suite *s = suite_create("cmd_ignored");
-    TCase *tc = tcase_create("ignored");
-    tcase_add_test(tc, ignored_double_destroy);
-    tcase_add_test(tc, ignored_double_destroy_occupant_safe);
-    tcase_add_test(tc, ignored_stale_after_reuse);
-    tcase_add_test(tc, ignored_null);
-    tcase_add_test(tc, ignored_foreign);
-    tcase_add_test(tc, ignored_absent);
-    tcase_add_test(tc, ignored_add_after_destroy_same_buffer);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {ignored_double_destroy, ignored_double_destroy_occupant_safe, ignored_stale_after_reuse,
+                              ignored_null, ignored_foreign, ignored_absent, ignored_add_after_destroy_same_buffer};
+    return tu_case_suite("cmd_ignored", "ignored", t, sizeof t / sizeof t[0]);
 }
 
 /* storage.c allocates full-size chunks from a reserve of 16 at a time; when
@@ -1976,14 +1950,9 @@ static Suite *failure_suite(void)
 
 static Suite *receipts_suite(void)
 {
-    Suite *s = suite_create("cmd_receipts");
-    TCase *tc = tcase_create("receipts");
-    tcase_add_test(tc, receipts_accumulate_until_reset);
-    tcase_add_test(tc, receipts_reset_refuses_queued);
-    tcase_add_test(tc, receipts_counters_exact);
-    tcase_add_test(tc, receipts_across_failure);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {receipts_accumulate_until_reset, receipts_reset_refuses_queued, receipts_counters_exact,
+                              receipts_across_failure};
+    return tu_case_suite("cmd_receipts", "receipts", t, sizeof t / sizeof t[0]);
 }
 
 KEEL_TEST_MAIN(record_suite, playback_suite, ignored_suite, failure_suite, receipts_suite)

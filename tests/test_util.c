@@ -279,6 +279,16 @@ Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeo
     return s;
 }
 
+Suite *tu_case_suite(const char *suite_name, const char *case_name, const TTest *const *tests, size_t n)
+{
+    Suite *s = suite_create(suite_name);
+    TCase *tc = tcase_create(case_name);
+    for (size_t i = 0; i < n; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
 tu_digest tu_file_digest(const char *path)
 {
     FILE *f = fopen(path, "rb");

@@ -97,6 +97,9 @@ void tu_base_teardown(void);
 /* A suite `name` of one test case `name` holding the n tests, with the
  * base-directory fixture above and a timeout of `timeout` seconds. */
 Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout);
+/* A suite `suite_name` of one test case `case_name` holding the n tests,
+ * with Check's default fixture-less setup and timeout. */
+Suite *tu_case_suite(const char *suite_name, const char *case_name, const TTest *const *tests, size_t n);
 /* The base directory of the running test case. */
 const char *tu_base(void);
 /* base/name into out (not created: the runtime creates its own directory). */
