@@ -965,16 +965,10 @@ END_TEST
 
 static Suite *side_basic(void)
 {
-    Suite *s = suite_create("side_basic");
-    TCase *tc = tcase_create("basic");
-    tcase_add_test(tc, test_side_args_and_access);
-    tcase_add_test(tc, test_side_visibility_and_failure);
-    tcase_add_test(tc, test_side_conflict_and_blind_write);
-    tcase_add_test(tc, test_side_left_open_aborted);
-    tcase_add_test(tc, test_side_uow_records);
-    tcase_add_test(tc, test_side_same_chunk_as_system_write);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_side_args_and_access, test_side_visibility_and_failure,
+                              test_side_conflict_and_blind_write, test_side_left_open_aborted, test_side_uow_records,
+                              test_side_same_chunk_as_system_write};
+    return tu_case_suite("side_basic", "basic", t, sizeof t / sizeof t[0]);
 }
 
 /* ---- side_concurrent: transfers from many chunk tasks ----------------------------------------- */
