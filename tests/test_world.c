@@ -731,18 +731,10 @@ END_TEST
 
 static Suite *entity_suite(void)
 {
-    Suite *s = suite_create("entity");
-    TCase *tc = tcase_create("entity");
-    tcase_add_test(tc, test_handle_layout);
-    tcase_add_test(tc, test_destroy_makes_stale);
-    tcase_add_test(tc, test_lowest_free_index_first);
-    tcase_add_test(tc, test_allocation_deterministic);
-    tcase_add_test(tc, test_null_and_foreign_handles);
-    tcase_add_test(tc, test_world_count);
-    tcase_add_test(tc, test_max_entities);
-    tcase_add_test(tc, test_generation_never_zero);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_handle_layout, test_destroy_makes_stale, test_lowest_free_index_first,
+                              test_allocation_deterministic, test_null_and_foreign_handles, test_world_count,
+                              test_max_entities, test_generation_never_zero};
+    return tu_case_suite("entity", "entity", t, sizeof t / sizeof t[0]);
 }
 
 /* ======================================================================
@@ -1689,13 +1681,8 @@ END_TEST
 
 static Suite *storage_suite(void)
 {
-    Suite *s = suite_create("storage");
-    TCase *tc = tcase_create("storage");
-    tcase_add_test(tc, test_storage_shadow_model);
-    tcase_add_test(tc, test_storage_zero_fill);
-    tcase_add_test(tc, test_storage_moves_keep_values);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_storage_shadow_model, test_storage_zero_fill, test_storage_moves_keep_values};
+    return tu_case_suite("storage", "storage", t, sizeof t / sizeof t[0]);
 }
 
 /* ======================================================================
@@ -2075,16 +2062,9 @@ END_TEST
 
 static Suite *query_suite(void)
 {
-    Suite *s = suite_create("query");
-    TCase *tc = tcase_create("query");
-    tcase_add_test(tc, test_query_match_and_columns);
-    tcase_add_test(tc, test_query_sees_new_tables);
-    tcase_add_test(tc, test_query_write_through);
-    tcase_add_test(tc, test_query_invalid);
-    tcase_add_test(tc, test_query_deterministic_order);
-    tcase_add_test(tc, test_query_skips_empty_chunks);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_query_match_and_columns, test_query_sees_new_tables, test_query_write_through,
+                              test_query_invalid, test_query_deterministic_order, test_query_skips_empty_chunks};
+    return tu_case_suite("query", "query", t, sizeof t / sizeof t[0]);
 }
 
 /* ======================================================================
@@ -2234,14 +2214,9 @@ END_TEST
 
 static Suite *getset_suite(void)
 {
-    Suite *s = suite_create("getset");
-    TCase *tc = tcase_create("getset");
-    tcase_add_test(tc, test_getset_round_trip);
-    tcase_add_test(tc, test_getset_enoent);
-    tcase_add_test(tc, test_getset_einval);
-    tcase_add_test(tc, test_getset_failed_set_changes_nothing);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_getset_round_trip, test_getset_enoent, test_getset_einval,
+                              test_getset_failed_set_changes_nothing};
+    return tu_case_suite("getset", "getset", t, sizeof t / sizeof t[0]);
 }
 
 /* ======================================================================
@@ -2570,17 +2545,10 @@ END_TEST
 
 static Suite *state_hash_suite(void)
 {
-    Suite *s = suite_create("state_hash");
-    TCase *tc = tcase_create("state_hash");
-    tcase_add_test(tc, test_hash_empty_world);
-    tcase_add_test(tc, test_hash_history_independent);
-    tcase_add_test(tc, test_hash_every_byte_counts);
-    tcase_add_test(tc, test_hash_disciplines_and_ids);
-    tcase_add_test(tc, test_hash_slots_and_generations);
-    tcase_add_test(tc, test_hash_random_replay);
-    tcase_add_test(tc, test_hash_known_answer);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_hash_empty_world, test_hash_history_independent, test_hash_every_byte_counts,
+                              test_hash_disciplines_and_ids, test_hash_slots_and_generations, test_hash_random_replay,
+                              test_hash_known_answer};
+    return tu_case_suite("state_hash", "state_hash", t, sizeof t / sizeof t[0]);
 }
 
 KEEL_TEST_MAIN(entity_suite, component_suite, storage_suite, query_suite, getset_suite, state_hash_suite)
