@@ -803,16 +803,9 @@ END_TEST
 
 static Suite *dispatch_order(void)
 {
-    Suite *s = suite_create("dispatch_order");
-    TCase *tc = tcase_create("order");
-    tcase_add_test(tc, test_order_edges);
-    tcase_add_test(tc, test_order_independent_overlap);
-    tcase_add_test(tc, test_order_chain_inline);
-    tcase_add_test(tc, test_order_empty_tracks);
-    tcase_add_test(tc, test_order_user_tracks);
-    tcase_add_test(tc, test_order_random_dag);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_order_edges, test_order_independent_overlap, test_order_chain_inline,
+                              test_order_empty_tracks, test_order_user_tracks, test_order_random_dag};
+    return tu_case_suite("dispatch_order", "order", t, sizeof t / sizeof t[0]);
 }
 
 /* ========================================================================== */
@@ -1198,14 +1191,9 @@ END_TEST
 
 static Suite *dispatch_failure(void)
 {
-    Suite *s = suite_create("dispatch_failure");
-    TCase *tc = tcase_create("failure");
-    tcase_add_test(tc, test_failure_isolation);
-    tcase_add_test(tc, test_failure_random_dag);
-    tcase_add_test(tc, test_failure_parallel_chunk);
-    tcase_add_test(tc, test_failure_pipeline);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_failure_isolation, test_failure_random_dag, test_failure_parallel_chunk,
+                              test_failure_pipeline};
+    return tu_case_suite("dispatch_failure", "failure", t, sizeof t / sizeof t[0]);
 }
 
 /* ========================================================================== */
@@ -1661,17 +1649,10 @@ END_TEST
 
 static Suite *dispatch_parallel(void)
 {
-    Suite *s = suite_create("dispatch_parallel");
-    TCase *tc = tcase_create("parallel");
-    tcase_add_test(tc, test_parallel_visit_once);
-    tcase_add_test(tc, test_parallel_integrate_matches_serial);
-    tcase_add_test(tc, test_parallel_min_chunk_rows);
-    tcase_add_test(tc, test_parallel_stuck_holder);
-    tcase_add_test(tc, test_parallel_tasks_overlap);
-    tcase_add_test(tc, test_parallel_pipeline);
-    tcase_add_test(tc, test_parallel_small_queries);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_parallel_visit_once, test_parallel_integrate_matches_serial,
+                              test_parallel_min_chunk_rows, test_parallel_stuck_holder, test_parallel_tasks_overlap,
+                              test_parallel_pipeline, test_parallel_small_queries};
+    return tu_case_suite("dispatch_parallel", "parallel", t, sizeof t / sizeof t[0]);
 }
 
 /* ========================================================================== */
@@ -2710,16 +2691,9 @@ END_TEST
 
 static Suite *dispatch_sync(void)
 {
-    Suite *s = suite_create("dispatch_sync");
-    TCase *tc = tcase_create("sync");
-    tcase_add_test(tc, test_sync_schedule_order);
-    tcase_add_test(tc, test_sync_destroy_spawn_order);
-    tcase_add_test(tc, test_sync_invisible_same_tick);
-    tcase_add_test(tc, test_sync_failure_pending);
-    tcase_add_test(tc, test_sync_retry_resumes_in_order);
-    tcase_add_test(tc, test_sync_first_tick_hook);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_sync_schedule_order, test_sync_destroy_spawn_order, test_sync_invisible_same_tick,
+                              test_sync_failure_pending, test_sync_retry_resumes_in_order, test_sync_first_tick_hook};
+    return tu_case_suite("dispatch_sync", "sync", t, sizeof t / sizeof t[0]);
 }
 
 KEEL_TEST_MAIN(dispatch_order, dispatch_failure, dispatch_parallel, dispatch_determinism, dispatch_sync)
