@@ -578,23 +578,12 @@ END_TEST
 
 static Suite *sched_build_suite(void)
 {
-    Suite *s = suite_create("sched_build");
-    TCase *tc = tcase_create("build");
-    tcase_add_test(tc, test_empty_builds);
-    tcase_add_test(tc, test_null_arguments);
-    tcase_add_test(tc, test_build_twice_ebusy);
-    tcase_add_test(tc, test_add_after_build_ebusy);
-    tcase_add_test(tc, test_add_system_invalid);
-    tcase_add_test(tc, test_add_system_copies_strings);
-    tcase_add_test(tc, test_add_track_invalid);
-    tcase_add_test(tc, test_failed_build);
-    tcase_add_test(tc, test_last_error_names_first_error);
-    tcase_add_test(tc, test_set_schedule_refusals);
-    tcase_add_test(tc, test_set_schedule_foreign);
-    tcase_add_test(tc, test_stale_schedule);
-    tcase_add_test(tc, test_code_names);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_empty_builds, test_null_arguments, test_build_twice_ebusy,
+                              test_add_after_build_ebusy, test_add_system_invalid, test_add_system_copies_strings,
+                              test_add_track_invalid, test_failed_build, test_last_error_names_first_error,
+                              test_set_schedule_refusals, test_set_schedule_foreign, test_stale_schedule,
+                              test_code_names};
+    return tu_case_suite("sched_build", "build", t, sizeof t / sizeof t[0]);
 }
 
 /* ======================================================================
@@ -1112,39 +1101,18 @@ END_TEST
 
 static Suite *sched_rules_suite(void)
 {
-    Suite *s = suite_create("sched_rules");
-    TCase *tc = tcase_create("rules");
-    tcase_add_test(tc, test_unknown_system);
-    tcase_add_test(tc, test_duplicate_system);
-    tcase_add_test(tc, test_write_conflict_component);
-    tcase_add_test(tc, test_write_conflict_resource);
-    tcase_add_test(tc, test_read_conflict);
-    tcase_add_test(tc, test_readers_do_not_conflict);
-    tcase_add_test(tc, test_no_conflict_when_ordered);
-    tcase_add_test(tc, test_phase_orders_conflicts);
-    tcase_add_test(tc, test_phase_no_barrier);
-    tcase_add_test(tc, test_reads_fresh_edge);
-    tcase_add_test(tc, test_reads_snapshot_edge);
-    tcase_add_test(tc, test_event_edge);
-    tcase_add_test(tc, test_snapshot_not_versioned);
-    tcase_add_test(tc, test_exclusive_conflict);
-    tcase_add_test(tc, test_exclusive_ordered);
-    tcase_add_test(tc, test_unknown_track);
-    tcase_add_test(tc, test_reserved_track);
-    tcase_add_test(tc, test_bad_system);
-    tcase_add_test(tc, test_read_before_write_warning);
-    tcase_add_test(tc, test_read_before_write_by_phase);
-    tcase_add_test(tc, test_read_before_write_both_directions);
-    tcase_add_test(tc, test_different_dags_conflict);
-    tcase_add_test(tc, test_different_dags_ordered);
-    tcase_add_test(tc, test_different_tracks_never_conflict);
-    tcase_add_test(tc, test_edge_against_track_order);
-    tcase_add_test(tc, test_edge_with_track_order);
-    tcase_add_test(tc, test_many_errors_in_one_build);
-    tcase_add_test(tc, test_diagnostics_deterministic);
-    tcase_add_test(tc, test_many_diagnostics);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_unknown_system, test_duplicate_system, test_write_conflict_component,
+                              test_write_conflict_resource, test_read_conflict, test_readers_do_not_conflict,
+                              test_no_conflict_when_ordered, test_phase_orders_conflicts, test_phase_no_barrier,
+                              test_reads_fresh_edge, test_reads_snapshot_edge, test_event_edge,
+                              test_snapshot_not_versioned, test_exclusive_conflict, test_exclusive_ordered,
+                              test_unknown_track, test_reserved_track, test_bad_system, test_read_before_write_warning,
+                              test_read_before_write_by_phase, test_read_before_write_both_directions,
+                              test_different_dags_conflict, test_different_dags_ordered,
+                              test_different_tracks_never_conflict, test_edge_against_track_order,
+                              test_edge_with_track_order, test_many_errors_in_one_build, test_diagnostics_deterministic,
+                              test_many_diagnostics};
+    return tu_case_suite("sched_rules", "rules", t, sizeof t / sizeof t[0]);
 }
 
 /* ======================================================================
@@ -1370,22 +1338,11 @@ END_TEST
 
 static Suite *sched_cycle_suite(void)
 {
-    Suite *s = suite_create("sched_cycle");
-    TCase *tc = tcase_create("cycle");
-    tcase_add_test(tc, test_cycle_self_edge);
-    tcase_add_test(tc, test_cycle_two);
-    tcase_add_test(tc, test_cycle_three);
-    tcase_add_test(tc, test_cycle_starts_at_lowest_index);
-    tcase_add_test(tc, test_cycle_excludes_downstream);
-    tcase_add_test(tc, test_cycle_plus_chain);
-    tcase_add_test(tc, test_cycle_choice_deterministic);
-    tcase_add_test(tc, test_cycle_with_phase_edge);
-    tcase_add_test(tc, test_cycle_from_access);
-    tcase_add_test(tc, test_cycle_with_other_errors);
-    tcase_add_test(tc, test_cycle_long);
-    tcase_add_test(tc, test_cycle_huge);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_cycle_self_edge, test_cycle_two, test_cycle_three, test_cycle_starts_at_lowest_index,
+                              test_cycle_excludes_downstream, test_cycle_plus_chain, test_cycle_choice_deterministic,
+                              test_cycle_with_phase_edge, test_cycle_from_access, test_cycle_with_other_errors,
+                              test_cycle_long, test_cycle_huge};
+    return tu_case_suite("sched_cycle", "cycle", t, sizeof t / sizeof t[0]);
 }
 
 /* ======================================================================
@@ -1612,19 +1569,10 @@ END_TEST
 
 static Suite *sched_order_suite(void)
 {
-    Suite *s = suite_create("sched_order");
-    TCase *tc = tcase_create("order");
-    tcase_add_test(tc, test_order_independent_registration);
-    tcase_add_test(tc, test_order_diamond);
-    tcase_add_test(tc, test_order_min_index_not_fifo);
-    tcase_add_test(tc, test_order_after_equals_before);
-    tcase_add_test(tc, test_order_tracks);
-    tcase_add_test(tc, test_order_engine_tracks_refused);
-    tcase_add_test(tc, test_hash_identical_registrations);
-    tcase_add_test(tc, test_hash_changes);
-    tcase_add_test(tc, test_hash_known_answer);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_order_independent_registration, test_order_diamond, test_order_min_index_not_fifo,
+                              test_order_after_equals_before, test_order_tracks, test_order_engine_tracks_refused,
+                              test_hash_identical_registrations, test_hash_changes, test_hash_known_answer};
+    return tu_case_suite("sched_order", "order", t, sizeof t / sizeof t[0]);
 }
 
 /* ======================================================================
@@ -2001,17 +1949,9 @@ END_TEST
 
 static Suite *sched_edge_cases_suite(void)
 {
-    Suite *s = suite_create("sched_edge_cases");
-    TCase *tc = tcase_create("edge_cases");
-    tcase_add_test(tc, test_one_system);
-    tcase_add_test(tc, test_chain_300);
-    tcase_add_test(tc, test_independent_300);
-    tcase_add_test(tc, test_random_phased_access);
-    tcase_add_test(tc, test_random_chaos_deterministic);
-    tcase_add_test(tc, test_diamond_via_events);
-    tcase_add_test(tc, test_long_fresh_chain);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const t[] = {test_one_system, test_chain_300, test_independent_300, test_random_phased_access,
+                              test_random_chaos_deterministic, test_diamond_via_events, test_long_fresh_chain};
+    return tu_case_suite("sched_edge_cases", "edge_cases", t, sizeof t / sizeof t[0]);
 }
 
 KEEL_TEST_MAIN(sched_build_suite, sched_rules_suite, sched_cycle_suite, sched_order_suite, sched_edge_cases_suite)
