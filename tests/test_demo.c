@@ -726,17 +726,11 @@ START_TEST(server_status_line_fits)
 }
 END_TEST
 
-/* A suite of one case holding test; its data directories live under the
- * case's base directory, removed by the fixture (after a failure too). */
+/* A suite of one case holding test, its data directories under the case's
+ * base directory (tu_suite's fixture removes them, after a failure too). */
 static Suite *one_case(const char *name, const TTest *test, int timeout)
 {
-    Suite *s = suite_create(name);
-    TCase *t = tcase_create(name);
-    tcase_add_unchecked_fixture(t, tu_base_setup, tu_base_teardown);
-    tcase_set_timeout(t, timeout);
-    tcase_add_test(t, test);
-    suite_add_tcase(s, t);
-    return s;
+    return tu_suite(name, &test, 1, timeout);
 }
 
 static Suite *demo_cli(void)

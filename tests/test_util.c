@@ -267,25 +267,29 @@ void tu_write_file(const char *path, const void *p, size_t n)
     ck_assert_int_eq(fclose(f), 0);
 }
 
-Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout)
+/* A test case `name` of suite s holding the n tests. */
+static TCase *case_of(Suite *s, const char *name, const TTest *const *tests, size_t n)
 {
-    Suite *s = suite_create(name);
     TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
-    tcase_set_timeout(tc, timeout);
     for (size_t i = 0; i < n; i++)
         tcase_add_test(tc, tests[i]);
     suite_add_tcase(s, tc);
+    return tc;
+}
+
+Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout)
+{
+    Suite *s = suite_create(name);
+    TCase *tc = case_of(s, name, tests, n);
+    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
+    tcase_set_timeout(tc, timeout);
     return s;
 }
 
 Suite *tu_case_suite(const char *suite_name, const char *case_name, const TTest *const *tests, size_t n)
 {
     Suite *s = suite_create(suite_name);
-    TCase *tc = tcase_create(case_name);
-    for (size_t i = 0; i < n; i++)
-        tcase_add_test(tc, tests[i]);
-    suite_add_tcase(s, tc);
+    case_of(s, case_name, tests, n);
     return s;
 }
 
