@@ -98,6 +98,20 @@ void kw_lifecycle_end(kw_buf *out, uint32_t nops)
     patch_count(out, nops);
 }
 
+/* ---- EPOCH ------------------------------------------------------------------------- */
+
+int kw_epoch_encode(kw_buf *out, uint64_t epoch, const char *node)
+{
+    size_t n = node ? strlen(node) : 0;
+    if (n > KW_EPOCH_NODE_MAX)
+        n = KW_EPOCH_NODE_MAX;
+    out->len = 0;
+    int rc = kw_put_u64(out, epoch);
+    if (!rc)
+        rc = kw_put_u32(out, (uint32_t)n);
+    return rc ? rc : kw_put_bytes(out, node, n);
+}
+
 /* ---- TICK_COMMIT, CHECKPOINT ------------------------------------------------------- */
 
 void kw_commit_encode(const kw_commit_info *ci, unsigned char out[KW_COMMIT_SIZE])
@@ -114,6 +128,19 @@ void kw_checkpoint_marker_encode(uint64_t covered_lsn, uint64_t tick, unsigned c
     kw_buf b = {out, 0, KW_CHECKPOINT_MARKER_SIZE};
     kw_put_u64(&b, covered_lsn);
     kw_put_u64(&b, tick);
+}
+
+int kw_epoch_decode(const void *payload, size_t len, kw_epoch *out)
+{
+    kw_cursor c = kw_cursor_make(payload, len);
+    out->epoch = kw_get_u64(&c);
+    uint32_t n = kw_get_u32(&c);
+    const void *node = n <= KW_EPOCH_NODE_MAX ? kw_get_bytes(&c, n) : NULL;
+    if (c.bad || !node || !kw_cursor_done(&c) || !out->epoch)
+        return core_fail(KEEL_ECORRUPT, "an epoch record is malformed (%zu bytes)", len);
+    memcpy(out->node, node, n);
+    out->node[n] = 0;
+    return KEEL_OK;
 }
 
 int kw_checkpoint_marker_decode(const void *payload, size_t len, uint64_t *covered_lsn, uint64_t *tick)

@@ -23,6 +23,7 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <lmdb.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,10 @@ struct kw_store {
     uint32_t fail_countdown;   /* test seam */
     int fail_rc;
     int lock_fd;               /* KW_OPEN_OWN: DIR/keel.lock, flocked; -1 otherwise */
+    /* LMDB may change the map's size only while no transaction of this
+     * process is open: every transaction holds `remap` shared, a resize
+     * holds it exclusively (threads read beside the WAL writer) */
+    pthread_rwlock_t remap;
 };
 
 struct kw_wtxn {
@@ -540,6 +545,7 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
     snprintf(s->dir, sizeof s->dir, "%s", dir);
     s->readonly = readonly;
     s->lock_fd = -1;
+    pthread_rwlock_init(&s->remap, NULL);
     s->map_size = d.map_size ? d.map_size : 64ull << 20;
     s->map_max = d.map_max ? d.map_max : 1ull << 40;
     if (s->map_size > s->map_max)
@@ -586,6 +592,7 @@ void kw_store_close(kw_store *s)
         mdb_env_close(s->env);
     if (s->lock_fd >= 0)
         close(s->lock_fd); /* after LMDB let go of the files: releases the lock */
+    pthread_rwlock_destroy(&s->remap);
     free(s);
 }
 
@@ -879,23 +886,39 @@ int kw_del_prefix(kw_wtxn *t, kw_db db, const void *prefix, size_t plen,
     return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot delete keys from") : KEEL_OK;
 }
 
+/* Called holding `remap` shared (a write transaction just ended): the
+ * resize takes it exclusively, then shared again. */
 static int grow(kw_store *s)
 {
     if (s->map_size >= s->map_max)
         return core_fail(KEEL_ENOSPC, "%s/data.mdb is full: the map reached its maximum of %llu bytes", s->dir,
                          (unsigned long long)s->map_max);
     uint64_t size = s->map_size * 2 > s->map_max ? s->map_max : s->map_size * 2;
+    pthread_rwlock_unlock(&s->remap);
+    pthread_rwlock_wrlock(&s->remap);
     int rc = mdb_env_set_mapsize(s->env, size);
+    pthread_rwlock_unlock(&s->remap);
+    pthread_rwlock_rdlock(&s->remap);
     if (rc)
         return from_mdb(rc, "cannot grow the map of", s);
     s->map_size = size;
     return KEEL_OK;
 }
 
+static int store_write(kw_store *s, int (*fill)(kw_wtxn *txn, void *arg), void *arg);
+
 int kw_store_write(kw_store *s, int (*fill)(kw_wtxn *txn, void *arg), void *arg)
 {
     if (s->readonly)
         return core_fail(KEEL_EINVAL, "%s is open read-only", s->dir);
+    pthread_rwlock_rdlock(&s->remap);
+    int rc = store_write(s, fill, arg);
+    pthread_rwlock_unlock(&s->remap);
+    return rc;
+}
+
+static int store_write(kw_store *s, int (*fill)(kw_wtxn *txn, void *arg), void *arg)
+{
     for (;;) {
         kw_wtxn t = {.s = s};
         int rc = mdb_txn_begin(s->env, NULL, 0, &t.txn);
@@ -937,12 +960,18 @@ int kw_read_begin(kw_store *s, kw_rtxn **out)
     if (!r)
         return core_fail(KEEL_ENOMEM, "out of memory for a read transaction");
     r->s = s;
+    pthread_rwlock_rdlock(&s->remap);
     int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
     if (rc == MDB_MAP_RESIZED) { /* another process grew the map */
+        pthread_rwlock_unlock(&s->remap);
+        pthread_rwlock_wrlock(&s->remap);
         mdb_env_set_mapsize(s->env, 0);
+        pthread_rwlock_unlock(&s->remap);
+        pthread_rwlock_rdlock(&s->remap);
         rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
     }
     if (rc) {
+        pthread_rwlock_unlock(&s->remap);
         free(r);
         return from_mdb(rc, "cannot begin a read transaction on", s);
     }
@@ -955,6 +984,7 @@ void kw_read_end(kw_rtxn *r)
     if (!r)
         return;
     mdb_txn_abort(r->txn);
+    pthread_rwlock_unlock(&r->s->remap);
     free(r);
 }
 
@@ -973,6 +1003,7 @@ int kw_get(kw_rtxn *r, kw_db db, const void *key, size_t klen, const void **val,
 
 static int iter_open(kw_rtxn *r, kw_db db, const void *start, size_t slen, size_t plen, kw_walit **out)
 {
+    *out = NULL; /* kw_wal_iter_end(NULL) is a no-op: a caller may end what failed to begin */
     kw_walit *it = calloc(1, sizeof *it);
     if (!it)
         return core_fail(KEEL_ENOMEM, "out of memory for a cursor");
@@ -1001,6 +1032,7 @@ int kw_wal_iter(kw_rtxn *r, uint64_t from, kw_walit **out)
 
 int kw_db_iter(kw_rtxn *r, kw_db db, const void *prefix, size_t plen, kw_walit **out)
 {
+    *out = NULL;
     if (plen > 16)
         return core_fail(KEEL_EINVAL, "kw_db_iter: prefix longer than 16 bytes");
     return iter_open(r, db, prefix, plen, plen, out);

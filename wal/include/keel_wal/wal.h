@@ -56,6 +56,8 @@ typedef enum kw_kind {
     KW_KIND_LIFECYCLE = 4,    /* structural commands applied at a sync point */
     KW_KIND_SCHEMA = 5,       /* the component schema */
     KW_KIND_CHECKPOINT = 6,   /* a checkpoint was recorded: it covers LSNs up to a point */
+    KW_KIND_EPOCH = 7,        /* a primary's first record on a replicated stream: its epoch. A unit
+                                 left open before it was never committed and is dropped */
     KW_KIND_SNAP_TABLES = 16, /* snap db: archetype tables and the entity index size */
     KW_KIND_SNAP_SLOTS = 17,  /* snap db: one page of entity slots */
     KW_KIND_SNAP_CHUNK = 18,  /* snap db: one chunk of one table */
@@ -371,6 +373,16 @@ void kw_commit_encode(const kw_commit_info *ci, unsigned char out[KW_COMMIT_SIZE
 void kw_checkpoint_marker_encode(uint64_t covered_lsn, uint64_t tick, unsigned char out[KW_CHECKPOINT_MARKER_SIZE]);
 int kw_checkpoint_marker_decode(const void *payload, size_t len, uint64_t *covered_lsn, uint64_t *tick);
 
+/* EPOCH: the epoch a primary took (its lease) and the node that took it
+ * (at most KW_EPOCH_NODE_MAX bytes). Decoding: KEEL_ECORRUPT when malformed. */
+#define KW_EPOCH_NODE_MAX 64u
+typedef struct kw_epoch {
+    uint64_t epoch;
+    char node[KW_EPOCH_NODE_MAX + 1];
+} kw_epoch;
+int kw_epoch_encode(kw_buf *out, uint64_t epoch, const char *node);
+int kw_epoch_decode(const void *payload, size_t len, kw_epoch *out);
+
 /* SIDE: begin with the transaction's sequence, mode and write count, then
  * one put_write per write (an after-image of `size` bytes). */
 int kw_side_begin(kw_buf *out, uint64_t seq, uint32_t mode, uint32_t nwrites);
@@ -492,7 +504,8 @@ void kw_read_end(kw_rtxn *r);
 int kw_get(kw_rtxn *r, kw_db db, const void *key, size_t klen, const void **val, size_t *vlen);
 
 /* Iterate the WAL from the first LSN >= from: kw_wal_next returns 1 with
- * (lsn, rec, len) and advances, 0 at the end, or a KEEL_E* error. */
+ * (lsn, rec, len) and advances, 0 at the end, or a KEEL_E* error. On an
+ * error *out is NULL (kw_wal_iter_end ignores it). */
 typedef struct kw_walit kw_walit;
 int kw_wal_iter(kw_rtxn *r, uint64_t from, kw_walit **out);
 int kw_wal_next(kw_walit *it, uint64_t *lsn, const void **rec, size_t *len);
@@ -537,6 +550,8 @@ void kw_scan_end(kw_scan *s);
 /* meta keys (values little-endian, docs/wal-format.md). */
 #define KW_META_FORMAT "format"          /* u32 format version */
 #define KW_META_CHECKPOINT "checkpoint"  /* kw_checkpoint_meta */
+#define KW_META_REPLICATED "replicated"  /* the stream the directory is kept in step with (its name): its
+                                            WAL's checkpoint markers are its primaries', not its own */
 #define KW_SCHEMA_KEY "components"       /* schema db: the SCHEMA record */
 
 typedef struct kw_checkpoint_meta {
