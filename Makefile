@@ -25,10 +25,11 @@ PREFIX     ?= /usr/local
 # Debian packages the build and the tests need (groff-base: the man pages'
 # test renders them with groff).
 DEB_PACKAGES := build-essential cmake pkg-config liblmdb-dev lmdb-utils liburcu-dev libzstd-dev check groff-base \
-                libmicrohttpd-dev
+                libmicrohttpd-dev libnats-dev
 # ... and what only the tests run: promtool (in prometheus) and curl check
-# keel-world --metrics. The test targets pass them on to deps.
-TEST_DEB_PACKAGES := prometheus curl
+# keel-world --metrics; nats-server runs the replication tests' JetStream
+# servers. The test targets pass them on to deps.
+TEST_DEB_PACKAGES := prometheus curl nats-server
 test test-asan test-tsan: DEPS_EXTRA := $(TEST_DEB_PACKAGES)
 
 .PHONY: all deps build run test test-asan test-tsan bench fuzz install clean

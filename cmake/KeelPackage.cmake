@@ -30,10 +30,10 @@ endif()
 
 # The user libraries are made of the internal libraries' objects (compiled
 # once), which the shared library needs position-independent.
-set_target_properties(keel keel_wal keel_base PROPERTIES POSITION_INDEPENDENT_CODE ON)
+set_target_properties(keel keel_wal keel_repl keel_base PROPERTIES POSITION_INDEPENDENT_CODE ON)
 # the internal runtime archive is libkeel_runtime.a, so that libkeel.a always means the user library
 set_target_properties(keel PROPERTIES OUTPUT_NAME keel_runtime)
-set(keel_user_objects $<TARGET_OBJECTS:keel> $<TARGET_OBJECTS:keel_wal> $<TARGET_OBJECTS:keel_base>)
+set(keel_user_objects $<TARGET_OBJECTS:keel> $<TARGET_OBJECTS:keel_wal> $<TARGET_OBJECTS:keel_repl> $<TARGET_OBJECTS:keel_base>)
 set(keel_user_dir ${PROJECT_BINARY_DIR}/lib)
 
 add_library(keel_shared SHARED ${keel_user_objects})
@@ -57,11 +57,11 @@ if(KEEL_SANITIZE STREQUAL "" AND NOT KEEL_FUZZ)
   # runtimes are linked into the executable, so not there)
   target_link_options(keel_shared PRIVATE LINKER:--no-undefined)
 endif()
-target_link_libraries(keel_shared PRIVATE PkgConfig::LMDB PkgConfig::URCU PkgConfig::ZSTD Threads::Threads)
+target_link_libraries(keel_shared PRIVATE PkgConfig::LMDB PkgConfig::URCU PkgConfig::ZSTD PkgConfig::NATS Threads::Threads)
 # A static user links the dependencies itself: by their plain names (the
 # Debian packages put them on the default library path), so the exported
 # target needs no pkg-config at find_package time.
-target_link_libraries(keel_static PRIVATE ${LMDB_LIBRARIES} ${URCU_LIBRARIES} ${ZSTD_LIBRARIES} Threads::Threads)
+target_link_libraries(keel_static PRIVATE ${LMDB_LIBRARIES} ${URCU_LIBRARIES} ${ZSTD_LIBRARIES} ${NATS_LIBRARIES} Threads::Threads)
 
 # ---- install -------------------------------------------------------------------
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/keel DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}

@@ -75,7 +75,7 @@ step "pkg-config --modversion keel" pkg-config --modversion keel
 [ "$(cat "$d/log")" = "$version" ] || fail "keel.pc says version $(cat "$d/log"), expected $version"
 cflags=$(pkg-config --cflags keel) && libs=$(pkg-config --libs keel) && slibs=$(pkg-config --static --libs keel) ||
     fail "pkg-config keel"
-for l in -llmdb -lurcu-bp -lzstd -pthread; do
+for l in -llmdb -lurcu-bp -lzstd -lnats -pthread; do
     grep -q -- "$l" <<<"$slibs" || fail "pkg-config --static --libs keel lacks $l: $slibs"
 done
 # libkeel.a by path, then what it needs: a static user never links libkeel.so.

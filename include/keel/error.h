@@ -33,6 +33,8 @@ enum {
     KEEL_EEXIST    = -12,  /* named thing already exists */
     KEEL_ERANGE    = -13,  /* value outside its documented range */
     KEEL_EALREADY  = -14,  /* the side transaction's idempotency key already committed: nothing applied */
+    KEEL_EFENCED   = -15,  /* another primary took the world over: this one acknowledges nothing more */
+    KEEL_EUNAVAILABLE = -16, /* the replication stream cannot be reached or has not acknowledged (yet) */
 };
 
 /* Short stable name of a status code: "KEEL_ESTALE", ... Unknown codes give

@@ -15,6 +15,7 @@
 #include "keel/runtime.h"
 #include "keel/txn.h"
 #include "keel/durability.h"
+#include "keel/replication.h"
 #include "keel/view.h"
 #include "keel/telemetry.h"
 #include "keel/metrics.h"

@@ -24,6 +24,7 @@
 
 #include "keel/command.h"
 #include "keel/durability.h"
+#include "keel/replication.h"
 #include "keel/schedule.h"
 #include "keel/txn.h"
 #include "keel/world.h"
@@ -109,6 +110,7 @@ typedef struct keel_runtime_desc {
     void *hook_user;
     keel_overload_desc overload;  /* the overload detector; zero = the defaults of
                                      docs/overload.md, enabled */
+    keel_replication_desc replication; /* keel/replication.h; zero = not replicated */
 } keel_runtime_desc;
 
 /* Errors: KEEL_EINVAL (bad desc field: the last error names it), KEEL_ENOMEM. */

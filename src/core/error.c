@@ -31,6 +31,8 @@ const char *keel_strerror(int rc)
     case KEEL_EEXIST:    return "KEEL_EEXIST";
     case KEEL_ERANGE:    return "KEEL_ERANGE";
     case KEEL_EALREADY:  return "KEEL_EALREADY";
+    case KEEL_EFENCED:   return "KEEL_EFENCED";
+    case KEEL_EUNAVAILABLE: return "KEEL_EUNAVAILABLE";
     default:             return "KEEL_E?";
     }
 }

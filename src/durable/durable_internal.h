@@ -55,6 +55,17 @@ typedef struct dur_waiter {
 
 typedef struct dur_pin dur_pin;
 
+/* The seam replication plugs into (runtime/ installs it before the first
+ * record is queued; zeroed: no replication). The writer tells `committed`
+ * after each LMDB commit (writer thread, no lock held). With `gate` (sync
+ * replication) a record counts as durable -- waiters, tickets, flush --
+ * only once dur_acknowledge says the stream holds it. */
+typedef struct dur_repl_hook {
+    void *self;
+    void (*committed)(void *self, uint64_t lsn);
+    bool gate;
+} dur_repl_hook;
+
 #define DUR_SPANS 1024                  /* writer commits kept for the trace */
 
 typedef struct dur_state {
@@ -94,6 +105,15 @@ typedef struct dur_state {
     _Atomic uint64_t durable_tick;
     _Atomic uint64_t tick_lsn;     /* the last tick's TICK_COMMIT marker (fence_tick; 0 before the first) */
     _Atomic int fatal;         /* 0, or the KEEL_E* code that latched the runtime */
+    _Atomic uint64_t local_lsn;    /* committed to LMDB (durable_lsn trails it while the hook gates) */
+    uint64_t local_tick;           /* the tick local_lsn completes (under mu) */
+    dur_repl_hook repl;
+    /* a follower (dur_open_desc.follow): records replicated into the
+     * directory are applied up to here; an unfinished unit after it waits
+     * for the rest of its records */
+    uint64_t applied_lsn;
+    bool follow;
+    uint64_t stop_tick;
     pthread_t thread;
     bool thread_running;
 
@@ -184,6 +204,11 @@ static inline int dur_fatal(const dur_state *d)
 }
 /* Copy up to cap of the writer's most recent commits (oldest first). */
 uint32_t dur_spans(dur_state *d, struct dur_span *out, uint32_t cap);
+/* Sync replication's acknowledgement: records up to lsn are on the stream
+ * (never beyond what LMDB holds); waiters wake. */
+void dur_acknowledge(dur_state *d, uint64_t lsn);
+/* A follower's directory becomes a primary's: records may be queued again. */
+void dur_promote(dur_state *d);
 /* The last LSN handed out. */
 uint64_t dur_last_lsn(dur_state *d);
 /* Ask the writer to sync everything up to lsn now (held DEFERRED records
@@ -256,6 +281,9 @@ typedef struct dur_open_desc {
     keel_world *world;
     txn_state *txn;
     core_pool pool;            /* pool.workers: one codec context per worker */
+    bool follow;               /* a replica's directory: an unfinished unit at the end of the WAL
+                                  is not a bad tail but records whose unit has not arrived yet */
+    uint64_t stop_tick;        /* a follower replays no tick after this one (0: no bound) */
 } dur_open_desc;
 
 /* Open the data directory, recover it into the world (checkpoint + WAL
@@ -263,6 +291,12 @@ typedef struct dur_open_desc {
  * the state exists, also on failure: the caller closes it. */
 int dur_open(const dur_open_desc *o, dur_state **out, keel_recovery *rec);
 void dur_close(dur_state *d);
+/* A follower's directory grew: replication appended records up to
+ * last_lsn. Adopt them (the next LSN, the durable LSN) and apply every
+ * complete unit after the applied LSN through recovery's replay (a
+ * follower: up to dur_open_desc.stop_tick). *tick: the last tick applied
+ * (in: the one before). */
+int dur_follow(dur_state *d, uint64_t last_lsn, uint64_t *tick);
 
 /* ---- log.c ------------------------------------------------------------------------- */
 

@@ -374,6 +374,8 @@ typedef struct replay {
     unit_rec *recs;
     uint32_t n, cap;
     uint64_t unit_first;       /* LSN of the unit's first record */
+    uint64_t stop_tick;        /* a follower's bound: stop after this tick's unit (0: none) */
+    bool stopped;              /* ... and it was applied */
     keel_cmdbuf *cmds;
     kw_decoder dec;
 } replay;
@@ -536,6 +538,7 @@ static int close_unit(replay *p, const unit_rec *marker)
         return corrupt(marker->h.lsn, "%s", "the replayed tick does not end with the logged entity counts");
     if (!(marker->h.flags & KW_FLAG_HOOK))
         p->l->out->tick = marker->h.tick;
+    p->stopped = p->stop_tick && !(marker->h.flags & KW_FLAG_HOOK) && marker->h.tick >= p->stop_tick;
     p->n = 0;
     (void)KEEL_FAILPOINT(RECOVER_MID_REPLAY);
     return KEEL_OK;
@@ -565,6 +568,9 @@ static int replay_one(replay *p, uint64_t lsn, uint64_t expect, const void *rec,
         if ((rc = apply_record(p, &u)))
             return rc;
         (void)KEEL_FAILPOINT(RECOVER_MID_REPLAY);
+        return KEEL_OK;
+    case KW_KIND_EPOCH: /* a deposed primary's unfinished unit was never committed */
+        p->n = 0;
         return KEEL_OK;
     default: /* schema, checkpoint markers: nothing to apply */
         return KEEL_OK;
@@ -640,7 +646,7 @@ static int find_bad_tail(loader *l, uint64_t after, uint64_t *bad)
         }
         if (h.kind == KW_KIND_TICK_CHUNK || h.kind == KW_KIND_LIFECYCLE)
             unit_first = unit++ ? unit_first : lsn;
-        else if (h.kind == KW_KIND_TICK_COMMIT)
+        else if (h.kind == KW_KIND_TICK_COMMIT || h.kind == KW_KIND_EPOCH)
             unit = 0;
         expect = lsn + 1;
     }
@@ -650,11 +656,19 @@ static int find_bad_tail(loader *l, uint64_t after, uint64_t *bad)
     return rc < 0 ? rc : KEEL_OK;
 }
 
-/* Replay every record after `after` (up to, not including, `stop`; 0 =
- * to the end). */
-static int replay_range(loader *l, uint64_t after, uint64_t stop, uint64_t *last_lsn)
+/* How far replay_range goes. */
+typedef struct replay_bound {
+    uint64_t stop;             /* up to, not including, this LSN (0: to the end) */
+    uint64_t stop_tick;        /* ... or until this tick's unit is applied (0: none) */
+    bool open_tail;            /* an unfinished unit at the end waits (a follower), it is no bad tail */
+} replay_bound;
+
+/* Replay every record after `after` within the bound; *last_lsn: the last
+ * record applied (an open unit's records are not). */
+static int replay_range(loader *l, uint64_t after, replay_bound bound, uint64_t *last_lsn)
 {
-    replay p = {.l = l};
+    uint64_t stop = bound.stop;
+    replay p = {.l = l, .stop_tick = bound.stop_tick};
     int rc = keel_cmdbuf_create(l->d->world, &p.cmds);
     if (rc)
         return rc;
@@ -666,16 +680,17 @@ static int replay_range(loader *l, uint64_t after, uint64_t stop, uint64_t *last
     uint64_t lsn = 0, expect = after + 1;
     const void *rec;
     size_t len;
-    while ((rc = kw_wal_next(it, &lsn, &rec, &len)) == 1 && (!stop || lsn < stop)) {
+    while (!p.stopped && (rc = kw_wal_next(it, &lsn, &rec, &len)) == 1 && (!stop || lsn < stop)) {
         rc = replay_one(&p, lsn, expect, rec, len);
         if (rc)
             break;
-        *last_lsn = lsn;
+        if (!p.n)
+            *last_lsn = lsn;
         expect = lsn + 1;
     }
     if (rc == 1)
         rc = KEEL_OK; /* stopped at `stop` */
-    if (!rc && p.n) /* records without their marker at the end */
+    if (!rc && p.n && !bound.open_tail) /* records without their marker at the end */
         rc = corrupt(p.unit_first, "%s", "the unit starting here has no commit marker (a truncated tail)");
     kw_wal_iter_end(it);
     keel_cmdbuf_destroy(p.cmds);
@@ -690,12 +705,13 @@ static int replay_range(loader *l, uint64_t after, uint64_t stop, uint64_t *last
  * open. */
 static int replay_wal(loader *l, uint64_t after, uint64_t *last_lsn, uint64_t *cut)
 {
-    if (!l->d->desc.truncate_bad_tail)
-        return replay_range(l, after, 0, last_lsn);
+    replay_bound all = {.open_tail = l->d->follow, .stop_tick = l->d->follow ? l->d->stop_tick : 0};
+    if (!l->d->desc.truncate_bad_tail || l->d->follow)
+        return replay_range(l, after, all, last_lsn);
     uint64_t bad;
     int rc = find_bad_tail(l, after, &bad);
     if (!rc)
-        rc = replay_range(l, after, bad, last_lsn);
+        rc = replay_range(l, after, (replay_bound){.stop = bad}, last_lsn);
     if (rc || !bad)
         return rc;
     core_log(KEEL_LOG_WARN, "wal", "truncated", "from_lsn=%llu", (unsigned long long)bad);
@@ -729,6 +745,8 @@ static int make_state(const dur_open_desc *o, dur_state **out)
     pthread_mutex_init(&d->pin_mu, NULL);
     dur_metrics_init(d);
     d->mode = o->mode;
+    d->follow = o->follow;
+    d->stop_tick = o->stop_tick;
     d->zstd_level = dd->zstd_level ? dd->zstd_level : KW_CODEC_LEVEL_DEFAULT;
     d->ckpt_every_ticks = dd->checkpoint_every_ticks ? dd->checkpoint_every_ticks : 3600;
     d->ckpt_every_bytes = dd->checkpoint_every_bytes ? dd->checkpoint_every_bytes : 64ll << 20;
@@ -779,9 +797,10 @@ static int recover(dur_state *d, keel_recovery *out)
         if (!rc)
             rc = replay_wal(&l, m.lsn, &last, &cut);
         d->world->restoring = false;
+        d->applied_lsn = last;
         uint64_t wal_last = 0;
         if (!rc && !cut && kw_wal_bounds(r, &first, &wal_last, NULL) == KEEL_OK && wal_last > last)
-            last = wal_last; /* schema or checkpoint markers after the last unit */
+            last = wal_last; /* schema or checkpoint markers after the last unit (a follower: an open unit) */
     }
     kw_read_end(r);
     free(l.counts);
@@ -796,13 +815,18 @@ static int recover(dur_state *d, keel_recovery *out)
     d->last_ckpt_tick = m.tick;
     d->next_lsn = last + 1;
     atomic_store(&d->durable_lsn, last);
+    atomic_store(&d->local_lsn, last);
     atomic_store(&d->durable_tick, out->tick);
     out->last_lsn = last;
     out->fresh = !m.count && !out->tick && !out->side_txns && !d->world->nlive;
+    if (schema == 1 && d->follow) /* a replica's schema comes from its primary, with the records */
+        return core_fail(KEEL_EINVAL, "the replica's directory %s holds no schema record yet (or an older one "
+                         "than the registered components): its primary has not published one", d->dir);
     if (schema == 1) {
         rc = write_schema(d, l.c, d->next_lsn);
         if (!rc) {
             atomic_store(&d->durable_lsn, d->next_lsn);
+            atomic_store(&d->local_lsn, d->next_lsn);
             d->next_lsn++;
         }
     }
@@ -863,4 +887,36 @@ void dur_close(dur_state *d)
     pthread_mutex_destroy(&d->pin_mu);
     free(d->dir);
     free(d);
+}
+
+/* ---- following ------------------------------------------------------------------------ */
+
+int dur_follow(dur_state *d, uint64_t last_lsn, uint64_t *tick)
+{
+    pthread_mutex_lock(&d->mu);
+    if (last_lsn >= d->next_lsn) {
+        d->next_lsn = last_lsn + 1;
+        atomic_store(&d->local_lsn, last_lsn);
+        atomic_store_explicit(&d->durable_lsn, last_lsn, memory_order_release);
+    }
+    pthread_mutex_unlock(&d->mu);
+    keel_recovery out = {.tick = *tick};
+    if (d->follow && d->stop_tick && *tick >= d->stop_tick)
+        return KEEL_OK; /* applied as far as it may go */
+    kw_rtxn *r;
+    int rc = kw_read_begin(d->store, &r);
+    if (rc)
+        return rc;
+    loader l = {.d = d, .r = r, .c = d->codec[0], .out = &out};
+    uint64_t applied = d->applied_lsn;
+    d->world->restoring = true;
+    rc = replay_range(&l, applied, (replay_bound){.stop_tick = d->follow ? d->stop_tick : 0, .open_tail = true}, &applied);
+    d->world->restoring = false;
+    kw_read_end(r);
+    if (!rc) {
+        d->applied_lsn = applied;
+        *tick = out.tick;
+        atomic_store_explicit(&d->durable_tick, out.tick, memory_order_release);
+    }
+    return rc;
 }

@@ -150,11 +150,38 @@ int dur_wait_timed(dur_state *d, uint64_t lsn, bool flush, int64_t timeout_ns)
     pthread_mutex_unlock(&d->mu);
     if (durable)
         return KEEL_OK;
+    if (!atomic_load(&d->fatal) && d->repl.gate && atomic_load(&d->local_lsn) >= lsn)
+        return core_fail(KEEL_EUNAVAILABLE, "LSN %llu is on the local disk but the replication stream has not "
+                         "acknowledged it (acknowledged up to %llu)", (unsigned long long)lsn,
+                         (unsigned long long)atomic_load(&d->durable_lsn));
     if (!atomic_load(&d->fatal))
         return core_fail(KEEL_ETIMEDOUT, "LSN %llu is not durable yet (durable up to %llu)", (unsigned long long)lsn,
                          (unsigned long long)atomic_load(&d->durable_lsn));
     return core_fail(KEEL_EFATAL, "LSN %llu cannot be made durable: the runtime latched fatal (%s)",
                      (unsigned long long)lsn, keel_strerror(atomic_load(&d->fatal)));
+}
+
+void dur_promote(dur_state *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->follow = false;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dur_acknowledge(dur_state *d, uint64_t lsn)
+{
+    pthread_mutex_lock(&d->mu);
+    uint64_t local = atomic_load(&d->local_lsn);
+    if (lsn > local)
+        lsn = local;
+    if (lsn > atomic_load(&d->durable_lsn)) {
+        atomic_store_explicit(&d->durable_lsn, lsn, memory_order_release);
+        if (lsn == local && d->local_tick)
+            atomic_store_explicit(&d->durable_tick, d->local_tick, memory_order_release);
+        run_waiters(d, lsn, 0);
+        pthread_cond_broadcast(&d->durable_cv);
+    }
+    pthread_mutex_unlock(&d->mu);
 }
 
 uint32_t dur_spans(dur_state *d, struct dur_span *out, uint32_t cap)
@@ -209,13 +236,16 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
      * instead of growing memory without bound */
     while (d->queued_bytes > DUR_QUEUE_MAX_BYTES && !atomic_load(&d->fatal))
         pthread_cond_wait(&d->durable_cv, &d->mu);
-    if (atomic_load(&d->fatal)) {
+    if (atomic_load(&d->fatal) || d->follow) {
+        bool follow = d->follow;
         pthread_mutex_unlock(&d->mu);
         if (item->kind == DUR_CHECKPOINT) { /* the checkpoint ends here */
             ckpt_committed(d, item->ckpt, KEEL_EFATAL);
             item->ckpt = NULL;
         }
         dur_item_free(item);
+        if (follow)
+            return core_fail(KEEL_EBUSY, "a replica's WAL takes its primary's records only: commit on the primary");
         return core_fail(KEEL_EFATAL, "the WAL cannot take more records: the runtime latched fatal (%s)",
                          keel_strerror(atomic_load(&d->fatal)));
     }
@@ -358,15 +388,24 @@ static void batch_commit(dur_state *d, batch *b)
     d->queued_bytes -= b->bytes < d->queued_bytes ? b->bytes : d->queued_bytes;
     if (!rc && work)
         d->spans[d->nspans++ % DUR_SPANS] = (struct dur_span){t0, t1 - t0, b->bytes, b->last_lsn};
+    uint64_t committed = !rc ? b->last_lsn : 0;
     if (!rc) {
         if (b->last_lsn)
-            atomic_store_explicit(&d->durable_lsn, b->last_lsn, memory_order_release);
+            atomic_store_explicit(&d->local_lsn, b->last_lsn, memory_order_release);
         if (b->last_tick)
-            atomic_store_explicit(&d->durable_tick, b->last_tick, memory_order_release);
+            d->local_tick = b->last_tick;
+        if (!d->repl.gate) {
+            if (b->last_lsn)
+                atomic_store_explicit(&d->durable_lsn, b->last_lsn, memory_order_release);
+            if (b->last_tick)
+                atomic_store_explicit(&d->durable_tick, b->last_tick, memory_order_release);
+        }
         run_waiters(d, atomic_load(&d->durable_lsn), 0);
         pthread_cond_broadcast(&d->durable_cv);
     }
     pthread_mutex_unlock(&d->mu);
+    if (committed && d->repl.committed)
+        d->repl.committed(d->repl.self, committed);
     *b = (batch){.tail = &b->head, .d = d};
 }
 

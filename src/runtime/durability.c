@@ -20,7 +20,9 @@ static int open_data_dir(keel_runtime *rt)
         .txn = &rt->txn,
         .pool = dispatch_pool(&rt->ex),
     };
-    int rc = dur_open(&o, &rt->dur, &rt->recovery);
+    int rc = repl_before_open(rt, &o);
+    if (!rc)
+        rc = dur_open(&o, &rt->dur, &rt->recovery);
     if (!rc) {
         atomic_store(&rt->tick, rt->recovery.tick);
         /* between ticks, side commits (on_shutdown) belong to the last tick
@@ -30,12 +32,16 @@ static int open_data_dir(keel_runtime *rt)
         rc = view_publish(&rt->txn, rt->recovery.tick); /* readers see the recovered state at once */
     }
     if (!rc)
+        rc = repl_after_open(rt);
+    if (!rc)
         metrics_publish(rt, true);
     return rc;
 }
 
 void runtime_close_data_dir(keel_runtime *rt)
 {
+    if (rt->dur)
+        repl_close(rt, true);
     rt->txn.log = (txn_log){0};
     metrics_forget_dur(rt);
     dur_close(rt->dur);

@@ -104,6 +104,11 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
         return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
     }
     rt->durable_desc.dir = rt->data_dir;
+    if ((rc = repl_create(rt, &d.replication))) {
+        free(rt->data_dir);
+        free(rt);
+        return rc;
+    }
     bool durable_world = rt->data_dir != NULL;
     pthread_mutex_init(&rt->watchdog_lock, NULL);
     pthread_cond_init(&rt->watchdog_cond, NULL);
@@ -191,7 +196,7 @@ static int shutdown_durable(keel_runtime *rt)
 {
     int rc = KEEL_OK;
     int was_fatal = rt->dur ? dur_fatal(rt->dur) : 0;
-    if (rt->durable_desc.on_shutdown && (!rt->data_dir || (rt->dur && !was_fatal)))
+    if (rt->durable_desc.on_shutdown && (!rt->data_dir || (rt->dur && !was_fatal)) && repl_may_tick(rt))
         rc = run_on_shutdown(rt);
     if (!rt->dur)
         return rc;
@@ -235,6 +240,7 @@ int keel_runtime_close(keel_runtime *rt)
     telemetry_fini(rt);
     metrics_fini(rt);
     keel_world_destroy(rt->world);
+    repl_free(rt);
     pthread_mutex_destroy(&rt->watchdog_lock);
     pthread_cond_destroy(&rt->watchdog_cond);
     pthread_mutex_destroy(&rt->stop_lock);
@@ -476,6 +482,9 @@ static int can_step(keel_runtime *rt)
                                       "durable; close it and open the data directory again",
                          keel_strerror(dur_fatal(rt->dur)));
     }
+    if (!repl_may_tick(rt))
+        return core_fail(KEEL_EBUSY, "keel_runtime_step: a standby or follower applies its primary's ticks "
+                                     "(keel_replica_poll); it ticks once promoted");
     if (!rt->ex.sched)
         return core_fail(KEEL_EINVAL, "keel_runtime_step: no schedule is installed");
     if (rt->ex.sched->registry_stamp != rt->world->ncomps)

@@ -89,6 +89,7 @@ struct keel_runtime {
     uint64_t fence_ns;             /* the last tick's fence */
     uint64_t sync_end_ns;          /* the last sync point's end (the fence starts there) */
     bool tick_ckpt;                /* a checkpoint was in progress when the running tick started */
+    struct runtime_repl *repl;     /* replication (runtime/replication.c); NULL: not replicated */
 
     /* overload (runtime/overload.c; fed by driver.c). ovl is the driver's:
      * it changes only between ticks, and tick_level / tick_mult copy it at
@@ -142,6 +143,22 @@ void telemetry_record(keel_runtime *rt, keel_tick_record *tick);
 /* Set the checkpoint flag of a recorded tick (a checkpoint it started). */
 void telemetry_mark_checkpoint(keel_runtime *rt, uint64_t tick);
 void telemetry_fini(keel_runtime *rt);
+
+/* runtime/replication.c: the world's WAL on a NATS JetStream stream
+ * (libkeel_repl) tied to durable/'s seams. repl_create copies the
+ * descriptor (keel_runtime_create); repl_before_open brings the directory
+ * in step with the stream and, for a primary, takes the lease and appends
+ * its EPOCH record (before dur_open, which it tells whether it opens a
+ * follower's directory); repl_after_open starts a primary's publisher;
+ * repl_close stops it (clean: lets the lease go once everything is
+ * published) before dur_close. */
+int repl_create(keel_runtime *rt, const keel_replication_desc *d);
+int repl_before_open(keel_runtime *rt, dur_open_desc *o);
+int repl_after_open(keel_runtime *rt);
+void repl_close(keel_runtime *rt, bool clean);
+void repl_free(keel_runtime *rt);
+/* False on a standby or follower: it applies its primary's ticks. */
+bool repl_may_tick(const keel_runtime *rt);
 
 /* runtime/metrics.c */
 void metrics_init(keel_runtime *rt);

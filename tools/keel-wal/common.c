@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "kwt.h"
+#include "keel_repl/repl.h"
 #include "keel/component.h"
 
 /* ---- errors and arguments ------------------------------------------------------ */
@@ -280,6 +281,7 @@ static int load_checkpoint(kwt_dir *d, kw_rtxn *r)
 {
     const void *v;
     size_t n;
+    d->replicated = !kw_get(r, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), &v, &n);
     int rc = kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n);
     if (rc == KEEL_ENOENT)
         return KEEL_OK;
@@ -326,6 +328,73 @@ static int precheck(const char *path)
     return KWT_EXIT_OK;
 }
 
+bool kwt_is_stream(const char *path)
+{
+    return !strncmp(path, "nats://", 7);
+}
+
+/* Remove the private copy of a stream (its LMDB files and the directory). */
+static void remove_copy(kwt_dir *d)
+{
+    static const char *const files[] = {"data.mdb", "lock.mdb", "keel.lock"};
+    char p[4200];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", d->copy, files[i]);
+        unlink(p);
+    }
+    rmdir(d->copy);
+    d->copy[0] = 0;
+}
+
+int kwt_dir_refresh(kwt_dir *d)
+{
+    if (!d->stream)
+        return KWT_EXIT_OK;
+    kr_sync_info si;
+    if (kr_sync_store(d->stream, d->store, 0, &si)) {
+        kwt_err(d->path, "%s", keel_last_error());
+        return KWT_EXIT_USAGE;
+    }
+    return KWT_EXIT_OK;
+}
+
+/* A stream address: connect, copy the stream into a private directory and
+ * keep that open (writable: tail -f copies more into it). */
+static int open_stream(const char *path, kwt_dir *d)
+{
+    char urls[1024], world[KR_WORLD_MAX + 1];
+    if (!kr_parse_address(path, urls, sizeof urls, world, sizeof world)) {
+        kwt_err(path, "a stream address is nats://HOST:PORT/WORLD (WORLD: letters, digits, '-', '_')");
+        return KWT_EXIT_USAGE;
+    }
+    if (kr_connect(&(kr_desc){.urls = urls, .world = world}, &d->stream)) {
+        kwt_err(path, "%s", keel_last_error());
+        return KWT_EXIT_USAGE;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(d->copy, sizeof d->copy, "%s/keel-wal-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(d->copy)) {
+        kwt_err(path, "cannot create a private copy of the stream under %s: %s", tmp && *tmp ? tmp : "/tmp",
+                strerror(errno));
+        d->copy[0] = 0;
+        kwt_dir_close(d);
+        return KWT_EXIT_USAGE;
+    }
+    kw_store_desc desc = {.flags = KW_OPEN_CREATE};
+    if (kw_store_open(d->copy, &desc, &d->store)) {
+        kwt_err(path, "%s", keel_last_error());
+        kwt_dir_close(d);
+        return KWT_EXIT_USAGE;
+    }
+    if (kwt_dir_refresh(d)) {
+        kwt_dir_close(d);
+        return KWT_EXIT_USAGE;
+    }
+    return KWT_EXIT_OK;
+}
+
+static int open_loaded(const char *path, kwt_dir *d);
+
 int kwt_dir_open(const char *path, kwt_dir *d)
 {
     memset(d, 0, sizeof *d);
@@ -334,6 +403,8 @@ int kwt_dir_open(const char *path, kwt_dir *d)
         kwt_err(*path ? "keel-wal" : "''", "the directory name is %s", *path ? "too long" : "empty");
         return KWT_EXIT_USAGE;
     }
+    if (kwt_is_stream(path))
+        return open_stream(path, d) ? KWT_EXIT_USAGE : open_loaded(path, d);
     int rc = precheck(path);
     if (rc)
         return rc;
@@ -347,6 +418,13 @@ int kwt_dir_open(const char *path, kwt_dir *d)
         kwt_err(path, "%s", why);
         return KWT_EXIT_USAGE;
     }
+    return open_loaded(path, d);
+}
+
+/* The store is open: the codec, the schema and the checkpoint pointer. */
+static int open_loaded(const char *path, kwt_dir *d)
+{
+    int rc;
     if ((rc = kw_codec_create(NULL, &d->codec))) {
         kwt_err(path, "%s", keel_last_error());
         kwt_dir_close(d);
@@ -374,6 +452,9 @@ void kwt_dir_close(kwt_dir *d)
         kw_schema_free(&d->schema);
     kw_codec_destroy(d->codec);
     kw_store_close(d->store);
+    kr_close(d->stream);
+    if (d->copy[0])
+        remove_copy(d);
     memset(d, 0, sizeof *d);
 }
 

@@ -265,7 +265,7 @@ static void text_summary(const kwt_dir *d, const kw_record *r, const summary *sm
     }
 }
 
-/* TICK_COMMIT, CHECKPOINT and SCHEMA: small fixed payloads, decoded here. */
+/* TICK_COMMIT, CHECKPOINT, EPOCH and SCHEMA: small fixed payloads, decoded here. */
 static void other_fields(const kw_record *r, const void *payload, bool json)
 {
     kw_cursor cur = kw_cursor_make(payload, r->h.raw_len);
@@ -278,6 +278,10 @@ static void other_fields(const kw_record *r, const void *payload, bool json)
         uint64_t covered = kw_get_u64(&cur), tick = kw_get_u64(&cur);
         printf(json ? ",\"covered_lsn\":%" PRIu64 ",\"checkpoint_tick\":%" PRIu64
                     : " covered_lsn=%" PRIu64 " checkpoint_tick=%" PRIu64, covered, tick);
+    } else if (r->h.kind == KW_KIND_EPOCH) {
+        kw_epoch e;
+        if (!kw_epoch_decode(payload, r->h.raw_len, &e))
+            printf(json ? ",\"epoch\":%" PRIu64 ",\"node\":\"%s\"" : " epoch=%" PRIu64 " node=%s", e.epoch, e.node);
     } else if (r->h.kind == KW_KIND_SCHEMA) {
         kw_schema s;
         if (kw_schema_decode(payload, r->h.raw_len, &s))
@@ -298,6 +302,9 @@ static const char *check_other(const kw_record *r, const void *payload)
 {
     kw_commit_info ci;
     kw_schema s;
+    kw_epoch e;
+    if (r->h.kind == KW_KIND_EPOCH && kw_epoch_decode(payload, r->h.raw_len, &e))
+        return keel_last_error();
     if (r->h.kind == KW_KIND_TICK_COMMIT && kw_decode_commit(payload, r->h.raw_len, &ci))
         return keel_last_error();
     if (r->h.kind == KW_KIND_CHECKPOINT && r->h.raw_len != 16)

@@ -135,9 +135,14 @@ typedef struct kwt_dir {
     bool has_checkpoint;      /* meta "checkpoint" present and decoded */
     kw_checkpoint_meta checkpoint;
     char checkpoint_error[256]; /* why meta "checkpoint" is unreadable ("" = fine or absent) */
+    bool replicated;          /* kept in step with a stream (meta "replicated"): its checkpoint markers are
+                                 its primaries', not (all) its own */
+    struct kr_node *stream;   /* a stream address (nats://HOST:PORT/WORLD): its copy is `store` */
+    char copy[4096];          /* ... a private directory, removed at close */
 } kwt_dir;
 
-/* Open data directory `path` read-only and load the stored schema and the
+/* Open data directory `path` read-only (a stream address: copy the
+ * stream into a private directory and open that) and load the stored schema and the
  * checkpoint pointer (one read transaction, ended before returning). An
  * unreadable schema or checkpoint does not fail the open: it is described
  * in schema_error / checkpoint_error for the subcommand to report.
@@ -147,6 +152,11 @@ typedef struct kwt_dir {
  * directory, not LMDB, a newer format version, I/O error). */
 int kwt_dir_open(const char *path, kwt_dir *d);
 void kwt_dir_close(kwt_dir *d);
+/* A stream: copy what it gained since the last call (tail -f polls it); a
+ * directory: nothing to do. Prints the error and returns KWT_EXIT_USAGE. */
+int kwt_dir_refresh(kwt_dir *d);
+/* True when path is a stream address (nats://...). */
+bool kwt_is_stream(const char *path);
 
 /* The shape of a subcommand that reads one data directory (all but info):
  * --help anywhere prints help; parse(argc, argv, opts) reads the arguments

@@ -555,6 +555,9 @@ static int step(kws_replay *r, uint64_t lsn, const void *rec, size_t len)
         if (!(rc = apply_record(r, rec, &h)))
             r->info.sides++;
         break;
+    case KW_KIND_EPOCH: /* a deposed primary's unfinished unit was never committed */
+        r->nunit = 0;
+        break;
     default: /* schema, checkpoint markers: nothing to apply */
         break;
     }

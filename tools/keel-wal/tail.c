@@ -112,7 +112,9 @@ static int last_lsn(kwt_dir *d, uint64_t *last)
 {
     kw_rtxn *r;
     uint64_t first;
-    int rc = kwt_read_begin(d, &r);
+    int rc = kwt_dir_refresh(d);
+    if (!rc)
+        rc = kwt_read_begin(d, &r);
     if (rc)
         return rc;
     *last = 0;

@@ -65,6 +65,7 @@ typedef struct verifier {
     uint64_t unit_tick, unit_first;
     uint32_t unit_flags;
     uint32_t unit_invalid;     /* invalid records since the last commit: maybe the unit's */
+    uint64_t epoch;            /* the last EPOCH record's epoch (0 before any) */
     /* the last closed unit */
     bool any_unit;
     uint64_t last_unit_tick;
@@ -197,6 +198,23 @@ static void unit_commit(verifier *v, const kw_record *r, const void *payload)
     }
 }
 
+/* A new primary's epoch: epochs only grow, and a unit left open before it
+ * was never committed (its primary was deposed mid-tick): it is dropped, as
+ * replay drops it. */
+static void epoch_record(verifier *v, const kw_record *r, const void *payload)
+{
+    kw_epoch e;
+    if (kw_epoch_decode(payload, r->h.raw_len, &e)) {
+        problem(v, r->lsn, "%s", keel_last_error());
+        return;
+    }
+    if (e.epoch <= v->epoch)
+        problem(v, r->lsn, "epoch %" PRIu64 " after epoch %" PRIu64 " (epochs only grow)", e.epoch, v->epoch);
+    v->epoch = e.epoch;
+    v->unit_n = 0;
+    v->unit_invalid = 0;
+}
+
 static void side_record(verifier *v, const kw_record *r)
 {
     if (v->unit_n)
@@ -278,6 +296,9 @@ static void check_record(verifier *v, const kw_record *r)
     case KW_KIND_SCHEMA:
         schema_record(v, r, payload);
         break;
+    case KW_KIND_EPOCH:
+        epoch_record(v, r, payload);
+        break;
     default:
         problem(v, r->lsn, "a %s record in the WAL (it belongs in the snap database)", kw_kind_name(r->h.kind));
         break;
@@ -352,6 +373,14 @@ static void check_markers(verifier *v)
             problem(v, m->lsn, "the checkpoint of tick %" PRIu64 " covers LSN %" PRIu64 ", but the unit of tick "
                     "%" PRIu64 " at LSN %" PRIu64 " comes after it (replay would apply it twice)", m->tick, m->covered,
                     after->tick, after->lsn);
+    }
+    if (d->replicated) { /* markers are the primaries': meta (if any) only has to lie within the WAL */
+        if (d->checkpoint_error[0])
+            problem_at(v, "meta", "%s", d->checkpoint_error);
+        else if (d->has_checkpoint && v->any && v->prev_lsn < d->checkpoint.lsn)
+            problem_at(v, "meta", "the checkpoint covers LSN %" PRIu64 ", beyond the WAL's last LSN %" PRIu64,
+                       d->checkpoint.lsn, v->prev_lsn);
+        return;
     }
     if (!d->has_checkpoint) {
         if (d->checkpoint_error[0])

@@ -46,6 +46,12 @@ typedef struct options {
     int report_fd;
     bool report_prefix;
     int quiet;
+    /* replication (docs/replication.md) */
+    const char *nats;           /* --nats URL[,URL...] */
+    const char *world;          /* --world NAME */
+    keel_repl_mode replicate;   /* --replicate async|sync: a primary */
+    bool standby, follow;       /* --standby, --follow */
+    uint64_t lease_ms;          /* --lease-ms N */
 } options;
 
 static void usage(FILE *to)
@@ -55,6 +61,8 @@ static void usage(FILE *to)
             "                  [--until-tick N | --forever] [--workers N] [--tick-rate HZ]\n"
             "                  [--durability MODE] [--checkpoint-every N] [--wal-retain]\n"
             "                  [--live-trades R] [--trace FILE] [--metrics HOST:PORT] [--quiet]\n"
+            "                  [--nats URLS --world NAME (--replicate async|sync | --standby |\n"
+            "                   --follow) [--lease-ms N]]\n"
             "  --data DIR      data directory (default ./keel-data): the world is recovered\n"
             "                  from it at start and written to it as it runs\n"
             "  --memory        no data directory: the world lives in memory only\n"
@@ -80,6 +88,16 @@ static void usage(FILE *to)
             "  --metrics HOST:PORT  serve Prometheus metrics at http://HOST:PORT/metrics while\n"
             "                  the world runs (port 0: any free port; the line `metrics\n"
             "                  http://ADDR:PORT/metrics` names it)\n"
+            "  --nats URLS     NATS servers (nats://HOST:PORT, comma-separated) holding the\n"
+            "                  world's replicated WAL (docs/replication.md)\n"
+            "  --world NAME    the replicated world's name (stream KEEL_<NAME>)\n"
+            "  --replicate M   async|sync: run as the world's primary and publish its WAL;\n"
+            "                  sync acknowledges only what the stream holds\n"
+            "  --standby       follow the primary; take over when its lease lapses (prints\n"
+            "                  `promoted epoch=<E> tick=<T>`) and continue as primary (sync)\n"
+            "  --follow        a read replica: follow, never take over; with --until-tick N\n"
+            "                  stop once tick N is applied\n"
+            "  --lease-ms N    the primary's lease time (default 5000)\n"
             "  --quiet         no status line; the recovery and final lines always print\n"
             "  --report-fd FD  write the report protocol (docs/demo.md) to FD: used by\n"
             "                  keel-crash; the run then steps one tick at a time\n"
@@ -170,6 +188,10 @@ static int parse_flag(const char *a, options *o)
         o->quiet = 1;
         return 1;
     }
+    if (!strcmp(a, "--standby") || !strcmp(a, "--follow")) {
+        *(a[2] == 's' ? &o->standby : &o->follow) = true;
+        return 1;
+    }
     return 0;
 }
 
@@ -214,6 +236,24 @@ static int parse_valued(const char *a, const char *v, options *o)
         o->failpoints = v;
         return 0;
     }
+    if (!strcmp(a, "--replicate")) {
+        o->replicate = v && !strcmp(v, "sync") ? KEEL_REPL_SYNC : v && !strcmp(v, "async") ? KEEL_REPL_ASYNC
+                                                                                            : KEEL_REPL_OFF;
+        if (o->replicate == KEEL_REPL_OFF)
+            fprintf(stderr, "keel-world: --replicate '%s' is not async or sync\n", v ? v : "");
+        return o->replicate == KEEL_REPL_OFF ? -1 : 0;
+    }
+    if (!strcmp(a, "--lease-ms"))
+        return parse_u64(a, v, 3600000, &o->lease_ms) || o->lease_ms < 100
+                   ? (fprintf(stderr, "keel-world: --lease-ms must be in [100, 3600000]\n"), -1) : 0;
+    if (!strcmp(a, "--nats") || !strcmp(a, "--world")) {
+        if (!v || !*v) {
+            fprintf(stderr, "keel-world: %s needs a value\n", a);
+            return -1;
+        }
+        *(a[2] == 'n' ? &o->nats : &o->world) = v;
+        return 0;
+    }
     if (!strcmp(a, "--metrics")) { /* checked when main listens, before anything starts */
         o->metrics = v ? v : "";
         return 0;
@@ -231,6 +271,28 @@ static int parse_valued(const char *a, const char *v, options *o)
     return -1;
 }
 
+/* The replication flags: one role, with its NATS servers and world name,
+ * on a data directory. */
+static int validate_replication(const options *o)
+{
+    int bad = 0, roles = (o->replicate != KEEL_REPL_OFF) + o->standby + o->follow;
+    if (roles > 1)
+        bad = fprintf(stderr, "keel-world: --replicate, --standby and --follow exclude each other: a node has one "
+                              "role\n");
+    if (roles && (!o->nats || !o->world))
+        bad = fprintf(stderr, "keel-world: %s needs --nats URLS and --world NAME\n",
+                      o->replicate ? "--replicate" : o->standby ? "--standby" : "--follow");
+    if (!roles && (o->nats || o->world || o->lease_ms))
+        bad = fprintf(stderr, "keel-world: --nats, --world and --lease-ms need a role: --replicate async|sync, "
+                              "--standby or --follow\n");
+    if (roles && o->memory)
+        bad = fprintf(stderr, "keel-world: replication needs a data directory: leave --memory out\n");
+    if ((o->standby || o->follow) && (o->live_trades || o->report_fd >= 0))
+        bad = fprintf(stderr, "keel-world: a %s does not run the world: --live-trades and --report-fd need a "
+                              "primary\n", o->standby ? "standby" : "follower");
+    return bad ? -1 : 0;
+}
+
 /* Everything the command line alone decides, before anything starts: flags
  * that contradict each other, and the resources options name. One message
  * per problem; -1 when there was one. */
@@ -246,6 +308,7 @@ static int validate(const options *o)
         bad = fprintf(stderr, "keel-world: --report-prefix needs --report-fd FD (it adds lines to that report)\n");
     if (o->report_fd >= 0 && fcntl(o->report_fd, F_GETFD) < 0)
         bad = fprintf(stderr, "keel-world: --report-fd %d: descriptor %d is not open\n", o->report_fd, o->report_fd);
+    bad |= validate_replication(o);
     if (o->failpoints && keel_failpoints_set(o->failpoints))
         bad = fprintf(stderr, "keel-world: --failpoints: %s\n", keel_last_error());
     if (o->trace) { /* created now, written at exit: a run never ends on a path that cannot take it */
@@ -338,6 +401,9 @@ static int setup(world_app *app, keel_schedule **sched, const options *o, keel_r
         .durability = o->durability,
         .durable = {.dir = o->memory ? NULL : o->data, .checkpoint_every_ticks = o->checkpoint_every,
                     .wal_retain = o->wal_retain, .on_shutdown = world_shutdown, .shutdown_arg = app},
+        .replication = {.nats = o->nats, .world = o->world, .mode = o->replicate, .lease_ms = (int32_t)o->lease_ms,
+                        .role = o->standby ? KEEL_ROLE_STANDBY : o->follow ? KEEL_ROLE_FOLLOWER : KEEL_ROLE_PRIMARY,
+                        .stop_tick = o->until_given ? o->until_tick : 0},
     };
     if (check(keel_runtime_create(&desc, &app->rt), "creating the runtime"))
         return -1;
@@ -374,6 +440,7 @@ static double now_s(void)
 typedef struct status_line {
     bool tty;            /* stdout is a terminal: one line, rewritten */
     bool durable;        /* a data directory: the WAL fields exist */
+    bool replicated;     /* --nats: the role field exists */
     double every;        /* seconds between updates */
     double last_t;       /* when the last update was printed */
     uint64_t last_tick, last_trades;
@@ -395,13 +462,13 @@ static int terminal_cols(void)
 }
 
 /* The fields, in display order. */
-enum { F_TICK, F_TPS, F_ENTITIES, F_TRADES, F_TICK_MS, F_WAL_MB, F_WAL_RATIO, F_LAG, F_LEVEL, F_CELL, F_COUNT };
+enum { F_TICK, F_TPS, F_ENTITIES, F_TRADES, F_TICK_MS, F_WAL_MB, F_WAL_RATIO, F_LAG, F_LEVEL, F_REPL, F_CELL, F_COUNT };
 
 /* On a narrow terminal fields are dropped from the end of this list: the
  * tick and how fast it goes first, the overload level next, then what the
  * world holds, and the WAL's volume and the busiest cell last. */
-static const int keep_order[F_COUNT] = {F_TICK, F_TPS, F_TICK_MS, F_LEVEL, F_LAG, F_ENTITIES, F_TRADES, F_WAL_MB,
-                                        F_WAL_RATIO, F_CELL};
+static const int keep_order[F_COUNT] = {F_TICK, F_TPS, F_REPL, F_TICK_MS, F_LEVEL, F_LAG, F_ENTITIES, F_TRADES,
+                                        F_WAL_MB, F_WAL_RATIO, F_CELL};
 
 /* Join the fields that fit into width columns (all when width is 0), in
  * display order, separated by spaces. */
@@ -448,6 +515,12 @@ static void status_print(world_app *app, status_line *st, uint64_t tick)
     }
     snprintf(f[F_LEVEL], 48, "level=%s x%u", keel_overload_level_name((keel_overload_level)rec.overload_level),
              rec.multiplier ? rec.multiplier : 1);
+    keel_repl_status rp;
+    keel_repl_status_get(app->rt, &rp);
+    if (st->replicated) /* the role, its epoch and how far behind the stream (or the primary's publishing) is */
+        snprintf(f[F_REPL], 48, "%s%s epoch=%" PRIu64 " repl_lag=%" PRIu64 "r/%" PRIu64 "t",
+                 rp.fenced ? "fenced " : rp.degraded ? "degraded " : "", keel_repl_role_name(rp.role), rp.epoch,
+                 rp.lag_records, rp.lag_ticks);
     snprintf(f[F_CELL], 48, "busiest_cell=%" PRIu64 ":%" PRIu64, busiest >> 32, busiest & 0xffffffffu);
     /* a terminal's last column would wrap the line on some terminals: one less */
     status_fit(f, st->tty ? terminal_cols() - 1 : 0, line, sizeof line);
@@ -535,19 +608,59 @@ static void stop_live_trades(world_app *app, pthread_t th, int *status, int quie
  * batches short enough for the status line and for Ctrl-C. */
 static int run_ticks(world_app *app, const options *o, uint64_t until)
 {
-    status_line st = {.tty = isatty(STDOUT_FILENO) == 1, .durable = !o->memory, .last_t = now_s(),
-                      .last_tick = keel_runtime_tick(app->rt)};
+    status_line st = {.tty = isatty(STDOUT_FILENO) == 1, .durable = !o->memory, .replicated = o->nats != NULL,
+                      .last_t = now_s(), .last_tick = keel_runtime_tick(app->rt)};
     st.every = st.tty ? 0.25 : 5.0;
     uint64_t batch = o->report_fd >= 0 ? 1 : o->tick_rate > 0 ? (uint64_t)(o->tick_rate / 10) + 1 : 16;
     while (!atomic_load(&stop_requested) && keel_runtime_tick(app->rt) < until) {
         uint64_t left = until - keel_runtime_tick(app->rt);
-        if (check(keel_runtime_run(app->rt, left < batch ? left : batch), "running ticks"))
+        if (check(keel_runtime_run(app->rt, left < batch ? left : batch), "running ticks")) {
+            if (keel_runtime_fatal(app->rt) == KEEL_EFENCED)
+                fprintf(stderr, "keel-world: fenced: another primary took world '%s' over; this node acknowledges "
+                                "nothing more\n", o->world);
             return 1;
+        }
         uint64_t t = keel_runtime_tick(app->rt);
         if (app->report_fd >= 0) /* the hash reads every row: only when someone listens */
             report_line(app, "tick t=%" PRIu64 " hash=%016" PRIx64, t, keel_world_hash(app->w));
         if (!o->quiet)
             status_print(app, &st, t);
+    }
+    if (st.tty && !o->quiet)
+        printf("\n");
+    return 0;
+}
+
+/* A standby or follower: apply the stream until tick `until`; a standby
+ * that takes over says so and runs the rest of the ticks as primary. */
+static int run_replica(world_app *app, const options *o, uint64_t until)
+{
+    status_line st = {.tty = isatty(STDOUT_FILENO) == 1, .durable = true, .replicated = true, .last_t = now_s(),
+                      .last_tick = keel_runtime_tick(app->rt)};
+    st.every = st.tty ? 0.25 : 5.0;
+    bool said = false;
+    while (!atomic_load(&stop_requested) && keel_runtime_tick(app->rt) < until) {
+        bool promoted = false;
+        int rc = keel_replica_poll(app->rt, 200, &promoted);
+        if (rc == KEEL_EUNAVAILABLE) { /* NATS out of reach: say so once, keep trying */
+            if (!said)
+                check(rc, "following the stream (retrying)");
+            said = true;
+            continue;
+        }
+        if (check(rc, "following the stream"))
+            return 1;
+        said = false;
+        if (promoted) { /* printed under --quiet too: scripts look for it */
+            keel_repl_status rp;
+            keel_repl_status_get(app->rt, &rp);
+            printf("%spromoted epoch=%" PRIu64 " tick=%" PRIu64 "\n", st.tty && !o->quiet ? "\n" : "", rp.epoch,
+                   keel_runtime_tick(app->rt));
+            fflush(stdout);
+            return run_ticks(app, o, until);
+        }
+        if (!o->quiet)
+            status_print(app, &st, keel_runtime_tick(app->rt));
     }
     if (st.tty && !o->quiet)
         printf("\n");
@@ -624,10 +737,10 @@ int main(int argc, char **argv)
         status = 1;
     pthread_t sig_th, live_th;
     bool sig_on = !status && pthread_create(&sig_th, NULL, signal_thread, &app) == 0;
-    uint64_t until = o.forever ? UINT64_MAX : o.until_given ? o.until_tick : keel_runtime_tick(app.rt) + 600;
+    uint64_t until = o.forever || ((o.standby || o.follow) && !o.until_given) ? UINT64_MAX : o.until_given ? o.until_tick : keel_runtime_tick(app.rt) + 600;
     app.start_tick = status ? 0 : keel_runtime_tick(app.rt);
     int live_on = !status && o.live_trades ? start_live_trades(&app, &o, &live_th) : 0;
-    status = status || live_on < 0 ? 1 : run_ticks(&app, &o, until);
+    status = status || live_on < 0 ? 1 : o.standby || o.follow ? run_replica(&app, &o, until) : run_ticks(&app, &o, until);
     if (live_on > 0)
         stop_live_trades(&app, live_th, &status, o.quiet);
     if (app.rt)

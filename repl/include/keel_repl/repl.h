@@ -1,0 +1,157 @@
+/*
+ * keel_repl/repl.h -- libkeel_repl: a world's WAL on a NATS JetStream
+ * stream (docs/replication.md). It knows the stream, the lease and the
+ * records' bytes (libkeel_wal), never the runtime: the runtime's replication
+ * (src/runtime/replication.c) drives it through the durability layer's
+ * seams, and keel-wal reads a stream with it alone.
+ *
+ *   stream   KEEL_<world>, subject keel.<world>.wal, file storage; message
+ *            N is the WAL record of LSN N, byte for byte (seq == LSN), with
+ *            the message id "<epoch>:<lsn>".
+ *   lease    KV bucket KEEL_LEASE, key <world>: "epoch=E node=N state=held|released",
+ *            taken and renewed by revision compare-and-set.
+ *
+ * Every publish expects the stream's last sequence to be lsn - 1, so only
+ * one primary can ever append: a deposed primary's publish is refused
+ * (KEEL_EFENCED). Errors are KEEL_E* codes with a keel_last_error() sentence;
+ * NATS that cannot be reached or does not answer in time is
+ * KEEL_EUNAVAILABLE.
+ */
+#ifndef KEEL_REPL_H
+#define KEEL_REPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "keel/error.h"
+#include "keel_wal/wal.h"
+
+#define KR_WORLD_MAX 64u          /* a world's name: letters, digits, '-' and '_' */
+#define KR_NODE_MAX KW_EPOCH_NODE_MAX
+
+typedef struct kr_node kr_node;
+
+typedef struct kr_desc {
+    const char *urls;         /* "nats://h:p[,nats://h:p...]" */
+    const char *world;        /* the world's name */
+    const char *node;         /* this node's id in the lease and epoch records; NULL: host:pid */
+    int32_t replicas;         /* the stream's and the bucket's replicas when they are created; 0: 3, or 1 when
+                                 the cluster has fewer servers */
+    int32_t timeout_ms;       /* one request's deadline; 0: 2000 */
+    bool create;              /* create the stream and the lease bucket when missing (a primary) */
+} kr_desc;
+
+/* Connect and find (or create) the world's stream and lease bucket.
+ * Errors: KEEL_EINVAL (a bad name or URL), KEEL_EUNAVAILABLE (no server
+ * answers), KEEL_ENOENT (no stream for the world and !create). */
+int kr_connect(const kr_desc *d, kr_node **out);
+void kr_close(kr_node *n);
+const char *kr_world(const kr_node *n);
+const char *kr_node_id(const kr_node *n);
+/* "nats://h:p/WORLD" -> urls ("nats://h:p") and world; false when the path
+ * is not a stream address. */
+bool kr_parse_address(const char *addr, char *urls, size_t ucap, char *world, size_t wcap);
+
+/* The stream's bounds: first and last sequence (0, 0 when empty). */
+int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last);
+/* One message by sequence into out (KEEL_ENOENT: not stored). */
+int kr_get(kr_node *n, uint64_t seq, kw_buf *out);
+
+/* Reading in order from a sequence on: kr_read_next gives 1 and the
+ * message (valid until the next call), 0 when none came within
+ * timeout_ms, or an error. A gap in the sequence is KEEL_ECORRUPT. */
+typedef struct kr_reader kr_reader;
+int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out);
+int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **data, size_t *len);
+void kr_read_end(kr_reader *r);
+
+/* Publish the record of `lsn`, expecting the stream to end at lsn - 1.
+ * Errors: KEEL_EFENCED (the stream moved on: another primary appended),
+ * KEEL_EUNAVAILABLE (no acknowledgement in time; publishing the same lsn
+ * again is safe: the message id de-duplicates). */
+int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t len);
+/* Drop the stream's messages before seq (retention). */
+int kr_purge_before(kr_node *n, uint64_t seq);
+
+/* ---- the lease ---------------------------------------------------------------- */
+
+typedef struct kr_lease {
+    bool exists;
+    bool released;            /* its last holder let it go (a clean stop) */
+    uint64_t epoch;           /* the last epoch taken */
+    uint64_t rev;             /* the KV revision it was read at */
+    char node[KR_NODE_MAX + 1];
+} kr_lease;
+
+/* The lease as it stands now. */
+int kr_lease_read(kr_node *n, kr_lease *out);
+/* Take the lease read as `seen` (compare-and-set on its revision; created
+ * when it did not exist) for epoch seen->epoch + 1. *rev: the lease's new
+ * revision. KEEL_ECONFLICT when it changed since it was read. */
+int kr_lease_take(kr_node *n, const kr_lease *seen, uint64_t *epoch, uint64_t *rev);
+/* Renew (held) or let go (released) the lease this node holds at *rev.
+ * KEEL_EFENCED when another node took it. */
+int kr_lease_renew(kr_node *n, uint64_t epoch, bool released, uint64_t *rev);
+
+/* ---- a directory kept in step with the stream ------------------------------- */
+
+typedef struct kr_sync_info {
+    uint64_t stream_last;     /* the stream's last sequence when the sync ran */
+    uint64_t local_last;      /* the directory's last LSN afterwards */
+    uint64_t discarded;       /* records the directory held beyond the stream, now dropped */
+    uint64_t appended;        /* records copied from the stream */
+    bool checkpoint_dropped;  /* the checkpoint covered a dropped record: it went with them */
+} kr_sync_info;
+
+/* Bring the WAL of `s` (open, writable) in step with the stream: drop what
+ * it holds beyond the stream (records that never reached it), then append
+ * what the stream holds beyond it, up to `upto` (0: its end). SCHEMA
+ * records also go to the schema database, as the primary stored them.
+ * Errors: KEEL_ECORRUPT (a message is no WAL record of its sequence, or the
+ * directory and the stream share no record), the stream's and the store's. */
+int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
+/* Append stream messages from `r` (positioned at the directory's next LSN)
+ * for at most timeout_ms, up to max records; *last: the directory's last
+ * LSN afterwards and *last_tick (may be NULL) the tick its record names
+ * (both unchanged when none came). */
+int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, uint64_t *last, uint64_t *last_tick);
+/* Append one sealed record at its LSN (the directory's next) to s: a new
+ * primary's EPOCH record, once the stream took it. */
+int kr_append_record(kw_store *s, uint64_t lsn, const void *rec, size_t len);
+
+/* ---- the publisher ------------------------------------------------------------ */
+
+/* A thread that publishes the records an LMDB store commits, in LSN order,
+ * and renews the lease; it owns `node` while it runs. */
+typedef struct kr_pub kr_pub;
+typedef struct kr_pub_desc {
+    kr_node *node;
+    kw_store *store;          /* where the records are read from */
+    uint64_t epoch, lease_rev;
+    uint64_t published;       /* the stream's last sequence: publishing starts after it */
+    int32_t lease_ms;
+    void *self;
+    void (*acked)(void *self, uint64_t lsn);    /* the stream holds records up to lsn */
+    void (*failed)(void *self, int rc);         /* KEEL_EFENCED: deposed; nothing more is published */
+} kr_pub_desc;
+
+typedef struct kr_pub_stats {
+    uint64_t published;       /* the last LSN the stream acknowledged */
+    uint64_t committed;       /* the last LSN handed to the publisher */
+    uint64_t errors;          /* publishes or renewals that failed and were retried */
+    bool degraded;            /* the last attempt failed: the stream is not keeping up */
+    bool fenced;
+} kr_pub_stats;
+
+int kr_pub_start(const kr_pub_desc *d, kr_pub **out);
+/* The store committed records up to lsn (the durability layer's hook). */
+void kr_pub_committed(kr_pub *p, uint64_t lsn);
+/* Wait until everything committed is published, for at most timeout_ms:
+ * 0, KEEL_EUNAVAILABLE, KEEL_EFENCED. */
+int kr_pub_drain(kr_pub *p, int64_t timeout_ms);
+void kr_pub_stats_get(kr_pub *p, kr_pub_stats *out);
+/* Stop the thread; released: let the lease go (a clean stop). */
+void kr_pub_stop(kr_pub *p, bool release);
+
+#endif

@@ -1,0 +1,89 @@
+/*
+ * repl/lease.c -- the primary's lease: key <world> of the KV bucket
+ * KEEL_LEASE, value "epoch=E node=N state=held|released".
+ *
+ * Every change is a compare-and-set on the revision the writer read, so of
+ * two nodes racing for the lease exactly one wins. The lease never expires
+ * by itself: a standby decides that it lapsed when its revision has not
+ * moved for the lease time by the standby's own clock (the holder renews
+ * three times per lease time), and then takes it by compare-and-set on that
+ * very revision -- a holder that renewed in between makes the take fail.
+ * The stream's expected-last-sequence publishes, not the lease, are what
+ * keep a deposed primary from appending (repl/nats.c).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "repl_internal.h"
+
+static void lease_parse(const char *v, int len, kr_lease *out)
+{
+    char buf[256], node[KR_NODE_MAX + 1] = "", state[16] = "";
+    snprintf(buf, sizeof buf, "%.*s", len, v);
+    unsigned long long e = 0;
+    if (sscanf(buf, "epoch=%llu node=%64s state=%15s", &e, node, state) == 3) {
+        out->epoch = e;
+        snprintf(out->node, sizeof out->node, "%s", node);
+        out->released = !strcmp(state, "released");
+    }
+}
+
+int kr_lease_read(kr_node *n, kr_lease *out)
+{
+    *out = (kr_lease){0};
+    kvEntry *e = NULL;
+    natsStatus s = kvStore_Get(&e, n->kv, n->world);
+    if (s == NATS_NOT_FOUND)
+        return KEEL_OK;
+    if (s != NATS_OK)
+        return core_fail(KEEL_EUNAVAILABLE, "cannot read the lease of world '%s': %s", n->world,
+                         natsStatus_GetText(s));
+    out->exists = true;
+    out->rev = kvEntry_Revision(e);
+    lease_parse(kvEntry_Value(e), kvEntry_ValueLen(e), out);
+    kvEntry_Destroy(e);
+    return KEEL_OK;
+}
+
+static int lease_value(const kr_node *n, uint64_t epoch, bool released, char *buf, size_t cap)
+{
+    return snprintf(buf, cap, "epoch=%" PRIu64 " node=%s state=%s", epoch, n->node, released ? "released" : "held");
+}
+
+/* After a failed compare-and-set: the lease moved (KEEL_ECONFLICT, or
+ * `moved` for a holder) or NATS did not answer. */
+static int cas_failed(kr_node *n, uint64_t rev, natsStatus s, int moved)
+{
+    kr_lease now;
+    if (kr_lease_read(n, &now) == KEEL_OK && (!now.exists || now.rev != rev))
+        return core_fail(moved, "the lease of world '%s' moved on: now epoch %" PRIu64 " held by %s", n->world,
+                         now.epoch, now.exists ? now.node : "nobody");
+    return core_fail(KEEL_EUNAVAILABLE, "cannot write the lease of world '%s': %s", n->world, natsStatus_GetText(s));
+}
+
+int kr_lease_take(kr_node *n, const kr_lease *seen, uint64_t *epoch, uint64_t *rev)
+{
+    char v[160];
+    uint64_t e = seen->epoch + 1;
+    int len = lease_value(n, e, false, v, sizeof v);
+    natsStatus s = seen->exists ? kvStore_Update(rev, n->kv, n->world, v, len, seen->rev)
+                                : kvStore_Create(rev, n->kv, n->world, v, len);
+    if (s != NATS_OK)
+        return cas_failed(n, seen->rev, s, KEEL_ECONFLICT);
+    *epoch = e;
+    return KEEL_OK;
+}
+
+int kr_lease_renew(kr_node *n, uint64_t epoch, bool released, uint64_t *rev)
+{
+    char v[160];
+    int len = lease_value(n, epoch, released, v, sizeof v);
+    uint64_t now = 0;
+    natsStatus s = kvStore_Update(&now, n->kv, n->world, v, len, *rev);
+    if (s != NATS_OK)
+        return cas_failed(n, *rev, s, KEEL_EFENCED);
+    *rev = now;
+    return KEEL_OK;
+}

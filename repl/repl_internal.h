@@ -1,0 +1,31 @@
+/*
+ * repl/repl_internal.h -- what the files of libkeel_repl share: a node's
+ * connection, its stream's and bucket's names.
+ */
+#ifndef KEEL_REPL_INTERNAL_H
+#define KEEL_REPL_INTERNAL_H
+
+#include <nats/nats.h>
+
+#include "keel_repl/repl.h"
+
+#define KR_URLS_MAX 16
+#define KR_LEASE_BUCKET "KEEL_LEASE"
+
+struct kr_node {
+    natsConnection *nc;
+    jsCtx *js;
+    kvStore *kv;
+    char urls[1024];           /* the servers, split in place */
+    char urls_given[1024];     /* as given, for sentences */
+    char *servers[KR_URLS_MAX];
+    int nservers;
+    char world[KR_WORLD_MAX + 1];
+    char stream[KR_WORLD_MAX + 8];
+    char subject[KR_WORLD_MAX + 16];
+    char node[KR_NODE_MAX + 1];
+    int64_t timeout_ms;
+    int32_t replicas;
+};
+
+#endif

@@ -1,0 +1,278 @@
+/*
+ * repl/sync.c -- a data directory kept in step with the world's stream.
+ *
+ * The stream is the truth: what a directory holds beyond it never reached
+ * a quorum (an async primary's tail, or a crash between the local commit
+ * and the publish) and is dropped; what the stream holds beyond the
+ * directory is appended byte for byte at the same LSNs. Divergence is only
+ * ever a suffix (publishes are in LSN order with an expected last
+ * sequence), so the common prefix ends at the last LSN whose record is the
+ * same on both sides, found walking back from the shorter end.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "repl_internal.h"
+
+/* ---- appending ---------------------------------------------------------------- */
+
+typedef struct append_batch {
+    kw_buf bytes;              /* the records back to back */
+    size_t *off;               /* where each starts */
+    uint32_t n, cap;
+    uint64_t first;            /* LSN of the first */
+} append_batch;
+
+/* Check a stream message as the WAL record of `lsn`. */
+static int check_message(uint64_t lsn, const void *rec, size_t len, kw_header *h)
+{
+    int rc = kw_wal_check(lsn, lsn, rec, len, h, NULL);
+    if (rc)
+        return core_fail_prefix(KEEL_ECORRUPT, "stream message %" PRIu64 " is not the WAL record of LSN %" PRIu64
+                                " (another format, or not a keel stream)", lsn, lsn);
+    return KEEL_OK;
+}
+
+static int batch_push(append_batch *b, uint64_t lsn, const void *rec, size_t len, kw_header *h)
+{
+    int rc = check_message(lsn, rec, len, h);
+    if (rc)
+        return rc;
+    if (!b->n)
+        b->first = lsn;
+    if (CORE_GROW(b->off, b->cap, b->n + 1, 64))
+        return core_fail(KEEL_ENOMEM, "out of memory copying the stream");
+    b->off[b->n++] = b->bytes.len;
+    return kw_put_bytes(&b->bytes, rec, len);
+}
+
+static int fill_append(kw_wtxn *t, void *arg)
+{
+    append_batch *b = arg;
+    for (uint32_t i = 0; i < b->n; i++) {
+        size_t end = i + 1 < b->n ? b->off[i + 1] : b->bytes.len;
+        const unsigned char *rec = (const unsigned char *)b->bytes.p + b->off[i];
+        size_t len = end - b->off[i];
+        int rc = kw_put_wal(t, b->first + i, rec, len);
+        if (!rc && rec[6] == KW_KIND_SCHEMA) /* the primary stores its schema record there too */
+            rc = kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), rec, len);
+        if (rc)
+            return rc;
+    }
+    return KEEL_OK;
+}
+
+static void batch_free(append_batch *b)
+{
+    kw_buf_free(&b->bytes);
+    free(b->off);
+}
+
+int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, uint64_t *last, uint64_t *last_tick)
+{
+    append_batch b = {0};
+    kw_header h = {0};
+    int rc = KEEL_OK, got = 0;
+    uint64_t seq;
+    const void *data;
+    size_t len;
+    /* wait for the first message; take what has arrived after it */
+    while (b.n < max && (got = kr_read_next(r, b.n ? 1 : timeout_ms, &seq, &data, &len)) == 1)
+        if ((rc = batch_push(&b, seq, data, len, &h)))
+            break;
+    if (!rc && got < 0)
+        rc = got;
+    if (!rc && b.n && !(rc = kw_store_write(s, fill_append, &b))) {
+        *last = b.first + b.n - 1;
+        if (last_tick)
+            *last_tick = h.tick;
+    }
+    batch_free(&b);
+    return rc;
+}
+
+int kr_append_record(kw_store *s, uint64_t lsn, const void *rec, size_t len)
+{
+    append_batch b = {0};
+    kw_header h;
+    int rc = batch_push(&b, lsn, rec, len, &h);
+    if (!rc)
+        rc = kw_store_write(s, fill_append, &b);
+    batch_free(&b);
+    return rc;
+}
+
+/* ---- the common prefix ---------------------------------------------------------- */
+
+/* 1 when the directory's record at lsn is the stream's message lsn. */
+static int same_record(kr_node *n, kw_store *s, uint64_t lsn, kw_buf *msg)
+{
+    int rc = kr_get(n, lsn, msg);
+    if (rc)
+        return rc == KEEL_ENOENT ? 0 : rc;
+    kw_rtxn *r;
+    if ((rc = kw_read_begin(s, &r)))
+        return rc;
+    kw_walit *it;
+    uint64_t at = 0;
+    const void *rec = NULL;
+    size_t len = 0;
+    if (!(rc = kw_wal_iter(r, lsn, &it))) {
+        rc = kw_wal_next(it, &at, &rec, &len);
+        rc = rc == 1 ? (at == lsn && len == msg->len && !memcmp(rec, msg->p, len)) : rc;
+        kw_wal_iter_end(it);
+    }
+    kw_read_end(r);
+    return rc;
+}
+
+static int local_bounds(kw_store *s, uint64_t *first, uint64_t *last)
+{
+    kw_rtxn *r;
+    int rc = kw_read_begin(s, &r);
+    if (rc)
+        return rc;
+    rc = kw_wal_bounds(r, first, last, NULL);
+    kw_read_end(r);
+    if (rc == KEEL_ENOENT)
+        *first = *last = 0;
+    return rc == KEEL_ENOENT ? KEEL_OK : rc;
+}
+
+/* The last LSN the directory and the stream agree on. */
+static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llast, uint64_t sfirst,
+                         uint64_t slast, uint64_t *out)
+{
+    uint64_t top = llast < slast ? llast : slast;
+    uint64_t bottom = lfirst > sfirst ? lfirst : sfirst;
+    *out = 0;
+    if (!llast)
+        return KEEL_OK;
+    kw_buf msg = {0};
+    int rc = KEEL_OK;
+    for (uint64_t lsn = top; lsn >= bottom && lsn; lsn--) {
+        if ((rc = same_record(n, s, lsn, &msg)) < 0)
+            break;
+        if (rc == 1) {
+            *out = lsn;
+            rc = KEEL_OK;
+            break;
+        }
+    }
+    kw_buf_free(&msg);
+    if (rc || *out || !slast)
+        return rc; /* an empty stream: everything local is beyond it */
+    return core_fail(KEEL_ECORRUPT, "directory %s (LSN %" PRIu64 "..%" PRIu64 ") and stream %s (%" PRIu64 "..%" PRIu64
+                     ") share no record: another world's directory, or a stream purged past it",
+                     kw_store_dir(s), lfirst, llast, n->stream, sfirst, slast);
+}
+
+/* ---- dropping the unreplicated suffix -------------------------------------------- */
+
+typedef struct discard {
+    uint64_t from, deleted;
+    bool drop_checkpoint;
+} discard;
+
+static bool keep_none(const void *key, size_t klen, void *arg)
+{
+    (void)key, (void)klen, (void)arg;
+    return false;
+}
+
+static int fill_discard(kw_wtxn *t, void *arg)
+{
+    discard *d = arg;
+    int rc = kw_del_wal_from(t, d->from, &d->deleted);
+    if (!rc && d->drop_checkpoint) /* it holds state of dropped records: recovery replays the WAL instead */
+        rc = kw_del(t, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT));
+    if (!rc && d->drop_checkpoint)
+        rc = kw_del_prefix(t, KW_DB_SNAP, "", 0, keep_none, NULL);
+    return rc;
+}
+
+/* Does the directory's checkpoint cover an LSN after `keep`? */
+static int checkpoint_beyond(kw_store *s, uint64_t keep, bool *beyond)
+{
+    kw_rtxn *r;
+    int rc = kw_read_begin(s, &r);
+    if (rc)
+        return rc;
+    const void *v;
+    size_t n;
+    kw_checkpoint_meta m = {0};
+    rc = kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n);
+    if (!rc)
+        rc = kw_checkpoint_meta_decode(v, n, &m);
+    kw_read_end(r);
+    *beyond = !rc && m.lsn > keep;
+    return rc == KEEL_ENOENT ? KEEL_OK : rc;
+}
+
+static int fill_mark(kw_wtxn *t, void *arg)
+{
+    const kr_node *n = arg;
+    return kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), n->stream, strlen(n->stream));
+}
+
+/* Mark the directory as a stream's (once). */
+static int mark_replicated(kr_node *n, kw_store *s)
+{
+    kw_rtxn *r;
+    const void *v;
+    size_t len;
+    int rc = kw_read_begin(s, &r);
+    if (rc)
+        return rc;
+    rc = kw_get(r, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), &v, &len);
+    kw_read_end(r);
+    return rc == KEEL_ENOENT ? kw_store_write(s, fill_mark, n) : rc;
+}
+
+int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
+{
+    *out = (kr_sync_info){0};
+    uint64_t sfirst, slast, lfirst, llast, keep;
+    int rc = kr_bounds(n, &sfirst, &slast);
+    if (!rc)
+        rc = mark_replicated(n, s);
+    if (!rc)
+        rc = local_bounds(s, &lfirst, &llast);
+    if (!rc)
+        rc = common_prefix(n, s, lfirst, llast, sfirst, slast, &keep);
+    if (rc)
+        return rc;
+    out->stream_last = slast;
+    if (keep < llast) {
+        discard d = {.from = keep + 1};
+        if ((rc = checkpoint_beyond(s, keep, &d.drop_checkpoint)) || (rc = kw_store_write(s, fill_discard, &d)))
+            return rc;
+        out->discarded = d.deleted;
+        out->checkpoint_dropped = d.drop_checkpoint;
+    }
+    out->local_last = keep;
+    if (sfirst && keep + 1 < sfirst)
+        return core_fail(KEEL_ERANGE, "stream %s starts at %" PRIu64 ", after directory %s ends (%" PRIu64 ")",
+                         n->stream, sfirst, kw_store_dir(s), keep);
+    uint64_t end = upto && upto < slast ? upto : slast;
+    if (keep >= end)
+        return KEEL_OK;
+    kr_reader *r;
+    if ((rc = kr_read_begin(n, keep + 1, &r)))
+        return rc;
+    uint64_t last = keep;
+    while (!rc && last < end) {
+        uint64_t before = last;
+        uint32_t want = end - last < 4096 ? (uint32_t)(end - last) : 4096;
+        rc = kr_append_from(r, s, want, n->timeout_ms, &last, NULL);
+        if (!rc && last == before)
+            rc = core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering at %" PRIu64 " of %" PRIu64, n->stream,
+                           last, end);
+    }
+    kr_read_end(r);
+    out->appended = last - keep;
+    out->local_last = last;
+    return rc;
+}

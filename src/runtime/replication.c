@@ -1,0 +1,506 @@
+/*
+ * runtime/replication.c -- a replicated world (keel/replication.h): the
+ * stream and lease of libkeel_repl tied to durable/'s seams.
+ *
+ *   open     Every role first brings its directory in step with the stream
+ *            (kr_sync_store: what it holds beyond the stream is dropped,
+ *            what the stream holds beyond it is copied). A primary then
+ *            takes the lease in a new epoch (waiting while a live primary
+ *            renews it), publishes its EPOCH record right after the
+ *            stream's end and appends it locally; recovery then replays the
+ *            directory as after a crash. A standby or follower opens its
+ *            directory as a follower's (dur_open_desc.follow).
+ *   primary  The writer's hook hands each commit's last LSN to the
+ *            publisher; with SYNC the hook gates durability on the
+ *            publisher's acknowledgements (dur_acknowledge). A refused
+ *            publish or lost lease latches the runtime KEEL_EFENCED.
+ *   replica  keel_replica_poll copies new records into the directory and
+ *            applies them with dur_follow (recovery's replay), then
+ *            publishes a read view. A standby whose primary's lease lapsed
+ *            catches up with the stream's end, takes the lease, publishes
+ *            its EPOCH record (refused: someone appended, catch up again),
+ *            applies it (an unfinished unit before it is dropped) and
+ *            becomes the primary in place: a promotion is a crash recovery
+ *            that already happened.
+ * Status fields are read by other threads (metrics, status lines) under mu.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/core.h"
+#include "keel_repl/repl.h"
+#include "runtime/runtime_internal.h"
+
+#define POLL_BATCH 4096
+#define EPOCH_TRIES 8
+#define DRAIN_MS 5000
+#define SCHEMA_WAIT_MS 60000ull
+
+struct runtime_repl {
+    keel_replication_desc desc; /* strings point into the buffers below */
+    char nats[1024], world[KR_WORLD_MAX + 1], node_name[KR_NODE_MAX + 1];
+    int32_t lease_ms;
+    kr_node *node;
+    kr_pub *pub;
+    kr_reader *reader;         /* a replica's: at the directory's next LSN */
+    uint64_t local_last;       /* the directory's last LSN */
+    uint64_t epoch_lsn;        /* a primary: its EPOCH record */
+    /* a standby's view of the lease */
+    kr_lease seen;
+    uint64_t seen_since_ns;
+    pthread_mutex_t mu;        /* the status below */
+    keel_repl_status st;
+};
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *keel_repl_mode_name(keel_repl_mode m)
+{
+    return m == KEEL_REPL_SYNC ? "sync" : m == KEEL_REPL_ASYNC ? "async" : "off";
+}
+
+const char *keel_repl_role_name(keel_repl_role r)
+{
+    return r == KEEL_ROLE_STANDBY ? "standby" : r == KEEL_ROLE_FOLLOWER ? "follower" : "primary";
+}
+
+static int copy_str(char *dst, size_t cap, const char *src, const char *what)
+{
+    if (strlen(src) >= cap)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: replication.%s is longer than %zu bytes", what, cap - 1);
+    memcpy(dst, src, strlen(src) + 1);
+    return KEEL_OK;
+}
+
+int repl_create(keel_runtime *rt, const keel_replication_desc *d)
+{
+    if (!d->nats)
+        return KEEL_OK;
+    if (!rt->data_dir)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: replication needs a data directory (durable.dir)");
+    if (!d->world)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: replication.world is NULL");
+    if (d->role < KEEL_ROLE_PRIMARY || d->role > KEEL_ROLE_FOLLOWER)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: replication.role %d is not a keel_repl_role", (int)d->role);
+    if (d->mode < KEEL_REPL_OFF || d->mode > KEEL_REPL_SYNC)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: replication.mode %d is not a keel_repl_mode", (int)d->mode);
+    if (d->lease_ms < 0 || d->replicas < 0 || d->replicas > 5 || d->timeout_ms < 0)
+        return core_fail(KEEL_EINVAL, "keel_runtime_create: replication.lease_ms, timeout_ms must be >= 0 and "
+                                      "replicas in [0, 5]");
+    struct runtime_repl *r = calloc(1, sizeof *r);
+    if (!r)
+        return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");
+    r->desc = *d;
+    int rc = copy_str(r->nats, sizeof r->nats, d->nats, "nats");
+    if (!rc)
+        rc = copy_str(r->world, sizeof r->world, d->world, "world");
+    if (!rc && d->node)
+        rc = copy_str(r->node_name, sizeof r->node_name, d->node, "node");
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    r->desc.nats = r->nats;
+    r->desc.world = r->world;
+    r->desc.node = d->node ? r->node_name : NULL;
+    r->lease_ms = d->lease_ms ? d->lease_ms : 5000;
+    pthread_mutex_init(&r->mu, NULL);
+    r->st.role = d->role;
+    r->st.mode = d->role != KEEL_ROLE_PRIMARY ? KEEL_REPL_OFF : d->mode ? d->mode : KEEL_REPL_ASYNC;
+    rt->repl = r;
+    rt->durable_desc.wal_retain = true; /* the publisher and a rejoin read it */
+    return KEEL_OK;
+}
+
+void repl_free(keel_runtime *rt)
+{
+    struct runtime_repl *r = rt->repl;
+    if (!r)
+        return;
+    kr_read_end(r->reader);
+    kr_close(r->node);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    rt->repl = NULL;
+}
+
+bool repl_may_tick(const keel_runtime *rt)
+{
+    return !rt->repl || rt->repl->st.role == KEEL_ROLE_PRIMARY;
+}
+
+static void status_set(struct runtime_repl *r, void (*fn)(keel_repl_status *st, const void *arg), const void *arg)
+{
+    pthread_mutex_lock(&r->mu);
+    fn(&r->st, arg);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* ---- the lease ------------------------------------------------------------------ */
+
+/* Has the lease lapsed, as this node has watched it? It lapsed when nobody
+ * holds it, its holder let it go, or its revision stood still for a lease
+ * time. r->seen is what a take compares against. */
+static bool lease_lapsed(struct runtime_repl *r)
+{
+    kr_lease now;
+    if (kr_lease_read(r->node, &now))
+        return false; /* out of reach: nobody can take it either */
+    uint64_t t = mono_ns();
+    if (!r->seen_since_ns || now.rev != r->seen.rev || now.exists != r->seen.exists)
+        r->seen_since_ns = t;
+    r->seen = now;
+    return !now.exists || now.released || t - r->seen_since_ns >= (uint64_t)r->lease_ms * 1000000ull;
+}
+
+/* A primary at open: wait until the lease lapses and take it. A holder that
+ * keeps renewing for three lease times is a live primary: KEEL_EBUSY. */
+static int take_lease_at_open(struct runtime_repl *r, uint64_t *epoch, uint64_t *rev)
+{
+    uint64_t start = mono_ns(), patience = 3ull * (uint64_t)r->lease_ms * 1000000ull;
+    for (;;) {
+        if (lease_lapsed(r)) {
+            int rc = kr_lease_take(r->node, &r->seen, epoch, rev);
+            if (rc != KEEL_ECONFLICT)
+                return rc;
+            r->seen_since_ns = 0;
+        }
+        if (mono_ns() - start > patience)
+            return core_fail(KEEL_EBUSY, "world '%s' has a live primary: %s holds its lease (epoch %" PRIu64
+                             ") and renews it; start this node as --standby, or stop that one",
+                             r->world, r->seen.node, r->seen.epoch);
+        nanosleep(&(struct timespec){0, 50 * 1000000L}, NULL);
+    }
+}
+
+/* Publish this primary's EPOCH record right after the stream's end and
+ * append it to the directory (store): the record of LSN *lsn. A refused
+ * publish means the stream moved on: catch up and try again. */
+static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, uint64_t *lsn)
+{
+    kw_codec_ctx *c = NULL;
+    kw_buf payload = {0}, rec = {0};
+    int rc = kw_codec_create(&(kw_codec_desc){0}, &c);
+    if (!rc)
+        rc = kw_epoch_encode(&payload, epoch, kr_node_id(r->node));
+    for (int i = 0; !rc; i++) {
+        kr_sync_info si;
+        if ((rc = kr_sync_store(r->node, store, 0, &si)))
+            break;
+        *lsn = si.local_last + 1;
+        rec.len = 0;
+        if ((rc = kw_record_build(c, &rec, KW_KIND_EPOCH, *lsn, 0, 0, payload.p, payload.len)))
+            break;
+        rc = kr_publish(r->node, epoch, *lsn, rec.p, rec.len);
+        if (rc != KEEL_EFENCED || i + 1 == EPOCH_TRIES)
+            break;
+        rc = KEEL_OK; /* the stream moved on: catch up and try again */
+    }
+    if (!rc)
+        rc = kr_append_record(store, *lsn, rec.p, rec.len);
+    kw_buf_free(&payload);
+    kw_buf_free(&rec);
+    kw_codec_destroy(c);
+    return rc;
+}
+
+/* ---- open and close --------------------------------------------------------------- */
+
+static void st_opened(keel_repl_status *st, const void *arg)
+{
+    const kr_sync_info *si = arg;
+    st->discarded = si->discarded;
+    st->stream_lsn = si->stream_last;
+    st->applied_lsn = si->local_last;
+}
+
+static void st_epoch(keel_repl_status *st, const void *arg)
+{
+    st->epoch = *(const uint64_t *)arg;
+}
+
+static bool has_schema(kw_store *s)
+{
+    kw_rtxn *r;
+    const void *v;
+    size_t n;
+    if (kw_read_begin(s, &r))
+        return false;
+    bool has = !kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &v, &n);
+    kw_read_end(r);
+    return has;
+}
+
+/* Bring the directory in step with the stream. A replica started before its
+ * primary published the schema waits for it (up to SCHEMA_WAIT_MS): the
+ * schema comes with the primary's records, never from the replica. */
+static int sync_until_schema(struct runtime_repl *r, kw_store *store, bool primary, kr_sync_info *si)
+{
+    uint64_t deadline = mono_ns() + SCHEMA_WAIT_MS * 1000000ull;
+    for (;;) {
+        int rc = kr_sync_store(r->node, store, 0, si);
+        if (rc || primary || has_schema(store) || mono_ns() > deadline)
+            return rc;
+        nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL);
+    }
+}
+
+int repl_before_open(keel_runtime *rt, dur_open_desc *o)
+{
+    struct runtime_repl *r = rt->repl;
+    if (!r)
+        return KEEL_OK;
+    bool primary = r->st.role == KEEL_ROLE_PRIMARY;
+    kr_desc kd = {.urls = r->nats, .world = r->world, .node = r->desc.node, .replicas = r->desc.replicas,
+                  .timeout_ms = r->desc.timeout_ms, .create = primary};
+    int rc = r->node ? KEEL_OK : kr_connect(&kd, &r->node);
+    if (rc)
+        return rc;
+    kw_store *store;
+    kw_store_desc sd = {.flags = KW_OPEN_CREATE | KW_OPEN_OWN, .map_size = rt->durable_desc.map_size,
+                        .map_max = rt->durable_desc.map_max};
+    if ((rc = kw_store_open(rt->data_dir, &sd, &store)))
+        return rc;
+    kr_sync_info si;
+    rc = sync_until_schema(r, store, primary, &si);
+    if (!rc && si.discarded)
+        core_log(KEEL_LOG_WARN, "repl", "discarded", "records=%" PRIu64 " from_lsn=%" PRIu64 " checkpoint_dropped=%d",
+                 si.discarded, si.local_last + 1, si.checkpoint_dropped ? 1 : 0);
+    if (!rc)
+        status_set(r, st_opened, &si);
+    r->local_last = si.local_last;
+    if (!rc && primary) {
+        uint64_t epoch = 0, rev = 0;
+        rc = take_lease_at_open(r, &epoch, &rev);
+        if (!rc)
+            rc = begin_epoch(r, store, epoch, &r->epoch_lsn);
+        if (!rc) {
+            r->seen.rev = rev;
+            r->seen.epoch = epoch;
+            r->local_last = r->epoch_lsn;
+            status_set(r, st_epoch, &epoch);
+        }
+    }
+    kw_store_close(store);
+    o->follow = !primary;
+    o->stop_tick = primary ? 0 : r->desc.stop_tick;
+    return rc;
+}
+
+static void on_committed(void *self, uint64_t lsn)
+{
+    kr_pub_committed(self, lsn);
+}
+
+static void on_acked(void *self, uint64_t lsn)
+{
+    keel_runtime *rt = self;
+    if (rt->dur->repl.gate)
+        dur_acknowledge(rt->dur, lsn);
+}
+
+static void on_failed(void *self, int rc)
+{
+    keel_runtime *rt = self;
+    dur_latch_fatal(rt->dur, rc);
+}
+
+/* A primary from here on: the writer's hook and the publisher. */
+static int start_primary(keel_runtime *rt)
+{
+    struct runtime_repl *r = rt->repl;
+    dur_state *d = rt->dur;
+    kr_pub_desc pd = {.node = r->node, .store = d->store, .epoch = r->seen.epoch, .lease_rev = r->seen.rev,
+                      .published = r->epoch_lsn, .lease_ms = r->lease_ms, .self = rt, .acked = on_acked,
+                      .failed = on_failed};
+    kr_pub *pub;
+    int rc = kr_pub_start(&pd, &pub);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&r->mu);
+    r->pub = pub;
+    pthread_mutex_unlock(&r->mu);
+    /* before the next record is queued: the writer reads the hook after taking the queue's lock */
+    d->repl = (dur_repl_hook){.self = pub, .committed = on_committed, .gate = r->st.mode == KEEL_REPL_SYNC};
+    kr_pub_committed(pub, atomic_load(&d->local_lsn)); /* a schema record recovery wrote */
+    return KEEL_OK;
+}
+
+int repl_after_open(keel_runtime *rt)
+{
+    struct runtime_repl *r = rt->repl;
+    if (!r)
+        return KEEL_OK;
+    if (r->st.role == KEEL_ROLE_PRIMARY)
+        return start_primary(rt);
+    return kr_read_begin(r->node, r->local_last + 1, &r->reader);
+}
+
+void repl_close(keel_runtime *rt, bool clean)
+{
+    struct runtime_repl *r = rt->repl;
+    if (!r || !r->pub)
+        return;
+    kr_pub *pub = r->pub;
+    if (clean && !dur_fatal(rt->dur))
+        (void)kr_pub_drain(pub, DRAIN_MS);
+    pthread_mutex_lock(&r->mu);
+    r->pub = NULL;
+    pthread_mutex_unlock(&r->mu);
+    kr_pub_stop(pub, clean && !dur_fatal(rt->dur));
+    rt->dur->repl = (dur_repl_hook){0};
+}
+
+/* ---- following -------------------------------------------------------------------- */
+
+typedef struct applied {
+    uint64_t lsn, tick, stream, last_tick;
+} applied;
+
+static void st_applied(keel_repl_status *st, const void *arg)
+{
+    const applied *a = arg;
+    st->applied_lsn = a->lsn;
+    st->stream_lsn = a->stream > st->stream_lsn ? a->stream : st->stream_lsn;
+    st->lag_records = st->stream_lsn > a->lsn ? st->stream_lsn - a->lsn : 0;
+    st->lag_ticks = a->last_tick > a->tick ? a->last_tick - a->tick : 0;
+}
+
+/* Apply what the directory holds beyond the applied LSN; publish it. */
+static int apply_local(keel_runtime *rt, uint64_t last_tick)
+{
+    struct runtime_repl *r = rt->repl;
+    uint64_t tick = atomic_load(&rt->tick);
+    int rc = dur_follow(rt->dur, r->local_last, &tick);
+    if (rc)
+        return rc;
+    atomic_store(&rt->tick, tick);
+    atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
+    if (rt->world->mutations != rt->txn.pub_mutations && (rc = view_publish(&rt->txn, tick)))
+        return rc;
+    uint64_t first = 0, stream = 0;
+    (void)kr_bounds(r->node, &first, &stream);
+    applied a = {.lsn = rt->dur->applied_lsn, .tick = tick, .stream = stream, .last_tick = last_tick};
+    status_set(r, st_applied, &a);
+    metrics_publish(rt, false);
+    return KEEL_OK;
+}
+
+/* Copy what the stream holds, up to its end as it is now. */
+static int catch_up(keel_runtime *rt)
+{
+    struct runtime_repl *r = rt->repl;
+    uint64_t first, end, tick = 0;
+    int rc = kr_bounds(r->node, &first, &end);
+    while (!rc && r->local_last < end) {
+        uint64_t before = r->local_last;
+        rc = kr_append_from(r->reader, rt->dur->store, POLL_BATCH, 1000, &r->local_last, &tick);
+        if (!rc && r->local_last == before)
+            rc = core_fail(KEEL_EUNAVAILABLE, "the stream of world '%s' stopped delivering at LSN %" PRIu64
+                           " of %" PRIu64, r->world, before, end);
+    }
+    return rc ? rc : apply_local(rt, tick);
+}
+
+static void st_promoted(keel_repl_status *st, const void *arg)
+{
+    const keel_replication_desc *d = arg;
+    st->role = KEEL_ROLE_PRIMARY;
+    st->mode = d->mode ? d->mode : KEEL_REPL_SYNC;
+    st->lag_records = st->lag_ticks = 0;
+}
+
+/* A standby whose primary's lease lapsed: everything in the stream first,
+ * then the lease, the EPOCH record, and the primary's role. 0 with
+ * *promoted false when another node was quicker. */
+static int promote(keel_runtime *rt, bool *promoted)
+{
+    struct runtime_repl *r = rt->repl;
+    dur_state *d = rt->dur;
+    int rc = catch_up(rt);
+    uint64_t epoch = 0, rev = 0, lsn = 0;
+    if (!rc)
+        rc = kr_lease_take(r->node, &r->seen, &epoch, &rev);
+    if (rc == KEEL_ECONFLICT) {
+        r->seen_since_ns = 0; /* someone renewed or took it: watch again */
+        return KEEL_OK;
+    }
+    if (!rc) /* the directory is the store begin_epoch keeps in step; the reader must not run ahead of it */
+        rc = begin_epoch(r, d->store, epoch, &lsn);
+    if (rc)
+        return rc;
+    kr_read_end(r->reader);
+    r->reader = NULL;
+    r->local_last = r->epoch_lsn = lsn;
+    uint64_t tick = atomic_load(&rt->tick);
+    if ((rc = dur_follow(d, lsn, &tick)))
+        return rc;
+    atomic_store(&rt->tick, tick);
+    atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
+    dur_promote(d);
+    r->seen.epoch = epoch;
+    r->seen.rev = rev;
+    status_set(r, st_epoch, &epoch);
+    status_set(r, st_promoted, &r->desc);
+    core_log(KEEL_LOG_INFO, "repl", "promoted", "world=%s epoch=%" PRIu64 " tick=%" PRIu64 " lsn=%" PRIu64, r->world,
+             epoch, tick, lsn);
+    if ((rc = start_primary(rt)))
+        return rc;
+    *promoted = true;
+    return KEEL_OK;
+}
+
+int keel_replica_poll(keel_runtime *rt, int32_t timeout_ms, bool *promoted)
+{
+    if (promoted)
+        *promoted = false;
+    if (!rt || !rt->repl)
+        return core_fail(KEEL_EINVAL, "keel_replica_poll: %s", rt ? "the runtime is not replicated" : "runtime is NULL");
+    int rc = keel_runtime_recover(rt, NULL);
+    if (rc)
+        return rc;
+    struct runtime_repl *r = rt->repl;
+    if (r->st.role == KEEL_ROLE_PRIMARY)
+        return core_fail(KEEL_EINVAL, "keel_replica_poll: this runtime is world '%s''s primary: it ticks", r->world);
+    bool lapsed = r->st.role == KEEL_ROLE_STANDBY && lease_lapsed(r);
+    uint64_t tick = 0;
+    rc = kr_append_from(r->reader, rt->dur->store, POLL_BATCH, lapsed ? 0 : timeout_ms, &r->local_last, &tick);
+    if (!rc)
+        rc = apply_local(rt, tick);
+    if (!rc && lapsed) {
+        bool p = false;
+        rc = promote(rt, &p);
+        if (promoted)
+            *promoted = p;
+    }
+    return rc;
+}
+
+void keel_repl_status_get(keel_runtime *rt, keel_repl_status *out)
+{
+    *out = (keel_repl_status){0};
+    struct runtime_repl *r = rt ? rt->repl : NULL;
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    *out = r->st;
+    if (r->pub) {
+        kr_pub_stats ps;
+        kr_pub_stats_get(r->pub, &ps);
+        out->published_lsn = ps.published;
+        out->lag_records = ps.committed > ps.published ? ps.committed - ps.published : 0;
+        out->errors = ps.errors;
+        out->degraded = ps.degraded;
+        out->fenced = ps.fenced;
+    }
+    pthread_mutex_unlock(&r->mu);
+}
