@@ -1,0 +1,301 @@
+/*
+ * test_repl.c -- libkeel_repl against a real nats-server (one node on a
+ * free loopback port, JetStream storage in the case's base directory,
+ * started and stopped by the unchecked fixture, so a failing test never
+ * leaves it running): the fencing publish, the lease's compare-and-set, a
+ * directory brought in step with the stream (its unreplicated tail
+ * dropped), and the refusals of bad input that write nothing. The failover
+ * of whole keel-world processes on a 3-node cluster is check_failover.sh.
+ */
+#include <check.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include "keel_repl/repl.h"
+#include "keel_test.h"
+#include "test_util.h"
+
+static pid_t nats_pid;
+static char nats_url[64];
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    ck_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &len));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* A connection that creates world `world`'s stream, retried while the
+ * server starts (JetStream answers a moment after the port opens). */
+static kr_node *connect_world(const char *url, const char *world, const char *node)
+{
+    kr_node *n = NULL;
+    uint64_t until = tu_now_ns() + 30000000000ull;
+    int rc;
+    while ((rc = kr_connect(&(kr_desc){.urls = url, .world = world, .node = node, .create = true}, &n)) ==
+               KEEL_EUNAVAILABLE && tu_now_ns() < until)
+        usleep(50000);
+    ck_assert_msg(!rc, "kr_connect: %s", keel_last_error());
+    return n;
+}
+
+static void nats_setup(void)
+{
+    tu_base_setup();
+    char conf[4096], store[4096];
+    tu_path(store, sizeof store, "js");
+    tu_path(conf, sizeof conf, "nats.conf");
+    int port = free_port();
+    char text[8192];
+    int n = snprintf(text, sizeof text, "listen: 127.0.0.1:%d\njetstream { store_dir: \"%s\", max_mem: 64M }\n", port,
+                     store);
+    tu_write_file(conf, text, (size_t)n);
+    snprintf(nats_url, sizeof nats_url, "nats://127.0.0.1:%d", port);
+    nats_pid = fork();
+    ck_assert(nats_pid >= 0);
+    if (!nats_pid) {
+        int null = open("/dev/null", 1);
+        dup2(null, 1);
+        dup2(null, 2);
+        execlp("nats-server", "nats-server", "-c", conf, (char *)NULL);
+        _exit(127); /* not installed: the first connect fails the test */
+    }
+    kr_close(connect_world(nats_url, "probe", NULL));
+}
+
+static void nats_teardown(void)
+{
+    if (nats_pid > 0) {
+        kill(nats_pid, SIGTERM);
+        waitpid(nats_pid, NULL, 0);
+        nats_pid = 0;
+    }
+    tu_base_teardown();
+}
+
+/* A sealed EPOCH record of lsn: a small valid WAL record. */
+static void epoch_record(kw_buf *out, uint64_t lsn, uint64_t epoch, const char *node)
+{
+    kw_codec_ctx *c;
+    kw_buf p = {0};
+    ck_assert(!kw_codec_create(NULL, &c));
+    ck_assert(!kw_epoch_encode(&p, epoch, node));
+    out->len = 0;
+    ck_assert(!kw_record_build(c, out, KW_KIND_EPOCH, lsn, 0, 0, p.p, p.len));
+    kw_buf_free(&p);
+    kw_codec_destroy(c);
+}
+
+static kw_store *store_in(const char *name)
+{
+    char dir[4096];
+    tu_path(dir, sizeof dir, name);
+    kw_store *s;
+    ck_assert_msg(!kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_CREATE}, &s), "%s", keel_last_error());
+    return s;
+}
+
+static uint64_t wal_last(kw_store *s)
+{
+    kw_rtxn *r;
+    uint64_t first = 0, last = 0;
+    ck_assert(!kw_read_begin(s, &r));
+    int rc = kw_wal_bounds(r, &first, &last, NULL);
+    kw_read_end(r);
+    return rc == KEEL_ENOENT ? 0 : last;
+}
+
+START_TEST(test_publish_fences)
+{
+    kr_node *n = connect_world(nats_url, "fence", "a");
+    kw_buf r1 = {0}, r2 = {0}, got = {0};
+    epoch_record(&r1, 1, 1, "a");
+    epoch_record(&r2, 2, 1, "a");
+    ck_assert_rc(kr_publish(n, 1, 1, r1.p, r1.len), KEEL_OK);
+    ck_assert_rc(kr_publish(n, 1, 2, r2.p, r2.len), KEEL_OK);
+    ck_assert_rc(kr_publish(n, 1, 2, r2.p, r2.len), KEEL_OK); /* the same id again: de-duplicated, not fenced */
+    /* another primary's LSN 2, expecting the stream to end at 1: refused */
+    ck_assert_rc(kr_publish(n, 2, 2, r1.p, r1.len), KEEL_EFENCED);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "fenced"));
+    uint64_t first, last;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, 1);
+    ck_assert_uint_eq(last, 2);
+    ck_assert_rc(kr_get(n, 2, &got), KEEL_OK);
+    ck_assert(got.len == r2.len && !memcmp(got.p, r2.p, got.len));
+    ck_assert_rc(kr_get(n, 3, &got), KEEL_ENOENT);
+    kw_buf_free(&r1);
+    kw_buf_free(&r2);
+    kw_buf_free(&got);
+    kr_close(n);
+}
+END_TEST
+
+START_TEST(test_lease_cas)
+{
+    kr_node *a = connect_world(nats_url, "lease", "a"), *b = connect_world(nats_url, "lease", "b");
+    kr_lease la, lb;
+    uint64_t ea, eb, reva, revb;
+    ck_assert_rc(kr_lease_read(a, &la), KEEL_OK);
+    ck_assert(!la.exists);
+    ck_assert_rc(kr_lease_read(b, &lb), KEEL_OK); /* both saw it free: only one take wins */
+    ck_assert_rc(kr_lease_take(a, &la, &ea, &reva), KEEL_OK);
+    ck_assert_uint_eq(ea, 1);
+    ck_assert_rc(kr_lease_take(b, &lb, &eb, &revb), KEEL_ECONFLICT);
+    ck_assert_rc(kr_lease_renew(a, ea, false, &reva), KEEL_OK);
+    ck_assert_rc(kr_lease_read(b, &lb), KEEL_OK);
+    ck_assert(lb.exists && !lb.released && lb.epoch == 1 && !strcmp(lb.node, "a") && lb.rev == reva);
+    ck_assert_rc(kr_lease_renew(a, ea, true, &reva), KEEL_OK); /* a clean stop lets it go */
+    ck_assert_rc(kr_lease_read(b, &lb), KEEL_OK);
+    ck_assert(lb.released);
+    ck_assert_rc(kr_lease_take(b, &lb, &eb, &revb), KEEL_OK);
+    ck_assert_uint_eq(eb, 2);
+    ck_assert_rc(kr_lease_renew(a, ea, false, &reva), KEEL_EFENCED); /* a's revision is gone */
+    kr_close(a);
+    kr_close(b);
+}
+END_TEST
+
+/* A directory holding records the stream never got (LSN 3 and 4, another
+ * node's) drops them and takes the stream's LSN 3. */
+START_TEST(test_sync_drops_unreplicated_tail)
+{
+    kr_node *n = connect_world(nats_url, "sync", "a");
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= 3; lsn++) {
+        epoch_record(&rec, lsn, lsn, "stream");
+        ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    kw_store *s = store_in("dir");
+    for (uint64_t lsn = 1; lsn <= 4; lsn++) {
+        epoch_record(&rec, lsn, lsn, lsn <= 2 ? "stream" : "local");
+        ck_assert_rc(kr_append_record(s, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    kr_sync_info si;
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
+    ck_assert_uint_eq(si.discarded, 2);
+    ck_assert_uint_eq(si.appended, 1);
+    ck_assert_uint_eq(si.local_last, 3);
+    ck_assert_uint_eq(wal_last(s), 3);
+    kw_buf got = {0};
+    epoch_record(&rec, 3, 3, "stream");
+    ck_assert_rc(kr_get(n, 3, &got), KEEL_OK);
+    ck_assert(got.len == rec.len && !memcmp(got.p, rec.p, rec.len));
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error()); /* in step: nothing to do */
+    ck_assert_uint_eq(si.discarded + si.appended, 0);
+    kw_buf_free(&rec);
+    kw_buf_free(&got);
+    kw_store_close(s);
+    kr_close(n);
+}
+END_TEST
+
+/* Messages that are no WAL records of their sequence are refused and
+ * nothing reaches the directory; so is a stream purged past it. */
+START_TEST(test_bad_streams_write_nothing)
+{
+    kr_node *n = connect_world(nats_url, "junk", "a");
+    ck_assert_rc(kr_publish(n, 1, 1, "not a record", 12), KEEL_OK);
+    kw_store *s = store_in("junk");
+    kr_sync_info si;
+    ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "stream message 1"));
+    ck_assert_uint_eq(wal_last(s), 0);
+    kw_store_close(s);
+    kr_close(n);
+
+    n = connect_world(nats_url, "purged", "a");
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= 4; lsn++) {
+        epoch_record(&rec, lsn, lsn, "a");
+        ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    ck_assert_rc(kr_purge_before(n, 3), KEEL_OK);
+    s = store_in("purged");
+    ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ERANGE);
+    ck_assert_uint_eq(wal_last(s), 0);
+    kw_buf_free(&rec);
+    kw_store_close(s);
+    kr_close(n);
+}
+END_TEST
+
+START_TEST(test_connect_errors)
+{
+    kr_node *n = NULL;
+    ck_assert_rc(kr_connect(&(kr_desc){.urls = "nats://127.0.0.1:1", .world = "w"}, &n), KEEL_EUNAVAILABLE);
+    ck_assert_ptr_null(n);
+    ck_assert_rc(kr_connect(&(kr_desc){.urls = nats_url, .world = "a b"}, &n), KEEL_EINVAL);
+    ck_assert_rc(kr_connect(&(kr_desc){.urls = "http://x:1", .world = "w"}, &n), KEEL_EINVAL);
+    ck_assert_rc(kr_connect(&(kr_desc){.urls = nats_url, .world = "never"}, &n), KEEL_ENOENT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "KEEL_never"));
+    char urls[64], world[64];
+    ck_assert(kr_parse_address("nats://h:4222/w-1", urls, sizeof urls, world, sizeof world));
+    ck_assert_str_eq(urls, "nats://h:4222");
+    ck_assert_str_eq(world, "w-1");
+    ck_assert(!kr_parse_address("/var/lib/keel", urls, sizeof urls, world, sizeof world));
+    ck_assert(!kr_parse_address("nats://h:4222/", urls, sizeof urls, world, sizeof world));
+}
+END_TEST
+
+/* The runtime's refusals, before anything connects. */
+START_TEST(test_runtime_refusals)
+{
+    keel_runtime *rt = NULL;
+    keel_runtime_desc d = {.replication = {.nats = "nats://127.0.0.1:1", .world = "w"}};
+    ck_assert_rc(keel_runtime_create(&d, &rt), KEEL_EINVAL); /* no data directory */
+    char dir[4096];
+    tu_path(dir, sizeof dir, "rt");
+    d.durable.dir = dir;
+    d.replication.world = NULL;
+    ck_assert_rc(keel_runtime_create(&d, &rt), KEEL_EINVAL);
+    rt = tu_rt_new((keel_runtime_desc){.workers = 1});
+    ck_assert_rc(keel_replica_poll(rt, 0, NULL), KEEL_EINVAL);
+    keel_repl_status st;
+    keel_repl_status_get(rt, &st);
+    ck_assert_uint_eq(st.epoch + st.stream_lsn, 0);
+    keel_runtime_close(rt);
+    /* a replica that cannot reach NATS opens nothing */
+    d.replication = (keel_replication_desc){.nats = "nats://127.0.0.1:1", .world = "w", .role = KEEL_ROLE_FOLLOWER};
+    ck_assert_rc(keel_runtime_create(&d, &rt), KEEL_OK);
+    ck_assert_rc(keel_runtime_recover(rt, NULL), KEEL_EUNAVAILABLE);
+    keel_runtime_close(rt);
+    ck_assert_str_eq(keel_repl_role_name(KEEL_ROLE_STANDBY), "standby");
+    ck_assert_str_eq(keel_repl_mode_name(KEEL_REPL_SYNC), "sync");
+}
+END_TEST
+
+static Suite *nats_suite(const char *name, const TTest *const *tests, size_t n)
+{
+    Suite *s = suite_create(name);
+    TCase *tc = tcase_create(name);
+    tcase_add_unchecked_fixture(tc, nats_setup, nats_teardown);
+    tcase_set_timeout(tc, 120);
+    for (size_t i = 0; i < n; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    const TTest *const stream[] = {test_publish_fences, test_lease_cas, test_sync_drops_unreplicated_tail,
+                                          test_bad_streams_write_nothing, test_connect_errors};
+    const TTest *const api[] = {test_runtime_refusals};
+    SRunner *sr = srunner_create(nats_suite("repl_stream", stream, sizeof stream / sizeof *stream));
+    srunner_add_suite(sr, tu_suite("repl_api", api, sizeof api / sizeof *api, 60));
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
