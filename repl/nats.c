@@ -21,7 +21,7 @@
  * answer (KEEL_EIO), anything else means it did not answer. */
 static int nats_fail(natsStatus s, jsErrCode jerr, const char *fmt, const char *what)
 {
-    char buf[256];
+    char buf[1400];
     snprintf(buf, sizeof buf, fmt, what);
     if (jerr)
         return core_fail(KEEL_EIO, "%s: JetStream error %d (%s)", buf, (int)jerr, natsStatus_GetText(s));
