@@ -185,13 +185,13 @@ START_TEST(kind_names_round_trip)
         {KW_KIND_TICK_CHUNK, "tick_chunk"},   {KW_KIND_TICK_COMMIT, "tick_commit"}, {KW_KIND_SIDE, "side"},
         {KW_KIND_LIFECYCLE, "lifecycle"},     {KW_KIND_SCHEMA, "schema"},           {KW_KIND_CHECKPOINT, "checkpoint"},
         {KW_KIND_SNAP_TABLES, "snap_tables"}, {KW_KIND_SNAP_SLOTS, "snap_slots"},   {KW_KIND_SNAP_CHUNK, "snap_chunk"},
-        {KW_KIND_SNAP_KEYS, "snap_keys"},
+        {KW_KIND_SNAP_KEYS, "snap_keys"},     {KW_KIND_EPOCH, "epoch"},
     };
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         ck_assert_str_eq(kw_kind_name(kinds[i].kind), kinds[i].name);
         ck_assert_uint_eq(kw_kind_parse(kinds[i].name), kinds[i].kind);
     }
-    static const uint32_t unknown[] = {0, 7, 8, 15, 20, 255, 256, UINT32_MAX};
+    static const uint32_t unknown[] = {0, 8, 9, 15, 20, 255, 256, UINT32_MAX};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)
         ck_assert_str_eq(kw_kind_name(unknown[i]), "?");
     ck_assert_uint_eq(kw_kind_parse("nope"), 0);
@@ -936,7 +936,7 @@ START_TEST(wrong_version_kind_codec_are_refused_with_a_valid_crc)
         snprintf(want, sizeof want, "version %u", versions[i]);
         ck_assert_msg(has(keel_last_error(), want) && has(keel_last_error(), "LSN 500"), "%s", keel_last_error());
     }
-    static const uint8_t kinds[] = {0, 7, 8, 15, 20, 21, 255};
+    static const uint8_t kinds[] = {0, 8, 9, 15, 20, 21, 255};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         memcpy(r, good.p, good.len);
         r[6] = kinds[i];

@@ -886,19 +886,34 @@ int kw_del_prefix(kw_wtxn *t, kw_db db, const void *prefix, size_t plen,
     return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot delete keys from") : KEEL_OK;
 }
 
-/* Called holding `remap` shared (a write transaction just ended): the
- * resize takes it exclusively, then shared again. */
+/* Read transactions this thread holds (any store). A thread that holds
+ * one cannot wait for `remap` exclusively (it would wait for itself): it
+ * resizes as LMDB lets a single thread do, under its own transactions. */
+static _Thread_local uint32_t tl_reads;
+
+/* Resize the map to size (0: to the file's size) with no other thread's
+ * transaction open: the caller holds `remap` shared once (its write, or the
+ * read it is beginning) and holds it so again afterwards. */
+static int remap_to(kw_store *s, uint64_t size)
+{
+    if (tl_reads)
+        return mdb_env_set_mapsize(s->env, size);
+    pthread_rwlock_unlock(&s->remap);
+    pthread_rwlock_wrlock(&s->remap);
+    int rc = mdb_env_set_mapsize(s->env, size);
+    pthread_rwlock_unlock(&s->remap);
+    pthread_rwlock_rdlock(&s->remap);
+    return rc;
+}
+
+/* Called holding `remap` shared (a write transaction just ended). */
 static int grow(kw_store *s)
 {
     if (s->map_size >= s->map_max)
         return core_fail(KEEL_ENOSPC, "%s/data.mdb is full: the map reached its maximum of %llu bytes", s->dir,
                          (unsigned long long)s->map_max);
     uint64_t size = s->map_size * 2 > s->map_max ? s->map_max : s->map_size * 2;
-    pthread_rwlock_unlock(&s->remap);
-    pthread_rwlock_wrlock(&s->remap);
-    int rc = mdb_env_set_mapsize(s->env, size);
-    pthread_rwlock_unlock(&s->remap);
-    pthread_rwlock_rdlock(&s->remap);
+    int rc = remap_to(s, size);
     if (rc)
         return from_mdb(rc, "cannot grow the map of", s);
     s->map_size = size;
@@ -963,11 +978,7 @@ int kw_read_begin(kw_store *s, kw_rtxn **out)
     pthread_rwlock_rdlock(&s->remap);
     int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
     if (rc == MDB_MAP_RESIZED) { /* another process grew the map */
-        pthread_rwlock_unlock(&s->remap);
-        pthread_rwlock_wrlock(&s->remap);
-        mdb_env_set_mapsize(s->env, 0);
-        pthread_rwlock_unlock(&s->remap);
-        pthread_rwlock_rdlock(&s->remap);
+        remap_to(s, 0);
         rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &r->txn);
     }
     if (rc) {
@@ -975,6 +986,7 @@ int kw_read_begin(kw_store *s, kw_rtxn **out)
         free(r);
         return from_mdb(rc, "cannot begin a read transaction on", s);
     }
+    tl_reads++;
     *out = r;
     return KEEL_OK;
 }
@@ -985,6 +997,7 @@ void kw_read_end(kw_rtxn *r)
         return;
     mdb_txn_abort(r->txn);
     pthread_rwlock_unlock(&r->s->remap);
+    tl_reads--;
     free(r);
 }
 
