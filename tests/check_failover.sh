@@ -20,6 +20,7 @@ U=1200 U2=1260 E=20000
 common=(--nats "$NATS_URLS" --world fo --seed 5 --entities $E --lease-ms 1000 --quiet)
 "$KW" --memory --seed 5 --entities $E --until-tick $U --tick-rate 0 --quiet >"$d/ref.out" 2>&1
 "$KW" --memory --seed 5 --entities $E --until-tick $U2 --tick-rate 0 --quiet >"$d/ref2.out" 2>&1
+"$KW" --memory --seed 5 --entities $E --until-tick 600 --tick-rate 0 --quiet >"$d/ref600.out" 2>&1
 H=$(hash_of "$d/ref.out") H2=$(hash_of "$d/ref2.out")
 [ -n "$H" ] && [ -n "$H2" ] || fail "the reference runs printed no hash"
 "$KW" --data "$d/a" --replicate sync --until-tick $U --tick-rate 100 "${common[@]}" >"$d/a.out" 2>&1 & P=$!
@@ -38,6 +39,11 @@ grep -q 'fenced' "$d/a.out" || fail "the old primary did not say it was fenced"
 wait "$S"; rc=$?; S=
 [ $rc = 0 ] && [ "$(hash_of "$d/b.out")" = "$H" ] || fail "the promoted standby: exit $rc, hash $(hash_of "$d/b.out"), expected $H"
 "$KWAL" verify "$NATS_URL1/fo" >"$d/verify.out" 2>&1 || fail "keel-wal verify of the stream"
+"$KWAL" restore "$NATS_URL1/fo" "$d/r" --to-tick 600 >"$d/restore.out" 2>&1 || fail "keel-wal restore --to-tick 600"
+"$KWAL" replay "$d/r" --to-tick 600 >"$d/replay.out" 2>&1 || fail "keel-wal replay of the restored directory"
+grep -q "^tick=600 hash=$(hash_of "$d/ref600.out")\$" "$d/replay.out" || fail "the restored directory is not tick 600's state"
+"$KWAL" restore "$NATS_URL1/fo" "$d/r2" --to-tick 99999 >"$d/restore2.out" 2>&1 && fail "a restore to a tick the stream lacks succeeded"
+[ ! -e "$d/r2/data.mdb" ] || fail "a refused restore left a data file"
 "$KW" --data "$d/c" --follow --until-tick $U "${common[@]}" >"$d/c.out" 2>&1 || fail "the read replica failed"
 [ "$(hash_of "$d/c.out")" = "$H" ] || fail "the read replica ended on $(hash_of "$d/c.out"), expected $H"
 "$KW" --data "$d/a" --replicate sync --until-tick $U2 --tick-rate 0 "${common[@]}" >"$d/a2.out" 2>&1 || fail "the rejoin failed"

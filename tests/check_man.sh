@@ -31,7 +31,7 @@ for tool in "$world" "$crash"; do
 done
 "$wal" --help | check_options keel-wal.1 "from keel-wal --help"
 for cmd in $("$wal" --help | sed -n '/^commands:/,/^$/p' | awk 'NR > 1 && NF {print $1}'); do
-    grep -qE "^\.BI $cmd \" DIR( DEST)?\"" "$man/keel-wal.1" || problem "keel-wal.1 does not describe the command $cmd"
+    grep -qE "^\.BI $cmd \" (DIR|STREAM)( DEST)?\"" "$man/keel-wal.1" || problem "keel-wal.1 does not describe the command $cmd"
     "$wal" "$cmd" --help | check_options keel-wal.1 "from keel-wal $cmd --help"
 done
 exit $bad

@@ -248,6 +248,61 @@ START_TEST(test_connect_errors)
 }
 END_TEST
 
+/* A sync primary made with the library: it takes epoch 1, publishes every
+ * record it commits (a flush returns once the stream holds them), and its
+ * metrics say so; a second primary on another directory of the same world
+ * waits for the lease and is refused while the first one renews it. */
+static const keel_field v_fields[] = {{.name = "v", .type = KEEL_BYTES, .offset = 0, .count = 4}};
+
+START_TEST(test_primary_runtime_publishes)
+{
+    char dir[4096], dir2[4096];
+    tu_path(dir, sizeof dir, "primary");
+    tu_path(dir2, sizeof dir2, "second");
+    keel_runtime_desc d = {.workers = 1, .durable.dir = dir,
+                           .replication = {.nats = nats_url, .world = "rt", .mode = KEEL_REPL_SYNC, .lease_ms = 300,
+                                           .node = "one"}};
+    keel_runtime *rt = tu_rt_new(d);
+    tu_reg(keel_runtime_world(rt), "v", 4, KEEL_VERSIONED, v_fields, 1);
+    keel_schedule *s;
+    ck_assert_rc(keel_schedule_create(rt, &s), KEEL_OK);
+    ck_assert_rc(keel_schedule_add_system(s, &(keel_system_desc){.name = "noop", .kind = KEEL_SYSTEM_CALLBACK,
+                                                                 .run = tu_sys_noop}, NULL), KEEL_OK);
+    tu_install(rt, s);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    tu_step_n(rt, 20);
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    kr_node *n = connect_world(nats_url, "rt", "probe");
+    uint64_t first, last;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, 1);
+    ck_assert_uint_eq(last, keel_durable_lsn(rt)); /* sync: durable means on the stream */
+    keel_repl_status st;
+    keel_repl_status_get(rt, &st);
+    ck_assert(st.role == KEEL_ROLE_PRIMARY && st.mode == KEEL_REPL_SYNC && st.epoch == 1 && !st.fenced);
+    ck_assert_uint_eq(st.published_lsn, last);
+    char text[65536];
+    size_t len;
+    ck_assert_rc(keel_metrics_text(rt, text, sizeof text, &len), KEEL_OK);
+    ck_assert_ptr_nonnull(strstr(text, "keel_repl_role{role=\"primary\"} 1\n"));
+    ck_assert_ptr_nonnull(strstr(text, "keel_repl_epoch 1\n"));
+    ck_assert_ptr_nonnull(strstr(text, "keel_repl_fenced 0\n"));
+    /* a second primary of world rt while the first one renews its lease */
+    d.durable.dir = dir2;
+    d.replication.node = "two";
+    keel_runtime *rt2 = tu_rt_new(d);
+    tu_reg(keel_runtime_world(rt2), "v", 4, KEEL_VERSIONED, v_fields, 1);
+    ck_assert_rc(keel_runtime_recover(rt2, NULL), KEEL_EBUSY);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "one"));
+    keel_runtime_close(rt2);
+    ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
+    kr_lease l;
+    ck_assert_rc(kr_lease_read(n, &l), KEEL_OK);
+    ck_assert(l.exists && l.released && l.epoch == 1); /* a clean close lets the lease go */
+    kr_close(n);
+}
+END_TEST
+
 /* The runtime's refusals, before anything connects. */
 START_TEST(test_runtime_refusals)
 {
@@ -290,7 +345,8 @@ static Suite *nats_suite(const char *name, const TTest *const *tests, size_t n)
 int main(void)
 {
     const TTest *const stream[] = {test_publish_fences, test_lease_cas, test_sync_drops_unreplicated_tail,
-                                          test_bad_streams_write_nothing, test_connect_errors};
+                                          test_bad_streams_write_nothing, test_connect_errors,
+                                          test_primary_runtime_publishes};
     const TTest *const api[] = {test_runtime_refusals};
     SRunner *sr = srunner_create(nats_suite("repl_stream", stream, sizeof stream / sizeof *stream));
     srunner_add_suite(sr, tu_suite("repl_api", api, sizeof api / sizeof *api, 60));

@@ -311,6 +311,32 @@ static void write_durable(mw *w, const keel_runtime *rt, const keel_runtime_stat
                    st->recovery_ns);
 }
 
+/* A replicated runtime: its role (one sample per role, 1 for the current),
+ * epoch, lag and failures (keel_repl_status). */
+static void write_replication(mw *w, keel_runtime *rt)
+{
+    keel_repl_status r;
+    keel_repl_status_get(rt, &r);
+    family(w, "keel_repl_role", "gauge", "1 for the node's replication role (primary, standby, follower), 0 otherwise.");
+    static const keel_repl_role roles[] = {KEEL_ROLE_PRIMARY, KEEL_ROLE_STANDBY, KEEL_ROLE_FOLLOWER};
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+        mw_printf(w, "keel_repl_role{role=\"%s\"} %d\n", keel_repl_role_name(roles[i]), r.role == roles[i]);
+    sample_u64(w, "keel_repl_epoch", "gauge", "The epoch this node took (a primary) or last applied.", r.epoch);
+    sample_u64(w, "keel_repl_stream_lsn", "gauge", "The stream's last LSN as last seen.", r.stream_lsn);
+    sample_u64(w, "keel_repl_lag_records", "gauge",
+               "A primary: records committed but not yet on the stream; a replica: on the stream, not applied.",
+               r.lag_records);
+    sample_u64(w, "keel_repl_lag_ticks", "gauge", "A replica: ticks received but not yet applied.", r.lag_ticks);
+    sample_u64(w, "keel_repl_discarded_records_total", "counter",
+               "Records this directory held beyond the stream, dropped when it opened.", r.discarded);
+    sample_u64(w, "keel_repl_errors_total", "counter", "Publishes and lease renewals that failed and were retried.",
+               r.errors);
+    sample_u64(w, "keel_repl_degraded", "gauge", "1 while the stream is out of reach (sync acknowledges nothing).",
+               r.degraded ? 1 : 0);
+    sample_u64(w, "keel_repl_fenced", "gauge", "1 once another primary took over: this node acknowledges nothing.",
+               r.fenced ? 1 : 0);
+}
+
 int keel_metrics_write(const keel_runtime *rt, keel_metrics_sink sink, void *user)
 {
     if (!rt || !sink)
@@ -328,6 +354,8 @@ int keel_metrics_write(const keel_runtime *rt, keel_metrics_sink sink, void *use
     write_txns(w, rt, &st);
     if (m->met.dur)
         write_durable(w, rt, &st, m->met.dur);
+    if (m->repl)
+        write_replication(w, m);
     mw_flush(w);
     pthread_mutex_unlock(&m->met.mu);
     int rc = w->rc;

@@ -497,6 +497,8 @@ void keel_repl_status_get(keel_runtime *rt, keel_repl_status *out)
         kr_pub_stats ps;
         kr_pub_stats_get(r->pub, &ps);
         out->published_lsn = ps.published;
+        if (ps.published > out->stream_lsn)
+            out->stream_lsn = ps.published;
         out->lag_records = ps.committed > ps.published ? ps.committed - ps.published : 0;
         out->errors = ps.errors;
         out->degraded = ps.degraded;

@@ -6,6 +6,7 @@
  * recovery after a crash at the instant of the copy (docs/operations.md).
  */
 #include <inttypes.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -69,6 +70,126 @@ int kwt_cmd_backup(int argc, char **argv)
         snprintf(ck, sizeof ck, "checkpoint tick %" PRIu64, d.checkpoint.tick);
     printf("backup: %s -> %s: %" PRIu64 " bytes (%s, WAL LSN %" PRIu64 "..%" PRIu64 ")\n", dir, dest,
            kw_store_file_size(d.store), ck, first, last);
+    kwt_dir_close(&d);
+    return kwt_output_finish(KWT_EXIT_OK);
+}
+
+/* ---- restore ------------------------------------------------------------------------ */
+
+static const char restore_help[] =
+    "usage: keel-wal restore nats://HOST:PORT/WORLD DEST [--to-tick T]\n"
+    "\n"
+    "Build the new data directory DEST from a replicated world's stream\n"
+    "(docs/replication.md): every record, byte for byte at its LSN, or with --to-tick\n"
+    "T those up to tick T's commit marker, so that DEST recovers to the state after\n"
+    "tick T. DEST must not exist (its parent must) or be an empty directory; it holds\n"
+    "no world.params (keel-world records the flags of its first run). The copy is\n"
+    "made in a private directory first: a failed restore leaves no data.mdb in DEST.\n"
+    "\n"
+    "Prints 'restore: ADDRESS -> DEST: <records> records (LSN <a>..<b>, tick <T>)'.\n"
+    "Exit status: 0; 2 bad arguments, the stream cannot be read, it holds no tick T,\n"
+    "or DEST cannot take the copy.\n";
+
+typedef struct cut {
+    uint64_t from, deleted;
+} cut;
+
+static int fill_cut(kw_wtxn *t, void *arg)
+{
+    cut *c = arg;
+    return kw_del_wal_from(t, c->from, &c->deleted);
+}
+
+/* The LSN of tick T's commit marker (not on_first_tick's), 0 when absent. */
+static int commit_of_tick(kwt_dir *d, uint64_t tick, uint64_t *lsn)
+{
+    kw_rtxn *r;
+    int rc = kwt_read_begin(d, &r);
+    if (rc)
+        return rc;
+    kw_range range = {.from_tick = tick, .to_tick = tick, .kinds = 1u << KW_KIND_TICK_COMMIT};
+    kw_scan *s;
+    kw_record rec;
+    *lsn = 0;
+    if (kw_scan_begin(r, &range, &s)) {
+        kw_read_end(r);
+        kwt_err(d->path, "%s", keel_last_error());
+        return KWT_EXIT_USAGE;
+    }
+    while ((rc = kw_scan_next(s, &rec)) == 1 || rc == KEEL_ECORRUPT) /* an invalid record: skipped */
+        if (rc == 1 && !(rec.h.flags & KW_FLAG_HOOK))
+            *lsn = rec.lsn;
+    kw_scan_end(s);
+    kw_read_end(r);
+    return KWT_EXIT_OK;
+}
+
+int kwt_cmd_restore(int argc, char **argv)
+{
+    if (kwt_help_requested(argc, argv))
+        return kwt_print_help(restore_help);
+    const char *src = NULL, *dest = NULL;
+    uint64_t to_tick = 0;
+    bool to_given = false;
+    for (int i = 1; i < argc; i++) {
+        int rc = kwt_opt_u64("restore", argc, argv, &i, "--to-tick", &to_tick);
+        if (rc < 0)
+            return KWT_EXIT_USAGE;
+        if (rc) {
+            to_given = true;
+            continue;
+        }
+        if (argv[i][0] == '-')
+            return kwt_usage_error("restore", "unknown option '%s'", argv[i]);
+        if (dest)
+            return kwt_usage_error("restore", "give a stream and DEST ('%s' is a third)", argv[i]);
+        *(src ? &dest : &src) = argv[i];
+    }
+    if (!dest)
+        return kwt_usage_error("restore", src ? "give the destination DEST" : "give the stream and DEST");
+    if (!kwt_is_stream(src))
+        return kwt_usage_error("restore", "'%s' is no stream address nats://HOST:PORT/WORLD (a directory is copied "
+                                          "with keel-wal backup)", src);
+    kwt_dir d;
+    int rc = kwt_dir_open(src, &d);
+    if (rc)
+        return rc;
+    cut c = {0};
+    if (to_given && !(rc = commit_of_tick(&d, to_tick, &c.from)) && !c.from) {
+        kwt_err(src, "the stream holds no commit of tick %" PRIu64, to_tick);
+        rc = KWT_EXIT_USAGE;
+    }
+    c.from += c.from ? 1 : 0;
+    if (!rc && c.from && kw_store_write(d.store, fill_cut, &c)) {
+        kwt_err(src, "%s", keel_last_error());
+        rc = KWT_EXIT_USAGE;
+    }
+    char copy[sizeof d.copy];
+    snprintf(copy, sizeof copy, "%s", d.copy);
+    d.copy[0] = 0; /* kept past the close: the backup below reads it */
+    kwt_dir_close(&d);
+    if (!rc && kw_store_backup(copy, dest)) {
+        kwt_err(dest, "%s", keel_last_error());
+        rc = KWT_EXIT_USAGE;
+    }
+    kwt_remove_copy(copy);
+    if (rc)
+        return rc;
+    if ((rc = kwt_dir_open(dest, &d)))
+        return rc;
+    kw_rtxn *r;
+    uint64_t first = 0, last = 0, count = 0;
+    if ((rc = kwt_read_begin(&d, &r))) {
+        kwt_dir_close(&d);
+        return rc;
+    }
+    (void)kw_wal_bounds(r, &first, &last, &count);
+    kw_read_end(r);
+    char upto[48] = "";
+    if (to_given)
+        snprintf(upto, sizeof upto, ", tick %" PRIu64, to_tick);
+    printf("restore: %s -> %s: %" PRIu64 " records (LSN %" PRIu64 "..%" PRIu64 "%s)\n", src, dest, count, first, last,
+           upto);
     kwt_dir_close(&d);
     return kwt_output_finish(KWT_EXIT_OK);
 }

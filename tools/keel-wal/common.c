@@ -333,17 +333,15 @@ bool kwt_is_stream(const char *path)
     return !strncmp(path, "nats://", 7);
 }
 
-/* Remove the private copy of a stream (its LMDB files and the directory). */
-static void remove_copy(kwt_dir *d)
+void kwt_remove_copy(const char *dir)
 {
     static const char *const files[] = {"data.mdb", "lock.mdb", "keel.lock"};
     char p[4200];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", d->copy, files[i]);
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         unlink(p);
     }
-    rmdir(d->copy);
-    d->copy[0] = 0;
+    rmdir(dir);
 }
 
 int kwt_dir_refresh(kwt_dir *d)
@@ -454,7 +452,7 @@ void kwt_dir_close(kwt_dir *d)
     kw_store_close(d->store);
     kr_close(d->stream);
     if (d->copy[0])
-        remove_copy(d);
+        kwt_remove_copy(d->copy);
     memset(d, 0, sizeof *d);
 }
 

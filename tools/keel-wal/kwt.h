@@ -51,6 +51,7 @@ int kwt_cmd_tail(int argc, char **argv);
 int kwt_cmd_replay(int argc, char **argv);   /* walstate: replay.c */
 int kwt_cmd_diff(int argc, char **argv);     /* walstate: diff.c */
 int kwt_cmd_backup(int argc, char **argv);   /* backup.c */
+int kwt_cmd_restore(int argc, char **argv);  /* backup.c */
 
 typedef struct kwt_command {
     const char *name;
@@ -157,6 +158,8 @@ void kwt_dir_close(kwt_dir *d);
 int kwt_dir_refresh(kwt_dir *d);
 /* True when path is a stream address (nats://...). */
 bool kwt_is_stream(const char *path);
+/* Remove a stream's private copy (its LMDB files and the directory). */
+void kwt_remove_copy(const char *dir);
 
 /* The shape of a subcommand that reads one data directory (all but info):
  * --help anywhere prints help; parse(argc, argv, opts) reads the arguments

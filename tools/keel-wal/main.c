@@ -19,6 +19,7 @@ const kwt_command kwt_commands[] = {
     {"replay", kwt_cmd_replay, "rebuild the state at a tick: its hash, or an entity as JSON"},
     {"diff", kwt_cmd_diff, "entities created, destroyed and changed between two ticks"},
     {"backup", kwt_cmd_backup, "a consistent copy of a (live) directory: keel-wal backup DIR DEST"},
+    {"restore", kwt_cmd_restore, "a data directory from a stream: keel-wal restore nats://H:P/WORLD DEST"},
     {NULL, NULL, NULL},
 };
 
