@@ -87,6 +87,16 @@ static int split_urls(kr_node *n, const char *urls)
     return n->nservers ? KEEL_OK : core_fail(KEEL_EINVAL, "no NATS server in '%s'", urls);
 }
 
+/* A pipelined publish was refused or not acknowledged (a NATS thread). */
+static void on_async_err(jsCtx *js, jsPubAckErr *pae, void *closure)
+{
+    (void)js, (void)pae;
+    kr_node *n = closure;
+    pthread_mutex_lock(&n->err_mu);
+    n->async_errors++;
+    pthread_mutex_unlock(&n->err_mu);
+}
+
 static int open_conn(kr_node *n)
 {
     natsOptions *o = NULL;
@@ -109,6 +119,9 @@ static int open_conn(kr_node *n)
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.Wait = n->timeout_ms;
+    jo.PublishAsync.ErrHandler = on_async_err;
+    jo.PublishAsync.ErrHandlerClosure = n;
+    jo.PublishAsync.MaxPending = 8192;
     s = natsConnection_JetStream(&n->js, n->nc, &jo);
     return s == NATS_OK ? KEEL_OK : nats_fail(s, 0, "NATS at %s offers no JetStream", n->urls_given);
 }
@@ -197,6 +210,7 @@ int kr_connect(const kr_desc *d, kr_node **out)
     kr_node *n = calloc(1, sizeof *n);
     if (!n)
         return core_fail(KEEL_ENOMEM, "out of memory connecting to NATS");
+    pthread_mutex_init(&n->err_mu, NULL);
     snprintf(n->urls_given, sizeof n->urls_given, "%s", d->urls ? d->urls : "");
     snprintf(n->world, sizeof n->world, "%s", d->world);
     snprintf(n->stream, sizeof n->stream, "KEEL_%s", d->world);
@@ -232,6 +246,7 @@ void kr_close(kr_node *n)
     kvStore_Destroy(n->kv);
     jsCtx_Destroy(n->js);
     natsConnection_Destroy(n->nc);
+    pthread_mutex_destroy(&n->err_mu);
     free(n);
 }
 
@@ -307,6 +322,65 @@ int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t
                                        " (another primary appended after LSN %" PRIu64 ")",
                          n->stream, lsn, epoch, lsn - 1);
     return nats_fail(s, jerr, "stream %s did not acknowledge a record", n->stream);
+}
+
+/* After a pipelined batch met errors: how far the stream holds *our*
+ * records. The stream's record at min(its end, the batch's end) is ours or
+ * another primary's (seq == LSN, and every publish expects its
+ * predecessor): ours -- everything up to it is ours; another's -- fenced. */
+static int settle_batch(kr_node *n, uint64_t epoch, uint64_t before, uint64_t last, const void *const *recs,
+                        const size_t *lens, uint64_t *acked)
+{
+    uint64_t first, end;
+    kw_buf got = {0};
+    int rc = kr_bounds(n, &first, &end);
+    uint64_t k = end < last ? end : last;
+    if (!rc && k > before && !(rc = kr_get(n, k, &got))) {
+        size_t i = (size_t)(k - before - 1);
+        if (got.len == lens[i] && !memcmp(got.p, recs[i], got.len))
+            *acked = k;
+        else
+            rc = core_fail(KEEL_EFENCED, "fenced: stream %s holds another primary's record at LSN %" PRIu64
+                                         " (this node's epoch %" PRIu64 ")", n->stream, k, epoch);
+    }
+    kw_buf_free(&got);
+    if (!rc && *acked < last)
+        rc = core_fail(KEEL_EUNAVAILABLE, "stream %s acknowledged LSN %" PRIu64 " of %" PRIu64, n->stream, *acked,
+                       last);
+    return rc;
+}
+
+int kr_publish_batch(kr_node *n, uint64_t epoch, uint64_t first_lsn, uint32_t count, const void *const *recs,
+                     const size_t *lens, uint64_t *acked)
+{
+    *acked = first_lsn - 1;
+    pthread_mutex_lock(&n->err_mu);
+    n->async_errors = 0;
+    pthread_mutex_unlock(&n->err_mu);
+    natsStatus s = NATS_OK;
+    for (uint32_t i = 0; i < count && s == NATS_OK; i++) {
+        uint64_t lsn = first_lsn + i;
+        char id[48];
+        snprintf(id, sizeof id, "%" PRIu64 ":%" PRIu64, epoch, lsn);
+        jsPubOptions po;
+        jsPubOptions_Init(&po);
+        po.MsgId = id;
+        po.ExpectStream = n->stream;
+        po.ExpectLastSeq = lsn - 1;
+        s = js_PublishAsync(n->js, n->subject, recs[i], (int)lens[i], &po);
+    }
+    jsPubOptions wait;
+    jsPubOptions_Init(&wait);
+    wait.MaxWait = n->timeout_ms;
+    natsStatus done = js_PublishAsyncComplete(n->js, &wait);
+    pthread_mutex_lock(&n->err_mu);
+    uint32_t errors = n->async_errors;
+    pthread_mutex_unlock(&n->err_mu);
+    if (s == NATS_OK && done == NATS_OK && !errors) {
+        *acked = first_lsn + count - 1;
+        return KEEL_OK;
+    }
+    return settle_batch(n, epoch, first_lsn - 1, first_lsn + count - 1, recs, lens, acked);
 }
 
 int kr_purge_before(kr_node *n, uint64_t seq)

@@ -22,7 +22,7 @@
 #include "repl_internal.h"
 
 #define RETRY_MS 100
-#define COPY_MAX 256              /* records copied out of the store at a time */
+#define COPY_MAX 2048             /* records copied out of the store at a time (one pipelined batch) */
 #define COPY_BYTES (4u << 20)
 
 struct kr_pub {
@@ -112,25 +112,29 @@ static int copy_committed(kr_pub *p, uint64_t upto, kw_buf *out, size_t *offs, u
     return rc;
 }
 
-/* Publish the committed records after `published`: 0 when all went, or the
- * first failure. */
+/* Publish the committed records after `published`, a copied batch at a
+ * time, pipelined: 0 when all went, or the first failure. */
 static int publish_committed(kr_pub *p, uint64_t upto)
 {
-    size_t offs[COPY_MAX + 1];
+    size_t offs[COPY_MAX + 1], lens[COPY_MAX];
+    const void *recs[COPY_MAX];
     uint32_t n = 0;
     int rc = KEEL_OK;
     while (!rc && p->published < upto) {
         if ((rc = copy_committed(p, upto, &p->copy, offs, &n)) || !n)
             break;
-        for (uint32_t i = 0; !rc && i < n; i++) {
-            uint64_t lsn = p->published + 1;
-            if ((rc = kr_publish(p->d.node, p->d.epoch, lsn, (const char *)p->copy.p + offs[i], offs[i + 1] - offs[i])))
-                break;
+        for (uint32_t i = 0; i < n; i++) {
+            recs[i] = (const char *)p->copy.p + offs[i];
+            lens[i] = offs[i + 1] - offs[i];
+        }
+        uint64_t acked = p->published;
+        rc = kr_publish_batch(p->d.node, p->d.epoch, p->published + 1, n, recs, lens, &acked);
+        if (acked > p->published) {
             pthread_mutex_lock(&p->mu);
-            p->published = lsn;
+            p->published = acked;
             pthread_cond_broadcast(&p->done);
             pthread_mutex_unlock(&p->mu);
-            p->d.acked(p->d.self, lsn);
+            p->d.acked(p->d.self, acked);
         }
     }
     return rc;

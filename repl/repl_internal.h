@@ -6,6 +6,7 @@
 #define KEEL_REPL_INTERNAL_H
 
 #include <nats/nats.h>
+#include <pthread.h>
 
 #include "keel_repl/repl.h"
 
@@ -26,6 +27,9 @@ struct kr_node {
     char node[KR_NODE_MAX + 1];
     int64_t timeout_ms;
     int32_t replicas;
+    /* asynchronous publishes' failures, counted by the error handler (a NATS thread) */
+    pthread_mutex_t err_mu;
+    uint32_t async_errors;
 };
 
 #endif

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "keel/keel.h"
 #include "keel_wal/wal.h"
@@ -98,6 +99,17 @@ keel_component register_vec3(keel_world *w, const char *name);
 /* A fresh directory under $TMPDIR (default /tmp) for a data directory;
  * removed (files and all) and freed by remove_tmpdir. */
 char *make_tmpdir(const char *tag);
+/* A NATS JetStream cluster of n servers on loopback (bench_nats.c): false
+ * (and nothing left running) when nats-server is missing or never got ready. */
+#define BENCH_NATS_MAX 3
+typedef struct bench_nats {
+    pid_t pid[BENCH_NATS_MAX];
+    int n;
+    char dir[512];
+    char urls[256];
+} bench_nats;
+bool bench_nats_start(bench_nats *b, int n);
+void bench_nats_stop(bench_nats *b);
 void remove_tmpdir(char *dir);
 /* Copy the flat files of data directory `from` into `to`. */
 void copy_tmpdir(const char *from, const char *to);
@@ -178,6 +190,7 @@ void bench_jitter(const config *cfg);
 /* bench_commit.c: against one synced LMDB commit per record */
 void bench_commit(const config *cfg);
 void bench_immediate(const config *cfg);
+void bench_repl(const config *cfg);
 void bench_recovery(const config *cfg);
 
 #endif

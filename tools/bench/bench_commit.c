@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "bench.h"
 #include "keel_wal/wal.h"
@@ -158,7 +159,7 @@ typedef struct imm_sample {
 
 /* IMM_THREADS threads submit IMMEDIATE transfers (window in flight each)
  * for IMM_SECONDS while this thread steps the runtime unthrottled. */
-static imm_sample imm_measure(uint32_t window, double rate_hz)
+static imm_sample imm_measure(uint32_t window, double rate_hz, const keel_replication_desc *repl)
 {
     char *dir = make_tmpdir("imm");
     imm_run *r = calloc(1, sizeof *r);
@@ -171,6 +172,7 @@ static imm_sample imm_measure(uint32_t window, double rate_hz)
         .workers = 1, .tick_rate_hz = rate_hz, .on_first_tick = imm_accounts, .hook_user = r,
         .durable = { .dir = dir, .checkpoint_every_ticks = -1 },
         .overload = { .disabled = true }, /* at 1 kHz: measure the rate asked for, not a modulated one */
+        .replication = repl ? *repl : (keel_replication_desc){ 0 },
     };
     check(keel_runtime_create(&desc, &r->rt), "keel_runtime_create");
     keel_world *w = keel_runtime_world(r->rt);
@@ -340,12 +342,12 @@ void bench_immediate(const config *cfg)
     for (int k = 0; k < NRUNS; k++)
         s[k] = xmalloc(R * sizeof *s[k]);
     (void)fsync_measure(); /* warm-up */
-    (void)imm_measure(IMM_WINDOW, -1);
+    (void)imm_measure(IMM_WINDOW, -1, NULL);
     for (uint32_t r = 0; r < R; r++) {
         if (r % 2 == 0)
             b[r] = fsync_measure();
         for (int k = 0; k < NRUNS; k++)
-            s[k][r] = imm_measure(runs[k].window, runs[k].rate);
+            s[k][r] = imm_measure(runs[k].window, runs[k].rate, NULL);
         if (r % 2 == 1)
             b[r] = fsync_measure();
     }
@@ -384,6 +386,62 @@ void bench_immediate(const config *cfg)
               "LMDB commit per %u-byte record (kw_store_write loop, a directory of its own, %.1f s): commits/s "
               "and per-commit latency", IMM_THREADS, IMM_SECONDS, IMM_ACCOUNTS, IMM_RECORD, IMM_BASE_SECONDS);
     free(b);
+}
+
+/* ---- repl ---------------------------------------------------------------------- */
+
+/* A fresh world on the cluster per measurement (a stream of its own). */
+static keel_replication_desc repl_world(const bench_nats *nats, keel_repl_mode mode, char *name, size_t cap)
+{
+    static unsigned serial;
+    snprintf(name, cap, "bench%u-%d", serial++, (int)getpid());
+    return (keel_replication_desc){ .nats = nats->urls, .world = name, .mode = mode };
+}
+
+void bench_repl(const config *cfg)
+{
+    keep_heap_resident();
+    bench_nats nats;
+    if (!bench_nats_start(&nats, 3)) {
+        fprintf(stderr, "keel-bench: repl: no NATS JetStream cluster (nats-server installed?): figures skipped\n");
+        return;
+    }
+    uint32_t R = cfg->rounds;
+    imm_sample *local = xmalloc(R * sizeof *local), *sync = xmalloc(R * sizeof *sync),
+               *async = xmalloc(R * sizeof *async);
+    char name[64];
+    keel_replication_desc d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
+    (void)imm_measure(IMM_WINDOW, -1, &d); /* warm-up */
+    for (uint32_t r = 0; r < R; r++) {
+        if (r % 2 == 0)
+            local[r] = imm_measure(IMM_WINDOW, -1, NULL);
+        d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
+        sync[r] = imm_measure(IMM_WINDOW, -1, &d);
+        d = repl_world(&nats, KEEL_REPL_ASYNC, name, sizeof name);
+        async[r] = imm_measure(IMM_WINDOW, -1, &d);
+        if (r % 2 == 1)
+            local[r] = imm_measure(IMM_WINDOW, -1, NULL);
+    }
+    double base = imm_median(local, R, offsetof(imm_sample, tps));
+    figure fs = { .name = "repl_sync_immediate", .unit = "commits/s", .value = imm_median(sync, R, offsetof(imm_sample, tps)),
+                  .baseline = base, .target = 0.5, .target_on_ratio = true, .at_least = true };
+    figure fa = { .name = "repl_async_immediate", .unit = "commits/s",
+                  .value = imm_median(async, R, offsetof(imm_sample, tps)), .baseline = base, .no_target = true };
+    figure l50 = { .name = "repl_sync_immediate_p50", .unit = "ms", .value = imm_median(sync, R, offsetof(imm_sample, p50)),
+                   .baseline = imm_median(local, R, offsetof(imm_sample, p50)), .no_target = true };
+    figure l99 = { .name = "repl_sync_immediate_p99", .unit = "ms", .value = imm_median(sync, R, offsetof(imm_sample, p99)),
+                   .baseline = imm_median(local, R, offsetof(imm_sample, p99)), .no_target = true };
+    report(cfg, &fs);
+    report(cfg, &fa);
+    report(cfg, &l50);
+    report(cfg, &l99);
+    note(cfg, "repl: value = the immediate figure's IMMEDIATE transfers/s (%u threads x %u in flight) with sync / "
+              "async replication to a 3-node JetStream cluster on loopback (R3, file storage); baseline = the same "
+              "without replication, in the same rounds", IMM_THREADS, IMM_WINDOW);
+    free(local);
+    free(sync);
+    free(async);
+    bench_nats_stop(&nats);
 }
 
 /* ---- commit ------------------------------------------------------------------ */

@@ -109,6 +109,7 @@ static const struct bench {
     { "recovery", bench_recovery, NULL },
     { "checkpoint", bench_checkpoint, NULL },
     { "jitter", bench_jitter, NULL },
+    { "repl", bench_repl, NULL },
 };
 #define NBENCHES (sizeof BENCHES / sizeof BENCHES[0])
 
@@ -126,7 +127,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: keel-bench [all|NAME...] [--json] [--rounds N] [--entities N]\n"
             "  NAME          iterate|systems|spawn|commit|side|fence|recovery|checkpoint|jitter|\n"
-            "                wal|immediate|memory|parallel|destroy (several may be named; default all).\n"
+            "                wal|immediate|memory|parallel|destroy|repl (several may be named; default all).\n"
             "                iterate includes parallel, spawn includes destroy\n"
             "  --rounds N    rounds; figures are medians over rounds (default 7)\n"
             "  --entities N  entities of the in-memory figures (default 1000000); the durability\n"

@@ -71,6 +71,14 @@ void kr_read_end(kr_reader *r);
  * KEEL_EUNAVAILABLE (no acknowledgement in time; publishing the same lsn
  * again is safe: the message id de-duplicates). */
 int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t len);
+/* Publish the records of LSNs first_lsn .. first_lsn + count - 1 pipelined
+ * (each expecting its predecessor), and wait for their acknowledgements.
+ * *acked: the last LSN the stream holds as this node's. Errors as
+ * kr_publish: KEEL_EFENCED when the stream holds another primary's record
+ * in the range, KEEL_EUNAVAILABLE when it took only a prefix (publish the
+ * rest again). */
+int kr_publish_batch(kr_node *n, uint64_t epoch, uint64_t first_lsn, uint32_t count, const void *const *recs,
+                     const size_t *lens, uint64_t *acked);
 /* Drop the stream's messages before seq (retention). */
 int kr_purge_before(kr_node *n, uint64_t seq);
 
