@@ -136,7 +136,7 @@ int kw_epoch_decode(const void *payload, size_t len, kw_epoch *out)
     out->epoch = kw_get_u64(&c);
     uint32_t n = kw_get_u32(&c);
     const void *node = n <= KW_EPOCH_NODE_MAX ? kw_get_bytes(&c, n) : NULL;
-    if (c.bad || !node || !kw_cursor_done(&c) || !out->epoch)
+    if (c.bad || !node || !kw_cursor_done(&c) || !out->epoch || memchr(node, 0, n))
         return core_fail(KEEL_ECORRUPT, "an epoch record is malformed (%zu bytes)", len);
     memcpy(out->node, node, n);
     out->node[n] = 0;

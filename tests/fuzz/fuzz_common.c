@@ -464,6 +464,26 @@ static int decode_snap_keys(const unsigned char *p, size_t len)
     return KEEL_OK;
 }
 
+/* An EPOCH payload: decoded, it encodes to the same bytes; malformed
+ * (short, long, a node name over 64 bytes, epoch 0) it is KEEL_ECORRUPT. */
+static int decode_epoch(const unsigned char *p, size_t len)
+{
+    kw_epoch e;
+    int rc = kw_epoch_decode(p, len, &e);
+    bool valid = len >= 12 && fz_rd32(p + 8) <= KW_EPOCH_NODE_MAX && len == 12 + (size_t)fz_rd32(p + 8) &&
+                 fz_rd64(p) != 0 && !memchr(p + 12, 0, len - 12);
+    if (!valid) {
+        fz_expect_corrupt(rc, false, 0, "kw_epoch_decode");
+        return rc;
+    }
+    FZ_CHECK(rc == KEEL_OK, "kw_epoch_decode refused a valid epoch payload");
+    kw_buf b = {0};
+    FZ_CHECK(kw_epoch_encode(&b, e.epoch, e.node) == KEEL_OK && b.len == len && !memcmp(b.p, p, len),
+             "an epoch payload does not encode back to its bytes");
+    kw_buf_free(&b);
+    return rc;
+}
+
 int fz_decode_record(kw_codec_ctx *c, const void *rec, const kw_header *h, const kw_schema *schema)
 {
     const void *payload;
@@ -504,6 +524,9 @@ int fz_decode_record(kw_codec_ctx *c, const void *rec, const kw_header *h, const
     }
     case KW_KIND_SNAP_KEYS:
         rc = decode_snap_keys(p, h->raw_len);
+        break;
+    case KW_KIND_EPOCH:
+        rc = decode_epoch(p, h->raw_len);
         break;
     default:
         walk_snap(h->kind, p, h->raw_len);
