@@ -139,13 +139,13 @@ static int replicas_to_try(const kr_node *n, int64_t out[2])
     return out[0] == 1 ? 1 : 2;
 }
 
-static int ensure_stream(kr_node *n, bool create)
+int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create)
 {
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
     int64_t waited = 0;
-    while ((s = js_GetStreamInfo(&si, n->js, n->stream, NULL, &jerr)) != NATS_OK && transient(s, jerr) &&
+    while ((s = js_GetStreamInfo(&si, n->js, stream, NULL, &jerr)) != NATS_OK && transient(s, jerr) &&
            retry_wait(&waited))
         jerr = 0;
     if (s == NATS_OK) {
@@ -153,17 +153,17 @@ static int ensure_stream(kr_node *n, bool create)
         return KEEL_OK;
     }
     if (jerr != JSStreamNotFoundErr && s != NATS_NOT_FOUND)
-        return nats_fail(s, jerr, "cannot look up stream %s", n->stream);
+        return nats_fail(s, jerr, "cannot look up stream %s", stream);
     if (!create)
         return core_fail(KEEL_ENOENT, "NATS at %s holds no stream %s: world '%s' was never replicated there",
-                         n->urls_given, n->stream, n->world);
-    const char *subjects[] = {n->subject};
+                         n->urls_given, stream, n->world);
+    const char *subjects[] = {subject};
     int64_t tries[2];
     int ntries = replicas_to_try(n, tries);
     for (int i = 0; i < ntries; i++) {
         jsStreamConfig c;
         jsStreamConfig_Init(&c);
-        c.Name = n->stream;
+        c.Name = stream;
         c.Subjects = subjects;
         c.SubjectsLen = 1;
         c.Storage = js_FileStorage;
@@ -178,7 +178,7 @@ static int ensure_stream(kr_node *n, bool create)
         if (!jerr)
             break;
     }
-    return nats_fail(s, jerr, "cannot create stream %s", n->stream);
+    return nats_fail(s, jerr, "cannot create stream %s", stream);
 }
 
 static int ensure_bucket(kr_node *n, bool create)
@@ -215,6 +215,8 @@ int kr_connect(const kr_desc *d, kr_node **out)
     snprintf(n->world, sizeof n->world, "%s", d->world);
     snprintf(n->stream, sizeof n->stream, "KEEL_%s", d->world);
     snprintf(n->subject, sizeof n->subject, "keel.%s.wal", d->world);
+    snprintf(n->ckpt_stream, sizeof n->ckpt_stream, "KEEL_%s_CKPT", d->world);
+    snprintf(n->ckpt_subject, sizeof n->ckpt_subject, "keel.%s.ckpt", d->world);
     if (d->node && *d->node) {
         snprintf(n->node, sizeof n->node, "%s", d->node);
     } else {
@@ -228,7 +230,9 @@ int kr_connect(const kr_desc *d, kr_node **out)
     if (!rc)
         rc = open_conn(n);
     if (!rc)
-        rc = ensure_stream(n, d->create);
+        rc = kr_ensure_stream(n, n->stream, n->subject, d->create);
+    if (!rc && (rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, d->create)) == KEEL_ENOENT)
+        rc = KEEL_OK; /* no checkpoint published yet: its primary makes the stream */
     if (!rc)
         rc = ensure_bucket(n, d->create);
     if (rc) {
@@ -262,15 +266,20 @@ const char *kr_node_id(const kr_node *n)
 
 int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last)
 {
+    return kr_stream_bounds(n, n->stream, first, last);
+}
+
+int kr_stream_bounds(kr_node *n, const char *stream, uint64_t *first, uint64_t *last)
+{
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
     int64_t waited = 0;
-    while ((s = js_GetStreamInfo(&si, n->js, n->stream, NULL, &jerr)) != NATS_OK && transient(s, jerr) &&
+    while ((s = js_GetStreamInfo(&si, n->js, stream, NULL, &jerr)) != NATS_OK && transient(s, jerr) &&
            retry_wait(&waited))
         jerr = 0;
     if (s != NATS_OK)
-        return nats_fail(s, jerr, "cannot read the bounds of stream %s", n->stream);
+        return nats_fail(s, jerr, "cannot read the bounds of stream %s", stream);
     *first = si->State.Msgs ? si->State.FirstSeq : 0;
     *last = si->State.LastSeq;
     jsStreamInfo_Destroy(si);
@@ -385,18 +394,24 @@ int kr_publish_batch(kr_node *n, uint64_t epoch, uint64_t first_lsn, uint32_t co
 
 int kr_purge_before(kr_node *n, uint64_t seq)
 {
+    return kr_purge_stream_before(n, n->stream, seq);
+}
+
+int kr_purge_stream_before(kr_node *n, const char *stream, uint64_t seq)
+{
     jsOptions o;
     jsOptions_Init(&o);
     o.Stream.Purge.Sequence = seq;
     jsErrCode jerr = 0;
-    natsStatus s = js_PurgeStream(n->js, n->stream, &o, &jerr);
-    return s == NATS_OK ? KEEL_OK : nats_fail(s, jerr, "cannot purge stream %s", n->stream);
+    natsStatus s = js_PurgeStream(n->js, stream, &o, &jerr);
+    return s == NATS_OK ? KEEL_OK : nats_fail(s, jerr, "cannot purge stream %s", stream);
 }
 
 /* ---- reading in order ---------------------------------------------------------- */
 
 struct kr_reader {
     kr_node *n;
+    const char *stream;
     natsSubscription *sub;
     natsMsg *msg;
     uint64_t next;
@@ -404,26 +419,32 @@ struct kr_reader {
 
 int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out)
 {
+    return kr_read_begin_on(n, n->stream, n->subject, from, out);
+}
+
+int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out)
+{
     kr_reader *r = calloc(1, sizeof *r);
     if (!r)
-        return core_fail(KEEL_ENOMEM, "out of memory reading stream %s", n->stream);
+        return core_fail(KEEL_ENOMEM, "out of memory reading stream %s", stream);
     r->n = n;
+    r->stream = stream;
     r->next = from ? from : 1;
     jsSubOptions so;
     jsSubOptions_Init(&so);
-    so.Stream = n->stream;
+    so.Stream = stream;
     so.Ordered = true;
     so.Config.DeliverPolicy = js_DeliverByStartSequence;
     so.Config.OptStartSeq = r->next;
     jsErrCode jerr = 0;
     natsStatus s;
     int64_t waited = 0;
-    while ((s = js_SubscribeSync(&r->sub, n->js, n->subject, NULL, &so, &jerr)) != NATS_OK && transient(s, jerr) &&
+    while ((s = js_SubscribeSync(&r->sub, n->js, subject, NULL, &so, &jerr)) != NATS_OK && transient(s, jerr) &&
            retry_wait(&waited))
         jerr = 0;
     if (s != NATS_OK) {
         free(r);
-        return nats_fail(s, jerr, "cannot read stream %s", n->stream);
+        return nats_fail(s, jerr, "cannot read stream %s", stream);
     }
     *out = r;
     return KEEL_OK;
@@ -437,16 +458,16 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
     if (s == NATS_TIMEOUT)
         return 0;
     if (s != NATS_OK)
-        return nats_fail(s, 0, "reading stream %s failed", r->n->stream);
+        return nats_fail(s, 0, "reading stream %s failed", r->stream);
     jsMsgMetaData *md = NULL;
     if ((s = natsMsg_GetMetaData(&md, r->msg)) != NATS_OK)
-        return nats_fail(s, 0, "a message of stream %s has no metadata", r->n->stream);
+        return nats_fail(s, 0, "a message of stream %s has no metadata", r->stream);
     uint64_t got = md->Sequence.Stream;
     jsMsgMetaData_Destroy(md);
     if (got != r->next)
         return core_fail(KEEL_ECORRUPT, "stream %s has a gap: message %" PRIu64 " came where %" PRIu64
                                         " was expected (purged, or not a keel stream)",
-                         r->n->stream, got, r->next);
+                         r->stream, got, r->next);
     r->next++;
     *seq = got;
     *data = natsMsg_GetData(r->msg);

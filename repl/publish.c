@@ -36,6 +36,7 @@ struct kr_pub {
     bool degraded, fenced, quit, stopped;
     uint64_t renew_at_ns;
     kw_buf copy;               /* records on their way from the store to the stream (the thread's) */
+    uint64_t ckpt_lsn;         /* the last checkpoint published (under mu) */
 };
 
 static uint64_t now_ns(void)
@@ -112,6 +113,23 @@ static int copy_committed(kr_pub *p, uint64_t upto, kw_buf *out, size_t *offs, u
     return rc;
 }
 
+/* A checkpoint marker reached the stream: publish the checkpoint beside it
+ * (a failure is counted and logged; the next checkpoint tries again). */
+static void publish_checkpoint(kr_pub *p)
+{
+    uint64_t lsn = 0;
+    int rc = kr_ckpt_publish(p->d.node, p->d.store, p->published, p->d.retain, &lsn);
+    pthread_mutex_lock(&p->mu);
+    if (rc)
+        p->errors++;
+    else if (lsn)
+        p->ckpt_lsn = lsn;
+    pthread_mutex_unlock(&p->mu);
+    if (rc)
+        core_log(KEEL_LOG_WARN, "repl", "checkpoint_not_published", "world=%s cause=\"%s\"", kr_world(p->d.node),
+                 keel_last_error());
+}
+
 /* Publish the committed records after `published`, a copied batch at a
  * time, pipelined: 0 when all went, or the first failure. */
 static int publish_committed(kr_pub *p, uint64_t upto)
@@ -129,6 +147,9 @@ static int publish_committed(kr_pub *p, uint64_t upto)
         }
         uint64_t acked = p->published;
         rc = kr_publish_batch(p->d.node, p->d.epoch, p->published + 1, n, recs, lens, &acked);
+        bool marker = false;
+        for (uint32_t i = 0; i < n && p->published + 1 + i <= acked; i++)
+            marker |= ((const unsigned char *)recs[i])[6] == KW_KIND_CHECKPOINT;
         if (acked > p->published) {
             pthread_mutex_lock(&p->mu);
             p->published = acked;
@@ -136,6 +157,8 @@ static int publish_committed(kr_pub *p, uint64_t upto)
             pthread_mutex_unlock(&p->mu);
             p->d.acked(p->d.self, acked);
         }
+        if (marker)
+            publish_checkpoint(p);
     }
     return rc;
 }
@@ -247,7 +270,7 @@ void kr_pub_stats_get(kr_pub *p, kr_pub_stats *out)
 {
     pthread_mutex_lock(&p->mu);
     *out = (kr_pub_stats){.published = p->published, .committed = p->committed, .errors = p->errors,
-                          .degraded = p->degraded, .fenced = p->fenced};
+                          .degraded = p->degraded, .fenced = p->fenced, .checkpoint_lsn = p->ckpt_lsn};
     pthread_mutex_unlock(&p->mu);
 }
 

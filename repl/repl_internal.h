@@ -24,6 +24,8 @@ struct kr_node {
     char world[KR_WORLD_MAX + 1];
     char stream[KR_WORLD_MAX + 8];
     char subject[KR_WORLD_MAX + 16];
+    char ckpt_stream[KR_WORLD_MAX + 16];  /* KEEL_<world>_CKPT: published checkpoints (ckpt.c) */
+    char ckpt_subject[KR_WORLD_MAX + 16];
     char node[KR_NODE_MAX + 1];
     int64_t timeout_ms;
     int32_t replicas;
@@ -31,5 +33,11 @@ struct kr_node {
     pthread_mutex_t err_mu;
     uint32_t async_errors;
 };
+
+/* nats.c, shared with ckpt.c */
+int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create);
+int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out);
+int kr_stream_bounds(kr_node *n, const char *stream, uint64_t *first, uint64_t *last);
+int kr_purge_stream_before(kr_node *n, const char *stream, uint64_t seq);
 
 #endif

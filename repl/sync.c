@@ -231,6 +231,21 @@ static int mark_replicated(kr_node *n, kw_store *s)
     return rc == KEEL_ENOENT ? kw_store_write(s, fill_mark, n) : rc;
 }
 
+/* The covered LSN of the directory's checkpoint (0: none). */
+static uint64_t checkpoint_lsn(kw_store *s)
+{
+    kw_rtxn *r;
+    const void *v;
+    size_t n;
+    kw_checkpoint_meta m = {0};
+    if (kw_read_begin(s, &r))
+        return 0;
+    if (!kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n))
+        (void)kw_checkpoint_meta_decode(v, n, &m);
+    kw_read_end(r);
+    return m.lsn;
+}
+
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
 {
     *out = (kr_sync_info){0};
@@ -240,12 +255,26 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         rc = mark_replicated(n, s);
     if (!rc)
         rc = local_bounds(s, &lfirst, &llast);
-    if (!rc)
-        rc = common_prefix(n, s, lfirst, llast, sfirst, slast, &keep);
     if (rc)
         return rc;
+    /* an empty WAL after a checkpoint (a bootstrapped directory) continues after the checkpoint */
+    uint64_t end_local = llast ? llast : checkpoint_lsn(s);
+    if (sfirst > 1 && end_local + 1 < sfirst) {
+        /* the stream was purged past this directory: start again from its published checkpoint */
+        if ((rc = kr_ckpt_load(n, s, &keep)))
+            return rc == KEEL_ENOENT ? core_fail(KEEL_ERANGE, "stream %s starts at %" PRIu64 ", after directory %s "
+                                                 "ends (%" PRIu64 "), and no checkpoint is published to restart "
+                                                 "from", n->stream, sfirst, kw_store_dir(s), end_local) : rc;
+        out->discarded = llast ? llast - lfirst + 1 : 0;
+        out->checkpoint_dropped = true;
+        out->bootstrapped = true;
+    } else if (!llast || llast + 1 == sfirst) {
+        keep = end_local; /* nothing to compare: the stream continues the directory */
+    } else if ((rc = common_prefix(n, s, lfirst, llast, sfirst, slast, &keep))) {
+        return rc;
+    }
     out->stream_last = slast;
-    if (keep < llast) {
+    if (llast && keep < llast && !out->bootstrapped) {
         discard d = {.from = keep + 1};
         if ((rc = checkpoint_beyond(s, keep, &d.drop_checkpoint)) || (rc = kw_store_write(s, fill_discard, &d)))
             return rc;

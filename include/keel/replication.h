@@ -51,6 +51,8 @@ typedef struct keel_replication_desc {
     const char *node;          /* this node's name in the lease; NULL = host:pid */
     uint64_t stop_tick;        /* a standby or follower applies no tick after this one, also when it
                                   opens its directory (0 = no bound) */
+    int64_t retain_records;    /* a primary publishes each checkpoint beside the stream and purges the
+                                  stream's records before it but this many; 0 = 100000; < 0 = never purge */
 } keel_replication_desc;
 
 typedef struct keel_repl_status {
@@ -63,6 +65,8 @@ typedef struct keel_repl_status {
     uint64_t lag_records;      /* follower: stream - applied; primary: committed - published */
     uint64_t lag_ticks;        /* follower: ticks received but not yet applied; primary: 0 */
     uint64_t discarded;        /* records dropped at open: this directory held them, the stream did not */
+    uint64_t checkpoint_lsn;   /* a primary: the covered LSN of the last checkpoint it published */
+    bool bootstrapped;         /* at open the directory restarted from the published checkpoint */
     uint64_t errors;           /* publishes or lease renewals that failed and were retried */
     bool degraded;             /* the stream is out of reach: SYNC acknowledges nothing meanwhile */
     bool fenced;               /* another primary took over: this runtime latched KEEL_EFENCED */

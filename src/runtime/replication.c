@@ -39,6 +39,7 @@
 #define EPOCH_TRIES 8
 #define DRAIN_MS 5000
 #define SCHEMA_WAIT_MS 60000ull
+#define RETAIN_DEFAULT 100000
 
 struct runtime_repl {
     keel_replication_desc desc; /* strings point into the buffers below */
@@ -219,6 +220,7 @@ static void st_opened(keel_repl_status *st, const void *arg)
 {
     const kr_sync_info *si = arg;
     st->discarded = si->discarded;
+    st->bootstrapped = si->bootstrapped;
     st->stream_lsn = si->stream_last;
     st->applied_lsn = si->local_last;
 }
@@ -321,7 +323,8 @@ static int start_primary(keel_runtime *rt)
     dur_state *d = rt->dur;
     kr_pub_desc pd = {.node = r->node, .store = d->store, .epoch = r->seen.epoch, .lease_rev = r->seen.rev,
                       .published = r->epoch_lsn, .lease_ms = r->lease_ms, .self = rt, .acked = on_acked,
-                      .failed = on_failed};
+                      .failed = on_failed,
+                      .retain = r->desc.retain_records ? r->desc.retain_records : RETAIN_DEFAULT};
     kr_pub *pub;
     int rc = kr_pub_start(&pd, &pub);
     if (rc)
@@ -503,6 +506,7 @@ void keel_repl_status_get(keel_runtime *rt, keel_repl_status *out)
         out->errors = ps.errors;
         out->degraded = ps.degraded;
         out->fenced = ps.fenced;
+        out->checkpoint_lsn = ps.checkpoint_lsn;
     }
     pthread_mutex_unlock(&r->mu);
 }

@@ -52,6 +52,7 @@ typedef struct options {
     keel_repl_mode replicate;   /* --replicate async|sync: a primary */
     bool standby, follow;       /* --standby, --follow */
     uint64_t lease_ms;          /* --lease-ms N */
+    int64_t retain_records;     /* --retain-records N (0: the library's default) */
 } options;
 
 static void usage(FILE *to)
@@ -62,7 +63,7 @@ static void usage(FILE *to)
             "                  [--durability MODE] [--checkpoint-every N] [--wal-retain]\n"
             "                  [--live-trades R] [--trace FILE] [--metrics HOST:PORT] [--quiet]\n"
             "                  [--nats URLS --world NAME (--replicate async|sync | --standby |\n"
-            "                   --follow) [--lease-ms N]]\n"
+            "                   --follow) [--lease-ms N] [--retain-records N]]\n"
             "  --data DIR      data directory (default ./keel-data): the world is recovered\n"
             "                  from it at start and written to it as it runs\n"
             "  --memory        no data directory: the world lives in memory only\n"
@@ -98,6 +99,9 @@ static void usage(FILE *to)
             "  --follow        a read replica: follow, never take over; with --until-tick N\n"
             "                  stop once tick N is applied\n"
             "  --lease-ms N    the primary's lease time (default 5000)\n"
+            "  --retain-records N  a primary keeps N WAL records on the stream before its\n"
+            "                  latest published checkpoint and purges the rest (default\n"
+            "                  100000)\n"
             "  --quiet         no status line; the recovery and final lines always print\n"
             "  --report-fd FD  write the report protocol (docs/demo.md) to FD: used by\n"
             "                  keel-crash; the run then steps one tick at a time\n"
@@ -246,6 +250,13 @@ static int parse_valued(const char *a, const char *v, options *o)
     if (!strcmp(a, "--lease-ms"))
         return parse_u64(a, v, 3600000, &o->lease_ms) || o->lease_ms < 100
                    ? (fprintf(stderr, "keel-world: --lease-ms must be in [100, 3600000]\n"), -1) : 0;
+    if (!strcmp(a, "--retain-records")) {
+        uint64_t keep = 0;
+        if (parse_u64(a, v, INT64_MAX, &keep) || !keep)
+            return fprintf(stderr, "keel-world: --retain-records must be at least 1\n"), -1;
+        o->retain_records = (int64_t)keep;
+        return 0;
+    }
     if (!strcmp(a, "--nats") || !strcmp(a, "--world")) {
         if (!v || !*v) {
             fprintf(stderr, "keel-world: %s needs a value\n", a);
@@ -282,9 +293,9 @@ static int validate_replication(const options *o)
     if (roles && (!o->nats || !o->world))
         bad = fprintf(stderr, "keel-world: %s needs --nats URLS and --world NAME\n",
                       o->replicate ? "--replicate" : o->standby ? "--standby" : "--follow");
-    if (!roles && (o->nats || o->world || o->lease_ms))
-        bad = fprintf(stderr, "keel-world: --nats, --world and --lease-ms need a role: --replicate async|sync, "
-                              "--standby or --follow\n");
+    if (!roles && (o->nats || o->world || o->lease_ms || o->retain_records))
+        bad = fprintf(stderr, "keel-world: --nats, --world, --lease-ms and --retain-records need a role: "
+                              "--replicate async|sync, --standby or --follow\n");
     if (roles && o->memory)
         bad = fprintf(stderr, "keel-world: replication needs a data directory: leave --memory out\n");
     if ((o->standby || o->follow) && (o->live_trades || o->report_fd >= 0))
@@ -403,7 +414,7 @@ static int setup(world_app *app, keel_schedule **sched, const options *o, keel_r
                     .wal_retain = o->wal_retain, .on_shutdown = world_shutdown, .shutdown_arg = app},
         .replication = {.nats = o->nats, .world = o->world, .mode = o->replicate, .lease_ms = (int32_t)o->lease_ms,
                         .role = o->standby ? KEEL_ROLE_STANDBY : o->follow ? KEEL_ROLE_FOLLOWER : KEEL_ROLE_PRIMARY,
-                        .stop_tick = o->until_given ? o->until_tick : 0},
+                        .stop_tick = o->until_given ? o->until_tick : 0, .retain_records = o->retain_records},
     };
     if (check(keel_runtime_create(&desc, &app->rt), "creating the runtime"))
         return -1;

@@ -110,11 +110,15 @@ typedef struct kr_sync_info {
     uint64_t discarded;       /* records the directory held beyond the stream, now dropped */
     uint64_t appended;        /* records copied from the stream */
     bool checkpoint_dropped;  /* the checkpoint covered a dropped record: it went with them */
+    bool bootstrapped;        /* the stream was purged past the directory: it restarted from the
+                                 published checkpoint */
 } kr_sync_info;
 
 /* Bring the WAL of `s` (open, writable) in step with the stream: drop what
- * it holds beyond the stream (records that never reached it), then append
- * what the stream holds beyond it, up to `upto` (0: its end). SCHEMA
+ * it holds beyond the stream (records that never reached it), or, when the
+ * stream was purged past the directory's end, replace it with the latest
+ * published checkpoint; then append what the stream holds beyond it, up to
+ * `upto` (0: its end). SCHEMA
  * records also go to the schema database, as the primary stored them.
  * Errors: KEEL_ECORRUPT (a message is no WAL record of its sequence, or the
  * directory and the stream share no record), the stream's and the store's. */
@@ -128,6 +132,18 @@ int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, 
  * primary's EPOCH record, once the stream took it. */
 int kr_append_record(kw_store *s, uint64_t lsn, const void *rec, size_t len);
 
+/* ---- published checkpoints (ckpt.c) ------------------------------------------- */
+
+/* Publish the checkpoint s records now, if the WAL stream holds every record
+ * it covers (its covered LSN <= upto), then purge older checkpoints and the
+ * WAL stream's records before covered + 1 - retain (retain < 0: never).
+ * *published_lsn: its covered LSN, 0 when none was sent. */
+int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint64_t *published_lsn);
+/* Replace s's WAL, snapshot, schema and checkpoint with the latest published
+ * checkpoint; *covered: its covered LSN (the stream continues after it).
+ * KEEL_ENOENT when none is published. */
+int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered);
+
 /* ---- the publisher ------------------------------------------------------------ */
 
 /* A thread that publishes the records an LMDB store commits, in LSN order,
@@ -138,6 +154,7 @@ typedef struct kr_pub_desc {
     kw_store *store;          /* where the records are read from */
     uint64_t epoch, lease_rev;
     uint64_t published;       /* the stream's last sequence: publishing starts after it */
+    int64_t retain;           /* WAL records the stream keeps before its published checkpoint (< 0: all) */
     int32_t lease_ms;
     void *self;
     void (*acked)(void *self, uint64_t lsn);    /* the stream holds records up to lsn */
@@ -148,6 +165,7 @@ typedef struct kr_pub_stats {
     uint64_t published;       /* the last LSN the stream acknowledged */
     uint64_t committed;       /* the last LSN handed to the publisher */
     uint64_t errors;          /* publishes or renewals that failed and were retried */
+    uint64_t checkpoint_lsn;  /* the covered LSN of the last checkpoint published (0: none) */
     bool degraded;            /* the last attempt failed: the stream is not keeping up */
     bool fenced;
 } kr_pub_stats;

@@ -1,0 +1,250 @@
+/*
+ * repl/ckpt.c -- checkpoints published beside the stream, so that a new
+ * replica (or one whose directory ends before the stream's start) loads
+ * the latest one and tails the stream from its LSN, and so that the stream
+ * can be purged up to it.
+ *
+ * Stream KEEL_<world>_CKPT, subject keel.<world>.ckpt. One checkpoint is a
+ * run of messages, each `u8 type | u32 klen | key | value`:
+ *   BEGIN   value = meta "checkpoint" (32 bytes: tick, covered LSN, count)
+ *   SCHEMA  value = the schema record (as the schema database holds it)
+ *   ENTRY   key, value = one key of the snap database, as stored
+ *   END     value = u64 sequence of its BEGIN, u64 entries
+ * A checkpoint counts once its END is stored; the stream keeps the latest
+ * (older ones are purged after a newer END). The primary's publisher
+ * publishes each checkpoint its directory records, once the WAL stream holds
+ * every record it covers.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "repl_internal.h"
+
+enum { CK_BEGIN = 1, CK_ENTRY = 2, CK_SCHEMA = 3, CK_END = 4 };
+
+typedef struct ck_msgs {
+    kw_buf bytes;
+    size_t *off;
+    uint32_t n, cap;
+} ck_msgs;
+
+static int msg_add(ck_msgs *m, uint8_t type, const void *key, size_t klen, const void *val, size_t vlen)
+{
+    if (CORE_GROW(m->off, m->cap, m->n + 1, 256))
+        return core_fail(KEEL_ENOMEM, "out of memory copying a checkpoint for the stream");
+    m->off[m->n++] = m->bytes.len;
+    int rc = kw_put_u8(&m->bytes, type);
+    if (!rc)
+        rc = kw_put_u32(&m->bytes, (uint32_t)klen);
+    if (!rc)
+        rc = kw_put_bytes(&m->bytes, key, klen);
+    return rc ? rc : kw_put_bytes(&m->bytes, val, vlen);
+}
+
+static void msgs_free(ck_msgs *m)
+{
+    kw_buf_free(&m->bytes);
+    free(m->off);
+}
+
+/* The checkpoint the directory records now, as messages (BEGIN, SCHEMA,
+ * ENTRY...), if it covers no LSN beyond `upto`. *meta_lsn 0: none to send. */
+static int copy_checkpoint(kw_store *s, uint64_t upto, ck_msgs *m, kw_checkpoint_meta *meta)
+{
+    kw_rtxn *r;
+    int rc = kw_read_begin(s, &r);
+    if (rc)
+        return rc;
+    const void *v, *k;
+    size_t vn, kn;
+    *meta = (kw_checkpoint_meta){0};
+    rc = kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &vn);
+    if (!rc && !(rc = kw_checkpoint_meta_decode(v, vn, meta)) && meta->lsn <= upto) {
+        rc = msg_add(m, CK_BEGIN, NULL, 0, v, vn);
+        if (!rc && !(rc = kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &v, &vn)))
+            rc = msg_add(m, CK_SCHEMA, NULL, 0, v, vn);
+        kw_walit *it;
+        if (!rc && !(rc = kw_db_iter(r, KW_DB_SNAP, NULL, 0, &it))) {
+            while ((rc = kw_db_next(it, &k, &kn, &v, &vn)) == 1)
+                if ((rc = msg_add(m, CK_ENTRY, k, kn, v, vn)))
+                    break;
+            kw_wal_iter_end(it);
+        }
+    } else if (!rc) {
+        meta->lsn = 0; /* a newer checkpoint than the stream holds records for: its own marker sends it */
+    }
+    kw_read_end(r);
+    return rc == KEEL_ENOENT ? KEEL_OK : rc;
+}
+
+int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint64_t *published_lsn)
+{
+    ck_msgs m = {0};
+    kw_checkpoint_meta meta;
+    *published_lsn = 0;
+    int rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, true);
+    if (!rc)
+        rc = copy_checkpoint(s, upto, &m, &meta);
+    if (rc || !meta.lsn || m.n < 2) { /* none, or one without a schema: nothing a replica could load */
+        msgs_free(&m);
+        return rc;
+    }
+    jsPubAck *pa = NULL;
+    jsErrCode jerr = 0;
+    natsStatus st = js_Publish(&pa, n->js, n->ckpt_subject, m.bytes.p, (int)(m.off[1] - m.off[0]), NULL, &jerr);
+    uint64_t begin = st == NATS_OK ? pa->Sequence : 0;
+    jsPubAck_Destroy(pa);
+    pthread_mutex_lock(&n->err_mu);
+    n->async_errors = 0;
+    pthread_mutex_unlock(&n->err_mu);
+    for (uint32_t i = 1; i < m.n && st == NATS_OK; i++) {
+        size_t end = i + 1 < m.n ? m.off[i + 1] : m.bytes.len;
+        st = js_PublishAsync(n->js, n->ckpt_subject, (const char *)m.bytes.p + m.off[i], (int)(end - m.off[i]), NULL);
+    }
+    unsigned char tail[16];
+    kw_buf t = {tail, 0, sizeof tail};
+    kw_put_u64(&t, begin);
+    kw_put_u64(&t, m.n - 1);
+    ck_msgs endmsg = {0};
+    if (st == NATS_OK && !(rc = msg_add(&endmsg, CK_END, NULL, 0, tail, sizeof tail)))
+        st = js_PublishAsync(n->js, n->ckpt_subject, endmsg.bytes.p, (int)endmsg.bytes.len, NULL);
+    jsPubOptions wait;
+    jsPubOptions_Init(&wait);
+    wait.MaxWait = n->timeout_ms * 4;
+    natsStatus done = st == NATS_OK ? js_PublishAsyncComplete(n->js, &wait) : st;
+    pthread_mutex_lock(&n->err_mu);
+    uint32_t errors = n->async_errors;
+    pthread_mutex_unlock(&n->err_mu);
+    msgs_free(&endmsg);
+    msgs_free(&m);
+    if (!rc && (st != NATS_OK || done != NATS_OK || errors))
+        rc = core_fail(KEEL_EUNAVAILABLE, "the checkpoint of tick %" PRIu64 " was not published to stream %s: %s",
+                       meta.tick, n->ckpt_stream, natsStatus_GetText(st != NATS_OK ? st : done));
+    if (rc)
+        return rc;
+    *published_lsn = meta.lsn;
+    /* the latest checkpoint is all a new replica needs: older ones, and the WAL records before it (but
+       `retain` of them), go */
+    rc = kr_purge_stream_before(n, n->ckpt_stream, begin);
+    if (!rc && retain >= 0 && meta.lsn + 1 > (uint64_t)retain + 1)
+        rc = kr_purge_stream_before(n, n->stream, meta.lsn + 1 - (uint64_t)retain);
+    return rc;
+}
+
+/* ---- loading ----------------------------------------------------------------- */
+
+typedef struct ck_parsed {
+    uint8_t type;
+    const void *key, *val;
+    size_t klen, vlen;
+} ck_parsed;
+
+static bool parse(const void *data, size_t len, ck_parsed *out)
+{
+    kw_cursor c = kw_cursor_make(data, len);
+    out->type = kw_get_u8(&c);
+    uint32_t kl = kw_get_u32(&c);
+    out->key = kw_get_bytes(&c, kl);
+    out->klen = kl;
+    out->val = c.p;
+    out->vlen = c.bad ? 0 : (size_t)(c.end - c.p);
+    return !c.bad && out->type >= CK_BEGIN && out->type <= CK_END;
+}
+
+/* The latest complete checkpoint: the sequences of its BEGIN and its END
+ * (0, 0: none). */
+static int latest(kr_node *n, uint64_t *begin, uint64_t *end)
+{
+    *begin = *end = 0;
+    natsMsg *msg = NULL;
+    jsErrCode jerr = 0;
+    natsStatus st = js_GetLastMsg(&msg, n->js, n->ckpt_stream, n->ckpt_subject, NULL, &jerr);
+    if (st == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr || jerr == JSStreamNotFoundErr)
+        return KEEL_OK;
+    if (st != NATS_OK)
+        return core_fail(KEEL_EUNAVAILABLE, "cannot read stream %s: %s", n->ckpt_stream, natsStatus_GetText(st));
+    ck_parsed p;
+    if (parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) && p.type == CK_END) {
+        kw_cursor c = kw_cursor_make(p.val, p.vlen);
+        *begin = kw_get_u64(&c);
+        *end = *begin + kw_get_u64(&c) + 1; /* BEGIN, then SCHEMA and the entries, then END */
+        if (c.bad)
+            *begin = *end = 0;
+    }
+    natsMsg_Destroy(msg);
+    return KEEL_OK;
+}
+
+typedef struct ck_load {
+    ck_msgs m;                 /* the messages BEGIN .. the last ENTRY */
+    kw_checkpoint_meta meta;
+    const void *meta_bytes;
+    size_t meta_len;
+} ck_load;
+
+static bool keep_none(const void *key, size_t klen, void *arg)
+{
+    (void)key, (void)klen, (void)arg;
+    return false;
+}
+
+static int fill_load(kw_wtxn *t, void *arg)
+{
+    ck_load *l = arg;
+    int rc = kw_del_wal_from(t, 1, NULL);
+    if (!rc)
+        rc = kw_del_prefix(t, KW_DB_SNAP, "", 0, keep_none, NULL);
+    for (uint32_t i = 0; !rc && i < l->m.n; i++) {
+        size_t end = i + 1 < l->m.n ? l->m.off[i + 1] : l->m.bytes.len;
+        ck_parsed p;
+        parse((const char *)l->m.bytes.p + l->m.off[i], end - l->m.off[i], &p);
+        if (p.type == CK_BEGIN)
+            rc = kw_put(t, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), p.val, p.vlen);
+        else if (p.type == CK_SCHEMA)
+            rc = kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), p.val, p.vlen);
+        else if (p.type == CK_ENTRY)
+            rc = kw_put(t, KW_DB_SNAP, p.key, p.klen, p.val, p.vlen);
+    }
+    return rc;
+}
+
+int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered)
+{
+    uint64_t begin, end;
+    *covered = 0;
+    int rc = latest(n, &begin, &end);
+    if (rc || !begin)
+        return rc ? rc : core_fail(KEEL_ENOENT, "stream %s holds no complete checkpoint", n->ckpt_stream);
+    kr_reader *r;
+    if ((rc = kr_read_begin_on(n, n->ckpt_stream, n->ckpt_subject, begin, &r)))
+        return rc;
+    ck_load l = {0};
+    uint64_t seq;
+    const void *data;
+    size_t len;
+    for (uint64_t want = begin; !rc && want < end; want++) {
+        int got = kr_read_next(r, n->timeout_ms, &seq, &data, &len);
+        ck_parsed p;
+        if (got < 0)
+            rc = got;
+        else if (!got)
+            rc = core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering the checkpoint at %" PRIu64,
+                           n->ckpt_stream, want);
+        else if (!parse(data, len, &p) || (want == begin) != (p.type == CK_BEGIN) || p.type == CK_END)
+            rc = core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " is no part of a checkpoint", n->ckpt_stream,
+                           seq);
+        else if (p.type == CK_BEGIN && (rc = kw_checkpoint_meta_decode(p.val, p.vlen, &l.meta)))
+            rc = core_fail_prefix(KEEL_ECORRUPT, "stream %s: the checkpoint at %" PRIu64, n->ckpt_stream, seq);
+        else
+            rc = msg_add(&l.m, p.type, p.key, p.klen, p.val, p.vlen);
+    }
+    kr_read_end(r);
+    if (!rc)
+        rc = kw_store_write(s, fill_load, &l);
+    if (!rc)
+        *covered = l.meta.lsn;
+    msgs_free(&l.m);
+    return rc;
+}
