@@ -8,6 +8,9 @@
  * moved for the lease time by the standby's own clock (the holder renews
  * three times per lease time), and then takes it by compare-and-set on that
  * very revision -- a holder that renewed in between makes the take fail.
+ * A lease nobody holds yet (no key, no bucket) lapses the same way: after a
+ * lease time of watching it absent, so a standby started beside a primary
+ * that is still opening does not take the world from it.
  * The stream's expected-last-sequence publishes, not the lease, are what
  * keep a deposed primary from appending (repl/nats.c).
  */
@@ -33,6 +36,9 @@ static void lease_parse(const char *v, int len, kr_lease *out)
 int kr_lease_read(kr_node *n, kr_lease *out)
 {
     *out = (kr_lease){0};
+    int rc = kr_ensure_bucket(n, false);
+    if (rc)
+        return rc == KEEL_ENOENT ? KEEL_OK : rc; /* no bucket: nobody ever held the lease */
     kvEntry *e = NULL;
     natsStatus s = kvStore_Get(&e, n->kv, n->world);
     if (s == NATS_NOT_FOUND)
@@ -68,6 +74,9 @@ int kr_lease_take(kr_node *n, const kr_lease *seen, uint64_t *epoch, uint64_t *r
     char v[160];
     uint64_t e = seen->epoch + 1;
     int len = lease_value(n, e, false, v, sizeof v);
+    int rc = kr_ensure_bucket(n, true);
+    if (rc)
+        return rc;
     natsStatus s = seen->exists ? kvStore_Update(rev, n->kv, n->world, v, len, seen->rev)
                                 : kvStore_Create(rev, n->kv, n->world, v, len);
     if (s != NATS_OK)
@@ -81,6 +90,9 @@ int kr_lease_renew(kr_node *n, uint64_t epoch, bool released, uint64_t *rev)
     char v[160];
     int len = lease_value(n, epoch, released, v, sizeof v);
     uint64_t now = 0;
+    int rc = kr_ensure_bucket(n, false);
+    if (rc)
+        return rc == KEEL_ENOENT ? core_fail(KEEL_EFENCED, "the lease bucket of world '%s' is gone", n->world) : rc;
     natsStatus s = kvStore_Update(&now, n->kv, n->world, v, len, *rev);
     if (s != NATS_OK)
         return cas_failed(n, *rev, s, KEEL_EFENCED);

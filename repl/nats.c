@@ -181,9 +181,13 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
     return nats_fail(s, jerr, "cannot create stream %s", stream);
 }
 
-static int ensure_bucket(kr_node *n, bool create)
+int kr_ensure_bucket(kr_node *n, bool create)
 {
+    if (n->kv)
+        return KEEL_OK;
     natsStatus s = js_KeyValue(&n->kv, n->js, KR_LEASE_BUCKET);
+    if (s == NATS_NOT_FOUND && !create)
+        return KEEL_ENOENT; /* no primary made it yet: the lease is open later (lease.c) */
     if (s == NATS_OK || !create)
         return s == NATS_OK ? KEEL_OK : nats_fail(s, 0, "cannot open the lease bucket %s", KR_LEASE_BUCKET);
     int64_t tries[2];
@@ -233,8 +237,8 @@ int kr_connect(const kr_desc *d, kr_node **out)
         rc = kr_ensure_stream(n, n->stream, n->subject, d->create);
     if (!rc && (rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, d->create)) == KEEL_ENOENT)
         rc = KEEL_OK; /* no checkpoint published yet: its primary makes the stream */
-    if (!rc)
-        rc = ensure_bucket(n, d->create);
+    if (!rc && (rc = kr_ensure_bucket(n, d->create)) == KEEL_ENOENT)
+        rc = KEEL_OK;
     if (rc) {
         kr_close(n);
         return rc;

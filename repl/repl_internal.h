@@ -36,6 +36,8 @@ struct kr_node {
 
 /* nats.c, shared with ckpt.c */
 int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create);
+/* Open (or with create make) the lease bucket: KEEL_ENOENT when it does not exist yet. */
+int kr_ensure_bucket(kr_node *n, bool create);
 int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out);
 int kr_stream_bounds(kr_node *n, const char *stream, uint64_t *first, uint64_t *last);
 int kr_purge_stream_before(kr_node *n, const char *stream, uint64_t seq);

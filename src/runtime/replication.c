@@ -40,6 +40,7 @@
 #define DRAIN_MS 5000
 #define SCHEMA_WAIT_MS 60000ull
 #define RETAIN_DEFAULT 100000
+#define BOUNDS_EVERY_NS 200000000ull
 
 struct runtime_repl {
     keel_replication_desc desc; /* strings point into the buffers below */
@@ -50,6 +51,7 @@ struct runtime_repl {
     kr_reader *reader;         /* a replica's: at the directory's next LSN */
     uint64_t local_last;       /* the directory's last LSN */
     uint64_t epoch_lsn;        /* a primary: its EPOCH record */
+    uint64_t bounds_ns;        /* a replica: when it last asked for the stream's bounds */
     /* a standby's view of the lease */
     kr_lease seen;
     uint64_t seen_since_ns;
@@ -148,9 +150,9 @@ static void status_set(struct runtime_repl *r, void (*fn)(keel_repl_status *st, 
 
 /* ---- the lease ------------------------------------------------------------------ */
 
-/* Has the lease lapsed, as this node has watched it? It lapsed when nobody
- * holds it, its holder let it go, or its revision stood still for a lease
- * time. r->seen is what a take compares against. */
+/* Has the lease lapsed, as this node has watched it? It lapsed when its
+ * holder let it go, or when it stood still (the same revision, or absent)
+ * for a lease time. r->seen is what a take compares against. */
 static bool lease_lapsed(struct runtime_repl *r)
 {
     kr_lease now;
@@ -160,7 +162,7 @@ static bool lease_lapsed(struct runtime_repl *r)
     if (!r->seen_since_ns || now.rev != r->seen.rev || now.exists != r->seen.exists)
         r->seen_since_ns = t;
     r->seen = now;
-    return !now.exists || now.released || t - r->seen_since_ns >= (uint64_t)r->lease_ms * 1000000ull;
+    return now.released || t - r->seen_since_ns >= (uint64_t)r->lease_ms * 1000000ull;
 }
 
 /* A primary at open: wait until the lease lapses and take it. A holder that
@@ -169,7 +171,8 @@ static int take_lease_at_open(struct runtime_repl *r, uint64_t *epoch, uint64_t 
 {
     uint64_t start = mono_ns(), patience = 3ull * (uint64_t)r->lease_ms * 1000000ull;
     for (;;) {
-        if (lease_lapsed(r)) {
+        /* a lease nobody ever held is free: only a live primary holds one */
+        if (lease_lapsed(r) || !r->seen.exists) {
             int rc = kr_lease_take(r->node, &r->seen, epoch, rev);
             if (rc != KEEL_ECONFLICT)
                 return rc;
@@ -390,8 +393,13 @@ static int apply_local(keel_runtime *rt, uint64_t last_tick)
     atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
     if (rt->world->mutations != rt->txn.pub_mutations && (rc = view_publish(&rt->txn, tick)))
         return rc;
-    uint64_t first = 0, stream = 0;
-    (void)kr_bounds(r->node, &first, &stream);
+    /* the stream's end for the lag: what was copied, and the stream's own bounds at most every
+       BOUNDS_EVERY_NS (a request to the stream's leader) */
+    uint64_t first = 0, stream = r->local_last, now = mono_ns();
+    if (now - r->bounds_ns >= BOUNDS_EVERY_NS) {
+        (void)kr_bounds(r->node, &first, &stream);
+        r->bounds_ns = now;
+    }
     applied a = {.lsn = rt->dur->applied_lsn, .tick = tick, .stream = stream, .last_tick = last_tick};
     status_set(r, st_applied, &a);
     metrics_publish(rt, false);

@@ -15,6 +15,7 @@
 
 #include "bench.h"
 #include "keel_wal/wal.h"
+#include "keel_repl/repl.h"
 
 #define IMM_THREADS 8u
 #define IMM_ACCOUNTS 1024u
@@ -398,6 +399,36 @@ static keel_replication_desc repl_world(const bench_nats *nats, keel_repl_mode m
     return (keel_replication_desc){ .nats = nats->urls, .world = name, .mode = mode };
 }
 
+/* The stream's own ceiling: IMM_RECORD-byte records published pipelined
+ * (kr_publish_batch, 2048 at a time, each expecting its predecessor) to a
+ * fresh stream for about IMM_SECONDS; records/s. */
+#define CEIL_BATCH 2048u
+static double stream_ceiling(const bench_nats *nats)
+{
+    char name[64];
+    keel_replication_desc d = repl_world(nats, KEEL_REPL_SYNC, name, sizeof name);
+    kr_node *n;
+    check(kr_connect(&(kr_desc){ .urls = d.nats, .world = d.world, .create = true }, &n), "kr_connect");
+    unsigned char payload[IMM_RECORD];
+    memset(payload, 0x5a, sizeof payload);
+    const void **recs = xmalloc(CEIL_BATCH * sizeof *recs);
+    size_t *lens = xmalloc(CEIL_BATCH * sizeof *lens);
+    for (uint32_t i = 0; i < CEIL_BATCH; i++) {
+        recs[i] = payload;
+        lens[i] = sizeof payload;
+    }
+    uint64_t lsn = 1, t0 = now_ns(), stop = t0 + (uint64_t)(IMM_SECONDS * 1e9), acked = 0;
+    while (now_ns() < stop) {
+        check(kr_publish_batch(n, 1, lsn, CEIL_BATCH, recs, lens, &acked), "kr_publish_batch");
+        lsn = acked + 1;
+    }
+    double rate = (double)(lsn - 1) / ((double)(now_ns() - t0) / 1e9);
+    free(recs);
+    free(lens);
+    kr_close(n);
+    return rate;
+}
+
 void bench_repl(const config *cfg)
 {
     keep_heap_resident();
@@ -409,6 +440,7 @@ void bench_repl(const config *cfg)
     uint32_t R = cfg->rounds;
     imm_sample *local = xmalloc(R * sizeof *local), *sync = xmalloc(R * sizeof *sync),
                *async = xmalloc(R * sizeof *async);
+    double *ceiling = xmalloc(R * sizeof *ceiling);
     char name[64];
     keel_replication_desc d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
     (void)imm_measure(IMM_WINDOW, -1, &d); /* warm-up */
@@ -421,6 +453,7 @@ void bench_repl(const config *cfg)
         async[r] = imm_measure(IMM_WINDOW, -1, &d);
         if (r % 2 == 1)
             local[r] = imm_measure(IMM_WINDOW, -1, NULL);
+        ceiling[r] = stream_ceiling(&nats);
     }
     double base = imm_median(local, R, offsetof(imm_sample, tps));
     figure fs = { .name = "repl_sync_immediate", .unit = "commits/s", .value = imm_median(sync, R, offsetof(imm_sample, tps)),
@@ -435,12 +468,20 @@ void bench_repl(const config *cfg)
     report(cfg, &fa);
     report(cfg, &l50);
     report(cfg, &l99);
+    figure fc = { .name = "repl_stream_ceiling", .unit = "records/s", .value = median(ceiling, R), .baseline = base,
+                  .no_target = true };
+    report(cfg, &fc);
+    note(cfg, "repl_stream_ceiling: %u-byte records published to the 3-node stream alone, pipelined %u at a time "
+              "(each expecting its predecessor), for %.1f s: the most records/s sync replication can carry here; "
+              "baseline: local-only IMMEDIATE transfers/s", IMM_RECORD, CEIL_BATCH, IMM_SECONDS);
     note(cfg, "repl: value = the immediate figure's IMMEDIATE transfers/s (%u threads x %u in flight) with sync / "
               "async replication to a 3-node JetStream cluster on loopback (R3, file storage); baseline = the same "
               "without replication, in the same rounds", IMM_THREADS, IMM_WINDOW);
     free(local);
     free(sync);
     free(async);
+    free(ceiling);
+    bench_repl_lag(cfg, nats.urls);
     bench_nats_stop(&nats);
 }
 
