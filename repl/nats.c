@@ -403,6 +403,8 @@ int kr_purge_before(kr_node *n, uint64_t seq)
 
 int kr_purge_stream_before(kr_node *n, const char *stream, uint64_t seq)
 {
+    if (seq <= 1)
+        return KEEL_OK; /* nothing comes before 1 -- and a purge request with sequence 1 empties the stream */
     jsOptions o;
     jsOptions_Init(&o);
     o.Stream.Purge.Sequence = seq;

@@ -27,7 +27,7 @@ run c --data "$d/c" --follow --until-tick 300
 "$KWAL" verify "$NATS_URL1/bs" >"$d/verify.out" 2>&1 || fail "keel-wal verify of the purged stream"
 "$KWAL" restore "$NATS_URL1/bs" "$d/r" >"$d/restore.out" 2>&1 || fail "keel-wal restore"
 "$KWAL" info "$d/r" >"$d/info.out" 2>&1 || fail "keel-wal info of the restored directory"
-grep -q '^checkpoint *tick 300,' "$d/info.out" || fail "the restored directory does not start from tick 300's checkpoint"
+grep -qE '^checkpoint *tick [0-9]+,' "$d/info.out" || fail "the restored directory does not start from a published checkpoint"
 grep -q '^wal *LSN 1\.\.' "$d/info.out" && fail "the stream was never purged: the restore started at LSN 1"
 "$KWAL" replay "$d/r" --to-tick 300 >"$d/replay.out" 2>&1 || fail "keel-wal replay of the restored directory"
 grep -q "^tick=300 hash=$(hash_of "$d/ref300.out")$" "$d/replay.out" || fail "the restored state at 300"

@@ -70,7 +70,21 @@ static void nats_setup(void)
         execlp("nats-server", "nats-server", "-c", conf, (char *)NULL);
         _exit(127); /* not installed: the first connect fails the test */
     }
-    kr_close(connect_world(nats_url, "probe", NULL));
+    /* ready once its port accepts: the runner process starts no NATS client threads (the tests are
+       forked from it), and each test's connect_world waits for JetStream itself */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    uint64_t until = tu_now_ns() + 30000000000ull;
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        bool up = fd >= 0 && !connect(fd, (struct sockaddr *)&a, sizeof a);
+        if (fd >= 0)
+            close(fd);
+        if (up)
+            break;
+        ck_assert_msg(tu_now_ns() < until, "nats-server did not listen on %s within 30 s", nats_url);
+        usleep(20000);
+    }
 }
 
 static void nats_teardown(void)
@@ -220,7 +234,14 @@ START_TEST(test_bad_streams_write_nothing)
         epoch_record(&rec, lsn, lsn, "a");
         ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
     }
+    ck_assert_rc(kr_purge_before(n, 1), KEEL_OK); /* nothing is before 1 */
+    uint64_t first, last;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, 1);
+    ck_assert_uint_eq(last, 4);
     ck_assert_rc(kr_purge_before(n, 3), KEEL_OK);
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, 3);
     s = store_in("purged");
     ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ERANGE);
     ck_assert_uint_eq(wal_last(s), 0);

@@ -357,8 +357,10 @@ void repl_close(keel_runtime *rt, bool clean)
     if (!r || !r->pub)
         return;
     kr_pub *pub = r->pub;
-    if (clean && !dur_fatal(rt->dur))
+    if (clean && !dur_fatal(rt->dur)) {
+        (void)ckpt_wait(rt->dur); /* the last checkpoint's marker committed: the publisher sends it too */
         (void)kr_pub_drain(pub, DRAIN_MS);
+    }
     pthread_mutex_lock(&r->mu);
     r->pub = NULL;
     pthread_mutex_unlock(&r->mu);

@@ -164,6 +164,7 @@ typedef struct demo_opts {
     int64_t ckpt_ticks;        /* checkpoint_every_ticks; byte and time triggers are off */
     uint32_t telemetry;        /* ring capacity, a power of two */
     bool schedule;             /* false: components only (a runtime to recover into) */
+    keel_replication_desc repl; /* zero: not replicated */
 } demo_opts;
 
 void demo_open(demo *d, const demo_opts *o);

@@ -389,102 +389,6 @@ void bench_immediate(const config *cfg)
     free(b);
 }
 
-/* ---- repl ---------------------------------------------------------------------- */
-
-/* A fresh world on the cluster per measurement (a stream of its own). */
-static keel_replication_desc repl_world(const bench_nats *nats, keel_repl_mode mode, char *name, size_t cap)
-{
-    static unsigned serial;
-    snprintf(name, cap, "bench%u-%d", serial++, (int)getpid());
-    return (keel_replication_desc){ .nats = nats->urls, .world = name, .mode = mode };
-}
-
-/* The stream's own ceiling: IMM_RECORD-byte records published pipelined
- * (kr_publish_batch, 2048 at a time, each expecting its predecessor) to a
- * fresh stream for about IMM_SECONDS; records/s. */
-#define CEIL_BATCH 2048u
-static double stream_ceiling(const bench_nats *nats)
-{
-    char name[64];
-    keel_replication_desc d = repl_world(nats, KEEL_REPL_SYNC, name, sizeof name);
-    kr_node *n;
-    check(kr_connect(&(kr_desc){ .urls = d.nats, .world = d.world, .create = true }, &n), "kr_connect");
-    unsigned char payload[IMM_RECORD];
-    memset(payload, 0x5a, sizeof payload);
-    const void **recs = xmalloc(CEIL_BATCH * sizeof *recs);
-    size_t *lens = xmalloc(CEIL_BATCH * sizeof *lens);
-    for (uint32_t i = 0; i < CEIL_BATCH; i++) {
-        recs[i] = payload;
-        lens[i] = sizeof payload;
-    }
-    uint64_t lsn = 1, t0 = now_ns(), stop = t0 + (uint64_t)(IMM_SECONDS * 1e9), acked = 0;
-    while (now_ns() < stop) {
-        check(kr_publish_batch(n, 1, lsn, CEIL_BATCH, recs, lens, &acked), "kr_publish_batch");
-        lsn = acked + 1;
-    }
-    double rate = (double)(lsn - 1) / ((double)(now_ns() - t0) / 1e9);
-    free(recs);
-    free(lens);
-    kr_close(n);
-    return rate;
-}
-
-void bench_repl(const config *cfg)
-{
-    keep_heap_resident();
-    bench_nats nats;
-    if (!bench_nats_start(&nats, 3)) {
-        fprintf(stderr, "keel-bench: repl: no NATS JetStream cluster (nats-server installed?): figures skipped\n");
-        return;
-    }
-    uint32_t R = cfg->rounds;
-    imm_sample *local = xmalloc(R * sizeof *local), *sync = xmalloc(R * sizeof *sync),
-               *async = xmalloc(R * sizeof *async);
-    double *ceiling = xmalloc(R * sizeof *ceiling);
-    char name[64];
-    keel_replication_desc d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
-    (void)imm_measure(IMM_WINDOW, -1, &d); /* warm-up */
-    for (uint32_t r = 0; r < R; r++) {
-        if (r % 2 == 0)
-            local[r] = imm_measure(IMM_WINDOW, -1, NULL);
-        d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
-        sync[r] = imm_measure(IMM_WINDOW, -1, &d);
-        d = repl_world(&nats, KEEL_REPL_ASYNC, name, sizeof name);
-        async[r] = imm_measure(IMM_WINDOW, -1, &d);
-        if (r % 2 == 1)
-            local[r] = imm_measure(IMM_WINDOW, -1, NULL);
-        ceiling[r] = stream_ceiling(&nats);
-    }
-    double base = imm_median(local, R, offsetof(imm_sample, tps));
-    figure fs = { .name = "repl_sync_immediate", .unit = "commits/s", .value = imm_median(sync, R, offsetof(imm_sample, tps)),
-                  .baseline = base, .target = 0.5, .target_on_ratio = true, .at_least = true };
-    figure fa = { .name = "repl_async_immediate", .unit = "commits/s",
-                  .value = imm_median(async, R, offsetof(imm_sample, tps)), .baseline = base, .no_target = true };
-    figure l50 = { .name = "repl_sync_immediate_p50", .unit = "ms", .value = imm_median(sync, R, offsetof(imm_sample, p50)),
-                   .baseline = imm_median(local, R, offsetof(imm_sample, p50)), .no_target = true };
-    figure l99 = { .name = "repl_sync_immediate_p99", .unit = "ms", .value = imm_median(sync, R, offsetof(imm_sample, p99)),
-                   .baseline = imm_median(local, R, offsetof(imm_sample, p99)), .no_target = true };
-    report(cfg, &fs);
-    report(cfg, &fa);
-    report(cfg, &l50);
-    report(cfg, &l99);
-    figure fc = { .name = "repl_stream_ceiling", .unit = "records/s", .value = median(ceiling, R), .baseline = base,
-                  .no_target = true };
-    report(cfg, &fc);
-    note(cfg, "repl_stream_ceiling: %u-byte records published to the 3-node stream alone, pipelined %u at a time "
-              "(each expecting its predecessor), for %.1f s: the most records/s sync replication can carry here; "
-              "baseline: local-only IMMEDIATE transfers/s", IMM_RECORD, CEIL_BATCH, IMM_SECONDS);
-    note(cfg, "repl: value = the immediate figure's IMMEDIATE transfers/s (%u threads x %u in flight) with sync / "
-              "async replication to a 3-node JetStream cluster on loopback (R3, file storage); baseline = the same "
-              "without replication, in the same rounds", IMM_THREADS, IMM_WINDOW);
-    free(local);
-    free(sync);
-    free(async);
-    free(ceiling);
-    bench_repl_lag(cfg, nats.urls);
-    bench_nats_stop(&nats);
-}
-
 /* ---- commit ------------------------------------------------------------------ */
 
 /* Durable ticks: a system changes COMMIT_ROWS rows of a VERSIONED i64 every
@@ -749,3 +653,157 @@ void bench_recovery(const config *cfg)
     remove_tmpdir(full);
 }
 
+/* ---- repl ---------------------------------------------------------------------- */
+
+/* A fresh world on the cluster per measurement (a stream of its own). */
+static keel_replication_desc repl_world(const bench_nats *nats, keel_repl_mode mode, char *name, size_t cap)
+{
+    static unsigned serial;
+    snprintf(name, cap, "bench%u-%d", serial++, (int)getpid());
+    return (keel_replication_desc){ .nats = nats->urls, .world = name, .mode = mode };
+}
+
+/* The stream's own ceiling: IMM_RECORD-byte records published pipelined
+ * (kr_publish_batch, 2048 at a time, each expecting its predecessor) to a
+ * fresh stream for about IMM_SECONDS; records/s. */
+#define CEIL_BATCH 2048u
+static double stream_ceiling(const bench_nats *nats)
+{
+    char name[64];
+    keel_replication_desc d = repl_world(nats, KEEL_REPL_SYNC, name, sizeof name);
+    kr_node *n;
+    check(kr_connect(&(kr_desc){ .urls = d.nats, .world = d.world, .create = true }, &n), "kr_connect");
+    unsigned char payload[IMM_RECORD];
+    memset(payload, 0x5a, sizeof payload);
+    const void **recs = xmalloc(CEIL_BATCH * sizeof *recs);
+    size_t *lens = xmalloc(CEIL_BATCH * sizeof *lens);
+    for (uint32_t i = 0; i < CEIL_BATCH; i++) {
+        recs[i] = payload;
+        lens[i] = sizeof payload;
+    }
+    uint64_t lsn = 1, t0 = now_ns(), stop = t0 + (uint64_t)(IMM_SECONDS * 1e9), acked = 0;
+    while (now_ns() < stop) {
+        check(kr_publish_batch(n, 1, lsn, CEIL_BATCH, recs, lens, &acked), "kr_publish_batch");
+        lsn = acked + 1;
+    }
+    double rate = (double)(lsn - 1) / ((double)(now_ns() - t0) / 1e9);
+    free(recs);
+    free(lens);
+    kr_close(n);
+    return rate;
+}
+
+/* ---- repl_bootstrap ---- */
+
+/* A fresh read replica of a world whose stream was purged to its published
+ * checkpoint of RECOVERY_ENTITIES entities: keel_runtime_recover copies the
+ * checkpoint from the stream and loads it (s); *local: the same checkpoint
+ * recovered from the primary's own directory (s). */
+static void bootstrap_measure(const bench_nats *nats, double *boot, double *local)
+{
+    char name[64];
+    keel_replication_desc pd = repl_world(nats, KEEL_REPL_ASYNC, name, sizeof name);
+    pd.retain_records = 1; /* the stream keeps nothing before the checkpoint: a new replica must load it */
+    char *pdir = make_tmpdir("bootp"), *fdir = make_tmpdir("bootf"), *copy = make_tmpdir("bootc");
+    demo d;
+    demo_open(&d, &(demo_opts){ .n = RECOVERY_ENTITIES, .turn = RECOVERY_TURN, .dir = pdir, .ckpt_ticks = -1,
+                                .telemetry = 1024, .schedule = true, .repl = pd });
+    step(d.rt);
+    check(keel_checkpoint(d.rt), "keel_checkpoint");
+    keel_repl_status st;
+    do { /* the publisher sends the checkpoint once the stream holds its marker */
+        struct timespec ms = { 0, 10000000 };
+        nanosleep(&ms, NULL);
+        keel_repl_status_get(d.rt, &st);
+    } while (!st.checkpoint_lsn);
+    uint64_t hash = keel_world_hash(keel_runtime_world(d.rt));
+    demo_close(&d);
+    copy_tmpdir(pdir, copy);
+    rec_sample r = recovery_measure(copy);
+    *local = r.wall_s;
+    keel_replication_desc fd = { .nats = nats->urls, .world = name, .role = KEEL_ROLE_FOLLOWER };
+    demo_open(&d, &(demo_opts){ .n = RECOVERY_ENTITIES, .turn = RECOVERY_TURN, .dir = fdir, .ckpt_ticks = -1,
+                                .repl = fd });
+    uint64_t t0 = now_ns();
+    check(keel_runtime_recover(d.rt, NULL), "bootstrapping the read replica");
+    *boot = (double)(now_ns() - t0) / 1e9;
+    keel_repl_status_get(d.rt, &st);
+    if (!st.bootstrapped || keel_world_hash(keel_runtime_world(d.rt)) != hash || r.hash != hash) {
+        fprintf(stderr, "keel-bench: repl_bootstrap: the replica %s, its hash %s the primary's\n",
+                st.bootstrapped ? "bootstrapped" : "did not bootstrap",
+                keel_world_hash(keel_runtime_world(d.rt)) == hash ? "equals" : "differs from");
+        exit(1);
+    }
+    demo_close(&d);
+    remove_tmpdir(pdir);
+    remove_tmpdir(fdir);
+    remove_tmpdir(copy);
+}
+
+void bench_repl(const config *cfg)
+{
+    keep_heap_resident();
+    bench_nats nats;
+    if (!bench_nats_start(&nats, 3)) {
+        fprintf(stderr, "keel-bench: repl: no NATS JetStream cluster (nats-server installed?): figures skipped\n");
+        return;
+    }
+    uint32_t R = cfg->rounds;
+    imm_sample *local = xmalloc(R * sizeof *local), *sync = xmalloc(R * sizeof *sync),
+               *async = xmalloc(R * sizeof *async);
+    double *ceiling = xmalloc(R * sizeof *ceiling);
+    char name[64];
+    keel_replication_desc d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
+    (void)imm_measure(IMM_WINDOW, -1, &d); /* warm-up */
+    for (uint32_t r = 0; r < R; r++) {
+        if (r % 2 == 0)
+            local[r] = imm_measure(IMM_WINDOW, -1, NULL);
+        d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
+        sync[r] = imm_measure(IMM_WINDOW, -1, &d);
+        d = repl_world(&nats, KEEL_REPL_ASYNC, name, sizeof name);
+        async[r] = imm_measure(IMM_WINDOW, -1, &d);
+        if (r % 2 == 1)
+            local[r] = imm_measure(IMM_WINDOW, -1, NULL);
+        ceiling[r] = stream_ceiling(&nats);
+    }
+    double base = imm_median(local, R, offsetof(imm_sample, tps));
+    figure fs = { .name = "repl_sync_immediate", .unit = "commits/s", .value = imm_median(sync, R, offsetof(imm_sample, tps)),
+                  .baseline = base, .target = 0.5, .target_on_ratio = true, .at_least = true };
+    figure fa = { .name = "repl_async_immediate", .unit = "commits/s",
+                  .value = imm_median(async, R, offsetof(imm_sample, tps)), .baseline = base, .no_target = true };
+    figure l50 = { .name = "repl_sync_immediate_p50", .unit = "ms", .value = imm_median(sync, R, offsetof(imm_sample, p50)),
+                   .baseline = imm_median(local, R, offsetof(imm_sample, p50)), .no_target = true };
+    figure l99 = { .name = "repl_sync_immediate_p99", .unit = "ms", .value = imm_median(sync, R, offsetof(imm_sample, p99)),
+                   .baseline = imm_median(local, R, offsetof(imm_sample, p99)), .no_target = true };
+    report(cfg, &fs);
+    report(cfg, &fa);
+    report(cfg, &l50);
+    report(cfg, &l99);
+    figure fc = { .name = "repl_stream_ceiling", .unit = "records/s", .value = median(ceiling, R), .baseline = base,
+                  .no_target = true };
+    report(cfg, &fc);
+    note(cfg, "repl_stream_ceiling: %u-byte records published to the 3-node stream alone, pipelined %u at a time "
+              "(each expecting its predecessor), for %.1f s: the most records/s sync replication can carry here; "
+              "baseline: local-only IMMEDIATE transfers/s", IMM_RECORD, CEIL_BATCH, IMM_SECONDS);
+    note(cfg, "repl: value = the immediate figure's IMMEDIATE transfers/s (%u threads x %u in flight) with sync / "
+              "async replication to a 3-node JetStream cluster on loopback (R3, file storage); baseline = the same "
+              "without replication, in the same rounds", IMM_THREADS, IMM_WINDOW);
+    free(local);
+    free(sync);
+    free(async);
+    free(ceiling);
+    bench_repl_lag(cfg, nats.urls);
+    double *boot = xmalloc(R * sizeof *boot), *loc = xmalloc(R * sizeof *loc);
+    for (uint32_t r = 0; r < R; r++)
+        bootstrap_measure(&nats, &boot[r], &loc[r]);
+    figure fb = { .name = "repl_bootstrap", .unit = "s", .value = median(boot, R), .baseline = median(loc, R),
+                  .target = 2, .target_on_ratio = true };
+    report(cfg, &fb);
+    note(cfg, "repl_bootstrap: a fresh read replica of a %u-entity world whose stream keeps nothing before its "
+              "published checkpoint: keel_runtime_recover (connect, copy the checkpoint from the stream, load it); "
+              "baseline: keel_runtime_recover of the same checkpoint in a copy of the primary's directory; "
+              "target: at least half the local speed (ratio <= 2)", RECOVERY_ENTITIES);
+    free(boot);
+    free(loc);
+    bench_nats_stop(&nats);
+}

@@ -121,6 +121,7 @@ void demo_open(demo *d, const demo_opts *o)
         .on_first_tick = demo_populate, .hook_user = d,
         .durable = { .dir = o->dir, .zstd_level = o->zstd_level, .checkpoint_every_ticks = o->ckpt_ticks,
                      .checkpoint_every_bytes = -1, .checkpoint_every_seconds = -1 },
+        .replication = o->repl,
     };
     check(keel_runtime_create(&desc, &d->rt), "keel_runtime_create");
     keel_world *w = keel_runtime_world(d->rt);
