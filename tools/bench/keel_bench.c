@@ -72,6 +72,15 @@
  *             best) and immediate_1khz (TickDriver at 1 kHz).
  *  commit     durable ticks/s of a tick changing 64 rows, GROUP
  *             (commit_group) and IMMEDIATE (commit_immediate) mode.
+ *  repl       (bench_commit.c, bench_world.c; a 3-node NATS JetStream cluster on
+ *             loopback that bench_nats.c starts; skipped without nats-server)
+ *             repl_sync_immediate / _async: the immediate figure with sync /
+ *             async replication vs without (target: ratio >= 0.5);
+ *             repl_stream_ceiling: records/s the stream alone takes;
+ *             repl_follower_lag_p50/p99: a read replica's lag behind the demo
+ *             at 60 Hz in ticks (target: p99 <= 2); repl_bootstrap: a fresh
+ *             replica loading a published 1M-entity checkpoint vs a local
+ *             recovery of it (target: ratio <= 2).
  *  recovery   keel_runtime_recover of 1M entities + 1000 ticks of WAL vs
  *             the checkpoint alone (s); recovery_mbps / recovery_replay:
  *             raw WAL MB per CPU second (target >= 200) vs reading +
