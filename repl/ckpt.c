@@ -225,7 +225,9 @@ int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered)
     const void *data;
     size_t len;
     for (uint64_t want = begin; !rc && want < end; want++) {
-        int got = kr_read_next(r, n->timeout_ms, &seq, &data, &len);
+        int got = 0;
+        for (int tries = 0; !got && tries < 3; tries++) /* 0 also follows a consumer made again */
+            got = kr_read_next(r, n->timeout_ms, &seq, &data, &len);
         ck_parsed p;
         if (got < 0)
             rc = got;

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <nats/nats.h>
@@ -46,6 +48,12 @@ static bool retry_wait(int64_t *waited_ms)
     *waited_ms += 200;
     return true;
 }
+
+/* s = call, again while it fails transiently, for up to RETRY_WINDOW_MS
+ * (jerr: the JetStream error the call sets, cleared between tries). */
+#define KR_RETRY(s, jerr, call)                                                                             \
+    for (int64_t waited_ = 0; ((s) = (call)) != NATS_OK && transient((s), (jerr)) && retry_wait(&waited_);) \
+    (jerr) = 0
 
 static bool name_ok(const char *w)
 {
@@ -126,17 +134,11 @@ static int open_conn(kr_node *n)
     return s == NATS_OK ? KEEL_OK : nats_fail(s, 0, "NATS at %s offers no JetStream", n->urls_given);
 }
 
-/* Create a stream (or a KV bucket) with `want` replicas, or, when none was
- * asked for, with 3 and then 1 when the cluster is smaller. */
-static int replicas_to_try(const kr_node *n, int64_t out[2])
+/* The replicas of a stream or KV bucket made here: as asked, or 3 when
+ * three or more servers were named (a cluster: never fewer, silently), else 1. */
+static int64_t replicas_for(const kr_node *n)
 {
-    if (n->replicas) {
-        out[0] = n->replicas;
-        return 1;
-    }
-    out[0] = n->nservers >= 3 ? 3 : 1;
-    out[1] = 1;
-    return out[0] == 1 ? 1 : 2;
+    return n->replicas ? n->replicas : n->nservers >= 3 ? 3 : 1;
 }
 
 int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create)
@@ -144,10 +146,7 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
-    int64_t waited = 0;
-    while ((s = js_GetStreamInfo(&si, n->js, stream, NULL, &jerr)) != NATS_OK && transient(s, jerr) &&
-           retry_wait(&waited))
-        jerr = 0;
+    KR_RETRY(s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s == NATS_OK) {
         jsStreamInfo_Destroy(si);
         return KEEL_OK;
@@ -158,25 +157,19 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
         return core_fail(KEEL_ENOENT, "NATS at %s holds no stream %s: world '%s' was never replicated there",
                          n->urls_given, stream, n->world);
     const char *subjects[] = {subject};
-    int64_t tries[2];
-    int ntries = replicas_to_try(n, tries);
-    for (int i = 0; i < ntries; i++) {
-        jsStreamConfig c;
-        jsStreamConfig_Init(&c);
-        c.Name = stream;
-        c.Subjects = subjects;
-        c.SubjectsLen = 1;
-        c.Storage = js_FileStorage;
-        c.Replicas = tries[i];
-        c.Duplicates = DEDUP_WINDOW_NS;
-        jerr = 0;
-        s = js_AddStream(&si, n->js, &c, NULL, &jerr);
-        if (s == NATS_OK) {
-            jsStreamInfo_Destroy(si);
-            return KEEL_OK;
-        }
-        if (!jerr)
-            break;
+    jsStreamConfig c;
+    jsStreamConfig_Init(&c);
+    c.Name = stream;
+    c.Subjects = subjects;
+    c.SubjectsLen = 1;
+    c.Storage = js_FileStorage;
+    c.Replicas = replicas_for(n);
+    c.Duplicates = DEDUP_WINDOW_NS;
+    jerr = 0; /* a try that timed out may have made it: the same config again is accepted */
+    KR_RETRY(s, jerr, js_AddStream(&si, n->js, &c, NULL, &jerr));
+    if (s == NATS_OK) {
+        jsStreamInfo_Destroy(si);
+        return KEEL_OK;
     }
     return nats_fail(s, jerr, "cannot create stream %s", stream);
 }
@@ -185,23 +178,22 @@ int kr_ensure_bucket(kr_node *n, bool create)
 {
     if (n->kv)
         return KEEL_OK;
-    natsStatus s = js_KeyValue(&n->kv, n->js, KR_LEASE_BUCKET);
+    natsStatus s;
+    jsErrCode none = 0;
+    KR_RETRY(s, none, js_KeyValue(&n->kv, n->js, KR_LEASE_BUCKET));
     if (s == NATS_NOT_FOUND && !create)
         return KEEL_ENOENT; /* no primary made it yet: the lease is open later (lease.c) */
     if (s == NATS_OK || !create)
         return s == NATS_OK ? KEEL_OK : nats_fail(s, 0, "cannot open the lease bucket %s", KR_LEASE_BUCKET);
-    int64_t tries[2];
-    int ntries = replicas_to_try(n, tries);
-    for (int i = 0; i < ntries; i++) {
-        kvConfig c;
-        kvConfig_Init(&c);
-        c.Bucket = KR_LEASE_BUCKET;
-        c.History = 1;
-        c.StorageType = js_FileStorage;
-        c.Replicas = (int)tries[i];
-        if ((s = js_CreateKeyValue(&n->kv, n->js, &c)) == NATS_OK)
-            return KEEL_OK;
-    }
+    kvConfig c;
+    kvConfig_Init(&c);
+    c.Bucket = KR_LEASE_BUCKET;
+    c.History = 1;
+    c.StorageType = js_FileStorage;
+    c.Replicas = (int)replicas_for(n);
+    KR_RETRY(s, none, js_CreateKeyValue(&n->kv, n->js, &c));
+    if (s == NATS_OK)
+        return KEEL_OK;
     return nats_fail(s, 0, "cannot create the lease bucket %s", KR_LEASE_BUCKET);
 }
 
@@ -227,6 +219,11 @@ int kr_connect(const kr_desc *d, kr_node **out)
         char host[64] = "host";
         gethostname(host, sizeof host - 1);
         snprintf(n->node, sizeof n->node, "%.48s:%d", host, (int)getpid());
+    }
+    if (getrandom(&n->session, sizeof n->session, 0) != (ssize_t)sizeof n->session) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        n->session = ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40);
     }
     n->timeout_ms = d->timeout_ms > 0 ? d->timeout_ms : 2000;
     n->replicas = d->replicas;
@@ -268,6 +265,25 @@ const char *kr_node_id(const kr_node *n)
     return n->node;
 }
 
+static int stream_state(kr_node *n, const char *stream, kr_stream_state *out)
+{
+    jsStreamInfo *si = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s;
+    KR_RETRY(s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
+    if (s != NATS_OK)
+        return nats_fail(s, jerr, "cannot read the state of stream %s", stream);
+    *out = (kr_stream_state){.first = si->State.Msgs ? si->State.FirstSeq : 0, .last = si->State.LastSeq,
+                             .msgs = si->State.Msgs, .bytes = si->State.Bytes};
+    jsStreamInfo_Destroy(si);
+    return KEEL_OK;
+}
+
+int kr_state(kr_node *n, kr_stream_state *out)
+{
+    return stream_state(n, n->stream, out);
+}
+
 int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last)
 {
     return kr_stream_bounds(n, n->stream, first, last);
@@ -275,44 +291,68 @@ int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last)
 
 int kr_stream_bounds(kr_node *n, const char *stream, uint64_t *first, uint64_t *last)
 {
-    jsStreamInfo *si = NULL;
+    kr_stream_state st;
+    int rc = stream_state(n, stream, &st);
+    if (!rc) {
+        *first = st.first;
+        *last = st.last;
+    }
+    return rc;
+}
+
+/* The stream's message at seq: *m to destroy. */
+static int get_msg(kr_node *n, uint64_t seq, natsMsg **m)
+{
     jsErrCode jerr = 0;
     natsStatus s;
-    int64_t waited = 0;
-    while ((s = js_GetStreamInfo(&si, n->js, stream, NULL, &jerr)) != NATS_OK && transient(s, jerr) &&
-           retry_wait(&waited))
-        jerr = 0;
+    KR_RETRY(s, jerr, js_GetMsg(m, n->js, n->stream, seq, NULL, &jerr));
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
+        return core_fail(KEEL_ENOENT, "stream %s holds no message %" PRIu64, n->stream, seq);
     if (s != NATS_OK)
-        return nats_fail(s, jerr, "cannot read the bounds of stream %s", stream);
-    *first = si->State.Msgs ? si->State.FirstSeq : 0;
-    *last = si->State.LastSeq;
-    jsStreamInfo_Destroy(si);
+        return nats_fail(s, jerr, "cannot read a message of stream %s", n->stream);
     return KEEL_OK;
 }
 
 int kr_get(kr_node *n, uint64_t seq, kw_buf *out)
 {
     natsMsg *m = NULL;
-    jsErrCode jerr = 0;
-    natsStatus s;
-    int64_t waited = 0;
-    while ((s = js_GetMsg(&m, n->js, n->stream, seq, NULL, &jerr)) != NATS_OK && transient(s, jerr) &&
-           retry_wait(&waited))
-        jerr = 0;
-    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
-        return core_fail(KEEL_ENOENT, "stream %s holds no message %" PRIu64, n->stream, seq);
-    if (s != NATS_OK)
-        return nats_fail(s, jerr, "cannot read a message of stream %s", n->stream);
+    int rc = get_msg(n, seq, &m);
+    if (rc)
+        return rc;
     out->len = 0;
-    int rc = kw_put_bytes(out, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m));
+    rc = kw_put_bytes(out, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m));
     natsMsg_Destroy(m);
     return rc;
 }
 
+/* A record's message id: "<epoch>:<lsn>:<session>". JetStream drops a
+ * message whose id it saw within its duplicate window and acknowledges it
+ * as stored, before it checks the expected last sequence: so a retry of
+ * this node's own publish is harmless, and the session makes sure that no
+ * other node's publish is ever taken for this one's (two nodes in the same
+ * epoch at the same LSN -- a deterministic world writes the same bytes). */
+static void msg_id(const kr_node *n, uint64_t epoch, uint64_t lsn, char *id, size_t cap)
+{
+    snprintf(id, cap, "%" PRIu64 ":%" PRIu64 ":%016" PRIx64, epoch, lsn, n->session);
+}
+
+/* The message id stored at seq ("" when it has none). */
+static int stored_id(kr_node *n, uint64_t seq, char *id, size_t cap)
+{
+    natsMsg *m = NULL;
+    int rc = get_msg(n, seq, &m);
+    if (rc)
+        return rc;
+    const char *v = NULL;
+    snprintf(id, cap, "%s", natsMsgHeader_Get(m, "Nats-Msg-Id", &v) == NATS_OK && v ? v : "");
+    natsMsg_Destroy(m);
+    return KEEL_OK;
+}
+
 int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t len)
 {
-    char id[48];
-    snprintf(id, sizeof id, "%" PRIu64 ":%" PRIu64, epoch, lsn);
+    char id[64];
+    msg_id(n, epoch, lsn, id, sizeof id);
     jsPubOptions po;
     jsPubOptions_Init(&po);
     po.MsgId = id;
@@ -337,26 +377,29 @@ int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t
     return nats_fail(s, jerr, "stream %s did not acknowledge a record", n->stream);
 }
 
-/* After a pipelined batch met errors: how far the stream holds *our*
- * records. The stream's record at min(its end, the batch's end) is ours or
- * another primary's (seq == LSN, and every publish expects its
- * predecessor): ours -- everything up to it is ours; another's -- fenced. */
-static int settle_batch(kr_node *n, uint64_t epoch, uint64_t before, uint64_t last, const void *const *recs,
-                        const size_t *lens, uint64_t *acked)
+/* After a pipelined batch met errors: how far the stream holds *this
+ * node's* records. Each publish expected its predecessor's sequence, but a
+ * sequence says nothing of who wrote it: once another primary's record
+ * landed in the middle, this node's later publishes could still line up
+ * behind it. So every position from the batch's start to min(the stream's
+ * end, the batch's end) must carry this node's message id: the acknowledged
+ * prefix ends before the first that does not, and a foreign one fences. */
+static int settle_batch(kr_node *n, uint64_t epoch, uint64_t before, uint64_t last, uint64_t *acked)
 {
     uint64_t first, end;
-    kw_buf got = {0};
     int rc = kr_bounds(n, &first, &end);
     uint64_t k = end < last ? end : last;
-    if (!rc && k > before && !(rc = kr_get(n, k, &got))) {
-        size_t i = (size_t)(k - before - 1);
-        if (got.len == lens[i] && !memcmp(got.p, recs[i], got.len))
-            *acked = k;
-        else
+    char want[64], got[64];
+    for (uint64_t seq = before + 1; !rc && seq <= k; seq++) {
+        if ((rc = stored_id(n, seq, got, sizeof got)))
+            break;
+        msg_id(n, epoch, seq, want, sizeof want);
+        if (strcmp(got, want))
             rc = core_fail(KEEL_EFENCED, "fenced: stream %s holds another primary's record at LSN %" PRIu64
-                                         " (this node's epoch %" PRIu64 ")", n->stream, k, epoch);
+                                         " (this node's epoch %" PRIu64 ")", n->stream, seq, epoch);
+        else
+            *acked = seq;
     }
-    kw_buf_free(&got);
     if (!rc && *acked < last)
         rc = core_fail(KEEL_EUNAVAILABLE, "stream %s acknowledged LSN %" PRIu64 " of %" PRIu64, n->stream, *acked,
                        last);
@@ -373,13 +416,18 @@ int kr_publish_batch(kr_node *n, uint64_t epoch, uint64_t first_lsn, uint32_t co
     natsStatus s = NATS_OK;
     for (uint32_t i = 0; i < count && s == NATS_OK; i++) {
         uint64_t lsn = first_lsn + i;
-        char id[48];
-        snprintf(id, sizeof id, "%" PRIu64 ":%" PRIu64, epoch, lsn);
+        char id[64], prev[64];
+        msg_id(n, epoch, lsn, id, sizeof id);
+        msg_id(n, epoch, lsn - 1, prev, sizeof prev);
         jsPubOptions po;
         jsPubOptions_Init(&po);
         po.MsgId = id;
         po.ExpectStream = n->stream;
         po.ExpectLastSeq = lsn - 1;
+        /* behind this batch's own: a sequence alone would let this publish line up behind another
+           primary's record that landed in between */
+        if (i > 0)
+            po.ExpectLastMsgId = prev;
         s = js_PublishAsync(n->js, n->subject, recs[i], (int)lens[i], &po);
     }
     jsPubOptions wait;
@@ -393,7 +441,7 @@ int kr_publish_batch(kr_node *n, uint64_t epoch, uint64_t first_lsn, uint32_t co
         *acked = first_lsn + count - 1;
         return KEEL_OK;
     }
-    return settle_batch(n, epoch, first_lsn - 1, first_lsn + count - 1, recs, lens, acked);
+    return settle_batch(n, epoch, first_lsn - 1, first_lsn + count - 1, acked);
 }
 
 int kr_purge_before(kr_node *n, uint64_t seq)
@@ -417,7 +465,7 @@ int kr_purge_stream_before(kr_node *n, const char *stream, uint64_t seq)
 
 struct kr_reader {
     kr_node *n;
-    const char *stream;
+    const char *stream, *subject;
     natsSubscription *sub;
     natsMsg *msg;
     uint64_t next;
@@ -428,6 +476,26 @@ int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out)
     return kr_read_begin_on(n, n->stream, n->subject, from, out);
 }
 
+/* An ordered consumer from r->next on (a previous one is dropped). */
+static int subscribe(kr_reader *r)
+{
+    if (r->sub) {
+        natsSubscription_Unsubscribe(r->sub);
+        natsSubscription_Destroy(r->sub);
+        r->sub = NULL;
+    }
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = r->stream;
+    so.Ordered = true;
+    so.Config.DeliverPolicy = js_DeliverByStartSequence;
+    so.Config.OptStartSeq = r->next;
+    jsErrCode jerr = 0;
+    natsStatus s;
+    KR_RETRY(s, jerr, js_SubscribeSync(&r->sub, r->n->js, r->subject, NULL, &so, &jerr));
+    return s == NATS_OK ? KEEL_OK : nats_fail(s, jerr, "cannot read stream %s", r->stream);
+}
+
 int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out)
 {
     kr_reader *r = calloc(1, sizeof *r);
@@ -435,25 +503,33 @@ int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64
         return core_fail(KEEL_ENOMEM, "out of memory reading stream %s", stream);
     r->n = n;
     r->stream = stream;
+    r->subject = subject;
     r->next = from ? from : 1;
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    so.Stream = stream;
-    so.Ordered = true;
-    so.Config.DeliverPolicy = js_DeliverByStartSequence;
-    so.Config.OptStartSeq = r->next;
-    jsErrCode jerr = 0;
-    natsStatus s;
-    int64_t waited = 0;
-    while ((s = js_SubscribeSync(&r->sub, n->js, subject, NULL, &so, &jerr)) != NATS_OK && transient(s, jerr) &&
-           retry_wait(&waited))
-        jerr = 0;
-    if (s != NATS_OK) {
+    int rc = subscribe(r);
+    if (rc) {
         free(r);
-        return nats_fail(s, jerr, "cannot read stream %s", stream);
+        return rc;
     }
     *out = r;
     return KEEL_OK;
+}
+
+/* A message other than r->next came. Before it: a redelivery, skipped.
+ * After it while the stream still holds r->next: the consumer skipped
+ * messages (an ordered consumer recreated across a server's loss), so it is
+ * made again at r->next. After it and r->next is gone: purged. */
+static int out_of_order(kr_reader *r, uint64_t got)
+{
+    if (got < r->next)
+        return 0;
+    uint64_t first, last;
+    int rc = kr_stream_bounds(r->n, r->stream, &first, &last);
+    if (rc)
+        return rc;
+    if (first && first <= r->next && r->next <= last)
+        return subscribe(r);
+    return core_fail(KEEL_ECORRUPT, "stream %s has a gap: message %" PRIu64 " came where %" PRIu64
+                                    " was expected (purged, or not a keel stream)", r->stream, got, r->next);
 }
 
 int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **data, size_t *len)
@@ -471,9 +547,7 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
     uint64_t got = md->Sequence.Stream;
     jsMsgMetaData_Destroy(md);
     if (got != r->next)
-        return core_fail(KEEL_ECORRUPT, "stream %s has a gap: message %" PRIu64 " came where %" PRIu64
-                                        " was expected (purged, or not a keel stream)",
-                         r->stream, got, r->next);
+        return out_of_order(r, got); /* 0: nothing now, the caller reads again */
     r->next++;
     *seq = got;
     *data = natsMsg_GetData(r->msg);

@@ -32,6 +32,7 @@ struct kr_pub {
     pthread_cond_t wake;       /* work for the thread */
     pthread_cond_t done;       /* `published` moved, or the thread stopped */
     uint64_t committed, published;
+    uint64_t sent_records, sent_bytes; /* acknowledged by the stream, since the start (under mu) */
     uint64_t errors;
     bool degraded, fenced, quit, stopped;
     uint64_t renew_at_ns;
@@ -151,7 +152,12 @@ static int publish_committed(kr_pub *p, uint64_t upto)
         for (uint32_t i = 0; i < n && p->published + 1 + i <= acked; i++)
             marker |= ((const unsigned char *)recs[i])[6] == KW_KIND_CHECKPOINT;
         if (acked > p->published) {
+            uint64_t bytes = 0, k = acked - p->published;
+            for (uint64_t i = 0; i < k; i++)
+                bytes += lens[i];
             pthread_mutex_lock(&p->mu);
+            p->sent_records += k;
+            p->sent_bytes += bytes;
             p->published = acked;
             pthread_cond_broadcast(&p->done);
             pthread_mutex_unlock(&p->mu);
@@ -271,6 +277,9 @@ void kr_pub_stats_get(kr_pub *p, kr_pub_stats *out)
     pthread_mutex_lock(&p->mu);
     *out = (kr_pub_stats){.published = p->published, .committed = p->committed, .errors = p->errors,
                           .degraded = p->degraded, .fenced = p->fenced, .checkpoint_lsn = p->ckpt_lsn};
+    uint64_t lag = p->committed > p->published ? p->committed - p->published : 0;
+    if (p->sent_records) /* estimated: the records not yet read from the store have no size yet */
+        out->lag_bytes = (uint64_t)((double)lag * (double)p->sent_bytes / (double)p->sent_records + 0.5);
     pthread_mutex_unlock(&p->mu);
 }
 

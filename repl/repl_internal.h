@@ -27,6 +27,7 @@ struct kr_node {
     char ckpt_stream[KR_WORLD_MAX + 16];  /* KEEL_<world>_CKPT: published checkpoints (ckpt.c) */
     char ckpt_subject[KR_WORLD_MAX + 16];
     char node[KR_NODE_MAX + 1];
+    uint64_t session;          /* random per connection: in every message id this node publishes */
     int64_t timeout_ms;
     int32_t replicas;
     /* asynchronous publishes' failures, counted by the error handler (a NATS thread) */

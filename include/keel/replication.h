@@ -64,6 +64,9 @@ typedef struct keel_repl_status {
     uint64_t published_lsn;    /* a primary: the last LSN the stream acknowledged */
     uint64_t lag_records;      /* follower: stream - applied; primary: committed - published */
     uint64_t lag_ticks;        /* follower: ticks received but not yet applied; primary: 0 */
+    uint64_t lag_bytes;        /* lag_records times the mean record size (a replica: the stream's
+                                  mean; a primary: the mean of what it published) -- an estimate */
+    double mean_record_bytes;  /* that mean (0 until known) */
     uint64_t discarded;        /* records dropped at open: this directory held them, the stream did not */
     uint64_t checkpoint_lsn;   /* a primary: the covered LSN of the last checkpoint it published */
     bool bootstrapped;         /* at open the directory restarted from the published checkpoint */

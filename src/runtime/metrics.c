@@ -327,6 +327,8 @@ static void write_replication(mw *w, keel_runtime *rt)
                "A primary: records committed but not yet on the stream; a replica: on the stream, not applied.",
                r.lag_records);
     sample_u64(w, "keel_repl_lag_ticks", "gauge", "A replica: ticks received but not yet applied.", r.lag_ticks);
+    sample_u64(w, "keel_repl_lag_bytes", "gauge",
+               "keel_repl_lag_records times the mean record size (an estimate).", r.lag_bytes);
     sample_u64(w, "keel_repl_discarded_records_total", "counter",
                "Records this directory held beyond the stream, dropped when it opened.", r.discarded);
     sample_u64(w, "keel_repl_errors_total", "counter", "Publishes and lease renewals that failed and were retried.",

@@ -186,9 +186,32 @@ static int take_lease_at_open(struct runtime_repl *r, uint64_t *epoch, uint64_t 
     }
 }
 
+/* Did another node publish an EPOCH record among the directory's LSNs
+ * [from, to]? Then it became the primary first. */
+static bool epoch_among(kw_store *store, uint64_t from, uint64_t to)
+{
+    kw_rtxn *t;
+    kw_scan *sc = NULL;
+    kw_record rec;
+    if (from > to || kw_read_begin(store, &t))
+        return false;
+    bool found = !kw_scan_begin(t, &(kw_range){.from_lsn = from, .to_lsn = to, .kinds = 1u << KW_KIND_EPOCH}, &sc) &&
+                 kw_scan_next(sc, &rec) == 1;
+    kw_scan_end(sc);
+    kw_read_end(t);
+    return found;
+}
+
 /* Publish this primary's EPOCH record right after the stream's end and
  * append it to the directory (store): the record of LSN *lsn. A refused
- * publish means the stream moved on: catch up and try again. */
+ * publish means the stream moved on: catch up and try again -- unless what
+ * came since the caller's catch-up (r->local_last) is another node's EPOCH
+ * record: that node won, and this one yields
+ * (KEEL_ECONFLICT, *lsn the directory's last LSN). The lease alone cannot
+ * decide it: JetStream 2.9's compare-and-set on a clustered KV key is a
+ * check before the Raft proposal, so two nodes racing for a lapsed lease
+ * may both win it; the stream's expected-last-sequence is serialised by
+ * its leader. */
 static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, uint64_t *lsn)
 {
     kw_codec_ctx *c = NULL;
@@ -200,6 +223,12 @@ static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, 
         kr_sync_info si;
         if ((rc = kr_sync_store(r->node, store, 0, &si)))
             break;
+        if (epoch_among(store, i ? *lsn : r->local_last + 1, si.local_last)) {
+            *lsn = si.local_last;
+            rc = core_fail(KEEL_ECONFLICT, "world '%s': another node published its epoch record first",
+                           r->world);
+            break;
+        }
         *lsn = si.local_last + 1;
         rec.len = 0;
         if ((rc = kw_record_build(c, &rec, KW_KIND_EPOCH, *lsn, 0, 0, payload.p, payload.len)))
@@ -286,8 +315,9 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     if (!rc && primary) {
         uint64_t epoch = 0, rev = 0;
         rc = take_lease_at_open(r, &epoch, &rev);
-        if (!rc)
-            rc = begin_epoch(r, store, epoch, &r->epoch_lsn);
+        if (!rc && (rc = begin_epoch(r, store, epoch, &r->epoch_lsn)) == KEEL_ECONFLICT)
+            rc = core_fail(KEEL_EBUSY, "world '%s' has a live primary: another node published its epoch record "
+                           "while this one opened; start this node as --standby", r->world);
         if (!rc) {
             r->seen.rev = rev;
             r->seen.epoch = epoch;
@@ -372,6 +402,7 @@ void repl_close(keel_runtime *rt, bool clean)
 
 typedef struct applied {
     uint64_t lsn, tick, stream, last_tick;
+    double mean_bytes; /* the stream's mean message size, when just read; else 0 */
 } applied;
 
 static void st_applied(keel_repl_status *st, const void *arg)
@@ -381,6 +412,9 @@ static void st_applied(keel_repl_status *st, const void *arg)
     st->stream_lsn = a->stream > st->stream_lsn ? a->stream : st->stream_lsn;
     st->lag_records = st->stream_lsn > a->lsn ? st->stream_lsn - a->lsn : 0;
     st->lag_ticks = a->last_tick > a->tick ? a->last_tick - a->tick : 0;
+    if (a->mean_bytes > 0)
+        st->mean_record_bytes = a->mean_bytes;
+    st->lag_bytes = (uint64_t)((double)st->lag_records * st->mean_record_bytes + 0.5);
 }
 
 /* Apply what the directory holds beyond the applied LSN; publish it. */
@@ -397,12 +431,16 @@ static int apply_local(keel_runtime *rt, uint64_t last_tick)
         return rc;
     /* the stream's end for the lag: what was copied, and the stream's own bounds at most every
        BOUNDS_EVERY_NS (a request to the stream's leader) */
-    uint64_t first = 0, stream = r->local_last, now = mono_ns();
+    uint64_t now = mono_ns();
+    applied a = {.lsn = rt->dur->applied_lsn, .tick = tick, .stream = r->local_last, .last_tick = last_tick};
+    kr_stream_state ss;
     if (now - r->bounds_ns >= BOUNDS_EVERY_NS) {
-        (void)kr_bounds(r->node, &first, &stream);
         r->bounds_ns = now;
+        if (!kr_state(r->node, &ss)) {
+            a.stream = ss.last > a.stream ? ss.last : a.stream;
+            a.mean_bytes = ss.msgs ? (double)ss.bytes / (double)ss.msgs : 0;
+        }
     }
-    applied a = {.lsn = rt->dur->applied_lsn, .tick = tick, .stream = stream, .last_tick = last_tick};
     status_set(r, st_applied, &a);
     metrics_publish(rt, false);
     return KEEL_OK;
@@ -429,7 +467,7 @@ static void st_promoted(keel_repl_status *st, const void *arg)
     const keel_replication_desc *d = arg;
     st->role = KEEL_ROLE_PRIMARY;
     st->mode = d->mode ? d->mode : KEEL_REPL_SYNC;
-    st->lag_records = st->lag_ticks = 0;
+    st->lag_records = st->lag_ticks = st->lag_bytes = 0;
 }
 
 /* A standby whose primary's lease lapsed: everything in the stream first,
@@ -449,6 +487,15 @@ static int promote(keel_runtime *rt, bool *promoted)
     }
     if (!rc) /* the directory is the store begin_epoch keeps in step; the reader must not run ahead of it */
         rc = begin_epoch(r, d->store, epoch, &lsn);
+    if (rc == KEEL_ECONFLICT) { /* another standby won: follow it from what begin_epoch copied */
+        r->seen_since_ns = 0;
+        r->local_last = lsn;
+        kr_read_end(r->reader);
+        r->reader = NULL;
+        if ((rc = kr_read_begin(r->node, r->local_last + 1, &r->reader)))
+            return rc;
+        return apply_local(rt, 0);
+    }
     if (rc)
         return rc;
     kr_read_end(r->reader);
@@ -513,6 +560,7 @@ void keel_repl_status_get(keel_runtime *rt, keel_repl_status *out)
         if (ps.published > out->stream_lsn)
             out->stream_lsn = ps.published;
         out->lag_records = ps.committed > ps.published ? ps.committed - ps.published : 0;
+        out->lag_bytes = ps.lag_bytes;
         out->errors = ps.errors;
         out->degraded = ps.degraded;
         out->fenced = ps.fenced;

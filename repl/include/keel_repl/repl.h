@@ -55,12 +55,19 @@ bool kr_parse_address(const char *addr, char *urls, size_t ucap, char *world, si
 
 /* The stream's bounds: first and last sequence (0, 0 when empty). */
 int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last);
+/* The bounds, and the messages and bytes the stream holds. */
+typedef struct kr_stream_state {
+    uint64_t first, last, msgs, bytes;
+} kr_stream_state;
+int kr_state(kr_node *n, kr_stream_state *out);
 /* One message by sequence into out (KEEL_ENOENT: not stored). */
 int kr_get(kr_node *n, uint64_t seq, kw_buf *out);
 
 /* Reading in order from a sequence on: kr_read_next gives 1 and the
  * message (valid until the next call), 0 when none came within
- * timeout_ms, or an error. A gap in the sequence is KEEL_ECORRUPT. */
+ * timeout_ms (or the consumer was made again: read again), or an error.
+ * A message the consumer skipped is read again; one the stream no longer
+ * holds (purged) is KEEL_ECORRUPT. */
 typedef struct kr_reader kr_reader;
 int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out);
 int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **data, size_t *len);
@@ -72,7 +79,9 @@ void kr_read_end(kr_reader *r);
  * again is safe: the message id de-duplicates). */
 int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t len);
 /* Publish the records of LSNs first_lsn .. first_lsn + count - 1 pipelined
- * (each expecting its predecessor), and wait for their acknowledgements.
+ * (each expecting its predecessor: the first by sequence -- first_lsn - 1
+ * must be this node's, acknowledged -- the others by sequence and by this
+ * node's message id), and wait for their acknowledgements.
  * *acked: the last LSN the stream holds as this node's. Errors as
  * kr_publish: KEEL_EFENCED when the stream holds another primary's record
  * in the range, KEEL_EUNAVAILABLE when it took only a prefix (publish the
@@ -166,6 +175,7 @@ typedef struct kr_pub_stats {
     uint64_t committed;       /* the last LSN handed to the publisher */
     uint64_t errors;          /* publishes or renewals that failed and were retried */
     uint64_t checkpoint_lsn;  /* the covered LSN of the last checkpoint published (0: none) */
+    uint64_t lag_bytes;       /* committed - published, times the mean size of the records published */
     bool degraded;            /* the last attempt failed: the stream is not keeping up */
     bool fenced;
 } kr_pub_stats;
