@@ -496,6 +496,14 @@ static int subscribe(kr_reader *r)
     return s == NATS_OK ? KEEL_OK : nats_fail(s, jerr, "cannot read stream %s", r->stream);
 }
 
+int kr_read_restart(kr_reader *r, uint64_t from)
+{
+    natsMsg_Destroy(r->msg);
+    r->msg = NULL;
+    r->next = from ? from : 1;
+    return subscribe(r);
+}
+
 int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out)
 {
     kr_reader *r = calloc(1, sizeof *r);

@@ -246,6 +246,29 @@ static uint64_t checkpoint_lsn(kw_store *s)
     return m.lsn;
 }
 
+#define STALL_MS 30000
+
+int kr_copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t timeout_ms, uint64_t *last,
+               uint64_t *last_tick)
+{
+    int64_t stalled = 0;
+    int rc = KEEL_OK;
+    while (!rc && *last < end) {
+        uint64_t before = *last;
+        uint32_t want = end - *last < 4096 ? (uint32_t)(end - *last) : 4096;
+        rc = kr_append_from(r, s, want, timeout_ms, last, last_tick);
+        if (rc || *last != before) {
+            stalled = 0;
+            continue;
+        }
+        stalled += timeout_ms > 0 ? timeout_ms : 1;
+        rc = stalled < STALL_MS ? kr_read_restart(r, *last + 1)
+                                : core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering at %" PRIu64 " of %"
+                                            PRIu64, n->stream, *last, end);
+    }
+    return rc;
+}
+
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
 {
     *out = (kr_sync_info){0};
@@ -292,14 +315,7 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     if ((rc = kr_read_begin(n, keep + 1, &r)))
         return rc;
     uint64_t last = keep;
-    while (!rc && last < end) {
-        uint64_t before = last;
-        uint32_t want = end - last < 4096 ? (uint32_t)(end - last) : 4096;
-        rc = kr_append_from(r, s, want, n->timeout_ms, &last, NULL);
-        if (!rc && last == before)
-            rc = core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering at %" PRIu64 " of %" PRIu64, n->stream,
-                           last, end);
-    }
+    rc = kr_copy_to(n, r, s, end, n->timeout_ms, &last, NULL);
     kr_read_end(r);
     out->appended = last - keep;
     out->local_last = last;

@@ -8,6 +8,7 @@
  * of whole keel-world processes on a 3-node cluster is check_failover.sh.
  */
 #include <check.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -324,6 +325,86 @@ START_TEST(test_primary_runtime_publishes)
 }
 END_TEST
 
+/* A world that changes every tick: one entity spawned with v = the tick. */
+static int spawn_sys(keel_ctx *ctx, void *user)
+{
+    keel_component *v = user;
+    uint32_t t = (uint32_t)keel_ctx_tick(ctx);
+    keel_init in = {*v, &t};
+    return keel_cmd_spawn(keel_ctx_commands(ctx), &in, 1) ? -1 : 0;
+}
+
+static keel_runtime *spawning_rt(keel_runtime_desc d, keel_component *v)
+{
+    keel_runtime *rt = tu_rt_new(d);
+    *v = tu_reg(keel_runtime_world(rt), "v", 4, KEEL_VERSIONED, v_fields, 1);
+    keel_schedule *s;
+    ck_assert_rc(keel_schedule_create(rt, &s), KEEL_OK);
+    ck_assert_rc(keel_schedule_add_system(s, &(keel_system_desc){.name = "spawn", .kind = KEEL_SYSTEM_CALLBACK,
+                                                                 .run = spawn_sys, .user = v}, NULL), KEEL_OK);
+    tu_install(rt, s);
+    return rt;
+}
+
+/* A follower checkpoints the state it applied at its own interval: the
+ * directory's meta names a tick it reached, the WAL before it is gone, and
+ * a reopen starts from it and ends on the primary's state. */
+START_TEST(test_follower_checkpoints)
+{
+    char pdir[4096], fdir[4096];
+    tu_path(pdir, sizeof pdir, "ckpt-primary");
+    tu_path(fdir, sizeof fdir, "ckpt-follower");
+    keel_component pv, fv;
+    keel_runtime *p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = pdir,
+                                                      .replication = {.nats = nats_url, .world = "fck",
+                                                                      .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
+                                  &pv);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 10);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    keel_runtime_desc fd = {.workers = 1, .durable = {.dir = fdir, .checkpoint_every_ticks = 7},
+                            .replication = {.nats = nats_url, .world = "fck", .role = KEEL_ROLE_FOLLOWER}};
+    keel_runtime *f = spawning_rt(fd, &fv);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), 10); /* the open copied and applied the stream */
+    for (uint64_t t = 11; t <= 30; t++) { /* a tick at a time, each followed to the end */
+        tu_step_n(p, 1);
+        ck_assert_rc(keel_flush(p), KEEL_OK);
+        for (int i = 0; i < 200 && keel_runtime_tick(f) < t; i++)
+            ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
+        ck_assert_uint_eq(keel_runtime_tick(f), t);
+    }
+    uint64_t want = keel_world_hash(keel_runtime_world(p));
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), want);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    /* what the follower left on disk: checkpoints at ticks 11, 18, 25; nothing of the WAL before the last */
+    kw_store *st = store_in("ckpt-follower");
+    kw_rtxn *r;
+    const void *v;
+    size_t n;
+    kw_checkpoint_meta m = {0};
+    ck_assert(!kw_read_begin(st, &r));
+    ck_assert_rc(kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n), KEEL_OK);
+    ck_assert(!kw_checkpoint_meta_decode(v, n, &m));
+    uint64_t first = 0, last = 0;
+    int brc = kw_wal_bounds(r, &first, &last, NULL);
+    kw_read_end(r);
+    kw_store_close(st);
+    ck_assert_msg(m.tick == 25 && m.lsn > 1, "checkpoint tick %" PRIu64 " lsn %" PRIu64, m.tick, m.lsn);
+    ck_assert_msg(brc == KEEL_ENOENT || first == m.lsn + 1, "the WAL starts at %" PRIu64 ", the checkpoint covers %"
+                  PRIu64, first, m.lsn);
+    /* reopened: from the checkpoint, the same state */
+    f = spawning_rt(fd, &fv);
+    keel_recovery rec;
+    ck_assert_msg(!keel_runtime_recover(f, &rec), "%s", keel_last_error());
+    ck_assert_uint_eq(rec.checkpoint_tick, m.tick);
+    ck_assert_uint_eq(keel_runtime_tick(f), 30);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), want);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+}
+END_TEST
+
 /* The runtime's refusals, before anything connects. */
 START_TEST(test_runtime_refusals)
 {
@@ -367,7 +448,7 @@ int main(void)
 {
     const TTest *const stream[] = {test_publish_fences, test_lease_cas, test_sync_drops_unreplicated_tail,
                                           test_bad_streams_write_nothing, test_connect_errors,
-                                          test_primary_runtime_publishes};
+                                          test_primary_runtime_publishes, test_follower_checkpoints};
     const TTest *const api[] = {test_runtime_refusals};
     SRunner *sr = srunner_create(nats_suite("repl_stream", stream, sizeof stream / sizeof *stream));
     srunner_add_suite(sr, tu_suite("repl_api", api, sizeof api / sizeof *api, 60));

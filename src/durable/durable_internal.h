@@ -138,7 +138,8 @@ typedef struct dur_state {
     int64_t ckpt_every_ticks;
     int64_t ckpt_every_bytes;
     double ckpt_every_seconds;
-    bool wal_retain;
+    _Atomic bool wal_retain;   /* checkpoints keep the WAL they cover (set at promotion: a replicated
+                                  primary's publisher and rejoin read it) */
     uint64_t last_ckpt_tick;
     uint64_t last_ckpt_ns;
     _Atomic uint32_t ckpt_count;   /* checkpoints recorded in the directory (meta) */

@@ -120,7 +120,11 @@ int repl_create(keel_runtime *rt, const keel_replication_desc *d)
     r->st.role = d->role;
     r->st.mode = d->role != KEEL_ROLE_PRIMARY ? KEEL_REPL_OFF : d->mode ? d->mode : KEEL_REPL_ASYNC;
     rt->repl = r;
-    rt->durable_desc.wal_retain = true; /* the publisher and a rejoin read it */
+    /* a primary's publisher reads its WAL, and so does its rejoin after a failover; a replica's
+       records all came from the stream: its checkpoints drop them as a primary's would (a standby
+       keeps them once promoted, dur_promote) */
+    if (d->role == KEEL_ROLE_PRIMARY)
+        rt->durable_desc.wal_retain = true;
     return KEEL_OK;
 }
 
@@ -429,6 +433,10 @@ static int apply_local(keel_runtime *rt, uint64_t last_tick)
     atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
     if (rt->world->mutations != rt->txn.pub_mutations && (rc = view_publish(&rt->txn, tick)))
         return rc;
+    /* the replica's own checkpoint, at the runtime's checkpoint interval: a reopen replays from it.
+       A failed one (a full disk) costs nothing but the replay it would have saved */
+    if (ckpt_maybe(rt->dur, tick, false))
+        core_log(KEEL_LOG_WARN, "ckpt", "replica_failed", "tick=%" PRIu64 " cause=\"%s\"", tick, keel_last_error());
     /* the stream's end for the lag: what was copied, and the stream's own bounds at most every
        BOUNDS_EVERY_NS (a request to the stream's leader) */
     uint64_t now = mono_ns();
@@ -452,13 +460,8 @@ static int catch_up(keel_runtime *rt)
     struct runtime_repl *r = rt->repl;
     uint64_t first, end, tick = 0;
     int rc = kr_bounds(r->node, &first, &end);
-    while (!rc && r->local_last < end) {
-        uint64_t before = r->local_last;
-        rc = kr_append_from(r->reader, rt->dur->store, POLL_BATCH, 1000, &r->local_last, &tick);
-        if (!rc && r->local_last == before)
-            rc = core_fail(KEEL_EUNAVAILABLE, "the stream of world '%s' stopped delivering at LSN %" PRIu64
-                           " of %" PRIu64, r->world, before, end);
-    }
+    if (!rc)
+        rc = kr_copy_to(r->node, r->reader, rt->dur->store, end, 1000, &r->local_last, &tick);
     return rc ? rc : apply_local(rt, tick);
 }
 

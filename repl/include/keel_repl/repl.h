@@ -71,6 +71,8 @@ int kr_get(kr_node *n, uint64_t seq, kw_buf *out);
 typedef struct kr_reader kr_reader;
 int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out);
 int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **data, size_t *len);
+/* Read again from `from` on, with a new consumer. */
+int kr_read_restart(kr_reader *r, uint64_t from);
 void kr_read_end(kr_reader *r);
 
 /* Publish the record of `lsn`, expecting the stream to end at lsn - 1.
@@ -137,6 +139,12 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
  * LSN afterwards and *last_tick (may be NULL) the tick its record names
  * (both unchanged when none came). */
 int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, uint64_t *last, uint64_t *last_tick);
+/* Append what `r` delivers until the directory's last LSN (*last) reaches
+ * `end`. A wait of timeout_ms with nothing delivered restarts the consumer
+ * where it was (one stalled across a NATS server's loss); after 30 s of
+ * that, KEEL_EUNAVAILABLE. *last_tick (may be NULL) as kr_append_from. */
+int kr_copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t timeout_ms, uint64_t *last,
+               uint64_t *last_tick);
 /* Append one sealed record at its LSN (the directory's next) to s: a new
  * primary's EPOCH record, once the stream took it. */
 int kr_append_record(kw_store *s, uint64_t lsn, const void *rec, size_t len);
