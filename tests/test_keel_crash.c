@@ -4,18 +4,21 @@
  * status and its last line `crashes=<N> lost_acknowledged=<n>
  * hash_mismatches=<n> invariant_violations=<n>` (docs/reliability.md).
  *
- *   keel_crash         a few rounds of each mode (kill, failpoint, powerloss)
- *                      and of all three against keel-world: exit 0, crashes
+ *   keel_crash         a few rounds of each mode (kill, failpoint, powerloss,
+ *                      failover on a 3-node nats-server cluster it starts)
+ *                      and of all four against keel-world: exit 0, crashes
  *                      happened, nothing lost, no mismatch, no violation (in
  *                      a sanitizer build, powerloss mode must refuse to run:
  *                      the shim cannot act there)
  *   keel_crash_oracle  the oracle can fail: KEEL_CRASH_SELFTEST skews one of
  *                      its inputs (hash: the reference runs another seed;
  *                      ack: acknowledgements are booked a tick late; money:
- *                      it expects one coin more), and keel-crash must then
- *                      count mismatches, lost trades, violations and exit 1;
- *                      bad arguments and a keel-world that cannot be run
- *                      exit 2
+ *                      it expects one coin more; epoch: failover mode books
+ *                      every acknowledgement in epoch 0, as if a deposed
+ *                      primary had sent it), and keel-crash must then count
+ *                      mismatches, lost trades, violations and exit 1; bad
+ *                      arguments, a keel-world that cannot be run and
+ *                      failover mode without nats-server exit 2
  */
 #include <check.h>
 #include <inttypes.h>
@@ -123,15 +126,41 @@ START_TEST(test_powerloss_mode)
 }
 END_TEST
 
+/* Failover mode and its own counters: promotions happened, none of them
+ * left two primaries acknowledging. */
+static void assert_failover(const summary *s)
+{
+    const char *line = strstr(s->out, "keel-crash: failover: ");
+    uint64_t promotions = 0, two = 1;
+    ck_assert_msg(line && sscanf(line, "keel-crash: failover: %" SCNu64 " promotions", &promotions) == 1 &&
+                      promotions >= 1,
+                  "no promotion counted; output:\n%s", s->out);
+    const char *t = strstr(line, "two_primaries=");
+    ck_assert_msg(t && sscanf(t, "two_primaries=%" SCNu64, &two) == 1 && two == 0, "two primaries; output:\n%s",
+                  s->out);
+}
+
+START_TEST(test_failover_mode)
+{
+    summary s;
+    const char *args[] = {"--rounds", "4", "--mode", "failover", "--seed", "3", SMALL, NULL};
+    run_keel_crash(NULL, args, &s);
+    assert_clean(&s, 2);
+    assert_failover(&s);
+    ck_assert_msg(strstr(s.out, "\nfailover "), "no table row; output:\n%s", s.out);
+}
+END_TEST
+
 START_TEST(test_all_modes)
 {
     if (SANITIZED || !keel_failpoints_compiled())
         return; /* the modes one by one above */
     summary s;
-    const char *args[] = {"--rounds", "9", "--mode", "all", "--seed", "11", SMALL, NULL};
+    const char *args[] = {"--rounds", "10", "--mode", "all", "--seed", "11", SMALL, NULL};
     run_keel_crash(NULL, args, &s);
     assert_clean(&s, 6);
-    ck_assert_msg(strstr(s.out, "\nkill ") && strstr(s.out, "\nfailpoint ") && strstr(s.out, "\npowerloss "),
+    ck_assert_msg(strstr(s.out, "\nkill ") && strstr(s.out, "\nfailpoint ") && strstr(s.out, "\npowerloss ") &&
+                      strstr(s.out, "\nfailover "),
                   "a mode is missing; output:\n%s", s.out);
 }
 END_TEST
@@ -142,7 +171,8 @@ END_TEST
 static void oracle_must_fail(const char *selftest, size_t field, const char *what, bool alone)
 {
     summary s;
-    const char *args[] = {"--rounds", "4", "--mode", "kill", "--seed", "5", SMALL, NULL};
+    const char *mode = strcmp(selftest, "epoch") ? "kill" : "failover";
+    const char *args[] = {"--rounds", "4", "--mode", mode, "--seed", "5", SMALL, NULL};
     run_keel_crash(selftest, args, &s);
     uint64_t counts = s.lost + s.mismatches + s.violations, mine = *(const uint64_t *)((const char *)&s + field);
     ck_assert_msg(s.have && s.status == 1 && mine > 0, "KEEL_CRASH_SELFTEST=%s (%s) went unnoticed: exit %d, "
@@ -169,6 +199,12 @@ START_TEST(test_oracle_detects_broken_economy)
 }
 END_TEST
 
+START_TEST(test_oracle_detects_two_primaries)
+{
+    oracle_must_fail("epoch", offsetof(summary, lost), "acknowledgements booked in epoch 0", true);
+}
+END_TEST
+
 START_TEST(test_bad_arguments)
 {
     static const char *const bad[][8] = {
@@ -189,6 +225,11 @@ START_TEST(test_bad_arguments)
         ck_assert_msg(strstr(s.out, "keel-crash: "), "keel-crash %s: no message naming the problem", bad[i][0]);
     }
     summary s;
+    setenv("PATH", "/nonexistent", 1); /* this test's own process */
+    const char *fo[] = {"--mode", "failover", NULL};
+    run_keel_crash(NULL, fo, &s);
+    ck_assert_msg(s.status == 2 && strstr(s.out, "needs nats-server on the PATH"), "failover without nats-server: "
+                  "exit %d; output:\n%s", s.status, s.out);
     const char *help[] = {"--help", NULL};
     run_keel_crash(NULL, help, &s);
     ck_assert_msg(s.status == 0 && strstr(s.out, "usage: keel-crash"), "--help: exit %d; output:\n%s", s.status,
@@ -204,6 +245,7 @@ static Suite *keel_crash_suite(void)
     tcase_add_test(tc, test_kill_mode);
     tcase_add_test(tc, test_failpoint_mode);
     tcase_add_test(tc, test_powerloss_mode);
+    tcase_add_test(tc, test_failover_mode);
     tcase_add_test(tc, test_all_modes);
     suite_add_tcase(s, tc);
     return s;
@@ -217,6 +259,7 @@ static Suite *keel_crash_oracle_suite(void)
     tcase_add_test(tc, test_oracle_detects_wrong_reference);
     tcase_add_test(tc, test_oracle_detects_lost_acks);
     tcase_add_test(tc, test_oracle_detects_broken_economy);
+    tcase_add_test(tc, test_oracle_detects_two_primaries);
     tcase_add_test(tc, test_bad_arguments);
     suite_add_tcase(s, tc);
     return s;

@@ -124,7 +124,7 @@ static void child_argv(const kc_spec *s, argv_buf *a)
     arg_num(a, "--checkpoint-every", s->ckpt_every);
     arg_num(a, "--report-fd", KC_REPORT_FD);
     arg(a, "--tick-rate");
-    arg(a, "0");
+    arg(a, s->tick_rate ? s->tick_rate : "0");
     arg(a, "--quiet");
     if (s->durability) {
         arg(a, "--durability");
@@ -136,6 +136,8 @@ static void child_argv(const kc_spec *s, argv_buf *a)
         arg(a, "--report-prefix");
     if (s->extra_arg)
         arg(a, s->extra_arg);
+    for (int i = 0; s->more && s->more[i]; i++)
+        arg(a, s->more[i]);
     a->v[a->n] = NULL;
 }
 
@@ -163,16 +165,127 @@ static _Noreturn void child_exec(const kc_spec *s, char **argv, char **env, int 
     _exit(127);
 }
 
-typedef struct reader {
+struct kc_reader {
     char buf[1 << 16];
     size_t len;
+};
+
+/* Hand over the complete lines in r->buf. */
+static void deliver(struct kc_reader *r, kc_line_fn fn, void *user)
+{
+    size_t start = 0;
+    for (size_t i = 0; i < r->len; i++) {
+        if (r->buf[i] != '\n')
+            continue;
+        kc_line l;
+        if (!kc_line_parse(&l, r->buf + start, i - start)) {
+            l.kind = NULL; /* a protocol break: the callback says so */
+            l.n = 0;
+        }
+        fn(user, &l);
+        start = i + 1;
+    }
+    memmove(r->buf, r->buf + start, r->len - start);
+    r->len -= start;
+    if (r->len == sizeof r->buf) { /* no newline in 64 KiB: a protocol break */
+        kc_line l = {.kind = NULL};
+        fn(user, &l);
+        r->len = 0;
+    }
+}
+
+int kc_proc_start(const kc_spec *s, kc_proc *p)
+{
+    *p = (kc_proc){.pid = -1, .fd = -1};
+    argv_buf a;
+    child_argv(s, &a);
+    char preload[4096], asan[1024];
+    char **env = child_env(s, preload, sizeof preload, asan, sizeof asan);
+    int pp[2] = {-1, -1};
+    int logfd = open(s->log ? s->log : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    p->r = calloc(1, sizeof *p->r);
+    if (!env || logfd < 0 || !p->r || pipe2(pp, O_CLOEXEC)) {
+        free(env);
+        free(p->r);
+        p->r = NULL;
+        if (logfd >= 0)
+            close(logfd);
+        return -1;
+    }
+    pid_t parent = getpid();
+    p->t0 = p->last = kc_now_ms();
+    pid_t pid = fork();
+    if (pid == 0)
+        child_exec(s, a.v, env, pp[1], logfd, parent);
+    int saved = errno;
+    free(env);
+    close(pp[1]);
+    close(logfd);
+    if (pid < 0) {
+        close(pp[0]);
+        free(p->r);
+        p->r = NULL;
+        errno = saved;
+        return -1;
+    }
+    p->pid = pid;
+    p->fd = pp[0];
+    return 0;
+}
+
+int kc_proc_read(kc_proc *p, kc_line_fn fn, void *user)
+{
+    if (p->fd < 0)
+        return 0;
+    ssize_t n;
+    do
+        n = read(p->fd, p->r->buf + p->r->len, sizeof p->r->buf - p->r->len);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+        close(p->fd);
+        p->fd = -1;
+        return n < 0 ? -1 : 0;
+    }
+    p->r->len += (size_t)n;
+    p->last = kc_now_ms();
+    deliver(p->r, fn, user);
+    return 1;
+}
+
+void kc_proc_drain(kc_proc *p, kc_line_fn fn, void *user)
+{
+    struct pollfd pf = {.fd = p->fd, .events = POLLIN};
+    while (p->fd >= 0 && poll(&pf, 1, 0) > 0 && kc_proc_read(p, fn, user) > 0)
+        ;
+}
+
+int kc_proc_reap(kc_proc *p)
+{
+    if (p->fd >= 0)
+        close(p->fd);
+    p->fd = -1;
+    free(p->r);
+    p->r = NULL;
+    int status = 0;
+    while (p->pid > 0 && waitpid(p->pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    p->pid = -1;
+    return status;
+}
+
+/* kc_child_run's view of the lines: the caller's callback, then the trigger. */
+typedef struct sync_run {
+    const kc_trigger *trig;
+    kc_line_fn fn;
+    void *user;
     uint64_t acks;
-    bool state_seen;
-} reader;
+    bool state_seen, fired, started;
+} sync_run;
 
 /* Does this line fire the trigger? */
-static bool trig_fires(const kc_trigger *t, reader *r, const kc_line *l)
+static bool trig_fires(sync_run *r, const kc_line *l)
 {
+    const kc_trigger *t = r->trig;
     if (!l->kind)
         return false;
     if (!strcmp(l->kind, "ack"))
@@ -198,115 +311,60 @@ static bool trig_fires(const kc_trigger *t, reader *r, const kc_line *l)
     }
 }
 
-/* Hand over the complete lines in r->buf; *fired when one fired the trigger. */
-static void deliver(reader *r, const kc_trigger *t, kc_line_fn fn, void *user, bool *fired, bool *started)
+static void sync_line(void *user, const kc_line *l)
 {
-    size_t start = 0;
-    for (size_t i = 0; i < r->len; i++) {
-        if (r->buf[i] != '\n')
-            continue;
-        kc_line l;
-        if (!kc_line_parse(&l, r->buf + start, i - start)) {
-            l.kind = NULL; /* a protocol break: the callback says so */
-            l.n = 0;
-        }
-        if (l.kind && !strcmp(l.kind, "start"))
-            *started = true;
-        if (fn)
-            fn(user, &l);
-        if (trig_fires(t, r, &l))
-            *fired = true;
-        start = i + 1;
-    }
-    memmove(r->buf, r->buf + start, r->len - start);
-    r->len -= start;
-    if (r->len == sizeof r->buf) { /* no newline in 64 KiB: a protocol break */
-        kc_line l = {.kind = NULL};
-        if (fn)
-            fn(user, &l);
-        r->len = 0;
-    }
+    sync_run *r = user;
+    if (l->kind && !strcmp(l->kind, "start"))
+        r->started = true;
+    if (r->fn)
+        r->fn(r->user, l);
+    if (trig_fires(r, l))
+        r->fired = true;
 }
 
 int kc_child_run(const kc_spec *s, kc_line_fn fn, void *user, kc_exit *out)
 {
     *out = (kc_exit){.start_ms = -1};
-    argv_buf a;
-    child_argv(s, &a);
-    char preload[4096], asan[1024];
-    char **env = child_env(s, preload, sizeof preload, asan, sizeof asan);
-    int p[2] = {-1, -1};
-    int logfd = open(s->log ? s->log : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (!env || logfd < 0 || pipe2(p, O_CLOEXEC)) {
-        free(env);
-        if (logfd >= 0)
-            close(logfd);
+    kc_proc p;
+    if (kc_proc_start(s, &p))
         return -1;
-    }
-    pid_t parent = getpid();
-    double t0 = kc_now_ms();
-    pid_t pid = fork();
-    if (pid == 0)
-        child_exec(s, a.v, env, p[1], logfd, parent);
-    int saved = errno;
-    free(env);
-    close(p[1]);
-    close(logfd);
-    if (pid < 0) {
-        close(p[0]);
-        errno = saved;
-        return -1;
-    }
     out->spawned = true;
-    reader *r = calloc(1, sizeof *r);
-    double deadline = s->trig.kind == KC_TRIG_EXEC ? t0 + s->trig.delay_us / 1e3 : -1;
-    double last = t0;
-    bool eof = false, started = false;
-    while (!eof && r) {
+    sync_run sr = {.trig = &s->trig, .fn = fn, .user = user};
+    double deadline = s->trig.kind == KC_TRIG_EXEC ? p.t0 + s->trig.delay_us / 1e3 : -1;
+    while (p.fd >= 0) {
         double now = kc_now_ms();
-        if (!out->killed && (kc_stop || (deadline >= 0 && now >= deadline) || now - last > s->hang_ms)) {
+        if (!out->killed && (kc_stop || (deadline >= 0 && now >= deadline) || now - p.last > s->hang_ms)) {
             out->hung = !kc_stop && !(deadline >= 0 && now >= deadline);
-            kill(pid, SIGKILL);
+            kill(p.pid, SIGKILL);
             out->killed = true;
         }
-        double wait = out->killed ? 1000 : s->hang_ms - (now - last);
+        double wait = out->killed ? 1000 : s->hang_ms - (now - p.last);
         if (!out->killed && deadline >= 0 && deadline - now < wait)
             wait = deadline - now;
-        struct pollfd pf = {.fd = p[0], .events = POLLIN};
+        struct pollfd pf = {.fd = p.fd, .events = POLLIN};
         int pr = poll(&pf, 1, wait < 0 ? 0 : (int)(wait + 0.999));
         if (pr < 0 && errno != EINTR)
             break;
         if (pr <= 0)
             continue;
-        ssize_t n = read(p[0], r->buf + r->len, sizeof r->buf - r->len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            eof = true;
+        bool was_started = sr.started;
+        if (kc_proc_read(&p, sync_line, &sr) <= 0)
             break;
-        }
-        r->len += (size_t)n;
-        last = kc_now_ms();
-        bool fired = false, was_started = started;
-        deliver(r, &s->trig, fn, user, &fired, &started);
-        if (started && !was_started)
-            out->start_ms = last - t0;
-        if (fired && !out->killed && deadline < 0) {
-            deadline = last + s->trig.delay_us / 1e3;
+        if (sr.started && !was_started)
+            out->start_ms = p.last - p.t0;
+        if (sr.fired && !out->killed && deadline < 0) {
+            deadline = p.last + s->trig.delay_us / 1e3;
             if (!s->trig.delay_us) {
-                kill(pid, SIGKILL);
+                kill(p.pid, SIGKILL);
                 out->killed = true;
             }
         }
     }
-    if (!eof) { /* out of memory or a poll error: do not leave the child behind */
-        kill(pid, SIGKILL);
+    if (p.fd >= 0) { /* a poll error: do not leave the child behind */
+        kill(p.pid, SIGKILL);
         out->killed = true;
     }
-    free(r);
-    close(p[0]);
-    while (waitpid(pid, &out->status, 0) < 0 && errno == EINTR)
-        ;
+    out->status = kc_proc_reap(&p);
     /* a kill that raced with a clean exit did not land */
     if (out->killed && WIFEXITED(out->status))
         out->killed = false;

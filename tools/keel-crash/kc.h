@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define KC_TPT 8u          /* keel-world's trades per tick: trade id = t * KC_TPT + k + 1 */
 #define KC_MAX_FIELDS 16u
@@ -72,6 +73,8 @@ typedef struct kc_spec {
     const char *durability; /* NULL: keel-world's default */
     bool wal_retain, prefix;
     const char *extra_arg;  /* one more argument (tests of the oracle), or NULL */
+    const char *const *more; /* more arguments, NULL-terminated (replication's), or NULL */
+    const char *tick_rate;  /* --tick-rate; NULL: "0" (as fast as it goes) */
     const char *env[KC_MAX_ENV]; /* NAME=VALUE added to the environment */
     const char *log;        /* the child's stdout and stderr */
     kc_trigger trig;
@@ -92,10 +95,35 @@ typedef void (*kc_line_fn)(void *user, const kc_line *l);
  * 0, or -1 when it could not be started (errno set, nothing to wait for). */
 int kc_child_run(const kc_spec *s, kc_line_fn fn, void *user, kc_exit *out);
 
+/* A child run asynchronously: its report pipe read when the caller's poll
+ * says so (kc_proc_read), several children at once. */
+typedef struct kc_proc {
+    pid_t pid;              /* -1 once reaped */
+    int fd;                 /* the report pipe's read end; -1 at its end */
+    double t0, last;        /* the fork, the last bytes read */
+    struct kc_reader *r;
+} kc_proc;
+
+/* Fork and exec keel-world with s (s->trig is not used). 0, or -1 (errno set). */
+int kc_proc_start(const kc_spec *s, kc_proc *p);
+/* One read of the pipe (it blocks when nothing is there): every complete
+ * line to fn. 1 when bytes came, 0 at the pipe's end (fd closed), -1 on error. */
+int kc_proc_read(kc_proc *p, kc_line_fn fn, void *user);
+/* Every line the pipe holds now, without waiting. */
+void kc_proc_drain(kc_proc *p, kc_line_fn fn, void *user);
+/* Close the pipe and wait for the child: its waitpid status. */
+int kc_proc_reap(kc_proc *p);
+
 /* Run argv with env_add (NAME=VALUE or NULL) added to the environment, its
  * stdout -- and stderr too when with_stderr, else stderr is ours -- into buf
  * (NUL-terminated, truncated to cap); its exit status, or -1. */
 int kc_capture(char *const argv[], const char *env_add, bool with_stderr, char *buf, size_t cap);
+
+/* A child's log: its last non-empty line, and the recovery time from
+ * `recovered tick=<T> in <X> ms` (-1 without). */
+void kc_read_log(const char *path, char *tail, size_t cap, double *rec_ms);
+/* Remove a directory tree. */
+void kc_rm_tree(const char *path);
 
 /* Set by SIGINT / SIGTERM: the current child is killed, the run stops. */
 extern volatile int kc_stop;
@@ -155,7 +183,10 @@ typedef struct kc_lap {
     bool broken;             /* it left the reference (a mismatch): later restarts would only
                                 repeat it, so the lap ends there */
     bool openable;           /* a child opened it as an existing directory, or closed it cleanly */
+    uint64_t *ack_epoch;     /* failover mode (kc_lap_epochs): by id, the earliest epoch that
+                                acknowledged it; NULL in the other modes */
     bool selftest_ack;       /* KEEL_CRASH_SELFTEST=ack: book acks one tick late */
+    bool selftest_epoch;     /* KEEL_CRASH_SELFTEST=epoch: book acks in epoch 0 */
     int64_t selftest_money;  /* KEEL_CRASH_SELFTEST=money: expect this many coins more */
 } kc_lap;
 
@@ -170,6 +201,8 @@ typedef struct kc_run {
     kc_lap *lap;
     bool immediate;          /* --durability immediate: a reported tick is durable */
     bool started, fresh, diverged, final_seen, in_block;
+    bool has_epoch;          /* its start line named an epoch (a replicated node) */
+    uint64_t epoch;
     uint64_t R, rec_hash, final_tick, final_hash;
     int j;                   /* trades of tick R+1 in the recovered state; -1: no reference state */
     uint32_t blocks;         /* state-end lines seen */
@@ -181,6 +214,11 @@ typedef struct kc_run {
 
 void kc_lap_init(kc_lap *lap, const kc_ref *ref, kc_stats *st, const char *mode, uint32_t n);
 void kc_lap_free(kc_lap *lap);
+/* Failover mode: acknowledgements belong to epochs. A state an epoch starts
+ * from must hold every trade acknowledged in an earlier epoch (not those of
+ * later ones, whose lines may arrive first); a state at the end of a run,
+ * every trade acknowledged up to its own epoch. 0, or -1 (no memory). */
+int kc_lap_epochs(kc_lap *lap);
 void kc_run_init(kc_run *run, kc_lap *lap, bool immediate);
 void kc_run_line(void *run, const kc_line *l);
 /* After the child ended: account for how it ended. fault: what was injected
@@ -192,5 +230,54 @@ void kc_run_free(kc_run *run);
 /* A problem: printed (the first ones), and counted in *counter. */
 void kc_problem(const kc_lap *lap, uint64_t *counter, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 extern bool kc_verbose;
+
+/* ---- a NATS cluster (nats.c) ---------------------------------------------------------- */
+
+#define KC_NATS_MAX 3
+
+typedef struct kc_nats {
+    int n;
+    pid_t pid[KC_NATS_MAX];           /* -1: not running */
+    bool starting[KC_NATS_MAX];       /* restarted, not yet healthy */
+    double started_at[KC_NATS_MAX];
+    int cport[KC_NATS_MAX], rport[KC_NATS_MAX], mport[KC_NATS_MAX]; /* client, route, monitoring */
+    char dir[4096];
+    char urls[256];                   /* the client URLs, comma-separated */
+} kc_nats;
+
+/* n nats-server processes on loopback, storage under dir, every one healthy
+ * (/healthz); 0, or -1 (none left running). */
+int kc_nats_start(kc_nats *ns, const char *dir, int n);
+void kc_nats_kill(kc_nats *ns, int i);    /* SIGKILL node i */
+int kc_nats_restart(kc_nats *ns, int i);  /* start node i again on its storage (it becomes healthy later) */
+bool kc_nats_ready(kc_nats *ns);          /* every node runs and the restarted ones answer /healthz */
+void kc_nats_stop(kc_nats *ns);           /* every node, SIGTERM (SIGKILL after 10 s) */
+
+/* ---- failover mode (failover.c) ------------------------------------------------------- */
+
+/* What failover mode needs from keel-crash's set-up. */
+typedef struct kc_fo_desc {
+    const char *world, *work;   /* keel-world; the work directory */
+    const char *wal;            /* keel-wal, to verify a killed node's directory; "" without */
+    uint64_t *verified;         /* directories it verified */
+    const kc_ref *ref;
+    kc_stats *st;
+    uint64_t seed, until;
+    uint32_t entities;
+    bool keep;                  /* keep the directories and logs */
+    uint32_t *laps;             /* keel-crash's lap counter */
+} kc_fo_desc;
+
+/* Counters only failover mode has, printed under the table. */
+typedef struct kc_fo_stats {
+    uint64_t promotions, after_kill, after_stop, unplanned, fenced, nats_kills, rejoins, two_primaries;
+} kc_fo_stats;
+
+/* rounds faults on a primary and its standby (kill -9, SIGSTOP, a NATS node
+ * killed) on a 3-node cluster; false when NATS could not be started. */
+bool kc_failover_run(const kc_fo_desc *d, uint64_t rounds, kc_fo_stats *out);
+
+/* Is trade `id` in a state recovered at tick R with j trades of tick R+1? */
+bool kc_trade_in_state(uint64_t id, uint64_t R, int j);
 
 #endif

@@ -2,7 +2,7 @@
  * keel-crash -- breaks keel-world on purpose, again and again, and checks
  * every restart against an oracle (docs/reliability.md).
  *
- *   keel-crash [--rounds N] [--seed S] [--mode kill|failpoint|powerloss|all]
+ *   keel-crash [--rounds N] [--seed S] [--mode kill|failpoint|powerloss|failover|all]
  *              [--workload world] [--until-tick T] [--entities N]
  *              [--world PATH] [--keep DIR] [--verbose]
  *
@@ -24,6 +24,8 @@
  *              KEEL_FAILPOINTS as crash@N, eio@N or enospc@N
  *   powerloss  the LD_PRELOAD shim cuts the power at the N-th write to the
  *              directory, dropping (or tearing) what was not synced
+ *   failover   a primary and a standby on a 3-node NATS cluster: kill -9,
+ *              SIGSTOP/SIGCONT, NATS nodes killed (failover.c)
  *
  * Some crashes are followed at once by a second (the restart killed during or
  * right after its recovery). The schedule is a function of --seed (each
@@ -43,8 +45,8 @@
 
 #include "kc.h"
 
-enum { M_KILL, M_FAILPOINT, M_POWERLOSS, M_COUNT };
-static const char *const mode_names[M_COUNT] = {"kill", "failpoint", "powerloss"};
+enum { M_KILL, M_FAILPOINT, M_POWERLOSS, M_FAILOVER, M_COUNT };
+static const char *const mode_names[M_COUNT] = {"kill", "failpoint", "powerloss", "failover"};
 
 typedef struct options {
     uint64_t rounds, seed, until;
@@ -75,6 +77,7 @@ typedef struct ctx {
     double writes_per_tick;      /* powerloss: tracked writes per tick, learned */
     char pl_stats[PATH_MAX + 128]; /* the shim's KEEL_POWERLOSS_STATS file */
     uint64_t pl_cuts, pl_tear, pl_bytes_undone, pl_pages_dropped, pl_pages_torn;
+    kc_fo_stats fo;              /* failover mode's counters */
 } ctx;
 
 /* The lap in progress: a data directory and the oracle's view of it. */
@@ -88,7 +91,7 @@ typedef struct lap_state {
 static void usage(FILE *to)
 {
     fprintf(to,
-            "usage: keel-crash [--rounds N] [--seed S] [--mode kill|failpoint|powerloss|all]\n"
+            "usage: keel-crash [--rounds N] [--seed S] [--mode kill|failpoint|powerloss|failover|all]\n"
             "                  [--workload world] [--until-tick T] [--entities N] [--world PATH]\n"
             "                  [--keep DIR] [--verbose]\n"
             "Crashes keel-world again and again and checks every restart against a reference run:\n"
@@ -100,7 +103,10 @@ static void usage(FILE *to)
             "  --mode M        kill: SIGKILL at instants chosen from the child's reports;\n"
             "                  failpoint: every compiled-in failpoint in turn (crash, eio, enospc);\n"
             "                  powerloss: the LD_PRELOAD shim drops or tears unsynced writes;\n"
-            "                  all (default): the three, rounds shared\n"
+            "                  failover: a primary (--replicate sync) and a standby on a 3-node\n"
+            "                  NATS cluster (nats-server on the PATH) under kill -9, SIGSTOP and\n"
+            "                  NATS node kills: no acknowledged trade lost, never two primaries;\n"
+            "                  all (default): the four, rounds shared\n"
             "  --workload W    the workload: world (keel-world; the only one)\n"
             "  --until-tick T  each data directory runs from tick 0 to T (default 300)\n"
             "  --entities N    agents of the world (default 5000)\n"
@@ -166,7 +172,7 @@ static int parse_args(int argc, char **argv, options *o)
                 if (all || !strcmp(v, mode_names[m]))
                     o->modes[m] = ok = true;
             if (!ok || mode_given) {
-                fprintf(stderr, "keel-crash: --mode needs one of kill, failpoint, powerloss, all; got '%s'%s\n", v,
+                fprintf(stderr, "keel-crash: --mode needs one of kill, failpoint, powerloss, failover, all; got '%s'%s\n", v,
                         mode_given ? " (given twice)" : "");
                 return -1;
             }
@@ -195,6 +201,21 @@ static int parse_args(int argc, char **argv, options *o)
 }
 
 /* ---- set-up --------------------------------------------------------------------------- */
+
+/* Is there an executable `name` in a directory of $PATH? */
+static bool on_path(const char *name)
+{
+    const char *path = getenv("PATH");
+    char dir[PATH_MAX + 64];
+    for (const char *p = path ? path : ""; *p;) {
+        size_t n = strcspn(p, ":");
+        snprintf(dir, sizeof dir, "%.*s/%s", (int)(n < PATH_MAX ? n : PATH_MAX), p, name);
+        if (n && access(dir, X_OK) == 0)
+            return true;
+        p += n + (p[n] == ':');
+    }
+    return false;
+}
 
 /* `name` in the directory keel-crash runs from (/proc/self/exe), or in `beside`'s. */
 static bool find_beside(const char *name, const char *beside, char *out, size_t cap)
@@ -226,7 +247,7 @@ static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW 
     return remove(path);
 }
 
-static void rm_tree(const char *path)
+void kc_rm_tree(const char *path)
 {
     nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
@@ -339,16 +360,14 @@ static int probe_powerloss(const ctx *c)
     if (f)
         fclose(f);
     remove(stats);
-    rm_tree(dir);
+    kc_rm_tree(dir);
     if (!ok)
         fprintf(stderr, "keel-crash: the power-loss shim %s does not act in %s (no statistics after a run: a "
                 "sanitizer build?); powerloss mode cannot run\n", c->shim, c->world);
     return ok ? 0 : -1;
 }
 
-/* The child's log: its last line (keel-world's error message), and the
- * recovery time from `recovered tick=<T> in <X> ms`. */
-static void read_log(const char *path, char *tail, size_t cap, double *rec_ms)
+void kc_read_log(const char *path, char *tail, size_t cap, double *rec_ms)
 {
     *rec_ms = -1;
     snprintf(tail, cap, "(no output)");
@@ -449,7 +468,7 @@ static bool run_child(ctx *c, lap_state *ls, kc_spec *s, const char *fault, uint
     }
     char tail[1024];
     double rec_ms;
-    read_log(c->log, tail, sizeof tail, &rec_ms);
+    kc_read_log(c->log, tail, sizeof tail, &rec_ms);
     if (ex.start_ms > 0)
         c->start_ms = ex.start_ms;
     bool crashed = kc_run_end(&run, &ex, ex.killed ? "kill" : fault, rec_ms, tail);
@@ -524,7 +543,7 @@ static void lap_end(ctx *c, lap_state *ls)
             break; /* already reported */
     }
     if (!c->o->keep)
-        rm_tree(ls->dir);
+        kc_rm_tree(ls->dir);
     kc_lap_free(&ls->lap);
     ls->open = false;
 }
@@ -622,6 +641,15 @@ static uint64_t plan_powerloss(ctx *c, const lap_state *ls, uint64_t *rng, char 
 static void run_mode(ctx *c, int mode, uint64_t rounds)
 {
     kc_stats *st = &c->st[mode];
+    if (mode == M_FAILOVER) {
+        kc_fo_desc d = {.world = c->world, .work = c->work, .wal = c->wal, .verified = &c->verified,
+                        .ref = c->ref, .st = st, .seed = c->o->seed,
+                        .until = c->o->until, .entities = c->o->entities, .keep = c->o->keep != NULL,
+                        .laps = &c->laps};
+        if (!kc_failover_run(&d, rounds, &c->fo))
+            st->violations++; /* NATS could not be started: nothing was tested */
+        return;
+    }
     lap_state ls = {0};
     char preload[PATH_MAX + 16], fpspec[512], plenv[5][PATH_MAX + 160], what[96];
     snprintf(preload, sizeof preload, "LD_PRELOAD=%s", c->shim);
@@ -768,6 +796,10 @@ int main(int argc, char **argv)
     }
     if (o.modes[M_FAILPOINT] && load_failpoints(&c))
         return 2;
+    if (o.modes[M_FAILOVER] && !on_path("nats-server")) {
+        fprintf(stderr, "keel-crash: failover mode needs nats-server on the PATH (Debian package nats-server)\n");
+        return 2;
+    }
     if (o.keep) {
         if (mkdir(o.keep, 0755) && errno != EEXIST) {
             fprintf(stderr, "keel-crash: --keep %s: %s\n", o.keep, strerror(errno));
@@ -788,7 +820,7 @@ int main(int argc, char **argv)
     snprintf(c.log, sizeof c.log, "%s/child.log", c.work);
     if (o.modes[M_POWERLOSS] && probe_powerloss(&c)) {
         if (!o.keep)
-            rm_tree(c.work);
+            kc_rm_tree(c.work);
         return 2;
     }
     snprintf(c.pl_stats, sizeof c.pl_stats, "%s/powerloss.stats", c.work);
@@ -809,18 +841,18 @@ int main(int argc, char **argv)
     if (kc_ref_build(&ref, &rs, why, sizeof why)) {
         char tail[1024];
         double ms;
-        read_log(c.log, tail, sizeof tail, &ms);
+        kc_read_log(c.log, tail, sizeof tail, &ms);
         fprintf(stderr, "keel-crash: %s; its last output: %s\n", why, tail);
         if (!o.keep)
-            rm_tree(c.work);
+            kc_rm_tree(c.work);
         return 2;
     }
     c.ref = &ref;
     printf("keel-crash: keel-world seed %" PRIu64 ", %u entities, ticks 0..%" PRIu64 " (reference %.1f s, %" PRId64
-           " coins, %" PRIu64 " items in %" PRIu64 " accounts); %" PRIu64 " rounds%s%s%s%s\n", o.seed, o.entities,
+           " coins, %" PRIu64 " items in %" PRIu64 " accounts); %" PRIu64 " rounds%s%s%s%s%s\n", o.seed, o.entities,
            o.until, (kc_now_ms() - t0) / 1e3, ref.money, ref.items, ref.accounts, o.rounds,
            o.modes[M_KILL] ? " kill" : "", o.modes[M_FAILPOINT] ? " failpoint" : "",
-           o.modes[M_POWERLOSS] ? " powerloss" : "", self ? " (KEEL_CRASH_SELFTEST: the oracle must fail)" : "");
+           o.modes[M_POWERLOSS] ? " powerloss" : "", o.modes[M_FAILOVER] ? " failover" : "", self ? " (KEEL_CRASH_SELFTEST: the oracle must fail)" : "");
     if (o.modes[M_FAILPOINT]) {
         uint32_t io = 0;
         for (uint32_t i = 0; i < c.nfp; i++)
@@ -829,7 +861,7 @@ int main(int argc, char **argv)
     }
     fflush(stdout);
 
-    int nmodes = o.modes[M_KILL] + o.modes[M_FAILPOINT] + o.modes[M_POWERLOSS], k = 0;
+    int nmodes = o.modes[M_KILL] + o.modes[M_FAILPOINT] + o.modes[M_POWERLOSS] + o.modes[M_FAILOVER], k = 0;
     for (int m = 0; m < M_COUNT && !kc_stop; m++) {
         if (!o.modes[m])
             continue;
@@ -843,6 +875,13 @@ int main(int argc, char **argv)
         printf("keel-crash: powerloss: %" PRIu64 " cuts (%" PRIu64 " drop, %" PRIu64 " tear) undid %.1f MiB of unsynced "
                "writes, %" PRIu64 " pages dropped, %" PRIu64 " torn\n", c.pl_cuts, c.pl_cuts - c.pl_tear, c.pl_tear,
                (double)c.pl_bytes_undone / 1048576.0, c.pl_pages_dropped, c.pl_pages_torn);
+    if (o.modes[M_FAILOVER]) {
+        const kc_fo_stats *f = &c.fo;
+        printf("keel-crash: failover: %" PRIu64 " promotions (%" PRIu64 " after kill -9, %" PRIu64 " after SIGSTOP, %"
+               PRIu64 " unplanned), %" PRIu64 " primaries fenced, %" PRIu64 " NATS nodes killed, %" PRIu64
+               " rejoins, two_primaries=%" PRIu64 "\n", f->promotions, f->after_kill, f->after_stop, f->unplanned,
+               f->fenced, f->nats_kills, f->rejoins, f->two_primaries);
+    }
     if (o.modes[M_FAILPOINT]) {
         printf("keel-crash: failpoints fired/armed (of which eio or enospc):");
         for (uint32_t i = 0; i < c.nfp; i++) {
@@ -859,6 +898,6 @@ int main(int argc, char **argv)
     free(c.fp);
     free(c.fp_buf);
     if (!o.keep)
-        rm_tree(c.work);
+        kc_rm_tree(c.work);
     return bad || kc_stop ? 1 : 0;
 }

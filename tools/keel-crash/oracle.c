@@ -327,11 +327,20 @@ void kc_lap_init(kc_lap *lap, const kc_ref *ref, kc_stats *st, const char *mode,
     lap->ack = calloc(ref->ntrades + 1, sizeof *lap->ack);
     const char *self = getenv("KEEL_CRASH_SELFTEST");
     lap->selftest_ack = self && !strcmp(self, "ack");
+    lap->selftest_epoch = self && !strcmp(self, "epoch");
     lap->selftest_money = self && !strcmp(self, "money") ? 1 : 0;
+}
+
+int kc_lap_epochs(kc_lap *lap)
+{
+    lap->ack_epoch = calloc(lap->ref->ntrades + 1, sizeof *lap->ack_epoch);
+    return lap->ack_epoch ? 0 : -1;
 }
 
 void kc_lap_free(kc_lap *lap)
 {
+    free(lap->ack_epoch);
+    lap->ack_epoch = NULL;
     for (uint64_t i = 0; lap->ack && i <= lap->ref->ntrades; i++)
         trade_free(&lap->ack[i]);
     free(lap->acked);
@@ -385,9 +394,20 @@ static void describe_state(const kc_ref *ref, uint64_t h, char *out, size_t cap)
     }
 }
 
+/* Must this run's state hold acknowledged trade `id`? Always, except in
+ * failover mode: at its start only trades of earlier epochs, later on those
+ * of its own epoch too. */
+static bool required(const kc_run *run, uint64_t id, bool at_start)
+{
+    const kc_lap *lap = run->lap;
+    if (!lap->ack_epoch || !run->has_epoch)
+        return true;
+    return at_start ? lap->ack_epoch[id] < run->epoch : lap->ack_epoch[id] <= run->epoch;
+}
+
 /* A trade is in recovered state (R, j) when it ran at a tick <= R or among
  * the first j trades of tick R + 1. */
-static bool in_state(uint64_t id, uint64_t R, int j)
+bool kc_trade_in_state(uint64_t id, uint64_t R, int j)
 {
     uint64_t t = (id - 1) / KC_TPT, k = (id - 1) % KC_TPT;
     return t <= R || (t == R + 1 && j >= 0 && k < (uint64_t)j);
@@ -420,6 +440,7 @@ static void on_start(kc_run *run, const kc_line *l)
     }
     run->started = true;
     run->fresh = fresh != 0;
+    run->has_epoch = kc_get_u64(l, "epoch", &run->epoch);
     lap->openable |= !run->fresh;
     run->R = R;
     run->rec_hash = h;
@@ -434,7 +455,7 @@ static void on_start(kc_run *run, const kc_line *l)
     if (R > lap->max_ran + 1)
         kc_problem(lap, &lap->st->violations, "recovered tick %" PRIu64 ", but no child got past tick %" PRIu64
                    " (+1 unreported): recovery went past what ran", R, lap->max_ran);
-    if (R < lap->min_durable)
+    if (R < lap->min_durable && !lap->ack_epoch) /* failover mode checks durable ticks by epoch */
         kc_problem(lap, &lap->st->lost, "recovered tick %" PRIu64 ", but tick %" PRIu64 " was durable (an IMMEDIATE "
                    "tick or a clean exit reported it): %" PRIu64 " acknowledged ticks lost", R, lap->min_durable,
                    lap->min_durable - R);
@@ -452,7 +473,7 @@ static void on_start(kc_run *run, const kc_line *l)
     }
     lap->st->mid_tick += run->j > 0;
     for (uint64_t id = 1; id <= ref->ntrades; id++)
-        if (lap->acked[id] == 1 && !in_state(id, R, run->j < 0 ? 0 : run->j))
+        if (lap->acked[id] == 1 && required(run, id, true) && !kc_trade_in_state(id, R, run->j < 0 ? 0 : run->j))
             lost(run, id, "recovered tick %" PRIu64 " with %d trades of tick %" PRIu64, R, run->j < 0 ? 0 : run->j,
                  R + 1);
     lap->pos = R;
@@ -466,7 +487,7 @@ static void check_ledgers(kc_run *run, const char *when)
 {
     kc_lap *lap = run->lap;
     for (uint64_t id = 1; id <= lap->ref->ntrades; id++) {
-        if (lap->acked[id] != 1)
+        if (lap->acked[id] != 1 || !required(run, id, run->blocks == 0))
             continue;
         const kc_trade *k = &lap->ack[id];
         const kc_acct *a = acct_find(run->acct, run->nacct, k->a), *b = acct_find(run->acct, run->nacct, k->b);
@@ -565,6 +586,9 @@ static void on_ack(kc_run *run, const kc_line *l)
         trade_free(&tr);
         return;
     }
+    uint64_t epoch = lap->selftest_epoch ? 0 : run->epoch;
+    if (lap->ack_epoch && (lap->acked[book] == 0 || epoch < lap->ack_epoch[book]))
+        lap->ack_epoch[book] = epoch; /* the earliest epoch that acknowledged it binds */
     if (lap->acked[book] == 0) {
         trade_free(&lap->ack[book]);
         lap->ack[book] = tr;
@@ -641,8 +665,8 @@ bool kc_run_end(kc_run *run, const kc_exit *ex, const char *fault, double rec_ms
         lap->min_durable = run->final_seen ? run->final_tick : lap->min_durable; /* a clean close syncs */
         lap->pos = lap->max_ran = lap->ref->until;
         lap->reached_end = lap->openable = true;
-    } else if (exited && fault && !strcmp(fault, "eio")) {
-        /* an injected I/O error: the runtime latched fatal and keel-world gave up */
+    } else if (exited && fault && (!strcmp(fault, "eio") || !strcmp(fault, "fenced"))) {
+        /* an injected I/O error, or another primary took over: the runtime latched fatal and keel-world gave up */
     } else if (exited && !run->started) {
         kc_problem(lap, &st->mismatches, "no state recovered: keel-world exited with %d before its start line: %s",
                    WEXITSTATUS(st_), log_tail);

@@ -104,7 +104,8 @@ static void usage(FILE *to)
             "                  100000)\n"
             "  --quiet         no status line; the recovery and final lines always print\n"
             "  --report-fd FD  write the report protocol (docs/demo.md) to FD: used by\n"
-            "                  keel-crash; the run then steps one tick at a time\n"
+            "                  keel-crash; the run then steps one tick at a time (a\n"
+            "                  standby reports from its takeover on)\n"
             "  --report-prefix with --report-fd: also the hash after every trade\n"
             "  --list-failpoints  print the failpoints compiled in, one per line\n"
             "                  (arm them with KEEL_FAILPOINTS, docs/testing.md)\n"
@@ -298,9 +299,12 @@ static int validate_replication(const options *o)
                               "--replicate async|sync, --standby or --follow\n");
     if (roles && o->memory)
         bad = fprintf(stderr, "keel-world: replication needs a data directory: leave --memory out\n");
-    if ((o->standby || o->follow) && (o->live_trades || o->report_fd >= 0))
-        bad = fprintf(stderr, "keel-world: a %s does not run the world: --live-trades and --report-fd need a "
-                              "primary\n", o->standby ? "standby" : "follower");
+    if (o->follow && (o->live_trades || o->report_fd >= 0))
+        bad = fprintf(stderr, "keel-world: a follower does not run the world: --live-trades and --report-fd need "
+                              "a primary or a standby\n");
+    if (o->standby && o->live_trades)
+        bad = fprintf(stderr, "keel-world: a standby does not run the world until it takes over: --live-trades "
+                              "needs a primary\n");
     return bad ? -1 : 0;
 }
 
@@ -397,11 +401,28 @@ static int record_params(const options *o, const keel_recovery *r)
     return params_write(o->data, &(world_params){.seed = o->seed, .entities = o->entities});
 }
 
+/* The report's `start` line and the state it starts from: after recovery,
+ * or when a standby takes over (a recovery on another machine). A
+ * replicated node names its epoch: acknowledgements belong to it. */
+static int report_start(world_app *app, bool fresh, bool replicated)
+{
+    if (app->report_fd < 0)
+        return 0;
+    keel_repl_status rp;
+    keel_repl_status_get(app->rt, &rp);
+    char epoch[32] = "";
+    if (replicated)
+        snprintf(epoch, sizeof epoch, " epoch=%" PRIu64, rp.epoch);
+    report_line(app, "start fresh=%d tick=%" PRIu64 " hash=%016" PRIx64 "%s", fresh ? 1 : 0,
+                keel_runtime_tick(app->rt), keel_world_hash(app->w), epoch);
+    return check(report_state(app), "reading the accounts");
+}
+
 static int setup(world_app *app, keel_schedule **sched, const options *o, keel_recovery *out)
 {
     app->seed = o->seed;
     app->initial_entities = o->entities;
-    app->report_fd = o->report_fd;
+    app->report_fd = o->standby ? -1 : o->report_fd; /* a standby reports from its promotion on */
     app->report_prefix = o->report_prefix;
     keel_runtime_desc desc = {
         .workers = o->workers,
@@ -433,10 +454,7 @@ static int setup(world_app *app, keel_schedule **sched, const options *o, keel_r
                "%" PRIu64 " side transactions)\n",
                r.tick, (double)r.ns / 1e6, r.checkpoint_tick, r.records, r.side_txns);
     fflush(stdout);
-    if (app->report_fd >= 0)
-        report_line(app, "start fresh=%d tick=%" PRIu64 " hash=%016" PRIx64, r.fresh ? 1 : 0,
-                    keel_runtime_tick(app->rt), keel_world_hash(app->w));
-    return check(report_state(app), "reading the accounts");
+    return report_start(app, r.fresh, o->nats != NULL);
 }
 
 /* ---- the status line --------------------------------------------------- */
@@ -668,6 +686,9 @@ static int run_replica(world_app *app, const options *o, uint64_t until)
             printf("%spromoted epoch=%" PRIu64 " tick=%" PRIu64 "\n", st.tty && !o->quiet ? "\n" : "", rp.epoch,
                    keel_runtime_tick(app->rt));
             fflush(stdout);
+            app->report_fd = o->report_fd;
+            if (report_start(app, false, true))
+                return 1;
             return run_ticks(app, o, until);
         }
         if (!o->quiet)
