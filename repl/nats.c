@@ -291,7 +291,7 @@ int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last)
 
 int kr_stream_bounds(kr_node *n, const char *stream, uint64_t *first, uint64_t *last)
 {
-    kr_stream_state st;
+    kr_stream_state st = {0};
     int rc = stream_state(n, stream, &st);
     if (!rc) {
         *first = st.first;
