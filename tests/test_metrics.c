@@ -714,36 +714,23 @@ END_TEST
 
 /* ---- suites --------------------------------------------------------------------------- */
 
-/* A suite of one test case: the tests, with a base directory per case. */
-static Suite *suite_of(const char *name, const TTest *const *tests, size_t n)
-{
-    Suite *s = suite_create(name);
-    TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
-    tcase_set_timeout(tc, 120);
-    for (size_t i = 0; i < n; i++)
-        tcase_add_test(tc, tests[i]);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 static Suite *lib_suite(void)
 {
     const TTest *t[] = {test_memory_runtime, test_label_escaping, test_durable_runtime, test_errors,
                         test_scrape_while_ticking};
-    return suite_of("metrics_lib", t, sizeof t / sizeof t[0]);
+    return tu_suite("metrics_lib", t, sizeof t / sizeof t[0], 120);
 }
 
 static Suite *promtool_suite(void)
 {
     const TTest *t[] = {test_promtool_accepts};
-    return suite_of("metrics_promtool", t, 1);
+    return tu_suite("metrics_promtool", t, 1, 120);
 }
 
 static Suite *http_suite(void)
 {
     const TTest *t[] = {test_http_scrape, test_http_refused};
-    return suite_of("metrics_http", t, sizeof t / sizeof t[0]);
+    return tu_suite("metrics_http", t, sizeof t / sizeof t[0], 120);
 }
 
 int main(void)

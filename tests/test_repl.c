@@ -52,7 +52,6 @@ static kr_node *connect_world(const char *url, const char *world, const char *no
 
 static void nats_setup(void)
 {
-    tu_base_setup();
     char conf[4096], store[4096];
     tu_path(store, sizeof store, "js");
     tu_path(conf, sizeof conf, "nats.conf");
@@ -95,7 +94,6 @@ static void nats_teardown(void)
         waitpid(nats_pid, NULL, 0);
         nats_pid = 0;
     }
-    tu_base_teardown();
 }
 
 /* A sealed EPOCH record of lsn: a small valid WAL record. */
@@ -432,25 +430,14 @@ START_TEST(test_runtime_refusals)
 }
 END_TEST
 
-static Suite *nats_suite(const char *name, const TTest *const *tests, size_t n)
-{
-    Suite *s = suite_create(name);
-    TCase *tc = tcase_create(name);
-    tcase_add_unchecked_fixture(tc, nats_setup, nats_teardown);
-    tcase_set_timeout(tc, 120);
-    for (size_t i = 0; i < n; i++)
-        tcase_add_test(tc, tests[i]);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
 int main(void)
 {
     const TTest *const stream[] = {test_publish_fences, test_lease_cas, test_sync_drops_unreplicated_tail,
                                           test_bad_streams_write_nothing, test_connect_errors,
                                           test_primary_runtime_publishes, test_follower_checkpoints};
     const TTest *const api[] = {test_runtime_refusals};
-    SRunner *sr = srunner_create(nats_suite("repl_stream", stream, sizeof stream / sizeof *stream));
+    SRunner *sr = srunner_create(
+        tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));
     srunner_add_suite(sr, tu_suite("repl_api", api, sizeof api / sizeof *api, 60));
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

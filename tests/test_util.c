@@ -277,13 +277,21 @@ static TCase *case_of(Suite *s, const char *name, const TTest *const *tests, siz
     return tc;
 }
 
-Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout)
+Suite *tu_suite_with(const char *name, const TTest *const *tests, size_t n, int timeout, void (*setup)(void),
+                     void (*teardown)(void))
 {
     Suite *s = suite_create(name);
     TCase *tc = case_of(s, name, tests, n);
     tcase_add_unchecked_fixture(tc, tu_base_setup, tu_base_teardown);
+    if (setup || teardown)
+        tcase_add_unchecked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, timeout);
     return s;
+}
+
+Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout)
+{
+    return tu_suite_with(name, tests, n, timeout, NULL, NULL);
 }
 
 Suite *tu_case_suite(const char *suite_name, const char *case_name, const TTest *const *tests, size_t n)

@@ -97,6 +97,10 @@ void tu_base_teardown(void);
 /* A suite `name` of one test case `name` holding the n tests, with the
  * base-directory fixture above and a timeout of `timeout` seconds. */
 Suite *tu_suite(const char *name, const TTest *const *tests, size_t n, int timeout);
+/* The same with one more unchecked fixture, run after the base directory's
+ * (a server the tests share: it may make files under the base). */
+Suite *tu_suite_with(const char *name, const TTest *const *tests, size_t n, int timeout, void (*setup)(void),
+                     void (*teardown)(void));
 /* A suite `suite_name` of one test case `case_name` holding the n tests,
  * with Check's default fixture-less setup and timeout. */
 Suite *tu_case_suite(const char *suite_name, const char *case_name, const TTest *const *tests, size_t n);
