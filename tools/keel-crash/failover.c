@@ -45,6 +45,7 @@
 #define FO_END_MS 120000.0    /* the world's end to the standby's, at most */
 #define FO_NATS_LAPS 4        /* a fresh cluster every few laps: bounded storage */
 #define FO_MAX_EPOCHS 512
+#define FO_MAX_STARTS 400u
 
 typedef enum fo_kind { FO_NONE, FO_KILL, FO_STOP, FO_NATS_KILL, FO_NATS } fo_kind;
 static const char *const kind_names[] = {"none", "kill", "stop", "nats+kill", "nats"};
@@ -127,7 +128,12 @@ static void say(const fo_lap *fl, const char *fmt, ...)
 static void node_spawn(fo_lap *fl, fo_node *n, bool primary)
 {
     const kc_fo_desc *d = fl->d;
-    n->starts++;
+    if (++n->starts > FO_MAX_STARTS) { /* a node that ends as soon as it starts, again and again */
+        kc_problem(&fl->lap, &fl->lap.st->violations, "node %c was started %u times in one lap", 'a' + n->idx,
+                   FO_MAX_STARTS);
+        fl->aborted = true;
+        return;
+    }
     if (d->keep)
         snprintf(n->log, sizeof n->log, "%s-%u.log", n->dir, n->starts);
     else
@@ -315,6 +321,8 @@ static void standby_end(fo_lap *fl, fo_node *n)
     else if (h != fl->d->ref->final_hash)
         kc_problem(&fl->lap, &fl->lap.st->mismatches, "a standby followed to tick %" PRIu64 " and holds %016" PRIx64
                    ", reference %016" PRIx64, t, h, fl->d->ref->final_hash);
+    else /* the stream holds the whole world (its last primary may have died at the very end) */
+        fl->lap.reached_end = true;
 }
 
 /* `keel-wal verify` on a killed node's directory before it opens again
@@ -447,6 +455,12 @@ static void plan_timers(fo_lap *fl)
     double now = kc_now_ms();
     if (p->kind == FO_NONE || !p->fired)
         return;
+    if (fl->lap.reached_end && p->stage > 0) { /* the world ended: nothing is left to take over */
+        if (p->nats_node >= 0 && kc_nats_restart(fl->ns, p->nats_node))
+            kc_problem(&fl->lap, &fl->lap.st->violations, "NATS node %d cannot be started again", p->nats_node);
+        *p = (fo_plan){.kind = FO_NONE, .nats_node = -1};
+        return;
+    }
     bool nats_only = p->kind == FO_NATS;
     if ((p->stage == 0 || (p->stage == 1 && !nats_only)) && now >= p->at) {
         act(fl);
