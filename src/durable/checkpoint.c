@@ -698,7 +698,7 @@ static int ckpt_replica(dur_state *d, uint64_t tick)
     j->start_ns = core_now_ns();
     rc = serialize(d, j, d->codec[0]); /* releases the pins */
     if (!rc)
-        rc = kw_store_write(d->store, write_job, &(job_write){j, atomic_load(&d->wal_retain)});
+        rc = kw_store_write(d->store, write_job, &(job_write){j, d->wal_retain});
     d->last_ckpt_tick = tick; /* also after a failure: the next try is an interval later */
     if (rc) {
         ckpt_job_free(j);

@@ -138,8 +138,7 @@ typedef struct dur_state {
     int64_t ckpt_every_ticks;
     int64_t ckpt_every_bytes;
     double ckpt_every_seconds;
-    _Atomic bool wal_retain;   /* checkpoints keep the WAL they cover (set at promotion: a replicated
-                                  primary's publisher and rejoin read it) */
+    bool wal_retain;           /* checkpoints keep the WAL they cover */
     uint64_t last_ckpt_tick;
     uint64_t last_ckpt_ns;
     _Atomic uint32_t ckpt_count;   /* checkpoints recorded in the directory (meta) */

@@ -166,7 +166,6 @@ void dur_promote(dur_state *d)
     pthread_mutex_lock(&d->mu);
     d->follow = false;
     pthread_mutex_unlock(&d->mu);
-    atomic_store(&d->wal_retain, true); /* as a primary's: the publisher and a rejoin read it */
 }
 
 void dur_acknowledge(dur_state *d, uint64_t lsn)
@@ -315,7 +314,7 @@ static int fill(kw_wtxn *txn, void *arg)
                 return core_fail(KEEL_EINVAL, "checkpoint item without a marker record");
             int rc = kw_put_wal(txn, it->first_lsn, rec, len);
             if (!rc)
-                rc = ckpt_write(txn, it->ckpt, atomic_load(&b->d->wal_retain));
+                rc = ckpt_write(txn, it->ckpt, b->d->wal_retain);
             if (rc)
                 return rc;
             continue;

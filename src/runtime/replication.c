@@ -120,11 +120,9 @@ int repl_create(keel_runtime *rt, const keel_replication_desc *d)
     r->st.role = d->role;
     r->st.mode = d->role != KEEL_ROLE_PRIMARY ? KEEL_REPL_OFF : d->mode ? d->mode : KEEL_REPL_ASYNC;
     rt->repl = r;
-    /* a primary's publisher reads its WAL, and so does its rejoin after a failover; a replica's
-       records all came from the stream: its checkpoints drop them as a primary's would (a standby
-       keeps them once promoted, dur_promote) */
-    if (d->role == KEEL_ROLE_PRIMARY)
-        rt->durable_desc.wal_retain = true;
+    /* the publisher reads the WAL, and so does a rejoin: a directory whose checkpoint covered a
+       record the stream never took drops that checkpoint and replays its WAL from LSN 1 */
+    rt->durable_desc.wal_retain = true;
     return KEEL_OK;
 }
 
