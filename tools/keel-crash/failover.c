@@ -177,6 +177,20 @@ static void depose(fo_node *o)
 
 static void finish_run(fo_lap *fl, fo_node *n, const char *fault);
 
+/* The round is over, however it ended: a NATS node it killed starts again
+ * (healthy later: kc_nats_ready). */
+static void plan_clear(fo_lap *fl)
+{
+    fo_plan *p = &fl->plan;
+    if (p->nats_node >= 0 && fl->ns->pid[p->nats_node] <= 0) {
+        if (kc_nats_restart(fl->ns, p->nats_node))
+            kc_problem(&fl->lap, &fl->lap.st->violations, "NATS node %d cannot be started again", p->nats_node);
+        else
+            say(fl, "NATS node %d started again", p->nats_node);
+    }
+    *p = (fo_plan){.kind = FO_NONE, .nats_node = -1};
+}
+
 static void promote(fo_lap *fl, fo_node *n)
 {
     fo_node *o = &fl->node[!n->idx];
@@ -197,9 +211,7 @@ static void promote(fo_lap *fl, fo_node *n)
     else
         fl->fs->unplanned++;
     say(fl, "node %c promoted (%s)", 'a' + n->idx, planned ? kind_names[p->kind] : "unplanned");
-    if (p->nats_node >= 0 && kc_nats_restart(fl->ns, p->nats_node))
-        kc_problem(&fl->lap, &fl->lap.st->violations, "NATS node %d cannot be started again", p->nats_node);
-    *p = (fo_plan){.kind = FO_NONE, .nats_node = -1};
+    plan_clear(fl);
     /* now and then the new primary dies right after taking over */
     if (*fl->rounds_left && kc_rand(&fl->rng) % 5 == 0) {
         (*fl->rounds_left)--;
@@ -421,8 +433,8 @@ static void act(fo_lap *fl)
     fo_plan *p = &fl->plan;
     fo_node *n = &fl->node[p->target];
     double now = kc_now_ms();
-    if (!n->up) { /* it ended first: the round had nothing to break */
-        *p = (fo_plan){.kind = FO_NONE, .nats_node = -1};
+    if (!n->up) { /* it ended first: the round had nothing more to break */
+        plan_clear(fl);
         return;
     }
     if (p->stage == 0 && (p->kind == FO_NATS_KILL || p->kind == FO_NATS)) {
@@ -456,9 +468,7 @@ static void plan_timers(fo_lap *fl)
     if (p->kind == FO_NONE || !p->fired)
         return;
     if (fl->lap.reached_end && p->stage > 0) { /* the world ended: nothing is left to take over */
-        if (p->nats_node >= 0 && kc_nats_restart(fl->ns, p->nats_node))
-            kc_problem(&fl->lap, &fl->lap.st->violations, "NATS node %d cannot be started again", p->nats_node);
-        *p = (fo_plan){.kind = FO_NONE, .nats_node = -1};
+        plan_clear(fl);
         return;
     }
     bool nats_only = p->kind == FO_NATS;
@@ -468,10 +478,7 @@ static void plan_timers(fo_lap *fl)
     }
     fo_node *n = &fl->node[p->target];
     if (nats_only && p->stage == 1 && (!n->up || n->run.last_tick >= p->resume_tick || fl->lap.reached_end)) {
-        if (kc_nats_restart(fl->ns, p->nats_node))
-            kc_problem(&fl->lap, &fl->lap.st->violations, "NATS node %d cannot be started again", p->nats_node);
-        say(fl, "NATS node %d started again", p->nats_node);
-        *p = (fo_plan){.kind = FO_NONE, .nats_node = -1};
+        plan_clear(fl);
         return;
     }
     if (p->stage > 0 && now - p->acted_at > FO_PROMOTE_MS) {
@@ -632,8 +639,7 @@ static void run_lap(const kc_fo_desc *d, kc_nats *ns, kc_fo_stats *fs, uint64_t 
     if (!fl->lap.reached_end && !fl->lap.broken && !kc_stop)
         kc_problem(&fl->lap, &fl->lap.st->violations, "the lap ended before the world reached tick %" PRIu64,
                    d->until);
-    if (fl->plan.nats_node >= 0 && ns->pid[fl->plan.nats_node] <= 0)
-        kc_nats_restart(ns, fl->plan.nats_node);
+    plan_clear(fl);
     if (!d->keep)
         for (int i = 0; i < 2; i++) {
             kc_rm_tree(fl->node[i].dir);
