@@ -119,6 +119,8 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
     pthread_mutex_unlock(&n->err_mu);
     msgs_free(&endmsg);
     msgs_free(&m);
+    if (st != NATS_OK || done != NATS_OK || errors)
+        kr_drop_pending(n);
     if (!rc && (st != NATS_OK || done != NATS_OK || errors))
         rc = core_fail(KEEL_EUNAVAILABLE, "the checkpoint of tick %" PRIu64 " was not published to stream %s: %s",
                        meta.tick, n->ckpt_stream, natsStatus_GetText(st != NATS_OK ? st : done));

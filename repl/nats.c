@@ -377,33 +377,56 @@ int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t
     return nats_fail(s, jerr, "stream %s did not acknowledge a record", n->stream);
 }
 
+/* Is the stream's message at seq this node's record of that LSN? */
+static int ours_at(kr_node *n, uint64_t epoch, uint64_t seq, bool *ours)
+{
+    char want[64], got[64];
+    int rc = stored_id(n, seq, got, sizeof got);
+    msg_id(n, epoch, seq, want, sizeof want);
+    *ours = !rc && !strcmp(got, want);
+    return rc;
+}
+
 /* After a pipelined batch met errors: how far the stream holds *this
- * node's* records. Each publish expected its predecessor's sequence, but a
- * sequence says nothing of who wrote it: once another primary's record
- * landed in the middle, this node's later publishes could still line up
- * behind it. So every position from the batch's start to min(the stream's
- * end, the batch's end) must carry this node's message id: the acknowledged
- * prefix ends before the first that does not, and a foreign one fences. */
+ * node's* records. Every publish of the batch but the first expected the
+ * stream's last message id to be this node's record of the LSN before it,
+ * and the first expected the sequence `before` (this node's, acknowledged):
+ * so if this node's record stands at some position, all positions from the
+ * batch's start up to it hold this node's records too -- they form a
+ * prefix, found with a binary search over the message ids. A position past
+ * that prefix up to the stream's end holds another primary's record:
+ * fenced. */
 static int settle_batch(kr_node *n, uint64_t epoch, uint64_t before, uint64_t last, uint64_t *acked)
 {
     uint64_t first, end;
     int rc = kr_bounds(n, &first, &end);
-    uint64_t k = end < last ? end : last;
-    char want[64], got[64];
-    for (uint64_t seq = before + 1; !rc && seq <= k; seq++) {
-        if ((rc = stored_id(n, seq, got, sizeof got)))
-            break;
-        msg_id(n, epoch, seq, want, sizeof want);
-        if (strcmp(got, want))
-            rc = core_fail(KEEL_EFENCED, "fenced: stream %s holds another primary's record at LSN %" PRIu64
-                                         " (this node's epoch %" PRIu64 ")", n->stream, seq, epoch);
-        else
-            *acked = seq;
+    uint64_t k = end < last ? end : last, lo = before, hi = k; /* ours up to lo; beyond hi not ours */
+    bool ours = false;
+    while (!rc && lo < hi) {
+        uint64_t mid = lo + (hi - lo + 1) / 2;
+        if (!(rc = ours_at(n, epoch, mid, &ours)))
+            *(ours ? &lo : &hi) = ours ? mid : mid - 1;
     }
-    if (!rc && *acked < last)
-        rc = core_fail(KEEL_EUNAVAILABLE, "stream %s acknowledged LSN %" PRIu64 " of %" PRIu64, n->stream, *acked,
-                       last);
-    return rc;
+    if (rc)
+        return rc;
+    *acked = lo;
+    if (lo < k) /* the stream holds a record at lo + 1, and it is not this node's */
+        return core_fail(KEEL_EFENCED, "fenced: stream %s holds another primary's record at LSN %" PRIu64
+                                       " (this node's epoch %" PRIu64 ")", n->stream, lo + 1, epoch);
+    if (*acked < last)
+        return core_fail(KEEL_EUNAVAILABLE, "stream %s acknowledged LSN %" PRIu64 " of %" PRIu64, n->stream, *acked,
+                         last);
+    return KEEL_OK;
+}
+
+/* Forget the publishes still waiting for an acknowledgement: the next
+ * batch waits for its own only (a late acknowledgement of a dropped one is
+ * discarded; settle_batch reads what the stream holds instead). */
+void kr_drop_pending(kr_node *n)
+{
+    natsMsgList pending;
+    if (js_PublishAsyncGetPendingList(&pending, n->js) == NATS_OK)
+        natsMsgList_Destroy(&pending);
 }
 
 int kr_publish_batch(kr_node *n, uint64_t epoch, uint64_t first_lsn, uint32_t count, const void *const *recs,
@@ -441,6 +464,7 @@ int kr_publish_batch(kr_node *n, uint64_t epoch, uint64_t first_lsn, uint32_t co
         *acked = first_lsn + count - 1;
         return KEEL_OK;
     }
+    kr_drop_pending(n);
     return settle_batch(n, epoch, first_lsn - 1, first_lsn + count - 1, acked);
 }
 

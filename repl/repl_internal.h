@@ -42,5 +42,8 @@ int kr_ensure_bucket(kr_node *n, bool create);
 int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out);
 int kr_stream_bounds(kr_node *n, const char *stream, uint64_t *first, uint64_t *last);
 int kr_purge_stream_before(kr_node *n, const char *stream, uint64_t seq);
+/* Forget the asynchronous publishes still waiting for an acknowledgement,
+ * after a batch that did not complete: the next one waits for its own. */
+void kr_drop_pending(kr_node *n);
 
 #endif
