@@ -2,10 +2,12 @@
  * test_repl.c -- libkeel_repl against a real nats-server (one node on a
  * free loopback port, JetStream storage in the case's base directory,
  * started and stopped by the unchecked fixture, so a failing test never
- * leaves it running): the fencing publish, the lease's compare-and-set, a
- * directory brought in step with the stream (its unreplicated tail
- * dropped), and the refusals of bad input that write nothing. The failover
- * of whole keel-world processes on a 3-node cluster is check_failover.sh.
+ * leaves it running): the fencing publish, a pipelined batch that meets
+ * another node's record, the lease's compare-and-set, a directory brought
+ * in step with the stream (its unreplicated tail dropped), a follower's own
+ * checkpoints, and the refusals of bad input that write nothing. The
+ * failover of whole keel-world processes on a 3-node cluster is
+ * check_failover.sh and keel-crash --mode failover.
  */
 #include <check.h>
 #include <inttypes.h>
@@ -151,6 +153,43 @@ START_TEST(test_publish_fences)
     kw_buf_free(&r2);
     kw_buf_free(&got);
     kr_close(n);
+}
+END_TEST
+
+/* Two nodes in the same epoch (both won a raced lease): the second's
+ * publish of the same LSN is refused, not taken for a duplicate (message
+ * ids carry the session); a pipelined batch whose first record meets
+ * another node's stops there: none of its later records lines up behind
+ * it, and it settles as fenced with the prefix it had. */
+START_TEST(test_batch_fences)
+{
+    kr_node *a = connect_world(nats_url, "batch", "a"), *b = connect_world(nats_url, "batch", "b");
+    kw_buf rec[7] = {{0}};
+    const void *recs[3];
+    size_t lens[3];
+    for (uint64_t lsn = 1; lsn <= 6; lsn++)
+        epoch_record(&rec[lsn], lsn, 1, "a");
+    for (int i = 0; i < 3; i++) {
+        recs[i] = rec[1 + i].p;
+        lens[i] = rec[1 + i].len;
+    }
+    uint64_t acked = 0, first, last;
+    ck_assert_rc(kr_publish_batch(a, 1, 1, 3, recs, lens, &acked), KEEL_OK);
+    ck_assert_uint_eq(acked, 3);
+    ck_assert_rc(kr_publish(b, 1, 3, rec[3].p, rec[3].len), KEEL_EFENCED); /* same epoch, same LSN, same bytes */
+    ck_assert_rc(kr_publish(b, 1, 4, rec[4].p, rec[4].len), KEEL_OK);        /* b appends LSN 4 */
+    for (int i = 0; i < 3; i++) {
+        recs[i] = rec[4 + i].p;
+        lens[i] = rec[4 + i].len;
+    }
+    ck_assert_rc(kr_publish_batch(a, 1, 4, 3, recs, lens, &acked), KEEL_EFENCED);
+    ck_assert_uint_eq(acked, 3);
+    ck_assert_rc(kr_bounds(a, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(last, 4); /* a's LSNs 5 and 6 expected a's LSN 4: refused */
+    for (int i = 1; i <= 6; i++)
+        kw_buf_free(&rec[i]);
+    kr_close(a);
+    kr_close(b);
 }
 END_TEST
 
@@ -432,9 +471,10 @@ END_TEST
 
 int main(void)
 {
-    const TTest *const stream[] = {test_publish_fences, test_lease_cas, test_sync_drops_unreplicated_tail,
-                                          test_bad_streams_write_nothing, test_connect_errors,
-                                          test_primary_runtime_publishes, test_follower_checkpoints};
+    const TTest *const stream[] = {test_publish_fences,           test_batch_fences,
+                                   test_lease_cas,                test_sync_drops_unreplicated_tail,
+                                   test_bad_streams_write_nothing, test_connect_errors,
+                                   test_primary_runtime_publishes, test_follower_checkpoints};
     const TTest *const api[] = {test_runtime_refusals};
     SRunner *sr = srunner_create(
         tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));
