@@ -404,8 +404,12 @@ static int settle_batch(kr_node *n, uint64_t epoch, uint64_t before, uint64_t la
     bool ours = false;
     while (!rc && lo < hi) {
         uint64_t mid = lo + (hi - lo + 1) / 2;
-        if (!(rc = ours_at(n, epoch, mid, &ours)))
-            *(ours ? &lo : &hi) = ours ? mid : mid - 1;
+        if ((rc = ours_at(n, epoch, mid, &ours)))
+            break;
+        if (ours)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     if (rc)
         return rc;

@@ -679,33 +679,23 @@ static int write_job(kw_wtxn *txn, void *arg)
     return ckpt_write(txn, w->j, w->retain);
 }
 
-/* A replica's checkpoint (d->follow). Its WAL is the stream's, byte for
- * byte, so no CHECKPOINT marker goes into it: the snapshot and the meta of
- * the state it applied (the tick, the applied LSN) are written in one
- * transaction, and the WAL they cover goes unless retained. It runs in the
- * caller's thread, between two polls: nothing changes the world meanwhile,
- * so the capture's pins are released before anything could need them. A
- * failure (a full disk) is the caller's to report and costs nothing: the
- * next one tries again. */
-static int ckpt_replica(dur_state *d, uint64_t tick)
+/* A replica's checkpoint (d->follow), captured by ckpt_maybe. Its WAL is
+ * the stream's, byte for byte, so no CHECKPOINT marker goes into it: the
+ * snapshot and the meta of the state it applied (the tick, the applied
+ * LSN) are written in one transaction, and the WAL they cover goes unless
+ * retained. It runs in the caller's thread, between two polls: nothing
+ * changes the world meanwhile, so the capture's pins are released before
+ * anything could need them. A failure (a full disk) is the caller's to
+ * report and costs nothing: the next one, an interval later, tries again. */
+static int ckpt_replica(dur_state *d, ckpt_job *j)
 {
-    ckpt_job *j = NULL;
-    int rc = capture(d, tick, &j);
-    if (rc)
-        return rc;
-    j->covered_lsn = d->applied_lsn;
-    j->count = d->ckpt_count + 1;
-    j->start_ns = core_now_ns();
-    rc = serialize(d, j, d->codec[0]); /* releases the pins */
+    int rc = serialize(d, j, d->codec[0]); /* releases the pins */
     if (!rc)
         rc = kw_store_write(d->store, write_job, &(job_write){j, d->wal_retain});
-    d->last_ckpt_tick = tick; /* also after a failure: the next try is an interval later */
     if (rc) {
         ckpt_job_free(j);
         return rc;
     }
-    d->last_ckpt_ns = j->start_ns;
-    d->bytes_since_ckpt = atomic_load(&d->wal_bytes);
     ckpt_committed(d, j, KEEL_OK);
     return KEEL_OK;
 }
@@ -723,8 +713,6 @@ int ckpt_maybe(dur_state *d, uint64_t tick, bool force)
                (d->ckpt_every_seconds > 0 && (double)(now - d->last_ckpt_ns) / 1e9 >= d->ckpt_every_seconds);
     if (!due || (tick == d->last_ckpt_tick && !abandoned))
         return KEEL_OK;
-    if (d->follow)
-        return ckpt_replica(d, tick);
     pthread_mutex_lock(&d->ckpt_mu);
     bool busy = d->ckpt_busy || d->ckpt_next;
     pthread_mutex_unlock(&d->ckpt_mu);
@@ -737,13 +725,15 @@ int ckpt_maybe(dur_state *d, uint64_t tick, bool force)
     rc = capture(d, tick, &j);
     if (rc)
         return rc;
-    j->covered_lsn = dur_cover(d);
+    j->covered_lsn = d->follow ? d->applied_lsn : dur_cover(d);
     j->count = d->ckpt_count + 1;
     j->start_ns = now;
     (void)KEEL_FAILPOINT(CKPT_AFTER_CAPTURE);
-    d->last_ckpt_tick = tick;
+    d->last_ckpt_tick = tick; /* also when the job fails: the next try is an interval later */
     d->last_ckpt_ns = now;
     d->bytes_since_ckpt = bytes;
+    if (d->follow)
+        return ckpt_replica(d, j);
     pthread_mutex_lock(&d->ckpt_mu);
     d->ckpt_count = j->count; /* numbering; ckpt_committed confirms */
     d->ckpt_busy = true;
