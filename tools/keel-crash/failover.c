@@ -191,13 +191,17 @@ static void plan_clear(fo_lap *fl)
     *p = (fo_plan){.kind = FO_NONE, .nats_node = -1};
 }
 
-static void promote(fo_lap *fl, fo_node *n)
+/* n's start line, of epoch `epoch`, says it took the world over. */
+static void promote(fo_lap *fl, fo_node *n, uint64_t epoch)
 {
     fo_node *o = &fl->node[!n->idx];
     fo_plan *p = &fl->plan;
     n->standby = false;
     fl->fs->promotions++;
-    depose(o);
+    if (o->run.has_epoch && o->epoch > epoch)
+        n->deposed = true; /* a late line: o took over after n; n is fenced at its first publish */
+    else
+        depose(o);
     if (o->exit_pending) { /* it exited before this line was read: fenced; it rejoins now */
         finish_run(fl, o, "fenced");
         if (!fl->lap.reached_end && !fl->aborted && !kc_stop)
@@ -269,8 +273,9 @@ static void on_line(void *user, const kc_line *l)
     fo_node *n = user;
     fo_lap *fl = n->fl;
     bool start = l->kind && !strcmp(l->kind, "start");
-    if (start && n->standby)
-        promote(fl, n);
+    uint64_t epoch = 0;
+    if (start && n->standby) /* the epoch is read again, checked, by record_epoch */
+        promote(fl, n, kc_get_u64(l, "epoch", &epoch) ? epoch : 0);
     kc_run_line(&n->run, l);
     if (l->kind && !strcmp(l->kind, "tick"))
         record_tick(fl, n, l);
@@ -355,6 +360,16 @@ static void verify_dir(fo_lap *fl, const fo_node *n)
                out);
 }
 
+/* Has an epoch later than n's started? Then n was deposed, even if its own
+ * start line (a late promotion) was read after that epoch's. */
+static bool superseded(const fo_lap *fl, const fo_node *n)
+{
+    for (uint32_t i = 0; i < fl->nep; i++)
+        if (n->run.has_epoch && fl->ep[i].epoch > n->epoch)
+            return true;
+    return false;
+}
+
 /* Its pipe ended: reap it, account for it, and start it again as a standby
  * while the world goes on. */
 static void node_exit(fo_lap *fl, fo_node *n)
@@ -364,6 +379,7 @@ static void node_exit(fo_lap *fl, fo_node *n)
     if (n->killed && WIFEXITED(n->status))
         n->killed = false; /* the kill raced with its exit */
     bool clean = WIFEXITED(n->status) && WEXITSTATUS(n->status) == 0;
+    n->deposed |= !n->standby && superseded(fl, n);
     if (n->standby)
         standby_end(fl, n);
     else if (n->killed || n->deposed || clean)
