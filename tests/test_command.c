@@ -1,5 +1,5 @@
 /*
- * test_command.c -- deferred structural changes (keel/command.h, SPEC §3):
+ * test_command.c -- deferred structural changes (keel/command.h, docs/world.md):
  * recording and its validation, FIFO playback, ignored commands, the failure
  * policy (applied prefix stays, failed command and suffix stay pending, retry
  * and discard) and receipts/counters.

@@ -1,5 +1,5 @@
 /*
- * test_dispatch.c -- running a built schedule on the worker pool (SPEC §5-§6,
+ * test_dispatch.c -- running a built schedule on the worker pool (docs/scheduling.md,
  * keel/runtime.h, src/sched/dispatch.c):
  *
  *   dispatch_order        every edge (explicit and derived) holds at run time,
@@ -487,7 +487,7 @@ START_TEST(test_order_independent_overlap)
 END_TEST
 
 /* A lone ready successor runs inline on the worker that completed its
- * predecessor (SPEC §6: no hand-off): in a pure chain every system runs on
+ * predecessor, without a hand-off: in a pure chain every system runs on
  * the worker that ran the chain's root, and keel_ctx_worker agrees with the
  * telemetry. */
 static _Atomic uint32_t g_chain_worker[32];

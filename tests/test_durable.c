@@ -1,6 +1,6 @@
 /*
  * test_durable.c -- durability: the data directory, the WAL, checkpoints and
- * recovery (keel/durability.h, SPEC §2, §4, §6, §8):
+ * recovery (keel/durability.h, docs/durability.md):
  *
  *   dur_api       open a fresh directory, run a workload with every kind of
  *                 change (spawn, destroy, add, remove, VERSIONED /
@@ -3180,12 +3180,6 @@ typedef struct wr_env {
     berr err;
 } wr_env;
 
-typedef struct wr_xfer {
-    keel_component c;
-    keel_entity from, to;
-    int64_t amount;
-} wr_xfer;
-
 typedef struct wr_arg {
     wr_env *e;
     uint32_t id;
@@ -3214,34 +3208,18 @@ static void wr_expected(uint32_t per_thread, int64_t out[WR_ACCOUNTS])
         }
 }
 
-static int wr_closure(keel_side_txn *tx, void *arg)
-{
-    wr_xfer *x = arg;
-    int64_t a = 0, b = 0;
-    int rc = keel_side_get(tx, x->from, x->c, &a);
-    rc = rc ? rc : keel_side_get(tx, x->to, x->c, &b);
-    if (rc)
-        return rc;
-    if (a < x->amount)
-        return KEEL_ERANGE; /* never: the accounts are deep */
-    a -= x->amount;
-    b += x->amount;
-    rc = keel_side_set(tx, x->from, x->c, &a);
-    return rc ? rc : keel_side_set(tx, x->to, x->c, &b);
-}
-
 static void *wr_thread(void *p)
 {
     wr_arg *arg = p;
     wr_env *e = arg->e;
     for (uint32_t j = 0; j < e->per_thread; j++) {
         uint32_t f, t;
-        wr_xfer x = {.c = e->MONEY};
+        xfer x = {.c = e->MONEY};
         wr_plan(arg->id, j, &f, &t, &x.amount);
         x.from = e->acct[f];
         x.to = e->acct[t];
         keel_ticket *tk = NULL;
-        int rc = keel_submit(e->rt, wr_closure, &x, KEEL_DURABLE_IMMEDIATE, &tk);
+        int rc = keel_submit(e->rt, closure_xfer, &x, KEEL_DURABLE_IMMEDIATE, &tk);
         pthread_mutex_lock(&e->mu);
         e->submitted++;
         pthread_cond_broadcast(&e->cv);

@@ -1,10 +1,11 @@
 /*
  * test_durable_crash.c -- crash recovery of a durable runtime with real
- * processes, real files and SIGKILL (SPEC §3 "entity allocation is part of
- * the durable state", §4 durability modes, §6 on_first_tick, §8 recovery:
- * "a crash during recovery, or right after it, is recovered again with
- * nothing lost (test it: double crash, destroy then crash twice, spawn never
- * written again, crash during checkpoint)").
+ * processes, real files and SIGKILL (docs/durability.md, docs/reliability.md):
+ * entity allocation is part of the durable state, every durability mode keeps
+ * its promise, on_first_tick runs after every recovery, and a crash during
+ * recovery, or right after it, is recovered again with nothing lost (double
+ * crash, destroy then crash twice, a spawn never written again, a crash
+ * during a checkpoint).
  *
  * The workload, its children and the oracle are in crash_util.[ch] (shared
  * with test_powerloss); the scenarios are here:

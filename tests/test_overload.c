@@ -1,5 +1,5 @@
 /*
- * Overload management (SPEC §6, docs/overload.md).
+ * Overload management (keel/runtime.h, docs/overload.md).
  *
  *   overload_machine  the detector as a pure state machine, fed synthetic
  *                     duration sequences: every transition up and down,

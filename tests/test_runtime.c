@@ -1,5 +1,5 @@
 /*
- * test_runtime.c -- the runtime (keel/runtime.h, keel/telemetry.h, SPEC §6-§7):
+ * test_runtime.c -- the runtime (keel/runtime.h, keel/telemetry.h, docs/scheduling.md):
  *
  *   runtime_api        creation and its validation, defaults, NULL handling,
  *                      tick numbering, dt, schedule installation and
@@ -856,7 +856,7 @@ END_TEST
 
 /* Runs called back to back keep the rate: the second run's first tick
  * waits for the grid point the first run left (keel-world runs its ticks in
- * batches of rate / 10 + 1: at 10 Hz, batches of two used to run at 20 Hz). */
+ * batches of rate / 10 + 1: at 10 Hz, batches of two must still run at 10 Hz). */
 START_TEST(test_metronome_back_to_back_runs_share_the_grid)
 {
     const uint64_t t0 = 1000000000ull, I = (uint64_t)(1e9 / 10);
@@ -891,7 +891,7 @@ START_TEST(test_metronome_back_to_back_runs_share_the_grid)
 END_TEST
 
 /* A stop requested while the metronome waits for a tick ends the run
- * before that tick (it used to run one more). */
+ * before that tick: not one more. */
 START_TEST(test_metronome_stop_during_wait_runs_no_more_ticks)
 {
     fake_clock *fc = calloc(1, sizeof *fc);

@@ -1,11 +1,11 @@
 /*
- * tests/test_schedule.c -- Check suites for the static schedule (SPEC §5):
+ * tests/test_schedule.c -- Check suites for the static schedule (docs/scheduling.md):
  * declaring tracks and systems, keel_schedule_build's derived edges and
  * diagnostics (codes, names, messages, order), cycle reports, the
  * deterministic Kahn order and the FNV-1a plan hash, and installation on a
  * runtime (foreign and stale schedules).
  *
- * Expected values come from the rules stated in SPEC §5, include/keel/
+ * Expected values come from the rules stated in docs/scheduling.md, include/keel/
  * schedule.h and the top comment of src/sched/schedule.c; where those leave
  * a choice open (which cycle is reported, tie-breaks), the expectation is
  * derived by hand from the documented algorithm and written next to the test.

@@ -1,6 +1,6 @@
 /*
- * test_side.c -- side transactions (keel/txn.h, SPEC §4 "Side transactions",
- * §6 Engine-Pre):
+ * test_side.c -- side transactions (keel/txn.h, docs/transactions.md
+ * "Side transactions", the Engine-Pre phase of docs/scheduling.md):
  *
  *   side_basic       keel_side_txn_begin / _get / _set / _commit / _abort
  *                    inside systems: argument and access checks, reading

@@ -1,5 +1,5 @@
 /*
- * test_txn.c -- system transactions (SPEC §4-§6, keel/txn.h, src/txn/txn.c,
+ * test_txn.c -- system transactions (docs/transactions.md, keel/txn.h, src/txn/txn.c,
  * src/txn/uow.c):
  *
  *   txn_api       keel_txn_get / keel_txn_set error paths, keel_set refused

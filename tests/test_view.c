@@ -1,6 +1,7 @@
 /*
- * test_view.c -- read views (keel/view.h, SPEC §4 "Readers outside the
- * tick", src/txn/view.c, the copy-on-write rules of src/world/version.c):
+ * test_view.c -- read views (keel/view.h, docs/transactions.md "Read views
+ * and reclamation", src/txn/view.c, the copy-on-write rules of
+ * src/world/version.c):
  *
  *   view_basic       before the first tick; a view after every step matches
  *                    the live world (tick, count, every value); error codes;

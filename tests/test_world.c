@@ -1,5 +1,5 @@
 /*
- * tests/test_world.c -- Check suites for the world (SPEC §2-§3): entity
+ * tests/test_world.c -- Check suites for the world (docs/world.md): entity
  * handles and the slot allocator, component registration and schema
  * validation, chunked storage checked against a shadow model, queries,
  * keel_get/keel_set, and the state hash.

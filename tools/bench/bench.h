@@ -20,6 +20,7 @@
 
 #include "keel/keel.h"
 #include "keel_wal/wal.h"
+#include "world.h" /* keel-bench builds keel-world's world.c: its vec3 and workload */
 
 /* ---- configuration and figures ------------------------------------------- */
 
@@ -69,13 +70,6 @@ void keep_heap_resident(void);
 void run_pair(const config *cfg, uint32_t reps, measure_fn baseline, measure_fn subject, void *ctx, figure *f);
 
 /* ---- utilities ------------------------------------------------------------ */
-
-#ifndef KEEL_DEMO_VEC3 /* the same type in keel-world and keel-bench, which builds world.c */
-#define KEEL_DEMO_VEC3
-typedef struct vec3 {
-    float x, y, z;
-} vec3;
-#endif
 
 /* Read once per pass, so the compiler cannot fold or hoist the work away. */
 extern volatile float g_dt;

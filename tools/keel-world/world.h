@@ -20,12 +20,9 @@
 #define MERCHANT_COINS 5000
 #define TRADES_PER_TICK 8u
 
-#ifndef KEEL_DEMO_VEC3 /* the same type in keel-world and keel-bench, which builds world.c */
-#define KEEL_DEMO_VEC3
 typedef struct vec3 {
     float x, y, z;
 } vec3;
-#endif
 
 /* What a trade writes to one account (wallet, ledger, inventory). */
 typedef struct account {
