@@ -2080,6 +2080,101 @@ static void rewrite_undecodable(const char *dir, uint64_t lsn)
     free(rec);
 }
 
+/* Rewrite the WAL record at lsn (a TICK_CHUNK) with row `row` of its first
+ * group naming entity e instead: a record every check of the record layer
+ * and the decoder accepts, whose row cannot apply. The first group's
+ * component goes to *comp. */
+static void rewrite_row_entity(const char *dir, uint64_t lsn, uint32_t row, keel_entity e, keel_component *comp)
+{
+    size_t len = 0;
+    unsigned char *rec = tu_record_copy(dir, lsn, &len);
+    kw_header h;
+    ck_assert_ok(kw_record_check(rec, len, &h));
+    ck_assert_uint_eq(h.kind, KW_KIND_TICK_CHUNK);
+    kw_codec_ctx *c = NULL;
+    ck_assert_ok(kw_codec_create(NULL, &c));
+    const void *p;
+    ck_assert_ok(kw_record_payload(c, rec, &h, &p));
+    unsigned char *raw = malloc(h.raw_len);
+    ck_assert_ptr_nonnull(raw);
+    memcpy(raw, p, h.raw_len);
+    uint32_t c0, size, n;
+    kw_group_header_get(raw + 4, &c0, &size, &n);
+    ck_assert_uint_gt(n, row);
+    memcpy(raw + 4 + KW_GROUP_HDR + (size_t)row * 8, &e, 8);
+    *comp = c0;
+    kw_buf out = {0};
+    ck_assert_ok(kw_record_build(c, &out, h.kind, lsn, h.tick, h.flags, raw, h.raw_len));
+    tu_wal_put(dir, lsn, out.p, out.len);
+    kw_buf_free(&out);
+    free(raw);
+    kw_codec_destroy(c);
+    free(rec);
+}
+
+/* A TICK_CHUNK whose row names a stale handle (variant 0), or a live
+ * entity without the row's component (variant 1), decodes but does not
+ * apply: the open is refused with KEEL_ECORRUPT naming the LSN, the row's
+ * fault and the directory, and writes nothing. */
+START_TEST(test_value_row_refused)
+{
+    for (int variant = 0; variant < 2; variant++) {
+        char dir[256];
+        tu_path(dir, sizeof dir, variant ? "row-no-component" : "row-stale");
+        keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+        wworld *w = w_new(true);
+        w_open(w, &d, false);
+        for (uint64_t t = 1; t <= 8; t++)
+            w_drive(w, t);
+        keel_entity acct[8];
+        ck_assert_uint_ge(query_entities(w->q_money, acct, 8), 1);
+        keel_component pos = w->POS;
+        ck_assert_int_eq(keel_has(keel_runtime_world(w->rt), acct[0], pos), 0);
+        w_close(w);
+
+        dir_view v;
+        dir_read(dir, &v);
+        uint64_t bad = 0;
+        for (uint64_t i = 0; i < v.n && !bad; i++)
+            if (v.r[i].tick == 5 && v.r[i].kind == KW_KIND_TICK_CHUNK && !(v.r[i].flags & KW_FLAG_HOOK))
+                bad = v.r[i].lsn;
+        dir_view_free(&v);
+        ck_assert_uint_ne(bad, 0);
+        keel_component comp = 0;
+        if (variant == 0) { /* the first row's handle, one generation on */
+            size_t len = 0;
+            unsigned char *rec = tu_record_copy(dir, bad, &len);
+            kw_header h;
+            ck_assert_ok(kw_record_check(rec, len, &h));
+            kw_codec_ctx *c = NULL;
+            ck_assert_ok(kw_codec_create(NULL, &c));
+            const void *p;
+            ck_assert_ok(kw_record_payload(c, rec, &h, &p));
+            keel_entity e;
+            memcpy(&e, (const unsigned char *)p + 4 + KW_GROUP_HDR, 8);
+            kw_codec_destroy(c);
+            free(rec);
+            rewrite_row_entity(dir, bad, 0, e + (1ull << 32), &comp);
+        } else {
+            rewrite_row_entity(dir, bad, 0, acct[0], &comp);
+            ck_assert_uint_eq(comp, pos); /* the account has no pos */
+        }
+        tu_digest d1 = dir_digest(dir);
+        w_reset(w, true);
+        w_open(w, &d, false);
+        ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ECORRUPT);
+        const char *msg = keel_last_error();
+        ck_assert_msg(tu_names_lsn(msg, bad), "the error does not name LSN %llu: %s", (unsigned long long)bad, msg);
+        ck_assert_msg(strstr(msg, "a value row does not apply") && strstr(msg, dir) &&
+                      strstr(msg, variant ? "has no component" : "stale"), "%s", msg);
+        ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
+        w_close(w);
+        tu_assert_digest_eq(d1, dir_digest(dir));
+        free(w);
+    }
+}
+END_TEST
+
 /* A bad tick-5 record: the open is refused naming the LSN and changes
  * nothing; with truncate_bad_tail the record's whole unit and everything
  * after it go, nothing of that unit stays applied, and the state is the
@@ -3625,6 +3720,7 @@ static Suite *dur_recovery(void)
     Suite *s = suite_create("dur_recovery");
     TCase *tc = tcase_with_dirs("recovery", 300);
     tcase_add_test(tc, test_corrupt_record);
+    tcase_add_test(tc, test_value_row_refused);
     tcase_add_test(tc, test_change_of_an_unknown_component);
     tcase_add_test(tc, test_schema_extend_and_mismatch);
     tcase_add_test(tc, test_bad_data_dirs);

@@ -1807,6 +1807,57 @@ START_TEST(tick_chunk_encoder_writes_the_documented_groups)
 }
 END_TEST
 
+/* kw_decode_group yields what kw_decode_next yields, a group at a time:
+ * the rows a kw_decode_next call left in its group, then whole groups; a
+ * group cut short is corrupt; other kinds have no groups. */
+START_TEST(decode_group_yields_the_rows_a_group_at_a_time)
+{
+    const uint64_t ents[3] = {0x0000000100000002ull, 0x0000000300000004ull, 0x0000000500000006ull};
+    const uint32_t vals[3] = {0xaabbccddu, 0x11223344u, 0x55667788u};
+    kw_buf b = {0};
+    ck_assert_ok(kw_tick_chunk_begin(&b, 0));
+    ck_assert_ok(kw_tick_chunk_group_put(&b, 2, 4, 3, ents, vals));
+    ck_assert_ok(kw_tick_chunk_group_put(&b, 9, 0, 1, ents + 2, NULL));
+    kw_tick_chunk_end(&b, 2);
+    kw_decoder d;
+    kw_group g;
+    kw_change ch;
+    ck_assert_ok(kw_decode_begin(&d, KW_KIND_TICK_CHUNK, 1, b.p, b.len, NULL));
+    ck_assert_int_eq(kw_decode_group(&d, &g), 1);
+    ck_assert_uint_eq(g.component, 2);
+    ck_assert_uint_eq(g.size, 4);
+    ck_assert_uint_eq(g.n, 3);
+    ck_assert(memcmp(g.entities, ents, sizeof ents) == 0);
+    ck_assert(memcmp(g.values, vals, sizeof vals) == 0);
+    ck_assert_int_eq(kw_decode_group(&d, &g), 1);
+    ck_assert_uint_eq(g.component, 9);
+    ck_assert_uint_eq(g.size, 0);
+    ck_assert_uint_eq(g.n, 1);
+    ck_assert(memcmp(g.entities, ents + 2, 8) == 0);
+    ck_assert_int_eq(kw_decode_group(&d, &g), 0);
+    /* mixed: one row, then the rest of its group, then the next */
+    ck_assert_ok(kw_decode_begin(&d, KW_KIND_TICK_CHUNK, 1, b.p, b.len, NULL));
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_uint_eq(ch.entity, ents[0]);
+    ck_assert_int_eq(kw_decode_group(&d, &g), 1);
+    ck_assert_uint_eq(g.n, 2);
+    ck_assert(memcmp(g.entities, ents + 1, 16) == 0);
+    ck_assert_uint_eq(rd32(g.values), vals[1]);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert_uint_eq(ch.component, 9);
+    ck_assert_int_eq(kw_decode_group(&d, &g), 0);
+    /* a payload cut inside its first group's values */
+    ck_assert_ok(kw_decode_begin(&d, KW_KIND_TICK_CHUNK, 77, b.p, 4 + KW_GROUP_HDR + 3 * 8 + 5, NULL));
+    ck_assert_int_eq(kw_decode_group(&d, &g), KEEL_ECORRUPT);
+    ck_assert_msg(has(keel_last_error(), "LSN 77"), "%s", keel_last_error());
+    /* a SIDE record holds writes, not groups */
+    ck_assert_ok(kw_side_begin(&b, 1, 0, 0));
+    ck_assert_ok(kw_decode_begin(&d, KW_KIND_SIDE, 5, b.p, b.len, NULL));
+    ck_assert_int_eq(kw_decode_group(&d, &g), KEEL_EINVAL);
+    kw_buf_free(&b);
+}
+END_TEST
+
 START_TEST(lifecycle_encoder_writes_the_documented_ops)
 {
     kw_buf b = {0}, want = {0};
@@ -1976,7 +2027,8 @@ static Suite *payload_suite(void)
              snap_slots_decode_and_refuse_bad_lengths, snap_chunk_decode_and_refuse_bad_lengths,
              snap_payload_checks_the_record_and_its_kind, snap_random_damage_never_crashes);
     ADD_CASE(s, "encoders", false, group_header_is_three_little_endian_u32,
-             tick_chunk_encoder_writes_the_documented_groups, lifecycle_encoder_writes_the_documented_ops,
+             tick_chunk_encoder_writes_the_documented_groups, decode_group_yields_the_rows_a_group_at_a_time,
+             lifecycle_encoder_writes_the_documented_ops,
              side_encoder_writes_the_documented_writes, commit_and_checkpoint_markers_are_16_bytes,
              snap_encoders_write_what_the_decoders_read, scalar_table_names_and_widths);
     return s;

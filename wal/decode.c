@@ -73,7 +73,8 @@ static int end(kw_decoder *d)
     return kw_cursor_done(&d->cur) ? 0 : bad(d, "trailing bytes after the last change");
 }
 
-static int next_row(kw_decoder *d, kw_change *out)
+/* The next group's header, its rows left in d (group_left 0: the end). */
+static int open_group(kw_decoder *d)
 {
     while (!d->group_left) {
         if (!d->left)
@@ -91,11 +92,34 @@ static int next_row(kw_decoder *d, kw_change *out)
         if (rc)
             return rc;
     }
+    return 1;
+}
+
+static int next_row(kw_decoder *d, kw_change *out)
+{
+    int rc = open_group(d);
+    if (rc != 1)
+        return rc;
     uint32_t i = d->group_i++;
     d->group_left--;
     *out = (kw_change){.op = KW_OP_SET, .component = d->group_comp, .size = d->group_size,
                        .value = d->group_vals + (size_t)i * d->group_size};
     memcpy(&out->entity, d->group_ents + (size_t)i * 8, 8);
+    return 1;
+}
+
+int kw_decode_group(kw_decoder *d, kw_group *out)
+{
+    if (d->kind != KW_KIND_TICK_CHUNK)
+        return core_fail(KEEL_EINVAL, "kw_decode_group: LSN %llu is no tick_chunk record", (unsigned long long)d->lsn);
+    int rc = open_group(d);
+    if (rc != 1)
+        return rc;
+    uint32_t i = d->group_i;
+    *out = (kw_group){.component = d->group_comp, .size = d->group_size, .n = d->group_left,
+                      .entities = d->group_ents + (size_t)i * 8, .values = d->group_vals + (size_t)i * d->group_size};
+    d->group_i += d->group_left;
+    d->group_left = 0;
     return 1;
 }
 

@@ -435,16 +435,32 @@ static int queue_command(replay *p, const kw_change *ch, keel_entity *expect, ui
     }
 }
 
-/* Value rows (TICK_CHUNK, SIDE) go through keel_set's write path; the
- * commands of a LIFECYCLE record through command playback, and the
- * handles its spawns create must be the logged ones. */
+/* A TICK_CHUNK's row groups, each written in one pass. */
+static int apply_groups(replay *p, const kw_header *h)
+{
+    keel_world *w = p->l->d->world;
+    kw_group g;
+    int rc;
+    while ((rc = kw_decode_group(&p->dec, &g)) == 1) {
+        uint32_t bad;
+        if (!fits(w, g.component, g.size))
+            return corrupt(h->lsn, "%s", "a change names an unknown component or has the wrong size");
+        if ((rc = world_replay_rows(w, g.component, g.size, g.n, g.entities, g.values, &bad)))
+            return not_applied(h->lsn, rc, "a value row does not apply");
+    }
+    return rc;
+}
+
+/* Value rows go through keel_set's write path (a TICK_CHUNK's a group at a
+ * time); the commands of a LIFECYCLE record through command playback, and
+ * the handles its spawns create must be the logged ones. */
 static int apply_changes(replay *p, const kw_header *h, const void *payload)
 {
     keel_world *w = p->l->d->world;
     kw_decoder *d = &p->dec;
     int rc = kw_decode_record(d, h, payload, NULL);
-    if (rc)
-        return rc;
+    if (rc || h->kind == KW_KIND_TICK_CHUNK)
+        return rc ? rc : apply_groups(p, h);
     keel_entity *expect = NULL;
     uint32_t nspawn = 0;
     if (h->kind == KW_KIND_LIFECYCLE && !(expect = malloc(((size_t)d->left + 1) * sizeof *expect)))

@@ -378,6 +378,14 @@ bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lif
 int world_restore_begin(keel_world *w, uint32_t nslots, const uint32_t *gens);
 int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, uint32_t expect_id);
 int world_restore_row(keel_world *w, uint32_t table, keel_entity e, const void *const *values);
+/* Replay of a logged row group, between ticks: the n packed values (size
+ * bytes each, size = the component's) of component c written to the n
+ * entities (u64 little-endian, unaligned), in order -- what n keel_set calls
+ * do, in one pass. KEEL_OK; or KEEL_ESTALE / KEEL_ENOENT (no such live
+ * entity, or it has no c) / KEEL_ENOMEM with a sentence, *bad the row at
+ * fault and the rows before it written. */
+int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n, const unsigned char *entities,
+                      const unsigned char *values, uint32_t *bad);
 
 /* Test hook: the nth command application from now (1 = the next) fails with
  * rc before it mutates anything; nth = 0 disables. Every command that

@@ -309,6 +309,18 @@ int kw_decode_record(kw_decoder *d, const kw_header *h, const void *payload, con
 /* 1 with *out filled, 0 at the end (the payload was consumed exactly), or
  * KEEL_ECORRUPT naming the LSN. */
 int kw_decode_next(kw_decoder *d, kw_change *out);
+/* A TICK_CHUNK's rows a group at a time (what kw_decode_next yields row by
+ * row, for a reader that handles a group in one pass): the group's
+ * component and value size, its n rows' entities (u64, little-endian,
+ * unaligned) and their packed values, valid while the payload is. The two
+ * calls may be mixed; a group kw_decode_next started yields its remaining
+ * rows. 1, 0 at the end, KEEL_ECORRUPT naming the LSN, KEEL_EINVAL for
+ * another kind of record. */
+typedef struct kw_group {
+    uint32_t component, size, n;
+    const unsigned char *entities, *values;
+} kw_group;
+int kw_decode_group(kw_decoder *d, kw_group *out);
 /* The TICK_COMMIT payload. */
 typedef struct kw_commit_info {
     uint32_t nrecords, nlive, nslots;
