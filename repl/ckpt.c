@@ -8,12 +8,19 @@
  * run of messages, each `u8 type | u32 klen | key | value`:
  *   BEGIN   value = meta "checkpoint" (32 bytes: tick, covered LSN, count)
  *   SCHEMA  value = the schema record (as the schema database holds it)
- *   ENTRY   key, value = one key of the snap database, as stored
- *   END     value = u64 sequence of its BEGIN, u64 entries
+ *   ENTRIES no key; value = keys of the snap database in key order, each
+ *           `u32 klen | key | u32 vlen | value` as stored, as many as fit
+ *           the server's max_payload (at most CK_PACK_MAX bytes; a larger
+ *           key goes alone)
+ *   ENTRY   key, value = one key of the snap database (read, not sent)
+ *   END     value = u64 sequence of its BEGIN, u64 messages after it
  * A checkpoint counts once its END is stored; the stream keeps the latest
  * (older ones are purged after a newer END). The primary's publisher
  * publishes each checkpoint its directory records, once the WAL stream holds
- * every record it covers.
+ * every record it covers. Few large messages rather than one per key: a
+ * replica's copy costs per message (delivery, metadata, a wakeup), and the
+ * loader writes each one into its transaction as it arrives, so the copy
+ * overlaps the stream's delivery.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -22,7 +29,14 @@
 #include "core/core.h"
 #include "repl_internal.h"
 
-enum { CK_BEGIN = 1, CK_ENTRY = 2, CK_SCHEMA = 3, CK_END = 4 };
+enum { CK_BEGIN = 1, CK_ENTRY = 2, CK_SCHEMA = 3, CK_END = 4, CK_ENTRIES = 5 };
+
+/* ENTRIES messages stay this small even where max_payload allows more: a
+ * replica holds every message of the checkpoint until its transaction
+ * commits, and at this size a 1M-entity checkpoint is about 16 of them,
+ * past the point where the cost per message shows. */
+#define CK_PACK_MAX (1u << 20)
+#define CK_KEY_MAX 511 /* LMDB's key size limit */
 
 typedef struct ck_msgs {
     kw_buf bytes;
@@ -43,15 +57,38 @@ static int msg_add(ck_msgs *m, uint8_t type, const void *key, size_t klen, const
     return rc ? rc : kw_put_bytes(&m->bytes, val, vlen);
 }
 
+/* One snap key into the last ENTRIES message, or a new one when it would
+ * grow past `limit` bytes. */
+static int pack_entry(ck_msgs *m, size_t limit, const void *k, size_t kn, const void *v, size_t vn)
+{
+    size_t add = 8 + kn + vn, last = m->n ? m->off[m->n - 1] : 0;
+    bool fits = m->n && m->bytes.p[last] == CK_ENTRIES && m->bytes.len - last + add <= limit;
+    int rc = fits ? KEEL_OK : msg_add(m, CK_ENTRIES, NULL, 0, NULL, 0);
+    if (!rc)
+        rc = kw_put_u32(&m->bytes, (uint32_t)kn);
+    if (!rc)
+        rc = kw_put_bytes(&m->bytes, k, kn);
+    if (!rc)
+        rc = kw_put_u32(&m->bytes, (uint32_t)vn);
+    return rc ? rc : kw_put_bytes(&m->bytes, v, vn);
+}
+
 static void msgs_free(ck_msgs *m)
 {
     kw_buf_free(&m->bytes);
     free(m->off);
 }
 
+/* The largest ENTRIES message this connection may publish. */
+static size_t pack_limit(kr_node *n)
+{
+    int64_t max = natsConnection_GetMaxPayload(n->nc);
+    return max > 0 && (uint64_t)max < CK_PACK_MAX ? (size_t)max : CK_PACK_MAX;
+}
+
 /* The checkpoint the directory records now, as messages (BEGIN, SCHEMA,
- * ENTRY...), if it covers no LSN beyond `upto`. *meta_lsn 0: none to send. */
-static int copy_checkpoint(kw_store *s, uint64_t upto, ck_msgs *m, kw_checkpoint_meta *meta)
+ * ENTRIES...), if it covers no LSN beyond `upto`. *meta_lsn 0: none to send. */
+static int copy_checkpoint(kw_store *s, uint64_t upto, size_t limit, ck_msgs *m, kw_checkpoint_meta *meta)
 {
     kw_rtxn *r;
     int rc = kw_read_begin(s, &r);
@@ -68,7 +105,7 @@ static int copy_checkpoint(kw_store *s, uint64_t upto, ck_msgs *m, kw_checkpoint
         kw_walit *it;
         if (!rc && !(rc = kw_db_iter(r, KW_DB_SNAP, NULL, 0, &it))) {
             while ((rc = kw_db_next(it, &k, &kn, &v, &vn)) == 1)
-                if ((rc = msg_add(m, CK_ENTRY, k, kn, v, vn)))
+                if ((rc = pack_entry(m, limit, k, kn, v, vn)))
                     break;
             kw_wal_iter_end(it);
         }
@@ -86,7 +123,7 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
     *published_lsn = 0;
     int rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, true);
     if (!rc)
-        rc = copy_checkpoint(s, upto, &m, &meta);
+        rc = copy_checkpoint(s, upto, pack_limit(n), &m, &meta);
     if (rc || !meta.lsn || m.n < 2) { /* none, or one without a schema: nothing a replica could load */
         msgs_free(&m);
         return rc;
@@ -152,7 +189,7 @@ static bool parse(const void *data, size_t len, ck_parsed *out)
     out->klen = kl;
     out->val = c.p;
     out->vlen = c.bad ? 0 : (size_t)(c.end - c.p);
-    return !c.bad && out->type >= CK_BEGIN && out->type <= CK_END;
+    return !c.bad && out->type >= CK_BEGIN && out->type <= CK_ENTRIES;
 }
 
 /* The latest complete checkpoint: the sequences of its BEGIN and its END
@@ -179,12 +216,81 @@ static int latest(kr_node *n, uint64_t *begin, uint64_t *end)
     return KEEL_OK;
 }
 
+/* A checkpoint being copied into a write transaction as the stream
+ * delivers it. The messages fetched so far are kept until it commits: a
+ * transaction run again (the map grown) writes them again. */
 typedef struct ck_load {
-    ck_msgs m;                 /* the messages BEGIN .. the last ENTRY */
+    kr_node *n;
+    kr_reader *r;
+    uint64_t begin, end;       /* the sequences of its BEGIN and END */
+    natsMsg **msgs;            /* begin .. begin + got - 1 */
+    uint32_t got, cap;
     kw_checkpoint_meta meta;
-    const void *meta_bytes;
-    size_t meta_len;
 } ck_load;
+
+static int corrupt(const ck_load *l, uint64_t seq, const char *what)
+{
+    return core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " %s", l->n->ckpt_stream, seq, what);
+}
+
+/* An ENTRIES run into the snap database; nothing of a malformed one counts
+ * (the caller's transaction is aborted). */
+static int put_entries(kw_wtxn *t, const ck_load *l, uint64_t seq, const void *val, size_t vlen)
+{
+    kw_cursor c = kw_cursor_make(val, vlen);
+    int rc = KEEL_OK;
+    do {
+        uint32_t kl = kw_get_u32(&c);
+        const void *k = kw_get_bytes(&c, kl);
+        uint32_t vl = kw_get_u32(&c);
+        const void *v = kw_get_bytes(&c, vl);
+        if (c.bad || !kl || kl > CK_KEY_MAX)
+            return corrupt(l, seq, "holds a damaged run of checkpoint entries");
+        rc = kw_put(t, KW_DB_SNAP, k, kl, v, vl);
+    } while (!rc && c.p < c.end);
+    return rc;
+}
+
+/* Message seq of the checkpoint into the transaction. */
+static int apply(kw_wtxn *t, ck_load *l, uint64_t seq, const void *data, size_t len)
+{
+    ck_parsed p;
+    if (!parse(data, len, &p) || (seq == l->begin) != (p.type == CK_BEGIN) || p.type == CK_END ||
+        (p.type == CK_ENTRIES && p.klen))
+        return corrupt(l, seq, "is no part of a checkpoint");
+    switch (p.type) {
+    case CK_BEGIN:
+        if (kw_checkpoint_meta_decode(p.val, p.vlen, &l->meta))
+            return core_fail_prefix(KEEL_ECORRUPT, "stream %s: the checkpoint at %" PRIu64, l->n->ckpt_stream, seq);
+        return kw_put(t, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), p.val, p.vlen);
+    case CK_SCHEMA:
+        return kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), p.val, p.vlen);
+    case CK_ENTRY:
+        if (!p.klen || p.klen > CK_KEY_MAX)
+            return corrupt(l, seq, "holds a checkpoint entry without a valid key");
+        return kw_put(t, KW_DB_SNAP, p.key, p.klen, p.val, p.vlen);
+    default:
+        return put_entries(t, l, seq, p.val, p.vlen);
+    }
+}
+
+/* The checkpoint's next message from the stream, kept in l->msgs. */
+static int fetch(ck_load *l, uint64_t *seq, const void **data, size_t *len)
+{
+    uint64_t want = l->begin + l->got;
+    if (CORE_GROW(l->msgs, l->cap, l->got + 1, 64))
+        return core_fail(KEEL_ENOMEM, "out of memory copying a checkpoint from stream %s", l->n->ckpt_stream);
+    int got = 0;
+    for (int tries = 0; !got && tries < 3; tries++) /* 0 also follows a consumer made again */
+        got = kr_read_next(l->r, l->n->timeout_ms, seq, data, len);
+    if (got < 0)
+        return got;
+    if (!got)
+        return core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering the checkpoint at %" PRIu64,
+                         l->n->ckpt_stream, want);
+    l->msgs[l->got++] = kr_read_take(l->r);
+    return KEEL_OK;
+}
 
 static bool keep_none(const void *key, size_t klen, void *arg)
 {
@@ -198,57 +304,33 @@ static int fill_load(kw_wtxn *t, void *arg)
     int rc = kw_del_wal_from(t, 1, NULL);
     if (!rc)
         rc = kw_del_prefix(t, KW_DB_SNAP, "", 0, keep_none, NULL);
-    for (uint32_t i = 0; !rc && i < l->m.n; i++) {
-        size_t end = i + 1 < l->m.n ? l->m.off[i + 1] : l->m.bytes.len;
-        ck_parsed p;
-        parse((const char *)l->m.bytes.p + l->m.off[i], end - l->m.off[i], &p);
-        if (p.type == CK_BEGIN)
-            rc = kw_put(t, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), p.val, p.vlen);
-        else if (p.type == CK_SCHEMA)
-            rc = kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), p.val, p.vlen);
-        else if (p.type == CK_ENTRY)
-            rc = kw_put(t, KW_DB_SNAP, p.key, p.klen, p.val, p.vlen);
+    for (uint32_t i = 0; !rc && i < l->got; i++)
+        rc = apply(t, l, l->begin + i, natsMsg_GetData(l->msgs[i]), (size_t)natsMsg_GetDataLength(l->msgs[i]));
+    while (!rc && l->begin + l->got < l->end) {
+        uint64_t seq;
+        const void *data;
+        size_t len;
+        if (!(rc = fetch(l, &seq, &data, &len)))
+            rc = apply(t, l, seq, data, len);
     }
     return rc;
 }
 
 int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered)
 {
-    uint64_t begin, end;
+    ck_load l = {.n = n};
     *covered = 0;
-    int rc = latest(n, &begin, &end);
-    if (rc || !begin)
+    int rc = latest(n, &l.begin, &l.end);
+    if (rc || !l.begin)
         return rc ? rc : core_fail(KEEL_ENOENT, "stream %s holds no complete checkpoint", n->ckpt_stream);
-    kr_reader *r;
-    if ((rc = kr_read_begin_on(n, n->ckpt_stream, n->ckpt_subject, begin, &r)))
+    if ((rc = kr_read_begin_on(n, n->ckpt_stream, n->ckpt_subject, l.begin, &l.r)))
         return rc;
-    ck_load l = {0};
-    uint64_t seq;
-    const void *data;
-    size_t len;
-    for (uint64_t want = begin; !rc && want < end; want++) {
-        int got = 0;
-        for (int tries = 0; !got && tries < 3; tries++) /* 0 also follows a consumer made again */
-            got = kr_read_next(r, n->timeout_ms, &seq, &data, &len);
-        ck_parsed p;
-        if (got < 0)
-            rc = got;
-        else if (!got)
-            rc = core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering the checkpoint at %" PRIu64,
-                           n->ckpt_stream, want);
-        else if (!parse(data, len, &p) || (want == begin) != (p.type == CK_BEGIN) || p.type == CK_END)
-            rc = core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " is no part of a checkpoint", n->ckpt_stream,
-                           seq);
-        else if (p.type == CK_BEGIN && (rc = kw_checkpoint_meta_decode(p.val, p.vlen, &l.meta)))
-            rc = core_fail_prefix(KEEL_ECORRUPT, "stream %s: the checkpoint at %" PRIu64, n->ckpt_stream, seq);
-        else
-            rc = msg_add(&l.m, p.type, p.key, p.klen, p.val, p.vlen);
-    }
-    kr_read_end(r);
-    if (!rc)
-        rc = kw_store_write(s, fill_load, &l);
+    rc = kw_store_write(s, fill_load, &l);
+    kr_read_end(l.r);
+    for (uint32_t i = 0; i < l.got; i++)
+        natsMsg_Destroy(l.msgs[i]);
+    free(l.msgs);
     if (!rc)
         *covered = l.meta.lsn;
-    msgs_free(&l.m);
     return rc;
 }

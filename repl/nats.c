@@ -591,6 +591,13 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
     return 1;
 }
 
+natsMsg *kr_read_take(kr_reader *r)
+{
+    natsMsg *m = r->msg;
+    r->msg = NULL;
+    return m;
+}
+
 void kr_read_end(kr_reader *r)
 {
     if (!r)

@@ -40,6 +40,9 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
 /* Open (or with create make) the lease bucket: KEEL_ENOENT when it does not exist yet. */
 int kr_ensure_bucket(kr_node *n, bool create);
 int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out);
+/* The message kr_read_next gave last, now the caller's (natsMsg_Destroy):
+ * its data stays valid past the next read. */
+natsMsg *kr_read_take(kr_reader *r);
 int kr_stream_bounds(kr_node *n, const char *stream, uint64_t *first, uint64_t *last);
 int kr_purge_stream_before(kr_node *n, const char *stream, uint64_t seq);
 /* Forget the asynchronous publishes still waiting for an acknowledgement,
