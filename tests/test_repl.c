@@ -4,8 +4,10 @@
  * started and stopped by the unchecked fixture, so a failing test never
  * leaves it running): the fencing publish, a pipelined batch that meets
  * another node's record, the lease's compare-and-set, a directory brought
- * in step with the stream (its unreplicated tail dropped), a follower's own
- * checkpoints, and the refusals of bad input that write nothing. The
+ * in step with the stream (its unreplicated tail dropped), a published
+ * checkpoint copied into a directory (and damaged ones refused), a
+ * follower's own checkpoints, and the refusals of bad input that write
+ * nothing. The
  * failover of whole keel-world processes on a 3-node cluster is
  * check_failover.sh and keel-crash --mode failover.
  */
@@ -19,6 +21,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
+#include <nats/nats.h>
 #include <unistd.h>
 
 #include "keel_repl/repl.h"
@@ -289,6 +292,124 @@ START_TEST(test_bad_streams_write_nothing)
 }
 END_TEST
 
+/* A directory recording a checkpoint covering `lsn`: its meta, a schema
+ * value and `n` snap keys of `size` bytes (the copy takes them as stored:
+ * nothing here need decode). */
+typedef struct ck_fill {
+    uint64_t lsn;
+    uint32_t n;
+    size_t size;
+} ck_fill;
+
+static int fill_ckpt(kw_wtxn *t, void *arg)
+{
+    const ck_fill *f = arg;
+    unsigned char meta[32], key[9];
+    kw_checkpoint_meta_encode(&(kw_checkpoint_meta){.tick = 3, .lsn = f->lsn, .count = 1}, meta);
+    int rc = kw_put(t, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), meta, sizeof meta);
+    if (!rc)
+        rc = kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), "schema", 6);
+    unsigned char *val = malloc(f->size);
+    for (uint32_t i = 0; !rc && i < f->n; i++) {
+        for (size_t j = 0; j < f->size; j++)
+            val[j] = (unsigned char)(i * 31 + j);
+        rc = kw_put(t, KW_DB_SNAP, key, kw_snap_key_chunk(key, 0, i), val, f->size);
+    }
+    free(val);
+    return rc;
+}
+
+/* The snap database's keys and values, hashed in order, and its key count. */
+static uint64_t snap_digest(kw_store *s, uint32_t *keys)
+{
+    kw_rtxn *r;
+    kw_walit *it;
+    const void *k, *v;
+    size_t kn, vn;
+    uint64_t h = 1469598103934665603ull;
+    *keys = 0;
+    ck_assert(!kw_read_begin(s, &r));
+    ck_assert(!kw_db_iter(r, KW_DB_SNAP, NULL, 0, &it));
+    while (kw_db_next(it, &k, &kn, &v, &vn) == 1) {
+        for (size_t i = 0; i < kn + vn; i++)
+            h = (h ^ (i < kn ? ((const unsigned char *)k)[i] : ((const unsigned char *)v)[i - kn])) * 1099511628211ull;
+        ++*keys;
+    }
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    return h;
+}
+
+/* One checkpoint message `u8 type | u32 0 | value` published as is. */
+static uint64_t publish_raw(jsCtx *js, const char *subject, uint8_t type, const void *val, size_t vlen)
+{
+    kw_buf b = {0};
+    ck_assert(!kw_put_u8(&b, type) && !kw_put_u32(&b, 0) && !kw_put_bytes(&b, val, vlen));
+    jsPubAck *pa = NULL;
+    ck_assert_int_eq(js_Publish(&pa, js, subject, b.p, (int)b.len, NULL, NULL), NATS_OK);
+    uint64_t seq = pa->Sequence;
+    jsPubAck_Destroy(pa);
+    kw_buf_free(&b);
+    return seq;
+}
+
+/* A published checkpoint travels as a few ENTRIES messages of many keys
+ * and lands in another directory as the first one stores it; damaged
+ * ENTRIES messages are refused with KEEL_ECORRUPT and leave that directory
+ * as it was. */
+START_TEST(test_checkpoint_stream)
+{
+    kr_node *n = connect_world(nats_url, "ckp", "a");
+    kw_store *src = store_in("ckp-src"), *dst = store_in("ckp-dst");
+    ck_fill f = {.lsn = 7, .n = 40, .size = 100000}; /* 4 MB: several messages at the default 1 MB max_payload */
+    ck_assert_rc(kw_store_write(src, fill_ckpt, &f), KEEL_OK);
+    uint64_t published = 0, covered = 0;
+    ck_assert_msg(!kr_ckpt_publish(n, src, f.lsn, -1, &published), "%s", keel_last_error());
+    ck_assert_uint_eq(published, f.lsn);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    jsStreamInfo *si = NULL;
+    ck_assert_int_eq(js_GetStreamInfo(&si, js, "KEEL_ckp_CKPT", NULL, NULL), NATS_OK);
+    ck_assert_msg(si->State.Msgs >= 4 && si->State.Msgs <= 9, "%" PRIu64 " messages for 40 keys", si->State.Msgs);
+    jsStreamInfo_Destroy(si);
+    ck_assert_msg(!kr_ckpt_load(n, dst, &covered), "%s", keel_last_error());
+    ck_assert_uint_eq(covered, f.lsn);
+    uint32_t ks, kd;
+    uint64_t want = snap_digest(src, &ks);
+    ck_assert_uint_eq(snap_digest(dst, &kd), want);
+    ck_assert_uint_eq(kd, 40);
+    /* BEGIN, one damaged ENTRIES, END: each the latest checkpoint in turn */
+    unsigned char meta[32];
+    kw_checkpoint_meta_encode(&(kw_checkpoint_meta){.tick = 9, .lsn = 20, .count = 2}, meta);
+    static const unsigned char overrun[] = {3, 0, 0, 0, 'C', 'x'},                 /* a key past the end */
+                               nokey[] = {0, 0, 0, 0, 1, 0, 0, 0, 'v'},            /* an empty key */
+                               trailing[] = {1, 0, 0, 0, 'C', 1, 0, 0, 0, 'v', 0}; /* a stray byte after */
+    const struct { const void *p; size_t n; } bad[] = {{overrun, sizeof overrun}, {nokey, sizeof nokey},
+                                                       {trailing, sizeof trailing}, {"", 0}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        uint64_t begin = publish_raw(js, "keel.ckp.ckpt", 1, meta, sizeof meta);
+        publish_raw(js, "keel.ckp.ckpt", 5, bad[i].p, bad[i].n);
+        unsigned char end[16];
+        kw_buf e = {end, 0, sizeof end};
+        ck_assert(!kw_put_u64(&e, begin) && !kw_put_u64(&e, 1));
+        publish_raw(js, "keel.ckp.ckpt", 4, end, sizeof end);
+        ck_assert_rc(kr_ckpt_load(n, dst, &covered), KEEL_ECORRUPT);
+        ck_assert_msg(strstr(keel_last_error(), "KEEL_ckp_CKPT") && strstr(keel_last_error(), "damaged run"), "%s",
+                      keel_last_error());
+        ck_assert_uint_eq(covered, 0);
+        ck_assert_uint_eq(snap_digest(dst, &kd), want); /* nothing of it written */
+        ck_assert_uint_eq(kd, 40);
+    }
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    kw_store_close(src);
+    kw_store_close(dst);
+    kr_close(n);
+}
+END_TEST
+
 START_TEST(test_connect_errors)
 {
     kr_node *n = NULL;
@@ -473,8 +594,9 @@ int main(void)
 {
     const TTest *const stream[] = {test_publish_fences,           test_batch_fences,
                                    test_lease_cas,                test_sync_drops_unreplicated_tail,
-                                   test_bad_streams_write_nothing, test_connect_errors,
-                                   test_primary_runtime_publishes, test_follower_checkpoints};
+                                   test_bad_streams_write_nothing, test_checkpoint_stream,
+                                   test_connect_errors,           test_primary_runtime_publishes,
+                                   test_follower_checkpoints};
     const TTest *const api[] = {test_runtime_refusals};
     SRunner *sr = srunner_create(
         tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));
