@@ -238,6 +238,29 @@ START_TEST(hasher_is_sensitive_to_bits_order_and_length)
 }
 END_TEST
 
+/* The change digest sees every bit of every block and of the tail, the
+ * order of the 8-byte words within a 32-byte block, and the length, and is
+ * the same for the same bytes wherever they lie in memory. */
+START_TEST(digest_is_sensitive_to_bits_order_and_length)
+{
+    unsigned char buf[100 + 8] = {0};
+    for (size_t len = 0; len <= 100; len += len < 40 ? 1 : 20) {
+        uint64_t base = core_digest64(buf, len);
+        for (size_t bit = 0; bit < len * 8; bit += 7) {
+            buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+            ck_assert_msg(core_digest64(buf, len) != base, "length %zu, bit %zu", len, bit);
+            buf[bit / 8] ^= (unsigned char)(1u << (bit % 8));
+        }
+        if (len)
+            ck_assert_uint_ne(core_digest64(buf, len - 1), base);
+    }
+    ck_assert_uint_ne(core_digest64("abcdefgh12345678ABCDEFGH87654321", 32),
+                      core_digest64("12345678abcdefgh87654321ABCDEFGH", 32));
+    memcpy(buf + 3, "a checkpoint chunk of some length", 33);
+    ck_assert_uint_eq(core_digest64(buf + 3, 33), core_digest64("a checkpoint chunk of some length", 33));
+}
+END_TEST
+
 static Suite *hash_suite(void)
 {
     Suite *s = suite_create("hash");
@@ -245,6 +268,7 @@ static Suite *hash_suite(void)
     tcase_add_test(tc, fnv1a_known_answers);
     tcase_add_test(tc, hasher_known_answers);
     tcase_add_test(tc, hasher_is_sensitive_to_bits_order_and_length);
+    tcase_add_test(tc, digest_is_sensitive_to_bits_order_and_length);
     suite_add_tcase(s, tc);
     return s;
 }

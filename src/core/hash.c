@@ -1,6 +1,7 @@
 /*
  * core/hash.c -- the streaming state hasher, the state hash's canonical
- * feed and FNV-1a. Built into keel_base: the runtime and keel-wal share it.
+ * feed, the change digest and FNV-1a. Built into keel_base: the runtime and
+ * keel-wal share it.
  *
  * core_hasher folds the input as little-endian 8-byte words; each word is
  * mixed (core_mix64) before it is combined, so every input bit reaches every
@@ -46,6 +47,44 @@ void core_hasher_bytes(core_hasher *s, const void *p, size_t n)
         memcpy(&w, b, n);
         hasher_word(s, w);
     }
+}
+
+/* ---- core_digest64 ---- */
+
+#define DIGEST_P1 0x9e3779b185ebca87ull
+#define DIGEST_P2 0xc2b2ae3d27d4eb4full
+
+static inline uint64_t rotl64(uint64_t x, int r)
+{
+    return (x << r) | (x >> (64 - r));
+}
+
+static inline uint64_t digest_lane(uint64_t acc, uint64_t w)
+{
+    return rotl64(acc + w * DIGEST_P2, 31) * DIGEST_P1;
+}
+
+uint64_t core_digest64(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t a[4] = {DIGEST_P1 + DIGEST_P2, DIGEST_P2, 0, -DIGEST_P1}, w;
+    size_t len = n;
+    for (; n >= 32; n -= 32, b += 32)
+        for (int l = 0; l < 4; l++) {
+            memcpy(&w, b + 8 * l, 8);
+            a[l] = digest_lane(a[l], w);
+        }
+    uint64_t h = rotl64(a[0], 1) + rotl64(a[1], 7) + rotl64(a[2], 12) + rotl64(a[3], 18);
+    for (; n >= 8; n -= 8, b += 8) {
+        memcpy(&w, b, 8);
+        h = digest_lane(h, w);
+    }
+    if (n) {
+        w = 0;
+        memcpy(&w, b, n);
+        h = digest_lane(h, w ^ ((uint64_t)n << 56));
+    }
+    return core_mix64(h ^ core_mix64(len));
 }
 
 uint64_t core_hasher_final(const core_hasher *s)

@@ -25,7 +25,7 @@
  *      deletion of every WAL record the checkpoint covers (unless
  *      wal_retain). One transaction: a crash at any instant leaves either
  *      the old checkpoint with its WAL or the new one with the rest.
- * The content hash is core_hasher's 64 bits over the raw payload; a
+ * The content hash is core_digest64 over the raw payload; a
  * collision would skip a changed chunk, with probability 2^-64 per chunk.
  *
  * Failpoints (docs/testing.md): ckpt.after_capture (tick thread),
@@ -379,10 +379,7 @@ static int capture(dur_state *d, uint64_t tick, ckpt_job **out)
 
 static int add_put(dur_state *d, ckpt_job *j, kw_codec_ctx *c, uint64_t code, const kw_buf *payload, uint32_t kind)
 {
-    core_hasher h;
-    core_hasher_init(&h, 0);
-    core_hasher_bytes(&h, payload->p, payload->len);
-    uint64_t hash = core_hasher_final(&h);
+    uint64_t hash = core_digest64(payload->p, payload->len);
     pthread_mutex_lock(&d->ckpt_mu);
     bool same = false;
     if (d->stored && d->stored->cap) {

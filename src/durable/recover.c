@@ -174,10 +174,7 @@ static int snap_payload(loader *l, const void *key, size_t klen, const void *val
     if (rc)
         return core_fail_prefix(rc, "checkpoint of tick %llu is unreadable (snap key '%c', %zu bytes)",
                                 (unsigned long long)l->out->checkpoint_tick, klen ? *(const char *)key : '?', klen);
-    core_hasher hs;
-    core_hasher_init(&hs, 0);
-    core_hasher_bytes(&hs, *p, *plen);
-    return ckpt_stored_note(l->d, key, klen, core_hasher_final(&hs));
+    return ckpt_stored_note(l->d, key, klen, core_digest64(*p, *plen));
 }
 
 /* A decoder's KEEL_ECORRUPT, with the checkpoint named. */
@@ -287,15 +284,10 @@ static int load_chunk(loader *l, const void *p, size_t plen)
             return core_fail(KEEL_ECORRUPT, "checkpoint chunk %u of table %u names a column the table lacks", k->chunk,
                              k->table);
     }
-    const void *row[KEEL_MAX_COMPONENTS + 1];
-    for (uint32_t r = 0; r < k->count; r++) {
-        memset(row, 0, t->ncols * sizeof *row);
-        for (uint32_t i = 0; i < k->ncols; i++)
-            row[col_of[i] - 1] = k->vals[i] + (size_t)r * k->sizes[i];
-        if ((rc = world_restore_row(w, k->table, kw_snap_chunk_entity(k, r), row)))
-            return rc;
-    }
-    return KEEL_OK;
+    const void *cols[KEEL_MAX_COMPONENTS + 1] = {0};
+    for (uint32_t i = 0; i < k->ncols; i++)
+        cols[col_of[i] - 1] = k->vals[i];
+    return world_restore_rows(w, k->table, k->count, k->ents, cols);
 }
 
 static int remember_key(dur_state *d, uint64_t key, uint64_t tick, uint64_t lsn);

@@ -52,14 +52,14 @@ int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, 
     return KEEL_OK;
 }
 
-int world_restore_row(keel_world *w, uint32_t table, keel_entity e, const void *const *values)
+/* Take entity e's free slot for a row of t appended at t->count. */
+static int restore_slot(keel_world *w, world_table *t, keel_entity e)
 {
     uint32_t idx = KEEL_ENTITY_INDEX(e);
-    if (table >= w->ntables || idx >= w->nslots || world_slot_at(w, idx)->table != WORLD_NO_TABLE ||
+    if (idx >= w->nslots || world_slot_at(w, idx)->table != WORLD_NO_TABLE ||
         world_slot_at(w, idx)->gen != KEEL_ENTITY_GEN(e))
         return core_fail(KEEL_ECORRUPT, "checkpoint row of table %u names entity 0x%016llx, which is not a free slot "
-                                        "of the right generation", table, (unsigned long long)e);
-    world_table *t = w->tables[table];
+                                        "of the right generation", t->id, (unsigned long long)e);
     int rc = storage_reserve_row(w, t);
     if (rc)
         return rc;
@@ -69,33 +69,52 @@ int world_restore_row(keel_world *w, uint32_t table, keel_entity e, const void *
     if (!w->free_bits[word])
         w->free_summary[word >> 6] &= ~(1ull << (word & 63));
     w->nlive++;
-    uint32_t row = storage_push_row(w, t, e);
-    for (uint32_t col = 0; col < t->ncols; col++) {
-        uint32_t size = t->cols[col].size;
-        if (!size)
-            continue;
-        if (values[col])
-            memcpy(world_cell(w, t, col, row), values[col], size);
-        else
-            memset(world_cell(w, t, col, row), 0, size);
-    }
+    storage_push_row(w, t, e);
     return KEEL_OK;
 }
 
-/* ---- replaying value rows ------------------------------------------------------- */
-
-/* A row's value, at a constant size where one is common: the compiler then
- * moves it with a load and a store instead of a call. */
-static inline void put_value(char *dst, const unsigned char *src, uint32_t size)
+static int bad_table(uint32_t table)
 {
-    switch (size) {
-    case 4: memcpy(dst, src, 4); break;
-    case 8: memcpy(dst, src, 8); break;
-    case 12: memcpy(dst, src, 12); break;
-    case 16: memcpy(dst, src, 16); break;
-    default: memcpy(dst, src, size); break;
+    return core_fail(KEEL_ECORRUPT, "checkpoint rows name table %u, which the checkpoint does not list", table);
+}
+
+/* Rows first..first+n-1 of t, column by column, in runs that end where a
+ * chunk does (the reader's chunk size need not be the writer's). */
+static void restore_values(keel_world *w, world_table *t, uint32_t first, uint32_t n, const void *const *values)
+{
+    for (uint32_t col = 0; col < t->ncols; col++) {
+        uint32_t size = t->cols[col].size;
+        for (uint32_t r = 0; size && r < n;) {
+            uint32_t row = first + r, run = w->chunk_rows - (row & w->chunk_mask);
+            run = run < n - r ? run : n - r;
+            char *dst = world_cell(w, t, col, row);
+            if (values[col])
+                memcpy(dst, (const char *)values[col] + (size_t)r * size, (size_t)run * size);
+            else
+                memset(dst, 0, (size_t)run * size);
+            r += run;
+        }
     }
 }
+
+int world_restore_rows(keel_world *w, uint32_t table, uint32_t n, const unsigned char *entities,
+                       const void *const *values)
+{
+    if (table >= w->ntables)
+        return bad_table(table);
+    world_table *t = w->tables[table];
+    uint32_t first = t->count, done = 0;
+    int rc = KEEL_OK;
+    for (; done < n && !rc; done += !rc) {
+        keel_entity e;
+        memcpy(&e, entities + (size_t)done * 8, 8);
+        rc = restore_slot(w, t, e);
+    }
+    restore_values(w, t, first, done, values);
+    return rc;
+}
+
+/* ---- replaying value rows ------------------------------------------------------- */
 
 /* The rows of a group come in chunk order (the capture logs a chunk column
  * at a time), so the table, the column and the chunk's private buffer are
@@ -162,7 +181,7 @@ int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n
                 return rc;
             base = colver_cur(&ch->cols[col - 1]);
         }
-        put_value(base + (size_t)(s->row & w->chunk_mask) * size, values + (size_t)i * size, size);
+        world_cell_copy(base + (size_t)(s->row & w->chunk_mask) * size, values + (size_t)i * size, size);
     }
     *bad = n;
     w->mutations++;

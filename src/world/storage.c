@@ -309,20 +309,6 @@ uint32_t storage_push_row(keel_world *w, world_table *t, keel_entity e)
     return row;
 }
 
-/* Copy one cell. The common component sizes get a fixed-size copy the
- * compiler inlines: a call into the C library's memcpy costs more than the
- * copy itself, and swap-remove makes one per column per destroy. */
-static inline void cell_copy(void *dst, const void *src, uint32_t size)
-{
-    switch (size) {
-    case 4:  memcpy(dst, src, 4); break;
-    case 8:  memcpy(dst, src, 8); break;
-    case 12: memcpy(dst, src, 12); break;
-    case 16: memcpy(dst, src, 16); break;
-    default: memcpy(dst, src, size); break;
-    }
-}
-
 void storage_remove_row(keel_world *w, world_table *t, uint32_t row)
 {
     uint32_t last = t->count - 1;
@@ -333,7 +319,7 @@ void storage_remove_row(keel_world *w, world_table *t, uint32_t row)
         for (uint32_t i = 0; i < t->ncols; i++) {
             size_t size = t->cols[i].size;
             if (size)
-                cell_copy((char *)colver_cur(&dst->cols[i]) + to * size,
+                world_cell_copy((char *)colver_cur(&dst->cols[i]) + to * size,
                           (const char *)colver_cur(&src->cols[i]) + from * size, (uint32_t)size);
         }
         keel_entity moved = src->entities[from];

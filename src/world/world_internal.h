@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "core/core.h"
 #include "keel/command.h"
@@ -242,6 +243,20 @@ static inline void colver_set_cur(world_colver *v, void *p)
     atomic_store_explicit(&v->cur, p, memory_order_release);
 }
 
+/* Copy one cell. The common component sizes get a fixed-size copy the
+ * compiler inlines: a call into the C library's memcpy costs more than the
+ * copy itself, and swap-remove and replay make one per row. */
+static inline void world_cell_copy(void *dst, const void *src, uint32_t size)
+{
+    switch (size) {
+    case 4:  memcpy(dst, src, 4); break;
+    case 8:  memcpy(dst, src, 8); break;
+    case 12: memcpy(dst, src, 12); break;
+    case 16: memcpy(dst, src, 16); break;
+    default: memcpy(dst, src, size); break;
+    }
+}
+
 static inline void *world_cell(const keel_world *w, const world_table *t, uint32_t col, uint32_t row)
 {
     const world_chunk *ch = t->chunks[row >> w->chunk_shift];
@@ -377,7 +392,11 @@ bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lif
  * NULL = zeros). */
 int world_restore_begin(keel_world *w, uint32_t nslots, const uint32_t *gens);
 int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, uint32_t expect_id);
-int world_restore_row(keel_world *w, uint32_t table, keel_entity e, const void *const *values);
+/* Append n rows to table: entities packed as u64 little-endian
+ * (unaligned), values per table column n packed values (NULL = zeros). On
+ * an error the rows before the culprit are restored, values and all. */
+int world_restore_rows(keel_world *w, uint32_t table, uint32_t n, const unsigned char *entities,
+                       const void *const *values);
 /* Replay of a logged row group, between ticks: the n packed values (size
  * bytes each, size = the component's) of component c written to the n
  * entities (u64 little-endian, unaligned), in order -- what n keel_set calls
