@@ -2041,43 +2041,60 @@ END_TEST
 
 /* ==== dur_recovery =================================================================== */
 
+/* The raw payload of the WAL record at lsn of dir (malloc'd, one spare byte
+ * at its end) and its header. */
+static unsigned char *record_raw(const char *dir, uint64_t lsn, kw_header *h)
+{
+    size_t len = 0;
+    unsigned char *rec = tu_record_copy(dir, lsn, &len);
+    ck_assert_ok(kw_record_check(rec, len, h));
+    kw_codec_ctx *c = NULL;
+    ck_assert_ok(kw_codec_create(NULL, &c));
+    const void *p;
+    ck_assert_ok(kw_record_payload(c, rec, h, &p));
+    unsigned char *raw = malloc((size_t)h->raw_len + 1);
+    ck_assert_ptr_nonnull(raw);
+    memcpy(raw, p, h->raw_len);
+    kw_codec_destroy(c);
+    free(rec);
+    return raw;
+}
+
+/* Store raw (len bytes) as the record at lsn of dir, with h's kind, tick
+ * and flags, through every check of the record layer. */
+static void record_put_raw(const char *dir, uint64_t lsn, const kw_header *h, const void *raw, size_t len)
+{
+    kw_codec_ctx *c = NULL;
+    ck_assert_ok(kw_codec_create(NULL, &c));
+    kw_buf out = {0};
+    ck_assert_ok(kw_record_build(c, &out, h->kind, lsn, h->tick, h->flags, raw, len));
+    kw_header nh;
+    ck_assert_ok(kw_record_check(out.p, out.len, &nh));
+    ck_assert_uint_eq(nh.lsn, lsn);
+    ck_assert_uint_eq(nh.kind, h->kind);
+    tu_wal_put(dir, lsn, out.p, out.len);
+    kw_buf_free(&out);
+    kw_codec_destroy(c);
+}
+
 /* Replace the WAL record at lsn by one that passes every check of the
  * record layer (magic, lengths, CRC) but whose payload does not decode:
  * its real payload and one trailing byte, as a bug writing records (not
  * the disk) would leave it. */
 static void rewrite_undecodable(const char *dir, uint64_t lsn)
 {
-    size_t len = 0;
-    unsigned char *rec = tu_record_copy(dir, lsn, &len);
     kw_header h;
-    ck_assert_ok(kw_record_check(rec, len, &h));
-    kw_codec_ctx *c = NULL;
-    ck_assert_ok(kw_codec_create(NULL, &c));
-    const void *p;
-    ck_assert_ok(kw_record_payload(c, rec, &h, &p));
-    unsigned char *bad = malloc((size_t)h.raw_len + 1);
-    ck_assert_ptr_nonnull(bad);
-    memcpy(bad, p, h.raw_len);
+    unsigned char *bad = record_raw(dir, lsn, &h);
     bad[h.raw_len] = 0xee;
-    kw_buf out = {0};
-    ck_assert_ok(kw_record_build(c, &out, h.kind, lsn, h.tick, h.flags, bad, (size_t)h.raw_len + 1));
-    /* the premise: the new record checks, its payload does not decode */
-    kw_header nh;
-    ck_assert_ok(kw_record_check(out.p, out.len, &nh));
-    ck_assert_uint_eq(nh.lsn, lsn);
-    ck_assert_uint_eq(nh.kind, h.kind);
-    ck_assert_ok(kw_record_payload(c, out.p, &nh, &p));
+    /* the premise: the payload does not decode */
     kw_decoder dec;
     kw_change ch;
-    int rc = kw_decode_begin(&dec, nh.kind, lsn, p, nh.raw_len, NULL);
+    int rc = kw_decode_begin(&dec, h.kind, lsn, bad, (size_t)h.raw_len + 1, NULL);
     while (rc == KEEL_OK && (rc = kw_decode_next(&dec, &ch)) == 1)
         rc = KEEL_OK;
     ck_assert_rc(rc, KEEL_ECORRUPT);
-    tu_wal_put(dir, lsn, out.p, out.len);
-    kw_buf_free(&out);
+    record_put_raw(dir, lsn, &h, bad, (size_t)h.raw_len + 1);
     free(bad);
-    kw_codec_destroy(c);
-    free(rec);
 }
 
 /* Rewrite the WAL record at lsn (a TICK_CHUNK) with row `row` of its first
@@ -2086,30 +2103,16 @@ static void rewrite_undecodable(const char *dir, uint64_t lsn)
  * component goes to *comp. */
 static void rewrite_row_entity(const char *dir, uint64_t lsn, uint32_t row, keel_entity e, keel_component *comp)
 {
-    size_t len = 0;
-    unsigned char *rec = tu_record_copy(dir, lsn, &len);
     kw_header h;
-    ck_assert_ok(kw_record_check(rec, len, &h));
+    unsigned char *raw = record_raw(dir, lsn, &h);
     ck_assert_uint_eq(h.kind, KW_KIND_TICK_CHUNK);
-    kw_codec_ctx *c = NULL;
-    ck_assert_ok(kw_codec_create(NULL, &c));
-    const void *p;
-    ck_assert_ok(kw_record_payload(c, rec, &h, &p));
-    unsigned char *raw = malloc(h.raw_len);
-    ck_assert_ptr_nonnull(raw);
-    memcpy(raw, p, h.raw_len);
     uint32_t c0, size, n;
     kw_group_header_get(raw + 4, &c0, &size, &n);
     ck_assert_uint_gt(n, row);
     memcpy(raw + 4 + KW_GROUP_HDR + (size_t)row * 8, &e, 8);
     *comp = c0;
-    kw_buf out = {0};
-    ck_assert_ok(kw_record_build(c, &out, h.kind, lsn, h.tick, h.flags, raw, h.raw_len));
-    tu_wal_put(dir, lsn, out.p, out.len);
-    kw_buf_free(&out);
+    record_put_raw(dir, lsn, &h, raw, h.raw_len);
     free(raw);
-    kw_codec_destroy(c);
-    free(rec);
 }
 
 /* A TICK_CHUNK whose row names a stale handle (variant 0), or a live
@@ -2142,18 +2145,11 @@ START_TEST(test_value_row_refused)
         ck_assert_uint_ne(bad, 0);
         keel_component comp = 0;
         if (variant == 0) { /* the first row's handle, one generation on */
-            size_t len = 0;
-            unsigned char *rec = tu_record_copy(dir, bad, &len);
             kw_header h;
-            ck_assert_ok(kw_record_check(rec, len, &h));
-            kw_codec_ctx *c = NULL;
-            ck_assert_ok(kw_codec_create(NULL, &c));
-            const void *p;
-            ck_assert_ok(kw_record_payload(c, rec, &h, &p));
+            unsigned char *raw = record_raw(dir, bad, &h);
             keel_entity e;
-            memcpy(&e, (const unsigned char *)p + 4 + KW_GROUP_HDR, 8);
-            kw_codec_destroy(c);
-            free(rec);
+            memcpy(&e, raw + 4 + KW_GROUP_HDR, 8);
+            free(raw);
             rewrite_row_entity(dir, bad, 0, e + (1ull << 32), &comp);
         } else {
             rewrite_row_entity(dir, bad, 0, acct[0], &comp);
