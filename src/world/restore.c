@@ -149,6 +149,7 @@ int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n
     const world_table *t = NULL;
     uint32_t table = WORLD_NO_TABLE, chunk = UINT32_MAX, col = 0;
     char *base = NULL;
+    w->mutations += n != 0; /* also when a later row fails: the rows before it are written */
     for (uint32_t i = 0; i < n; i++) {
         if (i + SLOT_AHEAD < n) {
             const world_slot *ahead = slot_ahead(w, entities, i + SLOT_AHEAD);
@@ -184,6 +185,5 @@ int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n
         world_cell_copy(base + (size_t)(s->row & w->chunk_mask) * size, values + (size_t)i * size, size);
     }
     *bad = n;
-    w->mutations++;
     return KEEL_OK;
 }
