@@ -434,17 +434,16 @@ static int apply_groups(replay *p, const kw_header *h)
     kw_group g;
     int rc;
     while ((rc = kw_decode_group(&p->dec, &g)) == 1) {
-        uint32_t bad;
         if (!fits(w, g.component, g.size))
             return corrupt(h->lsn, "%s", "a change names an unknown component or has the wrong size");
-        if ((rc = world_replay_rows(w, g.component, g.size, g.n, g.entities, g.values, &bad)))
+        if ((rc = world_replay_rows(w, g.component, g.size, g.n, g.entities, g.values)))
             return not_applied(h->lsn, rc, "a value row does not apply");
     }
     return rc;
 }
 
-/* Value rows go through keel_set's write path (a TICK_CHUNK's a group at a
- * time); the commands of a LIFECYCLE record through command playback, and
+/* Value rows are written as keel_set writes them (a TICK_CHUNK's a group
+ * at a time); the commands of a LIFECYCLE record through command playback, and
  * the handles its spawns create must be the logged ones. */
 static int apply_changes(replay *p, const kw_header *h, const void *payload)
 {

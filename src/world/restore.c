@@ -144,7 +144,7 @@ static void prefetch_cell(const keel_world *w, const world_table *t, uint32_t ta
 }
 
 int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n, const unsigned char *entities,
-                      const unsigned char *values, uint32_t *bad)
+                      const unsigned char *values)
 {
     const world_table *t = NULL;
     uint32_t table = WORLD_NO_TABLE, chunk = UINT32_MAX, col = 0;
@@ -161,7 +161,6 @@ int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n
         keel_entity e;
         memcpy(&e, entities + (size_t)i * 8, 8);
         const world_slot *s = world_slot_of(w, e);
-        *bad = i;
         if (!s)
             return core_fail(KEEL_ESTALE, "entity 0x%016llx is null, stale or foreign", (unsigned long long)e);
         if (s->table != table) {
@@ -184,6 +183,5 @@ int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n
         }
         world_cell_copy(base + (size_t)(s->row & w->chunk_mask) * size, values + (size_t)i * size, size);
     }
-    *bad = n;
     return KEEL_OK;
 }

@@ -401,10 +401,10 @@ int world_restore_rows(keel_world *w, uint32_t table, uint32_t n, const unsigned
  * bytes each, size = the component's) of component c written to the n
  * entities (u64 little-endian, unaligned), in order -- what n keel_set calls
  * do, in one pass. KEEL_OK; or KEEL_ESTALE / KEEL_ENOENT (no such live
- * entity, or it has no c) / KEEL_ENOMEM with a sentence, *bad the row at
- * fault and the rows before it written. */
+ * entity, or it has no c) / KEEL_ENOMEM with a sentence naming the entity,
+ * the rows before it written. */
 int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n, const unsigned char *entities,
-                      const unsigned char *values, uint32_t *bad);
+                      const unsigned char *values);
 
 /* Test hook: the nth command application from now (1 = the next) fails with
  * rc before it mutates anything; nth = 0 disables. Every command that
