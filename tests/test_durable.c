@@ -2115,6 +2115,72 @@ static void rewrite_row_entity(const char *dir, uint64_t lsn, uint32_t row, keel
     free(raw);
 }
 
+/* A checkpoint chunk whose second row names its first row's entity again:
+ * loading it finds that entity's slot taken, and the open is refused with
+ * KEEL_ECORRUPT naming the entity, the directory untouched. */
+START_TEST(test_checkpoint_row_refused)
+{
+    char dir[256];
+    tu_path(dir, sizeof dir, "ckpt-dup-row");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    wworld *w = w_new(true);
+    w_open(w, &d, false);
+    for (uint64_t t = 1; t <= 4; t++)
+        w_drive(w, t);
+    ck_assert_ok(keel_checkpoint(w->rt));
+    w_close(w);
+
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert(v.has_ckpt);
+    kw_codec_ctx *c = NULL;
+    ck_assert_ok(kw_codec_create(NULL, &c));
+    bool done = false;
+    for (uint32_t i = 0; i < v.nsnap && !done; i++) {
+        if (v.snap[i].kind != KW_KIND_SNAP_CHUNK)
+            continue;
+        tu_wal_reader rd;
+        tu_wal_open(&rd, dir, 0);
+        const void *val, *p;
+        size_t vlen, plen;
+        ck_assert_ok(kw_get(rd.r, KW_DB_SNAP, v.snap[i].key, v.snap[i].klen, &val, &vlen));
+        kw_header h;
+        ck_assert_ok(kw_record_check(val, vlen, &h));
+        ck_assert_ok(kw_snap_payload(c, val, vlen, KW_KIND_SNAP_CHUNK, &p, &plen));
+        unsigned char *raw = malloc(plen);
+        ck_assert_ptr_nonnull(raw);
+        memcpy(raw, p, plen);
+        tu_wal_close(&rd);
+        kw_snap_chunk k;
+        ck_assert_ok(kw_snap_chunk_decode(raw, plen, &k));
+        if (k.count >= 2) {
+            size_t at = (size_t)(k.ents - raw);
+            memcpy(raw + at + 8, raw + at, 8);
+            kw_buf out = {0};
+            ck_assert_ok(kw_record_build(c, &out, h.kind, h.lsn, h.tick, h.flags, raw, plen));
+            tu_db_put(dir, KW_DB_SNAP, v.snap[i].key, v.snap[i].klen, out.p, out.len);
+            kw_buf_free(&out);
+            done = true;
+        }
+        free(raw);
+    }
+    kw_codec_destroy(c);
+    dir_view_free(&v);
+    ck_assert_msg(done, "no checkpoint chunk of two rows or more");
+
+    tu_digest d1 = dir_digest(dir);
+    w_reset(w, true);
+    w_open(w, &d, false);
+    ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ECORRUPT);
+    const char *msg = keel_last_error();
+    ck_assert_msg(strstr(msg, "not a free slot") && strstr(msg, dir), "%s", msg);
+    ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
+    w_close(w);
+    tu_assert_digest_eq(d1, dir_digest(dir));
+    free(w);
+}
+END_TEST
+
 /* A TICK_CHUNK whose row names a stale handle (variant 0), or a live
  * entity without the row's component (variant 1), decodes but does not
  * apply: the open is refused with KEEL_ECORRUPT naming the LSN, the row's
@@ -3717,6 +3783,7 @@ static Suite *dur_recovery(void)
     TCase *tc = tcase_with_dirs("recovery", 300);
     tcase_add_test(tc, test_corrupt_record);
     tcase_add_test(tc, test_value_row_refused);
+    tcase_add_test(tc, test_checkpoint_row_refused);
     tcase_add_test(tc, test_change_of_an_unknown_component);
     tcase_add_test(tc, test_schema_extend_and_mismatch);
     tcase_add_test(tc, test_bad_data_dirs);

@@ -620,28 +620,33 @@ uint32_t tu_flip_copies(const char *path, const void *needle, size_t n, size_t a
 }
 
 typedef struct tu_put {
-    uint64_t lsn;
-    const void *rec;
-    size_t len;
+    kw_db db;
+    const void *key, *val;
+    size_t klen, vlen;
 } tu_put;
 
 static int tu_fill_put(kw_wtxn *t, void *arg)
 {
     const tu_put *p = arg;
-    unsigned char key[8]; /* the WAL's keys: big-endian LSNs */
-    for (int i = 0; i < 8; i++)
-        key[i] = (unsigned char)(p->lsn >> (56 - 8 * i));
-    return kw_put(t, KW_DB_WAL, key, sizeof key, p->rec, p->len);
+    return kw_put(t, p->db, p->key, p->klen, p->val, p->vlen);
 }
 
-void tu_wal_put(const char *dir, uint64_t lsn, const void *rec, size_t len)
+void tu_db_put(const char *dir, kw_db db, const void *key, size_t klen, const void *val, size_t vlen)
 {
     kw_store *st = NULL;
     kw_store_desc sd = {0};
     ck_assert_ok(kw_store_open(dir, &sd, &st));
-    tu_put p = {lsn, rec, len};
+    tu_put p = {db, key, val, klen, vlen};
     ck_assert_ok(kw_store_write(st, tu_fill_put, &p));
     kw_store_close(st);
+}
+
+void tu_wal_put(const char *dir, uint64_t lsn, const void *rec, size_t len)
+{
+    unsigned char key[8]; /* the WAL's keys: big-endian LSNs */
+    for (int i = 0; i < 8; i++)
+        key[i] = (unsigned char)(lsn >> (56 - 8 * i));
+    tu_db_put(dir, KW_DB_WAL, key, sizeof key, rec, len);
 }
 
 bool tu_names_lsn(const char *msg, uint64_t lsn)

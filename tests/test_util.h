@@ -196,6 +196,8 @@ void *tu_record_copy(const char *dir, uint64_t lsn, size_t *len);
 uint32_t tu_flip_copies(const char *path, const void *needle, size_t n, size_t at);
 /* Store rec as the WAL record at lsn of dir (no process has dir open). */
 void tu_wal_put(const char *dir, uint64_t lsn, const void *rec, size_t len);
+/* Store val under key in database db of dir (no process has dir open). */
+void tu_db_put(const char *dir, kw_db db, const void *key, size_t klen, const void *val, size_t vlen);
 /* The message names "LSN <lsn>" (not a longer number starting with it). */
 bool tu_names_lsn(const char *msg, uint64_t lsn);
 

@@ -73,11 +73,6 @@ static int restore_slot(keel_world *w, world_table *t, keel_entity e)
     return KEEL_OK;
 }
 
-static int bad_table(uint32_t table)
-{
-    return core_fail(KEEL_ECORRUPT, "checkpoint rows name table %u, which the checkpoint does not list", table);
-}
-
 /* Rows first..first+n-1 of t, column by column, in runs that end where a
  * chunk does (the reader's chunk size need not be the writer's). */
 static void restore_values(keel_world *w, world_table *t, uint32_t first, uint32_t n, const void *const *values)
@@ -100,8 +95,6 @@ static void restore_values(keel_world *w, world_table *t, uint32_t first, uint32
 int world_restore_rows(keel_world *w, uint32_t table, uint32_t n, const unsigned char *entities,
                        const void *const *values)
 {
-    if (table >= w->ntables)
-        return bad_table(table);
     world_table *t = w->tables[table];
     uint32_t first = t->count, done = 0;
     int rc = KEEL_OK;

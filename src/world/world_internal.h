@@ -392,7 +392,7 @@ bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lif
  * NULL = zeros). */
 int world_restore_begin(keel_world *w, uint32_t nslots, const uint32_t *gens);
 int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, uint32_t expect_id);
-/* Append n rows to table: entities packed as u64 little-endian
+/* Append n rows to table (< ntables): entities packed as u64 little-endian
  * (unaligned), values per table column n packed values (NULL = zeros). On
  * an error the rows before the culprit are restored, values and all. */
 int world_restore_rows(keel_world *w, uint32_t table, uint32_t n, const unsigned char *entities,
