@@ -2115,6 +2115,21 @@ static void rewrite_row_entity(const char *dir, uint64_t lsn, uint32_t row, keel
     free(raw);
 }
 
+/* Reopen dir (w reset to the flavour without side transactions): the open
+ * must be refused with KEEL_ECORRUPT at tick 0, and the directory must be
+ * left as it was; the refusal's sentence goes to msg. */
+static void open_refused_untouched(wworld *w, const keel_runtime_desc *d, const char *dir, char *msg, size_t cap)
+{
+    tu_digest d1 = dir_digest(dir);
+    w_reset(w, true);
+    w_open(w, d, false);
+    ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ECORRUPT);
+    snprintf(msg, cap, "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
+    w_close(w);
+    tu_assert_digest_eq(d1, dir_digest(dir));
+}
+
 /* A checkpoint chunk whose second row names its first row's entity again:
  * loading it finds that entity's slot taken, and the open is refused with
  * KEEL_ECORRUPT naming the entity, the directory untouched. */
@@ -2168,15 +2183,9 @@ START_TEST(test_checkpoint_row_refused)
     dir_view_free(&v);
     ck_assert_msg(done, "no checkpoint chunk of two rows or more");
 
-    tu_digest d1 = dir_digest(dir);
-    w_reset(w, true);
-    w_open(w, &d, false);
-    ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ECORRUPT);
-    const char *msg = keel_last_error();
+    char msg[1024];
+    open_refused_untouched(w, &d, dir, msg, sizeof msg);
     ck_assert_msg(strstr(msg, "not a free slot") && strstr(msg, dir), "%s", msg);
-    ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
-    w_close(w);
-    tu_assert_digest_eq(d1, dir_digest(dir));
     free(w);
 }
 END_TEST
@@ -2221,17 +2230,11 @@ START_TEST(test_value_row_refused)
             rewrite_row_entity(dir, bad, 0, acct[0], &comp);
             ck_assert_uint_eq(comp, pos); /* the account has no pos */
         }
-        tu_digest d1 = dir_digest(dir);
-        w_reset(w, true);
-        w_open(w, &d, false);
-        ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ECORRUPT);
-        const char *msg = keel_last_error();
+        char msg[1024];
+        open_refused_untouched(w, &d, dir, msg, sizeof msg);
         ck_assert_msg(tu_names_lsn(msg, bad), "the error does not name LSN %llu: %s", (unsigned long long)bad, msg);
         ck_assert_msg(strstr(msg, "a value row does not apply") && strstr(msg, dir) &&
                       strstr(msg, variant ? "has no component" : "stale"), "%s", msg);
-        ck_assert_uint_eq(keel_runtime_tick(w->rt), 0);
-        w_close(w);
-        tu_assert_digest_eq(d1, dir_digest(dir));
         free(w);
     }
 }
