@@ -55,9 +55,11 @@ typedef struct dur_waiter {
 
 typedef struct dur_pin dur_pin;
 
-/* The seam replication plugs into (runtime/ installs it before the first
- * record is queued; zeroed: no replication). The writer tells `committed`
- * after each LMDB commit (writer thread, no lock held). With `gate` (sync
+/* The seam replication plugs into (runtime/ installs it with dur_repl_set
+ * before the first record is queued; zeroed: no replication). The writer
+ * tells `committed` after each LMDB commit, on its thread with d->mu held,
+ * so `committed` must not call back into durable/ and, once dur_repl_set
+ * replaced the hook, the old one is never called again. With `gate` (sync
  * replication) a record counts as durable -- waiters, tickets, flush --
  * only once dur_acknowledge says the stream holds it. */
 typedef struct dur_repl_hook {
@@ -209,6 +211,9 @@ uint32_t dur_spans(dur_state *d, struct dur_span *out, uint32_t cap);
 void dur_acknowledge(dur_state *d, uint64_t lsn);
 /* A follower's directory becomes a primary's: records may be queued again. */
 void dur_promote(dur_state *d);
+/* Install (or, zeroed, remove) the replication hook; on return the writer
+ * calls only the new one. */
+void dur_repl_set(dur_state *d, dur_repl_hook hook);
 /* The last LSN handed out. */
 uint64_t dur_last_lsn(dur_state *d);
 /* Ask the writer to sync everything up to lsn now (held DEFERRED records

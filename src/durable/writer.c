@@ -146,11 +146,11 @@ int dur_wait_timed(dur_state *d, uint64_t lsn, bool flush, int64_t timeout_ns)
         else
             timed_out = pthread_cond_timedwait(&d->durable_cv, &d->mu, &deadline) == ETIMEDOUT;
     }
-    bool durable = atomic_load(&d->durable_lsn) >= lsn;
+    bool durable = atomic_load(&d->durable_lsn) >= lsn, gated = d->repl.gate;
     pthread_mutex_unlock(&d->mu);
     if (durable)
         return KEEL_OK;
-    if (!atomic_load(&d->fatal) && d->repl.gate && atomic_load(&d->local_lsn) >= lsn)
+    if (!atomic_load(&d->fatal) && gated && atomic_load(&d->local_lsn) >= lsn)
         return core_fail(KEEL_EUNAVAILABLE, "LSN %llu is on the local disk but the replication stream has not "
                          "acknowledged it (acknowledged up to %llu)", (unsigned long long)lsn,
                          (unsigned long long)atomic_load(&d->durable_lsn));
@@ -165,6 +165,13 @@ void dur_promote(dur_state *d)
 {
     pthread_mutex_lock(&d->mu);
     d->follow = false;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void dur_repl_set(dur_state *d, dur_repl_hook hook)
+{
+    pthread_mutex_lock(&d->mu);
+    d->repl = hook;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -403,9 +410,9 @@ static void batch_commit(dur_state *d, batch *b)
         run_waiters(d, atomic_load(&d->durable_lsn), 0);
         pthread_cond_broadcast(&d->durable_cv);
     }
-    pthread_mutex_unlock(&d->mu);
-    if (committed && d->repl.committed)
+    if (committed && d->repl.committed) /* under d->mu: dur_repl_set may free the old hook's self */
         d->repl.committed(d->repl.self, committed);
+    pthread_mutex_unlock(&d->mu);
     *b = (batch){.tail = &b->head, .d = d};
 }
 

@@ -341,8 +341,7 @@ static void on_committed(void *self, uint64_t lsn)
 static void on_acked(void *self, uint64_t lsn)
 {
     keel_runtime *rt = self;
-    if (rt->dur->repl.gate)
-        dur_acknowledge(rt->dur, lsn);
+    dur_acknowledge(rt->dur, lsn); /* async: a no-op, the writer made those records durable already */
 }
 
 static void on_failed(void *self, int rc)
@@ -367,8 +366,8 @@ static int start_primary(keel_runtime *rt)
     pthread_mutex_lock(&r->mu);
     r->pub = pub;
     pthread_mutex_unlock(&r->mu);
-    /* before the next record is queued: the writer reads the hook after taking the queue's lock */
-    d->repl = (dur_repl_hook){.self = pub, .committed = on_committed, .gate = r->st.mode == KEEL_REPL_SYNC};
+    /* before the next record is queued */
+    dur_repl_set(d, (dur_repl_hook){.self = pub, .committed = on_committed, .gate = r->st.mode == KEEL_REPL_SYNC});
     kr_pub_committed(pub, atomic_load(&d->local_lsn)); /* a schema record recovery wrote */
     return KEEL_OK;
 }
@@ -396,8 +395,8 @@ void repl_close(keel_runtime *rt, bool clean)
     pthread_mutex_lock(&r->mu);
     r->pub = NULL;
     pthread_mutex_unlock(&r->mu);
+    dur_repl_set(rt->dur, (dur_repl_hook){0}); /* the writer, still running, no longer tells pub */
     kr_pub_stop(pub, clean && !dur_fatal(rt->dur));
-    rt->dur->repl = (dur_repl_hook){0};
 }
 
 /* ---- following -------------------------------------------------------------------- */
