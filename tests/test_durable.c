@@ -169,7 +169,8 @@ typedef struct dir_view {
     rec_info *r;
     uint64_t n;
     uint64_t kinds[32];
-    uint64_t side_modes[4];
+    uint64_t side_modes[4];    /* side transactions by mode (a SIDES record counts each) */
+    uint64_t side_txns;
     bool consecutive;
     bool has_ckpt;
     kw_checkpoint_meta ckpt;
@@ -217,15 +218,22 @@ static void dir_read(const char *dir, dir_view *v)
                          .stored_len = h.stored_len, .len = len};
         if (v->n && lsn != v->r[v->n - 1].lsn + 1)
             v->consecutive = false;
-        if (h.kind == KW_KIND_SIDE) {
-            const void *p;
+        if (h.kind == KW_KIND_SIDE || h.kind == KW_KIND_SIDES) {
+            const void *p, *tp;
             ck_assert_ok(kw_record_payload(c, rec, &h, &p));
-            kw_cursor cur = kw_cursor_make(p, h.raw_len);
-            kw_get_u64(&cur);
-            ri->side_mode = kw_get_u32(&cur);
-            ck_assert(!cur.bad);
-            if (ri->side_mode < 4)
-                v->side_modes[ri->side_mode]++;
+            kw_side_iter si;
+            kw_header txn;
+            ck_assert_ok(kw_side_iter_begin(&si, &h, p));
+            while ((rc = kw_side_iter_next(&si, &txn, &tp)) == 1) {
+                kw_cursor cur = kw_cursor_make(tp, txn.raw_len);
+                kw_get_u64(&cur);
+                ri->side_mode = kw_get_u32(&cur); /* the transactions of a SIDES record share their mode */
+                ck_assert(!cur.bad);
+                v->side_txns++;
+                if (ri->side_mode < 4)
+                    v->side_modes[ri->side_mode]++;
+            }
+            ck_assert_int_eq(rc, 0);
         }
         v->kinds[h.kind < 32 ? h.kind : 0]++;
         v->n++;
@@ -531,7 +539,7 @@ START_TEST(test_reopen_matches_reference)
     w_expected_side_modes(1, 6, modes);
     ck_assert_uint_eq(v.kinds[KW_KIND_SIDE], modes[1] + modes[2] + modes[3]);
     for (int m = 1; m <= 3; m++)
-        ck_assert_msg(v.side_modes[m] == modes[m], "mode %d: %llu SIDE records, expected %llu", m,
+        ck_assert_msg(v.side_modes[m] == modes[m], "mode %d: %llu side transactions, expected %llu", m,
                       (unsigned long long)v.side_modes[m], (unsigned long long)modes[m]);
     ck_assert_uint_eq(v.schema_ncomps, 5);
     ck_assert_str_eq(v.schema_names[0], "pos");
@@ -1857,16 +1865,26 @@ static int closure_read(keel_side_txn *tx, void *arg)
  * IMMEDIATE transaction that read the stuck transfer is not acknowledged
  * either (it logs nothing, but waits for what it read); once everything
  * is durable, one is acknowledged at once, and neither logs a record. */
+/* A recovered GROUP world on the fresh directory `name` (dir), with a
+ * holder forked on it to stop its WAL writer. No side transaction inside a
+ * system: they would wait for the writer. */
+static wworld *held_world(char dir[256], const char *name, holder *h, keel_runtime_desc *d)
+{
+    tu_path(dir, 256, name);
+    holder_fork(h, dir);
+    *d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    wworld *w = w_new(true);
+    w_open(w, d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    return w;
+}
+
 START_TEST(test_durable_lag_while_writer_blocked)
 {
     char dir[256];
-    tu_path(dir, sizeof dir, "lag");
     holder h;
-    holder_fork(&h, dir);
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    wworld *w = w_new(true); /* no side transaction inside a system: they would wait for the writer */
-    w_open(w, &d, false);
-    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    keel_runtime_desc d;
+    wworld *w = held_world(dir, "lag", &h, &d);
     w_drive(w, 1);
     w_drive(w, 2);
     ck_assert_ok(keel_flush(w->rt));
@@ -1932,6 +1950,96 @@ START_TEST(test_durable_lag_while_writer_blocked)
     ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h6);
     ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 25);
     ck_assert_uint_eq(info.side_txns, 1); /* the transfer; the read logged nothing */
+    w_close(w);
+    free(w);
+}
+END_TEST
+
+/* A transfer with an idempotency key (keyed_xfer.key). */
+typedef struct keyed_xfer {
+    xfer x;
+    uint64_t key;
+} keyed_xfer;
+
+static int closure_keyed_xfer(keel_side_txn *tx, void *arg)
+{
+    keyed_xfer *k = arg;
+    int rc = keel_side_txn_set_key(tx, k->key);
+    return rc ? rc : closure_xfer(tx, &k->x);
+}
+
+/* Side transactions committed while the WAL writer is busy share a record:
+ * the writer takes its queue once and then waits for the LMDB lock the
+ * holder has, so of the five transfers the tick commits after that, those
+ * it did not take join one SIDES record (one LSN). Every transfer is
+ * acknowledged, recovered with its value, and the keyed one's key is
+ * remembered (committing it again is KEEL_EALREADY). */
+START_TEST(test_side_transactions_share_a_record_while_the_writer_is_busy)
+{
+    char dir[256];
+    holder h;
+    keel_runtime_desc d;
+    wworld *w = held_world(dir, "sides", &h, &d);
+    w_drive(w, 1);
+    ck_assert_ok(keel_flush(w->rt));
+    keel_entity a[8];
+    ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
+    int64_t m0 = get_i64(w->rt, a[0], w->MONEY), m1 = get_i64(w->rt, a[1], w->MONEY);
+
+    enum { N = 5 };
+    keyed_xfer x[N];
+    keel_ticket *tk[N];
+    holder_hold(&h);
+    for (int i = 0; i < N; i++) {
+        x[i] = (keyed_xfer){{a[0], a[1], i + 1, w->MONEY}, i == 2 ? 0xfeedull : 0};
+        ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &x[i], KEEL_DURABLE_IMMEDIATE, &tk[i]));
+    }
+    w_drive(w, 2);
+    holder_release(&h);
+    uint64_t lsn[N];
+    bool shared = false;
+    for (int i = 0; i < N; i++) {
+        ck_assert_ok(keel_ticket_wait(tk[i], -1));
+        lsn[i] = keel_ticket_lsn(tk[i]);
+        keel_ticket_release(tk[i]);
+        ck_assert_uint_gt(lsn[i], 0);
+        if (i) {
+            ck_assert_uint_ge(lsn[i], lsn[i - 1]); /* commit order is LSN order */
+            shared |= lsn[i] == lsn[i - 1];
+        }
+    }
+    ck_assert_msg(shared, "no two of %d transfers queued behind a busy writer share a record", N);
+    ck_assert_ok(keel_flush(w->rt));
+    uint64_t h2 = keel_world_hash(keel_runtime_world(w->rt));
+    w_close(w);
+
+    dir_view v;
+    dir_read(dir, &v);
+    ck_assert(v.consecutive);
+    ck_assert_uint_eq(v.side_txns, N);
+    ck_assert_uint_eq(v.side_modes[KEEL_DURABLE_IMMEDIATE], N);
+    ck_assert_uint_ge(v.kinds[KW_KIND_SIDES], 1);
+    ck_assert_uint_le(v.kinds[KW_KIND_SIDE] + v.kinds[KW_KIND_SIDES], 2); /* the writer took its queue once */
+    for (uint64_t i = 0; i < v.n; i++)
+        if (v.r[i].kind == KW_KIND_SIDES)
+            ck_assert_uint_eq(v.r[i].flags, 0); /* the keys are the transactions' flags */
+    dir_view_free(&v);
+
+    w_reset(w, true);
+    w_open(w, &d, false);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(w->rt, &info));
+    ck_assert_uint_eq(info.tick, 2);
+    ck_assert_uint_eq(info.side_txns, N);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), h2);
+    ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 15);
+    ck_assert_int_eq(get_i64(w->rt, a[1], w->MONEY), m1 + 15);
+    keel_ticket *again = NULL;
+    ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &x[2], KEEL_DURABLE_IMMEDIATE, &again));
+    w_drive(w, 3);
+    ck_assert_rc(keel_ticket_wait(again, -1), KEEL_EALREADY);
+    keel_ticket_release(again);
+    ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 15);
     w_close(w);
     free(w);
 }
@@ -3543,8 +3651,9 @@ static void wr_verify(const char *dir, uint32_t per_thread, const wr_report *rep
     dir_view v;
     dir_read(dir, &v);
     ck_assert(v.consecutive);
-    ck_assert_uint_eq(v.kinds[KW_KIND_SIDE], n);
+    ck_assert_uint_eq(v.side_txns, n);
     ck_assert_uint_eq(v.side_modes[KEEL_DURABLE_IMMEDIATE], n);
+    ck_assert_uint_le(v.kinds[KW_KIND_SIDE] + v.kinds[KW_KIND_SIDES], n);
     dir_view_free(&v);
     wr_env *e = calloc(1, sizeof *e);
     ck_assert_ptr_nonnull(e);
@@ -3774,6 +3883,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_recover_busy_while_driver_starts);
     tcase_add_test(tc, test_recover_again_after_ticks);
     tcase_add_test(tc, test_durable_lag_while_writer_blocked);
+    tcase_add_test(tc, test_side_transactions_share_a_record_while_the_writer_is_busy);
     tcase_add_test(tc, test_idle_ticks_checkpoint);
     tcase_add_test(tc, test_recycle_with_checkpoints);
     suite_add_tcase(s, tc);

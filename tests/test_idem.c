@@ -952,7 +952,10 @@ START_TEST(test_wait_deferred_timeout_and_fatal)
     ck_assert_uint_gt(g_def.lsn, 0);
     ck_assert_ok(keel_ticket_wait(g_def.async, -1)); /* DEFERRED: complete at commit */
     uint64_t alsn = keel_ticket_lsn(g_def.async);
-    ck_assert_uint_eq(alsn, g_def.lsn + 1);
+    /* the next record, or the same one when it joined the first before
+     * the writer took that (side transactions queued together share one) */
+    ck_assert_uint_ge(alsn, g_def.lsn);
+    ck_assert_uint_le(alsn, g_def.lsn + 1);
     /* a writer stuck far longer than the timeouts asked for */
     ck_assert_ok(keel_failpoints_set("wal.before_commit=delay:3000@1"));
     uint64_t tl = keel_runtime_tick_lsn(e.rt);

@@ -185,13 +185,13 @@ START_TEST(kind_names_round_trip)
         {KW_KIND_TICK_CHUNK, "tick_chunk"},   {KW_KIND_TICK_COMMIT, "tick_commit"}, {KW_KIND_SIDE, "side"},
         {KW_KIND_LIFECYCLE, "lifecycle"},     {KW_KIND_SCHEMA, "schema"},           {KW_KIND_CHECKPOINT, "checkpoint"},
         {KW_KIND_SNAP_TABLES, "snap_tables"}, {KW_KIND_SNAP_SLOTS, "snap_slots"},   {KW_KIND_SNAP_CHUNK, "snap_chunk"},
-        {KW_KIND_SNAP_KEYS, "snap_keys"},     {KW_KIND_EPOCH, "epoch"},
+        {KW_KIND_SNAP_KEYS, "snap_keys"},     {KW_KIND_EPOCH, "epoch"},             {KW_KIND_SIDES, "sides"},
     };
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         ck_assert_str_eq(kw_kind_name(kinds[i].kind), kinds[i].name);
         ck_assert_uint_eq(kw_kind_parse(kinds[i].name), kinds[i].kind);
     }
-    static const uint32_t unknown[] = {0, 8, 9, 15, 20, 255, 256, UINT32_MAX};
+    static const uint32_t unknown[] = {0, 9, 10, 15, 20, 255, 256, UINT32_MAX};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)
         ck_assert_str_eq(kw_kind_name(unknown[i]), "?");
     ck_assert_uint_eq(kw_kind_parse("nope"), 0);
@@ -936,7 +936,7 @@ START_TEST(wrong_version_kind_codec_are_refused_with_a_valid_crc)
         snprintf(want, sizeof want, "version %u", versions[i]);
         ck_assert_msg(has(keel_last_error(), want) && has(keel_last_error(), "LSN 500"), "%s", keel_last_error());
     }
-    static const uint8_t kinds[] = {0, 8, 9, 15, 20, 21, 255};
+    static const uint8_t kinds[] = {0, 9, 10, 15, 20, 21, 255};
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         memcpy(r, good.p, good.len);
         r[6] = kinds[i];
@@ -1929,6 +1929,134 @@ START_TEST(side_encoder_writes_the_documented_writes)
 }
 END_TEST
 
+/* A SIDES payload: u32 count, then per transaction u32 flags, u32 length
+ * and its SIDE payload; kw_side_iter yields each as the header and payload
+ * of a SIDE record of its own, and a SIDE record as itself. */
+START_TEST(sides_encoder_writes_the_documented_transactions)
+{
+    kw_buf one = {0}, two = {0}, b = {0}, want = {0};
+    uint32_t f1 = 0, f2 = 0;
+    ck_assert_ok(kw_side_begin(&one, 7, 1, 1));
+    ck_assert_ok(kw_side_put_write(&one, 5, 1, 4, "abcd"));
+    ck_assert_ok(kw_side_end(&one, 0, &f1));
+    ck_assert_ok(kw_side_begin(&two, 8, 1, 0));
+    ck_assert_ok(kw_side_end(&two, 0x99, &f2));
+    ck_assert_uint_eq(f1, 0);
+    ck_assert_uint_eq(f2, KW_FLAG_KEY);
+    ck_assert_ok(kw_sides_begin(&b));
+    ck_assert_ok(kw_sides_put(&b, f1, one.p, one.len));
+    ck_assert_ok(kw_sides_put(&b, f2, two.p, two.len));
+    kw_sides_end(&b, 2);
+    kw_put_u32(&want, 2);
+    kw_put_u32(&want, 0), kw_put_u32(&want, (uint32_t)one.len), kw_put_bytes(&want, one.p, one.len);
+    kw_put_u32(&want, KW_FLAG_KEY), kw_put_u32(&want, (uint32_t)two.len), kw_put_bytes(&want, two.p, two.len);
+    ck_assert_uint_eq(b.len, want.len);
+    ck_assert(memcmp(b.p, want.p, want.len) == 0);
+
+    kw_header h = {.kind = KW_KIND_SIDES, .lsn = 40, .tick = 9, .raw_len = (uint32_t)b.len,
+                   .stored_len = (uint32_t)b.len};
+    kw_side_iter it;
+    kw_header txn;
+    const void *p;
+    kw_decoder d;
+    kw_change ch;
+    ck_assert_ok(kw_side_iter_begin(&it, &h, b.p));
+    ck_assert_int_eq(kw_side_iter_next(&it, &txn, &p), 1);
+    ck_assert_uint_eq(txn.kind, KW_KIND_SIDE);
+    ck_assert_uint_eq(txn.lsn, 40);
+    ck_assert_uint_eq(txn.tick, 9);
+    ck_assert_uint_eq(txn.flags, 0);
+    ck_assert_uint_eq(txn.raw_len, one.len);
+    ck_assert_ok(kw_decode_record(&d, &txn, p, NULL));
+    ck_assert_uint_eq(d.side_seq, 7);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 1);
+    ck_assert(ch.entity == 5 && memcmp(ch.value, "abcd", 4) == 0);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 0);
+    ck_assert_int_eq(kw_side_iter_next(&it, &txn, &p), 1);
+    ck_assert_uint_eq(txn.flags, KW_FLAG_KEY);
+    ck_assert_ok(kw_decode_record(&d, &txn, p, NULL));
+    ck_assert_uint_eq(d.side_seq, 8);
+    ck_assert_uint_eq(d.side_key, 0x99);
+    ck_assert_int_eq(kw_decode_next(&d, &ch), 0);
+    ck_assert_int_eq(kw_side_iter_next(&it, &txn, &p), 0);
+    ck_assert_int_eq(kw_side_iter_next(&it, &txn, &p), 0);
+
+    /* a SIDE record is its own one transaction */
+    kw_header single = {.kind = KW_KIND_SIDE, .lsn = 41, .flags = KW_FLAG_KEY, .raw_len = (uint32_t)two.len};
+    ck_assert_ok(kw_side_iter_begin(&it, &single, two.p));
+    ck_assert_int_eq(kw_side_iter_next(&it, &txn, &p), 1);
+    ck_assert(txn.kind == KW_KIND_SIDE && txn.flags == KW_FLAG_KEY && txn.raw_len == two.len && p == two.p);
+    ck_assert_int_eq(kw_side_iter_next(&it, &txn, &p), 0);
+    kw_header chunk = {.kind = KW_KIND_TICK_CHUNK, .lsn = 42};
+    ck_assert_rc(kw_side_iter_begin(&it, &chunk, b.p), KEEL_EINVAL);
+    kw_buf_free(&one);
+    kw_buf_free(&two);
+    kw_buf_free(&b);
+    kw_buf_free(&want);
+}
+END_TEST
+
+/* The count of the transactions kw_side_iter_next yields before its answer. */
+static int sides_walk(const kw_buf *b, uint32_t *yielded)
+{
+    kw_header h = {.kind = KW_KIND_SIDES, .lsn = 77, .raw_len = (uint32_t)b->len};
+    kw_side_iter it;
+    kw_header txn;
+    const void *p;
+    int rc = kw_side_iter_begin(&it, &h, b->p);
+    *yielded = 0;
+    while (!rc && (rc = kw_side_iter_next(&it, &txn, &p)) == 1) {
+        ck_assert((const unsigned char *)p + txn.raw_len <= b->p + b->len);
+        (*yielded)++;
+        rc = KEEL_OK;
+    }
+    return rc;
+}
+
+START_TEST(damaged_sides_are_corrupt_naming_the_lsn)
+{
+    kw_buf side = {0}, b = {0};
+    uint32_t flags = 0, n;
+    ck_assert_ok(kw_side_begin(&side, 1, 1, 0));
+    ck_assert_ok(kw_side_end(&side, 0, &flags));
+    struct {
+        const char *what;
+        uint32_t count, flags, len_extra;
+        size_t trailing, cut;
+    } cases[] = {
+        {"no transaction", 0, 0, 0, 0, 0},
+        {"runs past", 2, 0, 0, 0, 0},              /* counts two, holds one */
+        {"runs past", 1, 0, 1, 0, 0},              /* a length one past the payload */
+        {"flags other than KEY", 1, 4, 0, 0, 0},
+        {"trailing bytes", 1, 0, 0, 3, 0},
+        {"runs past", 1, 0, 0, 0, 6},              /* cut inside the length field */
+        {"too short for its count", 1, 0, 0, 0, 26}, /* 2 of its 28 bytes */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ck_assert_ok(kw_sides_begin(&b));
+        if (cases[i].count)
+            ck_assert_ok(kw_sides_put(&b, cases[i].flags, side.p, side.len));
+        kw_sides_end(&b, cases[i].count);
+        if (cases[i].len_extra)
+            b.p[8] += (unsigned char)cases[i].len_extra;
+        for (size_t k = 0; k < cases[i].trailing; k++)
+            ck_assert_ok(kw_put_u8(&b, 0));
+        b.len -= cases[i].cut < b.len ? cases[i].cut : b.len;
+        ck_assert_rc(sides_walk(&b, &n), KEEL_ECORRUPT);
+        ck_assert_msg(has(keel_last_error(), cases[i].what) && has(keel_last_error(), "LSN 77"), "case %zu: %s", i,
+                      keel_last_error());
+    }
+    /* the whole well-formed payload walks */
+    ck_assert_ok(kw_sides_begin(&b));
+    ck_assert_ok(kw_sides_put(&b, flags, side.p, side.len));
+    kw_sides_end(&b, 1);
+    ck_assert_ok(sides_walk(&b, &n));
+    ck_assert_uint_eq(n, 1);
+    kw_buf_free(&side);
+    kw_buf_free(&b);
+}
+END_TEST
+
 START_TEST(commit_and_checkpoint_markers_are_16_bytes)
 {
     unsigned char m[KW_COMMIT_SIZE];
@@ -2029,7 +2157,8 @@ static Suite *payload_suite(void)
     ADD_CASE(s, "encoders", false, group_header_is_three_little_endian_u32,
              tick_chunk_encoder_writes_the_documented_groups, decode_group_yields_the_rows_a_group_at_a_time,
              lifecycle_encoder_writes_the_documented_ops,
-             side_encoder_writes_the_documented_writes, commit_and_checkpoint_markers_are_16_bytes,
+             side_encoder_writes_the_documented_writes, sides_encoder_writes_the_documented_transactions,
+             damaged_sides_are_corrupt_naming_the_lsn, commit_and_checkpoint_markers_are_16_bytes,
              snap_encoders_write_what_the_decoders_read, scalar_table_names_and_widths);
     return s;
 }

@@ -1008,6 +1008,70 @@ START_TEST(test_verify_good)
 }
 END_TEST
 
+/* A SIDES record (side transactions queued together) after the last unit:
+ * dump lists its transactions with their keys, verify accepts it, stats
+ * and info count it, replay applies it. Two keyed transactions that wrote
+ * nothing (a transaction's key is logged even so). */
+START_TEST(test_sides_record)
+{
+    char dir[256];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    kw_buf a = {0}, b = {0}, sides = {0}, rec = {0};
+    uint32_t fa = 0, fb = 0;
+    ck_assert_ok(kw_side_begin(&a, 90, KEEL_DURABLE_IMMEDIATE, 0));
+    ck_assert_ok(kw_side_end(&a, 0x51, &fa));
+    ck_assert_ok(kw_side_begin(&b, 91, KEEL_DURABLE_IMMEDIATE, 0));
+    ck_assert_ok(kw_side_end(&b, 0x52, &fb));
+    ck_assert_ok(kw_sides_begin(&sides));
+    ck_assert_ok(kw_sides_put(&sides, fa, a.p, a.len));
+    ck_assert_ok(kw_sides_put(&sides, fb, b.p, b.len));
+    kw_sides_end(&sides, 2);
+    kw_codec_ctx *c = NULL;
+    ck_assert_ok(kw_codec_create(NULL, &c));
+    ck_assert_ok(kw_record_build(c, &rec, KW_KIND_SIDES, 29, 11, 0, sides.p, sides.len));
+    tu_wal_put(dir, 29, rec.p, rec.len);
+
+    tu_run r = wal_ok("dump", dir, "--json", "--kind", "sides");
+    ck_assert_uint_eq(tu_count_lines(r.out), 1);
+    ck_assert_msg(js_has(r.out, "\"lsn\":29,\"tick\":11,\"kind\":\"sides\",\"flags\":0") &&
+                      js_has(r.out, "\"transactions\":[{\"index\":0,\"seq\":90,\"mode\":\"immediate\",\"key\":81,"
+                                    "\"changes\":[]},{\"index\":1,\"seq\":91,\"mode\":\"immediate\",\"key\":82,"
+                                    "\"changes\":[]}]"),
+                  "%s", r.out);
+    tu_run_free(&r);
+    r = wal_ok("dump", dir, "--kind", "sides");
+    ck_assert_msg(js_has(r.out, "lsn=29 tick=11 kind=sides flags=0") &&
+                      js_has(r.out, " transactions=2 writes=0 | seq=90 mode=immediate writes=0 key=81 | seq=91 "
+                                   "mode=immediate writes=0 key=82"),
+                  "%s", r.out);
+    tu_run_free(&r);
+    r = wal_ok("verify", dir);
+    ck_assert_msg(js_has(r.out, ": 29 WAL records (LSN 1..29), 0 snapshot records: ok"), "%s", r.out);
+    tu_run_free(&r);
+    r = wal_ok("stats", dir, "--json");
+    ck_assert_msg(js_has(r.out, "\"sides\":"), "%s", r.out);
+    tu_run_free(&r);
+    r = wal_ok("replay", dir, "--to-tick", "11");
+    ck_assert_msg(js_has(r.out, "tick=11 hash="), "%s", r.out);
+    tu_run_free(&r);
+
+    /* the same record with a transaction's flags damaged (and the CRC made good) */
+    kw_buf_free(&rec);
+    sides.p[4] = 4;
+    ck_assert_ok(kw_record_build(c, &rec, KW_KIND_SIDES, 29, 11, 0, sides.p, sides.len));
+    tu_wal_put(dir, 29, rec.p, rec.len);
+    r = wal("verify", dir);
+    ck_assert_int_eq(r.status, 1);
+    ck_assert_msg(has_lsn_line(r.out, 29, "flags other than KEY"), "%s", r.out);
+    tu_run_free(&r);
+    kw_codec_destroy(c);
+    kw_buf_free(&a);
+    kw_buf_free(&b);
+    kw_buf_free(&sides);
+    kw_buf_free(&rec);
+}
+END_TEST
+
 START_TEST(test_verify_corrupt_record)
 {
     char dir[256], line[8192];
@@ -1420,6 +1484,7 @@ static Suite *verify_suite(void)
     TCase *tc = tcase("verify");
     tcase_add_test(tc, test_verify_good);
     tcase_add_test(tc, test_verify_corrupt_record);
+    tcase_add_test(tc, test_sides_record);
     tcase_add_test(tc, test_verify_gap_and_unit);
     tcase_add_test(tc, test_verify_checkpoint);
     tcase_add_test(tc, test_read_only_media);

@@ -68,6 +68,67 @@ int kw_decode_record(kw_decoder *d, const kw_header *h, const void *payload, con
     return decode_begin(d, h->kind, h->flags, h->lsn, payload, h->raw_len, schema);
 }
 
+/* ---- SIDE and SIDES: a record's side transactions ------------------------------------ */
+
+static int sides_bad(const kw_side_iter *it, const char *what)
+{
+    return core_fail(KEEL_ECORRUPT, "sides record at LSN %llu: %s", (unsigned long long)it->h.lsn, what);
+}
+
+int kw_side_iter_begin(kw_side_iter *it, const kw_header *h, const void *payload)
+{
+    *it = (kw_side_iter){.h = *h, .cur = kw_cursor_make(payload, h->raw_len), .single = h->kind == KW_KIND_SIDE};
+    if (it->single) {
+        it->left = 1;
+        return KEEL_OK;
+    }
+    if (h->kind != KW_KIND_SIDES)
+        return core_fail(KEEL_EINVAL, "kw_side_iter_begin: LSN %llu is a %s record, not side or sides",
+                         (unsigned long long)h->lsn, kw_kind_name(h->kind));
+    it->left = kw_get_u32(&it->cur);
+    if (it->cur.bad || !it->left)
+        return sides_bad(it, it->cur.bad ? "the payload is too short for its count" : "it holds no transaction");
+    return KEEL_OK;
+}
+
+int kw_side_iter_next(kw_side_iter *it, kw_header *txn, const void **payload)
+{
+    if (!it->left)
+        return kw_cursor_done(&it->cur) || it->single ? 0 : sides_bad(it, "trailing bytes after the last transaction");
+    it->left--;
+    *txn = it->h;
+    if (it->single) {
+        *payload = it->cur.p;
+        return 1;
+    }
+    txn->kind = KW_KIND_SIDE;
+    txn->flags = kw_get_u32(&it->cur);
+    txn->raw_len = kw_get_u32(&it->cur);
+    *payload = kw_get_bytes(&it->cur, txn->raw_len);
+    if (it->cur.bad)
+        return sides_bad(it, "a transaction runs past the payload");
+    if (txn->flags & ~KW_FLAG_KEY)
+        return sides_bad(it, "a transaction has flags other than KEY");
+    txn->stored_len = txn->raw_len;
+    txn->codec = KW_CODEC_RAW;
+    return 1;
+}
+
+int kw_each_part(const kw_header *h, const void *payload, kw_part_fn fn, void *arg)
+{
+    if (h->kind != KW_KIND_SIDES)
+        return fn(arg, h, payload);
+    kw_side_iter it;
+    kw_header txn;
+    const void *p;
+    int rc = kw_side_iter_begin(&it, h, payload);
+    while (!rc && (rc = kw_side_iter_next(&it, &txn, &p)) == 1)
+        rc = fn(arg, &txn, p);
+    return rc;
+}
+
+/* ---- changes ------------------------------------------------------------------------- */
+
 static int end(kw_decoder *d)
 {
     return kw_cursor_done(&d->cur) ? 0 : bad(d, "trailing bytes after the last change");

@@ -179,6 +179,28 @@ int kw_side_end(kw_buf *out, uint64_t key, uint32_t *flags)
     return kw_put_u64(out, key);
 }
 
+int kw_sides_begin(kw_buf *out)
+{
+    out->len = 0;
+    return kw_put_u32(out, 0); /* the count, set by kw_sides_end */
+}
+
+int kw_sides_put(kw_buf *out, uint32_t flags, const void *side, size_t len)
+{
+    if (len > UINT32_MAX)
+        return core_fail(KEEL_EINVAL, "kw_sides_put: a side transaction of %zu bytes", len);
+    int rc = kw_put_u32(out, flags);
+    rc = rc ? rc : kw_put_u32(out, (uint32_t)len);
+    return rc ? rc : kw_put_bytes(out, side, len);
+}
+
+void kw_sides_end(kw_buf *out, uint32_t count)
+{
+    unsigned char *p = out->p;
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(count >> (8 * i));
+}
+
 /* ---- snap ------------------------------------------------------------------------- */
 
 int kw_snap_tables_put_header(kw_buf *out, uint32_t ntables, uint32_t nslots, uint32_t nlive)

@@ -43,7 +43,7 @@ uint32_t keel_wal_format_version(void)
 static const char *const kind_names[] = {
     [KW_KIND_TICK_CHUNK] = "tick_chunk", [KW_KIND_TICK_COMMIT] = "tick_commit", [KW_KIND_SIDE] = "side",
     [KW_KIND_LIFECYCLE] = "lifecycle",   [KW_KIND_SCHEMA] = "schema",           [KW_KIND_CHECKPOINT] = "checkpoint",
-    [KW_KIND_EPOCH] = "epoch",
+    [KW_KIND_EPOCH] = "epoch",           [KW_KIND_SIDES] = "sides",
     [KW_KIND_SNAP_TABLES] = "snap_tables", [KW_KIND_SNAP_SLOTS] = "snap_slots", [KW_KIND_SNAP_CHUNK] = "snap_chunk",
     [KW_KIND_SNAP_KEYS] = "snap_keys",
 };

@@ -31,7 +31,9 @@ typedef struct ckpt_job ckpt_job;
 
 /* What the writer commits: a run of sealed records (one tick's batch, the
  * hook's unit, one side transaction), a checkpoint, or a flush request. */
-typedef enum dur_item_kind { DUR_RECORDS, DUR_CHECKPOINT, DUR_FLUSH } dur_item_kind;
+/* DUR_SIDES: side transactions queued together (dur_enqueue_side), one
+ * record to be; the writer builds it and turns the item into DUR_RECORDS. */
+typedef enum dur_item_kind { DUR_RECORDS, DUR_CHECKPOINT, DUR_FLUSH, DUR_SIDES } dur_item_kind;
 
 typedef struct dur_item {
     struct dur_item *next;
@@ -43,6 +45,9 @@ typedef struct dur_item {
     kw_buf recs;               /* sealed records, back to back */
     ckpt_job *ckpt;            /* DUR_CHECKPOINT */
     uint64_t queued_ns;        /* when dur_enqueue queued it (the commit latency's start) */
+    size_t queued;             /* bytes it added to queued_bytes */
+    uint64_t side_tick;        /* DUR_SIDES: the transactions' tick (a record's header tick) */
+    uint32_t nsides;           /* DUR_SIDES: transactions in recs (a SIDES payload, count not set) */
 } dur_item;
 
 /* Something to run once an LSN is durable (a ticket's completion). */
@@ -79,8 +84,9 @@ typedef struct dur_state {
     kw_store *store;
     keel_durability mode;      /* the runtime's mode for ticks */
     kw_codec_ctx **codec;      /* one per worker (fence tasks) */
-    kw_codec_ctx *side_codec;  /* side records (under the runtime's side_lock) */
+    kw_codec_ctx *side_codec;  /* side records (the writer thread's) */
     kw_buf side_payload;       /* scratch for side records (under side_lock) */
+    kw_buf side_build;         /* the writer's scratch for the side records it builds */
     uint32_t ncodec;
     kw_buf *fence_payload;     /* one per worker: the fence's payload scratch */
     struct fence_seg *segs;    /* the fence's segments (tick thread; buffers kept across ticks) */
@@ -187,6 +193,11 @@ void dur_writer_stop(dur_state *d);
  * (the writer owns it afterwards); *last_lsn (may be NULL) receives the
  * last LSN handed out. Errors: KEEL_EFATAL (item freed). */
 int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn);
+/* Queue one side transaction's SIDE payload (flags: its record's). It joins
+ * the side transactions queued last when the writer has not taken them yet
+ * and they share its mode and tick: one record (SIDES), one LSN, *lsn. */
+int dur_enqueue_side(dur_state *d, keel_durability mode, uint64_t tick, uint32_t flags, const kw_buf *side,
+                     uint64_t *lsn);
 dur_item *dur_item_new(dur_item_kind kind, keel_durability mode);
 void dur_item_free(dur_item *it);
 /* Wait until lsn is durable; `flush` forces held DEFERRED records out

@@ -374,17 +374,11 @@ int fence_side(dur_state *d, uint64_t seq, keel_durability mode, uint64_t tick, 
     uint32_t flags = 0;
     if (!rc)
         rc = kw_side_end(p, s.key, &flags);
-    dur_item *item = rc ? NULL : dur_item_new(DUR_RECORDS, mode);
-    if (!rc && !item)
-        rc = core_fail(KEEL_ENOMEM, "out of memory logging a side transaction");
     if (!rc)
-        rc = kw_record_build_unsealed(d->side_codec, &item->recs, KW_KIND_SIDE, tick, flags, p->p, p->len);
-    if (rc) {
-        dur_item_free(item);
-        return rc;
-    }
-    atomic_fetch_add(&d->wal_raw_bytes, p->len);
-    return dur_enqueue(d, item, lsn); /* frees item on failure */
+        rc = dur_enqueue_side(d, mode, tick, flags, p, lsn);
+    if (!rc)
+        atomic_fetch_add(&d->wal_raw_bytes, p->len);
+    return rc;
 }
 
 /* ---- schema ------------------------------------------------------------------------- */

@@ -509,6 +509,19 @@ static int payload_of(replay *p, const unit_rec *u, const void **payload)
     return rc == KEEL_ENOMEM ? not_applied(u->h.lsn, rc, NULL) : rc;
 }
 
+/* One part of a record (kw_each_part): a SIDES record's transactions each
+ * as a SIDE record of its own, with its key remembered. */
+static int apply_part(void *arg, const kw_header *h, const void *payload)
+{
+    replay *p = arg;
+    if (h->kind == KW_KIND_SIDE)
+        p->l->out->side_txns++;
+    int rc = apply_changes(p, h, payload);
+    if (!rc && h->kind == KW_KIND_SIDE && p->dec.side_key)
+        rc = remember_key(p->l->d, p->dec.side_key, h->tick, h->lsn);
+    return rc;
+}
+
 static int apply_record(replay *p, const unit_rec *u)
 {
     const void *payload;
@@ -516,12 +529,7 @@ static int apply_record(replay *p, const unit_rec *u)
     if (rc)
         return rc;
     p->l->out->raw_bytes += u->h.raw_len;
-    if (u->h.kind == KW_KIND_SIDE)
-        p->l->out->side_txns++;
-    rc = apply_changes(p, &u->h, payload);
-    if (!rc && u->h.kind == KW_KIND_SIDE && p->dec.side_key)
-        rc = remember_key(p->l->d, p->dec.side_key, u->h.tick, u->h.lsn);
-    return rc;
+    return kw_each_part(&u->h, payload, apply_part, p);
 }
 
 /* A TICK_COMMIT closes the unit: check it, apply the unit. */
@@ -570,6 +578,7 @@ static int replay_one(replay *p, uint64_t lsn, uint64_t expect, const void *rec,
     case KW_KIND_TICK_COMMIT:
         return close_unit(p, &u);
     case KW_KIND_SIDE:
+    case KW_KIND_SIDES:
         if (p->n)
             return corrupt(lsn, "%s", "a side transaction inside an unfinished tick unit");
         if ((rc = apply_record(p, &u)))
@@ -594,6 +603,19 @@ static int fill_truncate(kw_wtxn *t, void *arg)
     return kw_del_wal_from(t, tr->from, &tr->deleted);
 }
 
+/* Does every change of a record (a part: kw_each_part) decode? KEEL_OK or
+ * KEEL_ECORRUPT. */
+static int decodable(void *arg, const kw_header *h, const void *payload)
+{
+    (void)arg;
+    kw_decoder d;
+    kw_change ch;
+    int rc = kw_decode_record(&d, h, payload, NULL);
+    while (rc == KEEL_OK && (rc = kw_decode_next(&d, &ch)) == 1)
+        rc = KEEL_OK;
+    return rc;
+}
+
 /* Is the record at lsn well-formed: the one expected, checked,
  * decompressed, every change decodable, a marker that matches its unit?
  * (unit: records of the open
@@ -615,16 +637,12 @@ static int record_validity(loader *l, uint64_t lsn, uint64_t expect, const void 
         kw_commit_info ci;
         return !kw_decode_commit(p, h->raw_len, &ci) && ci.nrecords == unit ? KEEL_OK : KEEL_ECORRUPT;
     }
-    if (h->kind == KW_KIND_SIDE && unit)
+    bool side = h->kind == KW_KIND_SIDE || h->kind == KW_KIND_SIDES;
+    if (side && unit)
         return KEEL_ECORRUPT;
-    if (h->kind != KW_KIND_TICK_CHUNK && h->kind != KW_KIND_LIFECYCLE && h->kind != KW_KIND_SIDE)
+    if (!side && h->kind != KW_KIND_TICK_CHUNK && h->kind != KW_KIND_LIFECYCLE)
         return KEEL_OK;
-    kw_decoder d;
-    kw_change ch;
-    rc = kw_decode_record(&d, h, p, NULL);
-    while (rc == KEEL_OK && (rc = kw_decode_next(&d, &ch)) == 1)
-        rc = KEEL_OK;
-    return rc;
+    return kw_each_part(h, p, decodable, NULL);
 }
 
 /* The LSN where the valid prefix ends: the first invalid record's unit
@@ -883,6 +901,7 @@ void dur_close(dur_state *d)
     free(d->codec);
     kw_codec_destroy(d->side_codec);
     kw_buf_free(&d->side_payload);
+    kw_buf_free(&d->side_build);
     fence_fini(d);
     ckpt_fini(d);
     kw_store_close(d->store);

@@ -236,25 +236,55 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
+/* Lock d->mu for a producer, once the writer is not too far behind (back-
+ * pressure: a slow disk slows the producers instead of growing memory
+ * without bound). false, with d->mu released, when the WAL takes no more
+ * records: latched fatal, or a replica (*follow). */
+static bool enqueue_lock(dur_state *d, bool *follow)
 {
     pthread_mutex_lock(&d->mu);
-    /* back-pressure: a writer far behind (a slow disk) slows the producers
-     * instead of growing memory without bound */
     while (d->queued_bytes > DUR_QUEUE_MAX_BYTES && !atomic_load(&d->fatal))
         pthread_cond_wait(&d->durable_cv, &d->mu);
-    if (atomic_load(&d->fatal) || d->follow) {
-        bool follow = d->follow;
-        pthread_mutex_unlock(&d->mu);
+    *follow = d->follow;
+    if (!atomic_load(&d->fatal) && !*follow)
+        return true;
+    pthread_mutex_unlock(&d->mu);
+    return false;
+}
+
+static int enqueue_refused(dur_state *d, bool follow)
+{
+    if (follow)
+        return core_fail(KEEL_EBUSY, "a replica's WAL takes its primary's records only: commit on the primary");
+    return core_fail(KEEL_EFATAL, "the WAL cannot take more records: the runtime latched fatal (%s)",
+                     keel_strerror(atomic_load(&d->fatal)));
+}
+
+/* Under d->mu: item joins the queue, the writer is told. */
+static void queue_append(dur_state *d, dur_item *item, size_t bytes)
+{
+    item->queued = bytes;
+    d->queued_bytes += bytes;
+    item->queued_ns = now_ns();
+    item->next = NULL;
+    if (d->tail)
+        d->tail->next = item;
+    else
+        d->head = item;
+    d->tail = item;
+    pthread_cond_signal(&d->wake);
+}
+
+int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
+{
+    bool follow;
+    if (!enqueue_lock(d, &follow)) {
         if (item->kind == DUR_CHECKPOINT) { /* the checkpoint ends here */
             ckpt_committed(d, item->ckpt, KEEL_EFATAL);
             item->ckpt = NULL;
         }
         dur_item_free(item);
-        if (follow)
-            return core_fail(KEEL_EBUSY, "a replica's WAL takes its primary's records only: commit on the primary");
-        return core_fail(KEEL_EFATAL, "the WAL cannot take more records: the runtime latched fatal (%s)",
-                         keel_strerror(atomic_load(&d->fatal)));
+        return enqueue_refused(d, follow);
     }
     size_t off = 0, len;
     unsigned char *rec;
@@ -281,17 +311,55 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
             item->first_lsn = lsn;
         item->last_lsn = lsn;
     }
-    d->queued_bytes += item->recs.len;
-    item->queued_ns = now_ns();
     if (last_lsn)
         *last_lsn = item->last_lsn;
-    item->next = NULL;
-    if (d->tail)
-        d->tail->next = item;
-    else
-        d->head = item;
-    d->tail = item;
-    pthread_cond_signal(&d->wake);
+    queue_append(d, item, item->recs.len);
+    pthread_mutex_unlock(&d->mu);
+    return KEEL_OK;
+}
+
+/* Side transactions committed while the writer is busy share one record:
+ * a transaction joins the queue's last item when that item holds side
+ * transactions of the same mode and tick, the writer has not taken it (the
+ * writer takes the whole queue at once, so the queue's tail never is) and
+ * the record stays within DUR_RECORD_TARGET raw bytes. They share its LSN,
+ * so they become durable together, which group commit made them anyway;
+ * what they save is a record each: its header, its compression, its LMDB
+ * put and, when replicated, its stream message. The writer builds the
+ * record (sides_build) when it takes the item. */
+int dur_enqueue_side(dur_state *d, keel_durability mode, uint64_t tick, uint32_t flags, const kw_buf *side,
+                     uint64_t *lsn)
+{
+    bool follow;
+    if (!enqueue_lock(d, &follow))
+        return enqueue_refused(d, follow);
+    dur_item *t = d->tail;
+    bool join = t && t->kind == DUR_SIDES && t->mode == mode && t->side_tick == tick &&
+                t->recs.len + 8 + side->len <= DUR_RECORD_TARGET;
+    dur_item *it = join ? t : dur_item_new(DUR_SIDES, mode);
+    size_t before = it ? it->recs.len : 0;
+    int rc = !it ? KEEL_ENOMEM : join ? KEEL_OK : kw_sides_begin(&it->recs);
+    if (!rc)
+        rc = kw_sides_put(&it->recs, flags, side->p, side->len);
+    if (rc) {
+        if (join)
+            t->recs.len = before; /* the queued transactions stay as they were */
+        else
+            dur_item_free(it);
+        pthread_mutex_unlock(&d->mu);
+        return core_fail(KEEL_ENOMEM, "out of memory logging a side transaction");
+    }
+    it->nsides++;
+    if (join) {
+        t->queued += t->recs.len - before;
+        d->queued_bytes += t->recs.len - before;
+    } else {
+        it->side_tick = tick;
+        it->first_lsn = it->last_lsn = d->next_lsn++;
+        queue_append(d, it, it->recs.len);
+    }
+    if (lsn)
+        *lsn = it->last_lsn;
     pthread_mutex_unlock(&d->mu);
     return KEEL_OK;
 }
@@ -300,7 +368,8 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
 
 typedef struct batch {
     dur_item *head, **tail;
-    size_t bytes;
+    size_t bytes;              /* the records' bytes */
+    size_t queued;             /* what its items added to queued_bytes */
     uint64_t records;          /* records in the batch (a checkpoint's marker included) */
     uint64_t last_lsn, last_tick;
     uint64_t oldest_ns;
@@ -345,6 +414,7 @@ static void batch_add(batch *b, dur_item *it)
     if (!b->bytes && !b->need_sync)
         b->oldest_ns = now_ns();
     b->bytes += it->recs.len;
+    b->queued += it->queued;
     if (it->last_lsn) {
         b->last_lsn = it->last_lsn;
         b->records += it->last_lsn - it->first_lsn + 1;
@@ -392,7 +462,7 @@ static void batch_commit(dur_state *d, batch *b)
         it = next;
     }
     pthread_mutex_lock(&d->mu);
-    d->queued_bytes -= b->bytes < d->queued_bytes ? b->bytes : d->queued_bytes;
+    d->queued_bytes -= b->queued < d->queued_bytes ? b->queued : d->queued_bytes;
     if (!rc && work)
         d->spans[d->nspans++ % DUR_SPANS] = (struct dur_span){t0, t1 - t0, b->bytes, b->last_lsn};
     uint64_t committed = !rc ? b->last_lsn : 0;
@@ -414,6 +484,32 @@ static void batch_commit(dur_state *d, batch *b)
         d->repl.committed(d->repl.self, committed);
     pthread_mutex_unlock(&d->mu);
     *b = (batch){.tail = &b->head, .d = d};
+}
+
+/* The record of a DUR_SIDES item (dur_enqueue_side), sealed with its LSN:
+ * a SIDE record when it holds one transaction (the record it would have
+ * had alone), else a SIDES record. The item becomes DUR_RECORDS. */
+static int sides_build(dur_state *d, dur_item *it)
+{
+    kw_buf *out = &d->side_build;
+    out->len = 0;
+    int rc;
+    if (it->nsides == 1) {
+        kw_cursor c = kw_cursor_make(it->recs.p + 4, it->recs.len - 4); /* past the count */
+        uint32_t flags = kw_get_u32(&c), len = kw_get_u32(&c);
+        rc = kw_record_build_unsealed(d->side_codec, out, KW_KIND_SIDE, it->side_tick, flags, c.p, len);
+    } else {
+        kw_sides_end(&it->recs, it->nsides);
+        rc = kw_record_build_unsealed(d->side_codec, out, KW_KIND_SIDES, it->side_tick, 0, it->recs.p, it->recs.len);
+    }
+    if (rc)
+        return rc;
+    kw_record_seal(out->p, it->first_lsn);
+    kw_buf raw = it->recs; /* swapped: the scratch keeps the other buffer for the next build */
+    it->recs = *out;
+    *out = raw;
+    it->kind = DUR_RECORDS;
+    return KEEL_OK;
 }
 
 static void *writer_main(void *arg)
@@ -440,6 +536,11 @@ static void *writer_main(void *arg)
         d->head = d->tail = NULL;
         bool quit = d->quit;
         pthread_mutex_unlock(&d->mu);
+        for (dur_item *it = list; it && !atomic_load(&d->fatal); it = it->next) {
+            int rc = it->kind == DUR_SIDES ? sides_build(d, it) : KEEL_OK;
+            if (rc)
+                dur_latch_fatal(d, rc); /* what is queued is dropped below: nothing after it may commit */
+        }
         if (atomic_load(&d->fatal)) { /* acknowledge nothing more: drop what is queued */
             while (list) {
                 dur_item *next = list->next;

@@ -440,6 +440,40 @@ static int decode_change_record(kw_codec_ctx *c, const kw_header *h, const unsig
     return rc;
 }
 
+/* SIDES: every transaction is a SIDE payload (decoded as one); the
+ * transactions re-encode to the same bytes; a malformed container is
+ * KEEL_ECORRUPT naming the LSN. */
+static int decode_sides_record(kw_codec_ctx *c, const kw_header *h, const unsigned char *p, const kw_schema *schema)
+{
+    kw_side_iter it;
+    kw_header txn;
+    const void *tp;
+    kw_buf again = {0};
+    uint32_t n = 0;
+    FZ_CHECK(kw_sides_begin(&again) == KEEL_OK, "out of memory");
+    int rc = kw_side_iter_begin(&it, h, p);
+    while (rc == KEEL_OK && (rc = kw_side_iter_next(&it, &txn, &tp)) == 1) {
+        const unsigned char *t = tp;
+        FZ_CHECK(t >= p + 12 && t + txn.raw_len <= p + h->raw_len && txn.kind == KW_KIND_SIDE &&
+                     !(txn.flags & ~KW_FLAG_KEY) && txn.lsn == h->lsn && txn.tick == h->tick,
+                 "LSN %llu: a transaction outside its record or with a header of its own", (unsigned long long)h->lsn);
+        FZ_CHECK(kw_sides_put(&again, txn.flags, t, txn.raw_len) == KEEL_OK, "out of memory");
+        n++;
+        decode_change_record(c, &txn, t, schema);
+        rc = KEEL_OK;
+    }
+    if (rc == KEEL_OK) {
+        kw_sides_end(&again, n);
+        FZ_CHECK(n >= 1 && again.len == h->raw_len && !memcmp(again.p, p, again.len),
+                 "LSN %llu: a SIDES record's transactions re-encode to different bytes", (unsigned long long)h->lsn);
+        fz_round_trip_record(c, h->kind, h->lsn, h->tick, h->flags, p, h->raw_len);
+    } else {
+        fz_expect_corrupt(rc, true, h->lsn, "kw_side_iter_next");
+    }
+    kw_buf_free(&again);
+    return rc;
+}
+
 /* SNAP_KEYS: what decodes re-encodes to the same bytes, with no key 0. */
 static int decode_snap_keys(const unsigned char *p, size_t len)
 {
@@ -507,6 +541,9 @@ int fz_decode_record(kw_codec_ctx *c, const void *rec, const kw_header *h, const
     case KW_KIND_SIDE:
     case KW_KIND_LIFECYCLE:
         rc = decode_change_record(c, h, p, schema);
+        break;
+    case KW_KIND_SIDES:
+        rc = decode_sides_record(c, h, p, schema);
         break;
     case KW_KIND_TICK_COMMIT:
         rc = fz_decode_commit(p, h->raw_len);

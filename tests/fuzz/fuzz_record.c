@@ -44,7 +44,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 static const uint32_t kinds[] = {
     KW_KIND_TICK_CHUNK, KW_KIND_TICK_COMMIT, KW_KIND_SIDE,       KW_KIND_LIFECYCLE,  KW_KIND_SCHEMA,
     KW_KIND_CHECKPOINT, KW_KIND_EPOCH,       KW_KIND_SNAP_TABLES, KW_KIND_SNAP_SLOTS, KW_KIND_SNAP_CHUNK,
-    KW_KIND_SNAP_KEYS,
+    KW_KIND_SNAP_KEYS,  KW_KIND_SIDES,
 };
 #define NKINDS (sizeof kinds / sizeof kinds[0])
 

@@ -552,6 +552,16 @@ static void edge_records(void)
     edge_record("edge-side-tag-and-value", KW_KIND_SIDE, 6, 2, 0, &pl, NULL);
     edge_record("edge-side-max-lsn", KW_KIND_SIDE, UINT64_MAX, UINT64_MAX, 0, &pl, NULL);
 
+    /* SIDES: that transaction, then a keyed one that wrote nothing */
+    kw_buf sides = {0}, keyed = {0};
+    uint32_t kflags = 0;
+    put_or_die(kw_sides_begin(&sides) || kw_sides_put(&sides, 0, pl.p, pl.len) || kw_side_begin(&keyed, 43, 1, 0) ||
+               kw_side_end(&keyed, 0x5eed, &kflags) || kw_sides_put(&sides, kflags, keyed.p, keyed.len));
+    kw_sides_end(&sides, 2);
+    edge_record("edge-sides-two-one-keyed", KW_KIND_SIDES, 7, 2, 0, &sides, NULL);
+    kw_buf_free(&sides);
+    kw_buf_free(&keyed);
+
     /* TICK_CHUNK: an empty group between two groups of one component */
     pl.len = 0;
     put_or_die(kw_put_u32(&pl, 3) || kw_put_u32(&pl, 1) || kw_put_u32(&pl, 8) || kw_put_u32(&pl, 1) ||

@@ -20,7 +20,7 @@ static const char dump_help[] =
     "\n"
     "  --from-lsn A, --to-lsn B    LSN range, inclusive\n"
     "  --from-tick A, --to-tick B  tick range, inclusive (the record header's tick)\n"
-    "  --kind K                    tick_chunk, tick_commit, side, lifecycle, schema,\n"
+    "  --kind K                    tick_chunk, tick_commit, side, sides, lifecycle, schema,\n"
     "                              checkpoint (or the number); a comma list or repeated\n"
     "  --component NAME            records with a change of this component (name or id)\n"
     "  --entity HANDLE             records with a change of this entity\n"
@@ -161,21 +161,52 @@ static bool filters_changes(const dump_opts *o)
 
 static bool has_changes(uint32_t kind)
 {
-    return kind == KW_KIND_TICK_CHUNK || kind == KW_KIND_SIDE || kind == KW_KIND_LIFECYCLE;
+    return kind == KW_KIND_TICK_CHUNK || kind == KW_KIND_SIDE || kind == KW_KIND_SIDES || kind == KW_KIND_LIFECYCLE;
+}
+
+/* A record's changes as one or more decodable headers and payloads: the
+ * record itself, or each transaction of a SIDES record (fn gets its index). */
+typedef int (*part_fn)(const kwt_dir *d, const dump_opts *o, const kw_header *h, const void *payload, kw_decoder *dec,
+                       uint32_t index, void *arg);
+
+typedef struct part_call {
+    const kwt_dir *d;
+    const dump_opts *o;
+    kw_decoder *dec;
+    part_fn fn;
+    void *arg;
+    uint32_t index;
+} part_call;
+
+static int call_part(void *arg, const kw_header *h, const void *payload)
+{
+    part_call *c = arg;
+    return c->fn(c->d, c->o, h, payload, c->dec, c->index++, c->arg);
+}
+
+static int each_part(const kwt_dir *d, const dump_opts *o, const kw_record *r, const void *payload, kw_decoder *dec,
+                     part_fn fn, void *arg)
+{
+    part_call c = {d, o, dec, fn, arg, 0};
+    return kw_each_part(&r->h, payload, call_part, &c);
 }
 
 /* What one pass over a record's changes found. */
 typedef struct summary {
     uint64_t total, matched;
+    uint32_t parts;           /* SIDES: transactions */
     uint64_t ops[5];
     uint32_t rows_per_comp[256];
 } summary;
 
-static int summarize(const kwt_dir *d, const dump_opts *o, const kw_record *r, const void *payload, summary *sm,
-                     kw_decoder *dec)
+static int summarize_part(const kwt_dir *d, const dump_opts *o, const kw_header *h, const void *payload,
+                          kw_decoder *dec, uint32_t index, void *arg)
 {
+    (void)index;
+    summary *sm = arg;
+    sm->parts++;
     kw_change c;
-    int rc = kw_decode_record(dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
+    int rc = kw_decode_record(dec, h, payload, d->has_schema ? &d->schema : NULL);
     if (rc)
         return rc;
     while ((rc = kw_decode_next(dec, &c)) == 1) {
@@ -190,17 +221,25 @@ static int summarize(const kwt_dir *d, const dump_opts *o, const kw_record *r, c
     return rc;
 }
 
+static int summarize(const kwt_dir *d, const dump_opts *o, const kw_record *r, const void *payload, summary *sm,
+                     kw_decoder *dec)
+{
+    return each_part(d, o, r, payload, dec, summarize_part, sm);
+}
+
 /* ---- printing ---------------------------------------------------------------------- */
 
-static void json_changes(const kwt_dir *d, const dump_opts *o, const kw_record *r, const void *payload,
-                         kw_decoder *dec)
+static int json_part(const kwt_dir *d, const dump_opts *o, const kw_header *h, const void *payload, kw_decoder *dec,
+                     uint32_t index, void *arg)
 {
     kw_change c;
-    bool first = true;
-    kw_decode_record(dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
-    if (r->h.kind == KW_KIND_SIDE)
+    bool first = true, in_sides = arg != NULL;
+    kw_decode_record(dec, h, payload, d->has_schema ? &d->schema : NULL);
+    if (in_sides)
+        printf("%s{\"index\":%u", index ? "," : "", index);
+    if (h->kind == KW_KIND_SIDE)
         printf(",\"seq\":%" PRIu64 ",\"mode\":\"%s\"", dec->side_seq, mode_name(dec->side_mode));
-    if (r->h.kind == KW_KIND_SIDE && dec->side_key)
+    if (h->kind == KW_KIND_SIDE && dec->side_key)
         printf(",\"key\":%" PRIu64, dec->side_key);
     printf(",\"changes\":[");
     while (kw_decode_next(dec, &c) == 1) {
@@ -211,16 +250,31 @@ static void json_changes(const kwt_dir *d, const dump_opts *o, const kw_record *
         kwt_json_change(stdout, d, &c);
         first = false;
     }
-    putchar(']');
+    fputs(in_sides ? "]}" : "]", stdout);
+    return KEEL_OK;
 }
 
-static void text_changes(const kwt_dir *d, const dump_opts *o, const kw_record *r, const void *payload,
+/* ,"changes":[...]; a SIDES record's: ,"transactions":[{"index", "seq", "mode", "key", "changes"}, ...] */
+static void json_changes(const kwt_dir *d, const dump_opts *o, const kw_record *r, const void *payload,
                          kw_decoder *dec)
 {
+    bool sides = r->h.kind == KW_KIND_SIDES;
+    if (sides)
+        printf(",\"transactions\":[");
+    each_part(d, o, r, payload, dec, json_part, sides ? (void *)dec : NULL);
+    if (sides)
+        putchar(']');
+}
+
+static int text_part(const kwt_dir *d, const dump_opts *o, const kw_header *h, const void *payload, kw_decoder *dec,
+                     uint32_t index, void *arg)
+{
+    (void)index;
+    (void)arg;
     kw_change c;
     const char *sep = " |";
     char eb[17], nb[16];
-    kw_decode_record(dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
+    kw_decode_record(dec, h, payload, d->has_schema ? &d->schema : NULL);
     while (kw_decode_next(dec, &c) == 1) {
         if (!change_matches(o, &c))
             continue;
@@ -239,9 +293,37 @@ static void text_changes(const kwt_dir *d, const dump_opts *o, const kw_record *
             }
         }
     }
+    return KEEL_OK;
 }
 
-static void text_summary(const kwt_dir *d, const kw_record *r, const summary *sm, const kw_decoder *dec)
+static void text_changes(const kwt_dir *d, const dump_opts *o, const kw_record *r, const void *payload,
+                         kw_decoder *dec)
+{
+    each_part(d, o, r, payload, dec, text_part, NULL);
+}
+
+/* A SIDES record's transactions: " | seq=S mode=M writes=W[ key=K]" each
+ * (with --entity or --component, those with a matching write). */
+static int text_side_part(const kwt_dir *d, const dump_opts *o, const kw_header *h, const void *payload,
+                          kw_decoder *dec, uint32_t index, void *arg)
+{
+    (void)index;
+    (void)arg;
+    kw_change c;
+    uint64_t writes = 0;
+    kw_decode_record(dec, h, payload, d->has_schema ? &d->schema : NULL);
+    while (kw_decode_next(dec, &c) == 1)
+        writes += change_matches(o, &c);
+    if (filters_changes(o) && !writes) /* filtered: the transactions with a match only */
+        return KEEL_OK;
+    printf(" | seq=%" PRIu64 " mode=%s writes=%" PRIu64, dec->side_seq, mode_name(dec->side_mode), writes);
+    if (dec->side_key)
+        printf(" key=%" PRIu64, dec->side_key);
+    return KEEL_OK;
+}
+
+static void text_summary(const kwt_dir *d, const dump_opts *o, const kw_record *r, const void *payload,
+                         const summary *sm, kw_decoder *dec)
 {
     char nb[16];
     switch (r->h.kind) {
@@ -259,6 +341,10 @@ static void text_summary(const kwt_dir *d, const kw_record *r, const summary *sm
         printf(" seq=%" PRIu64 " mode=%s writes=%" PRIu64, dec->side_seq, mode_name(dec->side_mode), sm->matched);
         if (dec->side_key)
             printf(" key=%" PRIu64, dec->side_key);
+        break;
+    case KW_KIND_SIDES:
+        printf(" transactions=%u writes=%" PRIu64, sm->parts, sm->matched);
+        each_part(d, o, r, payload, dec, text_side_part, NULL);
         break;
     default:
         break;
@@ -353,7 +439,7 @@ static int dump_record(kwt_dir *d, const dump_opts *o, const kw_record *r, kw_de
         if (o->json) {
             json_changes(d, o, r, payload, dec);
         } else {
-            text_summary(d, r, sm, dec);
+            text_summary(d, o, r, payload, sm, dec);
             if (filters_changes(o))
                 text_changes(d, o, r, payload, dec);
         }

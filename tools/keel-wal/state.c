@@ -450,14 +450,14 @@ static int apply_set(kws_replay *r, uint64_t lsn, const kw_change *ch)
     return KEEL_OK;
 }
 
-static int apply_record(kws_replay *r, const void *rec, const kw_header *h)
+/* One part of a record (kw_each_part); a side transaction is counted. */
+static int apply_part(void *arg, const kw_header *h, const void *payload)
 {
-    const void *payload;
-    int rc = kw_record_payload(r->d->codec, rec, h, &payload);
-    if (!rc)
-        rc = kw_decode_record(&r->dec, h, payload, &r->d->schema);
+    kws_replay *r = arg;
+    int rc = kw_decode_record(&r->dec, h, payload, &r->d->schema);
     if (rc)
         return lib_error(r, rc);
+    r->info.sides += h->kind == KW_KIND_SIDE;
     kw_change ch;
     while ((rc = kw_decode_next(&r->dec, &ch)) == 1) {
         rc = h->kind == KW_KIND_LIFECYCLE ? apply_command(r, h->lsn, &ch) : apply_set(r, h->lsn, &ch);
@@ -465,6 +465,15 @@ static int apply_record(kws_replay *r, const void *rec, const kw_header *h)
             return rc;
     }
     return rc ? lib_error(r, rc) : KEEL_OK;
+}
+
+static int apply_record(kws_replay *r, const void *rec, const kw_header *h)
+{
+    const void *payload;
+    int rc = kw_record_payload(r->d->codec, rec, h, &payload);
+    if (!rc)
+        rc = kw_each_part(h, payload, apply_part, r);
+    return rc < 0 ? lib_error(r, rc) : rc; /* a KEEL_E* code of libkeel_wal's, or apply_part's answer */
 }
 
 /* A TICK_COMMIT closes the open unit: check it against the records, apply them. */
@@ -519,6 +528,7 @@ static bool later_tick(const kw_header *h, uint64_t target)
     case KW_KIND_LIFECYCLE:
     case KW_KIND_TICK_COMMIT:
     case KW_KIND_SIDE:
+    case KW_KIND_SIDES:
         return h->tick > target;
     default:
         return false;
@@ -550,10 +560,10 @@ static int step(kws_replay *r, uint64_t lsn, const void *rec, size_t len)
         rc = close_unit(r, rec, &h);
         break;
     case KW_KIND_SIDE:
+    case KW_KIND_SIDES:
         if (r->nunit)
             return corrupt(r, lsn, "a side transaction inside an unfinished tick unit");
-        if (!(rc = apply_record(r, rec, &h)))
-            r->info.sides++;
+        rc = apply_record(r, rec, &h);
         break;
     case KW_KIND_EPOCH: /* a deposed primary's unfinished unit was never committed */
         r->nunit = 0;

@@ -111,16 +111,21 @@ static void add_comp(stats *st, uint32_t comp, uint32_t size, double ratio)
 }
 
 /* Per-component figures of a record with changes; KEEL_E* when it does not decode. */
-static int count_changes(kwt_dir *d, stats *st, const kw_record *r)
+typedef struct part_count {
+    kwt_dir *d;
+    stats *st;
+    double ratio;              /* the record's stored / raw bytes */
+} part_count;
+
+static int count_part(void *arg, const kw_header *h, const void *payload)
 {
-    const void *payload;
+    part_count *pc = arg;
+    stats *st = pc->st;
     kw_change c;
-    int rc = kwt_payload(d, r, &payload);
-    if (!rc)
-        rc = kw_decode_record(&st->dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
+    double ratio = pc->ratio;
+    int rc = kw_decode_record(&st->dec, h, payload, pc->d->has_schema ? &pc->d->schema : NULL);
     if (rc)
         return rc;
-    double ratio = r->h.raw_len ? (double)r->h.stored_len / r->h.raw_len : 1.0;
     while ((rc = kw_decode_next(&st->dec, &c)) == 1) {
         if (c.op == KW_OP_SPAWN)
             for (uint32_t i = 0; i < c.n; i++)
@@ -129,6 +134,16 @@ static int count_changes(kwt_dir *d, stats *st, const kw_record *r)
             add_comp(st, c.component, c.op == KW_OP_REMOVE ? 0 : c.size, ratio);
     }
     return rc;
+}
+
+static int count_changes(kwt_dir *d, stats *st, const kw_record *r)
+{
+    const void *payload;
+    int rc = kwt_payload(d, r, &payload);
+    if (rc)
+        return rc;
+    part_count pc = {d, st, r->h.raw_len ? (double)r->h.stored_len / r->h.raw_len : 1.0};
+    return kw_each_part(&r->h, payload, count_part, &pc);
 }
 
 static int gather(kwt_dir *d, stats *st)
@@ -154,7 +169,8 @@ static int gather(kwt_dir *d, stats *st)
             st->invalid++;
             continue;
         }
-        bool changes = rec.h.kind == KW_KIND_TICK_CHUNK || rec.h.kind == KW_KIND_SIDE || rec.h.kind == KW_KIND_LIFECYCLE;
+        bool changes = rec.h.kind == KW_KIND_TICK_CHUNK || rec.h.kind == KW_KIND_SIDE || rec.h.kind == KW_KIND_SIDES ||
+                       rec.h.kind == KW_KIND_LIFECYCLE;
         if (changes && count_changes(d, st, &rec)) {
             kwt_err(d->path, "LSN %" PRIu64 ": %s (its changes are not counted)", rec.lsn, keel_last_error());
             st->invalid++;

@@ -10,8 +10,8 @@
  *     covered LSN + 1, and has no gap;
  *   - units as recovery reads them: TICK_CHUNK/LIFECYCLE records of one
  *     tick and HOOK flag, closed by a TICK_COMMIT whose nrecords matches; no
- *     SIDE record inside a unit; no unit left open at the end;
- *   - tick monotonicity: unit ticks never decrease in LSN order; a SIDE
+ *     SIDE or SIDES record inside a unit; no unit left open at the end;
+ *   - tick monotonicity: unit ticks never decrease in LSN order; a side
  *     record's tick is not below the last unit's (after a crash a side
  *     transaction may carry a lower tick than one before the crash, so
  *     side ticks are not compared with each other);
@@ -145,16 +145,23 @@ static void check_continuity(verifier *v, uint64_t lsn)
     v->prev_lsn = lsn;
 }
 
-static int decode_changes(verifier *v, const kw_record *r, const void *payload)
+static int decode_part(void *arg, const kw_header *h, const void *payload)
 {
+    verifier *v = arg;
     const kwt_dir *d = v->d;
     kw_change c;
-    int rc = kw_decode_record(&v->dec, &r->h, payload, d->has_schema ? &d->schema : NULL);
+    int rc = kw_decode_record(&v->dec, h, payload, d->has_schema ? &d->schema : NULL);
     if (rc)
         return rc;
     while ((rc = kw_decode_next(&v->dec, &c)) == 1)
         ;
     return rc;
+}
+
+/* Every change decodes (each transaction of a SIDES record). */
+static int decode_changes(verifier *v, const kw_record *r, const void *payload)
+{
+    return kw_each_part(&r->h, payload, decode_part, v);
 }
 
 static void unit_record(verifier *v, const kw_record *r)
@@ -286,6 +293,7 @@ static void check_record(verifier *v, const kw_record *r)
         unit_commit(v, r, payload);
         break;
     case KW_KIND_SIDE:
+    case KW_KIND_SIDES:
         if (decode_changes(v, r, payload))
             problem(v, r->lsn, "%s", keel_last_error());
         side_record(v, r);

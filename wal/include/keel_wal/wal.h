@@ -58,6 +58,8 @@ typedef enum kw_kind {
     KW_KIND_CHECKPOINT = 6,   /* a checkpoint was recorded: it covers LSNs up to a point */
     KW_KIND_EPOCH = 7,        /* a primary's first record on a replicated stream: its epoch. A unit
                                  left open before it was never committed and is dropped */
+    KW_KIND_SIDES = 8,        /* several side transactions queued together, in commit order: each
+                                 a SIDE payload (kw_side_iter) */
     KW_KIND_SNAP_TABLES = 16, /* snap db: archetype tables and the entity index size */
     KW_KIND_SNAP_SLOTS = 17,  /* snap db: one page of entity slots */
     KW_KIND_SNAP_CHUNK = 18,  /* snap db: one chunk of one table */
@@ -76,7 +78,8 @@ const char *kw_codec_name(uint32_t codec);
 
 /* Record flags. */
 #define KW_FLAG_HOOK 1u       /* TICK_COMMIT: the unit is on_first_tick's, the tick is not complete */
-#define KW_FLAG_KEY 2u        /* SIDE: the payload ends with the transaction's u64 idempotency key */
+#define KW_FLAG_KEY 2u        /* SIDE: the payload ends with the transaction's u64 idempotency key
+                                 (in a SIDES record: an entry's flags) */
 
 /* A record's decoded header. */
 typedef struct kw_header {
@@ -402,6 +405,38 @@ int kw_side_put_write(kw_buf *out, uint64_t entity, uint32_t component, uint32_t
 /* End a SIDE payload: a non-zero idempotency key is appended and *flags
  * (the record's flags) gets KW_FLAG_KEY; key 0 adds nothing. */
 int kw_side_end(kw_buf *out, uint64_t key, uint32_t *flags);
+
+/* SIDES: u32 count, then per transaction u32 flags (its SIDE record's: KEY
+ * or 0), u32 length and that many bytes of SIDE payload. Begin, put each
+ * transaction's SIDE payload (kw_side_begin .. kw_side_end) with the flags
+ * kw_side_end set, end with the count. */
+int kw_sides_begin(kw_buf *out);
+int kw_sides_put(kw_buf *out, uint32_t flags, const void *side, size_t len);
+void kw_sides_end(kw_buf *out, uint32_t count);
+
+/* The side transactions of a checked SIDE or SIDES record, one at a time,
+ * each as the header and payload a SIDE record of that transaction alone
+ * would have (kind SIDE, its flags and raw_len; the record's LSN and tick):
+ * what kw_decode_record and the other SIDE readers take. A SIDE record
+ * yields itself. */
+typedef struct kw_side_iter {
+    kw_header h;              /* the record's */
+    kw_cursor cur;
+    uint32_t left;
+    bool single;
+} kw_side_iter;
+/* Errors: KEEL_EINVAL (neither SIDE nor SIDES), KEEL_ECORRUPT (no count). */
+int kw_side_iter_begin(kw_side_iter *it, const kw_header *h, const void *payload);
+/* 1 with *txn and *payload set, 0 after the last, KEEL_ECORRUPT naming the
+ * LSN (a count of 0, an entry past the payload, flags other than KEY,
+ * trailing bytes). */
+int kw_side_iter_next(kw_side_iter *it, kw_header *txn, const void **payload);
+/* fn for each part of a checked record that decodes on its own: a SIDES
+ * record's transactions (as kw_side_iter yields them), any other record
+ * itself. Stops at fn's first non-zero return and returns it; else
+ * KEEL_OK, or KEEL_ECORRUPT for a malformed SIDES record. */
+typedef int (*kw_part_fn)(void *arg, const kw_header *h, const void *payload);
+int kw_each_part(const kw_header *h, const void *payload, kw_part_fn fn, void *arg);
 
 /* ---- store --------------------------------------------------------------- */
 
