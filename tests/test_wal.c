@@ -2046,12 +2046,17 @@ START_TEST(damaged_sides_are_corrupt_naming_the_lsn)
         ck_assert_msg(has(keel_last_error(), cases[i].what) && has(keel_last_error(), "LSN 77"), "case %zu: %s", i,
                       keel_last_error());
     }
-    /* the whole well-formed payload walks */
+    /* the whole well-formed payload walks; under header flags it does not */
     ck_assert_ok(kw_sides_begin(&b));
     ck_assert_ok(kw_sides_put(&b, flags, side.p, side.len));
     kw_sides_end(&b, 1);
     ck_assert_ok(sides_walk(&b, &n));
     ck_assert_uint_eq(n, 1);
+    kw_side_iter it;
+    kw_header h = {.kind = KW_KIND_SIDES, .lsn = 78, .flags = KW_FLAG_KEY, .raw_len = (uint32_t)b.len};
+    ck_assert_rc(kw_side_iter_begin(&it, &h, b.p), KEEL_ECORRUPT);
+    ck_assert_msg(has(keel_last_error(), "header has flags") && has(keel_last_error(), "LSN 78"), "%s",
+                  keel_last_error());
     kw_buf_free(&side);
     kw_buf_free(&b);
 }

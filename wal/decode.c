@@ -85,6 +85,8 @@ int kw_side_iter_begin(kw_side_iter *it, const kw_header *h, const void *payload
     if (h->kind != KW_KIND_SIDES)
         return core_fail(KEEL_EINVAL, "kw_side_iter_begin: LSN %llu is a %s record, not side or sides",
                          (unsigned long long)h->lsn, kw_kind_name(h->kind));
+    if (h->flags)
+        return sides_bad(it, "its header has flags (a transaction's are in the payload)");
     it->left = kw_get_u32(&it->cur);
     if (it->cur.bad || !it->left)
         return sides_bad(it, it->cur.bad ? "the payload is too short for its count" : "it holds no transaction");

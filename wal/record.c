@@ -192,7 +192,7 @@ static const void *planar_form(kw_codec_ctx *c, uint32_t kind, const void *paylo
 int kw_record_build_unsealed(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64_t tick, uint32_t flags,
                              const void *payload, size_t len)
 {
-    if (len > 0x7fffffffu)
+    if (len > KW_RAW_MAX)
         return core_fail(KEEL_ERANGE, "WAL payload of %zu bytes is over the 2 GiB record limit", len);
     size_t bound = len >= c->min_compress ? ZSTD_compressBound(len) : len;
     int rc = kw_buf_reserve(out, KW_HEADER_SIZE + (bound > len ? bound : len));
@@ -269,7 +269,7 @@ static int header_fault(const unsigned char *p, size_t len, const kw_header *h)
         return core_fail(KEEL_ECORRUPT,
                          "%s record at LSN %llu has codec zstd-planar, which only tick_chunk and snap_chunk records use",
                          kw_kind_name(h->kind), lsn);
-    if (h->raw_len > 0x7fffffffu || h->stored_len > 0x7fffffffu)
+    if (h->raw_len > KW_RAW_MAX || h->stored_len > KW_RAW_MAX)
         return core_fail(KEEL_ECORRUPT, "record at LSN %llu claims %u raw / %u stored bytes, over the 2 GiB limit", lsn,
                          h->raw_len, h->stored_len);
     if ((size_t)h->stored_len != len - KW_HEADER_SIZE)

@@ -179,6 +179,7 @@ typedef struct dur_state {
 #define DUR_DEFER_MAX_NS 1000000000ull
 #define DUR_QUEUE_MAX_BYTES (256u << 20) /* a producer waits while more than this is queued */
 #define DUR_RECORD_TARGET (64u << 10)    /* fence records aim at this many raw bytes */
+#define DUR_SIDES_SCRATCH_MAX (1u << 20) /* the writer keeps a side-record scratch up to this size */
 #define DUR_HASH_LOG 10                  /* zstd hashLog of the fence's and side records' codecs ... */
 #define DUR_SMALL_HASH_MAX_LEVEL 3       /* ... at levels up to this one (measured: docs/performance.md) */
 

@@ -330,12 +330,15 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
 int dur_enqueue_side(dur_state *d, keel_durability mode, uint64_t tick, uint32_t flags, const kw_buf *side,
                      uint64_t *lsn)
 {
+    if (side->len > KW_RAW_MAX - 12) /* a record of its own would be over the limit too */
+        return core_fail(KEEL_EINVAL, "a side transaction of %zu bytes is over the WAL record limit of %u bytes",
+                         side->len, (unsigned)KW_RAW_MAX);
     bool follow;
     if (!enqueue_lock(d, &follow))
         return enqueue_refused(d, follow);
     dur_item *t = d->tail;
     bool join = t && t->kind == DUR_SIDES && t->mode == mode && t->side_tick == tick &&
-                t->recs.len + 8 + side->len <= DUR_RECORD_TARGET;
+                t->last_lsn > d->covered_lsn && t->recs.len + 8 + side->len <= DUR_RECORD_TARGET;
     dur_item *it = join ? t : dur_item_new(DUR_SIDES, mode);
     size_t before = it ? it->recs.len : 0;
     int rc = !it ? KEEL_ENOMEM : join ? KEEL_OK : kw_sides_begin(&it->recs);
@@ -347,7 +350,7 @@ int dur_enqueue_side(dur_state *d, keel_durability mode, uint64_t tick, uint32_t
         else
             dur_item_free(it);
         pthread_mutex_unlock(&d->mu);
-        return core_fail(KEEL_ENOMEM, "out of memory logging a side transaction");
+        return core_fail(KEEL_ENOMEM, "out of memory logging a side transaction"); /* growing a buffer is all that can fail */
     }
     it->nsides++;
     if (join) {
@@ -508,6 +511,8 @@ static int sides_build(dur_state *d, dur_item *it)
     kw_buf raw = it->recs; /* swapped: the scratch keeps the other buffer for the next build */
     it->recs = *out;
     *out = raw;
+    if (out->cap > DUR_SIDES_SCRATCH_MAX) /* not for the runtime's life after one huge transaction */
+        kw_buf_free(out);
     it->kind = DUR_RECORDS;
     return KEEL_OK;
 }

@@ -155,6 +155,7 @@ static void *imm_thread_main(void *arg)
 typedef struct imm_sample {
     double tps, p50, p99, fsyncs_per_s;
     double ticks_per_s, wal_mb_per_s;  /* of the stepping loop, the WAL writer */
+    double records_per_s;              /* WAL records (LSNs) the run logged */
     uint64_t failed;
 } imm_sample;
 
@@ -203,6 +204,7 @@ static imm_sample imm_measure(uint32_t window, double rate_hz, const keel_replic
     }
     keel_runtime_stats s0, s1;
     keel_runtime_stats_get(r->rt, &s0);
+    uint64_t lsn0 = keel_runtime_tick_lsn(r->rt);
     atomic_store(&r->running, IMM_THREADS);
     uint64_t t0 = now_ns();
     for (uint32_t i = 0; i < IMM_THREADS; i++) {
@@ -232,7 +234,8 @@ static imm_sample imm_measure(uint32_t window, double rate_hz, const keel_replic
     uint64_t t1 = now_ns();
     keel_runtime_stats_get(r->rt, &s1);
     double secs = (double)(t1 - t0) / 1e9;
-    imm_sample out = { .fsyncs_per_s = (double)(s1.fsyncs - s0.fsyncs) / secs,
+    imm_sample out = { .records_per_s = (double)(keel_runtime_tick_lsn(r->rt) - lsn0) / secs,
+                       .fsyncs_per_s = (double)(s1.fsyncs - s0.fsyncs) / secs,
                        .ticks_per_s = (double)(s1.ticks - s0.ticks) / secs,
                        .wal_mb_per_s = (double)(s1.wal_bytes - s0.wal_bytes) / 1e6 / secs };
     size_t total = 0;
@@ -788,6 +791,13 @@ void bench_repl(const config *cfg)
     note(cfg, "repl: value = the immediate figure's IMMEDIATE transfers/s (%u threads x %u in flight) with sync / "
               "async replication to a 3-node JetStream cluster on loopback (R3, file storage); baseline = the same "
               "without replication, in the same rounds", IMM_THREADS, IMM_WINDOW);
+    double sr = imm_median(sync, R, offsetof(imm_sample, records_per_s)),
+           lr = imm_median(local, R, offsetof(imm_sample, records_per_s));
+    note(cfg, "repl: WAL records (stream messages) per second: sync %.0f (%.1f transfers per record, %.0f ticks/s), "
+              "local-only %.0f (%.1f transfers per record, %.0f ticks/s)", sr,
+         sr > 0 ? imm_median(sync, R, offsetof(imm_sample, tps)) / sr : 0.0,
+         imm_median(sync, R, offsetof(imm_sample, ticks_per_s)), lr, lr > 0 ? base / lr : 0.0,
+         imm_median(local, R, offsetof(imm_sample, ticks_per_s)));
     free(local);
     free(sync);
     free(async);

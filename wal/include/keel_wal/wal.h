@@ -48,6 +48,7 @@ uint32_t keel_wal_format_version(void);
 /* ---- records ------------------------------------------------------------- */
 
 #define KW_HEADER_SIZE 48u
+#define KW_RAW_MAX 0x7fffffffu /* a payload's most bytes, raw and stored (2 GiB - 1) */
 
 typedef enum kw_kind {
     KW_KIND_TICK_CHUNK = 1,   /* value rows changed by the tick's system transactions */
