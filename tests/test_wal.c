@@ -190,6 +190,9 @@ START_TEST(kind_names_round_trip)
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
         ck_assert_str_eq(kw_kind_name(kinds[i].kind), kinds[i].name);
         ck_assert_uint_eq(kw_kind_parse(kinds[i].name), kinds[i].kind);
+        uint32_t k = kinds[i].kind; /* the kinds the decoder walks */
+        ck_assert(kw_kind_has_changes(k) == (k == KW_KIND_TICK_CHUNK || k == KW_KIND_LIFECYCLE ||
+                                             k == KW_KIND_SIDE || k == KW_KIND_SIDES));
     }
     static const uint32_t unknown[] = {0, 9, 10, 15, 20, 255, 256, UINT32_MAX};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)

@@ -30,9 +30,9 @@
 typedef struct ckpt_job ckpt_job;
 
 /* What the writer commits: a run of sealed records (one tick's batch, the
- * hook's unit, one side transaction), a checkpoint, or a flush request. */
-/* DUR_SIDES: side transactions queued together (dur_enqueue_side), one
- * record to be; the writer builds it and turns the item into DUR_RECORDS. */
+ * hook's unit), side transactions queued together (DUR_SIDES, from
+ * dur_enqueue_side: one record to be, which the writer builds, turning the
+ * item into DUR_RECORDS), a checkpoint, or a flush request. */
 typedef enum dur_item_kind { DUR_RECORDS, DUR_CHECKPOINT, DUR_FLUSH, DUR_SIDES } dur_item_kind;
 
 typedef struct dur_item {

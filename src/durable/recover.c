@@ -637,12 +637,9 @@ static int record_validity(loader *l, uint64_t lsn, uint64_t expect, const void 
         kw_commit_info ci;
         return !kw_decode_commit(p, h->raw_len, &ci) && ci.nrecords == unit ? KEEL_OK : KEEL_ECORRUPT;
     }
-    bool side = h->kind == KW_KIND_SIDE || h->kind == KW_KIND_SIDES;
-    if (side && unit)
+    if ((h->kind == KW_KIND_SIDE || h->kind == KW_KIND_SIDES) && unit)
         return KEEL_ECORRUPT;
-    if (!side && h->kind != KW_KIND_TICK_CHUNK && h->kind != KW_KIND_LIFECYCLE)
-        return KEEL_OK;
-    return kw_each_part(h, p, decodable, NULL);
+    return kw_kind_has_changes(h->kind) ? kw_each_part(h, p, decodable, NULL) : KEEL_OK;
 }
 
 /* The LSN where the valid prefix ends: the first invalid record's unit

@@ -159,10 +159,6 @@ static bool filters_changes(const dump_opts *o)
     return o->has_entity || o->component;
 }
 
-static bool has_changes(uint32_t kind)
-{
-    return kind == KW_KIND_TICK_CHUNK || kind == KW_KIND_SIDE || kind == KW_KIND_SIDES || kind == KW_KIND_LIFECYCLE;
-}
 
 /* A record's changes as one or more decodable headers and payloads: the
  * record itself, or each transaction of a SIDES record (fn gets its index). */
@@ -233,7 +229,7 @@ static int json_part(const kwt_dir *d, const dump_opts *o, const kw_header *h, c
                      uint32_t index, void *arg)
 {
     kw_change c;
-    bool first = true, in_sides = arg != NULL;
+    bool first = true, in_sides = *(const bool *)arg;
     kw_decode_record(dec, h, payload, d->has_schema ? &d->schema : NULL);
     if (in_sides)
         printf("%s{\"index\":%u", index ? "," : "", index);
@@ -261,7 +257,7 @@ static void json_changes(const kwt_dir *d, const dump_opts *o, const kw_record *
     bool sides = r->h.kind == KW_KIND_SIDES;
     if (sides)
         printf(",\"transactions\":[");
-    each_part(d, o, r, payload, dec, json_part, sides ? (void *)dec : NULL);
+    each_part(d, o, r, payload, dec, json_part, &sides);
     if (sides)
         putchar(']');
 }
@@ -421,12 +417,12 @@ static int dump_record(kwt_dir *d, const dump_opts *o, const kw_record *r, kw_de
 {
     const void *payload;
     const char *why = NULL;
-    if (filters_changes(o) && !has_changes(r->h.kind))
+    if (filters_changes(o) && !kw_kind_has_changes(r->h.kind))
         return KWT_EXIT_OK;
     memset(sm, 0, sizeof *sm);
-    if (kwt_payload(d, r, &payload) || (has_changes(r->h.kind) && summarize(d, o, r, payload, sm, dec)))
+    if (kwt_payload(d, r, &payload) || (kw_kind_has_changes(r->h.kind) && summarize(d, o, r, payload, sm, dec)))
         why = keel_last_error();
-    else if (!has_changes(r->h.kind))
+    else if (!kw_kind_has_changes(r->h.kind))
         why = check_other(r, payload);
     if (why) {
         kwt_err(d->path, "LSN %" PRIu64 ": %s (skipped)", r->lsn, why);
@@ -435,7 +431,7 @@ static int dump_record(kwt_dir *d, const dump_opts *o, const kw_record *r, kw_de
     if (filters_changes(o) && !sm->matched)
         return KWT_EXIT_OK;
     print_header(r, o->json);
-    if (has_changes(r->h.kind)) {
+    if (kw_kind_has_changes(r->h.kind)) {
         if (o->json) {
             json_changes(d, o, r, payload, dec);
         } else {

@@ -169,9 +169,7 @@ static int gather(kwt_dir *d, stats *st)
             st->invalid++;
             continue;
         }
-        bool changes = rec.h.kind == KW_KIND_TICK_CHUNK || rec.h.kind == KW_KIND_SIDE || rec.h.kind == KW_KIND_SIDES ||
-                       rec.h.kind == KW_KIND_LIFECYCLE;
-        if (changes && count_changes(d, st, &rec)) {
+        if (kw_kind_has_changes(rec.h.kind) && count_changes(d, st, &rec)) {
             kwt_err(d->path, "LSN %" PRIu64 ": %s (its changes are not counted)", rec.lsn, keel_last_error());
             st->invalid++;
         }

@@ -100,6 +100,12 @@ typedef struct kw_header {
  * kw_kind_parse is the inverse (0 when unknown). */
 const char *kw_kind_name(uint32_t kind);
 uint32_t kw_kind_parse(const char *name);
+/* Does a record of this kind hold changes (TICK_CHUNK, LIFECYCLE, SIDE,
+ * SIDES: what kw_each_part and the decoder walk)? */
+static inline bool kw_kind_has_changes(uint32_t kind)
+{
+    return kind == KW_KIND_TICK_CHUNK || kind == KW_KIND_LIFECYCLE || kind == KW_KIND_SIDE || kind == KW_KIND_SIDES;
+}
 
 /* CRC32C (Castagnoli), hardware-accelerated where the CPU has SSE4.2.
  * kw_crc32c(0, p, n) is the CRC of p; pass a previous result to extend. */
