@@ -136,7 +136,8 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
     pthread_mutex_lock(&n->err_mu);
     n->async_errors = 0;
     pthread_mutex_unlock(&n->err_mu);
-    for (uint32_t i = 1; i < m.n && st == NATS_OK; i++) {
+    bool pipelined = false; /* libnats has a pending table to drop only after an asynchronous publish */
+    for (uint32_t i = 1; i < m.n && st == NATS_OK; i++, pipelined = true) {
         size_t end = i + 1 < m.n ? m.off[i + 1] : m.bytes.len;
         st = js_PublishAsync(n->js, n->ckpt_subject, (const char *)m.bytes.p + m.off[i], (int)(end - m.off[i]), NULL);
     }
@@ -156,7 +157,7 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
     pthread_mutex_unlock(&n->err_mu);
     msgs_free(&endmsg);
     msgs_free(&m);
-    if (st != NATS_OK || done != NATS_OK || errors)
+    if (pipelined && (st != NATS_OK || done != NATS_OK || errors))
         kr_drop_pending(n);
     if (!rc && (st != NATS_OK || done != NATS_OK || errors))
         rc = core_fail(KEEL_EUNAVAILABLE, "the checkpoint of tick %" PRIu64 " was not published to stream %s: %s",

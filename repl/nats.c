@@ -95,7 +95,7 @@ static int split_urls(kr_node *n, const char *urls)
     return n->nservers ? KEEL_OK : core_fail(KEEL_EINVAL, "no NATS server in '%s'", urls);
 }
 
-/* A pipelined publish was refused or not acknowledged (a NATS thread). */
+/* A checkpoint's asynchronous publish was refused or not acknowledged (a NATS thread). */
 static void on_async_err(jsCtx *js, jsPubAckErr *pae, void *closure)
 {
     (void)js, (void)pae;
@@ -207,6 +207,8 @@ int kr_connect(const kr_desc *d, kr_node **out)
     if (!n)
         return core_fail(KEEL_ENOMEM, "out of memory connecting to NATS");
     pthread_mutex_init(&n->err_mu, NULL);
+    pthread_mutex_init(&n->pipe_mu, NULL);
+    pthread_cond_init(&n->pipe_done, NULL);
     snprintf(n->urls_given, sizeof n->urls_given, "%s", d->urls ? d->urls : "");
     snprintf(n->world, sizeof n->world, "%s", d->world);
     snprintf(n->stream, sizeof n->stream, "KEEL_%s", d->world);
@@ -248,10 +250,13 @@ void kr_close(kr_node *n)
 {
     if (!n)
         return;
+    kr_pipe_close(n);
     kvStore_Destroy(n->kv);
     jsCtx_Destroy(n->js);
     natsConnection_Destroy(n->nc);
     pthread_mutex_destroy(&n->err_mu);
+    pthread_mutex_destroy(&n->pipe_mu);
+    pthread_cond_destroy(&n->pipe_done);
     free(n);
 }
 
@@ -387,18 +392,18 @@ static int ours_at(kr_node *n, uint64_t epoch, uint64_t seq, bool *ours)
     return rc;
 }
 
-/* After a pipelined batch met errors: how far the stream holds *this
- * node's* records. Every publish of the batch but the first expected the
- * stream's last message id to be this node's record of the LSN before it,
- * and the first expected the sequence `before` (this node's, acknowledged):
- * so if this node's record stands at some position, all positions from the
- * batch's start up to it hold this node's records too -- they form a
- * prefix, found with a binary search over the message ids. A position past
- * that prefix up to the stream's end holds another primary's record:
- * fenced. */
-static int settle_batch(kr_node *n, uint64_t epoch, uint64_t before, uint64_t last, uint64_t *acked)
+/* After a failure in the pipeline: how far the stream holds *this node's*
+ * records. Every record sent but the first expected the stream's last
+ * message id to be this node's record of the LSN before it, and the first
+ * expected the sequence `before` (this node's, acknowledged): so if this
+ * node's record stands at some position, all positions from `before` up to
+ * it hold this node's records too -- they form a prefix, found with a
+ * binary search over the message ids. A position past that prefix up to
+ * the stream's end holds another primary's record: fenced. */
+static int settle(kr_node *n, uint64_t epoch, uint64_t before, uint64_t last, uint64_t *acked)
 {
     uint64_t first, end;
+    *acked = before;
     int rc = kr_bounds(n, &first, &end);
     uint64_t k = end < last ? end : last, lo = before, hi = k; /* ours up to lo; beyond hi not ours */
     bool ours = false;
@@ -423,53 +428,128 @@ static int settle_batch(kr_node *n, uint64_t epoch, uint64_t before, uint64_t la
     return KEEL_OK;
 }
 
-/* Forget the publishes still waiting for an acknowledgement: the next
- * batch waits for its own only (a late acknowledgement of a dropped one is
- * discarded; settle_batch reads what the stream holds instead). */
-void kr_drop_pending(kr_node *n)
+/* Forget the publishes of js still waiting for an acknowledgement (a late
+ * acknowledgement of a dropped one is discarded: settle reads what the
+ * stream holds instead); how many were dropped. */
+static uint64_t drop_pending(jsCtx *js)
 {
     natsMsgList pending;
-    if (js_PublishAsyncGetPendingList(&pending, n->js) == NATS_OK)
-        natsMsgList_Destroy(&pending);
+    if (js_PublishAsyncGetPendingList(&pending, js) != NATS_OK)
+        return 0;
+    uint64_t k = (uint64_t)pending.Count;
+    natsMsgList_Destroy(&pending);
+    return k;
 }
 
-int kr_publish_batch(kr_node *n, uint64_t epoch, uint64_t first_lsn, uint32_t count, const void *const *recs,
-                     const size_t *lens, uint64_t *acked)
+void kr_drop_pending(kr_node *n)
 {
-    *acked = first_lsn - 1;
-    pthread_mutex_lock(&n->err_mu);
-    n->async_errors = 0;
-    pthread_mutex_unlock(&n->err_mu);
-    natsStatus s = NATS_OK;
-    for (uint32_t i = 0; i < count && s == NATS_OK; i++) {
-        uint64_t lsn = first_lsn + i;
-        char id[64], prev[64];
-        msg_id(n, epoch, lsn, id, sizeof id);
+    (void)drop_pending(n->js);
+}
+
+/* An acknowledgement of the pipeline (a NATS thread): the message's LSN is
+ * in its id; stored means stored at that sequence. Every message the
+ * context took is resolved once: here, or dropped (kr_pipe_settle,
+ * kr_pipe_close), which kr_pipe_close waits for. */
+static void on_pipe_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae, void *closure)
+{
+    (void)js;
+    kr_node *n = closure;
+    const char *id = NULL;
+    uint64_t epoch, lsn = 0, session;
+    if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) != NATS_OK || !id ||
+        sscanf(id, "%" SCNu64 ":%" SCNu64 ":%" SCNx64, &epoch, &lsn, &session) != 3)
+        lsn = 0;
+    bool ok = pa && !pae && lsn && pa->Sequence == lsn;
+    natsMsg_Destroy(msg);
+    pthread_mutex_lock(&n->pipe_mu);
+    if (n->pipe_fn)
+        n->pipe_fn(n->pipe_arg, lsn, ok);
+    n->pipe_resolved++;
+    pthread_cond_broadcast(&n->pipe_done);
+    pthread_mutex_unlock(&n->pipe_mu);
+}
+
+int kr_pipe_open(kr_node *n, kr_ack_fn fn, void *arg)
+{
+    if (n->pipe)
+        return core_fail(KEEL_EINVAL, "world '%s' already has a WAL pipeline on this connection", n->world);
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Wait = n->timeout_ms;
+    jo.PublishAsync.AckHandler = on_pipe_ack;
+    jo.PublishAsync.AckHandlerClosure = n;
+    jo.PublishAsync.MaxPending = KR_PIPE_MAX * 2; /* the publisher keeps fewer in flight: never stalls here */
+    natsStatus s = natsConnection_JetStream(&n->pipe, n->nc, &jo);
+    if (s != NATS_OK)
+        return nats_fail(s, 0, "NATS at %s offers no JetStream", n->urls_given);
+    pthread_mutex_lock(&n->pipe_mu);
+    n->pipe_fn = fn;
+    n->pipe_arg = arg;
+    pthread_mutex_unlock(&n->pipe_mu);
+    return KEEL_OK;
+}
+
+int kr_pipe_send(kr_node *n, uint64_t epoch, uint64_t lsn, bool chained, const void *rec, size_t len)
+{
+    char id[64], prev[64];
+    msg_id(n, epoch, lsn, id, sizeof id);
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MsgId = id;
+    po.ExpectStream = n->stream;
+    po.ExpectLastSeq = lsn - 1;
+    po.MaxWait = n->timeout_ms; /* no acknowledgement in time: the handler hears a timeout */
+    if (chained) { /* a sequence alone would let it line up behind another primary's record */
         msg_id(n, epoch, lsn - 1, prev, sizeof prev);
-        jsPubOptions po;
-        jsPubOptions_Init(&po);
-        po.MsgId = id;
-        po.ExpectStream = n->stream;
-        po.ExpectLastSeq = lsn - 1;
-        /* behind this batch's own: a sequence alone would let this publish line up behind another
-           primary's record that landed in between */
-        if (i > 0)
-            po.ExpectLastMsgId = prev;
-        s = js_PublishAsync(n->js, n->subject, recs[i], (int)lens[i], &po);
+        po.ExpectLastMsgId = prev;
     }
-    jsPubOptions wait;
-    jsPubOptions_Init(&wait);
-    wait.MaxWait = n->timeout_ms;
-    natsStatus done = js_PublishAsyncComplete(n->js, &wait);
-    pthread_mutex_lock(&n->err_mu);
-    uint32_t errors = n->async_errors;
-    pthread_mutex_unlock(&n->err_mu);
-    if (s == NATS_OK && done == NATS_OK && !errors) {
-        *acked = first_lsn + count - 1;
-        return KEEL_OK;
-    }
-    kr_drop_pending(n);
-    return settle_batch(n, epoch, first_lsn - 1, first_lsn + count - 1, acked);
+    natsStatus s = js_PublishAsync(n->pipe, n->subject, rec, (int)len, &po);
+    if (s != NATS_OK)
+        return nats_fail(s, 0, "cannot publish to stream %s", n->stream);
+    pthread_mutex_lock(&n->pipe_mu);
+    n->pipe_sent++;
+    pthread_mutex_unlock(&n->pipe_mu);
+    return KEEL_OK;
+}
+
+/* Drop the pipeline's pending publishes; they resolve as dropped. Only
+ * once one was made: libnats makes the table of pending publishes at the
+ * first, and reading the pending list before that crashes (3.4). */
+static void pipe_drop(kr_node *n)
+{
+    pthread_mutex_lock(&n->pipe_mu);
+    bool any = n->pipe_sent > 0;
+    pthread_mutex_unlock(&n->pipe_mu);
+    uint64_t k = any ? drop_pending(n->pipe) : 0;
+    pthread_mutex_lock(&n->pipe_mu);
+    n->pipe_resolved += k;
+    pthread_mutex_unlock(&n->pipe_mu);
+}
+
+int kr_pipe_settle(kr_node *n, uint64_t epoch, uint64_t before, uint64_t last, uint64_t *acked)
+{
+    pipe_drop(n);
+    return settle(n, epoch, before, last, acked);
+}
+
+void kr_pipe_close(kr_node *n)
+{
+    if (!n->pipe)
+        return;
+    pthread_mutex_lock(&n->pipe_mu);
+    n->pipe_fn = NULL;
+    pthread_mutex_unlock(&n->pipe_mu);
+    pipe_drop(n);
+    /* a handler already running finishes before the context goes (bounded: a lost message must not hang a close) */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)(n->timeout_ms / 1000 + 1);
+    pthread_mutex_lock(&n->pipe_mu);
+    while (n->pipe_resolved < n->pipe_sent && pthread_cond_timedwait(&n->pipe_done, &n->pipe_mu, &ts) == 0)
+        ;
+    pthread_mutex_unlock(&n->pipe_mu);
+    jsCtx_Destroy(n->pipe);
+    n->pipe = NULL;
 }
 
 int kr_purge_before(kr_node *n, uint64_t seq)

@@ -1,42 +1,91 @@
 /*
- * repl/publish.c -- the publisher: one thread that copies the records a
- * store commits to the stream, in LSN order, and renews the lease.
+ * repl/publish.c -- the publisher: sends the records a store commits to the
+ * stream, in LSN order, with a window of them in flight, and renews the
+ * lease. One thread of its own, helped by the WAL writer's.
  *
- * Protocol (under mu): the durability layer's writer raises `committed`
- * after each LMDB commit and signals `wake`; the thread reads the records
- * after `published` from the store (a read transaction: the writer is never
- * waited for), publishes each with the expected last sequence lsn - 1, and
- * raises `published` as the stream acknowledges them, telling acked(). A
- * failure to reach the stream is retried every RETRY_MS (`degraded` while it
- * lasts); a refused publish or a lost lease means another primary exists:
- * failed(KEEL_EFENCED) is told once and nothing more is published. The
- * lease is renewed every lease_ms / 3.
+ * Protocol (under mu unless said):
+ * - The writer stages each batch's sealed records before its LMDB commit
+ *   (kr_pub_staged: a chunk appended to `stage`) and raises `committed`
+ *   after it (kr_pub_committed); both signal `wake`.
+ * - Sending is one sender's at a time, the holder of `sending`: the writer,
+ *   for the chunk it just staged when that chunk is next in line (sent+1)
+ *   and the window has room, else the thread, which takes the records after
+ *   `sent` from the stage or, when the stage does not hold them, from the
+ *   store (a short read transaction: the writer is never waited for). Each
+ *   goes to the pipeline (kr_pipe_send) without waiting for the
+ *   acknowledgements of those before: up to KR_PIPE_MAX records and
+ *   PIPE_BYTES in flight.
+ * - The pipeline's handler (a NATS thread) raises `stream_acked` or sets
+ *   `pipe_failed`, and signals `wake`; the thread raises `published` to it
+ *   (never past `sent`), frees the chunks below it and tells acked().
+ *   `published` may pass `committed`: the stream can take a record before
+ *   the disk does.
+ * - On a failure, or when nothing was acknowledged for STALL_MS while
+ *   records are in flight, the thread settles (holding `sending`): the
+ *   stream says how far it holds this node's records, `published` and
+ *   `sent` become that, and sending resumes after it, from the chunks still
+ *   staged or the store; retried every RETRY_MS, `degraded` while it fails.
+ * - A refused publish or a lost lease means another primary exists:
+ *   failed(KEEL_EFENCED) is told once and nothing more is published.
+ * - The lease is renewed every lease_ms / 3; a checkpoint is published once
+ *   its marker is both acknowledged and committed (it is read from the store).
  */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "core/core.h"
 #include "repl_internal.h"
 
 #define RETRY_MS 100
-#define COPY_MAX 2048             /* records copied out of the store at a time (one pipelined batch) */
+#define STALL_MS 5000            /* records in flight and no acknowledgement: settle */
+#define COPY_MAX 2048             /* records copied out of the store at a time */
 #define COPY_BYTES (4u << 20)
+
+#define PIPE_BYTES (32u << 20) /* record bytes in flight at most */
+#define STAGE_MAX (64u << 20)  /* staged bytes at most: beyond, the records are read from the store */
+
+/* Records the writer staged: LSNs first..last, back to back. */
+typedef struct pub_chunk {
+    struct pub_chunk *next;
+    uint64_t first, last;
+    size_t len;
+    unsigned char recs[];
+} pub_chunk;
 
 struct kr_pub {
     kr_pub_desc d;
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t wake;       /* work for the thread */
+    pthread_cond_t wake;       /* work for the thread: a commit, an acknowledgement, a stop */
     pthread_cond_t done;       /* `published` moved, or the thread stopped */
     uint64_t committed, published;
-    uint64_t sent_records, sent_bytes; /* acknowledged by the stream, since the start (under mu) */
+    pub_chunk *stage, *stage_tail; /* in LSN order; appended by the writer, freed by the thread */
+    size_t stage_bytes;
+    uint64_t staged;           /* the last LSN staged */
+    uint64_t stream_acked;     /* the highest LSN acknowledged as this node's (the handler's) */
+    bool pipe_failed;          /* the handler heard a refusal or a timeout: settle */
+    uint64_t sent_records, sent_bytes; /* handed to the stream, since the start (under mu) */
     uint64_t errors;
     bool degraded, fenced, quit, stopped;
+    /* Sending (and settling) is one thread's at a time, in LSN order: the
+       one that set `sending` (under mu) -- the thread, or the writer
+       sending the chunk it stages when it is next in line. The holder
+       reads and writes what follows without mu, but what the other side
+       reads: that under mu. The thread frees chunks only when no one
+       sends, so a sender's chunk stays. */
+    bool sending;
+    uint64_t sent;             /* the last LSN handed to the pipeline (published <= sent) */
+    uint64_t unchained;        /* the first LSN sent since the start or a settle: expects a sequence only */
+    uint64_t inflight_bytes;
+    uint32_t sizes[KR_PIPE_MAX]; /* the size of each record in flight, at lsn % KR_PIPE_MAX */
+    uint64_t marker_lsn;       /* a checkpoint marker sent whose checkpoint is not published yet (0: none) */
+    uint64_t progress_ns;      /* when the pipeline last moved: a stall is measured from it */
     uint64_t renew_at_ns;
-    kw_buf copy;               /* records on their way from the store to the stream (the thread's) */
+    kw_buf copy;               /* records on their way from the store to the stream */
     uint64_t ckpt_lsn;         /* the last checkpoint published (under mu) */
 };
 
@@ -78,8 +127,8 @@ static void note_error(kr_pub *p, bool failed)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Copy up to COPY_MAX records after `published` (and up to upto) out of
- * the store: the read transaction stays short, as a growing map needs
+/* Copy up to COPY_MAX records after `sent` (and up to upto) out of the
+ * store: the read transaction stays short, as a growing map needs
  * (kw_read_begin). */
 static int copy_committed(kr_pub *p, uint64_t upto, kw_buf *out, size_t *offs, uint32_t *n)
 {
@@ -88,7 +137,7 @@ static int copy_committed(kr_pub *p, uint64_t upto, kw_buf *out, size_t *offs, u
     if (rc)
         return rc;
     kw_walit *it;
-    uint64_t lsn, expect = p->published + 1;
+    uint64_t lsn, expect = p->sent + 1;
     const void *rec;
     size_t len;
     out->len = 0;
@@ -131,41 +180,154 @@ static void publish_checkpoint(kr_pub *p)
                  keel_last_error());
 }
 
-/* Publish the committed records after `published`, a copied batch at a
- * time, pipelined: 0 when all went, or the first failure. */
-static int publish_committed(kr_pub *p, uint64_t upto)
+/* The pipeline's handler (a NATS thread): see the protocol above. */
+static void on_ack(void *arg, uint64_t lsn, bool ok)
 {
-    size_t offs[COPY_MAX + 1], lens[COPY_MAX];
-    const void *recs[COPY_MAX];
-    uint32_t n = 0;
-    int rc = KEEL_OK;
-    while (!rc && p->published < upto) {
-        if ((rc = copy_committed(p, upto, &p->copy, offs, &n)) || !n)
-            break;
-        for (uint32_t i = 0; i < n; i++) {
-            recs[i] = (const char *)p->copy.p + offs[i];
-            lens[i] = offs[i + 1] - offs[i];
-        }
-        uint64_t acked = p->published;
-        rc = kr_publish_batch(p->d.node, p->d.epoch, p->published + 1, n, recs, lens, &acked);
-        bool marker = false;
-        for (uint32_t i = 0; i < n && p->published + 1 + i <= acked; i++)
-            marker |= ((const unsigned char *)recs[i])[6] == KW_KIND_CHECKPOINT;
-        if (acked > p->published) {
-            uint64_t bytes = 0, k = acked - p->published;
-            for (uint64_t i = 0; i < k; i++)
-                bytes += lens[i];
-            pthread_mutex_lock(&p->mu);
-            p->sent_records += k;
-            p->sent_bytes += bytes;
-            p->published = acked;
-            pthread_cond_broadcast(&p->done);
-            pthread_mutex_unlock(&p->mu);
-            p->d.acked(p->d.self, acked);
-        }
-        if (marker)
-            publish_checkpoint(p);
+    kr_pub *p = arg;
+    pthread_mutex_lock(&p->mu);
+    if (!ok)
+        p->pipe_failed = true;
+    else if (lsn > p->stream_acked)
+        p->stream_acked = lsn;
+    pthread_cond_signal(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* Under mu: `published` moves to lsn (acknowledged, or found by a settle). */
+static void raise_published(kr_pub *p, uint64_t lsn)
+{
+    for (uint64_t l = p->published + 1; l <= lsn && l <= p->sent; l++)
+        p->inflight_bytes -= p->sizes[l % KR_PIPE_MAX];
+    p->published = lsn;
+    while (p->stage && p->stage->last <= lsn) {
+        pub_chunk *c = p->stage;
+        p->stage = c->next;
+        if (!p->stage)
+            p->stage_tail = NULL;
+        p->stage_bytes -= c->len;
+        free(c);
     }
+    if (p->stream_acked < lsn)
+        p->stream_acked = lsn;
+    p->progress_ns = now_ns();
+    pthread_cond_broadcast(&p->done);
+}
+
+/* Under mu: the staged chunk holding lsn, or NULL. */
+static const pub_chunk *stage_find(const kr_pub *p, uint64_t lsn)
+{
+    for (const pub_chunk *c = p->stage; c && c->first <= lsn; c = c->next)
+        if (lsn <= c->last)
+            return c;
+    return NULL;
+}
+
+/* Hand one record, the one after `sent`, to the pipeline. */
+static int send_one(kr_pub *p, const unsigned char *rec, size_t len)
+{
+    uint64_t lsn = p->sent + 1;
+    int rc = kr_pipe_send(p->d.node, p->d.epoch, lsn, lsn != p->unchained, rec, len);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&p->mu);
+    if (rec[6] == KW_KIND_CHECKPOINT)
+        p->marker_lsn = lsn;
+    p->sizes[lsn % KR_PIPE_MAX] = (uint32_t)len;
+    p->sent = lsn;
+    p->inflight_bytes += len;
+    p->sent_records++;
+    p->sent_bytes += len;
+    pthread_mutex_unlock(&p->mu);
+    return KEEL_OK;
+}
+
+/* Hand the records of chunk c after `sent` to the pipeline, while the
+ * window has room (the rest go later). */
+static int send_chunk(kr_pub *p, const pub_chunk *c)
+{
+    int rc = KEEL_OK;
+    size_t off = 0;
+    for (uint64_t lsn = c->first; !rc && lsn <= c->last && off + KW_HEADER_SIZE <= c->len &&
+                                  p->sent - p->published < KR_PIPE_MAX; lsn++) {
+        size_t len = kw_record_peek_len(c->recs + off);
+        if (lsn > p->sent)
+            rc = send_one(p, c->recs + off, len);
+        off += len;
+    }
+    return rc;
+}
+
+/* Hand the records after `sent` to the pipeline: those of the staged chunk
+ * holding the next, else the committed ones up to upto from the store: 0,
+ * or the first failure. */
+static int send_more(kr_pub *p, uint64_t upto)
+{
+    pthread_mutex_lock(&p->mu);
+    const pub_chunk *c = stage_find(p, p->sent + 1);
+    pthread_mutex_unlock(&p->mu);
+    if (c)
+        return send_chunk(p, c);
+    size_t offs[COPY_MAX + 1];
+    uint32_t n = 0;
+    int rc = copy_committed(p, upto, &p->copy, offs, &n);
+    for (uint32_t i = 0; !rc && i < n; i++)
+        rc = send_one(p, (const unsigned char *)p->copy.p + offs[i], offs[i + 1] - offs[i]);
+    return rc;
+}
+
+/* Under mu: is there room in the window for k more records? */
+static bool window_room(const kr_pub *p, uint64_t k)
+{
+    return p->sent - p->published + k <= KR_PIPE_MAX && p->inflight_bytes < PIPE_BYTES;
+}
+
+/* Under mu: take the right to send (or settle); false when another has it. */
+static bool send_begin(kr_pub *p)
+{
+    if (p->sending)
+        return false;
+    p->sending = true;
+    if (p->sent == p->published)
+        p->progress_ns = now_ns(); /* a stall counts from the first record in flight */
+    return true;
+}
+
+/* Give it back; a failure to hand a record over is settled by the thread. */
+static void send_end(kr_pub *p, int rc)
+{
+    pthread_mutex_lock(&p->mu);
+    p->sending = false;
+    if (rc)
+        p->pipe_failed = true;
+    pthread_cond_signal(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* After a failure or a stall, holding `sending`: the stream says how far
+ * it holds this node's records; sending resumes after them. */
+static int resettle(kr_pub *p)
+{
+    pthread_mutex_lock(&p->mu); /* `sending` is the thread's: pub_step took it */
+    p->pipe_failed = false; /* a failure told after this is settled again: harmless */
+    uint64_t before = p->published, last = p->sent;
+    pthread_mutex_unlock(&p->mu);
+    uint64_t acked = before;
+    int rc = kr_pipe_settle(p->d.node, p->d.epoch, before, last, &acked);
+    pthread_mutex_lock(&p->mu);
+    if (acked > p->published)
+        raise_published(p, acked);
+    if (rc != KEEL_EFENCED) { /* resend what the stream does not hold, the first by sequence */
+        p->sent = p->published;
+        p->inflight_bytes = 0;
+        p->unchained = p->sent + 1;
+        if (p->marker_lsn > p->sent)
+            p->marker_lsn = 0; /* sent again, and marked again */
+    }
+    p->sending = false;
+    uint64_t now = p->published;
+    pthread_mutex_unlock(&p->mu);
+    if (acked > before)
+        p->d.acked(p->d.self, now);
     return rc;
 }
 
@@ -176,47 +338,76 @@ static int renew(kr_pub *p)
     return rc;
 }
 
+/* Under mu, released while working: one step of the thread's loop; false
+ * when it is to stop. */
+static bool pub_step(kr_pub *p)
+{
+    uint64_t now = now_ns(), stall_ns = (uint64_t)STALL_MS * 1000000ull;
+    bool stalled = p->sent > p->published && now - p->progress_ns > stall_ns;
+    uint64_t ack = p->stream_acked < p->sent ? p->stream_acked : p->sent;
+    int rc = KEEL_OK;
+    if (p->sending) { /* the writer sends what it staged: wait for it (it signals) */
+        pthread_cond_wait(&p->wake, &p->mu);
+        return true;
+    } else if (ack > p->published) { /* acknowledgements came: tell them */
+        raise_published(p, ack);
+        uint64_t lsn = p->published;
+        pthread_mutex_unlock(&p->mu);
+        p->d.acked(p->d.self, lsn);
+    } else if (p->pipe_failed || stalled) {
+        p->sending = true; /* before mu goes: the writer must not send while the stream is read */
+        pthread_mutex_unlock(&p->mu);
+        rc = resettle(p);
+    } else if (p->quit && p->published >= p->committed) {
+        return false;
+    } else if (p->marker_lsn && p->marker_lsn <= p->published && p->marker_lsn <= p->committed) {
+        /* the checkpoint is read from the store: its marker committed there too */
+        p->marker_lsn = 0;
+        pthread_mutex_unlock(&p->mu);
+        publish_checkpoint(p);
+    } else if (now >= p->renew_at_ns) {
+        pthread_mutex_unlock(&p->mu);
+        rc = renew(p);
+    } else if ((p->committed > p->sent || stage_find(p, p->sent + 1)) && window_room(p, COPY_MAX) &&
+               send_begin(p)) {
+        uint64_t upto = p->committed;
+        pthread_mutex_unlock(&p->mu);
+        send_end(p, send_more(p, upto)); /* a refusal: what went is settled, the rest sent again */
+    } else {
+        struct timespec ts;
+        uint64_t at = p->renew_at_ns;
+        if (p->sent > p->published && p->progress_ns + stall_ns < at)
+            at = p->progress_ns + stall_ns + 1;
+        deadline_in(&ts, at > now ? at - now : 0);
+        pthread_cond_timedwait(&p->wake, &p->mu, &ts);
+        return true;
+    }
+    if (rc == KEEL_EFENCED) {
+        fence(p);
+    } else {
+        note_error(p, rc != 0);
+        if (rc) { /* the stream is out of reach: try again soon, or give up when told to stop */
+            pthread_mutex_lock(&p->mu);
+            if (p->quit)
+                return false;
+            struct timespec ts;
+            deadline_in(&ts, RETRY_MS * 1000000ull);
+            pthread_cond_timedwait(&p->wake, &p->mu, &ts);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+    pthread_mutex_lock(&p->mu);
+    return true;
+}
+
 static void *pub_main(void *arg)
 {
     kr_pub *p = arg;
     pthread_mutex_lock(&p->mu);
-    while (!p->fenced) {
-        uint64_t now = now_ns();
-        if (p->committed <= p->published && p->quit)
-            break;
-        if (p->committed <= p->published && now < p->renew_at_ns) {
-            struct timespec ts;
-            deadline_in(&ts, p->renew_at_ns - now);
-            pthread_cond_timedwait(&p->wake, &p->mu, &ts);
-            continue;
-        }
-        uint64_t upto = p->committed;
-        pthread_mutex_unlock(&p->mu);
-        int rc = now_ns() >= p->renew_at_ns ? renew(p) : KEEL_OK;
-        if (!rc && upto > p->published)
-            rc = publish_committed(p, upto);
-        if (rc == KEEL_EFENCED) {
-            fence(p);
-        } else {
-            note_error(p, rc != 0);
-            if (rc) { /* the stream is out of reach: try again soon, or give up when told to stop */
-                pthread_mutex_lock(&p->mu);
-                if (p->quit) {
-                    pthread_mutex_unlock(&p->mu);
-                    break;
-                }
-                struct timespec ts;
-                deadline_in(&ts, RETRY_MS * 1000000ull);
-                pthread_cond_timedwait(&p->wake, &p->mu, &ts);
-                pthread_mutex_unlock(&p->mu);
-            }
-        }
-        pthread_mutex_lock(&p->mu);
-    }
-    if (p->fenced || p->quit) {
-        p->stopped = true;
-        pthread_cond_broadcast(&p->done);
-    }
+    while (!p->fenced && pub_step(p))
+        ;
+    p->stopped = true;
+    pthread_cond_broadcast(&p->done);
     pthread_mutex_unlock(&p->mu);
     return NULL;
 }
@@ -227,7 +418,9 @@ int kr_pub_start(const kr_pub_desc *d, kr_pub **out)
     if (!p)
         return core_fail(KEEL_ENOMEM, "out of memory for the publisher");
     p->d = *d;
-    p->committed = p->published = d->published;
+    p->committed = p->published = p->stream_acked = p->sent = d->published;
+    p->unchained = d->published + 1;
+    p->progress_ns = now_ns();
     p->renew_at_ns = now_ns() + (uint64_t)d->lease_ms * 1000000ull / 3;
     pthread_mutex_init(&p->mu, NULL);
     pthread_condattr_t ca;
@@ -236,9 +429,17 @@ int kr_pub_start(const kr_pub_desc *d, kr_pub **out)
     pthread_cond_init(&p->wake, &ca);
     pthread_cond_init(&p->done, &ca);
     pthread_condattr_destroy(&ca);
-    if (pthread_create(&p->thread, NULL, pub_main, p)) {
+    int rc = kr_pipe_open(d->node, on_ack, p);
+    if (!rc && pthread_create(&p->thread, NULL, pub_main, p)) {
+        kr_pipe_close(d->node);
+        rc = core_fail(KEEL_ENOMEM, "cannot start the publisher thread");
+    }
+    if (rc) {
+        pthread_mutex_destroy(&p->mu);
+        pthread_cond_destroy(&p->wake);
+        pthread_cond_destroy(&p->done);
         free(p);
-        return core_fail(KEEL_ENOMEM, "cannot start the publisher thread");
+        return rc;
     }
     *out = p;
     return KEEL_OK;
@@ -250,6 +451,38 @@ void kr_pub_committed(kr_pub *p, uint64_t lsn)
     if (lsn > p->committed)
         p->committed = lsn;
     pthread_cond_signal(&p->wake);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void kr_pub_staged(kr_pub *p, uint64_t first_lsn, const void *recs, size_t len)
+{
+    pthread_mutex_lock(&p->mu);
+    if (first_lsn > p->published && p->stage_bytes + len <= STAGE_MAX && first_lsn > p->staged) {
+        pub_chunk *c = malloc(sizeof *c + len);
+        if (c) { /* else the records are read from the store once committed */
+            size_t off = 0;
+            uint64_t last = first_lsn;
+            for (; off + KW_HEADER_SIZE <= len; last++)
+                off += kw_record_peek_len((const unsigned char *)recs + off);
+            *c = (pub_chunk){.first = first_lsn, .last = last - 1, .len = len};
+            memcpy(c->recs, recs, len);
+            if (p->stage_tail)
+                p->stage_tail->next = c;
+            else
+                p->stage = c;
+            p->stage_tail = c;
+            p->stage_bytes += len;
+            p->staged = c->last;
+            /* next in line and nothing in the way: sent now, from the writer's thread (no wake-up between) */
+            if (p->sent + 1 == c->first && !p->pipe_failed && !p->fenced && !p->quit &&
+                window_room(p, 1) && send_begin(p)) {
+                pthread_mutex_unlock(&p->mu);
+                send_end(p, send_chunk(p, c));
+                return;
+            }
+            pthread_cond_signal(&p->wake);
+        }
+    }
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -292,11 +525,17 @@ void kr_pub_stop(kr_pub *p, bool release)
     pthread_cond_signal(&p->wake);
     pthread_mutex_unlock(&p->mu);
     pthread_join(p->thread, NULL);
+    kr_pipe_close(p->d.node); /* on_ack is never called again */
     if (release && !p->fenced && p->published >= p->committed)
         (void)kr_lease_renew(p->d.node, p->d.epoch, true, &p->d.lease_rev);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);
     kw_buf_free(&p->copy);
+    while (p->stage) {
+        pub_chunk *c = p->stage;
+        p->stage = c->next;
+        free(c);
+    }
     free(p);
 }

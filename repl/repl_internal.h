@@ -33,6 +33,14 @@ struct kr_node {
     /* asynchronous publishes' failures, counted by the error handler (a NATS thread) */
     pthread_mutex_t err_mu;
     uint32_t async_errors;
+    /* the WAL pipeline (kr_pipe_*): its own context, whose acknowledgement
+       handler (a NATS thread) tells pipe_fn; under pipe_mu */
+    jsCtx *pipe;
+    pthread_mutex_t pipe_mu;
+    pthread_cond_t pipe_done;  /* a message was resolved */
+    kr_ack_fn pipe_fn;
+    void *pipe_arg;
+    uint64_t pipe_sent, pipe_resolved; /* messages handed to the context; acknowledged, failed or dropped */
 };
 
 /* nats.c, shared with ckpt.c */

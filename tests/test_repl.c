@@ -2,18 +2,20 @@
  * test_repl.c -- libkeel_repl against a real nats-server (one node on a
  * free loopback port, JetStream storage in the case's base directory,
  * started and stopped by the unchecked fixture, so a failing test never
- * leaves it running): the fencing publish, a pipelined batch that meets
- * another node's record, the lease's compare-and-set, a directory brought
- * in step with the stream (its unreplicated tail dropped), a published
- * checkpoint copied into a directory (and damaged ones refused), a
- * follower's own checkpoints, and the refusals of bad input that write
- * nothing. The
+ * leaves it running): the fencing publish, a pipeline that meets another
+ * node's record and one that settles and sends again, the lease's
+ * compare-and-set, a directory brought in step with the stream (its
+ * unreplicated tail dropped), a published checkpoint copied into a
+ * directory (and damaged ones refused), a follower's own checkpoints, a
+ * record on the stream that the disk never took, and the refusals of bad
+ * input that write nothing. The
  * failover of whole keel-world processes on a 3-node cluster is
  * check_failover.sh and keel-crash --mode failover.
  */
 #include <check.h>
 #include <inttypes.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,40 +161,110 @@ START_TEST(test_publish_fences)
 }
 END_TEST
 
+/* A pipeline's acknowledgements, as its handler tells them (a NATS thread). */
+typedef struct acks {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t ok, failed;      /* how many of each */
+    uint64_t highest;         /* the highest LSN stored */
+} acks;
+
+static void on_ack(void *arg, uint64_t lsn, bool ok)
+{
+    acks *a = arg;
+    pthread_mutex_lock(&a->mu);
+    if (ok) {
+        a->ok++;
+        if (lsn > a->highest)
+            a->highest = lsn;
+    } else {
+        a->failed++;
+    }
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Wait until `total` messages were answered. */
+static void acks_wait(acks *a, uint64_t total)
+{
+    pthread_mutex_lock(&a->mu);
+    while (a->ok + a->failed < total)
+        pthread_cond_wait(&a->cv, &a->mu);
+    pthread_mutex_unlock(&a->mu);
+}
+
 /* Two nodes in the same epoch (both won a raced lease): the second's
  * publish of the same LSN is refused, not taken for a duplicate (message
- * ids carry the session); a pipelined batch whose first record meets
- * another node's stops there: none of its later records lines up behind
- * it, and it settles as fenced with the prefix it had. */
-START_TEST(test_batch_fences)
+ * ids carry the session); a pipeline whose next record meets another
+ * node's stops there: none of its later records lines up behind it, and it
+ * settles as fenced with the prefix it had. */
+START_TEST(test_pipe_fences)
 {
     kr_node *a = connect_world(nats_url, "batch", "a"), *b = connect_world(nats_url, "batch", "b");
+    acks ak = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    ck_assert_rc(kr_pipe_open(b, on_ack, &ak), KEEL_OK);
+    kr_pipe_close(b); /* a pipeline that never sent closes (libnats has no pending table yet) */
+    ck_assert_rc(kr_pipe_open(a, on_ack, &ak), KEEL_OK);
+    ck_assert_rc(kr_pipe_open(a, on_ack, &ak), KEEL_EINVAL); /* one per node */
     kw_buf rec[7] = {{0}};
-    const void *recs[3];
-    size_t lens[3];
     for (uint64_t lsn = 1; lsn <= 6; lsn++)
         epoch_record(&rec[lsn], lsn, 1, "a");
-    for (int i = 0; i < 3; i++) {
-        recs[i] = rec[1 + i].p;
-        lens[i] = rec[1 + i].len;
-    }
-    uint64_t acked = 0, first, last;
-    ck_assert_rc(kr_publish_batch(a, 1, 1, 3, recs, lens, &acked), KEEL_OK);
-    ck_assert_uint_eq(acked, 3);
+    for (uint64_t lsn = 1; lsn <= 3; lsn++) /* sent before any is acknowledged */
+        ck_assert_rc(kr_pipe_send(a, 1, lsn, lsn > 1, rec[lsn].p, rec[lsn].len), KEEL_OK);
+    acks_wait(&ak, 3);
+    ck_assert_uint_eq(ak.ok, 3);
+    ck_assert_uint_eq(ak.highest, 3);
     ck_assert_rc(kr_publish(b, 1, 3, rec[3].p, rec[3].len), KEEL_EFENCED); /* same epoch, same LSN, same bytes */
     ck_assert_rc(kr_publish(b, 1, 4, rec[4].p, rec[4].len), KEEL_OK);        /* b appends LSN 4 */
-    for (int i = 0; i < 3; i++) {
-        recs[i] = rec[4 + i].p;
-        lens[i] = rec[4 + i].len;
-    }
-    ck_assert_rc(kr_publish_batch(a, 1, 4, 3, recs, lens, &acked), KEEL_EFENCED);
+    for (uint64_t lsn = 4; lsn <= 6; lsn++)
+        ck_assert_rc(kr_pipe_send(a, 1, lsn, true, rec[lsn].p, rec[lsn].len), KEEL_OK);
+    acks_wait(&ak, 6);
+    ck_assert_uint_eq(ak.ok, 3);
+    ck_assert_uint_eq(ak.failed, 3); /* a's 4 expected a's 3 last, 5 and 6 a's 4 and 5: refused */
+    uint64_t acked = 0, first, last;
+    ck_assert_rc(kr_pipe_settle(a, 1, 3, 6, &acked), KEEL_EFENCED);
     ck_assert_uint_eq(acked, 3);
     ck_assert_rc(kr_bounds(a, &first, &last), KEEL_OK);
-    ck_assert_uint_eq(last, 4); /* a's LSNs 5 and 6 expected a's LSN 4: refused */
+    ck_assert_uint_eq(last, 4);
+    kr_pipe_close(a);
     for (int i = 1; i <= 6; i++)
         kw_buf_free(&rec[i]);
     kr_close(a);
     kr_close(b);
+}
+END_TEST
+
+/* A pipeline that lost its records in flight (a settle that found the
+ * stream holding a prefix) resends the rest, the first unchained, and a
+ * record the stream took after all is a duplicate, acknowledged at its
+ * sequence. */
+START_TEST(test_pipe_resends_after_settle)
+{
+    kr_node *a = connect_world(nats_url, "resend", "a");
+    acks ak = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    ck_assert_rc(kr_pipe_open(a, on_ack, &ak), KEEL_OK);
+    kw_buf rec[5] = {{0}};
+    uint64_t acked = 7;
+    ck_assert_rc(kr_pipe_settle(a, 1, 0, 0, &acked), KEEL_OK); /* nothing sent yet: nothing to drop */
+    ck_assert_uint_eq(acked, 0);
+    for (uint64_t lsn = 1; lsn <= 4; lsn++)
+        epoch_record(&rec[lsn], lsn, 1, "a");
+    for (uint64_t lsn = 1; lsn <= 2; lsn++)
+        ck_assert_rc(kr_pipe_send(a, 1, lsn, lsn > 1, rec[lsn].p, rec[lsn].len), KEEL_OK);
+    acks_wait(&ak, 2);
+    ck_assert_rc(kr_pipe_settle(a, 1, 0, 4, &acked), KEEL_EUNAVAILABLE); /* 3 and 4 were never sent */
+    ck_assert_uint_eq(acked, 2);
+    ck_assert_rc(kr_pipe_send(a, 1, 2, false, rec[2].p, rec[2].len), KEEL_OK); /* taken already: a duplicate */
+    for (uint64_t lsn = 3; lsn <= 4; lsn++)
+        ck_assert_rc(kr_pipe_send(a, 1, lsn, true, rec[lsn].p, rec[lsn].len), KEEL_OK);
+    acks_wait(&ak, 5);
+    ck_assert_uint_eq(ak.ok, 5);
+    ck_assert_uint_eq(ak.highest, 4);
+    ck_assert_rc(kr_pipe_settle(a, 1, 2, 4, &acked), KEEL_OK);
+    ck_assert_uint_eq(acked, 4);
+    for (int i = 1; i <= 4; i++)
+        kw_buf_free(&rec[i]);
+    kr_close(a); /* closes the pipeline */
 }
 END_TEST
 
@@ -563,6 +635,60 @@ START_TEST(test_follower_checkpoints)
 }
 END_TEST
 
+/* The writer hands a batch to the stream before its LMDB commit, so a
+ * crash or a failed commit can leave the stream holding a record the disk
+ * lacks. It was acknowledged to no one (sync: the disk did not take it;
+ * async: neither); a node restarting on the directory takes it from the
+ * stream, whole: the world continues from that tick. */
+START_TEST(test_stream_ahead_of_disk)
+{
+    char dir[4096];
+    tu_path(dir, sizeof dir, "ahead");
+    keel_component v;
+    keel_runtime_desc d = {.workers = 1, .durable.dir = dir,
+                           .replication = {.nats = nats_url, .world = "ahead", .mode = KEEL_REPL_SYNC,
+                                           .lease_ms = 300, .node = "one"}};
+    keel_runtime *rt = spawning_rt(d, &v);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    tu_step_n(rt, 5);
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    uint64_t durable = keel_durable_lsn(rt);
+    kr_node *n = connect_world(nats_url, "ahead", "probe");
+    kr_reader *r;
+    ck_assert_rc(kr_read_begin(n, durable + 1, &r), KEEL_OK);
+    ck_assert_rc(keel_failpoints_set("wal.before_commit=eio"), KEEL_OK);
+    tu_step_n(rt, 1); /* tick 6: its commit fails, the runtime latches fatal */
+    ck_assert_rc(keel_flush(rt), KEEL_EFATAL);
+    ck_assert_rc(keel_failpoints_set(""), KEEL_OK);
+    uint64_t want = keel_world_hash(keel_runtime_world(rt)); /* tick 6, as the tick left it */
+    uint64_t seq = 0;
+    const void *data;
+    size_t len;
+    int got = 0;
+    for (int i = 0; i < 50 && got == 0; i++) /* the stream has tick 6's record: the writer sent it first */
+        got = kr_read_next(r, 100, &seq, &data, &len);
+    ck_assert_int_eq(got, 1);
+    ck_assert_uint_eq(seq, durable + 1);
+    kr_read_end(r);
+    ck_assert_rc(keel_runtime_close(rt), KEEL_EFATAL);
+    kw_store *st = store_in("ahead");
+    ck_assert_uint_eq(wal_last(st), durable); /* the disk did not take it */
+    kw_store_close(st);
+    rt = spawning_rt(d, &v);
+    keel_recovery rec;
+    ck_assert_msg(!keel_runtime_recover(rt, &rec), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(rt), 6); /* taken from the stream */
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(rt)), want);
+    keel_repl_status rs;
+    keel_repl_status_get(rt, &rs);
+    ck_assert(rs.role == KEEL_ROLE_PRIMARY && rs.epoch == 2);
+    tu_step_n(rt, 2);
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
+    kr_close(n);
+}
+END_TEST
+
 /* The runtime's refusals, before anything connects. */
 START_TEST(test_runtime_refusals)
 {
@@ -592,11 +718,11 @@ END_TEST
 
 int main(void)
 {
-    const TTest *const stream[] = {test_publish_fences,           test_batch_fences,
+    const TTest *const stream[] = {test_publish_fences, test_pipe_fences, test_pipe_resends_after_settle,
                                    test_lease_cas,                test_sync_drops_unreplicated_tail,
                                    test_bad_streams_write_nothing, test_checkpoint_stream,
                                    test_connect_errors,           test_primary_runtime_publishes,
-                                   test_follower_checkpoints};
+                                   test_follower_checkpoints, test_stream_ahead_of_disk};
     const TTest *const api[] = {test_runtime_refusals};
     SRunner *sr = srunner_create(
         tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));

@@ -62,13 +62,17 @@ typedef struct dur_pin dur_pin;
 
 /* The seam replication plugs into (runtime/ installs it with dur_repl_set
  * before the first record is queued; zeroed: no replication). The writer
- * tells `committed` after each LMDB commit, on its thread with d->mu held,
- * so `committed` must not call back into durable/ and, once dur_repl_set
- * replaced the hook, the old one is never called again. With `gate` (sync
- * replication) a record counts as durable -- waiters, tickets, flush --
- * only once dur_acknowledge says the stream holds it. */
+ * hands `staged` each batch's sealed records (consecutive LSNs from
+ * first_lsn, back to back in recs) before it commits them, so the stream
+ * can take them while the disk syncs, and tells `committed` after each
+ * LMDB commit; both on its thread with d->mu held, so they must not call
+ * back into durable/ and, once dur_repl_set replaced the hook, the old one
+ * is never called again. With `gate` (sync replication) a record counts as
+ * durable -- waiters, tickets, flush -- only once it is both committed and
+ * acknowledged by the stream (dur_acknowledge), in whichever order. */
 typedef struct dur_repl_hook {
     void *self;
+    void (*staged)(void *self, uint64_t first_lsn, const void *recs, size_t len);
     void (*committed)(void *self, uint64_t lsn);
     bool gate;
 } dur_repl_hook;
@@ -115,6 +119,7 @@ typedef struct dur_state {
     _Atomic int fatal;         /* 0, or the KEEL_E* code that latched the runtime */
     _Atomic uint64_t local_lsn;    /* committed to LMDB (durable_lsn trails it while the hook gates) */
     uint64_t local_tick;           /* the tick local_lsn completes (under mu) */
+    uint64_t stream_lsn;           /* the stream acknowledged up to here (dur_acknowledge; under mu) */
     dur_repl_hook repl;
     /* a follower (dur_open_desc.follow): records replicated into the
      * directory are applied up to here; an unfinished unit after it waits

@@ -175,19 +175,27 @@ void dur_repl_set(dur_state *d, dur_repl_hook hook)
     pthread_mutex_unlock(&d->mu);
 }
 
+/* Under d->mu, with the hook gating: a record is durable once it is both
+ * committed here and acknowledged by the stream. */
+static void gate_advance(dur_state *d)
+{
+    uint64_t local = atomic_load(&d->local_lsn), lsn = d->stream_lsn < local ? d->stream_lsn : local;
+    if (lsn <= atomic_load(&d->durable_lsn))
+        return;
+    atomic_store_explicit(&d->durable_lsn, lsn, memory_order_release);
+    if (lsn == local && d->local_tick)
+        atomic_store_explicit(&d->durable_tick, d->local_tick, memory_order_release);
+    run_waiters(d, lsn, 0);
+    pthread_cond_broadcast(&d->durable_cv);
+}
+
 void dur_acknowledge(dur_state *d, uint64_t lsn)
 {
     pthread_mutex_lock(&d->mu);
-    uint64_t local = atomic_load(&d->local_lsn);
-    if (lsn > local)
-        lsn = local;
-    if (lsn > atomic_load(&d->durable_lsn)) {
-        atomic_store_explicit(&d->durable_lsn, lsn, memory_order_release);
-        if (lsn == local && d->local_tick)
-            atomic_store_explicit(&d->durable_tick, d->local_tick, memory_order_release);
-        run_waiters(d, lsn, 0);
-        pthread_cond_broadcast(&d->durable_cv);
-    }
+    if (lsn > d->stream_lsn)
+        d->stream_lsn = lsn;
+    if (d->repl.gate)
+        gate_advance(d);
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -428,12 +436,28 @@ static void batch_add(batch *b, dur_item *it)
         b->need_sync = true;
 }
 
+/* Hand the batch's records to replication before they are committed: the
+ * stream takes them while the disk syncs. A record the stream holds and
+ * this disk does not (a crash, a failed commit) was acknowledged to no one;
+ * a node restarting on this directory takes it from the stream. */
+static void stage(dur_state *d, const batch *b)
+{
+    pthread_mutex_lock(&d->mu);
+    if (d->repl.staged)
+        for (const dur_item *it = b->head; it; it = it->next)
+            if (it->last_lsn)
+                d->repl.staged(d->repl.self, it->first_lsn, it->recs.p, it->recs.len);
+    pthread_mutex_unlock(&d->mu);
+}
+
 static void batch_commit(dur_state *d, batch *b)
 {
     /* a batch of flush requests only (their records went out before) needs no commit */
     bool work = b->last_lsn != 0;
     for (dur_item *it = b->head; it && !work; it = it->next)
         work = it->kind == DUR_CHECKPOINT;
+    if (b->last_lsn)
+        stage(d, b);
     uint64_t t0 = now_ns();
     int rc = work ? kw_store_write(d->store, fill, b) : KEEL_OK;
     uint64_t t1 = now_ns();
@@ -474,14 +498,16 @@ static void batch_commit(dur_state *d, batch *b)
             atomic_store_explicit(&d->local_lsn, b->last_lsn, memory_order_release);
         if (b->last_tick)
             d->local_tick = b->last_tick;
-        if (!d->repl.gate) {
+        if (d->repl.gate) {
+            gate_advance(d);
+        } else {
             if (b->last_lsn)
                 atomic_store_explicit(&d->durable_lsn, b->last_lsn, memory_order_release);
             if (b->last_tick)
                 atomic_store_explicit(&d->durable_tick, b->last_tick, memory_order_release);
+            run_waiters(d, atomic_load(&d->durable_lsn), 0);
+            pthread_cond_broadcast(&d->durable_cv);
         }
-        run_waiters(d, atomic_load(&d->durable_lsn), 0);
-        pthread_cond_broadcast(&d->durable_cv);
     }
     if (committed && d->repl.committed) /* under d->mu: dur_repl_set may free the old hook's self */
         d->repl.committed(d->repl.self, committed);

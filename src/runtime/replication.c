@@ -333,6 +333,11 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     return rc;
 }
 
+static void on_staged(void *self, uint64_t first_lsn, const void *recs, size_t len)
+{
+    kr_pub_staged(self, first_lsn, recs, len);
+}
+
 static void on_committed(void *self, uint64_t lsn)
 {
     kr_pub_committed(self, lsn);
@@ -367,7 +372,7 @@ static int start_primary(keel_runtime *rt)
     r->pub = pub;
     pthread_mutex_unlock(&r->mu);
     /* before the next record is queued */
-    dur_repl_set(d, (dur_repl_hook){.self = pub, .committed = on_committed, .gate = r->st.mode == KEEL_REPL_SYNC});
+    dur_repl_set(d, (dur_repl_hook){.self = pub, .staged = on_staged, .committed = on_committed, .gate = r->st.mode == KEEL_REPL_SYNC});
     kr_pub_committed(pub, atomic_load(&d->local_lsn)); /* a schema record recovery wrote */
     return KEEL_OK;
 }

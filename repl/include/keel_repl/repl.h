@@ -80,16 +80,28 @@ void kr_read_end(kr_reader *r);
  * KEEL_EUNAVAILABLE (no acknowledgement in time; publishing the same lsn
  * again is safe: the message id de-duplicates). */
 int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t len);
-/* Publish the records of LSNs first_lsn .. first_lsn + count - 1 pipelined
- * (each expecting its predecessor: the first by sequence -- first_lsn - 1
- * must be this node's, acknowledged -- the others by sequence and by this
- * node's message id), and wait for their acknowledgements.
- * *acked: the last LSN the stream holds as this node's. Errors as
- * kr_publish: KEEL_EFENCED when the stream holds another primary's record
- * in the range, KEEL_EUNAVAILABLE when it took only a prefix (publish the
- * rest again). */
-int kr_publish_batch(kr_node *n, uint64_t epoch, uint64_t first_lsn, uint32_t count, const void *const *recs,
-                     const size_t *lens, uint64_t *acked);
+/* The WAL pipeline: records go out as the store commits them, without
+ * waiting for the acknowledgements of those before. Each expects the
+ * stream to end at lsn - 1; all but the first after kr_pipe_open or a
+ * settle also expect this node's message id of lsn - 1 (`chained`), so a
+ * record never lines up behind another primary's, and an acknowledged LSN
+ * means the stream holds this node's records up to it. The first must
+ * follow an LSN the stream holds as this node's (or the stream's end when
+ * none is). Acknowledgements arrive on a NATS thread: fn(arg, lsn, true)
+ * for a record stored at its LSN, fn(arg, lsn, false) for a refusal or a
+ * timeout (the stream's answer comes from kr_pipe_settle). One pipeline
+ * per node; fn is never called once kr_pipe_close returns. */
+#define KR_PIPE_MAX 4096 /* records in flight at most (the publisher's window) */
+typedef void (*kr_ack_fn)(void *arg, uint64_t lsn, bool ok);
+int kr_pipe_open(kr_node *n, kr_ack_fn fn, void *arg);
+int kr_pipe_send(kr_node *n, uint64_t epoch, uint64_t lsn, bool chained, const void *rec, size_t len);
+/* After a failure: forget the records still in flight and find how far
+ * the stream holds this node's records, from `before` (this node's,
+ * acknowledged) up to `last` (the last sent) into *acked. KEEL_EFENCED
+ * when another primary's record follows them, KEEL_EUNAVAILABLE when the
+ * stream holds only a prefix (send the rest again, the first unchained). */
+int kr_pipe_settle(kr_node *n, uint64_t epoch, uint64_t before, uint64_t last, uint64_t *acked);
+void kr_pipe_close(kr_node *n);
 /* Drop the stream's messages before seq (retention). */
 int kr_purge_before(kr_node *n, uint64_t seq);
 
@@ -191,6 +203,9 @@ typedef struct kr_pub_stats {
 int kr_pub_start(const kr_pub_desc *d, kr_pub **out);
 /* The store committed records up to lsn (the durability layer's hook). */
 void kr_pub_committed(kr_pub *p, uint64_t lsn);
+/* The records of LSNs first_lsn on, back to back in recs, about to be
+ * committed: the thread may send them before they are (copied). */
+void kr_pub_staged(kr_pub *p, uint64_t first_lsn, const void *recs, size_t len);
 /* Wait until everything committed is published, for at most timeout_ms:
  * 0, KEEL_EUNAVAILABLE, KEEL_EFENCED. */
 int kr_pub_drain(kr_pub *p, int64_t timeout_ms);
