@@ -666,32 +666,59 @@ static keel_replication_desc repl_world(const bench_nats *nats, keel_repl_mode m
     return (keel_replication_desc){ .nats = nats->urls, .world = name, .mode = mode };
 }
 
-/* The stream's own ceiling: IMM_RECORD-byte records published pipelined
- * (kr_publish_batch, 2048 at a time, each expecting its predecessor) to a
- * fresh stream for about IMM_SECONDS; records/s. */
-#define CEIL_BATCH 2048u
+/* The stream's own ceiling: IMM_RECORD-byte records published through the
+ * pipeline (kr_pipe_send, up to CEIL_WINDOW in flight, each expecting its
+ * predecessor) to a fresh stream for about IMM_SECONDS; records/s. */
+#define CEIL_WINDOW 2048u
+#define REPL_TICK_HZ 1000.0 /* the repl figures' TickDriver rate */
+typedef struct ceil_acks {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t acked;
+    bool failed;
+} ceil_acks;
+
+static void ceil_on_ack(void *arg, uint64_t lsn, bool ok)
+{
+    ceil_acks *a = arg;
+    pthread_mutex_lock(&a->mu);
+    if (!ok)
+        a->failed = true;
+    else if (lsn > a->acked)
+        a->acked = lsn;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
 static double stream_ceiling(const bench_nats *nats)
 {
     char name[64];
     keel_replication_desc d = repl_world(nats, KEEL_REPL_SYNC, name, sizeof name);
     kr_node *n;
     check(kr_connect(&(kr_desc){ .urls = d.nats, .world = d.world, .create = true }, &n), "kr_connect");
+    ceil_acks a = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+    check(kr_pipe_open(n, ceil_on_ack, &a), "kr_pipe_open");
     unsigned char payload[IMM_RECORD];
     memset(payload, 0x5a, sizeof payload);
-    const void **recs = xmalloc(CEIL_BATCH * sizeof *recs);
-    size_t *lens = xmalloc(CEIL_BATCH * sizeof *lens);
-    for (uint32_t i = 0; i < CEIL_BATCH; i++) {
-        recs[i] = payload;
-        lens[i] = sizeof payload;
+    uint64_t sent = 0, t0 = now_ns(), stop = t0 + (uint64_t)(IMM_SECONDS * 1e9);
+    pthread_mutex_lock(&a.mu);
+    while (!a.failed && (now_ns() < stop || a.acked < sent)) {
+        if (now_ns() < stop && sent - a.acked < CEIL_WINDOW) {
+            pthread_mutex_unlock(&a.mu);
+            check(kr_pipe_send(n, 1, sent + 1, sent > 0, payload, sizeof payload), "kr_pipe_send");
+            sent++;
+            pthread_mutex_lock(&a.mu);
+        } else {
+            pthread_cond_wait(&a.cv, &a.mu);
+        }
     }
-    uint64_t lsn = 1, t0 = now_ns(), stop = t0 + (uint64_t)(IMM_SECONDS * 1e9), acked = 0;
-    while (now_ns() < stop) {
-        check(kr_publish_batch(n, 1, lsn, CEIL_BATCH, recs, lens, &acked), "kr_publish_batch");
-        lsn = acked + 1;
+    bool failed = a.failed;
+    pthread_mutex_unlock(&a.mu);
+    if (failed) {
+        fprintf(stderr, "keel-bench: repl_stream_ceiling: the stream refused a record\n");
+        exit(1);
     }
-    double rate = (double)(lsn - 1) / ((double)(now_ns() - t0) / 1e9);
-    free(recs);
-    free(lens);
+    double rate = (double)sent / ((double)(now_ns() - t0) / 1e9);
     kr_close(n);
     return rate;
 }
@@ -753,20 +780,24 @@ void bench_repl(const config *cfg)
     }
     uint32_t R = cfg->rounds;
     imm_sample *local = xmalloc(R * sizeof *local), *sync = xmalloc(R * sizeof *sync),
-               *async = xmalloc(R * sizeof *async);
+               *async = xmalloc(R * sizeof *async), *local_u = xmalloc(R * sizeof *local_u),
+               *sync_u = xmalloc(R * sizeof *sync_u);
     double *ceiling = xmalloc(R * sizeof *ceiling);
     char name[64];
     keel_replication_desc d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
-    (void)imm_measure(IMM_WINDOW, -1, &d); /* warm-up */
+    (void)imm_measure(IMM_WINDOW, REPL_TICK_HZ, &d); /* warm-up */
     for (uint32_t r = 0; r < R; r++) {
         if (r % 2 == 0)
-            local[r] = imm_measure(IMM_WINDOW, -1, NULL);
+            local[r] = imm_measure(IMM_WINDOW, REPL_TICK_HZ, NULL);
         d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
-        sync[r] = imm_measure(IMM_WINDOW, -1, &d);
+        sync[r] = imm_measure(IMM_WINDOW, REPL_TICK_HZ, &d);
         d = repl_world(&nats, KEEL_REPL_ASYNC, name, sizeof name);
-        async[r] = imm_measure(IMM_WINDOW, -1, &d);
+        async[r] = imm_measure(IMM_WINDOW, REPL_TICK_HZ, &d);
         if (r % 2 == 1)
-            local[r] = imm_measure(IMM_WINDOW, -1, NULL);
+            local[r] = imm_measure(IMM_WINDOW, REPL_TICK_HZ, NULL);
+        local_u[r] = imm_measure(IMM_WINDOW, -1, NULL);
+        d = repl_world(&nats, KEEL_REPL_SYNC, name, sizeof name);
+        sync_u[r] = imm_measure(IMM_WINDOW, -1, &d);
         ceiling[r] = stream_ceiling(&nats);
     }
     double base = imm_median(local, R, offsetof(imm_sample, tps));
@@ -778,19 +809,29 @@ void bench_repl(const config *cfg)
                    .baseline = imm_median(local, R, offsetof(imm_sample, p50)), .no_target = true };
     figure l99 = { .name = "repl_sync_immediate_p99", .unit = "ms", .value = imm_median(sync, R, offsetof(imm_sample, p99)),
                    .baseline = imm_median(local, R, offsetof(imm_sample, p99)), .no_target = true };
+    figure fu = { .name = "repl_sync_immediate_unthrottled", .unit = "commits/s",
+                  .value = imm_median(sync_u, R, offsetof(imm_sample, tps)),
+                  .baseline = imm_median(local_u, R, offsetof(imm_sample, tps)), .no_target = true };
     report(cfg, &fs);
     report(cfg, &fa);
     report(cfg, &l50);
     report(cfg, &l99);
+    report(cfg, &fu);
     figure fc = { .name = "repl_stream_ceiling", .unit = "records/s", .value = median(ceiling, R), .baseline = base,
                   .no_target = true };
     report(cfg, &fc);
-    note(cfg, "repl_stream_ceiling: %u-byte records published to the 3-node stream alone, pipelined %u at a time "
+    note(cfg, "repl_stream_ceiling: %u-byte records published to the 3-node stream alone, up to %u in flight "
               "(each expecting its predecessor), for %.1f s: the most records/s sync replication can carry here; "
-              "baseline: local-only IMMEDIATE transfers/s", IMM_RECORD, CEIL_BATCH, IMM_SECONDS);
-    note(cfg, "repl: value = the immediate figure's IMMEDIATE transfers/s (%u threads x %u in flight) with sync / "
-              "async replication to a 3-node JetStream cluster on loopback (R3, file storage); baseline = the same "
-              "without replication, in the same rounds", IMM_THREADS, IMM_WINDOW);
+              "baseline: local-only IMMEDIATE transfers/s", IMM_RECORD, CEIL_WINDOW, IMM_SECONDS);
+    note(cfg, "repl: value = IMMEDIATE transfers/s (%u threads x %u in flight, as immediate) with sync / async "
+              "replication to a 3-node JetStream cluster on loopback (R3, file storage), the TickDriver at %.0f Hz "
+              "as a server runs it; baseline = the same without replication, in the same rounds", IMM_THREADS,
+         IMM_WINDOW, REPL_TICK_HZ);
+    double ur = imm_median(sync_u, R, offsetof(imm_sample, records_per_s));
+    note(cfg, "repl_sync_immediate_unthrottled: the same, sync, with the unthrottled keel_runtime_step loop of "
+              "immediate, against local-only with that loop: the loop spins one of the machine's cores, which the "
+              "three NATS servers then lack; %.0f records/s of %.1f transfers (%.0f ticks/s)", ur,
+         ur > 0 ? fu.value / ur : 0.0, imm_median(sync_u, R, offsetof(imm_sample, ticks_per_s)));
     double sr = imm_median(sync, R, offsetof(imm_sample, records_per_s)),
            lr = imm_median(local, R, offsetof(imm_sample, records_per_s));
     note(cfg, "repl: WAL records (stream messages) per second: sync %.0f (%.1f transfers per record, %.0f ticks/s), "
@@ -799,6 +840,8 @@ void bench_repl(const config *cfg)
          imm_median(sync, R, offsetof(imm_sample, ticks_per_s)), lr, lr > 0 ? base / lr : 0.0,
          imm_median(local, R, offsetof(imm_sample, ticks_per_s)));
     free(local);
+    free(local_u);
+    free(sync_u);
     free(sync);
     free(async);
     free(ceiling);

@@ -74,8 +74,10 @@
  *             (commit_group) and IMMEDIATE (commit_immediate) mode.
  *  repl       (bench_commit.c, bench_world.c; a 3-node NATS JetStream cluster on
  *             loopback that bench_nats.c starts; skipped without nats-server)
- *             repl_sync_immediate / _async: the immediate figure with sync /
- *             async replication vs without (target: ratio >= 0.5);
+ *             repl_sync_immediate / _async: the immediate figure, ticked by
+ *             the TickDriver at 1 kHz, with sync / async replication vs
+ *             without (target: ratio >= 0.5); repl_sync_immediate_unthrottled:
+ *             the same with unthrottled stepping, for the record;
  *             repl_stream_ceiling: records/s the stream alone takes;
  *             repl_follower_lag_p50/p99: a read replica's lag behind the demo
  *             at 60 Hz in ticks (target: p99 <= 2); repl_bootstrap: a fresh
