@@ -137,9 +137,10 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
     n->async_errors = 0;
     pthread_mutex_unlock(&n->err_mu);
     bool pipelined = false; /* libnats has a pending table to drop only after an asynchronous publish */
-    for (uint32_t i = 1; i < m.n && st == NATS_OK; i++, pipelined = true) {
+    for (uint32_t i = 1; i < m.n && st == NATS_OK; i++) {
         size_t end = i + 1 < m.n ? m.off[i + 1] : m.bytes.len;
         st = js_PublishAsync(n->js, n->ckpt_subject, (const char *)m.bytes.p + m.off[i], (int)(end - m.off[i]), NULL);
+        pipelined |= st == NATS_OK;
     }
     unsigned char tail[16];
     kw_buf t = {tail, 0, sizeof tail};

@@ -485,6 +485,7 @@ int kr_pipe_open(kr_node *n, kr_ack_fn fn, void *arg)
     pthread_mutex_lock(&n->pipe_mu);
     n->pipe_fn = fn;
     n->pipe_arg = arg;
+    n->pipe_sent = n->pipe_resolved = 0; /* a new context: no pending table until it sends */
     pthread_mutex_unlock(&n->pipe_mu);
     return KEEL_OK;
 }

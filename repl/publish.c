@@ -7,9 +7,9 @@
  * - The writer stages each batch's sealed records before its LMDB commit
  *   (kr_pub_staged: a chunk appended to `stage`) and raises `committed`
  *   after it (kr_pub_committed); both signal `wake`.
- * - Sending is one sender's at a time, the holder of `sending`: the writer,
- *   for the chunk it just staged when that chunk is next in line (sent+1)
- *   and the window has room, else the thread, which takes the records after
+ * - Sending is one sender's at a time, the holder of `sending`: the writer
+ *   (with writer_sends), for the chunk it just staged when that chunk is
+ *   next in line (sent+1) and the window has room, else the thread, which takes the records after
  *   `sent` from the stage or, when the stage does not hold them, from the
  *   store (a short read transaction: the writer is never waited for). Each
  *   goes to the pipeline (kr_pipe_send) without waiting for the
@@ -248,7 +248,8 @@ static int send_chunk(kr_pub *p, const pub_chunk *c)
     int rc = KEEL_OK;
     size_t off = 0;
     for (uint64_t lsn = c->first; !rc && lsn <= c->last && off + KW_HEADER_SIZE <= c->len &&
-                                  p->sent - p->published < KR_PIPE_MAX; lsn++) {
+                                  p->sent - p->published < KR_PIPE_MAX && p->inflight_bytes < PIPE_BYTES;
+         lsn++) {
         size_t len = kw_record_peek_len(c->recs + off);
         if (lsn > p->sent)
             rc = send_one(p, c->recs + off, len);
@@ -358,13 +359,14 @@ static bool pub_step(kr_pub *p)
         p->sending = true; /* before mu goes: the writer must not send while the stream is read */
         pthread_mutex_unlock(&p->mu);
         rc = resettle(p);
-    } else if (p->quit && p->published >= p->committed) {
-        return false;
     } else if (p->marker_lsn && p->marker_lsn <= p->published && p->marker_lsn <= p->committed) {
-        /* the checkpoint is read from the store: its marker committed there too */
+        /* the checkpoint is read from the store: its marker committed there too (before a stop: a
+           clean close publishes its last checkpoint) */
         p->marker_lsn = 0;
         pthread_mutex_unlock(&p->mu);
         publish_checkpoint(p);
+    } else if (p->quit && p->published >= p->committed) {
+        return false;
     } else if (now >= p->renew_at_ns) {
         pthread_mutex_unlock(&p->mu);
         rc = renew(p);
@@ -372,7 +374,8 @@ static bool pub_step(kr_pub *p)
                send_begin(p)) {
         uint64_t upto = p->committed;
         pthread_mutex_unlock(&p->mu);
-        send_end(p, send_more(p, upto)); /* a refusal: what went is settled, the rest sent again */
+        rc = send_more(p, upto);
+        send_end(p, rc); /* a refusal: what went is settled, the rest sent again (after RETRY_MS, below) */
     } else {
         struct timespec ts;
         uint64_t at = p->renew_at_ns;
@@ -474,7 +477,7 @@ void kr_pub_staged(kr_pub *p, uint64_t first_lsn, const void *recs, size_t len)
             p->stage_bytes += len;
             p->staged = c->last;
             /* next in line and nothing in the way: sent now, from the writer's thread (no wake-up between) */
-            if (p->sent + 1 == c->first && !p->pipe_failed && !p->fenced && !p->quit &&
+            if (p->d.writer_sends && p->sent + 1 == c->first && !p->pipe_failed && !p->fenced && !p->quit &&
                 window_room(p, 1) && send_begin(p)) {
                 pthread_mutex_unlock(&p->mu);
                 send_end(p, send_chunk(p, c));

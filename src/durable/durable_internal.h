@@ -64,10 +64,11 @@ typedef struct dur_pin dur_pin;
  * before the first record is queued; zeroed: no replication). The writer
  * hands `staged` each batch's sealed records (consecutive LSNs from
  * first_lsn, back to back in recs) before it commits them, so the stream
- * can take them while the disk syncs, and tells `committed` after each
- * LMDB commit; both on its thread with d->mu held, so they must not call
- * back into durable/ and, once dur_repl_set replaced the hook, the old one
- * is never called again. With `gate` (sync replication) a record counts as
+ * can take them while the disk syncs -- on its thread without d->mu (it may
+ * send), while `repl_staging` says so -- and tells `committed` after each
+ * LMDB commit, with d->mu held. Neither may call back into durable/; once
+ * dur_repl_set (which waits out a `staged` call) replaced the hook, the old
+ * one is never called again. With `gate` (sync replication) a record counts as
  * durable -- waiters, tickets, flush -- only once it is both committed and
  * acknowledged by the stream (dur_acknowledge), in whichever order. */
 typedef struct dur_repl_hook {
@@ -121,6 +122,7 @@ typedef struct dur_state {
     uint64_t local_tick;           /* the tick local_lsn completes (under mu) */
     uint64_t stream_lsn;           /* the stream acknowledged up to here (dur_acknowledge; under mu) */
     dur_repl_hook repl;
+    bool repl_staging;         /* the writer is in repl.staged, outside mu (dur_repl_set waits; durable_cv) */
     /* a follower (dur_open_desc.follow): records replicated into the
      * directory are applied up to here; an unfinished unit after it waits
      * for the rest of its records */

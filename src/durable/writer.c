@@ -171,6 +171,8 @@ void dur_promote(dur_state *d)
 void dur_repl_set(dur_state *d, dur_repl_hook hook)
 {
     pthread_mutex_lock(&d->mu);
+    while (d->repl_staging) /* the old hook's self must outlive a staged call */
+        pthread_cond_wait(&d->durable_cv, &d->mu);
     d->repl = hook;
     pthread_mutex_unlock(&d->mu);
 }
@@ -443,10 +445,17 @@ static void batch_add(batch *b, dur_item *it)
 static void stage(dur_state *d, const batch *b)
 {
     pthread_mutex_lock(&d->mu);
-    if (d->repl.staged)
-        for (const dur_item *it = b->head; it; it = it->next)
-            if (it->last_lsn)
-                d->repl.staged(d->repl.self, it->first_lsn, it->recs.p, it->recs.len);
+    dur_repl_hook h = d->repl;
+    d->repl_staging = h.staged != NULL; /* h.self lives while it is set: dur_repl_set waits */
+    pthread_mutex_unlock(&d->mu);
+    if (!h.staged)
+        return;
+    for (const dur_item *it = b->head; it; it = it->next) /* producers are not held back meanwhile */
+        if (it->last_lsn)
+            h.staged(h.self, it->first_lsn, it->recs.p, it->recs.len);
+    pthread_mutex_lock(&d->mu);
+    d->repl_staging = false;
+    pthread_cond_broadcast(&d->durable_cv);
     pthread_mutex_unlock(&d->mu);
 }
 

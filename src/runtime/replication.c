@@ -362,6 +362,7 @@ static int start_primary(keel_runtime *rt)
     dur_state *d = rt->dur;
     kr_pub_desc pd = {.node = r->node, .store = d->store, .epoch = r->seen.epoch, .lease_rev = r->seen.rev,
                       .published = r->epoch_lsn, .lease_ms = r->lease_ms, .self = rt, .acked = on_acked,
+                      .writer_sends = r->st.mode == KEEL_REPL_SYNC,
                       .failed = on_failed,
                       .retain = r->desc.retain_records ? r->desc.retain_records : RETAIN_DEFAULT};
     kr_pub *pub;

@@ -185,6 +185,8 @@ typedef struct kr_pub_desc {
     uint64_t published;       /* the stream's last sequence: publishing starts after it */
     int64_t retain;           /* WAL records the stream keeps before its published checkpoint (< 0: all) */
     int32_t lease_ms;
+    bool writer_sends;        /* kr_pub_staged may send on the caller's thread (sync: a commit waits for the
+                                 stream anyway; async: the local disk never waits for the network) */
     void *self;
     void (*acked)(void *self, uint64_t lsn);    /* the stream holds records up to lsn */
     void (*failed)(void *self, int rc);         /* KEEL_EFENCED: deposed; nothing more is published */
@@ -204,7 +206,8 @@ int kr_pub_start(const kr_pub_desc *d, kr_pub **out);
 /* The store committed records up to lsn (the durability layer's hook). */
 void kr_pub_committed(kr_pub *p, uint64_t lsn);
 /* The records of LSNs first_lsn on, back to back in recs, about to be
- * committed: the thread may send them before they are (copied). */
+ * committed: copied, to be sent before they are -- with writer_sends on
+ * the caller's thread when they are next in line, else by the thread. */
 void kr_pub_staged(kr_pub *p, uint64_t first_lsn, const void *recs, size_t len);
 /* Wait until everything committed is published, for at most timeout_ms:
  * 0, KEEL_EUNAVAILABLE, KEEL_EFENCED. */
