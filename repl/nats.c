@@ -265,6 +265,12 @@ const char *kr_world(const kr_node *n)
     return n->world;
 }
 
+size_t kr_max_payload(kr_node *n)
+{
+    int64_t m = natsConnection_GetMaxPayload(n->nc);
+    return m > 0 ? (size_t)m : 0;
+}
+
 const char *kr_node_id(const kr_node *n)
 {
     return n->node;

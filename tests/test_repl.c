@@ -635,6 +635,97 @@ START_TEST(test_follower_checkpoints)
 }
 END_TEST
 
+/* A side transaction bigger than one message of the stream: refused at
+ * commit (the stream could never take its record), nothing applied or
+ * logged; one that fits is replicated. */
+#define BLOB 60000u
+#define BLOBS 20u
+typedef struct blobs {
+    keel_component c;
+    keel_entity e[BLOBS];
+    uint32_t n;               /* entities the closure writes */
+    unsigned char value[BLOB];
+} blobs;
+
+static int blob_spawn(keel_ctx *ctx, void *user)
+{
+    blobs *b = user;
+    for (uint32_t i = 0; i < BLOBS && keel_ctx_tick(ctx) == 1; i++)
+        if (keel_cmd_spawn(keel_ctx_commands(ctx), &(keel_init){b->c, b->value}, 1))
+            return -1;
+    return 0;
+}
+
+static int blob_write(keel_side_txn *tx, void *arg)
+{
+    blobs *b = arg;
+    int rc = 0;
+    for (uint32_t i = 0; i < b->n && !rc; i++)
+        rc = keel_side_set(tx, b->e[i], b->c, b->value);
+    return rc;
+}
+
+START_TEST(test_side_over_max_payload_refused)
+{
+    static const keel_field blob_field[] = {{.name = "b", .type = KEEL_BYTES, .offset = 0, .count = BLOB}};
+    static blobs b;
+    memset(&b, 0, sizeof b);
+    char dir[4096];
+    tu_path(dir, sizeof dir, "big");
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .durable.dir = dir,
+                                                     .replication = {.nats = nats_url, .world = "big",
+                                                                     .mode = KEEL_REPL_SYNC, .lease_ms = 300}});
+    b.c = tu_reg(keel_runtime_world(rt), "blob", BLOB, KEEL_VERSIONED, blob_field, 1);
+    keel_schedule *s;
+    ck_assert_rc(keel_schedule_create(rt, &s), KEEL_OK);
+    ck_assert_rc(keel_schedule_add_system(s, &(keel_system_desc){.name = "spawn", .kind = KEEL_SYSTEM_CALLBACK,
+                                                                 .run = blob_spawn, .user = &b}, NULL), KEEL_OK);
+    tu_install(rt, s);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    tu_step_n(rt, 1);
+    keel_query *q = tu_query_new(keel_runtime_world(rt), b.c, 0);
+    keel_iter it;
+    keel_query_iter(q, &it);
+    while (keel_iter_next(&it))
+        for (uint32_t i = 0; i < it.count && b.n < BLOBS; i++)
+            b.e[b.n++] = it.entities[i];
+    keel_query_destroy(q);
+    ck_assert_uint_eq(b.n, BLOBS);
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    uint64_t lsn = keel_durable_lsn(rt), hash = keel_world_hash(keel_runtime_world(rt));
+    uint64_t rng = 42; /* 1.2 MB of writes that do not compress: over the server's 1 MiB max_payload */
+    for (size_t i = 0; i < sizeof b.value; i++)
+        b.value[i] = (unsigned char)tu_rng_next(&rng);
+    keel_ticket *tk;
+    ck_assert_rc(keel_submit(rt, blob_write, &b, KEEL_DURABLE_IMMEDIATE, &tk), KEEL_OK);
+    tu_step_n(rt, 1);
+    ck_assert_rc(keel_ticket_wait(tk, -1), KEEL_EINVAL);
+    keel_ticket_release(tk);
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(rt)), hash); /* nothing applied */
+    kr_node *n = connect_world(nats_url, "big", "probe");
+    uint64_t first, last;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(last, keel_durable_lsn(rt)); /* the stream has everything logged... */
+    ck_assert_uint_le(keel_durable_lsn(rt), lsn + 1); /* ... and that is at most the second tick's marker */
+    b.n = BLOBS / 2; /* 600 kB: one message */
+    ck_assert_rc(keel_submit(rt, blob_write, &b, KEEL_DURABLE_IMMEDIATE, &tk), KEEL_OK);
+    tu_step_n(rt, 1);
+    ck_assert_rc(keel_ticket_wait(tk, -1), KEEL_OK);
+    uint64_t logged = keel_ticket_lsn(tk);
+    keel_ticket_release(tk);
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_gt(logged, lsn);
+    ck_assert_uint_ge(last, logged); /* sync: acknowledged means on the stream */
+    kw_buf rec = {0};
+    ck_assert_rc(kr_get(n, logged, &rec), KEEL_OK);
+    ck_assert_uint_gt(rec.len, BLOB); /* the transaction, one message */
+    kw_buf_free(&rec);
+    ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
+    kr_close(n);
+}
+END_TEST
+
 /* The writer hands a batch to the stream before its LMDB commit, so a
  * crash or a failed commit can leave the stream holding a record the disk
  * lacks. It was acknowledged to no one (sync: the disk did not take it;
@@ -722,7 +813,8 @@ int main(void)
                                    test_lease_cas,                test_sync_drops_unreplicated_tail,
                                    test_bad_streams_write_nothing, test_checkpoint_stream,
                                    test_connect_errors,           test_primary_runtime_publishes,
-                                   test_follower_checkpoints, test_stream_ahead_of_disk};
+                                   test_follower_checkpoints, test_stream_ahead_of_disk,
+                                   test_side_over_max_payload_refused};
     const TTest *const api[] = {test_runtime_refusals};
     SRunner *sr = srunner_create(
         tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));

@@ -76,6 +76,7 @@ typedef struct dur_repl_hook {
     void (*staged)(void *self, uint64_t first_lsn, const void *recs, size_t len);
     void (*committed)(void *self, uint64_t lsn);
     bool gate;
+    size_t record_max;         /* the most bytes a record may have on the stream (its max_payload; 0: none) */
 } dur_repl_hook;
 
 #define DUR_SPANS 1024                  /* writer commits kept for the trace */
@@ -204,6 +205,10 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn);
 /* Queue one side transaction's SIDE payload (flags: its record's). It joins
  * the side transactions queued last when the writer has not taken them yet
  * and they share its mode and tick: one record (SIDES), one LSN, *lsn. */
+/* KEEL_EINVAL when a side payload of `bytes` could never be logged (over
+ * the WAL's record limit, or over what one message of the replication
+ * stream takes). */
+int dur_side_fits(dur_state *d, size_t bytes);
 int dur_enqueue_side(dur_state *d, keel_durability mode, uint64_t tick, uint32_t flags, const kw_buf *side,
                      uint64_t *lsn);
 dur_item *dur_item_new(dur_item_kind kind, keel_durability mode);

@@ -11,6 +11,11 @@ static int log_side(void *self, uint64_t seq, keel_durability mode, uint64_t tic
     return fence_side(self, seq, mode, tick, side_off, lsn);
 }
 
+static int side_fits(void *self, size_t bytes)
+{
+    return dur_side_fits(self, bytes);
+}
+
 static uint64_t last_lsn(void *self)
 {
     return dur_last_lsn(self);
@@ -53,6 +58,7 @@ static bool pin_active(void *self)
 
 const txn_log_ops dur_txn_log = {
     .log_side = log_side,
+    .side_fits = side_fits,
     .last_lsn = last_lsn,
     .sync_request = sync_request,
     .wait_durable = wait_durable,

@@ -337,18 +337,55 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
  * what they save is a record each: its header, its compression, its LMDB
  * put and, when replicated, its stream message. The writer builds the
  * record (sides_build) when it takes the item. */
+/* Under d->mu: the most payload bytes a side record may hold -- the WAL's
+ * limit, or what one message of the replication stream takes (a record is
+ * its header and at most its payload's bytes: what does not shrink is
+ * stored raw). */
+static size_t side_raw_max(const dur_state *d)
+{
+    size_t r = d->repl.record_max, m = r > KW_HEADER_SIZE ? r - KW_HEADER_SIZE : 0;
+    return !r || m > KW_RAW_MAX ? KW_RAW_MAX : m;
+}
+
+/* Under d->mu: refuse a side payload of `bytes` that no record could hold
+ * (12: its count, flags and length while it waits in a SIDES item). */
+static int side_refused(const dur_state *d, size_t bytes)
+{
+    size_t max = side_raw_max(d);
+    if (bytes <= max && max - bytes >= 12)
+        return KEEL_OK;
+    if (d->repl.record_max)
+        return core_fail(KEEL_EINVAL, "a side transaction of %zu bytes is over the %zu bytes one record may carry "
+                         "to the replication stream (the NATS server's max_payload): nothing applied", bytes,
+                         max > 12 ? max - 12 : 0);
+    return core_fail(KEEL_EINVAL, "a side transaction of %zu bytes is over the WAL record limit of %u bytes: nothing "
+                     "applied", bytes, (unsigned)KW_RAW_MAX);
+}
+
+int dur_side_fits(dur_state *d, size_t bytes)
+{
+    pthread_mutex_lock(&d->mu);
+    int rc = side_refused(d, bytes);
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
 int dur_enqueue_side(dur_state *d, keel_durability mode, uint64_t tick, uint32_t flags, const kw_buf *side,
                      uint64_t *lsn)
 {
-    if (side->len > KW_RAW_MAX - 12) /* a record of its own would be over the limit too */
-        return core_fail(KEEL_EINVAL, "a side transaction of %zu bytes is over the WAL record limit of %u bytes",
-                         side->len, (unsigned)KW_RAW_MAX);
     bool follow;
     if (!enqueue_lock(d, &follow))
         return enqueue_refused(d, follow);
+    int refused = side_refused(d, side->len); /* side_fits said yes unless the limit moved since: latches */
+    if (refused) {
+        pthread_mutex_unlock(&d->mu);
+        return refused;
+    }
+    size_t raw_max = side_raw_max(d);
     dur_item *t = d->tail;
     bool join = t && t->kind == DUR_SIDES && t->mode == mode && t->side_tick == tick &&
-                t->last_lsn > d->covered_lsn && t->recs.len + 8 + side->len <= DUR_RECORD_TARGET;
+                t->last_lsn > d->covered_lsn && t->recs.len + 8 + side->len <= DUR_RECORD_TARGET &&
+                t->recs.len + 8 + side->len <= raw_max;
     dur_item *it = join ? t : dur_item_new(DUR_SIDES, mode);
     size_t before = it ? it->recs.len : 0;
     int rc = !it ? KEEL_ENOMEM : join ? KEEL_OK : kw_sides_begin(&it->recs);

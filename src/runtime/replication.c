@@ -373,7 +373,8 @@ static int start_primary(keel_runtime *rt)
     r->pub = pub;
     pthread_mutex_unlock(&r->mu);
     /* before the next record is queued */
-    dur_repl_set(d, (dur_repl_hook){.self = pub, .staged = on_staged, .committed = on_committed, .gate = r->st.mode == KEEL_REPL_SYNC});
+    dur_repl_set(d, (dur_repl_hook){.self = pub, .staged = on_staged, .committed = on_committed,
+                                    .record_max = kr_max_payload(r->node), .gate = r->st.mode == KEEL_REPL_SYNC});
     kr_pub_committed(pub, atomic_load(&d->local_lsn)); /* a schema record recovery wrote */
     return KEEL_OK;
 }

@@ -456,9 +456,11 @@ int side_commit(keel_side_txn *tx, side_result *out)
     int fatal = txn_log_fatal(&ts->log);
     int rc = fatal ? KEEL_EFATAL : key_check(tx, tick, &when);
     int64_t bad = rc ? -1 : first_conflict(tx);
+    bool logs = tx->nwrites || tx->key;
+    if (!rc && bad < 0 && logs && ts->log.ops) /* before anything is applied: a refusal changes nothing */
+        rc = ts->log.ops->side_fits(ts->log.self, kw_side_size(tx->nwrites, tx->vlen, tx->key != 0));
     if (!rc)
         rc = bad >= 0 ? KEEL_ECONFLICT : prepare_apply(tx);
-    bool logs = tx->nwrites || tx->key;
     bool read_only_wait = !rc && !logs && ts->log.ops && tx->mode == KEEL_DURABLE_IMMEDIATE;
     if (!rc && !logs) {
         ts->side_commits_tick++;

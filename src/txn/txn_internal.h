@@ -301,6 +301,10 @@ typedef struct txn_log_ops {
     /* Encode and queue the side transaction whose after-image starts at
      * side_off in the unit of work (under side_lock); *lsn its LSN. */
     int (*log_side)(void *self, uint64_t seq, keel_durability mode, uint64_t tick, size_t side_off, uint64_t *lsn);
+    /* Can a side transaction of this many payload bytes be logged at all?
+     * KEEL_EINVAL (with the sentence) when its record would be over a limit:
+     * asked before anything is applied, so a refusal changes nothing. */
+    int (*side_fits)(void *self, size_t bytes);
     /* The last LSN handed out. */
     uint64_t (*last_lsn)(void *self);
     /* Ask for everything up to lsn to be synced now (outside side_lock). */

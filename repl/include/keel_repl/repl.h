@@ -48,6 +48,8 @@ typedef struct kr_desc {
 int kr_connect(const kr_desc *d, kr_node **out);
 void kr_close(kr_node *n);
 const char *kr_world(const kr_node *n);
+/* The most bytes one message may have on the node's servers (max_payload). */
+size_t kr_max_payload(kr_node *n);
 const char *kr_node_id(const kr_node *n);
 /* "nats://h:p/WORLD" -> urls ("nats://h:p") and world; false when the path
  * is not a stream address. */

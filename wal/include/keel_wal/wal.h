@@ -406,7 +406,13 @@ int kw_epoch_encode(kw_buf *out, uint64_t epoch, const char *node);
 int kw_epoch_decode(const void *payload, size_t len, kw_epoch *out);
 
 /* SIDE: begin with the transaction's sequence, mode and write count, then
- * one put_write per write (an after-image of `size` bytes). */
+ * one put_write per write (an after-image of `size` bytes). kw_side_size:
+ * the payload's bytes for nwrites writes of value_bytes in all (and a key),
+ * known before it is encoded. */
+static inline size_t kw_side_size(uint32_t nwrites, size_t value_bytes, bool key)
+{
+    return 16 + (size_t)nwrites * 16 + value_bytes + (key ? 8 : 0);
+}
 int kw_side_begin(kw_buf *out, uint64_t seq, uint32_t mode, uint32_t nwrites);
 int kw_side_put_write(kw_buf *out, uint64_t entity, uint32_t component, uint32_t size, const void *value);
 /* End a SIDE payload: a non-zero idempotency key is appended and *flags
