@@ -733,6 +733,8 @@ END_TEST
  * stream, whole: the world continues from that tick. */
 START_TEST(test_stream_ahead_of_disk)
 {
+    if (!keel_failpoints_compiled())
+        return; /* a build without failpoints cannot fail a commit on purpose */
     char dir[4096];
     tu_path(dir, sizeof dir, "ahead");
     keel_component v;
