@@ -328,15 +328,6 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
     return KEEL_OK;
 }
 
-/* Side transactions committed while the writer is busy share one record:
- * a transaction joins the queue's last item when that item holds side
- * transactions of the same mode and tick, the writer has not taken it (the
- * writer takes the whole queue at once, so the queue's tail never is) and
- * the record stays within DUR_RECORD_TARGET raw bytes. They share its LSN,
- * so they become durable together, which group commit made them anyway;
- * what they save is a record each: its header, its compression, its LMDB
- * put and, when replicated, its stream message. The writer builds the
- * record (sides_build) when it takes the item. */
 /* Under d->mu: the most payload bytes a side record may hold -- the WAL's
  * limit, or what one message of the replication stream takes (a record is
  * its header and at most its payload's bytes: what does not shrink is
@@ -370,6 +361,16 @@ int dur_side_fits(dur_state *d, size_t bytes)
     return rc;
 }
 
+/* Side transactions committed while the writer is busy share one record:
+ * a transaction joins the queue's last item when that item holds side
+ * transactions of the same mode and tick, the writer has not taken it (the
+ * writer takes the whole queue at once, so the queue's tail never is) and
+ * the record stays within DUR_RECORD_TARGET raw bytes (and one stream
+ * message, side_raw_max). They share its LSN,
+ * so they become durable together, which group commit made them anyway;
+ * what they save is a record each: its header, its compression, its LMDB
+ * put and, when replicated, its stream message. The writer builds the
+ * record (sides_build) when it takes the item. */
 int dur_enqueue_side(dur_state *d, keel_durability mode, uint64_t tick, uint32_t flags, const kw_buf *side,
                      uint64_t *lsn)
 {
