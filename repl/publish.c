@@ -193,12 +193,10 @@ static void on_ack(void *arg, uint64_t lsn, bool ok)
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Under mu: `published` moves to lsn (acknowledged, or found by a settle). */
-static void raise_published(kr_pub *p, uint64_t lsn)
+/* Under mu (or alone): free the staged chunks that end at or before lsn
+ * (never one a sender reads: see `sending`). */
+static void stage_drop(kr_pub *p, uint64_t lsn)
 {
-    for (uint64_t l = p->published + 1; l <= lsn && l <= p->sent; l++)
-        p->inflight_bytes -= p->sizes[l % KR_PIPE_MAX];
-    p->published = lsn;
     while (p->stage && p->stage->last <= lsn) {
         pub_chunk *c = p->stage;
         p->stage = c->next;
@@ -207,6 +205,15 @@ static void raise_published(kr_pub *p, uint64_t lsn)
         p->stage_bytes -= c->len;
         free(c);
     }
+}
+
+/* Under mu: `published` moves to lsn (acknowledged, or found by a settle). */
+static void raise_published(kr_pub *p, uint64_t lsn)
+{
+    for (uint64_t l = p->published + 1; l <= lsn && l <= p->sent; l++)
+        p->inflight_bytes -= p->sizes[l % KR_PIPE_MAX];
+    p->published = lsn;
+    stage_drop(p, lsn);
     if (p->stream_acked < lsn)
         p->stream_acked = lsn;
     p->progress_ns = now_ns();
@@ -457,35 +464,41 @@ void kr_pub_committed(kr_pub *p, uint64_t lsn)
     pthread_mutex_unlock(&p->mu);
 }
 
-void kr_pub_staged(kr_pub *p, uint64_t first_lsn, const void *recs, size_t len)
+/* Under mu: a copy of the records first..last at the stage's end; NULL
+ * when they are not staged (behind what is, over STAGE_MAX, out of
+ * memory: then they are read from the store once committed). */
+static const pub_chunk *stage_append(kr_pub *p, uint64_t first, uint64_t last, const void *recs, size_t len)
+{
+    if (first <= p->published || first <= p->staged || p->stage_bytes + len > STAGE_MAX)
+        return NULL;
+    pub_chunk *c = malloc(sizeof *c + len);
+    if (!c)
+        return NULL;
+    *c = (pub_chunk){.first = first, .last = last, .len = len};
+    memcpy(c->recs, recs, len);
+    if (p->stage_tail)
+        p->stage_tail->next = c;
+    else
+        p->stage = c;
+    p->stage_tail = c;
+    p->stage_bytes += len;
+    p->staged = last;
+    return c;
+}
+
+void kr_pub_staged(kr_pub *p, uint64_t first_lsn, uint64_t last_lsn, const void *recs, size_t len)
 {
     pthread_mutex_lock(&p->mu);
-    if (first_lsn > p->published && p->stage_bytes + len <= STAGE_MAX && first_lsn > p->staged) {
-        pub_chunk *c = malloc(sizeof *c + len);
-        if (c) { /* else the records are read from the store once committed */
-            size_t off = 0;
-            uint64_t last = first_lsn;
-            for (; off + KW_HEADER_SIZE <= len; last++)
-                off += kw_record_peek_len((const unsigned char *)recs + off);
-            *c = (pub_chunk){.first = first_lsn, .last = last - 1, .len = len};
-            memcpy(c->recs, recs, len);
-            if (p->stage_tail)
-                p->stage_tail->next = c;
-            else
-                p->stage = c;
-            p->stage_tail = c;
-            p->stage_bytes += len;
-            p->staged = c->last;
-            /* next in line and nothing in the way: sent now, from the writer's thread (no wake-up between) */
-            if (p->d.writer_sends && p->sent + 1 == c->first && !p->pipe_failed && !p->fenced && !p->quit &&
-                window_room(p, 1) && send_begin(p)) {
-                pthread_mutex_unlock(&p->mu);
-                send_end(p, send_chunk(p, c));
-                return;
-            }
-            pthread_cond_signal(&p->wake);
-        }
+    const pub_chunk *c = stage_append(p, first_lsn, last_lsn, recs, len);
+    /* next in line and nothing in the way: sent now, from the writer's thread (no wake-up between) */
+    if (c && p->d.writer_sends && p->sent + 1 == c->first && !p->pipe_failed && !p->fenced && !p->quit &&
+        window_room(p, 1) && send_begin(p)) {
+        pthread_mutex_unlock(&p->mu);
+        send_end(p, send_chunk(p, c));
+        return;
     }
+    if (c)
+        pthread_cond_signal(&p->wake);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -535,10 +548,6 @@ void kr_pub_stop(kr_pub *p, bool release)
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);
     kw_buf_free(&p->copy);
-    while (p->stage) {
-        pub_chunk *c = p->stage;
-        p->stage = c->next;
-        free(c);
-    }
+    stage_drop(p, UINT64_MAX);
     free(p);
 }

@@ -62,8 +62,8 @@ typedef struct dur_pin dur_pin;
 
 /* The seam replication plugs into (runtime/ installs it with dur_repl_set
  * before the first record is queued; zeroed: no replication). The writer
- * hands `staged` each batch's sealed records (consecutive LSNs from
- * first_lsn, back to back in recs) before it commits them, so the stream
+ * hands `staged` each batch's sealed records (LSNs first_lsn..last_lsn,
+ * back to back in recs) before it commits them, so the stream
  * can take them while the disk syncs -- on its thread without d->mu (it may
  * send), while `repl_staging` says so -- and tells `committed` after each
  * LMDB commit, with d->mu held. Neither may call back into durable/; once
@@ -73,7 +73,7 @@ typedef struct dur_pin dur_pin;
  * acknowledged by the stream (dur_acknowledge), in whichever order. */
 typedef struct dur_repl_hook {
     void *self;
-    void (*staged)(void *self, uint64_t first_lsn, const void *recs, size_t len);
+    void (*staged)(void *self, uint64_t first_lsn, uint64_t last_lsn, const void *recs, size_t len);
     void (*committed)(void *self, uint64_t lsn);
     bool gate;
     size_t record_max;         /* the most bytes a record may have on the stream (its max_payload; 0: none) */

@@ -338,11 +338,11 @@ static size_t side_raw_max(const dur_state *d)
     return !r || m > KW_RAW_MAX ? KW_RAW_MAX : m;
 }
 
-/* Under d->mu: refuse a side payload of `bytes` that no record could hold
- * (12: its count, flags and length while it waits in a SIDES item). */
-static int side_refused(const dur_state *d, size_t bytes)
+/* Under d->mu: refuse a side payload of `bytes` that no record of max
+ * payload bytes (side_raw_max) could hold (12: its count, flags and length
+ * while it waits in a SIDES item). */
+static int side_refused(const dur_state *d, size_t bytes, size_t max)
 {
-    size_t max = side_raw_max(d);
     if (bytes <= max && max - bytes >= 12)
         return KEEL_OK;
     if (d->repl.record_max)
@@ -356,7 +356,7 @@ static int side_refused(const dur_state *d, size_t bytes)
 int dur_side_fits(dur_state *d, size_t bytes)
 {
     pthread_mutex_lock(&d->mu);
-    int rc = side_refused(d, bytes);
+    int rc = side_refused(d, bytes, side_raw_max(d));
     pthread_mutex_unlock(&d->mu);
     return rc;
 }
@@ -377,12 +377,12 @@ int dur_enqueue_side(dur_state *d, keel_durability mode, uint64_t tick, uint32_t
     bool follow;
     if (!enqueue_lock(d, &follow))
         return enqueue_refused(d, follow);
-    int refused = side_refused(d, side->len); /* side_fits said yes unless the limit moved since: latches */
+    size_t raw_max = side_raw_max(d);
+    int refused = side_refused(d, side->len, raw_max); /* side_fits said yes unless the limit moved since: latches */
     if (refused) {
         pthread_mutex_unlock(&d->mu);
         return refused;
     }
-    size_t raw_max = side_raw_max(d);
     dur_item *t = d->tail;
     bool join = t && t->kind == DUR_SIDES && t->mode == mode && t->side_tick == tick &&
                 t->last_lsn > d->covered_lsn && t->recs.len + 8 + side->len <= DUR_RECORD_TARGET &&
@@ -490,7 +490,7 @@ static void stage(dur_state *d, const batch *b)
         return;
     for (const dur_item *it = b->head; it; it = it->next) /* producers are not held back meanwhile */
         if (it->last_lsn)
-            h.staged(h.self, it->first_lsn, it->recs.p, it->recs.len);
+            h.staged(h.self, it->first_lsn, it->last_lsn, it->recs.p, it->recs.len);
     pthread_mutex_lock(&d->mu);
     d->repl_staging = false;
     pthread_cond_broadcast(&d->durable_cv);

@@ -333,9 +333,9 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     return rc;
 }
 
-static void on_staged(void *self, uint64_t first_lsn, const void *recs, size_t len)
+static void on_staged(void *self, uint64_t first_lsn, uint64_t last_lsn, const void *recs, size_t len)
 {
-    kr_pub_staged(self, first_lsn, recs, len);
+    kr_pub_staged(self, first_lsn, last_lsn, recs, len);
 }
 
 static void on_committed(void *self, uint64_t lsn)

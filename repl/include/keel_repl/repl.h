@@ -207,10 +207,10 @@ typedef struct kr_pub_stats {
 int kr_pub_start(const kr_pub_desc *d, kr_pub **out);
 /* The store committed records up to lsn (the durability layer's hook). */
 void kr_pub_committed(kr_pub *p, uint64_t lsn);
-/* The records of LSNs first_lsn on, back to back in recs, about to be
- * committed: copied, to be sent before they are -- with writer_sends on
+/* The records of LSNs first_lsn..last_lsn, back to back in recs, about to
+ * be committed: copied, to be sent before they are -- with writer_sends on
  * the caller's thread when they are next in line, else by the thread. */
-void kr_pub_staged(kr_pub *p, uint64_t first_lsn, const void *recs, size_t len);
+void kr_pub_staged(kr_pub *p, uint64_t first_lsn, uint64_t last_lsn, const void *recs, size_t len);
 /* Wait until everything committed is published, for at most timeout_ms:
  * 0, KEEL_EUNAVAILABLE, KEEL_EFENCED. */
 int kr_pub_drain(kr_pub *p, int64_t timeout_ms);
