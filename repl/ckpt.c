@@ -318,14 +318,12 @@ static int fill_load(kw_wtxn *t, void *arg)
     return rc;
 }
 
-int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered)
+/* Copy the checkpoint whose messages are begin..end. */
+static int load_one(kr_node *n, kw_store *s, uint64_t begin, uint64_t end, uint64_t *covered)
 {
-    ck_load l = {.n = n};
-    *covered = 0;
-    int rc = latest(n, &l.begin, &l.end);
-    if (rc || !l.begin)
-        return rc ? rc : core_fail(KEEL_ENOENT, "stream %s holds no complete checkpoint", n->ckpt_stream);
-    if ((rc = kr_read_begin_on(n, n->ckpt_stream, n->ckpt_subject, l.begin, &l.r)))
+    ck_load l = {.n = n, .begin = begin, .end = end};
+    int rc = kr_read_begin_on(n, n->ckpt_stream, n->ckpt_subject, l.begin, &l.r);
+    if (rc)
         return rc;
     rc = kw_store_write(s, fill_load, &l);
     kr_read_end(l.r);
@@ -335,4 +333,25 @@ int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered)
     if (!rc)
         *covered = l.meta.lsn;
     return rc;
+}
+
+#define LOAD_TRIES 5
+
+int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered)
+{
+    *covered = 0;
+    uint64_t begin, end;
+    int rc = latest(n, &begin, &end);
+    if (rc || !begin)
+        return rc ? rc : core_fail(KEEL_ENOENT, "stream %s holds no complete checkpoint", n->ckpt_stream);
+    for (int i = 1;; i++) {
+        if (!(rc = load_one(n, s, begin, end, covered)) || i == LOAD_TRIES)
+            return rc;
+        /* a newer checkpoint published meanwhile purges this one's messages: load that one instead */
+        uint64_t b, e;
+        if (latest(n, &b, &e) || b == begin || !b)
+            return rc;
+        begin = b;
+        end = e;
+    }
 }

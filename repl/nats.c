@@ -31,29 +31,39 @@ static int nats_fail(natsStatus s, jsErrCode jerr, const char *fmt, const char *
 }
 
 /* A request NATS could not answer now (a server lost, a stream leader
- * being elected, a reconnect): reads retry those for RETRY_WINDOW_MS. */
+ * being elected, a reconnect; JetStream saying its cluster is "temporarily
+ * unavailable"): reads retry those for RETRY_WINDOW_MS. */
 #define RETRY_WINDOW_MS 30000
 static bool transient(natsStatus s, jsErrCode jerr)
 {
-    return !jerr && (s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS || s == NATS_NO_SERVER ||
-                     s == NATS_CONNECTION_DISCONNECTED || s == NATS_NOT_YET_CONNECTED);
+    if (jerr)
+        return jerr == JSClusterNotAvailErr;
+    return s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS || s == NATS_NO_SERVER || s == NATS_CONNECTION_DISCONNECTED ||
+           s == NATS_NOT_YET_CONNECTED;
 }
 
-/* Wait before retrying a transient failure; false once the window passed. */
-static bool retry_wait(int64_t *waited_ms)
+/* Wait before retrying a transient failure; false once RETRY_WINDOW_MS
+ * passed since `since` (core_now_ns: the tries' own timeouts count too),
+ * or once the node was abandoned. */
+static bool retry_wait(const kr_node *n, uint64_t since)
 {
-    if (*waited_ms >= RETRY_WINDOW_MS)
+    if (atomic_load(&n->abandoned) || core_now_ns() - since >= RETRY_WINDOW_MS * 1000000ull)
         return false;
     nats_Sleep(200);
-    *waited_ms += 200;
     return true;
 }
 
 /* s = call, again while it fails transiently, for up to RETRY_WINDOW_MS
  * (jerr: the JetStream error the call sets, cleared between tries). */
-#define KR_RETRY(s, jerr, call)                                                                             \
-    for (int64_t waited_ = 0; ((s) = (call)) != NATS_OK && transient((s), (jerr)) && retry_wait(&waited_);) \
+#define KR_RETRY(n, s, jerr, call)                                                                        \
+    for (uint64_t since_ = core_now_ns(); ((s) = (call)) != NATS_OK && transient((s), (jerr)) &&              \
+                                      retry_wait((n), since_);)                                           \
     (jerr) = 0
+
+void kr_abandon(kr_node *n)
+{
+    atomic_store(&n->abandoned, true);
+}
 
 static bool name_ok(const char *w)
 {
@@ -146,7 +156,7 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
-    KR_RETRY(s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
+    KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s == NATS_OK) {
         jsStreamInfo_Destroy(si);
         return KEEL_OK;
@@ -166,7 +176,7 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
     c.Replicas = replicas_for(n);
     c.Duplicates = DEDUP_WINDOW_NS;
     jerr = 0; /* a try that timed out may have made it: the same config again is accepted */
-    KR_RETRY(s, jerr, js_AddStream(&si, n->js, &c, NULL, &jerr));
+    KR_RETRY(n, s, jerr, js_AddStream(&si, n->js, &c, NULL, &jerr));
     if (s == NATS_OK) {
         jsStreamInfo_Destroy(si);
         return KEEL_OK;
@@ -180,7 +190,7 @@ int kr_ensure_bucket(kr_node *n, bool create)
         return KEEL_OK;
     natsStatus s;
     jsErrCode none = 0;
-    KR_RETRY(s, none, js_KeyValue(&n->kv, n->js, KR_LEASE_BUCKET));
+    KR_RETRY(n, s, none, js_KeyValue(&n->kv, n->js, KR_LEASE_BUCKET));
     if (s == NATS_NOT_FOUND && !create)
         return KEEL_ENOENT; /* no primary made it yet: the lease is open later (lease.c) */
     if (s == NATS_OK || !create)
@@ -191,7 +201,7 @@ int kr_ensure_bucket(kr_node *n, bool create)
     c.History = 1;
     c.StorageType = js_FileStorage;
     c.Replicas = (int)replicas_for(n);
-    KR_RETRY(s, none, js_CreateKeyValue(&n->kv, n->js, &c));
+    KR_RETRY(n, s, none, js_CreateKeyValue(&n->kv, n->js, &c));
     if (s == NATS_OK)
         return KEEL_OK;
     return nats_fail(s, 0, "cannot create the lease bucket %s", KR_LEASE_BUCKET);
@@ -281,7 +291,7 @@ static int stream_state(kr_node *n, const char *stream, kr_stream_state *out)
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
-    KR_RETRY(s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
+    KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s != NATS_OK)
         return nats_fail(s, jerr, "cannot read the state of stream %s", stream);
     *out = (kr_stream_state){.first = si->State.Msgs ? si->State.FirstSeq : 0, .last = si->State.LastSeq,
@@ -316,7 +326,7 @@ static int get_msg(kr_node *n, uint64_t seq, natsMsg **m)
 {
     jsErrCode jerr = 0;
     natsStatus s;
-    KR_RETRY(s, jerr, js_GetMsg(m, n->js, n->stream, seq, NULL, &jerr));
+    KR_RETRY(n, s, jerr, js_GetMsg(m, n->js, n->stream, seq, NULL, &jerr));
     if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
         return core_fail(KEEL_ENOENT, "stream %s holds no message %" PRIu64, n->stream, seq);
     if (s != NATS_OK)
@@ -607,7 +617,7 @@ static int subscribe(kr_reader *r)
     so.Config.OptStartSeq = r->next;
     jsErrCode jerr = 0;
     natsStatus s;
-    KR_RETRY(s, jerr, js_SubscribeSync(&r->sub, r->n->js, r->subject, NULL, &so, &jerr));
+    KR_RETRY(r->n, s, jerr, js_SubscribeSync(&r->sub, r->n->js, r->subject, NULL, &so, &jerr));
     return s == NATS_OK ? KEEL_OK : nats_fail(s, jerr, "cannot read stream %s", r->stream);
 }
 

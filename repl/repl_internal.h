@@ -7,6 +7,7 @@
 
 #include <nats/nats.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "keel_repl/repl.h"
 
@@ -30,6 +31,7 @@ struct kr_node {
     uint64_t session;          /* random per connection: in every message id this node publishes */
     int64_t timeout_ms;
     int32_t replicas;
+    _Atomic bool abandoned;    /* kr_abandon: reads no longer retry transient failures */
     /* asynchronous publishes' failures, counted by the error handler (a NATS thread) */
     pthread_mutex_t err_mu;
     uint32_t async_errors;

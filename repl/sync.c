@@ -141,7 +141,33 @@ static int local_bounds(kw_store *s, uint64_t *first, uint64_t *last)
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
 }
 
-/* The last LSN the directory and the stream agree on. */
+/* 1 when the record a checkpoint last deleted from the front of the
+ * directory's WAL (meta "trimmed") is LSN lsn and is the stream's message
+ * lsn (by its header, which holds its payload's CRC). */
+static int trimmed_is_streams(kr_node *n, kw_store *s, uint64_t lsn, kw_buf *msg)
+{
+    int rc = kr_get(n, lsn, msg);
+    if (rc)
+        return rc == KEEL_ENOENT ? 0 : rc;
+    kw_rtxn *r;
+    if ((rc = kw_read_begin(s, &r)))
+        return rc;
+    const unsigned char *v;
+    size_t len;
+    rc = kw_get(r, KW_DB_META, KW_META_TRIMMED, strlen(KW_META_TRIMMED), (const void **)&v, &len);
+    uint64_t at = 0;
+    for (int i = 0; !rc && len == 8 + KW_HEADER_SIZE && i < 8; i++)
+        at |= (uint64_t)v[i] << (8 * i);
+    int same = !rc && at == lsn && msg->len >= KW_HEADER_SIZE && !memcmp(v + 8, msg->p, KW_HEADER_SIZE);
+    kw_read_end(r);
+    return rc && rc != KEEL_ENOENT ? rc : same;
+}
+
+/* The last LSN the directory and the stream agree on. A directory whose
+ * WAL starts after LSN 1 deleted the records before it at checkpoints (a
+ * primary's, only records the stream acknowledged): when no record both
+ * hold matches, they agree up to the directory's first LSN - 1 if the last
+ * record it deleted is the stream's. */
 static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llast, uint64_t sfirst,
                          uint64_t slast, uint64_t *out)
 {
@@ -161,9 +187,14 @@ static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llas
             break;
         }
     }
+    if (!rc && !*out && slast && lfirst > 1 && lfirst - 1 <= slast &&
+        (rc = trimmed_is_streams(n, s, lfirst - 1, &msg)) == 1) {
+        *out = lfirst - 1;
+        rc = KEEL_OK;
+    }
     kw_buf_free(&msg);
-    if (rc || *out || !slast)
-        return rc; /* an empty stream: everything local is beyond it */
+    if (rc < 0 || *out || !slast)
+        return rc < 0 ? rc : KEEL_OK; /* an empty stream: everything local is beyond it */
     return core_fail(KEEL_ECORRUPT, "directory %s (LSN %" PRIu64 "..%" PRIu64 ") and stream %s (%" PRIu64 "..%" PRIu64
                      ") share no record: another world's directory, or a stream purged past it",
                      kw_store_dir(s), lfirst, llast, n->stream, sfirst, slast);
@@ -217,8 +248,9 @@ static int fill_mark(kw_wtxn *t, void *arg)
     return kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), n->stream, strlen(n->stream));
 }
 
-/* Mark the directory as a stream's (once). */
-static int mark_replicated(kr_node *n, kw_store *s)
+/* Is the directory marked as the stream's (*unmarked: not yet)? One marked
+ * as another stream's is refused. */
+static int check_mark(kr_node *n, kw_store *s, bool *unmarked)
 {
     kw_rtxn *r;
     const void *v;
@@ -227,8 +259,13 @@ static int mark_replicated(kr_node *n, kw_store *s)
     if (rc)
         return rc;
     rc = kw_get(r, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), &v, &len);
+    bool other = !rc && (len != strlen(n->stream) || memcmp(v, n->stream, len));
     kw_read_end(r);
-    return rc == KEEL_ENOENT ? kw_store_write(s, fill_mark, n) : rc;
+    *unmarked = rc == KEEL_ENOENT;
+    if (other)
+        return core_fail(KEEL_ECORRUPT, "directory %s belongs to another stream than %s: nothing written",
+                         kw_store_dir(s), n->stream);
+    return rc == KEEL_ENOENT ? KEEL_OK : rc;
 }
 
 /* The covered LSN of the directory's checkpoint (0: none). */
@@ -244,6 +281,27 @@ static uint64_t checkpoint_lsn(kw_store *s)
         (void)kw_checkpoint_meta_decode(v, n, &m);
     kw_read_end(r);
     return m.lsn;
+}
+
+/* Replace the directory's checkpoint and WAL with the stream's published
+ * checkpoint (*keep: the LSN it covers), or, when none is published and the
+ * stream still starts at LSN 1, with nothing (*keep = 0): the records are
+ * then all copied from the stream. */
+static int restart_from_stream(kr_node *n, kw_store *s, uint64_t sfirst, uint64_t end_local, uint64_t *keep)
+{
+    int rc = kr_ckpt_load(n, s, keep);
+    if (rc == KEEL_ENOENT && sfirst == 1) {
+        discard d = {.from = 1, .drop_checkpoint = true};
+        *keep = 0;
+        return kw_store_write(s, fill_discard, &d);
+    }
+    if (rc == KEEL_ENOENT && !sfirst)
+        return core_fail(KEEL_ERANGE, "stream %s holds no record, and the checkpoint of directory %s covers records "
+                         "it never held: start from an empty directory", n->stream, kw_store_dir(s));
+    if (rc == KEEL_ENOENT)
+        return core_fail(KEEL_ERANGE, "stream %s starts at %" PRIu64 ", after directory %s ends (%" PRIu64 "), and "
+                         "no checkpoint is published to restart from", n->stream, sfirst, kw_store_dir(s), end_local);
+    return rc;
 }
 
 #define STALL_MS 30000
@@ -273,9 +331,10 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
 {
     *out = (kr_sync_info){0};
     uint64_t sfirst, slast, lfirst, llast, keep;
+    bool unmarked = false;
     int rc = kr_bounds(n, &sfirst, &slast);
     if (!rc)
-        rc = mark_replicated(n, s);
+        rc = check_mark(n, s, &unmarked);
     if (!rc)
         rc = local_bounds(s, &lfirst, &llast);
     if (rc)
@@ -284,11 +343,10 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     uint64_t end_local = llast ? llast : checkpoint_lsn(s);
     if (sfirst > 1 && end_local + 1 < sfirst) {
         /* the stream was purged past this directory: start again from its published checkpoint */
-        if ((rc = kr_ckpt_load(n, s, &keep)))
-            return rc == KEEL_ENOENT ? core_fail(KEEL_ERANGE, "stream %s starts at %" PRIu64 ", after directory %s "
-                                                 "ends (%" PRIu64 "), and no checkpoint is published to restart "
-                                                 "from", n->stream, sfirst, kw_store_dir(s), end_local) : rc;
+        if ((rc = restart_from_stream(n, s, sfirst, end_local, &keep)))
+            return rc;
         out->discarded = llast ? llast - lfirst + 1 : 0;
+        out->discarded_from = lfirst;
         out->checkpoint_dropped = true;
         out->bootstrapped = true;
     } else if (!llast || llast + 1 == sfirst) {
@@ -297,12 +355,28 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         return rc;
     }
     out->stream_last = slast;
+    if (unmarked && (rc = kw_store_write(s, fill_mark, n))) /* the directory is this stream's from here on */
+        return rc;
     if (llast && keep < llast && !out->bootstrapped) {
         discard d = {.from = keep + 1};
-        if ((rc = checkpoint_beyond(s, keep, &d.drop_checkpoint)) || (rc = kw_store_write(s, fill_discard, &d)))
+        if ((rc = checkpoint_beyond(s, keep, &d.drop_checkpoint)))
             return rc;
-        out->discarded = d.deleted;
-        out->checkpoint_dropped = d.drop_checkpoint;
+        if ((d.drop_checkpoint && lfirst > 1) || (sfirst && keep + 1 < sfirst)) {
+            /* the checkpoint holds dropped state and the WAL before it is deleted (or what is kept ends
+               before the stream starts): start again from the stream */
+            out->discarded = llast - keep;
+            out->discarded_from = keep + 1;
+            if ((rc = restart_from_stream(n, s, sfirst, keep, &keep)))
+                return rc;
+            out->checkpoint_dropped = true;
+            out->bootstrapped = true;
+        } else {
+            if ((rc = kw_store_write(s, fill_discard, &d)))
+                return rc;
+            out->discarded = d.deleted;
+            out->discarded_from = keep + 1;
+            out->checkpoint_dropped = d.drop_checkpoint;
+        }
     }
     out->local_last = keep;
     if (sfirst && keep + 1 < sfirst)

@@ -8,8 +8,10 @@
  * unreplicated tail dropped), a published checkpoint copied into a
  * directory (and damaged ones refused), a follower's own checkpoints, a
  * record on the stream that the disk never took, and the refusals of bad
- * input that write nothing. The
- * failover of whole keel-world processes on a 3-node cluster is
+ * input that write nothing (another history among them). repl_rejoin
+ * starts its own server, stops it and starts it again: a primary's
+ * checkpoints while the stream is down, and its rejoin with a checkpoint of
+ * records the stream never got. The failover of whole keel-world processes on a 3-node cluster is
  * check_failover.sh and keel-crash --mode failover.
  */
 #include <check.h>
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -57,20 +60,34 @@ static kr_node *connect_world(const char *url, const char *world, const char *no
     return n;
 }
 
-static void nats_setup(void)
+/* Write the configuration of a one-node server on a free port with its
+ * JetStream storage under `name` in the case's directory; its URL into
+ * nats_url. */
+static int nats_conf(const char *name, char *conf, size_t cap)
 {
-    char conf[4096], store[4096];
-    tu_path(store, sizeof store, "js");
-    tu_path(conf, sizeof conf, "nats.conf");
+    char store[4096], file[4200];
+    tu_path(store, sizeof store, name);
+    snprintf(file, sizeof file, "%s.conf", name);
+    tu_path(conf, cap, file);
     int port = free_port();
     char text[8192];
     int n = snprintf(text, sizeof text, "listen: 127.0.0.1:%d\njetstream { store_dir: \"%s\", max_mem: 64M }\n", port,
                      store);
     tu_write_file(conf, text, (size_t)n);
     snprintf(nats_url, sizeof nats_url, "nats://127.0.0.1:%d", port);
-    nats_pid = fork();
-    ck_assert(nats_pid >= 0);
-    if (!nats_pid) {
+    return port;
+}
+
+/* Start nats-server on conf and return once its port accepts. One started
+ * by a test itself (owned) is killed when the test's process ends, however
+ * it ends; the fixture's is stopped by nats_teardown. */
+static pid_t nats_start(const char *conf, int port, bool owned)
+{
+    pid_t parent = getpid(), pid = fork();
+    ck_assert(pid >= 0);
+    if (!pid) {
+        if (owned && (prctl(PR_SET_PDEATHSIG, SIGKILL) || getppid() != parent))
+            _exit(1);
         int null = open("/dev/null", 1);
         dup2(null, 1);
         dup2(null, 2);
@@ -92,6 +109,14 @@ static void nats_setup(void)
         ck_assert_msg(tu_now_ns() < until, "nats-server did not listen on %s within 30 s", nats_url);
         usleep(20000);
     }
+    return pid;
+}
+
+static void nats_setup(void)
+{
+    char conf[4096];
+    int port = nats_conf("js", conf, sizeof conf);
+    nats_pid = nats_start(conf, port, false);
 }
 
 static void nats_teardown(void)
@@ -323,6 +348,71 @@ START_TEST(test_sync_drops_unreplicated_tail)
     kw_buf_free(&rec);
     kw_buf_free(&got);
     kw_store_close(s);
+    kr_close(n);
+}
+END_TEST
+
+static int fill_trim(kw_wtxn *t, void *arg)
+{
+    return kw_del_wal_upto(t, *(const uint64_t *)arg, NULL);
+}
+
+/* A directory holding LSN 1..6 -- 1..3 by `early`, 4..6 by "local" --
+ * whose checkpoints deleted 1..3 (meta "trimmed" remembers LSN 3). */
+static kw_store *trimmed_dir(const char *name, const char *early)
+{
+    kw_store *s = store_in(name);
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= 6; lsn++) {
+        epoch_record(&rec, lsn, lsn, lsn <= 3 ? early : "local");
+        ck_assert_rc(kr_append_record(s, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    uint64_t upto = 3;
+    ck_assert_rc(kw_store_write(s, fill_trim, &upto), KEEL_OK);
+    kw_buf_free(&rec);
+    return s;
+}
+
+/* A directory whose WAL starts after LSN 1 and shares no record with the
+ * stream is the stream's up to its first LSN - 1 only if the record it
+ * deleted last is the stream's: then its own tail goes and the stream's
+ * comes; a directory of another history (the same LSNs, other records) is
+ * refused, and so is one marked as another world's; nothing is written. */
+START_TEST(test_another_history_refused)
+{
+    kr_node *n = connect_world(nats_url, "hist", "a");
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= 5; lsn++) {
+        epoch_record(&rec, lsn, lsn, "stream");
+        ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    kw_store *ours = trimmed_dir("hist-ours", "stream");
+    kr_sync_info si;
+    ck_assert_msg(!kr_sync_store(n, ours, 0, &si), "%s", keel_last_error());
+    ck_assert_uint_eq(si.discarded, 3);
+    ck_assert_uint_eq(si.discarded_from, 4);
+    ck_assert_uint_eq(si.local_last, 5);
+    ck_assert_uint_eq(wal_last(ours), 5);
+    kw_store *theirs = trimmed_dir("hist-theirs", "elsewhere");
+    char mdb[4200];
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", kw_store_dir(theirs));
+    tu_digest before = tu_file_digest(mdb);
+    ck_assert_rc(kr_sync_store(n, theirs, 0, &si), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "share no record"));
+    ck_assert_uint_eq(wal_last(theirs), 6);
+    tu_digest after = tu_file_digest(mdb);
+    ck_assert(after.size == before.size && after.hash == before.hash);
+    kr_node *other = connect_world(nats_url, "other", "a");
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", kw_store_dir(ours));
+    before = tu_file_digest(mdb);
+    ck_assert_rc(kr_sync_store(other, ours, 0, &si), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "another stream"));
+    after = tu_file_digest(mdb);
+    ck_assert(after.size == before.size && after.hash == before.hash);
+    kw_buf_free(&rec);
+    kw_store_close(ours);
+    kw_store_close(theirs);
+    kr_close(other);
     kr_close(n);
 }
 END_TEST
@@ -577,7 +667,7 @@ static keel_runtime *spawning_rt(keel_runtime_desc d, keel_component *v)
 }
 
 /* A follower checkpoints the state it applied at its own interval: the
- * directory's meta names a tick it reached, the WAL is kept whole, and a
+ * directory's meta names a tick it reached, the WAL it covers is deleted, and a
  * reopen starts from the checkpoint and ends on the primary's state. */
 START_TEST(test_follower_checkpoints)
 {
@@ -622,8 +712,8 @@ START_TEST(test_follower_checkpoints)
     kw_read_end(r);
     kw_store_close(st);
     ck_assert_msg(m.tick == 25 && m.lsn > 1, "checkpoint tick %" PRIu64 " lsn %" PRIu64, m.tick, m.lsn);
-    ck_assert_msg(brc == KEEL_OK && first == 1 && last >= m.lsn, "the WAL holds %" PRIu64 "..%" PRIu64 " (%d), the "
-                  "checkpoint covers %" PRIu64, first, last, brc, m.lsn); /* kept whole: a rejoin may need it */
+    ck_assert_msg(brc == KEEL_OK && first == m.lsn + 1 && last > m.lsn, "the WAL holds %" PRIu64 "..%" PRIu64 " (%d), "
+                  "the checkpoint covers %" PRIu64, first, last, brc, m.lsn); /* what it covers is deleted */
     /* reopened: from the checkpoint, the same state */
     f = spawning_rt(fd, &fv);
     keel_recovery rec;
@@ -782,6 +872,108 @@ START_TEST(test_stream_ahead_of_disk)
 }
 END_TEST
 
+/* Wait (up to 30 s) until the primary's status satisfies `done`. */
+static void wait_status(keel_runtime *rt, bool (*done)(const keel_repl_status *, uint64_t), uint64_t arg,
+                        const char *what)
+{
+    uint64_t until = tu_now_ns() + 30000000000ull;
+    keel_repl_status st;
+    for (keel_repl_status_get(rt, &st); !done(&st, arg); keel_repl_status_get(rt, &st)) {
+        ck_assert_msg(tu_now_ns() < until, "the primary did not %s within 30 s", what);
+        usleep(10000);
+    }
+}
+
+static bool published_to(const keel_repl_status *st, uint64_t lsn)
+{
+    return st->published_lsn >= lsn;
+}
+
+static bool checkpoint_published(const keel_repl_status *st, uint64_t lsn)
+{
+    return st->checkpoint_lsn >= lsn && st->checkpoint_lsn;
+}
+
+static void wal_bounds_of(const char *name, uint64_t *first, uint64_t *last, uint64_t *ckpt_lsn)
+{
+    kw_store *s = store_in(name);
+    kw_rtxn *r;
+    const void *v;
+    size_t n;
+    kw_checkpoint_meta m = {0};
+    ck_assert(!kw_read_begin(s, &r));
+    if (!kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n))
+        ck_assert(!kw_checkpoint_meta_decode(v, n, &m));
+    ck_assert_rc(kw_wal_bounds(r, first, last, NULL), KEEL_OK);
+    kw_read_end(r);
+    kw_store_close(s);
+    *ckpt_lsn = m.lsn;
+}
+
+/* An async primary checkpoints while the stream is down: its checkpoints
+ * delete only the WAL records the stream acknowledged (the ones after stay
+ * for the publisher); it reopens once NATS is back, its directory holding a
+ * checkpoint of records the stream never got and no WAL before it: it drops
+ * them and restarts from the stream -- from the published checkpoint, or,
+ * when none was published, from LSN 1 -- and ends on the state the stream
+ * holds. */
+static void rejoin_case(bool publish_first)
+{
+    char conf[4096], dir[4096], name[32];
+    snprintf(name, sizeof name, "trim-%d", publish_first);
+    tu_path(dir, sizeof dir, name);
+    int port = nats_conf(publish_first ? "js-published" : "js-none", conf, sizeof conf);
+    pid_t nats = nats_start(conf, port, true);
+    keel_component v;
+    keel_runtime_desc d = {.workers = 1, .durable.dir = dir,
+                           .replication = {.nats = nats_url, .world = name, .mode = KEEL_REPL_ASYNC,
+                                           .lease_ms = 300, .node = "one"}};
+    keel_runtime *p = spawning_rt(d, &v);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 5);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    wait_status(p, published_to, keel_durable_lsn(p), "publish its first ticks");
+    if (publish_first) { /* taken with everything on the stream: it deletes the WAL it covers */
+        ck_assert_rc(keel_checkpoint(p), KEEL_OK);
+        wait_status(p, checkpoint_published, 1, "publish its checkpoint");
+    }
+    tu_step_n(p, 5);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    uint64_t on_stream = keel_durable_lsn(p), want = keel_world_hash(keel_runtime_world(p));
+    wait_status(p, published_to, on_stream, "publish tick 10");
+    /* the stream goes away; ten more ticks and a checkpoint stay on this disk */
+    kill(nats, SIGTERM);
+    ck_assert_int_eq(waitpid(nats, NULL, 0), nats);
+    tu_step_n(p, 10);
+    ck_assert_rc(keel_checkpoint(p), KEEL_OK);
+    keel_runtime_close(p);
+    uint64_t first, last, covered;
+    wal_bounds_of(name, &first, &last, &covered);
+    ck_assert_msg(covered > on_stream && first == on_stream + 1 && last >= covered,
+                  "checkpoint at %" PRIu64 ", WAL %" PRIu64 "..%" PRIu64 ", the stream holds up to %" PRIu64, covered,
+                  first, last, on_stream);
+    /* NATS back: the reopened primary restarts from the stream at tick 10 */
+    nats = nats_start(conf, port, true);
+    p = spawning_rt(d, &v);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    keel_repl_status st;
+    keel_repl_status_get(p, &st);
+    ck_assert_uint_eq(st.discarded, last - on_stream);
+    ck_assert(st.bootstrapped && st.epoch == 2);
+    ck_assert_uint_eq(keel_runtime_tick(p), 10);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(p)), want);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    kill(nats, SIGTERM);
+    ck_assert_int_eq(waitpid(nats, NULL, 0), nats);
+}
+
+START_TEST(test_rejoin_trimmed_directory)
+{
+    rejoin_case(false);
+    rejoin_case(true);
+}
+END_TEST
+
 /* The runtime's refusals, before anything connects. */
 START_TEST(test_runtime_refusals)
 {
@@ -816,11 +1008,13 @@ int main(void)
                                    test_bad_streams_write_nothing, test_checkpoint_stream,
                                    test_connect_errors,           test_primary_runtime_publishes,
                                    test_follower_checkpoints, test_stream_ahead_of_disk,
-                                   test_side_over_max_payload_refused};
+                                   test_side_over_max_payload_refused, test_another_history_refused};
     const TTest *const api[] = {test_runtime_refusals};
+    const TTest *const rejoin[] = {test_rejoin_trimmed_directory};
     SRunner *sr = srunner_create(
         tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));
     srunner_add_suite(sr, tu_suite("repl_api", api, sizeof api / sizeof *api, 60));
+    srunner_add_suite(sr, tu_suite("repl_rejoin", rejoin, sizeof rejoin / sizeof *rejoin, 120));
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

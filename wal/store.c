@@ -849,9 +849,41 @@ static int del_wal_range(kw_wtxn *t, uint64_t from, uint64_t to, uint64_t *delet
     return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot delete WAL records from") : KEEL_OK;
 }
 
+/* The last WAL record with LSN <= upto as meta "trimmed" (mark: LSN, then
+ * its header); *lsn 0 when there is none. */
+static int trim_mark(kw_wtxn *t, uint64_t upto, unsigned char *mark, uint64_t *lsn)
+{
+    MDB_cursor *cur;
+    *lsn = 0;
+    int rc = mdb_cursor_open(t->txn, t->s->dbi[KW_DB_WAL], &cur);
+    if (rc)
+        return wtxn_err(t, rc, "cannot open a cursor on");
+    unsigned char kb[8];
+    be64(kb, upto < UINT64_MAX ? upto + 1 : upto);
+    MDB_val k = {8, kb}, v;
+    rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
+    rc = mdb_cursor_get(cur, &k, &v, rc == MDB_NOTFOUND ? MDB_LAST : MDB_PREV);
+    if (!rc && k.mv_size == 8 && rdbe64(k.mv_data) <= upto) {
+        *lsn = rdbe64(k.mv_data);
+        for (int i = 0; i < 8; i++)
+            mark[i] = (unsigned char)(*lsn >> (8 * i));
+        memset(mark + 8, 0, KW_HEADER_SIZE);
+        memcpy(mark + 8, v.mv_data, v.mv_size < KW_HEADER_SIZE ? v.mv_size : KW_HEADER_SIZE);
+    }
+    mdb_cursor_close(cur);
+    return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot read the WAL of") : KEEL_OK;
+}
+
 int kw_del_wal_upto(kw_wtxn *t, uint64_t upto, uint64_t *deleted)
 {
-    return del_wal_range(t, 0, upto, deleted);
+    unsigned char mark[8 + KW_HEADER_SIZE];
+    uint64_t last;
+    int rc = trim_mark(t, upto, mark, &last);
+    if (!rc)
+        rc = del_wal_range(t, 0, upto, deleted);
+    if (!rc && last)
+        rc = kw_put(t, KW_DB_META, KW_META_TRIMMED, strlen(KW_META_TRIMMED), mark, sizeof mark);
+    return rc;
 }
 
 int kw_del_wal_from(kw_wtxn *t, uint64_t from, uint64_t *deleted)

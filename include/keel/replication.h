@@ -38,7 +38,8 @@ typedef enum keel_repl_role {
 } keel_repl_role;
 
 /* Zero = no replication. A replicated runtime needs a data directory
- * (keel_durable_desc.dir) and keeps its whole WAL there (wal_retain). */
+ * (keel_durable_desc.dir); its checkpoints delete the WAL they cover, but a
+ * primary's only what the stream acknowledged. */
 typedef struct keel_replication_desc {
     const char *nats;          /* "nats://HOST:PORT[,nats://HOST:PORT...]"; NULL: not replicated */
     const char *world;         /* the world's name (stream KEEL_<world>): letters, digits, '-', '_' */
@@ -69,7 +70,8 @@ typedef struct keel_repl_status {
     double mean_record_bytes;  /* that mean (0 until known) */
     uint64_t discarded;        /* records dropped at open: this directory held them, the stream did not */
     uint64_t checkpoint_lsn;   /* a primary: the covered LSN of the last checkpoint it published */
-    bool bootstrapped;         /* at open the directory restarted from the published checkpoint */
+    bool bootstrapped;         /* at open the directory restarted from the stream (its published
+                                  checkpoint, or LSN 1 when none is) */
     uint64_t errors;           /* publishes or lease renewals that failed and were retried */
     bool degraded;             /* the stream is out of reach: SYNC acknowledges nothing meanwhile */
     bool fenced;               /* another primary took over: this runtime latched KEEL_EFENCED */

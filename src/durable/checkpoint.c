@@ -23,7 +23,8 @@
  *      batch it commits): the snap puts and deletes, meta "checkpoint"
  *      (tick, covered LSN), a CHECKPOINT marker in the WAL, and the
  *      deletion of every WAL record the checkpoint covers (unless
- *      wal_retain). One transaction: a crash at any instant leaves either
+ *      wal_retain; in a stream's directory, only those the stream
+ *      acknowledged: trim_upto). One transaction: a crash at any instant leaves either
  *      the old checkpoint with its WAL or the new one with the rest.
  * The content hash is core_digest64 over the raw payload; a
  * collision would skip a changed chunk, with probability 2^-64 per chunk.
@@ -484,7 +485,27 @@ static int serialize(dur_state *d, ckpt_job *j, kw_codec_ctx *c)
 
 /* ---- the writer's part ---------------------------------------------------------------------- */
 
-int ckpt_write(kw_wtxn *txn, ckpt_job *j, bool retain)
+/* The last WAL record a checkpoint covering `covered` deletes (0: none).
+ * A stream's directory opened as anything but a replica (or promoted
+ * since) deletes none the stream has not acknowledged -- none at all when
+ * opened without replication, which knows nothing of the stream: the
+ * publisher may still read those records from it, and a rejoin drops them.
+ * So every record a stream's directory deleted was on the stream, and a
+ * rejoin may take the directory's first LSN - 1 as a point both share once
+ * the stream's record there is the one deleted last (meta "trimmed"). The
+ * bound is the end of a commit (stream_unit_lsn), so the WAL left starts
+ * with a whole unit, as after any checkpoint. */
+static uint64_t trim_upto(dur_state *d, uint64_t covered)
+{
+    if (d->wal_retain)
+        return 0;
+    pthread_mutex_lock(&d->mu);
+    uint64_t upto = d->trim_to_stream && d->stream_unit_lsn < covered ? d->stream_unit_lsn : covered;
+    pthread_mutex_unlock(&d->mu);
+    return upto;
+}
+
+int ckpt_write(dur_state *d, kw_wtxn *txn, ckpt_job *j)
 {
     int rc = KEEL_OK;
     for (uint32_t i = 0; !rc && i < j->nputs; i++) {
@@ -512,10 +533,11 @@ int ckpt_write(kw_wtxn *txn, ckpt_job *j, bool retain)
         kw_checkpoint_meta_encode(&meta, m);
         rc = kw_put(txn, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), m, sizeof m);
     }
-    if (!rc && !retain)
+    uint64_t upto = rc ? 0 : trim_upto(d, j->covered_lsn);
+    if (upto)
         rc = KEEL_FAILPOINT(CKPT_BEFORE_WAL_DELETE);
-    if (!rc && !retain)
-        rc = kw_del_wal_upto(txn, j->covered_lsn, NULL);
+    if (!rc && upto)
+        rc = kw_del_wal_upto(txn, upto, NULL);
     return rc;
 }
 
@@ -666,14 +688,14 @@ bool ckpt_active(dur_state *d)
 }
 
 typedef struct job_write {
+    dur_state *d;
     ckpt_job *j;
-    bool retain;
 } job_write;
 
 static int write_job(kw_wtxn *txn, void *arg)
 {
     job_write *w = arg;
-    return ckpt_write(txn, w->j, w->retain);
+    return ckpt_write(w->d, txn, w->j);
 }
 
 /* A replica's checkpoint (d->follow), captured by ckpt_maybe. Its WAL is
@@ -688,7 +710,7 @@ static int ckpt_replica(dur_state *d, ckpt_job *j)
 {
     int rc = serialize(d, j, d->codec[0]); /* releases the pins */
     if (!rc)
-        rc = kw_store_write(d->store, write_job, &(job_write){j, d->wal_retain});
+        rc = kw_store_write(d->store, write_job, &(job_write){d, j});
     if (rc) {
         ckpt_job_free(j);
         return rc;

@@ -122,6 +122,13 @@ typedef struct dur_state {
     _Atomic uint64_t local_lsn;    /* committed to LMDB (durable_lsn trails it while the hook gates) */
     uint64_t local_tick;           /* the tick local_lsn completes (under mu) */
     uint64_t stream_lsn;           /* the stream acknowledged up to here (dur_acknowledge; under mu) */
+    bool trim_to_stream;       /* checkpoints delete no WAL record beyond stream_unit_lsn: a stream's
+                                  directory not opened as a replica, or since its promotion (under
+                                  mu; never cleared) */
+    uint64_t stream_unit_lsn;  /* the last commit's end the stream acknowledged: a unit boundary (mu) */
+    uint64_t *ends;            /* with trim_to_stream, the ends of commits the stream has not
+                                  acknowledged yet, oldest first: a ring of DUR_ENDS (mu) */
+    uint32_t ends_head, ends_n;
     dur_repl_hook repl;
     bool repl_staging;         /* the writer is in repl.staged, outside mu (dur_repl_set waits; durable_cv) */
     /* a follower (dur_open_desc.follow): records replicated into the
@@ -186,6 +193,7 @@ typedef struct dur_state {
 #define DUR_DEFER_MAX_BYTES (8u << 20)
 #define DUR_DEFER_MAX_NS 1000000000ull
 #define DUR_QUEUE_MAX_BYTES (256u << 20) /* a producer waits while more than this is queued */
+#define DUR_ENDS 4096                   /* commit ends remembered for the stream (beyond: none taken) */
 #define DUR_RECORD_TARGET (64u << 10)    /* fence records aim at this many raw bytes */
 #define DUR_SIDES_SCRATCH_MAX (1u << 20) /* the writer keeps a side-record scratch up to this size */
 #define DUR_HASH_LOG 10                  /* zstd hashLog of the fence's and side records' codecs ... */
@@ -286,7 +294,7 @@ int ckpt_wait(dur_state *d);
 bool ckpt_active(dur_state *d);
 /* The writer's part, inside its write transaction (after it appended the
  * job's CHECKPOINT marker): snap puts and deletes, meta, covered WAL. */
-int ckpt_write(kw_wtxn *txn, ckpt_job *job, bool retain);
+int ckpt_write(dur_state *d, kw_wtxn *txn, ckpt_job *job);
 /* After the writer committed (rc 0) or failed. */
 void ckpt_committed(dur_state *d, ckpt_job *job, int rc);
 void ckpt_job_free(ckpt_job *job);

@@ -806,6 +806,10 @@ static int recover(dur_state *d, keel_recovery *out)
     if ((rc = kw_read_begin(d->store, &r)))
         return rc;
     loader l = {.d = d, .r = r, .c = d->codec[0], .out = out};
+    const void *v;
+    size_t vn;
+    /* a stream's directory: see trim_upto (checkpoint.c) */
+    d->trim_to_stream = !d->follow && !kw_get(r, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), &v, &vn);
     int schema = check_schema(d, r, l.c);
     kw_checkpoint_meta m = {0};
     uint64_t last = 0, first = 0, cut = 0;
@@ -896,6 +900,7 @@ void dur_close(dur_state *d)
     for (uint32_t i = 0; d->codec && i < d->ncodec; i++)
         kw_codec_destroy(d->codec[i]);
     free(d->codec);
+    free(d->ends);
     kw_codec_destroy(d->side_codec);
     kw_buf_free(&d->side_payload);
     kw_buf_free(&d->side_build);

@@ -165,6 +165,7 @@ void dur_promote(dur_state *d)
 {
     pthread_mutex_lock(&d->mu);
     d->follow = false;
+    d->trim_to_stream = true; /* its records from here on may not be on the stream yet */
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -174,6 +175,7 @@ void dur_repl_set(dur_state *d, dur_repl_hook hook)
     while (d->repl_staging) /* the old hook's self must outlive a staged call */
         pthread_cond_wait(&d->durable_cv, &d->mu);
     d->repl = hook;
+    d->trim_to_stream |= hook.staged != NULL;
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -191,11 +193,38 @@ static void gate_advance(dur_state *d)
     pthread_cond_broadcast(&d->durable_cv);
 }
 
+/* Under d->mu, with trim_to_stream: the end of a commit (every commit ends
+ * at a unit boundary). Checkpoints delete the WAL up to the last end the
+ * stream acknowledged, so a trimmed WAL starts with a whole unit. A full
+ * ring takes no more ends until acknowledgements free it: the bound only
+ * lags (while the stream is DUR_ENDS commits behind). */
+static void ends_push(dur_state *d, uint64_t lsn)
+{
+    if (lsn <= d->stream_lsn) { /* acknowledged before it was committed (sync sends first) */
+        d->stream_unit_lsn = lsn;
+        return;
+    }
+    if (!d->ends && !(d->ends = malloc(DUR_ENDS * sizeof *d->ends)))
+        return; /* out of memory: the bound only lags */
+    if (d->ends_n < DUR_ENDS)
+        d->ends[(d->ends_head + d->ends_n++) % DUR_ENDS] = lsn;
+}
+
+static void ends_acknowledged(dur_state *d)
+{
+    while (d->ends_n && d->ends[d->ends_head] <= d->stream_lsn) {
+        d->stream_unit_lsn = d->ends[d->ends_head];
+        d->ends_head = (d->ends_head + 1) % DUR_ENDS;
+        d->ends_n--;
+    }
+}
+
 void dur_acknowledge(dur_state *d, uint64_t lsn)
 {
     pthread_mutex_lock(&d->mu);
     if (lsn > d->stream_lsn)
         d->stream_lsn = lsn;
+    ends_acknowledged(d);
     if (d->repl.gate)
         gate_advance(d);
     pthread_mutex_unlock(&d->mu);
@@ -441,7 +470,7 @@ static int fill(kw_wtxn *txn, void *arg)
                 return core_fail(KEEL_EINVAL, "checkpoint item without a marker record");
             int rc = kw_put_wal(txn, it->first_lsn, rec, len);
             if (!rc)
-                rc = ckpt_write(txn, it->ckpt, b->d->wal_retain);
+                rc = ckpt_write(b->d, txn, it->ckpt);
             if (rc)
                 return rc;
             continue;
@@ -556,6 +585,8 @@ static void batch_commit(dur_state *d, batch *b)
             pthread_cond_broadcast(&d->durable_cv);
         }
     }
+    if (committed && d->trim_to_stream)
+        ends_push(d, committed);
     if (committed && d->repl.committed) /* under d->mu: dur_repl_set may free the old hook's self */
         d->repl.committed(d->repl.self, committed);
     pthread_mutex_unlock(&d->mu);

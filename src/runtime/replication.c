@@ -120,9 +120,6 @@ int repl_create(keel_runtime *rt, const keel_replication_desc *d)
     r->st.role = d->role;
     r->st.mode = d->role != KEEL_ROLE_PRIMARY ? KEEL_REPL_OFF : d->mode ? d->mode : KEEL_REPL_ASYNC;
     rt->repl = r;
-    /* the publisher reads the WAL, and so does a rejoin: a directory whose checkpoint covered a
-       record the stream never took drops that checkpoint and replays its WAL from LSN 1 */
-    rt->durable_desc.wal_retain = true;
     return KEEL_OK;
 }
 
@@ -310,7 +307,7 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     rc = sync_until_schema(r, store, primary, &si);
     if (!rc && si.discarded)
         core_log(KEEL_LOG_WARN, "repl", "discarded", "records=%" PRIu64 " from_lsn=%" PRIu64 " checkpoint_dropped=%d",
-                 si.discarded, si.local_last + 1, si.checkpoint_dropped ? 1 : 0);
+                 si.discarded, si.discarded_from, si.checkpoint_dropped ? 1 : 0);
     if (!rc)
         status_set(r, st_opened, &si);
     r->local_last = si.local_last;
@@ -395,10 +392,13 @@ void repl_close(keel_runtime *rt, bool clean)
     if (!r || !r->pub)
         return;
     kr_pub *pub = r->pub;
+    bool drained = false;
     if (clean && !dur_fatal(rt->dur)) {
         (void)ckpt_wait(rt->dur); /* the last checkpoint's marker committed: the publisher sends it too */
-        (void)kr_pub_drain(pub, DRAIN_MS);
+        drained = !kr_pub_drain(pub, DRAIN_MS);
     }
+    if (!drained) /* no stream to wait for: what the publisher asks it ends at its next timeout */
+        kr_abandon(r->node);
     pthread_mutex_lock(&r->mu);
     r->pub = NULL;
     pthread_mutex_unlock(&r->mu);

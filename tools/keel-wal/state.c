@@ -834,6 +834,8 @@ static int choose_start(kws_replay *r, uint64_t first_tick, bool no_checkpoint, 
         return fail(r, "the WAL starts at LSN %" PRIu64 ", not 1, and there is no checkpoint: records are missing",
                     in->first_lsn);
     char starts[80];
+    /* up to the checkpoint's LSN, or less where the stream had not acknowledged the rest (a replicated primary) */
+    uint64_t deleted_to = in->first_lsn ? in->first_lsn - 1 : d->checkpoint.lsn;
     if (in->first_lsn)
         snprintf(starts, sizeof starts, "the WAL starts at LSN %" PRIu64, in->first_lsn);
     else
@@ -841,11 +843,11 @@ static int choose_start(kws_replay *r, uint64_t first_tick, bool no_checkpoint, 
     if (no_checkpoint)
         return fail(r, "--no-checkpoint needs the WAL from LSN 1, but %s: the checkpoint of tick %" PRIu64
                     " deleted the records up to LSN %" PRIu64 " it covers (the runtime ran without wal_retain)",
-                    starts, d->checkpoint.tick, d->checkpoint.lsn);
+                    starts, d->checkpoint.tick, deleted_to);
     return fail(r, "tick %" PRIu64 " is no longer reachable: it is before the checkpoint of tick %" PRIu64
                 ", and %s: the checkpoint deleted the WAL records up to LSN %" PRIu64 " it covers (the runtime ran "
                 "without wal_retain, which keeps them for time travel and audit). The earliest tick replay can "
-                "rebuild is %" PRIu64, first_tick, d->checkpoint.tick, starts, d->checkpoint.lsn,
+                "rebuild is %" PRIu64, first_tick, d->checkpoint.tick, starts, deleted_to,
                 d->checkpoint.tick);
 }
 

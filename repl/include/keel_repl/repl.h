@@ -47,6 +47,9 @@ typedef struct kr_desc {
  * answers), KEEL_ENOENT (no stream for the world and !create). */
 int kr_connect(const kr_desc *d, kr_node **out);
 void kr_close(kr_node *n);
+/* From now on a read that fails for want of a server fails at once
+ * instead of retrying for up to 30 s (a node being stopped). */
+void kr_abandon(kr_node *n);
 const char *kr_world(const kr_node *n);
 /* The most bytes one message may have on the node's servers (max_payload). */
 size_t kr_max_payload(kr_node *n);
@@ -133,10 +136,11 @@ typedef struct kr_sync_info {
     uint64_t stream_last;     /* the stream's last sequence when the sync ran */
     uint64_t local_last;      /* the directory's last LSN afterwards */
     uint64_t discarded;       /* records the directory held beyond the stream, now dropped */
+    uint64_t discarded_from;  /* ... the first of them */
     uint64_t appended;        /* records copied from the stream */
     bool checkpoint_dropped;  /* the checkpoint covered a dropped record: it went with them */
-    bool bootstrapped;        /* the stream was purged past the directory: it restarted from the
-                                 published checkpoint */
+    bool bootstrapped;        /* the directory restarted from the stream (its published checkpoint,
+                                 or LSN 1 when none is): purged past it, or its checkpoint dropped */
 } kr_sync_info;
 
 /* Bring the WAL of `s` (open, writable) in step with the stream: drop what
@@ -172,7 +176,8 @@ int kr_append_record(kw_store *s, uint64_t lsn, const void *rec, size_t len);
 int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint64_t *published_lsn);
 /* Replace s's WAL, snapshot, schema and checkpoint with the latest published
  * checkpoint; *covered: its covered LSN (the stream continues after it).
- * KEEL_ENOENT when none is published. */
+ * One that a newer publication purges while it is copied is given up for
+ * the newer one. KEEL_ENOENT when none is published. */
 int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered);
 
 /* ---- the publisher ------------------------------------------------------------ */

@@ -528,7 +528,8 @@ int kw_store_write(kw_store *s, int (*fill)(kw_wtxn *txn, void *arg), void *arg)
 int kw_put(kw_wtxn *t, kw_db db, const void *key, size_t klen, const void *val, size_t vlen);
 int kw_put_wal(kw_wtxn *t, uint64_t lsn, const void *rec, size_t len);
 int kw_del(kw_wtxn *t, kw_db db, const void *key, size_t klen); /* absent keys are fine */
-/* Delete every WAL record with LSN <= upto; *deleted counts them. */
+/* Delete every WAL record with LSN <= upto; *deleted counts them. The last
+ * one deleted is remembered in meta "trimmed" (KW_META_TRIMMED). */
 int kw_del_wal_upto(kw_wtxn *t, uint64_t upto, uint64_t *deleted);
 /* Delete every WAL record with LSN >= from (truncating a bad tail). */
 int kw_del_wal_from(kw_wtxn *t, uint64_t from, uint64_t *deleted);
@@ -610,6 +611,9 @@ void kw_scan_end(kw_scan *s);
 /* meta keys (values little-endian, docs/wal-format.md). */
 #define KW_META_FORMAT "format"          /* u32 format version */
 #define KW_META_CHECKPOINT "checkpoint"  /* kw_checkpoint_meta */
+#define KW_META_TRIMMED "trimmed"        /* u64 LSN, then the first KW_HEADER_SIZE bytes of the last WAL
+                                            record deleted from the front (kw_del_wal_upto): another copy
+                                            of the log holding that record shares every record before it */
 #define KW_META_REPLICATED "replicated"  /* the stream the directory is kept in step with (its name): its
                                             WAL's checkpoint markers are its primaries', not its own */
 #define KW_SCHEMA_KEY "components"       /* schema db: the SCHEMA record */
