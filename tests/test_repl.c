@@ -7,11 +7,13 @@
  * compare-and-set, a directory brought in step with the stream (its
  * unreplicated tail dropped), a published checkpoint copied into a
  * directory (and damaged ones refused), a follower's own checkpoints, a
- * record on the stream that the disk never took, and the refusals of bad
- * input that write nothing (another history among them). repl_rejoin
+ * record on the stream that the disk never took, the refusals of bad
+ * input that write nothing (another history among them), and a tick
+ * record too big for a message (degraded, not published). repl_rejoin
  * starts its own server, stops it and starts it again: a primary's
- * checkpoints while the stream is down, and its rejoin with a checkpoint of
- * records the stream never got. The failover of whole keel-world processes on a 3-node cluster is
+ * checkpoints while the stream is down, and its rejoin with a checkpoint
+ * of records the stream never got. The failover of whole keel-world
+ * processes on a 3-node cluster is
  * check_failover.sh and keel-crash --mode failover.
  */
 #include <check.h>
@@ -910,6 +912,66 @@ static void wal_bounds_of(const char *name, uint64_t *first, uint64_t *last, uin
     *ckpt_lsn = m.lsn;
 }
 
+static bool degraded(const keel_repl_status *st, uint64_t errors)
+{
+    return st->degraded && st->errors >= errors;
+}
+
+/* A tick record over the server's max_payload (a changed row of a
+ * component over 1 MiB: records are not split over messages) cannot be
+ * published: the async primary runs on, its publisher retries and reports
+ * `degraded`, nothing from that record on reaches the stream, and its
+ * close returns. */
+#define HUGE_ROW (1200u * 1000u)
+static unsigned char huge_value[HUGE_ROW];
+
+static int huge_spawn(keel_ctx *ctx, void *user)
+{
+    const keel_component *c = user;
+    if (keel_ctx_tick(ctx) != 3)
+        return 0;
+    return keel_cmd_spawn(keel_ctx_commands(ctx), &(keel_init){*c, huge_value}, 1) ? -1 : 0;
+}
+
+START_TEST(test_tick_record_over_max_payload_degrades)
+{
+    static const keel_field f[] = {{.name = "b", .type = KEEL_BYTES, .offset = 0, .count = HUGE_ROW}};
+    uint64_t rng = 7; /* does not compress */
+    for (size_t i = 0; i < sizeof huge_value; i++)
+        huge_value[i] = (unsigned char)tu_rng_next(&rng);
+    char dir[4096];
+    tu_path(dir, sizeof dir, "huge");
+    keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 1, .durable.dir = dir,
+                                                     .replication = {.nats = nats_url, .world = "huge",
+                                                                     .mode = KEEL_REPL_ASYNC, .lease_ms = 300}});
+    keel_component c = tu_reg(keel_runtime_world(rt), "huge", HUGE_ROW, KEEL_VERSIONED, f, 1);
+    keel_schedule *s;
+    ck_assert_rc(keel_schedule_create(rt, &s), KEEL_OK);
+    ck_assert_rc(keel_schedule_add_system(s, &(keel_system_desc){.name = "spawn", .kind = KEEL_SYSTEM_CALLBACK,
+                                                                 .run = huge_spawn, .user = &c}, NULL), KEEL_OK);
+    tu_install(rt, s);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    tu_step_n(rt, 2);
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    uint64_t before = keel_durable_lsn(rt);
+    wait_status(rt, published_to, before, "publish its first ticks");
+    tu_step_n(rt, 2); /* tick 3 spawns the 1.2 MB row */
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    wait_status(rt, degraded, 2, "report degraded after two failed sends");
+    tu_step_n(rt, 1);
+    ck_assert_uint_eq(keel_runtime_tick(rt), 5); /* it runs on */
+    keel_repl_status st;
+    keel_repl_status_get(rt, &st);
+    ck_assert(st.published_lsn >= before && st.published_lsn < keel_durable_lsn(rt));
+    kr_node *n = connect_world(nats_url, "huge", "probe");
+    uint64_t first, last;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(last, st.published_lsn); /* the huge record and what follows it: not on the stream */
+    kr_close(n);
+    keel_runtime_close(rt); /* returns once its drain gives up */
+}
+END_TEST
+
 /* An async primary checkpoints while the stream is down: its checkpoints
  * delete only the WAL records the stream acknowledged (the ones after stay
  * for the publisher); it reopens once NATS is back, its directory holding a
@@ -1008,7 +1070,8 @@ int main(void)
                                    test_bad_streams_write_nothing, test_checkpoint_stream,
                                    test_connect_errors,           test_primary_runtime_publishes,
                                    test_follower_checkpoints, test_stream_ahead_of_disk,
-                                   test_side_over_max_payload_refused, test_another_history_refused};
+                                   test_side_over_max_payload_refused, test_another_history_refused,
+                                   test_tick_record_over_max_payload_degrades};
     const TTest *const api[] = {test_runtime_refusals};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};
     SRunner *sr = srunner_create(
