@@ -355,8 +355,6 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         return rc;
     }
     out->stream_last = slast;
-    if (unmarked && (rc = kw_store_write(s, fill_mark, n))) /* the directory is this stream's from here on */
-        return rc;
     if (llast && keep < llast && !out->bootstrapped) {
         discard d = {.from = keep + 1};
         if ((rc = checkpoint_beyond(s, keep, &d.drop_checkpoint)))
@@ -382,6 +380,8 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     if (sfirst && keep + 1 < sfirst)
         return core_fail(KEEL_ERANGE, "stream %s starts at %" PRIu64 ", after directory %s ends (%" PRIu64 ")",
                          n->stream, sfirst, kw_store_dir(s), keep);
+    if (unmarked && (rc = kw_store_write(s, fill_mark, n))) /* the directory is this stream's from here on */
+        return rc;
     uint64_t end = upto && upto < slast ? upto : slast;
     if (keep >= end)
         return KEEL_OK;

@@ -419,6 +419,35 @@ START_TEST(test_another_history_refused)
 }
 END_TEST
 
+static int fill_checkpoint_meta(kw_wtxn *t, void *arg)
+{
+    unsigned char m[32];
+    kw_checkpoint_meta_encode(&(kw_checkpoint_meta){.tick = 5, .lsn = *(const uint64_t *)arg}, m);
+    return kw_put(t, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), m, sizeof m);
+}
+
+/* A trimmed directory whose checkpoint covers records an empty stream never
+ * held cannot restart from it: KEEL_ERANGE, nothing written (not even the
+ * mark that makes it the stream's). */
+START_TEST(test_trimmed_checkpoint_against_empty_stream)
+{
+    kr_node *n = connect_world(nats_url, "void", "a");
+    kw_store *s = trimmed_dir("void-dir", "local");
+    uint64_t covered = 5;
+    ck_assert_rc(kw_store_write(s, fill_checkpoint_meta, &covered), KEEL_OK);
+    char mdb[4200];
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", kw_store_dir(s));
+    tu_digest before = tu_file_digest(mdb);
+    kr_sync_info si;
+    ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ERANGE);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "holds no record"));
+    tu_digest after = tu_file_digest(mdb);
+    ck_assert(after.size == before.size && after.hash == before.hash);
+    kw_store_close(s);
+    kr_close(n);
+}
+END_TEST
+
 /* Messages that are no WAL records of their sequence are refused and
  * nothing reaches the directory; so is a stream purged past it. */
 START_TEST(test_bad_streams_write_nothing)
@@ -1071,7 +1100,8 @@ int main(void)
                                    test_connect_errors,           test_primary_runtime_publishes,
                                    test_follower_checkpoints, test_stream_ahead_of_disk,
                                    test_side_over_max_payload_refused, test_another_history_refused,
-                                   test_tick_record_over_max_payload_degrades};
+                                   test_tick_record_over_max_payload_degrades,
+                                   test_trimmed_checkpoint_against_empty_stream};
     const TTest *const api[] = {test_runtime_refusals};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};
     SRunner *sr = srunner_create(
