@@ -106,8 +106,12 @@ int kr_append_record(kw_store *s, uint64_t lsn, const void *rec, size_t len)
 
 /* ---- the common prefix ---------------------------------------------------------- */
 
-/* 1 when the directory's record at lsn is the stream's message lsn. */
-static int same_record(kr_node *n, kw_store *s, uint64_t lsn, kw_buf *msg)
+/* Does the directory (read in r) hold the stream's message lsn as `msg`? */
+typedef int (*kr_holds_fn)(kw_rtxn *r, uint64_t lsn, const kw_buf *msg);
+
+/* 1 when the stream holds message lsn and `holds` finds it in the
+ * directory, 0 when not, or an error. */
+static int stream_record_held(kr_node *n, kw_store *s, uint64_t lsn, kw_buf *msg, kr_holds_fn holds)
 {
     int rc = kr_get(n, lsn, msg);
     if (rc)
@@ -115,17 +119,38 @@ static int same_record(kr_node *n, kw_store *s, uint64_t lsn, kw_buf *msg)
     kw_rtxn *r;
     if ((rc = kw_read_begin(s, &r)))
         return rc;
+    rc = holds(r, lsn, msg);
+    kw_read_end(r);
+    return rc;
+}
+
+/* The directory's WAL record at lsn is msg, byte for byte. */
+static int wal_holds(kw_rtxn *r, uint64_t lsn, const kw_buf *msg)
+{
     kw_walit *it;
     uint64_t at = 0;
     const void *rec = NULL;
     size_t len = 0;
-    if (!(rc = kw_wal_iter(r, lsn, &it))) {
+    int rc = kw_wal_iter(r, lsn, &it);
+    if (!rc) {
         rc = kw_wal_next(it, &at, &rec, &len);
         rc = rc == 1 ? (at == lsn && len == msg->len && !memcmp(rec, msg->p, len)) : rc;
         kw_wal_iter_end(it);
     }
-    kw_read_end(r);
     return rc;
+}
+
+/* The record a checkpoint last deleted from the front of the directory's
+ * WAL (meta "trimmed") is LSN lsn and is msg (by its header, which holds
+ * its payload's CRC). */
+static int trimmed_holds(kw_rtxn *r, uint64_t lsn, const kw_buf *msg)
+{
+    uint64_t at;
+    const void *header;
+    int rc = kw_trimmed_get(r, &at, &header);
+    if (rc)
+        return rc == KEEL_ENOENT ? 0 : rc;
+    return at == lsn && msg->len >= KW_HEADER_SIZE && !memcmp(header, msg->p, KW_HEADER_SIZE);
 }
 
 static int local_bounds(kw_store *s, uint64_t *first, uint64_t *last)
@@ -139,28 +164,6 @@ static int local_bounds(kw_store *s, uint64_t *first, uint64_t *last)
     if (rc == KEEL_ENOENT)
         *first = *last = 0;
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
-}
-
-/* 1 when the record a checkpoint last deleted from the front of the
- * directory's WAL (meta "trimmed") is LSN lsn and is the stream's message
- * lsn (by its header, which holds its payload's CRC). */
-static int trimmed_is_streams(kr_node *n, kw_store *s, uint64_t lsn, kw_buf *msg)
-{
-    int rc = kr_get(n, lsn, msg);
-    if (rc)
-        return rc == KEEL_ENOENT ? 0 : rc;
-    kw_rtxn *r;
-    if ((rc = kw_read_begin(s, &r)))
-        return rc;
-    const unsigned char *v;
-    size_t len;
-    rc = kw_get(r, KW_DB_META, KW_META_TRIMMED, strlen(KW_META_TRIMMED), (const void **)&v, &len);
-    uint64_t at = 0;
-    for (int i = 0; !rc && len == 8 + KW_HEADER_SIZE && i < 8; i++)
-        at |= (uint64_t)v[i] << (8 * i);
-    int same = !rc && at == lsn && msg->len >= KW_HEADER_SIZE && !memcmp(v + 8, msg->p, KW_HEADER_SIZE);
-    kw_read_end(r);
-    return rc && rc != KEEL_ENOENT ? rc : same;
 }
 
 /* The last LSN the directory and the stream agree on. A directory whose
@@ -179,7 +182,7 @@ static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llas
     kw_buf msg = {0};
     int rc = KEEL_OK;
     for (uint64_t lsn = top; lsn >= bottom && lsn; lsn--) {
-        if ((rc = same_record(n, s, lsn, &msg)) < 0)
+        if ((rc = stream_record_held(n, s, lsn, &msg, wal_holds)) < 0)
             break;
         if (rc == 1) {
             *out = lsn;
@@ -188,7 +191,7 @@ static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llas
         }
     }
     if (!rc && !*out && slast && lfirst > 1 && lfirst - 1 <= slast &&
-        (rc = trimmed_is_streams(n, s, lfirst - 1, &msg)) == 1) {
+        (rc = stream_record_held(n, s, lfirst - 1, &msg, trimmed_holds)) == 1) {
         *out = lfirst - 1;
         rc = KEEL_OK;
     }

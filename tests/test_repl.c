@@ -143,6 +143,30 @@ static void epoch_record(kw_buf *out, uint64_t lsn, uint64_t epoch, const char *
     kw_codec_destroy(c);
 }
 
+/* EPOCH records of LSN 1..last, published by node `node`'s primary of epoch 1. */
+static void publish_epochs(kr_node *n, uint64_t last, const char *node)
+{
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= last; lsn++) {
+        epoch_record(&rec, lsn, lsn, node);
+        ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    kw_buf_free(&rec);
+}
+
+/* The bytes of a store's data.mdb, to show a refusal wrote nothing. */
+static tu_digest mdb_digest(kw_store *s)
+{
+    char mdb[4200];
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", kw_store_dir(s));
+    return tu_file_digest(mdb);
+}
+
+static void assert_same_digest(tu_digest a, tu_digest b)
+{
+    ck_assert(a.size == b.size && a.hash == b.hash);
+}
+
 static kw_store *store_in(const char *name)
 {
     char dir[4096];
@@ -325,11 +349,8 @@ END_TEST
 START_TEST(test_sync_drops_unreplicated_tail)
 {
     kr_node *n = connect_world(nats_url, "sync", "a");
+    publish_epochs(n, 3, "stream");
     kw_buf rec = {0};
-    for (uint64_t lsn = 1; lsn <= 3; lsn++) {
-        epoch_record(&rec, lsn, lsn, "stream");
-        ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
-    }
     kw_store *s = store_in("dir");
     for (uint64_t lsn = 1; lsn <= 4; lsn++) {
         epoch_record(&rec, lsn, lsn, lsn <= 2 ? "stream" : "local");
@@ -383,11 +404,7 @@ static kw_store *trimmed_dir(const char *name, const char *early)
 START_TEST(test_another_history_refused)
 {
     kr_node *n = connect_world(nats_url, "hist", "a");
-    kw_buf rec = {0};
-    for (uint64_t lsn = 1; lsn <= 5; lsn++) {
-        epoch_record(&rec, lsn, lsn, "stream");
-        ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
-    }
+    publish_epochs(n, 5, "stream");
     kw_store *ours = trimmed_dir("hist-ours", "stream");
     kr_sync_info si;
     ck_assert_msg(!kr_sync_store(n, ours, 0, &si), "%s", keel_last_error());
@@ -396,22 +413,16 @@ START_TEST(test_another_history_refused)
     ck_assert_uint_eq(si.local_last, 5);
     ck_assert_uint_eq(wal_last(ours), 5);
     kw_store *theirs = trimmed_dir("hist-theirs", "elsewhere");
-    char mdb[4200];
-    snprintf(mdb, sizeof mdb, "%s/data.mdb", kw_store_dir(theirs));
-    tu_digest before = tu_file_digest(mdb);
+    tu_digest before = mdb_digest(theirs);
     ck_assert_rc(kr_sync_store(n, theirs, 0, &si), KEEL_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "share no record"));
     ck_assert_uint_eq(wal_last(theirs), 6);
-    tu_digest after = tu_file_digest(mdb);
-    ck_assert(after.size == before.size && after.hash == before.hash);
+    assert_same_digest(mdb_digest(theirs), before);
     kr_node *other = connect_world(nats_url, "other", "a");
-    snprintf(mdb, sizeof mdb, "%s/data.mdb", kw_store_dir(ours));
-    before = tu_file_digest(mdb);
+    before = mdb_digest(ours);
     ck_assert_rc(kr_sync_store(other, ours, 0, &si), KEEL_ECORRUPT);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "another stream"));
-    after = tu_file_digest(mdb);
-    ck_assert(after.size == before.size && after.hash == before.hash);
-    kw_buf_free(&rec);
+    assert_same_digest(mdb_digest(ours), before);
     kw_store_close(ours);
     kw_store_close(theirs);
     kr_close(other);
@@ -435,14 +446,11 @@ START_TEST(test_trimmed_checkpoint_against_empty_stream)
     kw_store *s = trimmed_dir("void-dir", "local");
     uint64_t covered = 5;
     ck_assert_rc(kw_store_write(s, fill_checkpoint_meta, &covered), KEEL_OK);
-    char mdb[4200];
-    snprintf(mdb, sizeof mdb, "%s/data.mdb", kw_store_dir(s));
-    tu_digest before = tu_file_digest(mdb);
+    tu_digest before = mdb_digest(s);
     kr_sync_info si;
     ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ERANGE);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "holds no record"));
-    tu_digest after = tu_file_digest(mdb);
-    ck_assert(after.size == before.size && after.hash == before.hash);
+    assert_same_digest(mdb_digest(s), before);
     kw_store_close(s);
     kr_close(n);
 }
@@ -463,11 +471,7 @@ START_TEST(test_bad_streams_write_nothing)
     kr_close(n);
 
     n = connect_world(nats_url, "purged", "a");
-    kw_buf rec = {0};
-    for (uint64_t lsn = 1; lsn <= 4; lsn++) {
-        epoch_record(&rec, lsn, lsn, "a");
-        ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
-    }
+    publish_epochs(n, 4, "a");
     ck_assert_rc(kr_purge_before(n, 1), KEEL_OK); /* nothing is before 1 */
     uint64_t first, last;
     ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
@@ -479,7 +483,6 @@ START_TEST(test_bad_streams_write_nothing)
     s = store_in("purged");
     ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ERANGE);
     ck_assert_uint_eq(wal_last(s), 0);
-    kw_buf_free(&rec);
     kw_store_close(s);
     kr_close(n);
 }

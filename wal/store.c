@@ -874,6 +874,23 @@ static int trim_mark(kw_wtxn *t, uint64_t upto, unsigned char *mark, uint64_t *l
     return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot read the WAL of") : KEEL_OK;
 }
 
+int kw_trimmed_get(kw_rtxn *r, uint64_t *lsn, const void **header)
+{
+    const unsigned char *v;
+    size_t len;
+    int rc = kw_get(r, KW_DB_META, KW_META_TRIMMED, strlen(KW_META_TRIMMED), (const void **)&v, &len);
+    if (rc)
+        return rc;
+    if (len != 8 + KW_HEADER_SIZE)
+        return core_fail(KEEL_ECORRUPT, "%s/data.mdb: meta \"%s\" holds %zu bytes, not %u", r->s->dir,
+                         KW_META_TRIMMED, len, 8 + KW_HEADER_SIZE);
+    *lsn = 0;
+    for (int i = 0; i < 8; i++)
+        *lsn |= (uint64_t)v[i] << (8 * i);
+    *header = v + 8;
+    return KEEL_OK;
+}
+
 int kw_del_wal_upto(kw_wtxn *t, uint64_t upto, uint64_t *deleted)
 {
     unsigned char mark[8 + KW_HEADER_SIZE];

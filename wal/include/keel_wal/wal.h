@@ -563,6 +563,11 @@ void kw_read_end(kw_rtxn *r);
 /* Value of key in db: 0 and (*val, *vlen) pointing into the map (valid until
  * kw_read_end), or KEEL_ENOENT. */
 int kw_get(kw_rtxn *r, kw_db db, const void *key, size_t klen, const void **val, size_t *vlen);
+/* The last record kw_del_wal_upto deleted, as meta "trimmed" remembers it:
+ * its LSN and its first KW_HEADER_SIZE bytes (valid for the read
+ * transaction). KEEL_ENOENT: none was deleted; KEEL_ECORRUPT: the value is
+ * malformed. */
+int kw_trimmed_get(kw_rtxn *r, uint64_t *lsn, const void **header);
 
 /* Iterate the WAL from the first LSN >= from: kw_wal_next returns 1 with
  * (lsn, rec, len) and advances, 0 at the end, or a KEEL_E* error. On an
