@@ -606,6 +606,104 @@ START_TEST(test_checkpoint_stream)
 }
 END_TEST
 
+static uint64_t checkpoint_covers(kw_store *s)
+{
+    kw_rtxn *r;
+    const void *v;
+    size_t n;
+    kw_checkpoint_meta m = {0};
+    ck_assert(!kw_read_begin(s, &r));
+    if (!kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n))
+        ck_assert(!kw_checkpoint_meta_decode(v, n, &m));
+    kw_read_end(r);
+    return m.lsn;
+}
+
+static uint64_t wal_first(kw_store *s)
+{
+    kw_rtxn *r;
+    uint64_t first = 0, last = 0;
+    ck_assert(!kw_read_begin(s, &r));
+    int rc = kw_wal_bounds(r, &first, &last, NULL);
+    kw_read_end(r);
+    return rc == KEEL_ENOENT ? 0 : first;
+}
+
+/* A directory of this stream (marked by an earlier sync) whose own records
+ * 4..6 never reached it, while the stream went on to 8 and was purged up to
+ * its published checkpoint (covering 5): the point where they diverged is
+ * gone from the stream, so every record the directory holds is dropped and
+ * it restarts from the checkpoint. A directory holding the same records but
+ * never marked as the stream's may be another world's: refused, nothing
+ * written. */
+START_TEST(test_purged_divergence_restarts)
+{
+    kr_node *n = connect_world(nats_url, "gone", "a");
+    publish_epochs(n, 3, "stream");
+    kw_store *ours = store_in("gone-ours"), *unmarked = store_in("gone-unmarked"), *src = store_in("gone-src");
+    kr_sync_info si;
+    ck_assert_msg(!kr_sync_store(n, ours, 0, &si), "%s", keel_last_error()); /* marks it */
+    ck_assert_uint_eq(si.appended, 3);
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= 8; lsn++) {
+        epoch_record(&rec, lsn, lsn, lsn <= 3 || lsn > 6 ? "stream" : "local");
+        if (lsn > 3 && lsn <= 6)
+            ck_assert_rc(kr_append_record(ours, lsn, rec.p, rec.len), KEEL_OK);
+        if (lsn <= 6)
+            ck_assert_rc(kr_append_record(unmarked, lsn, rec.p, rec.len), KEEL_OK);
+        epoch_record(&rec, lsn, lsn, "stream");
+        if (lsn > 3)
+            ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    ck_fill f = {.lsn = 5, .n = 3, .size = 1000};
+    uint64_t published = 0, first, last;
+    ck_assert_rc(kw_store_write(src, fill_ckpt, &f), KEEL_OK);
+    ck_assert_msg(!kr_ckpt_publish(n, src, 8, 0, &published), "%s", keel_last_error()); /* purges 1..5 */
+    ck_assert_uint_eq(published, 5);
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, 6);
+    ck_assert_uint_eq(last, 8);
+
+    tu_digest before = mdb_digest(unmarked);
+    ck_assert_rc(kr_sync_store(n, unmarked, 0, &si), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "share no record"));
+    assert_same_digest(mdb_digest(unmarked), before);
+
+    ck_assert_msg(!kr_sync_store(n, ours, 0, &si), "%s", keel_last_error());
+    ck_assert(si.bootstrapped && si.checkpoint_dropped);
+    ck_assert_uint_eq(si.discarded, 6);
+    ck_assert_uint_eq(si.discarded_from, 1);
+    ck_assert_uint_eq(si.appended, 3);
+    ck_assert_uint_eq(si.local_last, 8);
+    ck_assert_uint_eq(checkpoint_covers(ours), 5);
+    ck_assert_uint_eq(wal_first(ours), 6);
+    ck_assert_uint_eq(wal_last(ours), 8);
+    uint32_t ks, ko;
+    ck_assert_uint_eq(snap_digest(ours, &ko), snap_digest(src, &ks));
+    ck_assert_uint_eq(ko, 3);
+    kw_buf got = {0};
+    for (uint64_t lsn = 6; lsn <= 8; lsn++) { /* the stream's records, not its own */
+        ck_assert_rc(kr_get(n, lsn, &got), KEEL_OK);
+        kw_rtxn *r;
+        kw_walit *it;
+        uint64_t at = 0;
+        const void *p = NULL;
+        size_t len = 0;
+        ck_assert(!kw_read_begin(ours, &r) && !kw_wal_iter(r, lsn, &it));
+        ck_assert_int_eq(kw_wal_next(it, &at, &p, &len), 1);
+        ck_assert(at == lsn && len == got.len && !memcmp(p, got.p, len));
+        kw_wal_iter_end(it);
+        kw_read_end(r);
+    }
+    kw_buf_free(&got);
+    kw_buf_free(&rec);
+    kw_store_close(ours);
+    kw_store_close(unmarked);
+    kw_store_close(src);
+    kr_close(n);
+}
+END_TEST
+
 START_TEST(test_connect_errors)
 {
     kr_node *n = NULL;
@@ -1104,7 +1202,8 @@ int main(void)
                                    test_follower_checkpoints, test_stream_ahead_of_disk,
                                    test_side_over_max_payload_refused, test_another_history_refused,
                                    test_tick_record_over_max_payload_degrades,
-                                   test_trimmed_checkpoint_against_empty_stream};
+                                   test_trimmed_checkpoint_against_empty_stream,
+                                   test_purged_divergence_restarts};
     const TTest *const api[] = {test_runtime_refusals};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};
     SRunner *sr = srunner_create(
