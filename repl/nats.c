@@ -20,11 +20,15 @@
 #define DEDUP_WINDOW_NS (120ll * 1000000000ll)
 
 /* A NATS failure as a keel code: a JetStream API error is the server's
- * answer (KEEL_EIO), anything else means it did not answer. */
+ * answer (KEEL_EIO), anything else means it did not answer; so does a
+ * server without JetStream (the client reports that as error 10076). */
 static int nats_fail(natsStatus s, jsErrCode jerr, const char *fmt, const char *what)
 {
     char buf[1400];
     snprintf(buf, sizeof buf, fmt, what);
+    if (jerr == JSNotEnabledErr || jerr == JSNotEnabledForAccountErr)
+        return core_fail(KEEL_EUNAVAILABLE, "%s: the NATS server offers no JetStream (start it with -js, or give "
+                         "its configuration a jetstream block)", buf);
     if (jerr)
         return core_fail(KEEL_EIO, "%s: JetStream error %d (%s)", buf, (int)jerr, natsStatus_GetText(s));
     return core_fail(KEEL_EUNAVAILABLE, "%s: %s", buf, natsStatus_GetText(s));

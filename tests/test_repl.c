@@ -1193,6 +1193,37 @@ START_TEST(test_runtime_refusals)
 }
 END_TEST
 
+/* A NATS server without JetStream is refused with KEEL_EUNAVAILABLE saying
+ * so (not retried as if it were down), by the library, whether it may
+ * create the stream or not, and by a replica's runtime. */
+START_TEST(test_server_without_jetstream)
+{
+    char conf[4096], dir[4096], text[64];
+    tu_path(conf, sizeof conf, "plain.conf");
+    int port = free_port();
+    int len = snprintf(text, sizeof text, "listen: 127.0.0.1:%d\n", port);
+    tu_write_file(conf, text, (size_t)len);
+    snprintf(nats_url, sizeof nats_url, "nats://127.0.0.1:%d", port);
+    pid_t nats = nats_start(conf, port, true);
+    for (int create = 0; create < 2; create++) {
+        kr_node *n = NULL;
+        ck_assert_rc(kr_connect(&(kr_desc){.urls = nats_url, .world = "w", .create = create}, &n), KEEL_EUNAVAILABLE);
+        ck_assert_ptr_null(n);
+        ck_assert_msg(strstr(keel_last_error(), "offers no JetStream"), "%s", keel_last_error());
+    }
+    tu_path(dir, sizeof dir, "plain-dir");
+    keel_runtime *rt = NULL;
+    keel_runtime_desc d = {.durable.dir = dir,
+                           .replication = {.nats = nats_url, .world = "w", .role = KEEL_ROLE_FOLLOWER}};
+    ck_assert_rc(keel_runtime_create(&d, &rt), KEEL_OK);
+    ck_assert_rc(keel_runtime_recover(rt, NULL), KEEL_EUNAVAILABLE);
+    ck_assert_msg(strstr(keel_last_error(), "offers no JetStream"), "%s", keel_last_error());
+    keel_runtime_close(rt);
+    kill(nats, SIGTERM);
+    ck_assert_int_eq(waitpid(nats, NULL, 0), nats);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const stream[] = {test_publish_fences, test_pipe_fences, test_pipe_resends_after_settle,
@@ -1204,7 +1235,7 @@ int main(void)
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,
                                    test_purged_divergence_restarts};
-    const TTest *const api[] = {test_runtime_refusals};
+    const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};
     SRunner *sr = srunner_create(
         tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));
