@@ -176,14 +176,37 @@ static kw_store *store_in(const char *name)
     return s;
 }
 
-static uint64_t wal_last(kw_store *s)
+/* The first and last LSN of a store's WAL (0, 0: empty). */
+static void wal_bounds(kw_store *s, uint64_t *first, uint64_t *last)
 {
     kw_rtxn *r;
-    uint64_t first = 0, last = 0;
     ck_assert(!kw_read_begin(s, &r));
-    int rc = kw_wal_bounds(r, &first, &last, NULL);
+    int rc = kw_wal_bounds(r, first, last, NULL);
     kw_read_end(r);
-    return rc == KEEL_ENOENT ? 0 : last;
+    ck_assert(!rc || rc == KEEL_ENOENT);
+    if (rc)
+        *first = *last = 0;
+}
+
+static uint64_t wal_last(kw_store *s)
+{
+    uint64_t first, last;
+    wal_bounds(s, &first, &last);
+    return last;
+}
+
+/* The LSN the store's checkpoint covers (0: none). */
+static uint64_t checkpoint_covers(kw_store *s)
+{
+    kw_rtxn *r;
+    const void *v;
+    size_t n;
+    kw_checkpoint_meta m = {0};
+    ck_assert(!kw_read_begin(s, &r));
+    if (!kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n))
+        ck_assert(!kw_checkpoint_meta_decode(v, n, &m));
+    kw_read_end(r);
+    return m.lsn;
 }
 
 START_TEST(test_publish_fences)
@@ -606,29 +629,6 @@ START_TEST(test_checkpoint_stream)
 }
 END_TEST
 
-static uint64_t checkpoint_covers(kw_store *s)
-{
-    kw_rtxn *r;
-    const void *v;
-    size_t n;
-    kw_checkpoint_meta m = {0};
-    ck_assert(!kw_read_begin(s, &r));
-    if (!kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n))
-        ck_assert(!kw_checkpoint_meta_decode(v, n, &m));
-    kw_read_end(r);
-    return m.lsn;
-}
-
-static uint64_t wal_first(kw_store *s)
-{
-    kw_rtxn *r;
-    uint64_t first = 0, last = 0;
-    ck_assert(!kw_read_begin(s, &r));
-    int rc = kw_wal_bounds(r, &first, &last, NULL);
-    kw_read_end(r);
-    return rc == KEEL_ENOENT ? 0 : first;
-}
-
 /* A directory of this stream (marked by an earlier sync) whose own records
  * 4..6 never reached it, while the stream went on to 8 and was purged up to
  * its published checkpoint (covering 5): the point where they diverged is
@@ -676,8 +676,9 @@ START_TEST(test_purged_divergence_restarts)
     ck_assert_uint_eq(si.appended, 3);
     ck_assert_uint_eq(si.local_last, 8);
     ck_assert_uint_eq(checkpoint_covers(ours), 5);
-    ck_assert_uint_eq(wal_first(ours), 6);
-    ck_assert_uint_eq(wal_last(ours), 8);
+    wal_bounds(ours, &first, &last);
+    ck_assert_uint_eq(first, 6);
+    ck_assert_uint_eq(last, 8);
     uint32_t ks, ko;
     ck_assert_uint_eq(snap_digest(ours, &ko), snap_digest(src, &ks));
     ck_assert_uint_eq(ko, 3);
@@ -1029,17 +1030,9 @@ static bool checkpoint_published(const keel_repl_status *st, uint64_t lsn)
 static void wal_bounds_of(const char *name, uint64_t *first, uint64_t *last, uint64_t *ckpt_lsn)
 {
     kw_store *s = store_in(name);
-    kw_rtxn *r;
-    const void *v;
-    size_t n;
-    kw_checkpoint_meta m = {0};
-    ck_assert(!kw_read_begin(s, &r));
-    if (!kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n))
-        ck_assert(!kw_checkpoint_meta_decode(v, n, &m));
-    ck_assert_rc(kw_wal_bounds(r, first, last, NULL), KEEL_OK);
-    kw_read_end(r);
+    wal_bounds(s, first, last);
+    *ckpt_lsn = checkpoint_covers(s);
     kw_store_close(s);
-    *ckpt_lsn = m.lsn;
 }
 
 static bool degraded(const keel_repl_status *st, uint64_t errors)
