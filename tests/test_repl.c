@@ -1186,6 +1186,77 @@ START_TEST(test_runtime_refusals)
 }
 END_TEST
 
+static int fill_marked(kw_wtxn *t, void *arg)
+{
+    const char *stream = arg;
+    return stream ? kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), stream, strlen(stream))
+                  : kw_del(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED));
+}
+
+/* wal/unreplicated_stream_dir events seen. */
+typedef struct warn_log {
+    int unreplicated;
+} warn_log;
+
+static void on_log(const keel_log_event *ev, void *user)
+{
+    warn_log *w = user;
+    if (!strcmp(ev->subsystem, "wal") && !strcmp(ev->event, "unreplicated_stream_dir"))
+        w->unreplicated++;
+}
+
+/* Mark the directory `name` as stream's (NULL: remove the mark, as keel-wal
+ * detach does), then open it without replication, run 3 ticks and take a
+ * checkpoint: *first is its WAL's first LSN afterwards, *covered what the
+ * checkpoint covers, *warned how often the open logged
+ * wal/unreplicated_stream_dir. */
+static void checkpoint_marked(const char *name, const char *stream, uint64_t *first, uint64_t *covered, int *warned)
+{
+    kw_store *s = store_in(name);
+    ck_assert_rc(kw_store_write(s, fill_marked, (void *)stream), KEEL_OK);
+    kw_store_close(s);
+    char dir[4096];
+    tu_path(dir, sizeof dir, name);
+    warn_log w = {0};
+    keel_log_set(on_log, &w, KEEL_LOG_WARN);
+    keel_component v;
+    keel_runtime *rt = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    keel_log_set(NULL, NULL, KEEL_LOG_INFO);
+    tu_step_n(rt, 3);
+    ck_assert_rc(keel_checkpoint(rt), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
+    uint64_t last;
+    s = store_in(name);
+    wal_bounds(s, first, &last);
+    *covered = checkpoint_covers(s);
+    kw_store_close(s);
+    ck_assert_uint_gt(last, *covered);
+    *warned = w.unreplicated;
+}
+
+/* A replicated world's directory (marked as its stream's) opened without
+ * replication cannot know what the stream acknowledged: its checkpoints
+ * keep the whole WAL, and the open logs wal/unreplicated_stream_dir.
+ * Detached (the mark removed), its checkpoints delete the WAL they cover. */
+START_TEST(test_marked_directory_without_replication)
+{
+    uint64_t first, covered;
+    int warned;
+    checkpoint_marked("marked", NULL, &first, &covered, &warned); /* a local world: 3 ticks, a checkpoint */
+    ck_assert_uint_eq(first, covered + 1);
+    ck_assert_int_eq(warned, 0);
+    uint64_t local_covered = covered;
+    checkpoint_marked("marked", "KEEL_elsewhere", &first, &covered, &warned);
+    ck_assert_uint_gt(covered, local_covered);
+    ck_assert_uint_eq(first, local_covered + 1); /* nothing deleted at this checkpoint */
+    ck_assert_int_eq(warned, 1);
+    checkpoint_marked("marked", NULL, &first, &covered, &warned);
+    ck_assert_uint_eq(first, covered + 1);
+    ck_assert_int_eq(warned, 0);
+}
+END_TEST
+
 /* A NATS server without JetStream is refused with KEEL_EUNAVAILABLE saying
  * so (not retried as if it were down), by the library, whether it may
  * create the stream or not, and by a replica's runtime. */
@@ -1228,7 +1299,8 @@ int main(void)
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,
                                    test_purged_divergence_restarts};
-    const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream};
+    const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream,
+                                test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};
     SRunner *sr = srunner_create(
         tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));

@@ -422,7 +422,7 @@ static void make_dir(char *dir, size_t n, const char *name, wl_opts o)
 
 /* ---- suite walcli_args: --help, bad arguments, directories that are not keel's ---------------- */
 
-static const char *const commands[] = {"info", "dump", "verify", "stats", "tail", "replay", "diff", "backup"};
+static const char *const commands[] = {"info", "dump", "verify", "stats", "tail", "replay", "diff", "backup", "detach"};
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
 START_TEST(test_help)
@@ -476,6 +476,10 @@ START_TEST(test_bad_arguments)
         {"backup", "@", "/nonexistent/parent/bk", NULL},
         {"backup", "@", "x", "y", NULL},
         {"backup", "@", "--fast", NULL},
+        {"detach", NULL},
+        {"detach", "@", "@", NULL},
+        {"detach", "@", "--force", NULL},
+        {"detach", "nats://127.0.0.1:1/w", NULL},   /* a stream has nothing to detach */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *args[8] = {0};
@@ -520,7 +524,7 @@ static void assert_damaged(const char *dir, const char *cause)
     uint64_t m0 = tu_file_mtime_ns(p);
     const char *const cmds[][5] = {
         {"info"}, {"dump"}, {"dump", "--json"}, {"verify"}, {"stats"}, {"tail"}, {"tail", "-n", "0"},
-        {"replay", "--to-tick", "1"}, {"diff", "--from-tick", "0", "--to-tick", "1"}, {"backup", dest},
+        {"replay", "--to-tick", "1"}, {"diff", "--from-tick", "0", "--to-tick", "1"}, {"backup", dest}, {"detach"},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         const char *args[8] = {cmds[i][0], dir, cmds[i][1], cmds[i][2], cmds[i][3], cmds[i][4], NULL};
@@ -1324,6 +1328,63 @@ START_TEST(test_live_read)
 }
 END_TEST
 
+/* keel-wal ARGS succeeds and its output holds `want`. */
+static void wal_says_argv(const char *want, const char *const *args)
+{
+    tu_run r = wal_ok_argv(args);
+    ck_assert_msg(js_has(r.out, want), "keel-wal %s %s: '%s' not in: %s", args[0], args[1] ? args[1] : "", want, r.out);
+    tu_run_free(&r);
+}
+
+#define wal_says(want, ...) wal_says_argv(want, (const char *const[]){__VA_ARGS__, NULL})
+
+static int mark_fill(kw_wtxn *t, void *arg)
+{
+    return kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), arg, strlen(arg));
+}
+
+/* detach removes a replicated world's mark (meta "replicated", which info
+ * shows as its stream) and nothing else: the same records before and after;
+ * it is refused while a runtime holds the directory (exit 2, the file
+ * unchanged), and a directory of no stream is left as it was. */
+START_TEST(test_detach)
+{
+    char dir[256], mdb[300];
+    make_dir(dir, sizeof dir, "detach", (wl_opts){0});
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", dir);
+    tu_digest d0 = tu_file_digest(mdb);
+    wal_says("the directory of no stream (nothing to do)", "detach", dir);
+    tu_assert_digest_eq(d0, tu_file_digest(mdb));
+    wal_says("\"stream\":null", "info", dir, "--json");
+
+    kw_store *st = NULL;
+    ck_assert_ok(kw_store_open(dir, NULL, &st));
+    ck_assert_ok(kw_store_write(st, mark_fill, "KEEL_w9"));
+    kw_store_close(st);
+    wal_says("\nstream       KEEL_w9 (the directory of a replicated world)\n", "info", dir);
+    wal_says("\"stream\":\"KEEL_w9\"", "info", dir, "--json");
+    tu_run before = wal_ok("dump", dir, "--json");
+
+    kw_store *owner = NULL; /* held as a server holds it (keel.lock): refused, nothing written */
+    ck_assert_ok(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_OWN}, &owner));
+    d0 = tu_file_digest(mdb);
+    tu_run r = wal("detach", dir);
+    ck_assert_msg(r.status == 2 && js_has(r.err, "is in use by"), "exit %d: %s", r.status, r.err);
+    ck_assert_uint_eq(r.outlen, 0);
+    tu_run_free(&r);
+    kw_store_close(owner);
+    tu_assert_digest_eq(d0, tu_file_digest(mdb));
+
+    wal_says("no longer the directory of stream KEEL_w9\n", "detach", dir);
+    wal_says("\"stream\":null", "info", dir, "--json");
+    tu_run after = wal_ok("dump", dir, "--json");
+    ck_assert_str_eq(after.out, before.out);
+    tu_run_free(&after);
+    tu_run_free(&before);
+    wal_says("nothing to do", "detach", dir);
+}
+END_TEST
+
 START_TEST(test_tail_follow)
 {
     char dir[256], line[8192];
@@ -1498,6 +1559,7 @@ static Suite *live_suite(void)
     TCase *tc = tcase("live");
     tcase_add_test(tc, test_live_read);
     tcase_add_test(tc, test_tail_follow);
+    tcase_add_test(tc, test_detach);
     suite_add_tcase(s, tc);
     return s;
 }

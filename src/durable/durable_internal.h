@@ -321,6 +321,8 @@ typedef struct dur_open_desc {
     bool follow;               /* a replica's directory: an unfinished unit at the end of the WAL
                                   is not a bad tail but records whose unit has not arrived yet */
     uint64_t stop_tick;        /* a follower replays no tick after this one (0: no bound) */
+    bool replicated;           /* the runtime replicates the directory (a directory marked as a stream's
+                                  but opened without replication is logged: its checkpoints keep the WAL) */
 } dur_open_desc;
 
 /* Open the data directory, recover it into the world (checkpoint + WAL

@@ -873,6 +873,9 @@ int dur_open(const dur_open_desc *o, dur_state **dp, keel_recovery *out)
     if (!rc)
         rc = ckpt_start(d);
     out->ns = core_now_ns() - t0;
+    if (!rc && d->trim_to_stream && !o->replicated)
+        core_log(KEEL_LOG_WARN, "wal", "unreplicated_stream_dir", "dir=%s wal=kept_whole hint=\"keel-wal detach\"",
+                 d->dir);
     if (!rc) {
         d->world->log_required = true;
         d->txn->uow.capture = true;

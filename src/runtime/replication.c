@@ -326,6 +326,7 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     }
     kw_store_close(store);
     o->follow = !primary;
+    o->replicated = true;
     o->stop_tick = primary ? 0 : r->desc.stop_tick;
     return rc;
 }

@@ -282,6 +282,11 @@ static int load_checkpoint(kwt_dir *d, kw_rtxn *r)
     const void *v;
     size_t n;
     d->replicated = !kw_get(r, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), &v, &n);
+    if (d->replicated) {
+        n = n < sizeof d->stream_name ? n : sizeof d->stream_name - 1;
+        memcpy(d->stream_name, v, n);
+        d->stream_name[n] = 0;
+    }
     int rc = kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n);
     if (rc == KEEL_ENOENT)
         return KEEL_OK;

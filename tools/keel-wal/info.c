@@ -132,6 +132,8 @@ static void print_text(const kwt_dir *d, const info *in)
     printf("directory    %s\n", d->path);
     printf("format       %u (record magic %s)\n", KEEL_WAL_FORMAT_VERSION, KEEL_WAL_MAGIC);
     printf("data file    %" PRIu64 " bytes (data.mdb)\n", kw_store_file_size(d->store));
+    if (d->replicated)
+        printf("stream       %s (the directory of a replicated world)\n", d->stream_name);
     if (d->has_checkpoint) {
         printf("checkpoint   tick %" PRIu64 ", covers LSN <= %" PRIu64 ", number %u, taken ", d->checkpoint.tick,
                d->checkpoint.lsn, d->checkpoint.count);
@@ -202,6 +204,11 @@ static void print_json(const kwt_dir *d, const info *in)
     printf("{\"dir\":");
     kwt_json_string(stdout, d->path);
     printf(",\"format\":%u,\"data_file_bytes\":%" PRIu64, KEEL_WAL_FORMAT_VERSION, kw_store_file_size(d->store));
+    printf(",\"stream\":");
+    if (d->replicated)
+        kwt_json_string(stdout, d->stream_name);
+    else
+        printf("null");
     printf(",\"checkpoint\":");
     if (d->has_checkpoint)
         printf("{\"tick\":%" PRIu64 ",\"lsn\":%" PRIu64 ",\"count\":%u,\"created_ns\":%" PRIu64 "}", d->checkpoint.tick,

@@ -52,6 +52,7 @@ int kwt_cmd_replay(int argc, char **argv);   /* walstate: replay.c */
 int kwt_cmd_diff(int argc, char **argv);     /* walstate: diff.c */
 int kwt_cmd_backup(int argc, char **argv);   /* backup.c */
 int kwt_cmd_restore(int argc, char **argv);  /* backup.c */
+int kwt_cmd_detach(int argc, char **argv);   /* detach.c */
 
 typedef struct kwt_command {
     const char *name;
@@ -138,6 +139,7 @@ typedef struct kwt_dir {
     char checkpoint_error[256]; /* why meta "checkpoint" is unreadable ("" = fine or absent) */
     bool replicated;          /* kept in step with a stream (meta "replicated"): its checkpoint markers are
                                  its primaries', not (all) its own */
+    char stream_name[128];    /* ... that stream's name, as the mark holds it (cut to fit) */
     struct kr_node *stream;   /* a stream address (nats://HOST:PORT/WORLD): its copy is `store` */
     char copy[4096];          /* ... a private directory, removed at close */
 } kwt_dir;

@@ -20,6 +20,7 @@ const kwt_command kwt_commands[] = {
     {"diff", kwt_cmd_diff, "entities created, destroyed and changed between two ticks"},
     {"backup", kwt_cmd_backup, "a consistent copy of a (live) directory: keel-wal backup DIR DEST"},
     {"restore", kwt_cmd_restore, "a data directory from a stream: keel-wal restore nats://H:P/WORLD DEST"},
+    {"detach", kwt_cmd_detach, "make a replicated world's directory a local world's (not beside a server)"},
     {NULL, NULL, NULL},
 };
 
@@ -28,7 +29,7 @@ static int usage(FILE *f)
     fprintf(f, "usage: keel-wal <command> DIR [options]\n"
                "\n"
                "Inspect a keel data directory (read-only; works beside a running server),\n"
-               "or back it up.\n"
+               "back it up, or detach it from its stream.\n"
                "\n"
                "commands:\n");
     for (const kwt_command *c = kwt_commands; c->name; c++)
