@@ -170,13 +170,11 @@ static int local_bounds(kw_store *s, uint64_t *first, uint64_t *last)
  * WAL starts after LSN 1 deleted the records before it at checkpoints (a
  * primary's, only records the stream acknowledged): when no record both
  * hold matches, they agree up to the directory's first LSN - 1 if the last
- * record it deleted is the stream's. Otherwise a directory already marked
- * as the stream's (`ours`) whose first LSN the stream purged diverged where
- * the stream no longer reaches -- its records beyond that point never
- * reached the stream -- and agrees up to its first LSN - 1 at most: the
- * caller drops every record it holds and restarts it from the stream. One
- * not marked yet may be another world's: refused. */
-static int common_prefix(kr_node *n, kw_store *s, bool ours, uint64_t lfirst, uint64_t llast, uint64_t sfirst,
+ * record it deleted is the stream's. Otherwise the directory is refused,
+ * also when it is marked as the stream's and the stream was purged past
+ * where they part: the mark holds the stream's name only, and a stream
+ * made again under that name would look the same. */
+static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llast, uint64_t sfirst,
                          uint64_t slast, uint64_t *out)
 {
     uint64_t top = llast < slast ? llast : slast;
@@ -203,10 +201,6 @@ static int common_prefix(kr_node *n, kw_store *s, bool ours, uint64_t lfirst, ui
     kw_buf_free(&msg);
     if (rc < 0 || *out || !slast)
         return rc < 0 ? rc : KEEL_OK; /* an empty stream: everything local is beyond it */
-    if (ours && sfirst > lfirst) {
-        *out = lfirst - 1;
-        return KEEL_OK;
-    }
     return core_fail(KEEL_ECORRUPT, "directory %s (LSN %" PRIu64 "..%" PRIu64 ") and stream %s (%" PRIu64 "..%" PRIu64
                      ") share no record: another world's directory, or a stream purged past it",
                      kw_store_dir(s), lfirst, llast, n->stream, sfirst, slast);
@@ -363,7 +357,7 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         out->bootstrapped = true;
     } else if (!llast || llast + 1 == sfirst) {
         keep = end_local; /* nothing to compare: the stream continues the directory */
-    } else if ((rc = common_prefix(n, s, !unmarked, lfirst, llast, sfirst, slast, &keep))) {
+    } else if ((rc = common_prefix(n, s, lfirst, llast, sfirst, slast, &keep))) {
         return rc;
     }
     out->stream_last = slast;

@@ -145,14 +145,13 @@ typedef struct kr_sync_info {
 
 /* Bring the WAL of `s` (open, writable) in step with the stream: drop what
  * it holds beyond the stream (records that never reached it), or, when the
- * stream was purged past the directory's end -- or, in a directory marked as
- * the stream's, past the point where the two part -- replace it with the
- * latest published checkpoint; then append what the stream holds beyond
- * it, up to `upto` (0: its end). SCHEMA records also go to the schema
- * database, as the primary stored them. Errors: KEEL_ECORRUPT (a message is
- * no WAL record of its sequence, or a directory not marked as the stream's
- * shares no record with it), KEEL_ERANGE (it must restart and no
- * checkpoint is published), the stream's and the store's. */
+ * stream was purged past the directory's end, replace it with the latest
+ * published checkpoint; then append what the stream holds beyond it, up to
+ * `upto` (0: its end). SCHEMA records also go to the schema database, as
+ * the primary stored them. Errors: KEEL_ECORRUPT (a message is no WAL
+ * record of its sequence, or the directory and the stream share no
+ * record), KEEL_ERANGE (it must restart and no checkpoint is published),
+ * the stream's and the store's. */
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
 /* Append stream messages from `r` (positioned at the directory's next LSN)
  * for at most timeout_ms, up to max records; *last: the directory's last
