@@ -225,6 +225,7 @@ int kr_connect(const kr_desc *d, kr_node **out)
     pthread_cond_init(&n->pipe_done, NULL);
     snprintf(n->urls_given, sizeof n->urls_given, "%s", d->urls ? d->urls : "");
     snprintf(n->world, sizeof n->world, "%s", d->world);
+    n->primary = d->create;
     snprintf(n->stream, sizeof n->stream, "KEEL_%s", d->world);
     snprintf(n->subject, sizeof n->subject, "keel.%s.wal", d->world);
     snprintf(n->ckpt_stream, sizeof n->ckpt_stream, "KEEL_%s_CKPT", d->world);

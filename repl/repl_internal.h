@@ -31,6 +31,7 @@ struct kr_node {
     uint64_t session;          /* random per connection: in every message id this node publishes */
     int64_t timeout_ms;
     int32_t replicas;
+    bool primary;              /* kr_desc.create: a primary's node (kr_sync_store seeds an empty stream) */
     _Atomic bool abandoned;    /* kr_abandon: reads no longer retry transient failures */
     /* asynchronous publishes' failures, counted by the error handler (a NATS thread) */
     pthread_mutex_t err_mu;

@@ -310,6 +310,130 @@ static int restart_from_stream(kr_node *n, kw_store *s, uint64_t sfirst, uint64_
     return rc;
 }
 
+/* ---- a world the stream never held ------------------------------------------------ */
+
+typedef struct seed_mark {
+    kr_node *n;
+    uint64_t last;             /* the directory's last LSN, to be published */
+} seed_mark;
+
+static int fill_seeding(kw_wtxn *t, void *arg)
+{
+    const seed_mark *m = arg;
+    unsigned char v[8];
+    kw_buf b = {v, 0, sizeof v};
+    int rc = kw_put_u64(&b, m->last);
+    if (!rc)
+        rc = kw_put(t, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING), v, sizeof v);
+    return rc ? rc : fill_mark(t, m->n);
+}
+
+/* The stream never held a record, and the directory holds a world up to
+ * end_local -- its only copy (a local world now replicated, or one whose
+ * stream was made again). Dropping it, as a directory's records beyond the
+ * stream are dropped, would lose the world. A primary keeps it and seeds
+ * the stream from it (marked as being seeded, until kr_seed_stream is
+ * done): only from a WAL that starts at LSN 1, since a stream's sequences
+ * start at 1 (JetStream 2.9 can purge an empty stream forward, but then
+ * checks an expected last sequence against the old count). Any other node
+ * is refused. */
+static int unstreamed_world(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llast, uint64_t end_local)
+{
+    if (!n->primary)
+        return core_fail(KEEL_ERANGE, "stream %s holds no record, and directory %s holds a world (up to LSN %" PRIu64
+                         "): start its primary on it first, which publishes it; nothing written", n->stream,
+                         kw_store_dir(s), end_local);
+    if (lfirst != 1)
+        return core_fail(KEEL_ERANGE, "stream %s holds no record, and directory %s holds a world whose WAL starts "
+                         "after LSN %" PRIu64 " (checkpoints deleted the records before it): a stream starts at LSN "
+                         "1, so it cannot be replicated from this directory; nothing written", n->stream,
+                         kw_store_dir(s), llast ? lfirst - 1 : end_local);
+    return kw_store_write(s, fill_seeding, &(seed_mark){n, llast});
+}
+
+typedef struct seed_acks {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t acked, failed;
+} seed_acks;
+
+static void on_seed_ack(void *arg, uint64_t lsn, bool ok)
+{
+    seed_acks *a = arg;
+    (void)lsn;
+    pthread_mutex_lock(&a->mu);
+    *(ok ? &a->acked : &a->failed) += 1;
+    pthread_cond_signal(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+/* Wait until at most `inflight` sent records are unresolved, or one failed. */
+static bool seed_wait(seed_acks *a, uint64_t sent, uint64_t inflight)
+{
+    pthread_mutex_lock(&a->mu);
+    while (!a->failed && sent - a->acked > inflight)
+        pthread_cond_wait(&a->cv, &a->mu);
+    bool ok = !a->failed;
+    pthread_mutex_unlock(&a->mu);
+    return ok;
+}
+
+static int fill_seeded(kw_wtxn *t, void *arg)
+{
+    (void)arg;
+    return kw_del(t, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING));
+}
+
+#define SEED_WINDOW 1024 /* records in flight: a window's acknowledgements come while the next is sent */
+
+int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint64_t last, int (*progress)(void *arg),
+                   void *arg)
+{
+    seed_acks a = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    int rc = kr_pipe_open(n, on_seed_ack, &a);
+    if (rc)
+        return rc;
+    kw_rtxn *r = NULL;
+    kw_walit *it = NULL;
+    uint64_t lsn = from - 1, sent = 0;
+    if (!(rc = kw_read_begin(s, &r)))
+        rc = kw_wal_iter(r, from, &it);
+    while (!rc && lsn < last) {
+        uint64_t at = 0;
+        const void *rec;
+        size_t len;
+        int got = kw_wal_next(it, &at, &rec, &len);
+        if (got != 1 || at != lsn + 1) {
+            rc = got < 0 ? got : core_fail(KEEL_ECORRUPT, "directory %s lacks WAL record %" PRIu64 " to publish",
+                                           kw_store_dir(s), lsn + 1);
+            break;
+        }
+        if (sent % SEED_WINDOW == 0 && sent) {
+            if (!seed_wait(&a, sent, SEED_WINDOW))
+                break;
+            if (progress && (rc = progress(arg)))
+                break;
+        }
+        /* the first follows the stream's end; each other this node's record before it */
+        if ((rc = kr_pipe_send(n, epoch, at, at > from, rec, len)))
+            break;
+        lsn = at;
+        sent++;
+    }
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    bool all = seed_wait(&a, sent, 0);
+    uint64_t acked = from - 1;
+    if (!rc && (!all || lsn < last))
+        rc = kr_pipe_settle(n, epoch, from - 1, last, &acked);
+    kr_pipe_close(n);
+    if (!rc)
+        rc = kw_store_write(s, fill_seeded, NULL);
+    pthread_mutex_destroy(&a.mu);
+    pthread_cond_destroy(&a.cv);
+    return rc;
+}
+
 #define STALL_MS 30000
 
 int kr_copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t timeout_ms, uint64_t *last,
@@ -347,6 +471,12 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         return rc;
     /* an empty WAL after a checkpoint (a bootstrapped directory) continues after the checkpoint */
     uint64_t end_local = llast ? llast : checkpoint_lsn(s);
+    if (!slast && end_local) { /* the stream never held a record: a world of its own, kept or refused */
+        if ((rc = unstreamed_world(n, s, lfirst, llast, end_local)))
+            return rc;
+        *out = (kr_sync_info){.local_last = llast, .seed = true};
+        return KEEL_OK;
+    }
     if (sfirst > 1 && end_local + 1 < sfirst) {
         /* the stream was purged past this directory: start again from its published checkpoint */
         if ((rc = restart_from_stream(n, s, sfirst, end_local, &keep)))
@@ -359,6 +489,12 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         keep = end_local; /* nothing to compare: the stream continues the directory */
     } else if ((rc = common_prefix(n, s, lfirst, llast, sfirst, slast, &keep))) {
         return rc;
+    }
+    if (!out->bootstrapped && keep == slast && slast < llast && n->primary &&
+        kw_store_has(s, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING)) == 1) {
+        /* a seed cut short: the stream holds a prefix of this world and nothing else; go on from there */
+        *out = (kr_sync_info){.stream_last = slast, .local_last = llast, .seed = true};
+        return KEEL_OK;
     }
     out->stream_last = slast;
     if (llast && keep < llast && !out->bootstrapped) {

@@ -453,6 +453,112 @@ START_TEST(test_another_history_refused)
 }
 END_TEST
 
+/* A directory holding EPOCH records 1..last by node "local" (a world of its own). */
+static kw_store *local_world(const char *name, uint64_t last)
+{
+    kw_store *s = store_in(name);
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= last; lsn++) {
+        epoch_record(&rec, lsn, lsn, "local");
+        ck_assert_rc(kr_append_record(s, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    kw_buf_free(&rec);
+    return s;
+}
+
+/* The stream holds the directory's records from..to, byte for byte. */
+static void assert_stream_holds(kr_node *n, kw_store *s, uint64_t from, uint64_t to)
+{
+    uint64_t first, last;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, from);
+    ck_assert_uint_eq(last, to);
+    kw_buf got = {0};
+    kw_rtxn *r;
+    kw_walit *it;
+    ck_assert(!kw_read_begin(s, &r) && !kw_wal_iter(r, from, &it));
+    for (uint64_t lsn = from; lsn <= to; lsn++) {
+        uint64_t at = 0;
+        const void *p = NULL;
+        size_t len = 0;
+        ck_assert_rc(kr_get(n, lsn, &got), KEEL_OK);
+        ck_assert_int_eq(kw_wal_next(it, &at, &p, &len), 1);
+        ck_assert(at == lsn && len == got.len && !memcmp(p, got.p, len));
+    }
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    kw_buf_free(&got);
+}
+
+static bool meta_has(kw_store *s, const char *key)
+{
+    int has = kw_store_has(s, KW_DB_META, key, strlen(key));
+    ck_assert_int_ge(has, 0);
+    return has;
+}
+
+/* A stream that never held a record does not take a world away from the
+ * directory holding it: a primary's directory whose WAL starts at LSN 1 is
+ * kept whole and seeds the stream (a seed cut short goes on from where the
+ * stream stopped); a replica's, or one whose checkpoints deleted its first
+ * records, is refused with KEEL_ERANGE and nothing written. */
+START_TEST(test_world_seeds_empty_stream)
+{
+    kr_node *n = connect_world(nats_url, "seed", "a"), *replica = NULL;
+    ck_assert_rc(kr_connect(&(kr_desc){.urls = nats_url, .world = "seed", .node = "b"}, &replica), KEEL_OK);
+    kw_store *s = local_world("seed-local", 5);
+    tu_digest before = mdb_digest(s);
+    kr_sync_info si;
+    ck_assert_rc(kr_sync_store(replica, s, 0, &si), KEEL_ERANGE);
+    ck_assert_msg(strstr(keel_last_error(), "holds no record") && strstr(keel_last_error(), "start its primary"), "%s",
+                  keel_last_error());
+    assert_same_digest(mdb_digest(s), before);
+
+    kw_store *t = trimmed_dir("seed-trimmed", "local");
+    before = mdb_digest(t);
+    ck_assert_rc(kr_sync_store(n, t, 0, &si), KEEL_ERANGE);
+    ck_assert_msg(strstr(keel_last_error(), "starts after LSN 3"), "%s", keel_last_error());
+    assert_same_digest(mdb_digest(t), before);
+
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
+    ck_assert(si.seed && !si.bootstrapped);
+    ck_assert_uint_eq(si.discarded + si.appended + si.stream_last, 0);
+    ck_assert_uint_eq(si.local_last, 5);
+    ck_assert_uint_eq(wal_last(s), 5);
+    ck_assert(meta_has(s, KW_META_SEEDING) && meta_has(s, KW_META_REPLICATED));
+    /* a seed cut short after LSN 2: the stream holds a prefix of the world, the directory goes on from it */
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= 2; lsn++) {
+        epoch_record(&rec, lsn, lsn, "local");
+        ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
+    ck_assert(si.seed);
+    ck_assert_uint_eq(si.stream_last, 2);
+    ck_assert_uint_eq(si.local_last, 5);
+    ck_assert_uint_eq(si.discarded, 0);
+    ck_assert_msg(!kr_seed_stream(n, s, 1, 3, 5, NULL, NULL), "%s", keel_last_error());
+    assert_stream_holds(n, s, 1, 5);
+    ck_assert(!meta_has(s, KW_META_SEEDING) && meta_has(s, KW_META_REPLICATED));
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error()); /* in step */
+    ck_assert(!si.seed);
+    ck_assert_uint_eq(si.discarded + si.appended, 0);
+    ck_assert_uint_eq(si.local_last, 5);
+    /* without the seeding mark, a tail beyond the stream is an unpublished one: dropped */
+    epoch_record(&rec, 6, 6, "local");
+    ck_assert_rc(kr_append_record(s, 6, rec.p, rec.len), KEEL_OK);
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
+    ck_assert(!si.seed);
+    ck_assert_uint_eq(si.discarded, 1);
+    ck_assert_uint_eq(wal_last(s), 5);
+    kw_buf_free(&rec);
+    kw_store_close(s);
+    kw_store_close(t);
+    kr_close(replica);
+    kr_close(n);
+}
+END_TEST
+
 static int fill_checkpoint_meta(kw_wtxn *t, void *arg)
 {
     unsigned char m[32];
@@ -773,6 +879,55 @@ static keel_runtime *spawning_rt(keel_runtime_desc d, keel_component *v)
     tu_install(rt, s);
     return rt;
 }
+
+/* A local world replicated from then on: its primary keeps it (the tick
+ * and the hash go on, nothing discarded), publishes its WAL to the new
+ * stream before its EPOCH record, and a new replica bootstraps from the
+ * stream to the primary's state. */
+START_TEST(test_local_world_replicated)
+{
+    char dir[4096], fdir[4096];
+    tu_path(dir, sizeof dir, "was-local");
+    tu_path(fdir, sizeof fdir, "was-local-replica");
+    keel_component v, fv;
+    keel_runtime *p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 5);
+    uint64_t local = keel_world_hash(keel_runtime_world(p));
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    kw_store *s = store_in("was-local");
+    uint64_t local_last = wal_last(s);
+    kw_store_close(s);
+
+    p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir,
+                                        .replication = {.nats = nats_url, .world = "was-local",
+                                                        .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
+                    &v);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(p), 5);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(p)), local);
+    keel_repl_status st;
+    keel_repl_status_get(p, &st);
+    ck_assert_uint_eq(st.discarded, 0);
+    ck_assert_uint_eq(st.epoch, 1);
+    ck_assert_uint_eq(st.stream_lsn, local_last + 1); /* the world's records, then this primary's EPOCH */
+    tu_step_n(p, 3);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    uint64_t want = keel_world_hash(keel_runtime_world(p));
+
+    keel_runtime *f = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = fdir,
+                                                      .replication = {.nats = nats_url, .world = "was-local",
+                                                                      .role = KEEL_ROLE_FOLLOWER}},
+                                  &fv);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    for (int i = 0; i < 200 && keel_runtime_tick(f) < 8; i++)
+        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), 8);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), want);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+}
+END_TEST
 
 /* A follower checkpoints the state it applied at its own interval: the
  * directory's meta names a tick it reached, the WAL it covers is deleted, and a
@@ -1273,7 +1428,8 @@ int main(void)
                                    test_side_over_max_payload_refused, test_another_history_refused,
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,
-                                   test_purged_divergence_refused};
+                                   test_purged_divergence_refused,
+                                   test_world_seeds_empty_stream, test_local_world_replicated};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

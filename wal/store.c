@@ -1063,6 +1063,19 @@ int kw_get(kw_rtxn *r, kw_db db, const void *key, size_t klen, const void **val,
     return KEEL_OK;
 }
 
+int kw_store_has(kw_store *s, kw_db db, const void *key, size_t klen)
+{
+    kw_rtxn *r;
+    const void *v;
+    size_t n;
+    int rc = kw_read_begin(s, &r);
+    if (rc)
+        return rc;
+    rc = kw_get(r, db, key, klen, &v, &n);
+    kw_read_end(r);
+    return rc == KEEL_ENOENT ? 0 : rc ? rc : 1;
+}
+
 static int iter_open(kw_rtxn *r, kw_db db, const void *start, size_t slen, size_t plen, kw_walit **out)
 {
     *out = NULL; /* kw_wal_iter_end(NULL) is a no-op: a caller may end what failed to begin */

@@ -201,6 +201,36 @@ static bool epoch_among(kw_store *store, uint64_t from, uint64_t to)
     return found;
 }
 
+/* kr_seed_stream's progress: the lease stays this node's while a long
+ * WAL goes out (a lapse would let a standby take over a half-published
+ * world). */
+typedef struct seed_lease {
+    struct runtime_repl *r;
+    uint64_t epoch, *rev, renewed_ns;
+} seed_lease;
+
+static int seed_renew(void *arg)
+{
+    seed_lease *l = arg;
+    uint64_t now = mono_ns();
+    if (now - l->renewed_ns < (uint64_t)l->r->lease_ms * 1000000ull / 3)
+        return KEEL_OK;
+    l->renewed_ns = now;
+    return kr_lease_renew(l->r->node, l->epoch, false, l->rev);
+}
+
+/* The stream lacks the world this primary's directory holds (it never held
+ * a record, or a seed was cut short): publish it, logged as repl/seeded. */
+static int seed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si, uint64_t epoch, uint64_t *rev)
+{
+    seed_lease l = {r, epoch, rev, mono_ns()};
+    int rc = kr_seed_stream(r->node, store, epoch, si->stream_last + 1, si->local_last, seed_renew, &l);
+    if (!rc)
+        core_log(KEEL_LOG_INFO, "repl", "seeded", "world=%s from_lsn=%" PRIu64 " records=%" PRIu64, r->world,
+                 si->stream_last + 1, si->local_last - si->stream_last);
+    return rc;
+}
+
 /* Publish this primary's EPOCH record right after the stream's end and
  * append it to the directory (store): the record of LSN *lsn. A refused
  * publish means the stream moved on: catch up and try again -- unless what
@@ -211,7 +241,7 @@ static bool epoch_among(kw_store *store, uint64_t from, uint64_t to)
  * check before the Raft proposal, so two nodes racing for a lapsed lease
  * may both win it; the stream's expected-last-sequence is serialised by
  * its leader. */
-static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, uint64_t *lsn)
+static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, uint64_t *rev, uint64_t *lsn)
 {
     kw_codec_ctx *c = NULL;
     kw_buf payload = {0}, rec = {0};
@@ -220,7 +250,7 @@ static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, 
         rc = kw_epoch_encode(&payload, epoch, kr_node_id(r->node));
     for (int i = 0; !rc; i++) {
         kr_sync_info si;
-        if ((rc = kr_sync_store(r->node, store, 0, &si)))
+        if ((rc = kr_sync_store(r->node, store, 0, &si)) || (si.seed && (rc = seed(r, store, &si, epoch, rev))))
             break;
         if (epoch_among(store, i ? *lsn : r->local_last + 1, si.local_last)) {
             *lsn = si.local_last;
@@ -261,18 +291,6 @@ static void st_epoch(keel_repl_status *st, const void *arg)
     st->epoch = *(const uint64_t *)arg;
 }
 
-static bool has_schema(kw_store *s)
-{
-    kw_rtxn *r;
-    const void *v;
-    size_t n;
-    if (kw_read_begin(s, &r))
-        return false;
-    bool has = !kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &v, &n);
-    kw_read_end(r);
-    return has;
-}
-
 /* Bring the directory in step with the stream. A replica started before its
  * primary published the schema waits for it (up to SCHEMA_WAIT_MS): the
  * schema comes with the primary's records, never from the replica. */
@@ -281,7 +299,8 @@ static int sync_until_schema(struct runtime_repl *r, kw_store *store, bool prima
     uint64_t deadline = mono_ns() + SCHEMA_WAIT_MS * 1000000ull;
     for (;;) {
         int rc = kr_sync_store(r->node, store, 0, si);
-        if (rc || primary || has_schema(store) || mono_ns() > deadline)
+        bool schema = kw_store_has(store, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY)) == 1;
+        if (rc || primary || schema || mono_ns() > deadline)
             return rc;
         nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL);
     }
@@ -314,7 +333,7 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     if (!rc && primary) {
         uint64_t epoch = 0, rev = 0;
         rc = take_lease_at_open(r, &epoch, &rev);
-        if (!rc && (rc = begin_epoch(r, store, epoch, &r->epoch_lsn)) == KEEL_ECONFLICT)
+        if (!rc && (rc = begin_epoch(r, store, epoch, &rev, &r->epoch_lsn)) == KEEL_ECONFLICT)
             rc = core_fail(KEEL_EBUSY, "world '%s' has a live primary: another node published its epoch record "
                            "while this one opened; start this node as --standby", r->world);
         if (!rc) {
@@ -494,7 +513,7 @@ static int promote(keel_runtime *rt, bool *promoted)
         return KEEL_OK;
     }
     if (!rc) /* the directory is the store begin_epoch keeps in step; the reader must not run ahead of it */
-        rc = begin_epoch(r, d->store, epoch, &lsn);
+        rc = begin_epoch(r, d->store, epoch, &rev, &lsn);
     if (rc == KEEL_ECONFLICT) { /* another standby won: follow it from what begin_epoch copied */
         r->seen_since_ns = 0;
         r->local_last = lsn;

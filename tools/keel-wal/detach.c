@@ -34,7 +34,8 @@ static const char detach_help[] =
 static int fill_detach(kw_wtxn *t, void *arg)
 {
     (void)arg;
-    return kw_del(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED));
+    int rc = kw_del(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED));
+    return rc ? rc : kw_del(t, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING)); /* a seed cut short */
 }
 
 int kwt_cmd_detach(int argc, char **argv)

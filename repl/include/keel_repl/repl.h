@@ -141,6 +141,10 @@ typedef struct kr_sync_info {
     bool checkpoint_dropped;  /* the checkpoint covered a dropped record: it went with them */
     bool bootstrapped;        /* the directory restarted from the stream (its published checkpoint,
                                  or LSN 1 when none is): purged past it, or its checkpoint dropped */
+    bool seed;                /* a primary's directory holds the world the stream lacks: the stream
+                                 never held a record (or holds a prefix of these, a seed cut short);
+                                 nothing was dropped or copied: kr_seed_stream publishes
+                                 stream_last + 1 .. local_last before anything else */
 } kr_sync_info;
 
 /* Bring the WAL of `s` (open, writable) in step with the stream: drop what
@@ -148,11 +152,25 @@ typedef struct kr_sync_info {
  * stream was purged past the directory's end, replace it with the latest
  * published checkpoint; then append what the stream holds beyond it, up to
  * `upto` (0: its end). SCHEMA records also go to the schema database, as
- * the primary stored them. Errors: KEEL_ECORRUPT (a message is no WAL
- * record of its sequence, or the directory and the stream share no
- * record), KEEL_ERANGE (it must restart and no checkpoint is published),
- * the stream's and the store's. */
+ * the primary stored them. A stream that never held a record does not
+ * drop a directory holding a world (its only copy, e.g. a local world now
+ * replicated): a primary's (kr_desc.create) whose WAL starts at LSN 1 is
+ * kept whole and marked as being seeded (out->seed); any other is refused
+ * with KEEL_ERANGE, nothing written. Errors: KEEL_ECORRUPT (a message is
+ * no WAL record of its sequence, or the directory and the stream share no
+ * record), KEEL_ERANGE (it must restart and no checkpoint is published; a
+ * world the stream never held that cannot be seeded), the stream's and the
+ * store's. */
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
+/* Publish the directory's WAL records from..last to the stream (which ends
+ * at from - 1), pipelined, as this primary's of `epoch`; then clear the
+ * directory's seeding mark. Between windows of records, progress(arg) (may
+ * be NULL) runs -- a primary renews its lease there -- and a non-zero
+ * return stops the seed with that code. Errors: KEEL_EFENCED (another
+ * primary appended), KEEL_EUNAVAILABLE (the stream took only a prefix:
+ * the next open resumes), KEEL_ECORRUPT (the directory lacks a record). */
+int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint64_t last, int (*progress)(void *arg),
+                   void *arg);
 /* Append stream messages from `r` (positioned at the directory's next LSN)
  * for at most timeout_ms, up to max records; *last: the directory's last
  * LSN afterwards and *last_tick (may be NULL) the tick its record names

@@ -563,6 +563,8 @@ void kw_read_end(kw_rtxn *r);
 /* Value of key in db: 0 and (*val, *vlen) pointing into the map (valid until
  * kw_read_end), or KEEL_ENOENT. */
 int kw_get(kw_rtxn *r, kw_db db, const void *key, size_t klen, const void **val, size_t *vlen);
+/* Does db hold key now (a read transaction of its own)? 1 or 0, or an error. */
+int kw_store_has(kw_store *s, kw_db db, const void *key, size_t klen);
 /* The last record kw_del_wal_upto deleted, as meta "trimmed" remembers it:
  * its LSN and its first KW_HEADER_SIZE bytes (valid for the read
  * transaction). KEEL_ENOENT: none was deleted; KEEL_ECORRUPT: the value is
@@ -621,6 +623,8 @@ void kw_scan_end(kw_scan *s);
                                             of the log holding that record shares every record before it */
 #define KW_META_REPLICATED "replicated"  /* the stream the directory is kept in step with (its name): its
                                             WAL's checkpoint markers are its primaries', not its own */
+#define KW_META_SEEDING "seeding"        /* u64 LSN: a primary is publishing the directory's WAL up to it
+                                            to a stream that held none of it (the world's only copy) */
 #define KW_SCHEMA_KEY "components"       /* schema db: the SCHEMA record */
 
 typedef struct kw_checkpoint_meta {
