@@ -323,6 +323,9 @@ typedef struct dur_open_desc {
     uint64_t stop_tick;        /* a follower replays no tick after this one (0: no bound) */
     bool replicated;           /* the runtime replicates the directory (a directory marked as a stream's
                                   but opened without replication is logged: its checkpoints keep the WAL) */
+    kw_store *store;           /* the directory's store, already open and owned (KW_OPEN_OWN), or NULL:
+                                  dur_open takes it in every case, so the directory's lock is never let go
+                                  between the caller's work on it (replication's catch-up) and recovery */
 } dur_open_desc;
 
 /* Open the data directory, recover it into the world (checkpoint + WAL

@@ -797,7 +797,7 @@ static int recover(dur_state *d, keel_recovery *out)
 {
     kw_store_desc sd = {.flags = KW_OPEN_CREATE | KW_OPEN_OWN, .map_size = d->desc.map_size,
                         .map_max = d->desc.map_max};
-    int rc = kw_store_open(d->dir, &sd, &d->store);
+    int rc = d->store ? KEEL_OK : kw_store_open(d->dir, &sd, &d->store);
     if (rc == KEEL_ENOENT) /* created when missing: ENOENT means the path is no directory */
         return KEEL_EINVAL; /* with kw_store_open's sentence */
     if (rc)
@@ -866,6 +866,10 @@ int dur_open(const dur_open_desc *o, dur_state **dp, keel_recovery *out)
     *dp = NULL;
     int rc = make_state(o, dp);
     dur_state *d = *dp;
+    if (d)
+        d->store = o->store; /* dur_close closes it */
+    else
+        kw_store_close(o->store);
     if (!rc)
         rc = recover(d, out);
     if (!rc)

@@ -343,7 +343,10 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
             status_set(r, st_epoch, &epoch);
         }
     }
-    kw_store_close(store);
+    if (rc)
+        kw_store_close(store);
+    else
+        o->store = store; /* the directory stays owned until the durable layer holds it */
     o->follow = !primary;
     o->replicated = true;
     o->stop_tick = primary ? 0 : r->desc.stop_tick;
