@@ -27,8 +27,9 @@ static int nats_fail(natsStatus s, jsErrCode jerr, const char *fmt, const char *
     char buf[1400];
     snprintf(buf, sizeof buf, fmt, what);
     if (jerr == JSNotEnabledErr || jerr == JSNotEnabledForAccountErr)
-        return core_fail(KEEL_EUNAVAILABLE, "%s: the NATS server offers no JetStream (start it with -js, or give "
-                         "its configuration a jetstream block)", buf);
+        return core_fail(KEEL_EUNAVAILABLE, "%s: no JetStream answered: the NATS server offers no JetStream (start "
+                         "it with -js, or give its configuration a jetstream block; a server also turns it off when "
+                         "its storage fails), or no stream takes the subject", buf);
     if (jerr)
         return core_fail(KEEL_EIO, "%s: JetStream error %d (%s)", buf, (int)jerr, natsStatus_GetText(s));
     return core_fail(KEEL_EUNAVAILABLE, "%s: %s", buf, natsStatus_GetText(s));

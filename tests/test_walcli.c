@@ -1350,7 +1350,7 @@ static int mark_fill(kw_wtxn *t, void *arg)
 START_TEST(test_detach)
 {
     char dir[256], mdb[300];
-    make_dir(dir, sizeof dir, "detach", (wl_opts){0});
+    make_dir(dir, sizeof dir, "detach", (wl_opts){.checkpoint_after = 6});
     snprintf(mdb, sizeof mdb, "%s/data.mdb", dir);
     tu_digest d0 = tu_file_digest(mdb);
     wal_says("the directory of no stream (nothing to do)", "detach", dir);
@@ -1363,7 +1363,7 @@ START_TEST(test_detach)
     kw_store_close(st);
     wal_says("\nstream       KEEL_w9 (the directory of a replicated world)\n", "info", dir);
     wal_says("\"stream\":\"KEEL_w9\"", "info", dir, "--json");
-    tu_run before = wal_ok("dump", dir, "--json");
+    tu_run before = wal_ok("dump", dir, "--json"), info_before = wal_ok("info", dir);
 
     kw_store *owner = NULL; /* held as a server holds it (keel.lock): refused, nothing written */
     ck_assert_ok(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_OWN}, &owner));
@@ -1377,10 +1377,15 @@ START_TEST(test_detach)
 
     wal_says("no longer the directory of stream KEEL_w9\n", "detach", dir);
     wal_says("\"stream\":null", "info", dir, "--json");
-    tu_run after = wal_ok("dump", dir, "--json");
+    tu_run after = wal_ok("dump", dir, "--json"), info_after = wal_ok("info", dir);
     ck_assert_str_eq(after.out, before.out);
+    /* the checkpoint and its snapshot too: info's lines from "checkpoint" on are the same */
+    ck_assert_ptr_nonnull(strstr(info_before.out, "\ncheckpoint   tick 6,"));
+    ck_assert_str_eq(strstr(info_after.out, "\ncheckpoint"), strstr(info_before.out, "\ncheckpoint"));
     tu_run_free(&after);
     tu_run_free(&before);
+    tu_run_free(&info_after);
+    tu_run_free(&info_before);
     wal_says("nothing to do", "detach", dir);
 }
 END_TEST
