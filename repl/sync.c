@@ -331,12 +331,12 @@ static int fill_seeding(kw_wtxn *t, void *arg)
 /* The stream never held a record, and the directory holds a world up to
  * end_local -- its only copy (a local world now replicated, or one whose
  * stream was made again). Dropping it, as a directory's records beyond the
- * stream are dropped, would lose the world. A primary keeps it and seeds
- * the stream from it (marked as being seeded, until kr_seed_stream is
- * done): only from a WAL that starts at LSN 1, since a stream's sequences
- * start at 1 (JetStream 2.9 can purge an empty stream forward, but then
- * checks an expected last sequence against the old count). Any other node
- * is refused. */
+ * stream are dropped, would lose the world. A primary keeps it for
+ * kr_seed_stream, which publishes it (nothing is written here: the caller
+ * decides, holding the lease): only from a WAL that starts at LSN 1, since
+ * a stream's sequences start at 1 (JetStream 2.9 can purge an empty stream
+ * forward, but then checks an expected last sequence against the old
+ * count). Any other node is refused. */
 static int unstreamed_world(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llast, uint64_t end_local)
 {
     if (!n->primary)
@@ -348,7 +348,7 @@ static int unstreamed_world(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t l
                          "after LSN %" PRIu64 " (checkpoints deleted the records before it): a stream starts at LSN "
                          "1, so it cannot be replicated from this directory; nothing written", n->stream,
                          kw_store_dir(s), llast ? lfirst - 1 : end_local);
-    return kw_store_write(s, fill_seeding, &(seed_mark){n, llast});
+    return KEEL_OK;
 }
 
 typedef struct seed_acks {
@@ -390,7 +390,9 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint6
                    void *arg)
 {
     seed_acks a = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    int rc = kr_pipe_open(n, on_seed_ack, &a);
+    int rc = kw_store_write(s, fill_seeding, &(seed_mark){n, last}); /* cut short, the next open goes on */
+    if (!rc)
+        rc = kr_pipe_open(n, on_seed_ack, &a);
     if (rc)
         return rc;
     kw_rtxn *r = NULL;

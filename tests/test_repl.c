@@ -497,6 +497,14 @@ static bool meta_has(kw_store *s, const char *key)
     return has;
 }
 
+static int fill_seeding_mark(kw_wtxn *t, void *arg)
+{
+    (void)arg;
+    unsigned char v[8] = {5};
+    int rc = kw_put(t, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING), v, sizeof v);
+    return rc ? rc : kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), "KEEL_seed", 9);
+}
+
 /* A stream that never held a record does not take a world away from the
  * directory holding it: a primary's directory whose WAL starts at LSN 1 is
  * kept whole and seeds the stream (a seed cut short goes on from where the
@@ -520,13 +528,15 @@ START_TEST(test_world_seeds_empty_stream)
     ck_assert_msg(strstr(keel_last_error(), "starts after LSN 3"), "%s", keel_last_error());
     assert_same_digest(mdb_digest(t), before);
 
+    before = mdb_digest(s);
     ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
     ck_assert(si.seed && !si.bootstrapped);
     ck_assert_uint_eq(si.discarded + si.appended + si.stream_last, 0);
     ck_assert_uint_eq(si.local_last, 5);
-    ck_assert_uint_eq(wal_last(s), 5);
-    ck_assert(meta_has(s, KW_META_SEEDING) && meta_has(s, KW_META_REPLICATED));
-    /* a seed cut short after LSN 2: the stream holds a prefix of the world, the directory goes on from it */
+    assert_same_digest(mdb_digest(s), before); /* left as it is: the seed writes */
+    /* a seed cut short after LSN 2 (kr_seed_stream marks the directory first): the stream holds a prefix of
+       the world, and the directory goes on from it */
+    ck_assert_rc(kw_store_write(s, fill_seeding_mark, NULL), KEEL_OK);
     kw_buf rec = {0};
     for (uint64_t lsn = 1; lsn <= 2; lsn++) {
         epoch_record(&rec, lsn, lsn, "local");
@@ -926,6 +936,33 @@ START_TEST(test_local_world_replicated)
     ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), want);
     ck_assert_rc(keel_runtime_close(f), KEEL_OK);
     ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+
+    /* a stream that answers empty although the world's lease was held before is not seeded */
+    kr_node *x = connect_world(nats_url, "was-held", "x");
+    kr_lease seen;
+    uint64_t epoch, rev;
+    ck_assert_rc(kr_lease_read(x, &seen), KEEL_OK);
+    ck_assert_rc(kr_lease_take(x, &seen, &epoch, &rev), KEEL_OK);
+    ck_assert_rc(kr_lease_renew(x, epoch, true, &rev), KEEL_OK); /* held once, let go */
+    kr_close(x);
+    tu_path(dir, sizeof dir, "was-held");
+    p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 2);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    s = store_in("was-held");
+    tu_digest before = mdb_digest(s);
+    kw_store_close(s);
+    p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir,
+                                        .replication = {.nats = nats_url, .world = "was-held",
+                                                        .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
+                    &v);
+    ck_assert_rc(keel_runtime_recover(p, NULL), KEEL_ERANGE);
+    ck_assert_msg(strstr(keel_last_error(), "lease was held before"), "%s", keel_last_error());
+    keel_runtime_close(p);
+    s = store_in("was-held");
+    assert_same_digest(mdb_digest(s), before);
+    kw_store_close(s);
 }
 END_TEST
 

@@ -220,9 +220,19 @@ static int seed_renew(void *arg)
 }
 
 /* The stream lacks the world this primary's directory holds (it never held
- * a record, or a seed was cut short): publish it, logged as repl/seeded. */
+ * a record, or a seed was cut short): publish it, logged as repl/seeded. A
+ * stream that answers empty although the world's lease was held before
+ * (epoch > 1) is not seeded unless this directory began the seed: the
+ * first record cannot expect an empty stream (an expected last sequence
+ * of 0 means none), so an answer that was wrong would put it after
+ * another primary's records. */
 static int seed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si, uint64_t epoch, uint64_t *rev)
 {
+    bool begun = kw_store_has(store, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING)) == 1;
+    if (!si->stream_last && epoch > 1 && !begun)
+        return core_fail(KEEL_ERANGE, "the stream of world '%s' holds no record, but the world's lease was held before "
+                         "(this is epoch %" PRIu64 "): its directory is not published there; nothing written",
+                         r->world, epoch);
     seed_lease l = {r, epoch, rev, mono_ns()};
     int rc = kr_seed_stream(r->node, store, epoch, si->stream_last + 1, si->local_last, seed_renew, &l);
     if (!rc)

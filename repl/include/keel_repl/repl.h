@@ -142,8 +142,9 @@ typedef struct kr_sync_info {
     bool bootstrapped;        /* the directory restarted from the stream (its published checkpoint,
                                  or LSN 1 when none is): purged past it, or its checkpoint dropped */
     bool seed;                /* a primary's directory holds the world the stream lacks: the stream
-                                 never held a record (or holds a prefix of these, a seed cut short);
-                                 nothing was dropped or copied: kr_seed_stream publishes
+                                 never held a record (stream_last 0), or holds a prefix of these
+                                 records and the directory is marked as being seeded (a seed cut
+                                 short); nothing was written: kr_seed_stream publishes
                                  stream_last + 1 .. local_last before anything else */
 } kr_sync_info;
 
@@ -155,16 +156,17 @@ typedef struct kr_sync_info {
  * the primary stored them. A stream that never held a record does not
  * drop a directory holding a world (its only copy, e.g. a local world now
  * replicated): a primary's (kr_desc.create) whose WAL starts at LSN 1 is
- * kept whole and marked as being seeded (out->seed); any other is refused
- * with KEEL_ERANGE, nothing written. Errors: KEEL_ECORRUPT (a message is
+ * left as it is (out->seed); any other is refused with KEEL_ERANGE,
+ * nothing written. Errors: KEEL_ECORRUPT (a message is
  * no WAL record of its sequence, or the directory and the stream share no
  * record), KEEL_ERANGE (it must restart and no checkpoint is published; a
  * world the stream never held that cannot be seeded), the stream's and the
  * store's. */
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
 /* Publish the directory's WAL records from..last to the stream (which ends
- * at from - 1), pipelined, as this primary's of `epoch`; then clear the
- * directory's seeding mark. Between windows of records, progress(arg) (may
+ * at from - 1), pipelined, as this primary's of `epoch`, the directory
+ * marked meanwhile as the stream's and as being seeded (meta "seeding":
+ * cut short, the next kr_sync_store goes on instead of dropping the rest). Between windows of records, progress(arg) (may
  * be NULL) runs -- a primary renews its lease there -- and a non-zero
  * return stops the seed with that code. Errors: KEEL_EFENCED (another
  * primary appended), KEEL_EUNAVAILABLE (the stream took only a prefix:
