@@ -890,29 +890,43 @@ static keel_runtime *spawning_rt(keel_runtime_desc d, keel_component *v)
     return rt;
 }
 
+/* A world of `ticks` ticks run without replication in the directory `name`
+ * (its path into dir): its hash. */
+static uint64_t run_local_world(const char *name, char *dir, size_t cap, uint32_t ticks)
+{
+    tu_path(dir, cap, name);
+    keel_component v;
+    keel_runtime *rt = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    tu_step_n(rt, ticks);
+    uint64_t hash = keel_world_hash(keel_runtime_world(rt));
+    ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
+    return hash;
+}
+
+static keel_runtime *sync_primary_rt(const char *dir, const char *world)
+{
+    keel_component v;
+    return spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir,
+                                           .replication = {.nats = nats_url, .world = world,
+                                                           .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
+                       &v);
+}
+
 /* A local world replicated from then on: its primary keeps it (the tick
  * and the hash go on, nothing discarded), publishes its WAL to the new
  * stream before its EPOCH record, and a new replica bootstraps from the
- * stream to the primary's state. */
+ * stream to the primary's state. A stream that answers empty although the
+ * world's lease was held before is not seeded: KEEL_ERANGE, nothing
+ * written. */
 START_TEST(test_local_world_replicated)
 {
     char dir[4096], fdir[4096];
-    tu_path(dir, sizeof dir, "was-local");
-    tu_path(fdir, sizeof fdir, "was-local-replica");
-    keel_component v, fv;
-    keel_runtime *p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
-    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
-    tu_step_n(p, 5);
-    uint64_t local = keel_world_hash(keel_runtime_world(p));
-    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    uint64_t local = run_local_world("was-local", dir, sizeof dir, 5);
     kw_store *s = store_in("was-local");
     uint64_t local_last = wal_last(s);
     kw_store_close(s);
-
-    p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir,
-                                        .replication = {.nats = nats_url, .world = "was-local",
-                                                        .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
-                    &v);
+    keel_runtime *p = sync_primary_rt(dir, "was-local");
     ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
     ck_assert_uint_eq(keel_runtime_tick(p), 5);
     ck_assert_uint_eq(keel_world_hash(keel_runtime_world(p)), local);
@@ -925,6 +939,8 @@ START_TEST(test_local_world_replicated)
     ck_assert_rc(keel_flush(p), KEEL_OK);
     uint64_t want = keel_world_hash(keel_runtime_world(p));
 
+    tu_path(fdir, sizeof fdir, "was-local-replica");
+    keel_component fv;
     keel_runtime *f = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = fdir,
                                                       .replication = {.nats = nats_url, .world = "was-local",
                                                                       .role = KEEL_ROLE_FOLLOWER}},
@@ -937,7 +953,6 @@ START_TEST(test_local_world_replicated)
     ck_assert_rc(keel_runtime_close(f), KEEL_OK);
     ck_assert_rc(keel_runtime_close(p), KEEL_OK);
 
-    /* a stream that answers empty although the world's lease was held before is not seeded */
     kr_node *x = connect_world(nats_url, "was-held", "x");
     kr_lease seen;
     uint64_t epoch, rev;
@@ -945,18 +960,11 @@ START_TEST(test_local_world_replicated)
     ck_assert_rc(kr_lease_take(x, &seen, &epoch, &rev), KEEL_OK);
     ck_assert_rc(kr_lease_renew(x, epoch, true, &rev), KEEL_OK); /* held once, let go */
     kr_close(x);
-    tu_path(dir, sizeof dir, "was-held");
-    p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
-    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
-    tu_step_n(p, 2);
-    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    (void)run_local_world("was-held", dir, sizeof dir, 2);
     s = store_in("was-held");
     tu_digest before = mdb_digest(s);
     kw_store_close(s);
-    p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir,
-                                        .replication = {.nats = nats_url, .world = "was-held",
-                                                        .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
-                    &v);
+    p = sync_primary_rt(dir, "was-held");
     ck_assert_rc(keel_runtime_recover(p, NULL), KEEL_ERANGE);
     ck_assert_msg(strstr(keel_last_error(), "lease was held before"), "%s", keel_last_error());
     keel_runtime_close(p);
