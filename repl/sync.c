@@ -9,9 +9,12 @@
  * sequence), so the common prefix ends at the last LSN whose record is the
  * same on both sides, found walking back from the shorter end.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "repl_internal.h"
@@ -367,40 +370,85 @@ static void on_seed_ack(void *arg, uint64_t lsn, bool ok)
     pthread_mutex_unlock(&a->mu);
 }
 
-/* Wait until at most `inflight` sent records are unresolved, or one failed. */
-static bool seed_wait(seed_acks *a, uint64_t sent, uint64_t inflight)
-{
-    pthread_mutex_lock(&a->mu);
-    while (!a->failed && sent - a->acked > inflight)
-        pthread_cond_wait(&a->cv, &a->mu);
-    bool ok = !a->failed;
-    pthread_mutex_unlock(&a->mu);
-    return ok;
-}
-
 static int fill_seeded(kw_wtxn *t, void *arg)
 {
     (void)arg;
     return kw_del(t, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING));
 }
 
-#define SEED_WINDOW 1024 /* records in flight: a window's acknowledgements come while the next is sent */
+#define SEED_WINDOW 1024    /* records in flight at most: acknowledgements come while more are sent */
+#define SEED_SLICE_MS 100   /* progress (the lease's renewal) runs at least this often while waiting */
+#define SEED_STALL_MS 30000 /* no acknowledgement for this long: the stream is out of reach */
+
+typedef struct seed_run {
+    seed_acks a;
+    int (*progress)(void *arg);
+    void *arg;
+} seed_run;
+
+/* Wait until at most `inflight` sent records are unresolved: 1; 0 when one
+ * failed; or an error (progress's, which runs every SEED_SLICE_MS while it
+ * waits, or KEEL_EUNAVAILABLE after SEED_STALL_MS without an
+ * acknowledgement). */
+static int seed_wait(seed_run *sr, uint64_t sent, uint64_t inflight)
+{
+    seed_acks *a = &sr->a;
+    uint64_t seen = UINT64_MAX, since = core_now_ns();
+    pthread_mutex_lock(&a->mu);
+    while (!a->failed && sent - a->acked > inflight) {
+        if (a->acked != seen)
+            seen = a->acked, since = core_now_ns();
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + SEED_SLICE_MS * 1000000ull;
+        ts = (struct timespec){(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)};
+        if (pthread_cond_timedwait(&a->cv, &a->mu, &ts) != ETIMEDOUT)
+            continue;
+        pthread_mutex_unlock(&a->mu);
+        int rc = sr->progress ? sr->progress(sr->arg) : KEEL_OK;
+        if (!rc && core_now_ns() - since > SEED_STALL_MS * 1000000ull)
+            rc = core_fail(KEEL_EUNAVAILABLE, "no acknowledgement of the records published for %u ms",
+                           (unsigned)SEED_STALL_MS);
+        if (rc)
+            return rc;
+        pthread_mutex_lock(&a->mu);
+    }
+    int ok = !a->failed;
+    pthread_mutex_unlock(&a->mu);
+    return ok;
+}
+
+/* A seed from LSN 1 expects an empty stream, which a publish cannot say
+ * (an expected last sequence of 0 means none): ask once more, by message. */
+static int still_empty(kr_node *n)
+{
+    kw_buf msg = {0};
+    int rc = kr_get(n, 1, &msg);
+    kw_buf_free(&msg);
+    if (rc == KEEL_ENOENT)
+        return KEEL_OK;
+    return rc ? rc : core_fail(KEEL_EFENCED, "stream %s holds records after all: nothing published", n->stream);
+}
 
 int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint64_t last, int (*progress)(void *arg),
                    void *arg)
 {
-    seed_acks a = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
-    int rc = kw_store_write(s, fill_seeding, &(seed_mark){n, last}); /* cut short, the next open goes on */
+    seed_run sr = {.a = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER},
+                   .progress = progress, .arg = arg};
+    int rc = from == 1 ? still_empty(n) : KEEL_OK;
+    if (!rc) /* cut short, the next open goes on from the stream's end */
+        rc = kw_store_write(s, fill_seeding, &(seed_mark){n, last});
     if (!rc)
-        rc = kr_pipe_open(n, on_seed_ack, &a);
+        rc = kr_pipe_open(n, on_seed_ack, &sr.a);
     if (rc)
         return rc;
     kw_rtxn *r = NULL;
     kw_walit *it = NULL;
     uint64_t lsn = from - 1, sent = 0;
+    int ok = 1;
     if (!(rc = kw_read_begin(s, &r)))
         rc = kw_wal_iter(r, from, &it);
-    while (!rc && lsn < last) {
+    while (!rc && ok == 1 && lsn < last) {
         uint64_t at = 0;
         const void *rec;
         size_t len;
@@ -410,12 +458,10 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint6
                                            kw_store_dir(s), lsn + 1);
             break;
         }
-        if (sent % SEED_WINDOW == 0 && sent) {
-            if (!seed_wait(&a, sent, SEED_WINDOW))
-                break;
-            if (progress && (rc = progress(arg)))
-                break;
-        }
+        if ((ok = seed_wait(&sr, sent, SEED_WINDOW - 1)) != 1)
+            break;
+        if (progress && (rc = progress(arg))) /* cheap: it acts on its own clock */
+            break;
         /* the first follows the stream's end; each other this node's record before it */
         if ((rc = kr_pipe_send(n, epoch, at, at > from, rec, len)))
             break;
@@ -424,15 +470,18 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint6
     }
     kw_wal_iter_end(it);
     kw_read_end(r);
-    bool all = seed_wait(&a, sent, 0);
+    if (!rc && ok == 1)
+        ok = seed_wait(&sr, sent, 0);
+    if (!rc && ok < 0)
+        rc = ok;
     uint64_t acked = from - 1;
-    if (!rc && (!all || lsn < last))
+    if (!rc && (!ok || lsn < last))
         rc = kr_pipe_settle(n, epoch, from - 1, last, &acked);
     kr_pipe_close(n);
     if (!rc)
         rc = kw_store_write(s, fill_seeded, NULL);
-    pthread_mutex_destroy(&a.mu);
-    pthread_cond_destroy(&a.cv);
+    pthread_mutex_destroy(&sr.a.mu);
+    pthread_cond_destroy(&sr.a.cv);
     return rc;
 }
 
@@ -492,12 +541,22 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     } else if ((rc = common_prefix(n, s, lfirst, llast, sfirst, slast, &keep))) {
         return rc;
     }
-    if (!out->bootstrapped && keep == slast && slast < llast && n->primary &&
-        kw_store_has(s, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING)) == 1) {
-        /* a seed cut short: the stream holds a prefix of this world and nothing else; go on from there */
+    int seeding = kw_store_has(s, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING));
+    if (seeding < 0)
+        return seeding;
+    if (seeding && !out->bootstrapped && keep == slast && slast < llast) {
+        /* a seed cut short: the stream holds a prefix of this world and nothing else; the rest is no
+           unpublished tail but the world's only copy */
+        if (!n->primary)
+            return core_fail(KEEL_ERANGE, "directory %s holds a world its primary was publishing to stream %s (LSN %"
+                             PRIu64 " of %" PRIu64 " there): start the primary on it first; nothing written",
+                             kw_store_dir(s), n->stream, slast, llast);
         *out = (kr_sync_info){.stream_last = slast, .local_last = llast, .seed = true};
         return KEEL_OK;
     }
+    /* a seed that ended, or a world another primary went on with: the mark goes */
+    if (seeding && (rc = kw_store_write(s, fill_seeded, NULL)))
+        return rc;
     out->stream_last = slast;
     if (llast && keep < llast && !out->bootstrapped) {
         discard d = {.from = keep + 1};

@@ -220,19 +220,9 @@ static int seed_renew(void *arg)
 }
 
 /* The stream lacks the world this primary's directory holds (it never held
- * a record, or a seed was cut short): publish it, logged as repl/seeded. A
- * stream that answers empty although the world's lease was held before
- * (epoch > 1) is not seeded unless this directory began the seed: the
- * first record cannot expect an empty stream (an expected last sequence
- * of 0 means none), so an answer that was wrong would put it after
- * another primary's records. */
+ * a record, or a seed was cut short): publish it, logged as repl/seeded. */
 static int seed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si, uint64_t epoch, uint64_t *rev)
 {
-    bool begun = kw_store_has(store, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING)) == 1;
-    if (!si->stream_last && epoch > 1 && !begun)
-        return core_fail(KEEL_ERANGE, "the stream of world '%s' holds no record, but the world's lease was held before "
-                         "(this is epoch %" PRIu64 "): its directory is not published there; nothing written",
-                         r->world, epoch);
     seed_lease l = {r, epoch, rev, mono_ns()};
     int rc = kr_seed_stream(r->node, store, epoch, si->stream_last + 1, si->local_last, seed_renew, &l);
     if (!rc)
@@ -244,8 +234,8 @@ static int seed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si,
 /* Publish this primary's EPOCH record right after the stream's end and
  * append it to the directory (store): the record of LSN *lsn. A refused
  * publish means the stream moved on: catch up and try again -- unless what
- * came since the caller's catch-up (r->local_last) is another node's EPOCH
- * record: that node won, and this one yields
+ * a catch-up took from the stream is another node's EPOCH record: that
+ * node won, and this one yields
  * (KEEL_ECONFLICT, *lsn the directory's last LSN). The lease alone cannot
  * decide it: JetStream 2.9's compare-and-set on a clustered KV key is a
  * check before the Raft proposal, so two nodes racing for a lapsed lease
@@ -262,7 +252,8 @@ static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, 
         kr_sync_info si;
         if ((rc = kr_sync_store(r->node, store, 0, &si)) || (si.seed && (rc = seed(r, store, &si, epoch, rev))))
             break;
-        if (epoch_among(store, i ? *lsn : r->local_last + 1, si.local_last)) {
+        /* what this catch-up took from the stream (a seed's records are the directory's own) */
+        if (si.appended && epoch_among(store, si.local_last - si.appended + 1, si.local_last)) {
             *lsn = si.local_last;
             rc = core_fail(KEEL_ECONFLICT, "world '%s': another node published its epoch record first",
                            r->world);

@@ -164,13 +164,17 @@ typedef struct kr_sync_info {
  * store's. */
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
 /* Publish the directory's WAL records from..last to the stream (which ends
- * at from - 1), pipelined, as this primary's of `epoch`, the directory
- * marked meanwhile as the stream's and as being seeded (meta "seeding":
- * cut short, the next kr_sync_store goes on instead of dropping the rest). Between windows of records, progress(arg) (may
- * be NULL) runs -- a primary renews its lease there -- and a non-zero
- * return stops the seed with that code. Errors: KEEL_EFENCED (another
- * primary appended), KEEL_EUNAVAILABLE (the stream took only a prefix:
- * the next open resumes), KEEL_ECORRUPT (the directory lacks a record). */
+ * at from - 1; from 1: asked once more whether it is empty), pipelined, as
+ * this primary's of `epoch`, the directory marked meanwhile as the
+ * stream's and as being seeded (meta "seeding": cut short, the next
+ * kr_sync_store goes on instead of dropping the rest). progress(arg) (may
+ * be NULL) runs before each record and every 100 ms while acknowledgements
+ * are awaited -- a primary renews its lease there on its own clock -- and
+ * a non-zero return stops the seed with that code. Errors: KEEL_EFENCED
+ * (another primary appended, or the stream was not empty after all),
+ * KEEL_EUNAVAILABLE (the stream took only a prefix, or acknowledged nothing
+ * for 30 s: the next open resumes), KEEL_ECORRUPT (the directory lacks a
+ * record). */
 int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint64_t last, int (*progress)(void *arg),
                    void *arg);
 /* Append stream messages from `r` (positioned at the directory's next LSN)
