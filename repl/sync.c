@@ -419,15 +419,19 @@ static int seed_wait(seed_run *sr, uint64_t sent, uint64_t inflight)
 }
 
 /* A seed from LSN 1 expects an empty stream, which a publish cannot say
- * (an expected last sequence of 0 means none): ask once more, by message. */
+ * (an expected last sequence of 0 means none): ask once more, for its
+ * bounds and for its message 1. */
 static int still_empty(kr_node *n)
 {
+    uint64_t first, last;
     kw_buf msg = {0};
-    int rc = kr_get(n, 1, &msg);
+    int rc = kr_bounds(n, &first, &last);
+    if (!rc && !last && (rc = kr_get(n, 1, &msg)) == KEEL_ENOENT)
+        rc = KEEL_OK;
+    else if (!rc)
+        rc = core_fail(KEEL_EFENCED, "stream %s holds records after all: nothing published", n->stream);
     kw_buf_free(&msg);
-    if (rc == KEEL_ENOENT)
-        return KEEL_OK;
-    return rc ? rc : core_fail(KEEL_EFENCED, "stream %s holds records after all: nothing published", n->stream);
+    return rc;
 }
 
 int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint64_t last, int (*progress)(void *arg),
