@@ -339,13 +339,11 @@ static int fill_seeding(kw_wtxn *t, void *arg)
  * decides, holding the lease): only from a WAL that starts at LSN 1, since
  * a stream's sequences start at 1 (JetStream 2.9 can purge an empty stream
  * forward, but then checks an expected last sequence against the old
- * count). Any other node is refused. */
+ * count). Any other node's is left alone: its primary publishes the world. */
 static int unstreamed_world(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llast, uint64_t end_local)
 {
     if (!n->primary)
-        return core_fail(KEEL_ERANGE, "stream %s holds no record, and directory %s holds a world (up to LSN %" PRIu64
-                         "): start its primary on it first, which publishes it; nothing written", n->stream,
-                         kw_store_dir(s), end_local);
+        return KEEL_OK;
     if (lfirst != 1)
         return core_fail(KEEL_ERANGE, "stream %s holds no record, and directory %s holds a world whose WAL starts "
                          "after LSN %" PRIu64 " (checkpoints deleted the records before it): a stream starts at LSN "
@@ -529,7 +527,7 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     if (!slast && end_local) { /* the stream never held a record: a world of its own, kept or refused */
         if ((rc = unstreamed_world(n, s, lfirst, llast, end_local)))
             return rc;
-        *out = (kr_sync_info){.local_last = llast, .seed = true};
+        *out = (kr_sync_info){.local_last = llast, .seed = n->primary, .unstreamed = !n->primary};
         return KEEL_OK;
     }
     if (sfirst > 1 && end_local + 1 < sfirst) {

@@ -201,6 +201,14 @@ static bool epoch_among(kw_store *store, uint64_t from, uint64_t to)
     return found;
 }
 
+/* A replica's directory holds a world its stream never held: KEEL_ERANGE. */
+static int unstreamed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si)
+{
+    return core_fail(KEEL_ERANGE, "world '%s': the stream holds no record, and directory %s holds a world (up to LSN %"
+                     PRIu64 "): start its primary on it first, which publishes it; nothing written", r->world,
+                     kw_store_dir(store), si->local_last);
+}
+
 /* kr_seed_stream's progress: the lease stays this node's while a long
  * WAL goes out (a lapse would let a standby take over a half-published
  * world). */
@@ -250,7 +258,8 @@ static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, 
         rc = kw_epoch_encode(&payload, epoch, kr_node_id(r->node));
     for (int i = 0; !rc; i++) {
         kr_sync_info si;
-        if ((rc = kr_sync_store(r->node, store, 0, &si)) || (si.seed && (rc = seed(r, store, &si, epoch, rev))))
+        if ((rc = kr_sync_store(r->node, store, 0, &si)) || (si.unstreamed && (rc = unstreamed(r, store, &si))) ||
+            (si.seed && (rc = seed(r, store, &si, epoch, rev))))
             break;
         /* what this catch-up took from the stream (a seed's records are the directory's own) */
         if (si.appended && epoch_among(store, si.local_last - si.appended + 1, si.local_last)) {
@@ -294,14 +303,19 @@ static void st_epoch(keel_repl_status *st, const void *arg)
 
 /* Bring the directory in step with the stream. A replica started before its
  * primary published the schema waits for it (up to SCHEMA_WAIT_MS): the
- * schema comes with the primary's records, never from the replica. */
+ * schema comes with the primary's records, never from the replica. So does
+ * one whose directory holds a world the stream never held (its primary
+ * publishes it first); after that, it is refused. */
 static int sync_until_schema(struct runtime_repl *r, kw_store *store, bool primary, kr_sync_info *si)
 {
     uint64_t deadline = mono_ns() + SCHEMA_WAIT_MS * 1000000ull;
     for (;;) {
         int rc = kr_sync_store(r->node, store, 0, si);
         bool schema = kw_store_has(store, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY)) == 1;
-        if (rc || primary || schema || mono_ns() > deadline)
+        bool late = mono_ns() > deadline;
+        if (!rc && si->unstreamed && late)
+            return unstreamed(r, store, si);
+        if (rc || primary || (schema && !si->unstreamed) || late)
             return rc;
         nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL);
     }

@@ -146,6 +146,8 @@ typedef struct kr_sync_info {
                                  records and the directory is marked as being seeded (a seed cut
                                  short); nothing was written: kr_seed_stream publishes
                                  stream_last + 1 .. local_last before anything else */
+    bool unstreamed;          /* the same for a directory that is not a primary's: nothing was done
+                                 (its primary publishes the world: wait for it, or refuse) */
 } kr_sync_info;
 
 /* Bring the WAL of `s` (open, writable) in step with the stream: drop what
@@ -156,8 +158,9 @@ typedef struct kr_sync_info {
  * the primary stored them. A stream that never held a record does not
  * drop a directory holding a world (its only copy, e.g. a local world now
  * replicated): a primary's (kr_desc.create) whose WAL starts at LSN 1 is
- * left as it is (out->seed); any other is refused with KEEL_ERANGE,
- * nothing written. Errors: KEEL_ECORRUPT (a message is
+ * left as it is (out->seed), any other node's too (out->unstreamed), and a
+ * primary's whose WAL starts later is refused with KEEL_ERANGE, nothing
+ * written. Errors: KEEL_ECORRUPT (a message is
  * no WAL record of its sequence, or the directory and the stream share no
  * record), KEEL_ERANGE (it must restart and no checkpoint is published; a
  * world the stream never held that cannot be seeded), the stream's and the
