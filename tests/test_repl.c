@@ -555,6 +555,15 @@ START_TEST(test_world_seeds_empty_stream)
     ck_assert_msg(!kr_seed_stream(n, s, 1, 3, 5, NULL, NULL), "%s", keel_last_error());
     assert_stream_holds(n, s, 1, 5);
     ck_assert(!meta_has(s, KW_META_SEEDING) && meta_has(s, KW_META_REPLICATED));
+    /* seeding again from LSN 1: the stream is asked once more and holds records, so nothing goes out */
+    ck_assert_rc(kr_seed_stream(n, s, 1, 1, 5, NULL, NULL), KEEL_EFENCED);
+    ck_assert_msg(strstr(keel_last_error(), "holds records after all"), "%s", keel_last_error());
+    assert_stream_holds(n, s, 1, 5);
+    ck_assert(!meta_has(s, KW_META_SEEDING));
+    /* past the directory's last record: KEEL_ECORRUPT naming it, nothing published */
+    ck_assert_rc(kr_seed_stream(n, s, 1, 6, 7, NULL, NULL), KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), "lacks WAL record 6"), "%s", keel_last_error());
+    assert_stream_holds(n, s, 1, 5);
     ck_assert_rc(kw_store_write(s, fill_seeding_mark, NULL), KEEL_OK); /* a mark that outlived its seed */
     ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error()); /* in step: the mark goes */
     ck_assert(!si.seed && !meta_has(s, KW_META_SEEDING));
