@@ -233,21 +233,21 @@ static int fill_discard(kw_wtxn *t, void *arg)
     return rc;
 }
 
-/* Does the directory's checkpoint cover an LSN after `keep`? */
-static int checkpoint_beyond(kw_store *s, uint64_t keep, bool *beyond)
+/* The LSN the directory's checkpoint covers (*lsn 0: none). */
+static int checkpoint_covered(kw_store *s, uint64_t *lsn)
 {
     kw_rtxn *r;
-    int rc = kw_read_begin(s, &r);
-    if (rc)
-        return rc;
     const void *v;
     size_t n;
     kw_checkpoint_meta m = {0};
+    int rc = kw_read_begin(s, &r);
+    if (rc)
+        return rc;
     rc = kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n);
     if (!rc)
         rc = kw_checkpoint_meta_decode(v, n, &m);
     kw_read_end(r);
-    *beyond = !rc && m.lsn > keep;
+    *lsn = m.lsn;
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
 }
 
@@ -275,21 +275,6 @@ static int check_mark(kr_node *n, kw_store *s, bool *unmarked)
         return core_fail(KEEL_ECORRUPT, "directory %s belongs to another stream than %s: nothing written",
                          kw_store_dir(s), n->stream);
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
-}
-
-/* The covered LSN of the directory's checkpoint (0: none). */
-static uint64_t checkpoint_lsn(kw_store *s)
-{
-    kw_rtxn *r;
-    const void *v;
-    size_t n;
-    kw_checkpoint_meta m = {0};
-    if (kw_read_begin(s, &r))
-        return 0;
-    if (!kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &n))
-        (void)kw_checkpoint_meta_decode(v, n, &m);
-    kw_read_end(r);
-    return m.lsn;
 }
 
 /* Replace the directory's checkpoint and WAL with the stream's published
@@ -523,7 +508,10 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     if (rc)
         return rc;
     /* an empty WAL after a checkpoint (a bootstrapped directory) continues after the checkpoint */
-    uint64_t end_local = llast ? llast : checkpoint_lsn(s);
+    uint64_t covered, end_local;
+    if ((rc = checkpoint_covered(s, &covered)))
+        return rc;
+    end_local = llast ? llast : covered;
     if (!slast && end_local) { /* the stream never held a record: a world of its own, kept or refused */
         if ((rc = unstreamed_world(n, s, lfirst, llast, end_local)))
             return rc;
@@ -561,9 +549,7 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         return rc;
     out->stream_last = slast;
     if (llast && keep < llast && !out->bootstrapped) {
-        discard d = {.from = keep + 1};
-        if ((rc = checkpoint_beyond(s, keep, &d.drop_checkpoint)))
-            return rc;
+        discard d = {.from = keep + 1, .drop_checkpoint = covered > keep};
         if ((d.drop_checkpoint && lfirst > 1) || (sfirst && keep + 1 < sfirst)) {
             /* the checkpoint holds dropped state and the WAL before it is deleted (or what is kept ends
                before the stream starts): start again from the stream */
