@@ -121,7 +121,7 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
     ck_msgs m = {0};
     kw_checkpoint_meta meta;
     *published_lsn = 0;
-    int rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, true);
+    int rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, true, NULL);
     if (!rc)
         rc = copy_checkpoint(s, upto, pack_limit(n), &m, &meta);
     if (rc || !meta.lsn || m.n < 2) { /* none, or one without a schema: nothing a replica could load */
@@ -304,6 +304,8 @@ static int fill_load(kw_wtxn *t, void *arg)
 {
     ck_load *l = arg;
     int rc = kw_del_wal_from(t, 1, NULL);
+    if (!rc) /* with the checkpoint: a directory that holds it is the stream's, also after a crash here */
+        rc = kr_mark(t, l->n);
     if (!rc)
         rc = kw_del_prefix(t, KW_DB_SNAP, "", 0, keep_none, NULL);
     for (uint32_t i = 0; !rc && i < l->got; i++)

@@ -156,13 +156,44 @@ static int64_t replicas_for(const kr_node *n)
     return n->replicas ? n->replicas : n->nservers >= 3 ? 3 : 1;
 }
 
-int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create)
+/* A stream's identity, in its description: "keel stream <name> id=<16 hex
+ * digits>", drawn at random when a keel node makes it. The name alone cannot
+ * tell a stream from one made again under that name after the first was
+ * lost or deleted (kr_sync_store). 0: none given (made by hand). */
+static uint64_t stream_id_of(const jsStreamInfo *si)
+{
+    const char *d = si && si->Config ? si->Config->Description : NULL;
+    const char *at = d ? strstr(d, " id=") : NULL;
+    uint64_t id = 0;
+    for (int i = 0; at && i < 16; i++) {
+        char c = at[4 + i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0)
+            return 0;
+        id = id << 4 | (uint64_t)v;
+    }
+    return id;
+}
+
+static uint64_t random64(void)
+{
+    uint64_t v;
+    if (getrandom(&v, sizeof v, 0) == (ssize_t)sizeof v && v)
+        return v;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40) ^ 1;
+}
+
+int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create, uint64_t *id)
 {
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
     KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s == NATS_OK) {
+        if (id)
+            *id = stream_id_of(si);
         jsStreamInfo_Destroy(si);
         return KEEL_OK;
     }
@@ -172,9 +203,12 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
         return core_fail(KEEL_ENOENT, "NATS at %s holds no stream %s: world '%s' was never replicated there",
                          n->urls_given, stream, n->world);
     const char *subjects[] = {subject};
+    char desc[KR_WORLD_MAX + 64];
+    snprintf(desc, sizeof desc, "keel stream %s id=%016" PRIx64, stream, random64());
     jsStreamConfig c;
     jsStreamConfig_Init(&c);
     c.Name = stream;
+    c.Description = desc;
     c.Subjects = subjects;
     c.SubjectsLen = 1;
     c.Storage = js_FileStorage;
@@ -182,7 +216,11 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
     c.Duplicates = DEDUP_WINDOW_NS;
     jerr = 0; /* a try that timed out may have made it: the same config again is accepted */
     KR_RETRY(n, s, jerr, js_AddStream(&si, n->js, &c, NULL, &jerr));
+    if (s != NATS_OK && jerr == JSStreamNameExistErr) /* another node made it meanwhile: its identity holds */
+        KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s == NATS_OK) {
+        if (id)
+            *id = stream_id_of(si);
         jsStreamInfo_Destroy(si);
         return KEEL_OK;
     }
@@ -238,19 +276,15 @@ int kr_connect(const kr_desc *d, kr_node **out)
         gethostname(host, sizeof host - 1);
         snprintf(n->node, sizeof n->node, "%.48s:%d", host, (int)getpid());
     }
-    if (getrandom(&n->session, sizeof n->session, 0) != (ssize_t)sizeof n->session) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        n->session = ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40);
-    }
+    n->session = random64();
     n->timeout_ms = d->timeout_ms > 0 ? d->timeout_ms : 2000;
     n->replicas = d->replicas;
     int rc = split_urls(n, d->urls);
     if (!rc)
         rc = open_conn(n);
     if (!rc)
-        rc = kr_ensure_stream(n, n->stream, n->subject, d->create);
-    if (!rc && (rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, d->create)) == KEEL_ENOENT)
+        rc = kr_ensure_stream(n, n->stream, n->subject, d->create, &n->stream_id);
+    if (!rc && (rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, d->create, NULL)) == KEEL_ENOENT)
         rc = KEEL_OK; /* no checkpoint published yet: its primary makes the stream */
     if (!rc && (rc = kr_ensure_bucket(n, d->create)) == KEEL_ENOENT)
         rc = KEEL_OK;

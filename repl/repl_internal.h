@@ -29,6 +29,7 @@ struct kr_node {
     char ckpt_subject[KR_WORLD_MAX + 16];
     char node[KR_NODE_MAX + 1];
     uint64_t session;          /* random per connection: in every message id this node publishes */
+    uint64_t stream_id;        /* the stream's identity (nats.c, kr_ensure_stream); 0: it has none */
     int64_t timeout_ms;
     int32_t replicas;
     bool primary;              /* kr_desc.create: a primary's node (kr_sync_store seeds an empty stream) */
@@ -46,8 +47,9 @@ struct kr_node {
     uint64_t pipe_sent, pipe_resolved; /* messages handed to the context; acknowledged, failed or dropped */
 };
 
-/* nats.c, shared with ckpt.c */
-int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create);
+/* nats.c, shared with ckpt.c. Look up (with create make) a stream; *id
+ * (when id is not NULL): its identity, 0 when it has none. */
+int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create, uint64_t *id);
 /* Open (or with create make) the lease bucket: KEEL_ENOENT when it does not exist yet. */
 int kr_ensure_bucket(kr_node *n, bool create);
 int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out);
@@ -56,6 +58,9 @@ int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64
 natsMsg *kr_read_take(kr_reader *r);
 int kr_stream_bounds(kr_node *n, const char *stream, uint64_t *first, uint64_t *last);
 int kr_purge_stream_before(kr_node *n, const char *stream, uint64_t seq);
+/* sync.c, shared with ckpt.c: mark the directory as the node's stream's
+ * (its name and identity), in the caller's transaction. */
+int kr_mark(kw_wtxn *t, const kr_node *n);
 /* Forget the asynchronous publishes still waiting for an acknowledgement,
  * after a batch that did not complete: the next one waits for its own. */
 void kr_drop_pending(kr_node *n);

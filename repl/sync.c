@@ -251,30 +251,73 @@ static int checkpoint_covered(kw_store *s, uint64_t *lsn)
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
 }
 
-static int fill_mark(kw_wtxn *t, void *arg)
+int kr_mark(kw_wtxn *t, const kr_node *n)
 {
-    const kr_node *n = arg;
-    return kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), n->stream, strlen(n->stream));
+    int rc = kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), n->stream, strlen(n->stream));
+    if (rc || !n->stream_id)
+        return rc ? rc : kw_del(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID));
+    unsigned char v[8];
+    kw_buf b = {v, 0, sizeof v};
+    if ((rc = kw_put_u64(&b, n->stream_id)))
+        return rc;
+    return kw_put(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID), v, sizeof v);
 }
 
-/* Is the directory marked as the stream's (*unmarked: not yet)? One marked
- * as another stream's is refused. */
-static int check_mark(kr_node *n, kw_store *s, bool *unmarked)
+static int fill_mark(kw_wtxn *t, void *arg)
+{
+    return kr_mark(t, arg);
+}
+
+/* The directory's mark: whose it is. */
+typedef struct dir_mark {
+    bool unmarked;             /* no stream's yet */
+    uint64_t id;               /* the identity of the stream it was marked with (0: none known) */
+} dir_mark;
+
+/* Is the directory marked as the stream's? One marked as another stream's
+ * is refused. */
+static int check_mark(kr_node *n, kw_store *s, dir_mark *m)
 {
     kw_rtxn *r;
     const void *v;
     size_t len;
+    *m = (dir_mark){0};
     int rc = kw_read_begin(s, &r);
     if (rc)
         return rc;
     rc = kw_get(r, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), &v, &len);
     bool other = !rc && (len != strlen(n->stream) || memcmp(v, n->stream, len));
+    m->unmarked = rc == KEEL_ENOENT;
+    if (!rc && !kw_get(r, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID), &v, &len)) {
+        kw_cursor c = kw_cursor_make(v, len);
+        m->id = kw_get_u64(&c);
+        if (c.bad)
+            m->id = 0;
+    }
     kw_read_end(r);
-    *unmarked = rc == KEEL_ENOENT;
     if (other)
         return core_fail(KEEL_ECORRUPT, "directory %s belongs to another stream than %s: nothing written",
                          kw_store_dir(s), n->stream);
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
+}
+
+/* The directory holds a world up to end_local but no record the stream
+ * holds too, to compare (the stream starts right after it, or was purged
+ * past it): it is the stream's only when marked as this stream's -- by its
+ * identity, since the name alone would also fit a stream made again under
+ * it, whose records would replace or continue another world. */
+static int check_unproven(const kr_node *n, kw_store *s, const dir_mark *m, uint64_t end_local, uint64_t sfirst)
+{
+    if (m->unmarked)
+        return core_fail(KEEL_ECORRUPT, "directory %s holds a world (to LSN %" PRIu64 ") it never took from stream "
+                         "%s, and they share no record (the stream starts at %" PRIu64 "): another world's "
+                         "directory; nothing written", kw_store_dir(s), end_local, n->stream, sfirst);
+    if (m->id && m->id != n->stream_id)
+        return core_fail(KEEL_ECORRUPT, "directory %s was kept in step with stream %s id %016" PRIx64 ", and the "
+                         "stream of that name now is another (id %016" PRIx64 ") that shares no record with it: "
+                         "nothing written (keel-wal detach makes it a world of its own)", kw_store_dir(s),
+                         n->stream, m->id, n->stream_id);
+    return KEEL_OK;
 }
 
 /* Replace the directory's checkpoint and WAL with the stream's published
@@ -499,10 +542,10 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
 {
     *out = (kr_sync_info){0};
     uint64_t sfirst, slast, lfirst, llast, keep;
-    bool unmarked = false;
+    dir_mark mark;
     int rc = kr_bounds(n, &sfirst, &slast);
     if (!rc)
-        rc = check_mark(n, s, &unmarked);
+        rc = check_mark(n, s, &mark);
     if (!rc)
         rc = local_bounds(s, &lfirst, &llast);
     if (rc)
@@ -520,13 +563,16 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     }
     if (sfirst > 1 && end_local + 1 < sfirst) {
         /* the stream was purged past this directory: start again from its published checkpoint */
-        if ((rc = restart_from_stream(n, s, sfirst, end_local, &keep)))
+        if ((end_local && (rc = check_unproven(n, s, &mark, end_local, sfirst))) ||
+            (rc = restart_from_stream(n, s, sfirst, end_local, &keep)))
             return rc;
         out->discarded = llast ? llast - lfirst + 1 : 0;
         out->discarded_from = lfirst;
         out->checkpoint_dropped = true;
         out->bootstrapped = true;
     } else if (!llast || llast + 1 == sfirst) {
+        if (end_local && (rc = check_unproven(n, s, &mark, end_local, sfirst)))
+            return rc;
         keep = end_local; /* nothing to compare: the stream continues the directory */
     } else if ((rc = common_prefix(n, s, lfirst, llast, sfirst, slast, &keep))) {
         return rc;
@@ -571,7 +617,9 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     if (sfirst && keep + 1 < sfirst)
         return core_fail(KEEL_ERANGE, "stream %s starts at %" PRIu64 ", after directory %s ends (%" PRIu64 ")",
                          n->stream, sfirst, kw_store_dir(s), keep);
-    if (unmarked && (rc = kw_store_write(s, fill_mark, n))) /* the directory is this stream's from here on */
+    /* the directory is this stream's from here on (an identity it lacked, or a stream made again that
+       shares its records, is recorded) */
+    if ((mark.unmarked || mark.id != n->stream_id) && (rc = kw_store_write(s, fill_mark, n)))
         return rc;
     uint64_t end = upto && upto < slast ? upto : slast;
     if (keep >= end)

@@ -811,6 +811,123 @@ START_TEST(test_purged_divergence_refused)
 }
 END_TEST
 
+/* A store's meta value as a u64 (0: absent). */
+static uint64_t meta_u64(kw_store *s, const char *key)
+{
+    kw_rtxn *r;
+    const void *v;
+    size_t len;
+    uint64_t out = 0;
+    ck_assert_rc(kw_read_begin(s, &r), KEEL_OK);
+    if (!kw_get(r, KW_DB_META, key, strlen(key), &v, &len)) {
+        ck_assert_uint_eq(len, 8);
+        memcpy(&out, v, 8);
+    }
+    kw_read_end(r);
+    return out;
+}
+
+static int fill_no_stream_id(kw_wtxn *t, void *arg)
+{
+    (void)arg;
+    return kw_del(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID));
+}
+
+/* The identity in a stream's description ("... id=<16 hex>"), as NATS tells it; or, with `delete`, the
+ * stream deleted (0). */
+static uint64_t stream_identity(const char *stream, bool delete)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    uint64_t id = 0;
+    if (delete) {
+        ck_assert_int_eq(js_DeleteStream(js, stream, NULL, NULL), NATS_OK);
+    } else {
+        jsStreamInfo *si = NULL;
+        ck_assert_int_eq(js_GetStreamInfo(&si, js, stream, NULL, NULL), NATS_OK);
+        const char *at = si->Config->Description ? strstr(si->Config->Description, " id=") : NULL;
+        ck_assert_msg(at && sscanf(at, " id=%16" SCNx64, &id) == 1, "description %s", si->Config->Description);
+        jsStreamInfo_Destroy(si);
+    }
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    return id;
+}
+
+/* A stream made again under a world's name, after the first was deleted,
+ * is another stream. Refused, nothing written: a directory marked with the
+ * first one's identity that shares no record with the new one (the new one
+ * starts right after it, or was purged past it), and an unmarked directory
+ * holding a world of its own. Taken: a directory whose records the new
+ * stream holds too (the world published again), its mark now naming the
+ * new identity; an empty directory; and one marked by name alone, with no
+ * identity, which is trusted by its name. */
+START_TEST(test_stream_made_again)
+{
+    kr_node *n = connect_world(nats_url, "again", "a");
+    publish_epochs(n, 5, "old");
+    kw_store *behind = store_in("again-behind"), *at_end = store_in("again-end"), *same = store_in("again-same"),
+             *local = store_in("again-local"), *fresh = store_in("again-fresh"), *src = store_in("again-src");
+    kr_sync_info si;
+    ck_assert_msg(!kr_sync_store(n, behind, 3, &si), "%s", keel_last_error());
+    ck_assert_msg(!kr_sync_store(n, at_end, 0, &si), "%s", keel_last_error());
+    ck_assert_msg(!kr_sync_store(n, same, 0, &si), "%s", keel_last_error());
+    uint64_t old_id = stream_identity("KEEL_again", false);
+    ck_assert_uint_ne(old_id, 0);
+    ck_assert_uint_eq(meta_u64(behind, KW_META_STREAM_ID), old_id);
+    ck_assert_uint_eq(meta_u64(same, KW_META_STREAM_ID), old_id);
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= 4; lsn++) {
+        epoch_record(&rec, lsn, lsn, "local");
+        ck_assert_rc(kr_append_record(local, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    kr_close(n);
+    stream_identity("KEEL_again", true);
+    n = connect_world(nats_url, "again", "b"); /* made again */
+    uint64_t new_id = stream_identity("KEEL_again", false);
+    ck_assert(new_id && new_id != old_id);
+    publish_epochs(n, 5, "old"); /* the world published again, then more of it */
+    for (uint64_t lsn = 6; lsn <= 8; lsn++) {
+        epoch_record(&rec, lsn, lsn, "new");
+        ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    ck_assert_msg(!kr_sync_store(n, same, 0, &si), "%s", keel_last_error());
+    ck_assert_uint_eq(si.appended, 3);
+    ck_assert_uint_eq(meta_u64(same, KW_META_STREAM_ID), new_id);
+    ck_fill f = {.lsn = 5, .n = 3, .size = 1000};
+    uint64_t published = 0, first, last;
+    ck_assert_rc(kw_store_write(src, fill_ckpt, &f), KEEL_OK);
+    ck_assert_msg(!kr_ckpt_publish(n, src, 8, 0, &published), "%s", keel_last_error()); /* purges 1..5 */
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, 6);
+    kw_store *const refused[] = {at_end, behind, local};
+    const char *const why[] = {"is another", "is another", "never took"};
+    for (int i = 0; i < 3; i++) {
+        tu_digest before = mdb_digest(refused[i]);
+        ck_assert_rc(kr_sync_store(n, refused[i], 0, &si), KEEL_ECORRUPT);
+        ck_assert_msg(strstr(keel_last_error(), why[i]) && strstr(keel_last_error(), "nothing written"), "%s",
+                      keel_last_error());
+        assert_same_digest(mdb_digest(refused[i]), before);
+    }
+    ck_assert_msg(!kr_sync_store(n, fresh, 0, &si), "%s", keel_last_error());
+    ck_assert(si.bootstrapped);
+    ck_assert_uint_eq(meta_u64(fresh, KW_META_STREAM_ID), new_id);
+    ck_assert_rc(kw_store_write(behind, fill_no_stream_id, NULL), KEEL_OK);
+    ck_assert_msg(!kr_sync_store(n, behind, 0, &si), "%s", keel_last_error());
+    ck_assert(si.bootstrapped);
+    wal_bounds(behind, &first, &last);
+    ck_assert_uint_eq(last, 8);
+    ck_assert_uint_eq(meta_u64(behind, KW_META_STREAM_ID), new_id);
+    kw_buf_free(&rec);
+    kw_store *const all[] = {behind, at_end, same, local, fresh, src};
+    for (int i = 0; i < 6; i++)
+        kw_store_close(all[i]);
+    kr_close(n);
+}
+END_TEST
+
 START_TEST(test_connect_errors)
 {
     kr_node *n = NULL;
@@ -1484,7 +1601,7 @@ int main(void)
                                    test_side_over_max_payload_refused, test_another_history_refused,
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,
-                                   test_purged_divergence_refused,
+                                   test_purged_divergence_refused, test_stream_made_again,
                                    test_world_seeds_empty_stream, test_local_world_replicated};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream,
                                 test_marked_directory_without_replication};

@@ -1340,11 +1340,13 @@ static void wal_says_argv(const char *want, const char *const *args)
 
 static int mark_fill(kw_wtxn *t, void *arg)
 {
-    return kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), arg, strlen(arg));
+    static const unsigned char id[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    int rc = kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), arg, strlen(arg));
+    return rc ? rc : kw_put(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID), id, sizeof id);
 }
 
 /* detach removes a replicated world's mark (meta "replicated", which info
- * shows as its stream) and nothing else: the same records before and after;
+ * shows as its stream, and "stream_id") and nothing else: the same records before and after;
  * it is refused while a runtime holds the directory (exit 2, the file
  * unchanged), and a directory of no stream is left as it was. */
 START_TEST(test_detach)
@@ -1377,6 +1379,9 @@ START_TEST(test_detach)
 
     wal_says("no longer the directory of stream KEEL_w9\n", "detach", dir);
     wal_says("\"stream\":null", "info", dir, "--json");
+    ck_assert_ok(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &st));
+    ck_assert_int_eq(kw_store_has(st, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID)), 0);
+    kw_store_close(st);
     tu_run after = wal_ok("dump", dir, "--json"), info_after = wal_ok("info", dir);
     ck_assert_str_eq(after.out, before.out);
     /* the checkpoint and its snapshot too: info's lines from "checkpoint" on are the same */

@@ -35,6 +35,8 @@ static int fill_detach(kw_wtxn *t, void *arg)
 {
     (void)arg;
     int rc = kw_del(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED));
+    if (!rc)
+        rc = kw_del(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID));
     return rc ? rc : kw_del(t, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING)); /* a seed cut short */
 }
 

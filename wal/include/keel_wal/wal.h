@@ -623,6 +623,9 @@ void kw_scan_end(kw_scan *s);
                                             of the log holding that record shares every record before it */
 #define KW_META_REPLICATED "replicated"  /* the stream the directory is kept in step with (its name): its
                                             WAL's checkpoint markers are its primaries', not its own */
+#define KW_META_STREAM_ID "stream_id" /* u64: the identity of that stream (in its description), so that
+                                            a stream made again under the name is told apart; absent: the
+                                            stream has none */
 #define KW_META_SEEDING "seeding"        /* u64 LSN: a primary is publishing the directory's WAL up to it
                                             to a stream that held none of it (the world's only copy) */
 #define KW_SCHEMA_KEY "components"       /* schema db: the SCHEMA record */
