@@ -185,17 +185,60 @@ static uint64_t random64(void)
     return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40) ^ 1;
 }
 
-int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create, uint64_t *id)
+uint64_t kr_stream_id(const kr_node *n)
+{
+    return atomic_load_explicit(&((kr_node *)n)->stream_id, memory_order_relaxed);
+}
+
+/* What a stream's info says of it: the WAL stream's identity is kept. */
+static void saw_stream(kr_node *n, const char *stream, const jsStreamInfo *si)
+{
+    if (!strcmp(stream, n->stream))
+        atomic_store_explicit(&n->stream_id, stream_id_of(si), memory_order_relaxed);
+}
+
+static void describe(char *desc, size_t cap, const char *stream)
+{
+    snprintf(desc, cap, "keel stream %s id=%016" PRIx64, stream, random64());
+}
+
+/* A primary gives its WAL stream an identity when it has none (made by
+ * hand, or before streams had one): the update is the only config change
+ * keel makes, and a concurrent one by another node leaves one of the two,
+ * which every node reads again with the stream's next state. */
+static int give_identity(kr_node *n, const char *stream, jsStreamInfo **si)
+{
+    char desc[KR_WORLD_MAX + 64];
+    describe(desc, sizeof desc, stream);
+    (*si)->Config->Description = desc;
+    jsStreamInfo *updated = NULL;
+    jsErrCode jerr = 0;
+    natsStatus s;
+    KR_RETRY(n, s, jerr, js_UpdateStream(&updated, n->js, (*si)->Config, NULL, &jerr));
+    (*si)->Config->Description = NULL; /* desc is ours, not the info's to free */
+    if (s != NATS_OK)
+        return nats_fail(s, jerr, "cannot give stream %s an identity", stream);
+    jsStreamInfo_Destroy(*si);
+    *si = updated;
+    return KEEL_OK;
+}
+
+int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create, bool *made)
 {
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
+    int rc = KEEL_OK;
+    if (made)
+        *made = false;
     KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s == NATS_OK) {
-        if (id)
-            *id = stream_id_of(si);
+        if (create && !strcmp(stream, n->stream) && !stream_id_of(si))
+            rc = give_identity(n, stream, &si);
+        if (!rc)
+            saw_stream(n, stream, si);
         jsStreamInfo_Destroy(si);
-        return KEEL_OK;
+        return rc;
     }
     if (jerr != JSStreamNotFoundErr && s != NATS_NOT_FOUND)
         return nats_fail(s, jerr, "cannot look up stream %s", stream);
@@ -204,7 +247,7 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
                          n->urls_given, stream, n->world);
     const char *subjects[] = {subject};
     char desc[KR_WORLD_MAX + 64];
-    snprintf(desc, sizeof desc, "keel stream %s id=%016" PRIx64, stream, random64());
+    describe(desc, sizeof desc, stream);
     jsStreamConfig c;
     jsStreamConfig_Init(&c);
     c.Name = stream;
@@ -216,11 +259,12 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
     c.Duplicates = DEDUP_WINDOW_NS;
     jerr = 0; /* a try that timed out may have made it: the same config again is accepted */
     KR_RETRY(n, s, jerr, js_AddStream(&si, n->js, &c, NULL, &jerr));
+    if (s == NATS_OK && made)
+        *made = true;
     if (s != NATS_OK && jerr == JSStreamNameExistErr) /* another node made it meanwhile: its identity holds */
         KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s == NATS_OK) {
-        if (id)
-            *id = stream_id_of(si);
+        saw_stream(n, stream, si);
         jsStreamInfo_Destroy(si);
         return KEEL_OK;
     }
@@ -248,6 +292,14 @@ int kr_ensure_bucket(kr_node *n, bool create)
     if (s == NATS_OK)
         return KEEL_OK;
     return nats_fail(s, 0, "cannot create the lease bucket %s", KR_LEASE_BUCKET);
+}
+
+static int purge_all(kr_node *n, const char *stream)
+{
+    jsErrCode jerr = 0;
+    natsStatus s;
+    KR_RETRY(n, s, jerr, js_PurgeStream(n->js, stream, NULL, &jerr));
+    return s == NATS_OK ? KEEL_OK : nats_fail(s, jerr, "cannot purge stream %s", stream);
 }
 
 int kr_connect(const kr_desc *d, kr_node **out)
@@ -282,10 +334,13 @@ int kr_connect(const kr_desc *d, kr_node **out)
     int rc = split_urls(n, d->urls);
     if (!rc)
         rc = open_conn(n);
+    bool made = false;
     if (!rc)
-        rc = kr_ensure_stream(n, n->stream, n->subject, d->create, &n->stream_id);
+        rc = kr_ensure_stream(n, n->stream, n->subject, d->create, &made);
     if (!rc && (rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, d->create, NULL)) == KEEL_ENOENT)
         rc = KEEL_OK; /* no checkpoint published yet: its primary makes the stream */
+    else if (!rc && made) /* checkpoints left by a stream of the name deleted before: not this stream's */
+        rc = purge_all(n, n->ckpt_stream);
     if (!rc && (rc = kr_ensure_bucket(n, d->create)) == KEEL_ENOENT)
         rc = KEEL_OK;
     if (rc) {
@@ -336,6 +391,7 @@ static int stream_state(kr_node *n, const char *stream, kr_stream_state *out)
         return nats_fail(s, jerr, "cannot read the state of stream %s", stream);
     *out = (kr_stream_state){.first = si->State.Msgs ? si->State.FirstSeq : 0, .last = si->State.LastSeq,
                              .msgs = si->State.Msgs, .bytes = si->State.Bytes};
+    saw_stream(n, stream, si);
     jsStreamInfo_Destroy(si);
     return KEEL_OK;
 }
@@ -634,6 +690,8 @@ struct kr_reader {
     natsSubscription *sub;
     natsMsg *msg;
     uint64_t next;
+    bool wal;                  /* reading the WAL stream, whose identity must not change under it */
+    uint64_t id;               /* ... its identity when the reader began */
 };
 
 int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out)
@@ -641,13 +699,23 @@ int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out)
     return kr_read_begin_on(n, n->stream, n->subject, from, out);
 }
 
-/* An ordered consumer from r->next on (a previous one is dropped). */
+/* An ordered consumer from r->next on (a previous one is dropped). A
+ * consumer made again reads the stream that has the name now: one deleted
+ * and made again since the reader began is another stream, refused. */
 static int subscribe(kr_reader *r)
 {
     if (r->sub) {
         natsSubscription_Unsubscribe(r->sub);
         natsSubscription_Destroy(r->sub);
         r->sub = NULL;
+        kr_stream_state st;
+        int rc = r->wal ? stream_state(r->n, r->stream, &st) : KEEL_OK;
+        if (rc)
+            return rc;
+        if (r->wal && kr_stream_id(r->n) != r->id)
+            return core_fail(KEEL_ECORRUPT, "stream %s was deleted and made again while it was read (identity "
+                             "%016" PRIx64 ", now %016" PRIx64 "): another world's records; nothing more read",
+                             r->stream, r->id, kr_stream_id(r->n));
     }
     jsSubOptions so;
     jsSubOptions_Init(&so);
@@ -678,6 +746,8 @@ int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64
     r->stream = stream;
     r->subject = subject;
     r->next = from ? from : 1;
+    r->wal = !strcmp(stream, n->stream);
+    r->id = kr_stream_id(n);
     int rc = subscribe(r);
     if (rc) {
         free(r);

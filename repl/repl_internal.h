@@ -29,7 +29,10 @@ struct kr_node {
     char ckpt_subject[KR_WORLD_MAX + 16];
     char node[KR_NODE_MAX + 1];
     uint64_t session;          /* random per connection: in every message id this node publishes */
-    uint64_t stream_id;        /* the stream's identity (nats.c, kr_ensure_stream); 0: it has none */
+    /* the stream's identity (nats.c, stream_id_of; 0: it has none), read
+       again with every state of the stream: atomic, since the publisher's
+       thread reads the state too */
+    _Atomic uint64_t stream_id;
     int64_t timeout_ms;
     int32_t replicas;
     bool primary;              /* kr_desc.create: a primary's node (kr_sync_store seeds an empty stream) */
@@ -47,9 +50,11 @@ struct kr_node {
     uint64_t pipe_sent, pipe_resolved; /* messages handed to the context; acknowledged, failed or dropped */
 };
 
-/* nats.c, shared with ckpt.c. Look up (with create make) a stream; *id
- * (when id is not NULL): its identity, 0 when it has none. */
-int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create, uint64_t *id);
+/* nats.c, shared with ckpt.c. Look up (with create make) a stream; *made:
+ * whether this call made it (made may be NULL). */
+int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create, bool *made);
+/* The WAL stream's identity as last read (0: it has none). */
+uint64_t kr_stream_id(const kr_node *n);
 /* Open (or with create make) the lease bucket: KEEL_ENOENT when it does not exist yet. */
 int kr_ensure_bucket(kr_node *n, bool create);
 int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out);

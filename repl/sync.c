@@ -175,8 +175,8 @@ static int local_bounds(kw_store *s, uint64_t *first, uint64_t *last)
  * hold matches, they agree up to the directory's first LSN - 1 if the last
  * record it deleted is the stream's. Otherwise the directory is refused,
  * also when it is marked as the stream's and the stream was purged past
- * where they part: the mark holds the stream's name only, and a stream
- * made again under that name would look the same. */
+ * where they part: nothing shows where they part, or that it is the same
+ * world. */
 static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llast, uint64_t sfirst,
                          uint64_t slast, uint64_t *out)
 {
@@ -254,11 +254,12 @@ static int checkpoint_covered(kw_store *s, uint64_t *lsn)
 int kr_mark(kw_wtxn *t, const kr_node *n)
 {
     int rc = kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), n->stream, strlen(n->stream));
-    if (rc || !n->stream_id)
+    uint64_t id = kr_stream_id(n);
+    if (rc || !id)
         return rc ? rc : kw_del(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID));
     unsigned char v[8];
     kw_buf b = {v, 0, sizeof v};
-    if ((rc = kw_put_u64(&b, n->stream_id)))
+    if ((rc = kw_put_u64(&b, id)))
         return rc;
     return kw_put(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID), v, sizeof v);
 }
@@ -288,36 +289,53 @@ static int check_mark(kr_node *n, kw_store *s, dir_mark *m)
     rc = kw_get(r, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), &v, &len);
     bool other = !rc && (len != strlen(n->stream) || memcmp(v, n->stream, len));
     m->unmarked = rc == KEEL_ENOENT;
+    bool damaged = false;
     if (!rc && !kw_get(r, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID), &v, &len)) {
         kw_cursor c = kw_cursor_make(v, len);
         m->id = kw_get_u64(&c);
-        if (c.bad)
-            m->id = 0;
+        damaged = c.bad || len != 8;
     }
     kw_read_end(r);
     if (other)
         return core_fail(KEEL_ECORRUPT, "directory %s belongs to another stream than %s: nothing written",
                          kw_store_dir(s), n->stream);
+    if (damaged)
+        return core_fail(KEEL_ECORRUPT, "directory %s: its meta stream_id is damaged (%zu bytes, not 8): nothing "
+                         "written", kw_store_dir(s), len);
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
 }
 
-/* The directory holds a world up to end_local but no record the stream
- * holds too, to compare (the stream starts right after it, or was purged
- * past it): it is the stream's only when marked as this stream's -- by its
- * identity, since the name alone would also fit a stream made again under
- * it, whose records would replace or continue another world. */
-static int check_unproven(const kr_node *n, kw_store *s, const dir_mark *m, uint64_t end_local, uint64_t sfirst)
+/* The directory holds a world up to end_local and no WAL record the stream
+ * holds too (the stream starts right after it, or was purged past it, or
+ * the directory holds only a checkpoint). It is the stream's when marked as
+ * this stream's -- by its identity: the name alone would also fit a stream
+ * made again under it, whose records would replace or continue another
+ * world -- or when its checkpoint's last deleted record (meta "trimmed") is
+ * the stream's record at end_local. */
+static int check_unproven(kr_node *n, kw_store *s, const dir_mark *m, uint64_t llast, uint64_t end_local,
+                          uint64_t sfirst, uint64_t slast)
 {
+    uint64_t id = kr_stream_id(n);
+    if (!m->unmarked && (!m->id || m->id == id))
+        return KEEL_OK;
+    if (!llast && sfirst && sfirst <= end_local && end_local <= slast) {
+        kw_buf msg = {0};
+        int rc = stream_record_held(n, s, end_local, &msg, trimmed_holds);
+        kw_buf_free(&msg);
+        if (rc)
+            return rc < 0 ? rc : KEEL_OK;
+    }
     if (m->unmarked)
         return core_fail(KEEL_ECORRUPT, "directory %s holds a world (to LSN %" PRIu64 ") it never took from stream "
-                         "%s, and they share no record (the stream starts at %" PRIu64 "): another world's "
-                         "directory; nothing written", kw_store_dir(s), end_local, n->stream, sfirst);
-    if (m->id && m->id != n->stream_id)
-        return core_fail(KEEL_ECORRUPT, "directory %s was kept in step with stream %s id %016" PRIx64 ", and the "
-                         "stream of that name now is another (id %016" PRIx64 ") that shares no record with it: "
-                         "nothing written (keel-wal detach makes it a world of its own)", kw_store_dir(s),
-                         n->stream, m->id, n->stream_id);
-    return KEEL_OK;
+                         "%s, and they share no record: another world's directory; nothing written",
+                         kw_store_dir(s), end_local, n->stream);
+    char now[32] = "none";
+    if (id)
+        snprintf(now, sizeof now, "%016" PRIx64, id);
+    return core_fail(KEEL_ECORRUPT, "directory %s was kept in step with stream %s identity %016" PRIx64 ", and the "
+                     "stream of that name now is another (identity %s) that shares no record with it: nothing "
+                     "written (keel-wal detach makes it a world of its own)", kw_store_dir(s), n->stream, m->id,
+                     now);
 }
 
 /* Replace the directory's checkpoint and WAL with the stream's published
@@ -563,7 +581,7 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     }
     if (sfirst > 1 && end_local + 1 < sfirst) {
         /* the stream was purged past this directory: start again from its published checkpoint */
-        if ((end_local && (rc = check_unproven(n, s, &mark, end_local, sfirst))) ||
+        if ((end_local && (rc = check_unproven(n, s, &mark, llast, end_local, sfirst, slast))) ||
             (rc = restart_from_stream(n, s, sfirst, end_local, &keep)))
             return rc;
         out->discarded = llast ? llast - lfirst + 1 : 0;
@@ -571,11 +589,17 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         out->checkpoint_dropped = true;
         out->bootstrapped = true;
     } else if (!llast || llast + 1 == sfirst) {
-        if (end_local && (rc = check_unproven(n, s, &mark, end_local, sfirst)))
+        if (end_local && (rc = check_unproven(n, s, &mark, llast, end_local, sfirst, slast)))
             return rc;
         keep = end_local; /* nothing to compare: the stream continues the directory */
     } else if ((rc = common_prefix(n, s, lfirst, llast, sfirst, slast, &keep))) {
         return rc;
+    } else if (keep < llast && mark.id && mark.id != kr_stream_id(n)) {
+        /* records of another stream of the name: a stream made again holds a prefix of them, never
+           what they are to be dropped for */
+        return core_fail(KEEL_ECORRUPT, "directory %s holds records after LSN %" PRIu64 " that stream %s, made again "
+                         "since the directory was kept in step with it, does not: nothing written (keel-wal detach "
+                         "makes it a world of its own)", kw_store_dir(s), keep, n->stream);
     }
     int seeding = kw_store_has(s, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING));
     if (seeding < 0)
@@ -619,7 +643,7 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
                          n->stream, sfirst, kw_store_dir(s), keep);
     /* the directory is this stream's from here on (an identity it lacked, or a stream made again that
        shares its records, is recorded) */
-    if ((mark.unmarked || mark.id != n->stream_id) && (rc = kw_store_write(s, fill_mark, n)))
+    if ((mark.unmarked || mark.id != kr_stream_id(n)) && (rc = kw_store_write(s, fill_mark, n)))
         return rc;
     uint64_t end = upto && upto < slast ? upto : slast;
     if (keep >= end)

@@ -764,8 +764,7 @@ END_TEST
  * stream went on to 8 and was purged up to its published checkpoint
  * (covering 5): the point where they part is gone from the stream, so they
  * share no record -- refused, nothing written, also when the directory is
- * marked as the stream's (the mark names the stream only: a stream made
- * again under that name would look the same). */
+ * marked as the stream's (nothing shows where they part). */
 START_TEST(test_purged_divergence_refused)
 {
     kr_node *n = connect_world(nats_url, "gone", "a");
@@ -820,8 +819,9 @@ static uint64_t meta_u64(kw_store *s, const char *key)
     uint64_t out = 0;
     ck_assert_rc(kw_read_begin(s, &r), KEEL_OK);
     if (!kw_get(r, KW_DB_META, key, strlen(key), &v, &len)) {
-        ck_assert_uint_eq(len, 8);
-        memcpy(&out, v, 8);
+        kw_cursor c = kw_cursor_make(v, len);
+        out = kw_get_u64(&c);
+        ck_assert(!c.bad && len == 8);
     }
     kw_read_end(r);
     return out;
@@ -833,9 +833,9 @@ static int fill_no_stream_id(kw_wtxn *t, void *arg)
     return kw_del(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID));
 }
 
-/* The identity in a stream's description ("... id=<16 hex>"), as NATS tells it; or, with `delete`, the
- * stream deleted (0). */
-static uint64_t stream_identity(const char *stream, bool delete)
+/* What NATS tells of a stream: the identity in its description ("... id=<16 hex>", 0: none) and its
+ * message count; with `delete`, the stream is deleted instead. */
+static uint64_t stream_identity(const char *stream, bool delete, uint64_t *msgs)
 {
     natsConnection *nc = NULL;
     jsCtx *js = NULL;
@@ -847,8 +847,11 @@ static uint64_t stream_identity(const char *stream, bool delete)
     } else {
         jsStreamInfo *si = NULL;
         ck_assert_int_eq(js_GetStreamInfo(&si, js, stream, NULL, NULL), NATS_OK);
-        const char *at = si->Config->Description ? strstr(si->Config->Description, " id=") : NULL;
-        ck_assert_msg(at && sscanf(at, " id=%16" SCNx64, &id) == 1, "description %s", si->Config->Description);
+        const char *d = si->Config->Description, *at = d ? strstr(d, " id=") : NULL;
+        if (at)
+            ck_assert_msg(sscanf(at, " id=%16" SCNx64, &id) == 1, "description %s", d);
+        if (msgs)
+            *msgs = si->State.Msgs;
         jsStreamInfo_Destroy(si);
     }
     jsCtx_Destroy(js);
@@ -857,56 +860,85 @@ static uint64_t stream_identity(const char *stream, bool delete)
 }
 
 /* A stream made again under a world's name, after the first was deleted,
- * is another stream. Refused, nothing written: a directory marked with the
- * first one's identity that shares no record with the new one (the new one
- * starts right after it, or was purged past it), and an unmarked directory
- * holding a world of its own. Taken: a directory whose records the new
- * stream holds too (the world published again), its mark now naming the
- * new identity; an empty directory; and one marked by name alone, with no
- * identity, which is trusted by its name. */
+ * is another stream (its own identity; the old checkpoints are purged).
+ * Taken: a directory whose records the new stream holds too (the world
+ * published again) and one holding only a checkpoint whose last deleted
+ * record the new stream holds, their marks now naming the new identity;
+ * an empty directory; and one marked by name alone, trusted by its name.
+ * Refused, nothing written: a directory marked with the old identity that
+ * shares no record with the new stream (which starts right after it, or
+ * was purged past it), also by a node that read the old identity before
+ * the stream was made again; an unmarked directory holding a world of its
+ * own; and one with records after the prefix the new stream holds. A
+ * reader of the old stream is refused when it reads again. */
 START_TEST(test_stream_made_again)
 {
     kr_node *n = connect_world(nats_url, "again", "a");
     publish_epochs(n, 5, "old");
     kw_store *behind = store_in("again-behind"), *at_end = store_in("again-end"), *same = store_in("again-same"),
-             *local = store_in("again-local"), *fresh = store_in("again-fresh"), *src = store_in("again-src");
+             *local = store_in("again-local"), *fresh = store_in("again-fresh"), *src = store_in("again-src"),
+             *ckonly = store_in("again-ckonly"), *tail = store_in("again-tail");
     kr_sync_info si;
     ck_assert_msg(!kr_sync_store(n, behind, 3, &si), "%s", keel_last_error());
-    ck_assert_msg(!kr_sync_store(n, at_end, 0, &si), "%s", keel_last_error());
-    ck_assert_msg(!kr_sync_store(n, same, 0, &si), "%s", keel_last_error());
-    uint64_t old_id = stream_identity("KEEL_again", false);
+    kw_store *const whole[] = {at_end, same, ckonly, tail};
+    for (int i = 0; i < 4; i++)
+        ck_assert_msg(!kr_sync_store(n, whole[i], 0, &si), "%s", keel_last_error());
+    uint64_t old_id = stream_identity("KEEL_again", false, NULL), five = 5, msgs = 0, published = 0;
     ck_assert_uint_ne(old_id, 0);
     ck_assert_uint_eq(meta_u64(behind, KW_META_STREAM_ID), old_id);
-    ck_assert_uint_eq(meta_u64(same, KW_META_STREAM_ID), old_id);
+    ck_assert_rc(kw_store_write(ckonly, fill_checkpoint_meta, &five), KEEL_OK);
+    ck_assert_rc(kw_store_write(ckonly, fill_trim, &five), KEEL_OK); /* a checkpoint and no WAL left */
     kw_buf rec = {0};
+    epoch_record(&rec, 6, 6, "tail");
+    ck_assert_rc(kr_append_record(tail, 6, rec.p, rec.len), KEEL_OK);
     for (uint64_t lsn = 1; lsn <= 4; lsn++) {
         epoch_record(&rec, lsn, lsn, "local");
         ck_assert_rc(kr_append_record(local, lsn, rec.p, rec.len), KEEL_OK);
     }
+    ck_fill f = {.lsn = 5, .n = 3, .size = 1000};
+    ck_assert_rc(kw_store_write(src, fill_ckpt, &f), KEEL_OK);
+    ck_assert_msg(!kr_ckpt_publish(n, src, 5, -1, &published), "%s", keel_last_error()); /* the old world's */
+    kr_node *stale = NULL; /* reads the old identity, then keeps its connection */
+    ck_assert_msg(!kr_connect(&(kr_desc){.urls = nats_url, .world = "again", .node = "s"}, &stale), "%s",
+                  keel_last_error());
+    kr_reader *reader = NULL;
+    ck_assert_rc(kr_read_begin(stale, 1, &reader), KEEL_OK);
     kr_close(n);
-    stream_identity("KEEL_again", true);
+    stream_identity("KEEL_again", true, NULL);
     n = connect_world(nats_url, "again", "b"); /* made again */
-    uint64_t new_id = stream_identity("KEEL_again", false);
+    uint64_t new_id = stream_identity("KEEL_again", false, NULL);
     ck_assert(new_id && new_id != old_id);
+    ck_assert_rc(kr_read_restart(reader, 1), KEEL_ECORRUPT); /* a reader does not go on in the new one */
+    ck_assert_msg(strstr(keel_last_error(), "made again while it was read"), "%s", keel_last_error());
+    kr_read_end(reader);
+    stream_identity("KEEL_again_CKPT", false, &msgs);
+    ck_assert_uint_eq(msgs, 0);
     publish_epochs(n, 5, "old"); /* the world published again, then more of it */
     for (uint64_t lsn = 6; lsn <= 8; lsn++) {
         epoch_record(&rec, lsn, lsn, "new");
         ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
     }
-    ck_assert_msg(!kr_sync_store(n, same, 0, &si), "%s", keel_last_error());
-    ck_assert_uint_eq(si.appended, 3);
-    ck_assert_uint_eq(meta_u64(same, KW_META_STREAM_ID), new_id);
-    ck_fill f = {.lsn = 5, .n = 3, .size = 1000};
-    uint64_t published = 0, first, last;
+    kw_store *const taken[] = {same, ckonly};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(!kr_sync_store(n, taken[i], 0, &si), "%s", keel_last_error());
+        ck_assert_uint_eq(si.appended, 3);
+        ck_assert_uint_eq(meta_u64(taken[i], KW_META_STREAM_ID), new_id);
+    }
+    tu_digest before = mdb_digest(tail);
+    ck_assert_rc(kr_sync_store(n, tail, 0, &si), KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), "made again"), "%s", keel_last_error());
+    assert_same_digest(mdb_digest(tail), before);
+    uint64_t first, last;
     ck_assert_rc(kw_store_write(src, fill_ckpt, &f), KEEL_OK);
     ck_assert_msg(!kr_ckpt_publish(n, src, 8, 0, &published), "%s", keel_last_error()); /* purges 1..5 */
     ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
     ck_assert_uint_eq(first, 6);
     kw_store *const refused[] = {at_end, behind, local};
+    kr_node *const by[] = {stale, n, n};
     const char *const why[] = {"is another", "is another", "never took"};
     for (int i = 0; i < 3; i++) {
-        tu_digest before = mdb_digest(refused[i]);
-        ck_assert_rc(kr_sync_store(n, refused[i], 0, &si), KEEL_ECORRUPT);
+        before = mdb_digest(refused[i]);
+        ck_assert_rc(kr_sync_store(by[i], refused[i], 0, &si), KEEL_ECORRUPT);
         ck_assert_msg(strstr(keel_last_error(), why[i]) && strstr(keel_last_error(), "nothing written"), "%s",
                       keel_last_error());
         assert_same_digest(mdb_digest(refused[i]), before);
@@ -921,10 +953,47 @@ START_TEST(test_stream_made_again)
     ck_assert_uint_eq(last, 8);
     ck_assert_uint_eq(meta_u64(behind, KW_META_STREAM_ID), new_id);
     kw_buf_free(&rec);
-    kw_store *const all[] = {behind, at_end, same, local, fresh, src};
-    for (int i = 0; i < 6; i++)
+    kw_store *const all[] = {behind, at_end, same, local, fresh, src, ckonly, tail};
+    for (int i = 0; i < 8; i++)
         kw_store_close(all[i]);
+    kr_close(stale);
     kr_close(n);
+}
+END_TEST
+
+/* A stream made without an identity (by hand) gets one from the first
+ * primary that connects to it; a replica's connection leaves it as it is. */
+START_TEST(test_stream_given_identity)
+{
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    const char *subjects[] = {"keel.bare.wal"};
+    jsStreamConfig c;
+    jsStreamConfig_Init(&c);
+    c.Name = "KEEL_bare";
+    c.Subjects = subjects;
+    c.SubjectsLen = 1;
+    c.Storage = js_FileStorage;
+    ck_assert_int_eq(js_AddStream(NULL, js, &c, NULL, NULL), NATS_OK);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    kr_node *replica = NULL;
+    ck_assert_msg(!kr_connect(&(kr_desc){.urls = nats_url, .world = "bare", .node = "r"}, &replica), "%s",
+                  keel_last_error());
+    ck_assert_uint_eq(stream_identity("KEEL_bare", false, NULL), 0);
+    kr_node *primary = connect_world(nats_url, "bare", "p");
+    uint64_t id = stream_identity("KEEL_bare", false, NULL);
+    ck_assert_uint_ne(id, 0);
+    kw_store *s = store_in("bare");
+    publish_epochs(primary, 2, "p");
+    kr_sync_info si;
+    ck_assert_msg(!kr_sync_store(replica, s, 0, &si), "%s", keel_last_error()); /* read again: the new identity */
+    ck_assert_uint_eq(meta_u64(s, KW_META_STREAM_ID), id);
+    kw_store_close(s);
+    kr_close(replica);
+    kr_close(primary);
 }
 END_TEST
 
@@ -1601,7 +1670,7 @@ int main(void)
                                    test_side_over_max_payload_refused, test_another_history_refused,
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,
-                                   test_purged_divergence_refused, test_stream_made_again,
+                                   test_purged_divergence_refused, test_stream_made_again, test_stream_given_identity,
                                    test_world_seeds_empty_stream, test_local_world_replicated};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream,
                                 test_marked_directory_without_replication};

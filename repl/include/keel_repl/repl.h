@@ -160,9 +160,14 @@ typedef struct kr_sync_info {
  * replicated): a primary's (kr_desc.create) whose WAL starts at LSN 1 is
  * left as it is (out->seed), any other node's too (out->unstreamed), and a
  * primary's whose WAL starts later is refused with KEEL_ERANGE, nothing
- * written. Errors: KEEL_ECORRUPT (a message is
- * no WAL record of its sequence, or the directory and the stream share no
- * record), KEEL_ERANGE (it must restart and no checkpoint is published; a
+ * written. Where the directory and the stream hold no WAL record to
+ * compare, the directory's mark decides: marked with the stream's identity
+ * (or by its name alone), it is the stream's; unmarked, or marked with
+ * another identity of the name (a stream made again), it is refused; the
+ * directory is marked (meta "replicated", "stream_id") once it is the
+ * stream's. Errors: KEEL_ECORRUPT (a message is
+ * no WAL record of its sequence, the directory and the stream share no
+ * record, or it is another stream's), KEEL_ERANGE (it must restart and no checkpoint is published; a
  * world the stream never held that cannot be seeded), the stream's and the
  * store's. */
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
@@ -203,7 +208,8 @@ int kr_append_record(kw_store *s, uint64_t lsn, const void *rec, size_t len);
  * *published_lsn: its covered LSN, 0 when none was sent. */
 int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint64_t *published_lsn);
 /* Replace s's WAL, snapshot, schema and checkpoint with the latest published
- * checkpoint; *covered: its covered LSN (the stream continues after it).
+ * checkpoint, marking s as the stream's in the same transaction; *covered:
+ * its covered LSN (the stream continues after it).
  * One that a newer publication purges while it is copied is given up for
  * the newer one. KEEL_ENOENT when none is published. */
 int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered);
