@@ -422,17 +422,19 @@ static int fill_seeded(kw_wtxn *t, void *arg)
 
 #define SEED_WINDOW 1024    /* records in flight at most: acknowledgements come while more are sent */
 #define SEED_SLICE_MS 100   /* progress (the lease's renewal) runs at least this often while waiting */
-#define SEED_STALL_MS 30000 /* no acknowledgement for this long: the stream is out of reach */
+#define SEED_STALL_TIMEOUTS 15 /* no acknowledgement for this many of the node's timeouts (30 s by default): the
+                                  stream is out of reach */
 
 typedef struct seed_run {
     seed_acks a;
     int (*progress)(void *arg);
     void *arg;
+    uint64_t stall_ns;         /* SEED_STALL_TIMEOUTS of the node's timeout */
 } seed_run;
 
 /* Wait until at most `inflight` sent records are unresolved: 1; 0 when one
  * failed; or an error (progress's, which runs every SEED_SLICE_MS while it
- * waits, or KEEL_EUNAVAILABLE after SEED_STALL_MS without an
+ * waits, or KEEL_EUNAVAILABLE after sr->stall_ns without an
  * acknowledgement). */
 static int seed_wait(seed_run *sr, uint64_t sent, uint64_t inflight)
 {
@@ -450,9 +452,9 @@ static int seed_wait(seed_run *sr, uint64_t sent, uint64_t inflight)
             continue;
         pthread_mutex_unlock(&a->mu);
         int rc = sr->progress ? sr->progress(sr->arg) : KEEL_OK;
-        if (!rc && core_now_ns() - since > SEED_STALL_MS * 1000000ull)
-            rc = core_fail(KEEL_EUNAVAILABLE, "no acknowledgement of the records published for %u ms",
-                           (unsigned)SEED_STALL_MS);
+        if (!rc && core_now_ns() - since > sr->stall_ns)
+            rc = core_fail(KEEL_EUNAVAILABLE, "no acknowledgement of the records published for %" PRIu64 " ms",
+                           sr->stall_ns / 1000000u);
         if (rc)
             return rc;
         pthread_mutex_lock(&a->mu);
@@ -482,7 +484,8 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint6
                    void *arg)
 {
     seed_run sr = {.a = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER},
-                   .progress = progress, .arg = arg};
+                   .progress = progress, .arg = arg,
+                   .stall_ns = (uint64_t)n->timeout_ms * SEED_STALL_TIMEOUTS * 1000000ull};
     int rc = from == 1 ? still_empty(n) : KEEL_OK;
     if (!rc) /* cut short, the next open goes on from the stream's end */
         rc = kw_store_write(s, fill_seeding, &(seed_mark){n, last});

@@ -1629,6 +1629,70 @@ START_TEST(test_marked_directory_without_replication)
 }
 END_TEST
 
+/* Freezes a nats-server (SIGSTOP) on its first call: a seed's progress. */
+typedef struct seed_freeze {
+    pid_t nats;
+    uint32_t calls;
+} seed_freeze;
+
+static int freeze_once(void *arg)
+{
+    seed_freeze *f = arg;
+    if (!f->calls++)
+        ck_assert_int_eq(kill(f->nats, SIGSTOP), 0);
+    return KEEL_OK;
+}
+
+static bool stream_has(kr_node *n, uint64_t want)
+{
+    uint64_t first, last;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    return last >= want;
+}
+
+/* A seed whose stream stops answering (its server frozen before the first
+ * record goes out) stops with KEEL_EUNAVAILABLE -- its publishes time out,
+ * and the stream's state, asked for to see what it took, cannot be read --
+ * its progress (a primary's lease renewal) running while it waited; the
+ * seeding mark stays, so once the server is back the next sync finds the
+ * seed ended. */
+START_TEST(test_seed_stalls)
+{
+    char conf[4096];
+    int port = nats_conf("js-stall", conf, sizeof conf);
+    pid_t nats = nats_start(conf, port, true);
+    kr_node *n = NULL;
+    uint64_t until = tu_now_ns() + 30000000000ull;
+    int rc;
+    while ((rc = kr_connect(&(kr_desc){.urls = nats_url, .world = "stall", .node = "a", .create = true,
+                                       .timeout_ms = 200}, &n)) == KEEL_EUNAVAILABLE && tu_now_ns() < until)
+        usleep(50000);
+    ck_assert_msg(!rc, "kr_connect: %s", keel_last_error());
+    kw_store *s = local_world("stall-local", 5);
+    kr_sync_info si;
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
+    ck_assert(si.seed);
+    seed_freeze f = {.nats = nats};
+    ck_assert_rc(kr_seed_stream(n, s, 1, 1, 5, freeze_once, &f), KEEL_EUNAVAILABLE);
+    ck_assert_msg(strstr(keel_last_error(), "KEEL_stall"), "%s", keel_last_error());
+    ck_assert_uint_gt(f.calls, 5); /* once before each record, and while it waited */
+    ck_assert(meta_has(s, KW_META_SEEDING));
+    ck_assert_int_eq(kill(nats, SIGCONT), 0);
+    until = tu_now_ns() + 30000000000ull; /* the records sent before it froze are stored once it runs */
+    while (!stream_has(n, 5)) {
+        ck_assert_msg(tu_now_ns() < until, "the stream did not take the records within 30 s");
+        usleep(10000);
+    }
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
+    ck_assert(!si.seed && !meta_has(s, KW_META_SEEDING));
+    assert_stream_holds(n, s, 1, 5);
+    kw_store_close(s);
+    kr_close(n);
+    kill(nats, SIGTERM);
+    ck_assert_int_eq(waitpid(nats, NULL, 0), nats);
+}
+END_TEST
+
 /* A NATS server without JetStream is refused with KEEL_EUNAVAILABLE saying
  * so (not retried as if it were down), by the library, whether it may
  * create the stream or not, and by a replica's runtime. */
@@ -1672,7 +1736,7 @@ int main(void)
                                    test_trimmed_checkpoint_against_empty_stream,
                                    test_purged_divergence_refused, test_stream_made_again, test_stream_given_identity,
                                    test_world_seeds_empty_stream, test_local_world_replicated};
-    const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream,
+    const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};
     SRunner *sr = srunner_create(
