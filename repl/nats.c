@@ -210,12 +210,13 @@ static int give_identity(kr_node *n, const char *stream, jsStreamInfo **si)
 {
     char desc[KR_WORLD_MAX + 64];
     describe(desc, sizeof desc, stream);
+    const char *had = (*si)->Config->Description; /* the info's own, freed with it */
     (*si)->Config->Description = desc;
     jsStreamInfo *updated = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
     KR_RETRY(n, s, jerr, js_UpdateStream(&updated, n->js, (*si)->Config, NULL, &jerr));
-    (*si)->Config->Description = NULL; /* desc is ours, not the info's to free */
+    (*si)->Config->Description = had;
     if (s != NATS_OK)
         return nats_fail(s, jerr, "cannot give stream %s an identity", stream);
     jsStreamInfo_Destroy(*si);
