@@ -6,7 +6,8 @@
  *
  * Stream KEEL_<world>_CKPT, subject keel.<world>.ckpt. One checkpoint is a
  * run of messages, each `u8 type | u32 klen | key | value`:
- *   BEGIN   value = meta "checkpoint" (32 bytes: tick, covered LSN, count)
+ *   BEGIN   key = the WAL stream's identity (u64; none when it has none),
+ *           value = meta "checkpoint" (32 bytes: tick, covered LSN, count)
  *   SCHEMA  value = the schema record (as the schema database holds it)
  *   ENTRIES no key; value = keys of the snap database in key order, each
  *           `u32 klen | key | u32 vlen | value` as stored, as many as fit
@@ -17,7 +18,9 @@
  * A checkpoint counts once its END is stored; the stream keeps the latest
  * (older ones are purged after a newer END). The primary's publisher
  * publishes each checkpoint its directory records, once the WAL stream holds
- * every record it covers. Few large messages rather than one per key: a
+ * every record it covers. A loader takes only a checkpoint of the WAL
+ * stream it reads (by identity): one a deleted stream of the name left is
+ * not this stream's. Few large messages rather than one per key: a
  * replica's copy costs per message (delivery, metadata, a wakeup), and the
  * loader writes each one into its transaction as it arrives, so the copy
  * overlaps the stream's delivery.
@@ -88,8 +91,13 @@ static size_t pack_limit(kr_node *n)
 
 /* The checkpoint the directory records now, as messages (BEGIN, SCHEMA,
  * ENTRIES...), if it covers no LSN beyond `upto`. *meta_lsn 0: none to send. */
-static int copy_checkpoint(kw_store *s, uint64_t upto, size_t limit, ck_msgs *m, kw_checkpoint_meta *meta)
+static int copy_checkpoint(kw_store *s, uint64_t upto, size_t limit, uint64_t id, ck_msgs *m,
+                           kw_checkpoint_meta *meta)
 {
+    unsigned char key[8];
+    kw_buf kb = {key, 0, sizeof key};
+    if (id)
+        (void)kw_put_u64(&kb, id); /* fits: cannot fail */
     kw_rtxn *r;
     int rc = kw_read_begin(s, &r);
     if (rc)
@@ -99,7 +107,7 @@ static int copy_checkpoint(kw_store *s, uint64_t upto, size_t limit, ck_msgs *m,
     *meta = (kw_checkpoint_meta){0};
     rc = kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &v, &vn);
     if (!rc && !(rc = kw_checkpoint_meta_decode(v, vn, meta)) && meta->lsn <= upto) {
-        rc = msg_add(m, CK_BEGIN, NULL, 0, v, vn);
+        rc = msg_add(m, CK_BEGIN, key, kb.len, v, vn);
         if (!rc && !(rc = kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &v, &vn)))
             rc = msg_add(m, CK_SCHEMA, NULL, 0, v, vn);
         kw_walit *it;
@@ -121,9 +129,9 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
     ck_msgs m = {0};
     kw_checkpoint_meta meta;
     *published_lsn = 0;
-    int rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, true, NULL);
+    int rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, true);
     if (!rc)
-        rc = copy_checkpoint(s, upto, pack_limit(n), &m, &meta);
+        rc = copy_checkpoint(s, upto, pack_limit(n), kr_stream_id(n), &m, &meta);
     if (rc || !meta.lsn || m.n < 2) { /* none, or one without a schema: nothing a replica could load */
         msgs_free(&m);
         return rc;
@@ -253,6 +261,13 @@ static int put_entries(kw_wtxn *t, const ck_load *l, uint64_t seq, const void *v
     return rc;
 }
 
+/* Is a BEGIN's key (8 bytes) the identity of the node's WAL stream? */
+static bool of_stream(const kr_node *n, const void *key)
+{
+    kw_cursor c = kw_cursor_make(key, 8);
+    return kw_get_u64(&c) == kr_stream_id(n);
+}
+
 /* Message seq of the checkpoint into the transaction. */
 static int apply(kw_wtxn *t, ck_load *l, uint64_t seq, const void *data, size_t len)
 {
@@ -262,6 +277,9 @@ static int apply(kw_wtxn *t, ck_load *l, uint64_t seq, const void *data, size_t 
         return corrupt(l, seq, "is no part of a checkpoint");
     switch (p.type) {
     case CK_BEGIN:
+        if (p.klen == 8 && kr_stream_id(l->n) && !of_stream(l->n, p.key))
+            return core_fail(KEEL_ENOENT, "stream %s holds no checkpoint of stream %s: its latest is of a stream of "
+                             "that name deleted before", l->n->ckpt_stream, l->n->stream);
         if (kw_checkpoint_meta_decode(p.val, p.vlen, &l->meta))
             return core_fail_prefix(KEEL_ECORRUPT, "stream %s: the checkpoint at %" PRIu64, l->n->ckpt_stream, seq);
         return kw_put(t, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), p.val, p.vlen);

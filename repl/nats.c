@@ -202,44 +202,16 @@ static void describe(char *desc, size_t cap, const char *stream)
     snprintf(desc, cap, "keel stream %s id=%016" PRIx64, stream, random64());
 }
 
-/* A primary gives its WAL stream an identity when it has none (made by
- * hand, or before streams had one): the update is the only config change
- * keel makes, and a concurrent one by another node leaves one of the two,
- * which every node reads again with the stream's next state. */
-static int give_identity(kr_node *n, const char *stream, jsStreamInfo **si)
-{
-    char desc[KR_WORLD_MAX + 64];
-    describe(desc, sizeof desc, stream);
-    const char *had = (*si)->Config->Description; /* the info's own, freed with it */
-    (*si)->Config->Description = desc;
-    jsStreamInfo *updated = NULL;
-    jsErrCode jerr = 0;
-    natsStatus s;
-    KR_RETRY(n, s, jerr, js_UpdateStream(&updated, n->js, (*si)->Config, NULL, &jerr));
-    (*si)->Config->Description = had;
-    if (s != NATS_OK)
-        return nats_fail(s, jerr, "cannot give stream %s an identity", stream);
-    jsStreamInfo_Destroy(*si);
-    *si = updated;
-    return KEEL_OK;
-}
-
-int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create, bool *made)
+int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create)
 {
     jsStreamInfo *si = NULL;
     jsErrCode jerr = 0;
     natsStatus s;
-    int rc = KEEL_OK;
-    if (made)
-        *made = false;
     KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s == NATS_OK) {
-        if (create && !strcmp(stream, n->stream) && !stream_id_of(si))
-            rc = give_identity(n, stream, &si);
-        if (!rc)
-            saw_stream(n, stream, si);
+        saw_stream(n, stream, si);
         jsStreamInfo_Destroy(si);
-        return rc;
+        return KEEL_OK;
     }
     if (jerr != JSStreamNotFoundErr && s != NATS_NOT_FOUND)
         return nats_fail(s, jerr, "cannot look up stream %s", stream);
@@ -260,8 +232,6 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
     c.Duplicates = DEDUP_WINDOW_NS;
     jerr = 0; /* a try that timed out may have made it: the same config again is accepted */
     KR_RETRY(n, s, jerr, js_AddStream(&si, n->js, &c, NULL, &jerr));
-    if (s == NATS_OK && made)
-        *made = true;
     if (s != NATS_OK && jerr == JSStreamNameExistErr) /* another node made it meanwhile: its identity holds */
         KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s == NATS_OK) {
@@ -293,14 +263,6 @@ int kr_ensure_bucket(kr_node *n, bool create)
     if (s == NATS_OK)
         return KEEL_OK;
     return nats_fail(s, 0, "cannot create the lease bucket %s", KR_LEASE_BUCKET);
-}
-
-static int purge_all(kr_node *n, const char *stream)
-{
-    jsErrCode jerr = 0;
-    natsStatus s;
-    KR_RETRY(n, s, jerr, js_PurgeStream(n->js, stream, NULL, &jerr));
-    return s == NATS_OK ? KEEL_OK : nats_fail(s, jerr, "cannot purge stream %s", stream);
 }
 
 int kr_connect(const kr_desc *d, kr_node **out)
@@ -335,13 +297,10 @@ int kr_connect(const kr_desc *d, kr_node **out)
     int rc = split_urls(n, d->urls);
     if (!rc)
         rc = open_conn(n);
-    bool made = false;
     if (!rc)
-        rc = kr_ensure_stream(n, n->stream, n->subject, d->create, &made);
-    if (!rc && (rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, d->create, NULL)) == KEEL_ENOENT)
+        rc = kr_ensure_stream(n, n->stream, n->subject, d->create);
+    if (!rc && (rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, d->create)) == KEEL_ENOENT)
         rc = KEEL_OK; /* no checkpoint published yet: its primary makes the stream */
-    else if (!rc && made) /* checkpoints left by a stream of the name deleted before: not this stream's */
-        rc = purge_all(n, n->ckpt_stream);
     if (!rc && (rc = kr_ensure_bucket(n, d->create)) == KEEL_ENOENT)
         rc = KEEL_OK;
     if (rc) {
@@ -693,6 +652,8 @@ struct kr_reader {
     uint64_t next;
     bool wal;                  /* reading the WAL stream, whose identity must not change under it */
     uint64_t id;               /* ... its identity when the reader began */
+    bool begun;                /* subscribed once: a later subscription is made again */
+    int failed;                /* a subscription made again failed (no consumer since): its code */
 };
 
 int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out)
@@ -709,14 +670,16 @@ static int subscribe(kr_reader *r)
         natsSubscription_Unsubscribe(r->sub);
         natsSubscription_Destroy(r->sub);
         r->sub = NULL;
+    }
+    if (r->begun && r->wal) {
         kr_stream_state st;
-        int rc = r->wal ? stream_state(r->n, r->stream, &st) : KEEL_OK;
+        int rc = stream_state(r->n, r->stream, &st);
+        if (!rc && kr_stream_id(r->n) != r->id)
+            rc = core_fail(KEEL_ECORRUPT, "stream %s was deleted and made again while it was read (identity "
+                           "%016" PRIx64 ", now %016" PRIx64 "): another world's records; nothing more read",
+                           r->stream, r->id, kr_stream_id(r->n));
         if (rc)
-            return rc;
-        if (r->wal && kr_stream_id(r->n) != r->id)
-            return core_fail(KEEL_ECORRUPT, "stream %s was deleted and made again while it was read (identity "
-                             "%016" PRIx64 ", now %016" PRIx64 "): another world's records; nothing more read",
-                             r->stream, r->id, kr_stream_id(r->n));
+            return r->failed = rc;
     }
     jsSubOptions so;
     jsSubOptions_Init(&so);
@@ -727,7 +690,11 @@ static int subscribe(kr_reader *r)
     jsErrCode jerr = 0;
     natsStatus s;
     KR_RETRY(r->n, s, jerr, js_SubscribeSync(&r->sub, r->n->js, r->subject, NULL, &so, &jerr));
-    return s == NATS_OK ? KEEL_OK : nats_fail(s, jerr, "cannot read stream %s", r->stream);
+    if (s != NATS_OK)
+        return r->failed = nats_fail(s, jerr, "cannot read stream %s", r->stream);
+    r->begun = true;
+    r->failed = KEEL_OK;
+    return KEEL_OK;
 }
 
 int kr_read_restart(kr_reader *r, uint64_t from)
@@ -780,6 +747,9 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
 {
     natsMsg_Destroy(r->msg);
     r->msg = NULL;
+    if (!r->sub) /* a subscription made again failed: no consumer until one is made (kr_read_restart) */
+        return core_fail(r->failed ? r->failed : KEEL_EUNAVAILABLE, "stream %s: its reader has no consumer since "
+                         "a failure (%s)", r->stream, keel_strerror(r->failed ? r->failed : KEEL_EUNAVAILABLE));
     natsStatus s = natsSubscription_NextMsg(&r->msg, r->sub, timeout_ms > 0 ? timeout_ms : 1);
     if (s == NATS_TIMEOUT)
         return 0;

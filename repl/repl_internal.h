@@ -50,9 +50,8 @@ struct kr_node {
     uint64_t pipe_sent, pipe_resolved; /* messages handed to the context; acknowledged, failed or dropped */
 };
 
-/* nats.c, shared with ckpt.c. Look up (with create make) a stream; *made:
- * whether this call made it (made may be NULL). */
-int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create, bool *made);
+/* nats.c, shared with ckpt.c. Look up (with create make) a stream. */
+int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create);
 /* The WAL stream's identity as last read (0: it has none). */
 uint64_t kr_stream_id(const kr_node *n);
 /* Open (or with create make) the lease bucket: KEEL_ENOENT when it does not exist yet. */

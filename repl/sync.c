@@ -422,14 +422,18 @@ static int fill_seeded(kw_wtxn *t, void *arg)
 
 #define SEED_WINDOW 1024    /* records in flight at most: acknowledgements come while more are sent */
 #define SEED_SLICE_MS 100   /* progress (the lease's renewal) runs at least this often while waiting */
-#define SEED_STALL_TIMEOUTS 15 /* no acknowledgement for this many of the node's timeouts (30 s by default): the
-                                  stream is out of reach */
+/* A backstop: each publish fails on its own once the node's timeout passes
+ * unanswered (kr_pipe_send), so this fires only if a publish is never
+ * resolved at all: no acknowledgement for this many timeouts (30 s by
+ * default) means the stream is out of reach. */
+#define SEED_STALL_TIMEOUTS 15
 
 typedef struct seed_run {
     seed_acks a;
     int (*progress)(void *arg);
     void *arg;
     uint64_t stall_ns;         /* SEED_STALL_TIMEOUTS of the node's timeout */
+    const kr_node *n;
 } seed_run;
 
 /* Wait until at most `inflight` sent records are unresolved: 1; 0 when one
@@ -453,8 +457,8 @@ static int seed_wait(seed_run *sr, uint64_t sent, uint64_t inflight)
         pthread_mutex_unlock(&a->mu);
         int rc = sr->progress ? sr->progress(sr->arg) : KEEL_OK;
         if (!rc && core_now_ns() - since > sr->stall_ns)
-            rc = core_fail(KEEL_EUNAVAILABLE, "no acknowledgement of the records published for %" PRIu64 " ms",
-                           sr->stall_ns / 1000000u);
+            rc = core_fail(KEEL_EUNAVAILABLE, "stream %s acknowledged none of the records published for %" PRIu64
+                           " ms", sr->n->stream, sr->stall_ns / 1000000u);
         if (rc)
             return rc;
         pthread_mutex_lock(&a->mu);
@@ -485,7 +489,7 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint6
 {
     seed_run sr = {.a = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER},
                    .progress = progress, .arg = arg,
-                   .stall_ns = (uint64_t)n->timeout_ms * SEED_STALL_TIMEOUTS * 1000000ull};
+                   .stall_ns = (uint64_t)n->timeout_ms * SEED_STALL_TIMEOUTS * 1000000ull, .n = n};
     int rc = from == 1 ? still_empty(n) : KEEL_OK;
     if (!rc) /* cut short, the next open goes on from the stream's end */
         rc = kw_store_write(s, fill_seeding, &(seed_mark){n, last});

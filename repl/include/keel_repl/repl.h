@@ -180,8 +180,9 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
  * are awaited -- a primary renews its lease there on its own clock -- and
  * a non-zero return stops the seed with that code. Errors: KEEL_EFENCED
  * (another primary appended, or the stream was not empty after all),
- * KEEL_EUNAVAILABLE (the stream took only a prefix, or acknowledged nothing
- * for 15 of the node's timeouts, 30 s by default: the next open resumes), KEEL_ECORRUPT (the directory lacks a
+ * KEEL_EUNAVAILABLE (the stream took only a prefix, or stopped answering: a
+ * publish unanswered for the node's timeout fails, and the stream's state
+ * is then asked for; the next open resumes), KEEL_ECORRUPT (the directory lacks a
  * record). */
 int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint64_t last, int (*progress)(void *arg),
                    void *arg);
