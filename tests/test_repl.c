@@ -1177,6 +1177,29 @@ START_TEST(test_local_world_replicated)
 }
 END_TEST
 
+/* A read replica opened on a directory holding a world its stream never
+ * held waits for the primary to publish it, 30 of its NATS timeouts (100 ms
+ * here), and is then refused with KEEL_ERANGE; data.mdb is unchanged. */
+START_TEST(test_replica_waits_for_unstreamed_world)
+{
+    char dir[4096], mdb[4200];
+    run_local_world("unstreamed", dir, sizeof dir, 3);
+    kr_close(connect_world(nats_url, "unstreamed", "x")); /* the world's stream, empty */
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", dir);
+    tu_digest before = tu_file_digest(mdb);
+    keel_component v;
+    keel_runtime *f = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir,
+                                                      .replication = {.nats = nats_url, .world = "unstreamed",
+                                                                      .role = KEEL_ROLE_FOLLOWER,
+                                                                      .timeout_ms = 100}},
+                                  &v);
+    ck_assert_rc(keel_runtime_recover(f, NULL), KEEL_ERANGE);
+    ck_assert_msg(strstr(keel_last_error(), "start its primary on it first"), "%s", keel_last_error());
+    keel_runtime_close(f);
+    assert_same_digest(tu_file_digest(mdb), before);
+}
+END_TEST
+
 /* A follower checkpoints the state it applied at its own interval: the
  * directory's meta names a tick it reached, the WAL it covers is deleted, and a
  * reopen starts from the checkpoint and ends on the primary's state. */
@@ -1742,7 +1765,8 @@ int main(void)
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,
                                    test_purged_divergence_refused, test_stream_made_again, test_stream_without_identity,
-                                   test_world_seeds_empty_stream, test_local_world_replicated};
+                                   test_world_seeds_empty_stream, test_local_world_replicated,
+                                   test_replica_waits_for_unstreamed_world};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

@@ -48,7 +48,8 @@ typedef struct keel_replication_desc {
                                   (OFF: SYNC) */
     int32_t lease_ms;          /* the lease time: a primary silent this long is deposed; 0 = 5000 */
     int32_t replicas;          /* stream replicas when it is created; 0 = 3 with 3 or more servers given, else 1 */
-    int32_t timeout_ms;        /* one NATS request's deadline; 0 = 2000 */
+    int32_t timeout_ms;        /* one NATS request's deadline; 0 = 2000. A replica's open waits 30 of them
+                                  for its primary to publish the schema or the world */
     const char *node;          /* this node's name in the lease; NULL = host:pid */
     uint64_t stop_tick;        /* a standby or follower applies no tick after this one, also when it
                                   opens its directory (0 = no bound) */

@@ -38,7 +38,7 @@
 #define POLL_BATCH 4096
 #define EPOCH_TRIES 8
 #define DRAIN_MS 5000
-#define SCHEMA_WAIT_MS 60000ull
+#define SCHEMA_WAIT_TIMEOUTS 30 /* a replica waits this many NATS timeouts for its primary (60 s by default) */
 #define RETAIN_DEFAULT 100000
 #define BOUNDS_EVERY_NS 200000000ull
 
@@ -302,13 +302,14 @@ static void st_epoch(keel_repl_status *st, const void *arg)
 }
 
 /* Bring the directory in step with the stream. A replica started before its
- * primary published the schema waits for it (up to SCHEMA_WAIT_MS): the
+ * primary published the schema waits for it (SCHEMA_WAIT_TIMEOUTS): the
  * schema comes with the primary's records, never from the replica. So does
  * one whose directory holds a world the stream never held (its primary
  * publishes it first); after that, it is refused. */
 static int sync_until_schema(struct runtime_repl *r, kw_store *store, bool primary, kr_sync_info *si)
 {
-    uint64_t deadline = mono_ns() + SCHEMA_WAIT_MS * 1000000ull;
+    uint64_t timeout_ms = r->desc.timeout_ms > 0 ? (uint64_t)r->desc.timeout_ms : 2000;
+    uint64_t deadline = mono_ns() + SCHEMA_WAIT_TIMEOUTS * timeout_ms * 1000000ull;
     for (;;) {
         int rc = kr_sync_store(r->node, store, 0, si);
         bool schema = kw_store_has(store, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY)) == 1;
