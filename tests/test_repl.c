@@ -833,6 +833,12 @@ static int fill_no_stream_id(kw_wtxn *t, void *arg)
     return kw_del(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID));
 }
 
+static int fill_short_stream_id(kw_wtxn *t, void *arg)
+{
+    (void)arg;
+    return kw_put(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID), "abc", 3);
+}
+
 /* What NATS tells of a stream: the identity in its description ("... id=<16 hex>", 0: none) and its
  * message count; with `delete`, the stream is deleted instead. */
 static uint64_t stream_identity(const char *stream, bool delete, uint64_t *msgs)
@@ -912,6 +918,10 @@ START_TEST(test_stream_made_again)
     ck_assert(new_id && new_id != old_id);
     ck_assert_rc(kr_read_restart(reader, 1), KEEL_ECORRUPT); /* a reader does not go on in the new one */
     ck_assert_msg(strstr(keel_last_error(), "made again while it was read"), "%s", keel_last_error());
+    uint64_t seq;
+    const void *data;
+    size_t len;
+    ck_assert_rc(kr_read_next(reader, 100, &seq, &data, &len), KEEL_ECORRUPT); /* ... nor reads on */
     kr_read_end(reader);
     uint64_t covered = 0; /* the old world's checkpoint is no checkpoint of the new stream */
     before = mdb_digest(fresh);
@@ -969,7 +979,7 @@ END_TEST
 /* A stream made by hand has no identity, and keel gives it none (its
  * config is not keel's to rewrite): a primary's connection leaves its
  * description as it is, and a directory synced from it is marked by the
- * stream's name alone. */
+ * stream's name alone; a damaged identity in a directory is refused. */
 START_TEST(test_stream_without_identity)
 {
     natsConnection *nc = NULL;
@@ -998,6 +1008,11 @@ START_TEST(test_stream_without_identity)
     ck_assert_msg(!kr_sync_store(primary, s, 0, &info), "%s", keel_last_error());
     ck_assert_uint_eq(info.appended, 2);
     ck_assert(meta_has(s, KW_META_REPLICATED) && !meta_has(s, KW_META_STREAM_ID));
+    ck_assert_rc(kw_store_write(s, fill_short_stream_id, NULL), KEEL_OK); /* damaged: refused, nothing written */
+    tu_digest before = mdb_digest(s);
+    ck_assert_rc(kr_sync_store(primary, s, 0, &info), KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), "stream_id is damaged (3 bytes"), "%s", keel_last_error());
+    assert_same_digest(mdb_digest(s), before);
     kw_store_close(s);
     kr_close(primary);
 }
