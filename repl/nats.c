@@ -21,7 +21,8 @@
 
 /* A NATS failure as a keel code: a JetStream API error is the server's
  * answer (KEEL_EIO), anything else means it did not answer; so does a
- * server without JetStream (the client reports that as error 10076). */
+ * server without JetStream (the client reports that as error 10076), and
+ * a cluster without the servers a stream's replicas need (10005). */
 static int nats_fail(natsStatus s, jsErrCode jerr, const char *fmt, const char *what)
 {
     char buf[1400];
@@ -30,6 +31,9 @@ static int nats_fail(natsStatus s, jsErrCode jerr, const char *fmt, const char *
         return core_fail(KEEL_EUNAVAILABLE, "%s: no JetStream answered: the NATS server offers no JetStream (start "
                          "it with -js, or give its configuration a jetstream block; a server also turns it off when "
                          "its storage fails), or no stream takes the subject", buf);
+    if (jerr == JSClusterNoPeersErr)
+        return core_fail(KEEL_EUNAVAILABLE, "%s: the NATS cluster has too few servers up for the stream's replicas "
+                         "(JetStream error 10005)", buf);
     if (jerr)
         return core_fail(KEEL_EIO, "%s: JetStream error %d (%s)", buf, (int)jerr, natsStatus_GetText(s));
     return core_fail(KEEL_EUNAVAILABLE, "%s: %s", buf, natsStatus_GetText(s));
@@ -37,12 +41,13 @@ static int nats_fail(natsStatus s, jsErrCode jerr, const char *fmt, const char *
 
 /* A request NATS could not answer now (a server lost, a stream leader
  * being elected, a reconnect; JetStream saying its cluster is "temporarily
- * unavailable"): reads retry those for RETRY_WINDOW_MS. */
+ * unavailable", or has no servers yet to place a stream's replicas on, as
+ * while a cluster forms): requests retry those for RETRY_WINDOW_MS. */
 #define RETRY_WINDOW_MS 30000
 static bool transient(natsStatus s, jsErrCode jerr)
 {
-    if (jerr)
-        return jerr == JSClusterNotAvailErr;
+    if (jerr) /* no peers for a stream's placement: a cluster still forming, or a server away */
+        return jerr == JSClusterNotAvailErr || jerr == JSClusterNoPeersErr;
     return s == NATS_TIMEOUT || s == NATS_NO_RESPONDERS || s == NATS_NO_SERVER || s == NATS_CONNECTION_DISCONNECTED ||
            s == NATS_NOT_YET_CONNECTED;
 }
