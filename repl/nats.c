@@ -202,11 +202,6 @@ static void saw_stream(kr_node *n, const char *stream, const jsStreamInfo *si)
         atomic_store_explicit(&n->stream_id, stream_id_of(si), memory_order_relaxed);
 }
 
-static void describe(char *desc, size_t cap, const char *stream)
-{
-    snprintf(desc, cap, "keel stream %s id=%016" PRIx64, stream, random64());
-}
-
 int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool create)
 {
     jsStreamInfo *si = NULL;
@@ -225,7 +220,7 @@ int kr_ensure_stream(kr_node *n, const char *stream, const char *subject, bool c
                          n->urls_given, stream, n->world);
     const char *subjects[] = {subject};
     char desc[KR_WORLD_MAX + 64];
-    describe(desc, sizeof desc, stream);
+    snprintf(desc, sizeof desc, "keel stream %s id=%016" PRIx64, stream, random64());
     jsStreamConfig c;
     jsStreamConfig_Init(&c);
     c.Name = stream;
@@ -752,9 +747,9 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
 {
     natsMsg_Destroy(r->msg);
     r->msg = NULL;
-    if (!r->sub) /* a subscription made again failed: no consumer until one is made (kr_read_restart) */
-        return core_fail(r->failed ? r->failed : KEEL_EUNAVAILABLE, "stream %s: its reader has no consumer since "
-                         "a failure (%s)", r->stream, keel_strerror(r->failed ? r->failed : KEEL_EUNAVAILABLE));
+    if (!r->sub) /* a subscription made again failed (r->failed): no consumer until kr_read_restart makes one */
+        return core_fail(r->failed, "stream %s: its reader has no consumer since a failure (%s)", r->stream,
+                         keel_strerror(r->failed));
     natsStatus s = natsSubscription_NextMsg(&r->msg, r->sub, timeout_ms > 0 ? timeout_ms : 1);
     if (s == NATS_TIMEOUT)
         return 0;

@@ -251,17 +251,23 @@ static int checkpoint_covered(kw_store *s, uint64_t *lsn)
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
 }
 
+/* A u64 meta value, little-endian as every meta value. */
+static int put_meta_u64(kw_wtxn *t, const char *key, uint64_t value)
+{
+    unsigned char v[8];
+    kw_buf b = {v, 0, sizeof v};
+    int rc = kw_put_u64(&b, value);
+    return rc ? rc : kw_put(t, KW_DB_META, key, strlen(key), v, sizeof v);
+}
+
 int kr_mark(kw_wtxn *t, const kr_node *n)
 {
     int rc = kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), n->stream, strlen(n->stream));
     uint64_t id = kr_stream_id(n);
-    if (rc || !id)
-        return rc ? rc : kw_del(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID));
-    unsigned char v[8];
-    kw_buf b = {v, 0, sizeof v};
-    if ((rc = kw_put_u64(&b, id)))
+    if (rc)
         return rc;
-    return kw_put(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID), v, sizeof v);
+    return id ? put_meta_u64(t, KW_META_STREAM_ID, id)
+              : kw_del(t, KW_DB_META, KW_META_STREAM_ID, strlen(KW_META_STREAM_ID));
 }
 
 static int fill_mark(kw_wtxn *t, void *arg)
@@ -369,12 +375,8 @@ typedef struct seed_mark {
 static int fill_seeding(kw_wtxn *t, void *arg)
 {
     const seed_mark *m = arg;
-    unsigned char v[8];
-    kw_buf b = {v, 0, sizeof v};
-    int rc = kw_put_u64(&b, m->last);
-    if (!rc)
-        rc = kw_put(t, KW_DB_META, KW_META_SEEDING, strlen(KW_META_SEEDING), v, sizeof v);
-    return rc ? rc : fill_mark(t, m->n);
+    int rc = put_meta_u64(t, KW_META_SEEDING, m->last);
+    return rc ? rc : kr_mark(t, m->n);
 }
 
 /* The stream never held a record, and the directory holds a world up to
