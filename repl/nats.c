@@ -336,6 +336,11 @@ size_t kr_max_payload(kr_node *n)
     return m > 0 ? (size_t)m : 0;
 }
 
+int64_t kr_timeout_ms(const kr_node *n)
+{
+    return n->timeout_ms;
+}
+
 const char *kr_node_id(const kr_node *n)
 {
     return n->node;

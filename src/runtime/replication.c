@@ -308,8 +308,7 @@ static void st_epoch(keel_repl_status *st, const void *arg)
  * publishes it first); after that, it is refused. */
 static int sync_until_schema(struct runtime_repl *r, kw_store *store, bool primary, kr_sync_info *si)
 {
-    uint64_t timeout_ms = r->desc.timeout_ms > 0 ? (uint64_t)r->desc.timeout_ms : 2000;
-    uint64_t deadline = mono_ns() + SCHEMA_WAIT_TIMEOUTS * timeout_ms * 1000000ull;
+    uint64_t deadline = mono_ns() + SCHEMA_WAIT_TIMEOUTS * (uint64_t)kr_timeout_ms(r->node) * 1000000ull;
     for (;;) {
         int rc = kr_sync_store(r->node, store, 0, si);
         bool schema = kw_store_has(store, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY)) == 1;

@@ -54,6 +54,8 @@ const char *kr_world(const kr_node *n);
 /* The most bytes one message may have on the node's servers (max_payload). */
 size_t kr_max_payload(kr_node *n);
 const char *kr_node_id(const kr_node *n);
+/* One request's deadline, as kr_desc.timeout_ms gave it or its default. */
+int64_t kr_timeout_ms(const kr_node *n);
 /* "nats://h:p/WORLD" -> urls ("nats://h:p") and world; false when the path
  * is not a stream address. */
 bool kr_parse_address(const char *addr, char *urls, size_t ucap, char *world, size_t wcap);
