@@ -486,7 +486,7 @@ static void probe_report(const app *a, const plan *p, msg *m)
             continue;
         m->probe_alive[k] = keel_alive(a->w, e);
         uint32_t idx = KEEL_ENTITY_INDEX(e);
-        m->probe_gen[k] = idx < a->w->nslots ? world_slot_at(a->w, idx)->gen : 0;
+        m->probe_gen[k] = idx < a->w->nslots ? world_slot_gen(a->w, world_slot_at(a->w, idx)) : 0;
         if (k == 1 && m->probe_alive[k])
             keel_get(a->w, e, a->born, &m->probe_born);
     }
@@ -522,7 +522,7 @@ static void reference_tick(app *a, uint64_t t, const keel_entity *before, uint32
         if (!r->probe[k])
             continue;
         r->probe_alive[k][t] = keel_alive(a->w, r->probe[k]);
-        r->probe_gen[k][t] = world_slot_at(a->w, KEEL_ENTITY_INDEX(r->probe[k]))->gen;
+        r->probe_gen[k][t] = world_slot_gen(a->w, world_slot_at(a->w, KEEL_ENTITY_INDEX(r->probe[k])));
     }
 }
 

@@ -712,7 +712,7 @@ START_TEST(test_generation_never_zero)
     destroy(w, e1);
     ck_assert_uint_eq(w->nslots, 2);
     ck_assert_uint_eq(world_slot_at(w, 1)->table, WORLD_NO_TABLE);
-    world_slot_at(w, 1)->gen = 0xffffffffu;
+    world_slot_at(w, 1)->row = 0xffffffffu; /* a free slot's row: its next generation */
 
     keel_entity old = spawn(w, NULL, 0);
     ck_assert_uint_eq(old, KEEL_ENTITY_MAKE(1, 0xffffffffu));

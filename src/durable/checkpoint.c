@@ -223,6 +223,11 @@ struct ckpt_job {
     uint32_t nslots;
     uint32_t npages;
     const world_slot **pages;
+    /* a live slot's generation is in its row's entity array (world_internal.h):
+     * ents[ents_first[table] + chunk] is that chunk's, pinned with the pages */
+    const keel_entity **ents;
+    uint32_t *ents_first;
+    uint32_t chunk_shift, chunk_mask;
     kw_buf tables;             /* SNAP_TABLES payload, built at capture */
     txn_key *keys;             /* the idempotency keys remembered at the tick (SNAP_KEYS) */
     uint32_t nkeys;
@@ -252,6 +257,8 @@ void ckpt_job_free(ckpt_job *j)
     free(j->owned);
     free(j->srcs);
     free(j->pages);
+    free(j->ents);
+    free(j->ents_first);
     kw_buf_free(&j->tables);
     free(j->keys);
     kw_buf_free(&j->out);
@@ -328,14 +335,22 @@ static int capture(dur_state *d, uint64_t tick, ckpt_job **out)
         j->srcs = calloc(nchunks + 1, sizeof *j->srcs);
         j->owned = calloc(nbufs + 1, sizeof *j->owned);
         j->pages = calloc(w->npages + 1, sizeof *j->pages);
+        j->ents = calloc(nchunks + 1, sizeof *j->ents);
+        j->ents_first = calloc(w->ntables + 1, sizeof *j->ents_first);
     }
     if (pin)
         pin->set = calloc(cap, sizeof *pin->set), pin->cap = cap;
-    int rc = !j || !pin || !j->srcs || !j->owned || !j->pages || !pin->set ? KEEL_ENOMEM : tables_payload(w, &j->tables);
-    for (uint32_t id = 0; !rc && id < w->ntables; id++)
-        for (uint32_t k = 0; !rc && k < w->tables[id]->nchunks; k++)
+    int rc = !j || !pin || !j->srcs || !j->owned || !j->pages || !j->ents || !j->ents_first || !pin->set
+                 ? KEEL_ENOMEM
+                 : tables_payload(w, &j->tables);
+    for (uint32_t id = 0, first = 0; !rc && id < w->ntables; first += w->tables[id++]->nchunks) {
+        j->ents_first[id] = first;
+        for (uint32_t k = 0; !rc && k < w->tables[id]->nchunks; k++) {
+            j->ents[first + k] = w->tables[id]->chunks[k]->entities; /* pinned below when a row lives there */
             if (w->tables[id]->chunks[k]->count)
                 rc = capture_chunk(w, w->tables[id], k, j, pin);
+        }
+    }
     if (rc) {
         ckpt_job_free(j);
         if (pin)
@@ -366,6 +381,8 @@ static int capture(dur_state *d, uint64_t tick, ckpt_job **out)
     }
     j->tick = tick;
     j->nslots = w->nslots;
+    j->chunk_shift = w->chunk_shift;
+    j->chunk_mask = w->chunk_mask;
     j->npages = (w->nslots + WORLD_PAGE_SLOTS - 1) / WORLD_PAGE_SLOTS;
     for (uint32_t p = 0; p < j->npages; p++) {
         j->pages[p] = w->pages[p];
@@ -413,8 +430,11 @@ static int slots_payload(const ckpt_job *j, uint32_t p, kw_buf *b)
     uint32_t gens[WORLD_PAGE_SLOTS];
     uint8_t live[WORLD_PAGE_SLOTS];
     for (uint32_t i = 0; i < n; i++) {
-        gens[i] = j->pages[p][i].gen;
-        live[i] = j->pages[p][i].table != WORLD_NO_TABLE;
+        const world_slot *s = &j->pages[p][i];
+        live[i] = s->table != WORLD_NO_TABLE;
+        gens[i] = live[i] ? KEEL_ENTITY_GEN(j->ents[j->ents_first[s->table] + (s->row >> j->chunk_shift)]
+                                                   [s->row & j->chunk_mask])
+                          : s->row; /* free: the next occupant's generation */
     }
     return kw_snap_slots_encode(b, first, n, gens, live);
 }

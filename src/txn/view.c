@@ -287,7 +287,11 @@ static const world_slot *view_slot(const keel_view *v, keel_entity e)
     if (idx >= v->nslots)
         return NULL;
     const world_slot *s = &v->pages[idx >> WORLD_PAGE_SHIFT][idx & (WORLD_PAGE_SLOTS - 1)];
-    return s->table != WORLD_NO_TABLE && s->gen == KEEL_ENTITY_GEN(e) ? s : NULL;
+    if (s->table == WORLD_NO_TABLE)
+        return NULL;
+    const keel_world *w = v->w; /* the generation is in the view's entity array (world_internal.h) */
+    const view_chunk *vc = &v->tables[s->table].chunks[s->row >> w->chunk_shift];
+    return vc->entities[s->row & w->chunk_mask] == e ? s : NULL;
 }
 
 /* A component whose values a view does not hold (SINGLE_VERSION and

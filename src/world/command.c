@@ -288,7 +288,7 @@ static int apply_destroy(keel_cmdbuf *cb, const cmd_hdr *h)
     if (rc)
         return rc;
     storage_remove_row(w, t, s->row);
-    entity_free(w, KEEL_ENTITY_INDEX(h->target));
+    entity_free(w, h->target);
     cb->res.destroyed++;
     return KEEL_OK;
 }
@@ -378,12 +378,12 @@ static int apply_one(keel_cmdbuf *cb, const cmd_hdr *h)
 /* ---- batched destroy: state of a run (see "batched destroy" below) ------ */
 
 /* Per table touched by a run. Bit r - base of `moved` set: the entity now
- * at row r >= base moved there during the run, and its entity-array entry
- * holds its index and, in place of its generation, the row its cells are
- * in (see "batched destroy"); rows below base are recorded in the run's
- * fill list instead. */
+ * at row r >= base moved there during the run, and src[r - base] is the row
+ * its cells are in (see "batched destroy"); rows below base are recorded in
+ * the run's fill list instead. */
 typedef struct run_table {
     uint64_t *moved;
+    uint32_t *src;              /* valid where `moved` has the bit */
     uint32_t base;
     uint32_t nchunks;           /* chunks before the run: those past t->nchunks are freed at the end */
 } run_table;
@@ -550,16 +550,17 @@ bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lif
  * Where the source of the entity now at row r is. For rows at or past
  * base = count - (destroys left in the run) when the run first touches the
  * table -- every row a later destroy moves from (the last) is there -- in
- * the row's entity-array entry itself, which the move writes anyway: the
- * index stays, the generation half holds the source row, and a bit per row
- * (a bitmap a 64th of the entity array's size, cache-resident where a side
- * table of rows would cost one more cache miss per destroy) says the entry
- * is in that form. The generation comes back from the slot when the entity
- * moves again and at the end. An entry in that form at or past the final
- * count is left so: rows past a table's count are dead storage, read by
- * nobody, in one-by-one playback as well. For rows below base (never a last
- * row during the run) the run's fill list, copied in order so the latest
- * entry for a row wins.
+ * a side array of rows, with a bit per row (a bitmap a 64th of the entity
+ * array's size) saying the entry is set. The entity arrays keep whole
+ * handles throughout: they hold the generations (world_internal.h). The
+ * array is written at random rows, but a store does not hold up the
+ * destroy the way reading a source through the entity array did (measured:
+ * keeping the source row in the moved entity's entry, the handle then read
+ * from the source row's, took 15 % longer per shuffled destroy). Entries at
+ * or past the final count are left: rows past a table's count are dead
+ * storage, read by nobody, in one-by-one playback as well. For rows below
+ * base (never a last row during the run) the run's fill list, copied in
+ * order so the latest entry for a row wins.
  *
  * A command the batched path cannot take exactly as one-by-one playback
  * would -- a chunk or slot page the published view shares (copy-on-write),
@@ -613,8 +614,13 @@ static run_table *run_table_of(destroy_run *run, const world_table *t, uint32_t 
         return rt;
     uint32_t span = left < t->count ? left : t->count;
     rt->moved = calloc(span / 64 + 1, sizeof *rt->moved);
-    if (!rt->moved)
+    rt->src = malloc(((size_t)span + 1) * sizeof *rt->src);
+    if (!rt->moved || !rt->src) {
+        free(rt->moved);
+        free(rt->src);
+        *rt = (run_table){0};
         return NULL;
+    }
     rt->base = t->count - span;
     rt->nchunks = t->nchunks;
     return rt;
@@ -656,18 +662,15 @@ static bool run_step(keel_cmdbuf *cb, destroy_run *run, const cmd_hdr *h, uint32
 
     if (row != last) {
         uint32_t mi = KEEL_ENTITY_INDEX(moved), from = last, lb = last - rt->base;
-        world_slot *ms = entity_slot_w(w, mi);
-        if ((rt->moved[lb >> 6] >> (lb & 63)) & 1) { /* moved before: the entry holds its source row */
-            from = KEEL_ENTITY_GEN(moved);
-            moved = KEEL_ENTITY_MAKE(mi, ms->gen);
-        }
-        ms->row = row;
+        if ((rt->moved[lb >> 6] >> (lb & 63)) & 1) /* moved before: its cells are still where it began */
+            from = rt->src[lb];
+        entity_slot_w(w, mi)->row = row;
+        dst->entities[row & w->chunk_mask] = moved;
         if (row >= rt->base) {
             uint32_t rb = row - rt->base;
             rt->moved[rb >> 6] |= 1ull << (rb & 63);
-            dst->entities[row & w->chunk_mask] = KEEL_ENTITY_MAKE(mi, from);
+            rt->src[rb] = from;
         } else {
-            dst->entities[row & w->chunk_mask] = moved;
             run->fills[run->nfills++] = (run_fill){t->id, row, from};
         }
     }
@@ -677,7 +680,7 @@ static bool run_step(keel_cmdbuf *cb, destroy_run *run, const cmd_hdr *h, uint32
         t->nchunks--; /* freed by run_finish, after the copies */
         run->retire += t->ncols + 1;
     }
-    entity_free(w, idx);
+    entity_free(w, h->target);
     cb->res.destroyed++;
     return true;
 }
@@ -707,14 +710,12 @@ static void run_finish(keel_world *w, destroy_run *run)
             uint32_t rb = r - rt->base;
             if (!((rt->moved[rb >> 6] >> (rb & 63)) & 1))
                 continue;
-            keel_entity *e = &t->chunks[r >> w->chunk_shift]->entities[r & w->chunk_mask];
-            uint32_t idx = KEEL_ENTITY_INDEX(*e), from = KEEL_ENTITY_GEN(*e);
-            *e = KEEL_ENTITY_MAKE(idx, world_slot_at(w, idx)->gen);
-            run_copy_row(w, t, r, from);
+            run_copy_row(w, t, r, rt->src[rb]);
         }
         while (rt->nchunks > t->nchunks)
             version_free_chunk(w, t, t->chunks[--rt->nchunks]);
         free(rt->moved);
+        free(rt->src);
     }
     free(run->tabs);
     free(run->fills);

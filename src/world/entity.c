@@ -3,7 +3,8 @@
  *
  * Invariants:
  *  - slots 0 .. nslots-1 are every index ever handed out; a free slot has
- *    table == WORLD_NO_TABLE and the generation its next occupant gets.
+ *    table == WORLD_NO_TABLE and, in `row`, the generation its next
+ *    occupant gets (a live slot's generation is in its entity array).
  *  - free_bits bit i is set exactly when slot i < nslots is free;
  *    free_summary bit j is set exactly when free_bits[j] != 0.
  *  - every summary word below free_hint is zero.
@@ -101,17 +102,18 @@ keel_entity entity_alloc(keel_world *w)
             w->free_summary[word >> 6] &= ~(1ull << (word & 63));
     } else {
         idx = w->nslots++;
-        entity_slot_w(w, idx)->gen = 1;
+        *entity_slot_w(w, idx) = (world_slot){.table = WORLD_NO_TABLE, .row = 1};
     }
     w->nlive++;
-    return KEEL_ENTITY_MAKE(idx, world_slot_at(w, idx)->gen);
+    return KEEL_ENTITY_MAKE(idx, world_slot_at(w, idx)->row); /* still free: row is the generation */
 }
 
-void entity_free(keel_world *w, uint32_t idx)
+void entity_free(keel_world *w, keel_entity e)
 {
+    uint32_t idx = KEEL_ENTITY_INDEX(e), gen = KEEL_ENTITY_GEN(e);
     world_slot *s = entity_slot_w(w, idx);
     s->table = WORLD_NO_TABLE;
-    s->gen = s->gen == UINT32_MAX ? 1 : s->gen + 1; /* 0 is never a generation */
+    s->row = gen == UINT32_MAX ? 1 : gen + 1; /* 0 is never a generation */
     uint32_t word = idx >> 6;
     w->free_bits[word] |= 1ull << (idx & 63);
     w->free_summary[word >> 6] |= 1ull << (word & 63);

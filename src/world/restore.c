@@ -26,12 +26,9 @@ int world_restore_begin(keel_world *w, uint32_t nslots, const uint32_t *gens)
         keel_entity e = entity_alloc(w); /* index i: the index grows by one each time */
         (void)e;
     }
-    for (uint32_t i = 0; i < nslots; i++) {
-        world_slot *s = entity_slot_w(w, i);
-        /* entity_free bumps the generation: store gen - 1 so it lands on gen */
-        s->gen = gens[i] == 1 ? UINT32_MAX : gens[i] - 1;
-        entity_free(w, i);
-    }
+    /* entity_free bumps the generation: free a handle of gen - 1 so it lands on gen */
+    for (uint32_t i = 0; i < nslots; i++)
+        entity_free(w, KEEL_ENTITY_MAKE(i, gens[i] == 1 ? UINT32_MAX : gens[i] - 1));
     return KEEL_OK;
 }
 
@@ -57,7 +54,7 @@ static int restore_slot(keel_world *w, world_table *t, keel_entity e)
 {
     uint32_t idx = KEEL_ENTITY_INDEX(e);
     if (idx >= w->nslots || world_slot_at(w, idx)->table != WORLD_NO_TABLE ||
-        world_slot_at(w, idx)->gen != KEEL_ENTITY_GEN(e))
+        world_slot_at(w, idx)->row != KEEL_ENTITY_GEN(e)) /* a free slot's row: its next generation */
         return core_fail(KEEL_ECORRUPT, "checkpoint row of table %u names entity 0x%016llx, which is not a free slot "
                                         "of the right generation", t->id, (unsigned long long)e);
     int rc = storage_reserve_row(w, t);

@@ -20,7 +20,7 @@ uint64_t keel_world_hash(const keel_world *w)
     for (uint32_t i = 0; i < w->nslots; i++) {
         const world_slot *s = world_slot_at(w, i);
         bool live = s->table != WORLD_NO_TABLE;
-        core_state_hash_slot(&h, s->gen, live);
+        core_state_hash_slot(&h, world_slot_gen(w, s), live);
         if (!live)
             continue;
         const world_table *t = w->tables[s->table];

@@ -138,21 +138,27 @@ typedef struct world_table {
 } world_table;
 
 /* ---- entity index -------------------------------------------------------
- * One slot per index ever used. A live slot names its table and row; a free
- * slot has table == WORLD_NO_TABLE and holds the generation its next
- * occupant will get. Free slots are found lowest-index-first through a
- * two-level bitmap, which makes allocation a pure function of the slots.
- * Slots live in pages of WORLD_PAGE_SLOTS so that a published view can share
- * the pages that did not change; a page shared with the view (pages[p] ==
- * pub_pages[p]) is copied before it is written, like a VERSIONED column. */
+ * One slot per index ever used. A live slot names its table and row; the
+ * handle in that row of the table's entity array (the chunk's `entities`)
+ * holds its generation, so a slot is 8 bytes and the index 16 per entity
+ * with the entity array (docs/performance.md, "memory"). A free slot has
+ * table == WORLD_NO_TABLE and `row` holds the generation its next occupant
+ * will get. Free slots are found lowest-index-first through a two-level
+ * bitmap, which makes allocation a pure function of the slots. Slots live
+ * in pages of WORLD_PAGE_SLOTS so that a published view can share the pages
+ * that did not change; a page shared with the view (pages[p] ==
+ * pub_pages[p]) is copied before it is written, like a VERSIONED column.
+ *
+ * Invariant: the row a live slot names holds its entity's handle. Playback
+ * writes the entity array and the slot in the same step (the batched
+ * destroy's temporary entries are read through command.c's run_entity). */
 #define WORLD_NO_TABLE UINT32_MAX
 #define WORLD_PAGE_SHIFT 10u
 #define WORLD_PAGE_SLOTS (1u << WORLD_PAGE_SHIFT)
 
 typedef struct world_slot {
-    uint32_t gen;
-    uint32_t table;
-    uint32_t row;
+    uint32_t table;             /* WORLD_NO_TABLE: free */
+    uint32_t row;               /* live: the row in its table; free: the next occupant's generation */
 } world_slot;
 
 typedef struct world_query_link world_query_link;
@@ -214,15 +220,30 @@ static inline world_slot *world_slot_at(const keel_world *w, uint32_t idx)
     return &w->pages[idx >> WORLD_PAGE_SHIFT][idx & (WORLD_PAGE_SLOTS - 1)];
 }
 
+/* The handle stored in row `row` of table `table`. */
+static inline keel_entity world_entity_at(const keel_world *w, uint32_t table, uint32_t row)
+{
+    const world_table *t = w->tables[table];
+    return t->chunks[row >> w->chunk_shift]->entities[row & w->chunk_mask];
+}
+
+/* The generation of slot s: a live slot's entity's, a free slot's next. */
+static inline uint32_t world_slot_gen(const keel_world *w, const world_slot *s)
+{
+    return s->table == WORLD_NO_TABLE ? s->row : KEEL_ENTITY_GEN(world_entity_at(w, s->table, s->row));
+}
+
 /* Slot of a live handle, or NULL for null/stale/foreign handles. Read-only:
- * a slot is written through entity_slot_w after entity_own_slot. */
+ * a slot is written through entity_slot_w after entity_own_slot. The row
+ * holds a handle of the slot's index, so comparing whole handles compares
+ * generations. */
 static inline const world_slot *world_slot_of(const keel_world *w, keel_entity e)
 {
     uint32_t idx = KEEL_ENTITY_INDEX(e);
     if (idx >= w->nslots)
         return NULL;
     const world_slot *s = world_slot_at(w, idx);
-    if (s->table == WORLD_NO_TABLE || s->gen != KEEL_ENTITY_GEN(e))
+    if (s->table == WORLD_NO_TABLE || world_entity_at(w, s->table, s->row) != e)
         return NULL;
     return s;
 }
@@ -271,7 +292,7 @@ static inline bool world_col_versioned(const keel_world *w, const world_table *t
 /* entity.c: the slot allocator. */
 int entity_reserve(keel_world *w);                  /* ensure one allocation can succeed (owns its page) */
 keel_entity entity_alloc(keel_world *w);            /* after entity_reserve: cannot fail */
-void entity_free(keel_world *w, uint32_t index);    /* bumps the generation; page owned */
+void entity_free(keel_world *w, keel_entity e);     /* frees e's slot, e's generation bumped; page owned */
 void entity_index_fini(keel_world *w);
 /* Make the page of slot idx writable (copy it when the view shares it).
  * Inline: every destroy asks twice, and the page is nearly always owned. */
