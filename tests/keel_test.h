@@ -41,8 +41,14 @@ static inline keel_system add_sys(keel_schedule *s, const keel_system_desc *d)
 
 typedef Suite *(*keel_suite_fn)(void);
 
+/* Failure messages may carry a child process's output (keel-crash's
+ * keeps 64 KiB of it): above Check's default 4 KiB a message is replaced
+ * by "Message string too long", and the evidence is lost. */
+#define KEEL_TEST_MAX_MSG (1u << 18)
+
 static inline int keel_test_run(keel_suite_fn *suites, int n)
 {
+    check_set_max_msg_size(KEEL_TEST_MAX_MSG);
     SRunner *sr = srunner_create(suites[0]());
     for (int i = 1; i < n; i++)
         srunner_add_suite(sr, suites[i]());

@@ -1785,6 +1785,7 @@ int main(void)
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};
+    check_set_max_msg_size(KEEL_TEST_MAX_MSG);
     SRunner *sr = srunner_create(
         tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));
     srunner_add_suite(sr, tu_suite("repl_api", api, sizeof api / sizeof *api, 60));
