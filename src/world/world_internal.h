@@ -150,8 +150,8 @@ typedef struct world_table {
  * pub_pages[p]) is copied before it is written, like a VERSIONED column.
  *
  * Invariant: the row a live slot names holds its entity's handle. Playback
- * writes the entity array and the slot in the same step (the batched
- * destroy's temporary entries are read through command.c's run_entity). */
+ * writes the entity array and the slot in the same step, the batched
+ * destroy included (its source rows live in a side array, command.c). */
 #define WORLD_NO_TABLE UINT32_MAX
 #define WORLD_PAGE_SHIFT 10u
 #define WORLD_PAGE_SLOTS (1u << WORLD_PAGE_SHIFT)
