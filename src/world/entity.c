@@ -105,7 +105,7 @@ keel_entity entity_alloc(keel_world *w)
         *entity_slot_w(w, idx) = (world_slot){.table = WORLD_NO_TABLE, .row = 1};
     }
     w->nlive++;
-    return KEEL_ENTITY_MAKE(idx, world_slot_at(w, idx)->row); /* still free: row is the generation */
+    return KEEL_ENTITY_MAKE(idx, world_slot_gen(w, world_slot_at(w, idx))); /* the slot is still free */
 }
 
 void entity_free(keel_world *w, keel_entity e)

@@ -53,8 +53,8 @@ int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, 
 static int restore_slot(keel_world *w, world_table *t, keel_entity e)
 {
     uint32_t idx = KEEL_ENTITY_INDEX(e);
-    if (idx >= w->nslots || world_slot_at(w, idx)->table != WORLD_NO_TABLE ||
-        world_slot_at(w, idx)->row != KEEL_ENTITY_GEN(e)) /* a free slot's row: its next generation */
+    const world_slot *s = idx < w->nslots ? world_slot_at(w, idx) : NULL;
+    if (!s || s->table != WORLD_NO_TABLE || world_slot_gen(w, s) != KEEL_ENTITY_GEN(e))
         return core_fail(KEEL_ECORRUPT, "checkpoint row of table %u names entity 0x%016llx, which is not a free slot "
                                         "of the right generation", t->id, (unsigned long long)e);
     int rc = storage_reserve_row(w, t);
