@@ -18,8 +18,9 @@
  * holding the old pointer read the unchanged tick-start version), then
  * writes the committed buffer and, when the enclosing system transaction
  * already has a private version of that chunk, the private version too, so
- * the system's commit does not undo it (txn.c takes side_lock around
- * creating private versions for that reason).
+ * the system's commit does not undo it (each row is written under the chunk
+ * column's colver_lock, which txn.c takes around creating a private
+ * version, for that reason).
  *
  * Failpoints (docs/testing.md): side.before_enqueue (applied and visible,
  * its record not yet queued) and side.before_wait (queued, before the
@@ -413,10 +414,12 @@ static void apply_one(keel_side_txn *tx, const side_write *wr, uint64_t seq)
     uint32_t col = t->col_of[wr->c] - 1, size = t->cols[col].size;
     world_colver *v = &t->chunks[s->row >> w->chunk_shift]->cols[col];
     size_t off = (size_t)(s->row & w->chunk_mask) * size;
+    colver_lock(v); /* against a system task making its private version now (txn.c) */
     memcpy((char *)colver_cur(v) + off, tx->vals + wr->off, size);
     void *priv = atomic_load_explicit(&v->priv, memory_order_acquire);
     if (priv)
         memcpy((char *)priv + off, tx->vals + wr->off, size);
+    colver_unlock(v);
     rowver_set(tx->ts->rowvers, wr->e, wr->c, seq);
     uow_side_write(&tx->ts->uow, wr->e, wr->c, size, tx->vals + wr->off);
 }

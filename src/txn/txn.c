@@ -4,17 +4,20 @@
  *
  * Protocol for a VERSIONED chunk column (world_colver in world_internal.h):
  *
- *   first write in a transaction: a copy of `cur` (or, for a column the
- *     system `rewrites`, a buffer left as it is) in the column's spare
- *     buffer or a new allocation (world/version.c "Recycling"), then
- *     CAS(priv, NULL -> copy). The tasks of one parallel system may race to
- *     the same chunk column through keel_txn_set; the loser gives its buffer
- *     back as the spare (or frees it) and uses the winner's. Only the system now writing the component can
- *     have a priv: the schedule orders every two writers of a component.
- *     The copy and the CAS happen under side_lock so that a side
- *     transaction committing into the same chunk (side.c) either precedes
- *     the copy (and is copied) or sees the priv (and writes into it too):
- *     no side write is lost when the system commits.
+ *   first write in a transaction: a buffer, the column's spare or a new
+ *     allocation (world/version.c "Recycling"); then, under the chunk
+ *     column's own lock (colver_lock), a copy of `cur` into it (not for a
+ *     column the system `rewrites`) and priv = buffer, unless priv is set
+ *     already. The tasks of one parallel system may race to the same chunk
+ *     column through keel_txn_set; the later one gives its buffer back as
+ *     the spare (or frees it) and uses the first one's. Only the system now
+ *     writing the component can have a priv: the schedule orders every two
+ *     writers of a component. A side transaction committing into the same
+ *     chunk takes the same lock for each row it writes (side.c), so it
+ *     either precedes the copy (and is copied) or sees the priv (and writes
+ *     into it too): no side write is lost when the system commits. The lock
+ *     is the chunk column's, not side_lock: tasks copying different chunk
+ *     columns never wait for each other.
  *   commit (on the worker that completes the system, after every task has
  *     finished -- the tasks_done counter orders their writes before it):
  *     cur = priv, priv = NULL; the old cur is freed unless the published
@@ -97,16 +100,17 @@ static void *private_column(keel_ctx *ctx, const world_table *t, uint32_t chunk,
                   ts->world->comps[t->cols[col].c].name);
         return NULL;
     }
-    pthread_mutex_lock(&ts->side_lock);
-    if (!rewrite)
-        memcpy(copy, colver_cur(v), (size_t)ch->count * size);
-    void *expected = NULL;
-    bool won = atomic_compare_exchange_strong_explicit(&v->priv, &expected, copy, memory_order_acq_rel,
-                                                       memory_order_acquire);
-    pthread_mutex_unlock(&ts->side_lock);
-    if (!won) {
+    colver_lock(v);
+    void *other = atomic_load_explicit(&v->priv, memory_order_acquire);
+    if (!other) {
+        if (!rewrite)
+            memcpy(copy, colver_cur(v), (size_t)ch->count * size);
+        atomic_store_explicit(&v->priv, copy, memory_order_release);
+    }
+    colver_unlock(v);
+    if (other) { /* another task of this system made it first */
         version_put_spare(v, copy);
-        return expected;
+        return other;
     }
     txn_vec_push(&ctx->part->priv, (txn_touch){t->id, chunk, col});
     return copy;

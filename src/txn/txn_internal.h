@@ -350,9 +350,9 @@ struct txn_state {
     txn_log log;
     core_pool pool;                /* the unit of work's parallel capture */
     _Atomic uint64_t running_tick; /* the tick being run (set by the stepping thread) */
-    /* Side transactions serialise their reads, validation and commits (and a
-     * system transaction's creation of a private version, which must not
-     * race a side commit to the same chunk) on side_lock. */
+    /* Side transactions serialise their reads, validation and commits on
+     * side_lock (a system transaction's private version and a side write
+     * into the same chunk column meet on that column's colver_lock). */
     pthread_mutex_t side_lock;
     txn_rowvers *rowvers;
     txn_keys keys;                 /* idempotency keys (keys.c; under side_lock) */

@@ -7,6 +7,7 @@
 #ifndef KEEL_WORLD_INTERNAL_H
 #define KEEL_WORLD_INTERNAL_H
 
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -100,6 +101,7 @@ typedef struct world_colver {
     _Atomic(void *) priv;
     _Atomic(void *) spare;    /* atomic: tasks of one system, or a side transaction, may race to take it */
     _Atomic uint8_t changed;  /* in this tick's change set (txn/uow.c) */
+    _Atomic uint8_t busy;     /* colver_lock: a private version being made, or a side write applied */
 } world_colver;
 
 typedef struct world_chunk {
@@ -253,15 +255,42 @@ static inline bool world_component_valid(const keel_world *w, keel_component c)
     return c >= 1 && c <= w->ncomps;
 }
 
-/* Pointer to the committed value of column col at table row `row`. */
+/* The committed version of a chunk column. acquire: a side commit may have
+ * just replaced it by a copy (colver_set_cur), whose bytes the reader must
+ * see (free on x86, where every load is an acquire). */
 static inline void *colver_cur(const world_colver *v)
 {
-    return atomic_load_explicit(&((world_colver *)v)->cur, memory_order_relaxed);
+    return atomic_load_explicit(&((world_colver *)v)->cur, memory_order_acquire);
 }
 
 static inline void colver_set_cur(world_colver *v, void *p)
 {
     atomic_store_explicit(&v->cur, p, memory_order_release);
+}
+
+/* A chunk column's own short lock. It orders the two things that may meet
+ * on one chunk column during a tick: a system transaction making its
+ * private version (copy `cur`, publish `priv`) and a side commit writing a
+ * row into `cur` and, when there is one, into `priv` (txn/txn.c, txn/side.c).
+ * Held for one chunk column's copy at most, so it spins; it yields after a
+ * while, in case the holder's thread was preempted. acquire/release: what
+ * one holder wrote, the next one reads. */
+static inline void colver_lock(world_colver *v)
+{
+    for (uint32_t spins = 0; atomic_exchange_explicit(&v->busy, 1, memory_order_acquire);)
+        while (atomic_load_explicit(&v->busy, memory_order_relaxed)) {
+            if (++spins % 4096 == 0)
+                sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+            else
+                __builtin_ia32_pause();
+#endif
+        }
+}
+
+static inline void colver_unlock(world_colver *v)
+{
+    atomic_store_explicit(&v->busy, 0, memory_order_release);
 }
 
 /* Copy one cell. The common component sizes get a fixed-size copy the
