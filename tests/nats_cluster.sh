@@ -1,13 +1,15 @@
 # Real nats-server processes on loopback for the replication tests (sourced).
-# nats_start DIR N: N servers (1: a single node; 3: an R3 JetStream cluster)
-# on free ports, JetStream storage under DIR; sets NATS_URLS (all client
-# URLs, comma-separated), NATS_URL1 and NATS_PIDS, and returns once every
-# server answers /healthz. nats_stop kills them all and waits for them; the
+# nats_start DIR N [UP]: N servers (1: a single node; 3: an R3 JetStream
+# cluster) on free ports, JetStream storage under DIR, of which the first UP
+# (default N) are started: a cluster some of whose servers never came up;
+# sets NATS_URLS (every server's client URL, comma-separated, started or not),
+# NATS_URL1 and NATS_PIDS, and returns once every started server answers
+# /healthz. nats_stop kills them all and waits for them; the
 # caller traps EXIT to call it, so a failing test never leaves one running.
 # A server that cannot start fails the test: it never skips.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 nats_start() {
-    local dir=$1 n=$2 i routes="" client=() route=() mon=()
+    local dir=$1 n=$2 up=${3:-$2} i routes="" client=() route=() mon=()
     command -v nats-server >/dev/null || { echo "nats-server is missing (Debian package nats-server)"; return 1; }
     for i in $(seq 0 $((n - 1))); do client+=("$(free_port)"); route+=("$(free_port)"); mon+=("$(free_port)"); done
     for i in $(seq 0 $((n - 1))); do routes="$routes${routes:+, }nats-route://127.0.0.1:${route[$i]}"; done
@@ -21,16 +23,17 @@ nats_start() {
             echo "jetstream { store_dir: \"$dir/s$i\", max_mem: 64M, max_file: 1G }"
             [ "$n" -gt 1 ] && echo "cluster { name: keeltest, listen: 127.0.0.1:${route[$i]}, routes: [$routes] }"
         } >"$dir/s$i.conf"
+        NATS_URLS="$NATS_URLS${NATS_URLS:+,}nats://127.0.0.1:${client[$i]}"
+        [ "$i" -lt "$up" ] || continue
         nats-server -c "$dir/s$i.conf" >"$dir/s$i.log" 2>&1 &
         NATS_PIDS="$NATS_PIDS $!"
-        NATS_URLS="$NATS_URLS${NATS_URLS:+,}nats://127.0.0.1:${client[$i]}"
     done
     NATS_URL1="nats://127.0.0.1:${client[0]}"
     local tries ok m
     for tries in $(seq 1 120); do
         ok=0
-        for m in "${mon[@]}"; do curl -sf "http://127.0.0.1:$m/healthz" >/dev/null 2>&1 && ok=$((ok + 1)); done
-        [ "$ok" = "$n" ] && return 0
+        for m in "${mon[@]:0:$up}"; do curl -sf "http://127.0.0.1:$m/healthz" >/dev/null 2>&1 && ok=$((ok + 1)); done
+        [ "$ok" = "$up" ] && return 0
         sleep 0.25
     done
     echo "the NATS servers did not become healthy (logs in $dir)"
