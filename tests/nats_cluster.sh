@@ -7,11 +7,16 @@
 # /healthz. nats_stop kills them all and waits for them; the
 # caller traps EXIT to call it, so a failing test never leaves one running.
 # A server that cannot start fails the test: it never skips.
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# free_ports N: N ports nobody listens on, all different (each socket stays bound until the last is picked)
+free_ports() { python3 -c 'import socket, sys
+s = [socket.socket() for _ in range(int(sys.argv[1]))]
+for x in s: x.bind(("127.0.0.1", 0))
+print(" ".join(str(x.getsockname()[1]) for x in s))' "$1"; }
 nats_start() {
     local dir=$1 n=$2 up=${3:-$2} i routes="" client=() route=() mon=()
     command -v nats-server >/dev/null || { echo "nats-server is missing (Debian package nats-server)"; return 1; }
-    for i in $(seq 0 $((n - 1))); do client+=("$(free_port)"); route+=("$(free_port)"); mon+=("$(free_port)"); done
+    local ports=($(free_ports $((3 * n))))
+    for i in $(seq 0 $((n - 1))); do client+=("${ports[3 * i]}"); route+=("${ports[3 * i + 1]}"); mon+=("${ports[3 * i + 2]}"); done
     for i in $(seq 0 $((n - 1))); do routes="$routes${routes:+, }nats-route://127.0.0.1:${route[$i]}"; done
     NATS_URLS=""; NATS_PIDS=""
     for i in $(seq 0 $((n - 1))); do

@@ -24,18 +24,25 @@
 
 #define NATS_READY_MS 60000.0
 
-/* A port nobody listens on now (the kernel's pick). */
-static int free_port(void)
+/* n ports nobody listens on now, all different: each is the kernel's pick
+ * for a socket kept bound until the last is picked (a port closed at once
+ * may be picked again by the next bind). */
+static int free_ports(int *ports, int n)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t n = sizeof a;
-    int port = -1;
-    if (fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &n))
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
+    int fds[3 * KC_NATS_MAX], rc = 0, i = 0;
+    for (; i < n && !rc; i++) {
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof a;
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&a, sizeof a) ||
+            getsockname(fds[i], (struct sockaddr *)&a, &len))
+            rc = -1;
+        ports[i] = ntohs(a.sin_port);
+    }
+    while (i--)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    return rc;
 }
 
 /* GET /healthz on the monitoring port: does it answer 200? */
@@ -121,21 +128,21 @@ static int write_conf(const kc_nats *ns, int i)
     return fclose(f) ? -1 : 0;
 }
 
-int kc_nats_start(kc_nats *ns, const char *dir, int n)
+/* One try of kc_nats_start on fresh ports. */
+static int start_once(kc_nats *ns, const char *dir, int n)
 {
     *ns = (kc_nats){.n = n};
     for (int i = 0; i < KC_NATS_MAX; i++)
         ns->pid[i] = -1;
     snprintf(ns->dir, sizeof ns->dir, "%s", dir);
-    if (n < 1 || n > KC_NATS_MAX || (mkdir(dir, 0755) && errno != EEXIST))
+    int ports[3 * KC_NATS_MAX];
+    if (free_ports(ports, 3 * n))
         return -1;
     size_t len = 0;
     for (int i = 0; i < n; i++) {
-        ns->cport[i] = free_port();
-        ns->rport[i] = free_port();
-        ns->mport[i] = free_port();
-        if (ns->cport[i] < 0 || ns->rport[i] < 0 || ns->mport[i] < 0)
-            return -1;
+        ns->cport[i] = ports[3 * i];
+        ns->rport[i] = ports[3 * i + 1];
+        ns->mport[i] = ports[3 * i + 2];
         len += (size_t)snprintf(ns->urls + len, sizeof ns->urls - len, "%snats://127.0.0.1:%d", i ? "," : "",
                                 ns->cport[i]);
     }
@@ -150,6 +157,28 @@ int kc_nats_start(kc_nats *ns, const char *dir, int n)
             return -1;
         }
     return 0;
+}
+
+/* A server that exits at once has mostly found its port taken meanwhile
+ * (another process's pick between ours and its bind): the cluster starts
+ * again on other ports with empty storage, up to START_TRIES times (each
+ * server's log keeps every try). */
+#define START_TRIES 3
+
+int kc_nats_start(kc_nats *ns, const char *dir, int n)
+{
+    if (n < 1 || n > KC_NATS_MAX || (mkdir(dir, 0755) && errno != EEXIST))
+        return -1;
+    int rc = -1;
+    for (int t = 0; t < START_TRIES && rc && !kc_stop; t++) {
+        for (int i = 0; t && i < n; i++) {
+            char store[sizeof ns->dir + 16];
+            snprintf(store, sizeof store, "%s/n%d", dir, i);
+            kc_rm_tree(store);
+        }
+        rc = start_once(ns, dir, n);
+    }
+    return rc;
 }
 
 void kc_nats_kill(kc_nats *ns, int i)
