@@ -50,6 +50,15 @@ void core_thread_name(pthread_t thread, const char *fmt, ...) CORE_PRINTF(2, 3);
  * reads; NULL restores CLOCK_MONOTONIC. Also forgets all rate-limit state. */
 void core_log_set_clock(uint64_t (*now_ns)(void));
 
+/* A spin-wait hint: the core yields its pipeline to a sibling and stops
+ * speculating past the loop (nothing where the machine has no such hint). */
+static inline void core_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 /* CLOCK_MONOTONIC in nanoseconds. */
 static inline uint64_t core_now_ns(void)
 {

@@ -60,11 +60,7 @@ static void wait_until_real(keel_runtime *rt, uint64_t deadline)
         case RT_WAIT_DONE:  return;
         case RT_WAIT_SLEEP: sleep_until(rt, deadline - RT_SLEEP_SLACK_NS); break;
         case RT_WAIT_YIELD: sched_yield(); break;
-        case RT_WAIT_SPIN:
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-            break;
+        case RT_WAIT_SPIN:  core_cpu_relax(); break;
         }
     }
 }

@@ -91,13 +91,6 @@
 #define POP_BATCH 16
 #define PARK_SPIN_NS 50000ull   /* a worker spins this long after a track before it sleeps */
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
-
 static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
 {
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
@@ -555,7 +548,7 @@ static uint32_t pop_tickets(sched_pool *p, uint32_t workers, uint32_t *out)
         for (uint32_t i = 0; i < k; i++) {
             uint32_t v;
             while (!(v = atomic_load_explicit(&p->tickets[h + i], memory_order_acquire)))
-                cpu_relax(); /* the pusher holds the slot but has not filled it yet */
+                core_cpu_relax(); /* the pusher holds the slot but has not filled it yet */
             out[i] = v - 1;
         }
         return k;
@@ -640,7 +633,7 @@ static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w)
             continue;
         }
         if (++spins < SPIN_LIMIT) {
-            cpu_relax();
+            core_cpu_relax();
             continue;
         }
         uint32_t seq = atomic_load(&p->work_seq);
@@ -673,7 +666,7 @@ static uint32_t wait_epoch(sched_pool *p, uint32_t seen)
             else if (now - start > PARK_SPIN_NS)
                 break;
         }
-        cpu_relax();
+        core_cpu_relax();
     }
     atomic_fetch_add(&p->parked, 1);
     if (atomic_load(&p->epoch) == seen)
@@ -722,7 +715,7 @@ void dispatch_for(sched_exec *ex, uint32_t n, core_task_fn fn, void *arg)
         futex_wake_all(&p->epoch);
     job_loop(&j, 0);
     while (atomic_load(&j.done) < n)
-        cpu_relax();
+        core_cpu_relax();
     atomic_store(&p->track_live, false);
     while (atomic_load(&p->active))
         sched_yield();

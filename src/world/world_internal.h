@@ -281,10 +281,8 @@ static inline void colver_lock(world_colver *v)
         while (atomic_load_explicit(&v->busy, memory_order_relaxed)) {
             if (++spins % 4096 == 0)
                 sched_yield();
-#if defined(__x86_64__) || defined(__i386__)
             else
-                __builtin_ia32_pause();
-#endif
+                core_cpu_relax();
         }
 }
 
