@@ -72,7 +72,12 @@ struct kw_walit {
     unsigned char startbuf[16];
     size_t plen;
     bool wal;
+    uint8_t snap;              /* kw_snap_iter: index in SNAP_ORDER of the next prefix (0: a plain iterator) */
 };
+
+/* The snap db's key prefixes in the order a checkpoint loads: the table
+ * list, the slot pages, the chunks, the idempotency keys (kw_snap_iter). */
+static const char SNAP_ORDER[] = "TSCK";
 
 static int from_mdb(int rc, const char *what, const kw_store *s)
 {
@@ -1146,10 +1151,23 @@ int kw_wal_next(kw_walit *it, uint64_t *lsn, const void **rec, size_t *len)
     return 1;
 }
 
+int kw_snap_iter(kw_rtxn *r, kw_walit **out)
+{
+    int rc = iter_open(r, KW_DB_SNAP, SNAP_ORDER, 1, 1, out);
+    if (!rc)
+        (*out)->snap = 1;
+    return rc;
+}
+
 int kw_db_next(kw_walit *it, const void **key, size_t *klen, const void **val, size_t *vlen)
 {
     MDB_val k, v;
     int rc = step(it, &k, &v);
+    while (rc == 0 && it->snap && SNAP_ORDER[it->snap]) { /* the next prefix of a snap iterator */
+        it->startbuf[0] = (unsigned char)SNAP_ORDER[it->snap++];
+        it->first = true;
+        rc = step(it, &k, &v);
+    }
     if (rc <= 0)
         return rc;
     *key = k.mv_data;

@@ -310,6 +310,28 @@ int ckpt_stored_note(dur_state *d, const void *key, size_t klen, uint64_t hash);
 
 /* ---- recover.c --------------------------------------------------------------------- */
 
+/* A checkpoint's snap entries one at a time, in the order kw_snap_iter
+ * gives them ("T", the "S" pages, the "C" chunks, "K"): the directory's
+ * own, or those a replica bootstraps from (runtime/replication.c). next
+ * returns 1 with an entry (valid until the load ends), 0 after the last,
+ * or a KEEL_E* error. */
+typedef struct dur_snap_src {
+    void *self;
+    int (*next)(void *self, const void **key, size_t *klen, const void **val, size_t *vlen);
+} dur_snap_src;
+
+/* A checkpoint recovery loads from elsewhere than the directory
+ * (dur_open_desc.boot): its meta "checkpoint" value and schema record as a
+ * directory holds them, and its snap entries. Recovery then reads no
+ * checkpoint, schema or WAL from the directory: the caller gives the
+ * directory the same checkpoint and an empty WAL on its own, and nothing
+ * writes the directory before that is done. */
+typedef struct dur_boot {
+    const void *meta, *schema;
+    size_t meta_len, schema_len;
+    dur_snap_src src;
+} dur_boot;
+
 /* What opening a data directory needs from the runtime. */
 typedef struct dur_open_desc {
     const char *dir;
@@ -326,6 +348,7 @@ typedef struct dur_open_desc {
     kw_store *store;           /* the directory's store, already open and owned (KW_OPEN_OWN), or NULL:
                                   dur_open takes it in every case, so the directory's lock is never let go
                                   between the caller's work on it (replication's catch-up) and recovery */
+    const dur_boot *boot;      /* the checkpoint to load instead of the directory's (NULL: the directory's) */
 } dur_open_desc;
 
 /* Open the data directory, recover it into the world (checkpoint + WAL

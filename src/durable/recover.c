@@ -105,19 +105,17 @@ static int check_component(const keel_world *w, const kw_component *k)
     return KEEL_OK;
 }
 
-/* 1 when the registered schema extends the stored one (write it), 0 when
- * equal, or an error. */
-static int check_schema(dur_state *d, kw_rtxn *r, kw_codec_ctx *c)
+/* 1 when the registered schema extends the stored record `val` (write
+ * it; also when there is none: val NULL), 0 when equal, or an error. */
+static int check_schema(dur_state *d, const void *val, size_t len, kw_codec_ctx *c)
 {
-    const void *val;
-    size_t len;
-    int rc = kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &val, &len);
-    if (rc == KEEL_ENOENT)
+    if (!val)
         return 1;
     kw_header h;
     const void *payload;
     kw_schema s;
-    if (rc || (rc = kw_record_check(val, len, &h)) || (rc = kw_record_payload(c, val, &h, &payload)) ||
+    int rc;
+    if ((rc = kw_record_check(val, len, &h)) || (rc = kw_record_payload(c, val, &h, &payload)) ||
         (rc = kw_schema_decode(payload, h.raw_len, &s)))
         return rc == KEEL_ECORRUPT ? core_fail_prefix(rc, "the stored schema is unreadable") : rc;
     for (uint32_t i = 0; !rc && i < s.ncomps; i++)
@@ -125,6 +123,17 @@ static int check_schema(dur_state *d, kw_rtxn *r, kw_codec_ctx *c)
     uint32_t stored = s.ncomps;
     kw_schema_free(&s);
     return rc ? rc : d->world->ncomps > stored;
+}
+
+/* check_schema on the directory's schema record. */
+static int check_stored_schema(dur_state *d, kw_rtxn *r, kw_codec_ctx *c)
+{
+    const void *val;
+    size_t len;
+    int rc = kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &val, &len);
+    if (rc && rc != KEEL_ENOENT)
+        return rc;
+    return check_schema(d, rc ? NULL : val, len, c);
 }
 
 typedef struct schema_write {
@@ -163,18 +172,39 @@ typedef struct loader {
     uint32_t *counts;          /* rows per table, as the checkpoint's table list says */
     uint32_t ntables, nlive;
     kw_snap_chunk chunk;       /* the chunk being loaded (too big for the stack frame) */
+    dur_snap_src src;          /* the checkpoint's snap entries */
+    int have;                  /* 1: `e` is the source's next entry; 0: none is left */
+    struct snap_entry {
+        const void *key, *val;
+        size_t klen, vlen;
+    } e;
 } loader;
 
-/* Check and decode a snap value of the expected kind (the payload stays in
- * the codec's scratch until the next snap value). */
-static int snap_payload(loader *l, const void *key, size_t klen, const void *val, size_t vlen, uint32_t kind,
-                        const void **p, size_t *plen)
+/* The source's next entry into l->e. */
+static int snap_advance(loader *l)
 {
-    int rc = kw_snap_payload(l->c, val, vlen, kind, p, plen);
+    struct snap_entry *e = &l->e;
+    l->have = l->src.next(l->src.self, &e->key, &e->klen, &e->val, &e->vlen);
+    return l->have < 0 ? l->have : KEEL_OK;
+}
+
+/* Is the next entry one of kind `prefix` ('T', 'S', 'C', 'K')? */
+static bool snap_at(const loader *l, char prefix)
+{
+    return l->have == 1 && l->e.klen && *(const char *)l->e.key == prefix;
+}
+
+/* Check and decode the next entry's value as the expected kind (the
+ * payload stays in the codec's scratch until the next snap value). */
+static int snap_payload(loader *l, uint32_t kind, const void **p, size_t *plen)
+{
+    const struct snap_entry *e = &l->e;
+    int rc = kw_snap_payload(l->c, e->val, e->vlen, kind, p, plen);
     if (rc)
         return core_fail_prefix(rc, "checkpoint of tick %llu is unreadable (snap key '%c', %zu bytes)",
-                                (unsigned long long)l->out->checkpoint_tick, klen ? *(const char *)key : '?', klen);
-    return ckpt_stored_note(l->d, key, klen, core_digest64(*p, *plen));
+                                (unsigned long long)l->out->checkpoint_tick, e->klen ? *(const char *)e->key : '?',
+                                e->klen);
+    return ckpt_stored_note(l->d, e->key, e->klen, core_digest64(*p, *plen));
 }
 
 /* A decoder's KEEL_ECORRUPT, with the checkpoint named. */
@@ -189,14 +219,13 @@ static int load_slots_and_tables(loader *l, const void *tables, size_t tlen, uin
 
 static int load_tables(loader *l, uint32_t *nslots_out)
 {
-    const void *val, *p;
-    size_t vlen, plen;
-    int rc = kw_get(l->r, KW_DB_SNAP, "T", 1, &val, &vlen);
+    const void *p;
+    size_t plen;
+    if (!snap_at(l, 'T'))
+        return core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu has no table list",
+                         (unsigned long long)l->out->checkpoint_tick);
+    int rc = snap_payload(l, KW_KIND_SNAP_TABLES, &p, &plen);
     if (rc)
-        return rc == KEEL_ENOENT ? core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu has no table list",
-                                             (unsigned long long)l->out->checkpoint_tick)
-                                 : rc;
-    if ((rc = snap_payload(l, "T", 1, val, vlen, KW_KIND_SNAP_TABLES, &p, &plen)))
         return rc;
     /* the payload lives in the codec's scratch, which the slot pages below
      * reuse: keep a copy for the table list */
@@ -204,7 +233,9 @@ static int load_tables(loader *l, uint32_t *nslots_out)
     if (!tables)
         return core_fail(KEEL_ENOMEM, "out of memory loading the checkpoint's table list");
     memcpy(tables, p, plen);
-    rc = load_slots_and_tables(l, tables, plen, nslots_out);
+    rc = snap_advance(l);
+    if (!rc)
+        rc = load_slots_and_tables(l, tables, plen, nslots_out);
     free(tables);
     return rc;
 }
@@ -212,25 +243,20 @@ static int load_tables(loader *l, uint32_t *nslots_out)
 /* Every "S" page into gens (slots no page covers keep generation 1). */
 static int load_slots(loader *l, uint32_t nslots, uint32_t *gens)
 {
-    kw_walit *it;
-    int rc = kw_db_iter(l->r, KW_DB_SNAP, "S", 1, &it);
-    const void *key, *val, *p;
-    size_t klen, vlen, plen;
-    while (!rc && (rc = kw_db_next(it, &key, &klen, &val, &vlen)) == 1) {
+    int rc = KEEL_OK;
+    for (; !rc && snap_at(l, 'S'); rc = snap_advance(l)) {
+        const void *p;
+        size_t plen;
         kw_snap_slots s;
-        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_SLOTS, &p, &plen)))
-            break;
-        if ((rc = snap_corrupt(l, kw_snap_slots_decode(p, plen, &s))))
-            break;
-        if ((uint64_t)s.first + s.n > nslots) {
-            rc = core_fail(KEEL_ECORRUPT, "checkpoint slot page at %u (+%u) lies outside %u slots", s.first, s.n,
-                           nslots);
-            break;
-        }
+        if ((rc = snap_payload(l, KW_KIND_SNAP_SLOTS, &p, &plen)) ||
+            (rc = snap_corrupt(l, kw_snap_slots_decode(p, plen, &s))))
+            return rc;
+        if ((uint64_t)s.first + s.n > nslots)
+            return core_fail(KEEL_ECORRUPT, "checkpoint slot page at %u (+%u) lies outside %u slots", s.first, s.n,
+                             nslots);
         for (uint32_t i = 0; i < s.n; i++)
             gens[s.first + i] = kw_snap_slot_gen(&s, i);
     }
-    kw_wal_iter_end(it);
     return rc;
 }
 
@@ -296,13 +322,13 @@ static int remember_key(dur_state *d, uint64_t key, uint64_t tick, uint64_t lsn)
  * in a directory written before keys existed). */
 static int load_keys(loader *l)
 {
-    const void *val, *p;
-    size_t vlen, plen;
-    int rc = kw_get(l->r, KW_DB_SNAP, KW_SNAP_KEYS_KEY, 1, &val, &vlen);
-    if (rc)
-        return rc == KEEL_ENOENT ? KEEL_OK : rc;
+    if (!snap_at(l, 'K'))
+        return KEEL_OK;
+    const void *p;
+    size_t plen;
     kw_snap_keys k;
-    if ((rc = snap_payload(l, KW_SNAP_KEYS_KEY, 1, val, vlen, KW_KIND_SNAP_KEYS, &p, &plen)) ||
+    int rc;
+    if ((rc = snap_payload(l, KW_KIND_SNAP_KEYS, &p, &plen)) ||
         (rc = snap_corrupt(l, kw_snap_keys_decode(p, plen, &k))))
         return rc;
     for (uint32_t i = 0; !rc && i < k.n; i++) {
@@ -310,38 +336,31 @@ static int load_keys(loader *l)
         kw_snap_keys_get(&k, i, &key, &tick);
         rc = remember_key(l->d, key, tick, 0);
     }
-    return rc;
+    return rc ? rc : snap_advance(l);
 }
 
-static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
+/* The checkpoint whose meta value is `meta` (NULL: none) from l->src:
+ * the table list, the slot pages, the chunks, the keys, nothing else. */
+static int load_checkpoint(loader *l, const void *meta, size_t mlen, kw_checkpoint_meta *m)
 {
-    const void *val;
-    size_t vlen;
-    int rc = kw_get(l->r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &val, &vlen);
-    if (rc == KEEL_ENOENT) {
-        *m = (kw_checkpoint_meta){0};
+    *m = (kw_checkpoint_meta){0};
+    if (!meta)
         return KEEL_OK;
-    }
-    if (rc || (rc = kw_checkpoint_meta_decode(val, vlen, m)))
+    int rc = kw_checkpoint_meta_decode(meta, mlen, m);
+    if (rc)
         return rc;
     l->out->checkpoint_tick = m->tick;
     l->out->tick = m->tick; /* ticks replayed after it raise it */
     uint32_t nslots;
-    if ((rc = load_tables(l, &nslots)))
+    if ((rc = snap_advance(l)) || (rc = load_tables(l, &nslots)))
         return rc;
-    kw_walit *it;
-    const void *key;
-    size_t klen;
-    if ((rc = kw_db_iter(l->r, KW_DB_SNAP, "C", 1, &it)))
-        return rc;
-    while ((rc = kw_db_next(it, &key, &klen, &val, &vlen)) == 1) {
+    for (; !rc && snap_at(l, 'C'); rc = rc ? rc : snap_advance(l)) {
         const void *p;
         size_t plen;
-        if ((rc = snap_payload(l, key, klen, val, vlen, KW_KIND_SNAP_CHUNK, &p, &plen)) ||
-            (rc = load_chunk(l, p, plen)))
-            break;
+        rc = snap_payload(l, KW_KIND_SNAP_CHUNK, &p, &plen);
+        if (!rc)
+            rc = load_chunk(l, p, plen);
     }
-    kw_wal_iter_end(it);
     const keel_world *w = l->d->world;
     for (uint32_t t = 0; !rc && t < l->ntables; t++)
         if (w->tables[t]->count != l->counts[t])
@@ -350,7 +369,34 @@ static int load_checkpoint(loader *l, kw_checkpoint_meta *m)
     if (!rc && w->nlive != l->nlive)
         rc = core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu: %u live entities listed, %u loaded",
                        (unsigned long long)m->tick, l->nlive, w->nlive);
-    return rc ? rc : load_keys(l);
+    if (!rc)
+        rc = load_keys(l);
+    if (!rc && l->have)
+        rc = core_fail(KEEL_ECORRUPT, "checkpoint of tick %llu holds a snap entry of unknown kind '%c' or out of "
+                       "order", (unsigned long long)m->tick, l->e.klen ? *(const char *)l->e.key : '?');
+    return rc;
+}
+
+static int dir_next(void *self, const void **key, size_t *klen, const void **val, size_t *vlen)
+{
+    return kw_db_next(self, key, klen, val, vlen);
+}
+
+/* load_checkpoint on the directory's checkpoint. */
+static int load_stored_checkpoint(loader *l, kw_checkpoint_meta *m)
+{
+    const void *val;
+    size_t vlen;
+    int rc = kw_get(l->r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &val, &vlen);
+    if (rc == KEEL_ENOENT)
+        return load_checkpoint(l, NULL, 0, m);
+    kw_walit *it = NULL;
+    if (!rc && !(rc = kw_snap_iter(l->r, &it))) {
+        l->src = (dur_snap_src){it, dir_next};
+        rc = load_checkpoint(l, val, vlen, m);
+    }
+    kw_wal_iter_end(it);
+    return rc;
 }
 
 /* ---- replay ------------------------------------------------------------------------ */
@@ -793,7 +839,7 @@ static int make_state(const dur_open_desc *o, dur_state **out)
     return rc;
 }
 
-static int recover(dur_state *d, keel_recovery *out)
+static int recover(dur_state *d, const dur_boot *boot, keel_recovery *out)
 {
     kw_store_desc sd = {.flags = KW_OPEN_CREATE | KW_OPEN_OWN, .map_size = d->desc.map_size,
                         .map_max = d->desc.map_max};
@@ -810,22 +856,27 @@ static int recover(dur_state *d, keel_recovery *out)
     size_t vn;
     /* a stream's directory: see trim_upto (checkpoint.c) */
     d->trim_to_stream = !d->follow && !kw_get(r, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), &v, &vn);
-    int schema = check_schema(d, r, l.c);
+    int schema = boot ? check_schema(d, boot->schema, boot->schema_len, l.c) : check_stored_schema(d, r, l.c);
     kw_checkpoint_meta m = {0};
     uint64_t last = 0, first = 0, cut = 0;
     rc = schema < 0 ? schema : KEEL_OK;
     if (!rc) {
         d->world->restoring = true;
-        rc = load_checkpoint(&l, &m);
+        if (boot) {
+            l.src = boot->src;
+            rc = load_checkpoint(&l, boot->meta, boot->meta_len, &m);
+        } else {
+            rc = load_stored_checkpoint(&l, &m);
+        }
         last = m.lsn;
         if (!rc)
             (void)KEEL_FAILPOINT(RECOVER_BEFORE_REPLAY);
-        if (!rc)
+        if (!rc && !boot) /* a boot's directory holds no WAL after the checkpoint */
             rc = replay_wal(&l, m.lsn, &last, &cut);
         d->world->restoring = false;
         d->applied_lsn = last;
         uint64_t wal_last = 0;
-        if (!rc && !cut && kw_wal_bounds(r, &first, &wal_last, NULL) == KEEL_OK && wal_last > last)
+        if (!rc && !boot && !cut && kw_wal_bounds(r, &first, &wal_last, NULL) == KEEL_OK && wal_last > last)
             last = wal_last; /* schema or checkpoint markers after the last unit (a follower: an open unit) */
     }
     kw_read_end(r);
@@ -871,7 +922,7 @@ int dur_open(const dur_open_desc *o, dur_state **dp, keel_recovery *out)
     else
         kw_store_close(o->store);
     if (!rc)
-        rc = recover(d, out);
+        rc = recover(d, o->boot, out);
     if (!rc)
         rc = dur_writer_start(d);
     if (!rc)

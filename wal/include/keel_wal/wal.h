@@ -581,6 +581,9 @@ void kw_wal_iter_end(kw_walit *it);
 /* Iterate the keys of db starting with prefix, in key order (same protocol). */
 int kw_db_iter(kw_rtxn *r, kw_db db, const void *prefix, size_t plen, kw_walit **out);
 int kw_db_next(kw_walit *it, const void **key, size_t *klen, const void **val, size_t *vlen);
+/* Iterate the snap db in the order a checkpoint loads (kw_db_next): "T",
+ * the "S" pages, the "C" chunks, "K"; keys of no such kind are skipped. */
+int kw_snap_iter(kw_rtxn *r, kw_walit **out);
 /* First and last LSN in the WAL (KEEL_ENOENT when it is empty) and count.
  * KEEL_ECORRUPT when the first or last key is not an 8-byte LSN (a damaged
  * directory; *count is still set). */
