@@ -8,11 +8,13 @@
  * run of messages, each `u8 type | u32 klen | key | value`:
  *   BEGIN   key = the WAL stream's identity (u64; none when it has none),
  *           value = meta "checkpoint" (32 bytes: tick, covered LSN, count)
- *   SCHEMA  value = the schema record (as the schema database holds it)
- *   ENTRIES no key; value = keys of the snap database in key order, each
- *           `u32 klen | key | u32 vlen | value` as stored, as many as fit
- *           the server's max_payload (at most CK_PACK_MAX bytes; a larger
- *           key goes alone)
+ *   SCHEMA  value = the schema record (as the schema database holds it);
+ *           always the message after BEGIN
+ *   ENTRIES no key; value = keys of the snap database in the order a
+ *           checkpoint loads (kw_snap_iter: "T", the "S" pages, the "C"
+ *           chunks, "K"), each `u32 klen | key | u32 vlen | value` as
+ *           stored, as many as fit the server's max_payload (at most
+ *           CK_PACK_MAX bytes; a larger key goes alone); one at least
  *   ENTRY   key, value = one key of the snap database (read, not sent)
  *   END     value = u64 sequence of its BEGIN, u64 messages after it
  * A checkpoint counts once its END is stored; the stream keeps the latest
@@ -21,11 +23,13 @@
  * every record it covers. A loader takes only a checkpoint of the WAL
  * stream it reads (by identity): one a deleted stream of the name left is
  * not this stream's. Few large messages rather than one per key: a
- * replica's copy costs per message (delivery, metadata, a wakeup), and the
- * loader writes each one into its transaction as it arrives, so the copy
- * overlaps the stream's delivery.
+ * replica's copy costs per message (delivery, metadata, a wakeup). In load
+ * order, a new replica's recovery decodes each message as it arrives
+ * (kr_boot), while the transfer goes on.
  */
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,7 +115,7 @@ static int copy_checkpoint(kw_store *s, uint64_t upto, size_t limit, uint64_t id
         if (!rc && !(rc = kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &v, &vn)))
             rc = msg_add(m, CK_SCHEMA, NULL, 0, v, vn);
         kw_walit *it;
-        if (!rc && !(rc = kw_db_iter(r, KW_DB_SNAP, NULL, 0, &it))) {
+        if (!rc && !(rc = kw_snap_iter(r, &it))) {
             while ((rc = kw_db_next(it, &k, &kn, &v, &vn)) == 1)
                 if ((rc = pack_entry(m, limit, k, kn, v, vn)))
                     break;
@@ -226,39 +230,46 @@ static int latest(kr_node *n, uint64_t *begin, uint64_t *end)
     return KEEL_OK;
 }
 
-/* A checkpoint being copied into a write transaction as the stream
- * delivers it. The messages fetched so far are kept until it commits: a
- * transaction run again (the map grown) writes them again. */
-typedef struct ck_load {
-    kr_node *n;
-    kr_reader *r;
-    uint64_t begin, end;       /* the sequences of its BEGIN and END */
-    natsMsg **msgs;            /* begin .. begin + got - 1 */
-    uint32_t got, cap;
-    kw_checkpoint_meta meta;
-} ck_load;
-
-static int corrupt(const ck_load *l, uint64_t seq, const char *what)
+/* One entry of an ENTRIES run (1), the run's end (0), or KEEL_ECORRUPT. */
+static int run_next(kw_cursor *c, const void **k, size_t *kn, const void **v, size_t *vn)
 {
-    return core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " %s", l->n->ckpt_stream, seq, what);
+    if (c->p >= c->end)
+        return 0;
+    uint32_t kl = kw_get_u32(c);
+    *k = kw_get_bytes(c, kl);
+    uint32_t vl = kw_get_u32(c);
+    *v = kw_get_bytes(c, vl);
+    *kn = kl;
+    *vn = vl;
+    return c->bad || !kl || kl > CK_KEY_MAX ? KEEL_ECORRUPT : 1;
 }
 
-/* An ENTRIES run into the snap database; nothing of a malformed one counts
- * (the caller's transaction is aborted). */
-static int put_entries(kw_wtxn *t, const ck_load *l, uint64_t seq, const void *val, size_t vlen)
+/* A published checkpoint being loaded (kr_boot_*). The caller's thread
+ * fetches its messages in order (kr_boot_next gives their snap entries one
+ * by one) and keeps them; once its verdict is KEEL_OK, a thread of the
+ * kr_boot's own (copy_main) writes them all into one write transaction and
+ * commits it, in the background, while the caller goes on. The thread
+ * starts after the last message was fetched and only reads the kr_boot;
+ * kr_boot_settle joins it before anything is freed. */
+struct kr_boot {
+    kr_node *n;
+    kw_store *s;
+    kr_reader *r;                  /* closed by kr_boot_end */
+    uint64_t begin, end;           /* the sequences of its BEGIN and END */
+    kw_checkpoint_meta meta;
+    ck_parsed head, schema;        /* its BEGIN and SCHEMA messages */
+    kw_cursor run;                 /* kr_boot_next: the rest of the ENTRIES message it reads */
+    natsMsg **msgs;                /* begin .. begin + got - 1 */
+    uint32_t got, cap;
+    bool ended, copying;           /* kr_boot_end ran; ... and started copy_main */
+    pthread_t thread;
+    int copied;                    /* the copy's result, and its sentence */
+    char why[256];
+};
+
+static int corrupt(const kr_boot *b, uint64_t seq, const char *what)
 {
-    kw_cursor c = kw_cursor_make(val, vlen);
-    int rc = KEEL_OK;
-    do {
-        uint32_t kl = kw_get_u32(&c);
-        const void *k = kw_get_bytes(&c, kl);
-        uint32_t vl = kw_get_u32(&c);
-        const void *v = kw_get_bytes(&c, vl);
-        if (c.bad || !kl || kl > CK_KEY_MAX)
-            return corrupt(l, seq, "holds a damaged run of checkpoint entries");
-        rc = kw_put(t, KW_DB_SNAP, k, kl, v, vl);
-    } while (!rc && c.p < c.end);
-    return rc;
+    return core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " %s", b->n->ckpt_stream, seq, what);
 }
 
 /* Is a BEGIN's key (8 bytes) the identity of the node's WAL stream? */
@@ -268,48 +279,54 @@ static bool of_stream(const kr_node *n, const void *key)
     return kw_get_u64(&c) == kr_stream_id(n);
 }
 
+/* A BEGIN message's checkpoint meta, if it is one of the node's stream. */
+static int begin_meta(const kr_boot *b, uint64_t seq, const ck_parsed *p, kw_checkpoint_meta *meta)
+{
+    if (p->klen == 8 && kr_stream_id(b->n) && !of_stream(b->n, p->key))
+        return core_fail(KEEL_ENOENT, "stream %s holds no checkpoint of stream %s: its latest is of a stream of "
+                         "that name deleted before", b->n->ckpt_stream, b->n->stream);
+    if (kw_checkpoint_meta_decode(p->val, p->vlen, meta))
+        return core_fail_prefix(KEEL_ECORRUPT, "stream %s: the checkpoint at %" PRIu64, b->n->ckpt_stream, seq);
+    return KEEL_OK;
+}
+
+/* An ENTRIES run into the snap database; nothing of a malformed one counts
+ * (the caller's transaction is aborted). */
+static int put_entries(kw_wtxn *t, const kr_boot *b, uint64_t seq, const void *val, size_t vlen)
+{
+    kw_cursor c = kw_cursor_make(val, vlen);
+    const void *k, *v;
+    size_t kn, vn;
+    int rc;
+    while ((rc = run_next(&c, &k, &kn, &v, &vn)) == 1)
+        if ((rc = kw_put(t, KW_DB_SNAP, k, kn, v, vn)))
+            return rc;
+    return rc || !vlen ? corrupt(b, seq, "holds a damaged run of checkpoint entries") : KEEL_OK;
+}
+
 /* Message seq of the checkpoint into the transaction. */
-static int apply(kw_wtxn *t, ck_load *l, uint64_t seq, const void *data, size_t len)
+static int apply(kw_wtxn *t, const kr_boot *b, uint64_t seq, const void *data, size_t len)
 {
     ck_parsed p;
-    if (!parse(data, len, &p) || (seq == l->begin) != (p.type == CK_BEGIN) || p.type == CK_END ||
+    kw_checkpoint_meta meta;
+    int rc;
+    if (!parse(data, len, &p) || (seq == b->begin) != (p.type == CK_BEGIN) || p.type == CK_END ||
         (p.type == CK_ENTRIES && p.klen))
-        return corrupt(l, seq, "is no part of a checkpoint");
+        return corrupt(b, seq, "is no part of a checkpoint");
     switch (p.type) {
     case CK_BEGIN:
-        if (p.klen == 8 && kr_stream_id(l->n) && !of_stream(l->n, p.key))
-            return core_fail(KEEL_ENOENT, "stream %s holds no checkpoint of stream %s: its latest is of a stream of "
-                             "that name deleted before", l->n->ckpt_stream, l->n->stream);
-        if (kw_checkpoint_meta_decode(p.val, p.vlen, &l->meta))
-            return core_fail_prefix(KEEL_ECORRUPT, "stream %s: the checkpoint at %" PRIu64, l->n->ckpt_stream, seq);
+        if ((rc = begin_meta(b, seq, &p, &meta)))
+            return rc;
         return kw_put(t, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), p.val, p.vlen);
     case CK_SCHEMA:
         return kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), p.val, p.vlen);
     case CK_ENTRY:
         if (!p.klen || p.klen > CK_KEY_MAX)
-            return corrupt(l, seq, "holds a checkpoint entry without a valid key");
+            return corrupt(b, seq, "holds a checkpoint entry without a valid key");
         return kw_put(t, KW_DB_SNAP, p.key, p.klen, p.val, p.vlen);
     default:
-        return put_entries(t, l, seq, p.val, p.vlen);
+        return put_entries(t, b, seq, p.val, p.vlen);
     }
-}
-
-/* The checkpoint's next message from the stream, kept in l->msgs. */
-static int fetch(ck_load *l, uint64_t *seq, const void **data, size_t *len)
-{
-    uint64_t want = l->begin + l->got;
-    if (CORE_GROW(l->msgs, l->cap, l->got + 1, 64))
-        return core_fail(KEEL_ENOMEM, "out of memory copying a checkpoint from stream %s", l->n->ckpt_stream);
-    int got = 0;
-    for (int tries = 0; !got && tries < 3; tries++) /* 0 also follows a consumer made again */
-        got = kr_read_next(l->r, l->n->timeout_ms, seq, data, len);
-    if (got < 0)
-        return got;
-    if (!got)
-        return core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering the checkpoint at %" PRIu64,
-                         l->n->ckpt_stream, want);
-    l->msgs[l->got++] = kr_read_take(l->r);
-    return KEEL_OK;
 }
 
 static bool keep_none(const void *key, size_t klen, void *arg)
@@ -318,44 +335,179 @@ static bool keep_none(const void *key, size_t klen, void *arg)
     return false;
 }
 
-static int fill_load(kw_wtxn *t, void *arg)
+static int fill_copy(kw_wtxn *t, void *arg)
 {
-    ck_load *l = arg;
+    const kr_boot *b = arg;
     int rc = kw_del_wal_from(t, 1, NULL);
     if (!rc) /* with the checkpoint: a directory that holds it is the stream's, also after a crash here */
-        rc = kr_mark(t, l->n);
+        rc = kr_mark(t, b->n);
     if (!rc)
         rc = kw_del_prefix(t, KW_DB_SNAP, "", 0, keep_none, NULL);
-    for (uint32_t i = 0; !rc && i < l->got; i++)
-        rc = apply(t, l, l->begin + i, natsMsg_GetData(l->msgs[i]), (size_t)natsMsg_GetDataLength(l->msgs[i]));
-    while (!rc && l->begin + l->got < l->end) {
-        uint64_t seq;
-        const void *data;
-        size_t len;
-        if (!(rc = fetch(l, &seq, &data, &len)))
-            rc = apply(t, l, seq, data, len);
-    }
+    for (uint32_t i = 0; !rc && i < b->got; i++)
+        rc = apply(t, b, b->begin + i, natsMsg_GetData(b->msgs[i]), (size_t)natsMsg_GetDataLength(b->msgs[i]));
     return rc;
 }
 
-/* Copy the checkpoint whose messages are begin..end. */
-static int load_one(kr_node *n, kw_store *s, uint64_t begin, uint64_t end, uint64_t *covered)
+/* Write the checkpoint into the directory: b->copied, and b->why. */
+static void copy(kr_boot *b)
 {
-    ck_load l = {.n = n, .begin = begin, .end = end};
-    int rc = kr_read_begin_on(n, n->ckpt_stream, n->ckpt_subject, l.begin, &l.r);
-    if (rc)
+    b->copied = b->begin + b->got == b->end
+                    ? kw_store_write(b->s, fill_copy, b)
+                    : core_fail(KEEL_EINVAL, "stream %s: the checkpoint at %" PRIu64 " was loaded before all its "
+                                "messages came", b->n->ckpt_stream, b->begin);
+    if (b->copied)
+        snprintf(b->why, sizeof b->why, "%s", keel_last_error());
+}
+
+static void *copy_main(void *arg)
+{
+    copy(arg);
+    return NULL;
+}
+
+/* The checkpoint's next message from the stream, kept in b->msgs. */
+static int boot_fetch(kr_boot *b, ck_parsed *p)
+{
+    uint64_t want = b->begin + b->got, seq;
+    const void *data;
+    size_t len;
+    int got = 0;
+    for (int tries = 0; !got && tries < 3; tries++) /* 0 also follows a consumer made again */
+        got = kr_read_next(b->r, b->n->timeout_ms, &seq, &data, &len);
+    if (got < 0)
+        return got;
+    if (!got)
+        return core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering the checkpoint at %" PRIu64,
+                         b->n->ckpt_stream, want);
+    if (!parse(data, len, p) || (want == b->begin) != (p->type == CK_BEGIN) || p->type == CK_END ||
+        (p->type == CK_ENTRIES && p->klen))
+        return corrupt(b, want, "is no part of a checkpoint");
+    if (CORE_GROW(b->msgs, b->cap, b->got + 1, 64))
+        return core_fail(KEEL_ENOMEM, "out of memory copying a checkpoint from stream %s", b->n->ckpt_stream);
+    b->msgs[b->got++] = kr_read_take(b->r);
+    return KEEL_OK;
+}
+
+int kr_boot_next(void *self, const void **key, size_t *klen, const void **val, size_t *vlen)
+{
+    kr_boot *b = self;
+    for (;;) {
+        int rc = run_next(&b->run, key, klen, val, vlen);
+        if (rc)
+            return rc == 1 ? 1 : corrupt(b, b->begin + b->got - 1, "holds a damaged run of checkpoint entries");
+        if (b->begin + b->got == b->end)
+            return 0;
+        ck_parsed p;
+        if ((rc = boot_fetch(b, &p)))
+            return rc;
+        if (p.type == CK_ENTRY) {
+            if (!p.klen || p.klen > CK_KEY_MAX)
+                return corrupt(b, b->begin + b->got - 1, "holds a checkpoint entry without a valid key");
+            *key = p.key, *klen = p.klen, *val = p.val, *vlen = p.vlen;
+            return 1;
+        }
+        if (p.type != CK_ENTRIES)
+            return corrupt(b, b->begin + b->got - 1, "is out of its place in a checkpoint");
+        if (!p.vlen) /* a run holds one entry at least */
+            return corrupt(b, b->begin + b->got - 1, "holds a damaged run of checkpoint entries");
+        b->run = kw_cursor_make(p.val, p.vlen);
+    }
+}
+
+static void boot_free(kr_boot *b)
+{
+    kr_read_end(b->r);
+    for (uint32_t i = 0; i < b->got; i++)
+        natsMsg_Destroy(b->msgs[i]);
+    free(b->msgs);
+    free(b);
+}
+
+/* The checkpoint whose messages are begin..end, its BEGIN and SCHEMA
+ * fetched. */
+static int boot_begin(kr_node *n, kw_store *s, uint64_t begin, uint64_t end, kr_boot **out)
+{
+    *out = NULL;
+    kr_boot *b = calloc(1, sizeof *b);
+    if (!b)
+        return core_fail(KEEL_ENOMEM, "out of memory loading a checkpoint from stream %s", n->ckpt_stream);
+    *b = (kr_boot){.n = n, .s = s, .begin = begin, .end = end};
+    int rc = kr_read_begin_on(n, n->ckpt_stream, n->ckpt_subject, begin, &b->r);
+    if (!rc && !(rc = boot_fetch(b, &b->head)))
+        rc = begin_meta(b, begin, &b->head, &b->meta);
+    if (!rc && !(rc = boot_fetch(b, &b->schema)) && b->schema.type != CK_SCHEMA)
+        rc = corrupt(b, begin + 1, "is no checkpoint's schema (which follows its BEGIN)");
+    if (rc) {
+        boot_free(b);
         return rc;
-    rc = kw_store_write(s, fill_load, &l);
-    kr_read_end(l.r);
-    for (uint32_t i = 0; i < l.got; i++)
-        natsMsg_Destroy(l.msgs[i]);
-    free(l.msgs);
-    if (!rc)
-        *covered = l.meta.lsn;
+    }
+    *out = b;
+    return KEEL_OK;
+}
+
+int kr_boot_begin(kr_node *n, kw_store *s, kr_boot **out)
+{
+    *out = NULL;
+    uint64_t begin, end;
+    int rc = latest(n, &begin, &end);
+    if (rc || !begin)
+        return rc ? rc : core_fail(KEEL_ENOENT, "stream %s holds no complete checkpoint", n->ckpt_stream);
+    return boot_begin(n, s, begin, end, out);
+}
+
+void kr_boot_info(const kr_boot *b, kr_boot_view *out)
+{
+    *out = (kr_boot_view){.meta = b->head.val, .meta_len = b->head.vlen, .schema = b->schema.val,
+                          .schema_len = b->schema.vlen, .tick = b->meta.tick, .covered = b->meta.lsn};
+}
+
+void kr_boot_end(kr_boot *b, int verdict)
+{
+    if (!b || b->ended)
+        return;
+    b->ended = true;
+    kr_read_end(b->r);
+    b->r = NULL;
+    if (verdict)
+        b->copied = verdict; /* nothing written */
+    else if (!(b->copying = !pthread_create(&b->thread, NULL, copy_main, b)))
+        copy(b); /* no thread to be had: copied here and now */
+}
+
+int kr_boot_settle(kr_boot *b)
+{
+    if (!b)
+        return KEEL_OK;
+    kr_boot_end(b, KEEL_EBUSY); /* no verdict given: nothing written */
+    if (b->copying)
+        pthread_join(b->thread, NULL);
+    int rc = b->copied;
+    if (rc && b->why[0])
+        rc = core_fail(rc, "%s", b->why);
+    boot_free(b);
     return rc;
 }
 
 #define LOAD_TRIES 5
+
+/* The checkpoint whose messages are begin..end into s, whole. */
+static int load_one(kr_node *n, kw_store *s, uint64_t begin, uint64_t end, uint64_t *covered)
+{
+    kr_boot *b;
+    int rc = boot_begin(n, s, begin, end, &b);
+    if (rc)
+        return rc;
+    const void *k, *v;
+    size_t kn, vn;
+    while ((rc = kr_boot_next(b, &k, &kn, &v, &vn)) == 1)
+        ;
+    uint64_t lsn = b->meta.lsn;
+    kr_boot_end(b, rc);
+    int copied = kr_boot_settle(b);
+    if (!rc && !copied)
+        *covered = lsn;
+    return rc ? rc : copied;
+}
 
 int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered)
 {

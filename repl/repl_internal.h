@@ -33,6 +33,9 @@ struct kr_node {
        again with every state of the stream: atomic, since the publisher's
        thread reads the state too */
     _Atomic uint64_t stream_id;
+    /* ... and its first and last sequence in that state (the first only
+       grows: a stream is purged from its start) */
+    _Atomic uint64_t seen_first, seen_last;
     int64_t timeout_ms;
     int32_t replicas;
     bool primary;              /* kr_desc.create: a primary's node (kr_sync_store seeds an empty stream) */

@@ -705,8 +705,8 @@ static uint64_t publish_raw(jsCtx *js, const char *subject, uint8_t type, const 
 
 /* A published checkpoint travels as a few ENTRIES messages of many keys
  * and lands in another directory as the first one stores it; damaged
- * ENTRIES messages are refused with KEEL_ECORRUPT and leave that directory
- * as it was. */
+ * ENTRIES messages, and a checkpoint without its schema record, are
+ * refused with KEEL_ECORRUPT and leave that directory as it was. */
 START_TEST(test_checkpoint_stream)
 {
     kr_node *n = connect_world(nats_url, "ckp", "a");
@@ -738,15 +738,20 @@ START_TEST(test_checkpoint_stream)
                                trailing[] = {1, 0, 0, 0, 'C', 1, 0, 0, 0, 'v', 0}; /* a stray byte after */
     const struct { const void *p; size_t n; } bad[] = {{overrun, sizeof overrun}, {nokey, sizeof nokey},
                                                        {trailing, sizeof trailing}, {"", 0}};
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    /* the last case: a checkpoint without the schema record that follows its BEGIN */
+    for (size_t i = 0; i <= sizeof bad / sizeof *bad; i++) {
+        bool schema = i < sizeof bad / sizeof *bad;
         uint64_t begin = publish_raw(js, "keel.ckp.ckpt", 1, meta, sizeof meta);
-        publish_raw(js, "keel.ckp.ckpt", 5, bad[i].p, bad[i].n);
+        if (schema)
+            publish_raw(js, "keel.ckp.ckpt", 3, "schema", 6);
+        publish_raw(js, "keel.ckp.ckpt", 5, schema ? bad[i].p : overrun, schema ? bad[i].n : sizeof overrun);
         unsigned char end[16];
         kw_buf e = {end, 0, sizeof end};
-        ck_assert(!kw_put_u64(&e, begin) && !kw_put_u64(&e, 1));
+        ck_assert(!kw_put_u64(&e, begin) && !kw_put_u64(&e, schema ? 2 : 1));
         publish_raw(js, "keel.ckp.ckpt", 4, end, sizeof end);
         ck_assert_rc(kr_ckpt_load(n, dst, &covered), KEEL_ECORRUPT);
-        ck_assert_msg(strstr(keel_last_error(), "KEEL_ckp_CKPT") && strstr(keel_last_error(), "damaged run"), "%s",
+        ck_assert_msg(strstr(keel_last_error(), "KEEL_ckp_CKPT") &&
+                          strstr(keel_last_error(), schema ? "damaged run" : "no checkpoint's schema"), "%s",
                       keel_last_error());
         ck_assert_uint_eq(covered, 0);
         ck_assert_uint_eq(snap_digest(dst, &kd), want); /* nothing of it written */
@@ -1451,6 +1456,178 @@ static void wal_bounds_of(const char *name, uint64_t *first, uint64_t *last, uin
     kw_store_close(s);
 }
 
+/* A world "name" of 10 ticks in pdir whose stream keeps nothing before its
+ * published checkpoint of tick 5 (a fresh replica must start from it):
+ * the primary's hash at tick 10 into *want, its hash at 5 into *at5. */
+static void purged_world(const char *name, char *pdir, size_t cap, uint64_t *at5, uint64_t *want)
+{
+    tu_path(pdir, cap, name);
+    keel_component v;
+    keel_runtime *p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = pdir,
+                                                      .replication = {.nats = nats_url, .world = name,
+                                                                      .mode = KEEL_REPL_SYNC, .lease_ms = 300,
+                                                                      .retain_records = 1}},
+                                  &v);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 5);
+    ck_assert_rc(keel_checkpoint(p), KEEL_OK);
+    wait_status(p, checkpoint_published, 1, "publish its checkpoint");
+    *at5 = keel_world_hash(keel_runtime_world(p));
+    tu_step_n(p, 5);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    *want = keel_world_hash(keel_runtime_world(p));
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+}
+
+/* A read replica of world `name` in the directory "<name>-replica" (its
+ * path into dir). */
+static keel_runtime_desc replica_desc(const char *name, char *dir, size_t cap)
+{
+    char sub[64];
+    snprintf(sub, sizeof sub, "%s-replica", name);
+    tu_path(dir, cap, sub);
+    return (keel_runtime_desc){.workers = 1, .durable.dir = dir,
+                               .replication = {.nats = nats_url, .world = name, .role = KEEL_ROLE_FOLLOWER}};
+}
+
+/* Apply the stream up to tick t. */
+static void follow_to(keel_runtime *f, uint64_t t)
+{
+    for (int i = 0; i < 200 && keel_runtime_tick(f) < t; i++)
+        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), t);
+}
+
+/* A fresh replica of a purged stream loads the published checkpoint as
+ * the stream delivers it: recovered, it holds the state of the
+ * checkpoint's tick; its directory takes the checkpoint in the background
+ * (the first poll waits for it) and then the records after it. Reopened,
+ * the directory recovers on its own to the same state. */
+START_TEST(test_stream_bootstrap)
+{
+    char pdir[4096], fdir[4096];
+    uint64_t at5, want;
+    purged_world("sboot", pdir, sizeof pdir, &at5, &want);
+    keel_runtime_desc fd = replica_desc("sboot", fdir, sizeof fdir);
+    fd.workers = 2;
+    keel_component v;
+    keel_runtime *f = spawning_rt(fd, &v);
+    keel_recovery rec;
+    ck_assert_msg(!keel_runtime_recover(f, &rec), "%s", keel_last_error());
+    keel_repl_status st;
+    keel_repl_status_get(f, &st);
+    ck_assert(st.bootstrapped);
+    ck_assert_uint_eq(rec.checkpoint_tick, 5);
+    ck_assert_uint_eq(keel_runtime_tick(f), 5);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), at5);
+    follow_to(f, 10);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), want);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    uint64_t first, last, covered;
+    wal_bounds_of("sboot-replica", &first, &last, &covered);
+    ck_assert_msg(covered && first == covered + 1 && last > covered,
+                  "checkpoint at %" PRIu64 ", WAL %" PRIu64 "..%" PRIu64, covered, first, last);
+    f = spawning_rt(fd, &v);
+    ck_assert_msg(!keel_runtime_recover(f, &rec), "%s", keel_last_error());
+    keel_repl_status_get(f, &st);
+    ck_assert(!st.bootstrapped);
+    ck_assert_uint_eq(rec.checkpoint_tick, 5);
+    ck_assert_uint_eq(keel_runtime_tick(f), 10);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), want);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+}
+END_TEST
+
+/* The directory's copy of a bootstrap checkpoint fails (its commit: EIO):
+ * the loaded replica's next poll says so, the runtime latches fatal,
+ * nothing reached the directory; opened again, it bootstraps again. */
+START_TEST(test_stream_bootstrap_copy_fails)
+{
+    if (!keel_failpoints_compiled())
+        return; /* a build without failpoints cannot fail a commit on purpose */
+    char pdir[4096], fdir[4096];
+    uint64_t at5, want;
+    purged_world("sbfail", pdir, sizeof pdir, &at5, &want);
+    keel_runtime_desc fd = replica_desc("sbfail", fdir, sizeof fdir);
+    keel_component v;
+    keel_runtime *f = spawning_rt(fd, &v);
+    ck_assert_rc(keel_failpoints_set("wal.before_commit=eio"), KEEL_OK);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), at5); /* loaded; the copy runs on */
+    ck_assert_rc(keel_replica_poll(f, 0, NULL), KEEL_EIO);
+    ck_assert_rc(keel_failpoints_set(""), KEEL_OK);
+    ck_assert_msg(strstr(keel_last_error(), "did not take its bootstrap checkpoint") &&
+                      strstr(keel_last_error(), "sbfail-replica"), "%s", keel_last_error());
+    ck_assert_rc(keel_runtime_fatal(f), KEEL_EIO);
+    ck_assert_rc(keel_replica_poll(f, 0, NULL), KEEL_EFATAL);
+    keel_runtime_close(f);
+    uint64_t first, last, covered;
+    wal_bounds_of("sbfail-replica", &first, &last, &covered);
+    ck_assert_uint_eq(covered, 0);
+    ck_assert_uint_eq(last, 0);
+    f = spawning_rt(fd, &v);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), at5);
+    follow_to(f, 10);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), want);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+}
+END_TEST
+
+/* A published checkpoint the replica cannot load as it arrives -- a
+ * damaged run of entries; entries out of their load order (a chunk before
+ * the table list) -- fails its recovery with KEEL_ECORRUPT, the directory
+ * left empty. */
+START_TEST(test_stream_bootstrap_refused)
+{
+    char pdir[4096], fdir[4096];
+    uint64_t at5, want;
+    purged_world("sbbad", pdir, sizeof pdir, &at5, &want);
+    kw_store *ps = store_in("sbbad");
+    kw_rtxn *r;
+    const void *meta, *schema;
+    size_t mlen, slen;
+    ck_assert(!kw_read_begin(ps, &r));
+    ck_assert_rc(kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &meta, &mlen), KEEL_OK);
+    ck_assert_rc(kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &schema, &slen), KEEL_OK);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    static const unsigned char damaged[] = {3, 0, 0, 0, 'C', 'x'},                        /* a key past the end */
+                               chunk_first[] = {1, 0, 0, 0, 'C', 1, 0, 0, 0, 'v'};        /* "C" before "T" */
+    const struct { const void *p; size_t n; const char *says; } bad[] = {
+        {damaged, sizeof damaged, "damaged run"}, {chunk_first, sizeof chunk_first, "no table list"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        uint64_t begin = publish_raw(js, "keel.sbbad.ckpt", 1, meta, mlen);
+        publish_raw(js, "keel.sbbad.ckpt", 3, schema, slen);
+        publish_raw(js, "keel.sbbad.ckpt", 5, bad[i].p, bad[i].n);
+        unsigned char end[16];
+        kw_buf e = {end, 0, sizeof end};
+        ck_assert(!kw_put_u64(&e, begin) && !kw_put_u64(&e, 2));
+        publish_raw(js, "keel.sbbad.ckpt", 4, end, sizeof end);
+        char name[64];
+        snprintf(name, sizeof name, "sbbad-replica%zu", i);
+        tu_path(fdir, sizeof fdir, name);
+        keel_runtime_desc fd = {.workers = 1, .durable.dir = fdir,
+                                .replication = {.nats = nats_url, .world = "sbbad", .role = KEEL_ROLE_FOLLOWER}};
+        keel_component v;
+        keel_runtime *f = spawning_rt(fd, &v);
+        ck_assert_rc(keel_runtime_recover(f, NULL), KEEL_ECORRUPT);
+        ck_assert_msg(strstr(keel_last_error(), bad[i].says), "%s", keel_last_error());
+        keel_runtime_close(f);
+        uint64_t first, last, covered;
+        wal_bounds_of(name, &first, &last, &covered);
+        ck_assert_uint_eq(covered, 0);
+        ck_assert_uint_eq(last, 0);
+    }
+    kw_read_end(r);
+    kw_store_close(ps);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+}
+END_TEST
+
 static bool degraded(const keel_repl_status *st, uint64_t errors)
 {
     return st->degraded && st->errors >= errors;
@@ -1781,7 +1958,8 @@ int main(void)
                                    test_trimmed_checkpoint_against_empty_stream,
                                    test_purged_divergence_refused, test_stream_made_again, test_stream_without_identity,
                                    test_world_seeds_empty_stream, test_local_world_replicated,
-                                   test_replica_waits_for_unstreamed_world};
+                                   test_replica_waits_for_unstreamed_world, test_stream_bootstrap,
+                                   test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

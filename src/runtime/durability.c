@@ -21,8 +21,10 @@ static int open_data_dir(keel_runtime *rt)
         .pool = dispatch_pool(&rt->ex),
     };
     int rc = repl_before_open(rt, &o);
-    if (!rc)
+    if (!rc) {
         rc = dur_open(&o, &rt->dur, &rt->recovery);
+        repl_loaded(rt, rc);
+    }
     if (!rc) {
         atomic_store(&rt->tick, rt->recovery.tick);
         /* between ticks, side commits (on_shutdown) belong to the last tick
@@ -93,6 +95,8 @@ int keel_checkpoint(keel_runtime *rt)
     if (atomic_load(&rt->driver_running))
         return core_fail(KEEL_EBUSY, "keel_checkpoint: the tick driver is running; stop it first");
     int rc = keel_runtime_recover(rt, NULL);
+    if (!rc)
+        rc = repl_settle(rt); /* a replica's checkpoint goes into a directory that holds its bootstrap */
     if (rc)
         return rc;
     if (dur_fatal(rt->dur))

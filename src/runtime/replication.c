@@ -49,6 +49,8 @@ struct runtime_repl {
     kr_node *node;
     kr_pub *pub;
     kr_reader *reader;         /* a replica's: at the directory's next LSN */
+    kr_boot *boot;             /* a replica's bootstrap whose directory copy may still run (repl_settle) */
+    dur_boot boot_desc;        /* ... what recovery loads from it */
     uint64_t local_last;       /* the directory's last LSN */
     uint64_t epoch_lsn;        /* a primary: its EPOCH record */
     uint64_t bounds_ns;        /* a replica: when it last asked for the stream's bounds */
@@ -321,6 +323,51 @@ static int sync_until_schema(struct runtime_repl *r, kw_store *store, bool prima
     }
 }
 
+/* A fresh replica of a purged stream: recovery loads the published
+ * checkpoint as the stream delivers it, while a thread copies it into the
+ * directory (kr_boot), whose commit repl_settle awaits before the directory
+ * is written again. */
+static int boot_begin(struct runtime_repl *r, kw_store *store, uint64_t stream_last, dur_open_desc *o,
+                      kr_sync_info *si)
+{
+    int rc = kr_boot_begin(r->node, store, &r->boot);
+    if (rc)
+        return rc;
+    kr_boot_view v;
+    kr_boot_info(r->boot, &v);
+    r->boot_desc = (dur_boot){.meta = v.meta, .meta_len = v.meta_len, .schema = v.schema, .schema_len = v.schema_len,
+                              .src = {r->boot, kr_boot_next}};
+    o->boot = &r->boot_desc;
+    *si = (kr_sync_info){.local_last = v.covered, .stream_last = stream_last, .bootstrapped = true};
+    return KEEL_OK;
+}
+
+void repl_loaded(keel_runtime *rt, int rc)
+{
+    struct runtime_repl *r = rt->repl;
+    if (!r || !r->boot)
+        return;
+    kr_boot_end(r->boot, rc);
+    if (rc) { /* nothing written; the store closes next */
+        (void)kr_boot_settle(r->boot);
+        r->boot = NULL;
+    }
+}
+
+int repl_settle(keel_runtime *rt)
+{
+    struct runtime_repl *r = rt->repl;
+    if (!r || !r->boot)
+        return KEEL_OK;
+    int rc = kr_boot_settle(r->boot);
+    r->boot = NULL;
+    if (rc) {
+        rc = core_fail_prefix(rc, "the replica's directory %s did not take its bootstrap checkpoint", rt->data_dir);
+        dur_latch_fatal(rt->dur, rc);
+    }
+    return rc;
+}
+
 int repl_before_open(keel_runtime *rt, dur_open_desc *o)
 {
     struct runtime_repl *r = rt->repl;
@@ -338,7 +385,13 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     if ((rc = kw_store_open(rt->data_dir, &sd, &store)))
         return rc;
     kr_sync_info si;
-    rc = sync_until_schema(r, store, primary, &si);
+    bool boots = false;
+    uint64_t stream_last = 0;
+    rc = primary ? KEEL_OK : kr_sync_boots(r->node, store, &boots, &stream_last);
+    if (!rc && boots && (rc = boot_begin(r, store, stream_last, o, &si)) == KEEL_ENOENT)
+        boots = false; /* none published: kr_sync_store says what that means */
+    if (!rc && !boots)
+        rc = sync_until_schema(r, store, primary, &si);
     if (!rc && si.discarded)
         core_log(KEEL_LOG_WARN, "repl", "discarded", "records=%" PRIu64 " from_lsn=%" PRIu64 " checkpoint_dropped=%d",
                  si.discarded, si.discarded_from, si.checkpoint_dropped ? 1 : 0);
@@ -419,13 +472,20 @@ int repl_after_open(keel_runtime *rt)
     struct runtime_repl *r = rt->repl;
     if (!r)
         return KEEL_OK;
-    if (r->st.role == KEEL_ROLE_PRIMARY)
-        return start_primary(rt);
-    return kr_read_begin(r->node, r->local_last + 1, &r->reader);
+    return r->st.role == KEEL_ROLE_PRIMARY ? start_primary(rt) : KEEL_OK; /* a replica reads from its first poll */
+}
+
+/* A replica's consumer of the stream, at the directory's next LSN: made
+ * when it first follows (a round trip to the stream's leader that its
+ * recovery does not wait for). */
+static int reader_ready(struct runtime_repl *r)
+{
+    return r->reader ? KEEL_OK : kr_read_begin(r->node, r->local_last + 1, &r->reader);
 }
 
 void repl_close(keel_runtime *rt, bool clean)
 {
+    (void)repl_settle(rt);
     struct runtime_repl *r = rt->repl;
     if (!r || !r->pub)
         return;
@@ -503,6 +563,8 @@ static int catch_up(keel_runtime *rt)
     uint64_t first, end, tick = 0;
     int rc = kr_bounds(r->node, &first, &end);
     if (!rc)
+        rc = reader_ready(r);
+    if (!rc)
         rc = kr_copy_to(r->node, r->reader, rt->dur->store, end, 1000, &r->local_last, &tick);
     return rc ? rc : apply_local(rt, tick);
 }
@@ -576,9 +638,15 @@ int keel_replica_poll(keel_runtime *rt, int32_t timeout_ms, bool *promoted)
     struct runtime_repl *r = rt->repl;
     if (r->st.role == KEEL_ROLE_PRIMARY)
         return core_fail(KEEL_EINVAL, "keel_replica_poll: this runtime is world '%s''s primary: it ticks", r->world);
+    if ((rc = repl_settle(rt)))
+        return rc;
+    if (dur_fatal(rt->dur)) /* e.g. its bootstrap never reached the directory: nothing more goes there */
+        return core_fail(KEEL_EFATAL, "keel_replica_poll: the runtime latched fatal (%s)",
+                         keel_strerror(dur_fatal(rt->dur)));
     bool lapsed = r->st.role == KEEL_ROLE_STANDBY && lease_lapsed(r);
     uint64_t tick = 0;
-    rc = kr_append_from(r->reader, rt->dur->store, POLL_BATCH, lapsed ? 0 : timeout_ms, &r->local_last, &tick);
+    if (!(rc = reader_ready(r)))
+        rc = kr_append_from(r->reader, rt->dur->store, POLL_BATCH, lapsed ? 0 : timeout_ms, &r->local_last, &tick);
     if (!rc)
         rc = apply_local(rt, tick);
     if (!rc && lapsed) {

@@ -156,6 +156,13 @@ int repl_create(keel_runtime *rt, const keel_replication_desc *d);
 int repl_before_open(keel_runtime *rt, dur_open_desc *o);
 int repl_after_open(keel_runtime *rt);
 void repl_close(keel_runtime *rt, bool clean);
+/* A replica's bootstrap (repl_before_open loads the stream's checkpoint as
+ * it arrives): repl_loaded gives recovery's result to the directory's copy
+ * of it (KEEL_OK: commit, in the background); repl_settle waits for that
+ * commit -- called before anything writes the directory (a poll, a
+ * checkpoint, closing) -- and latches the runtime fatal if it failed. */
+void repl_loaded(keel_runtime *rt, int rc);
+int repl_settle(keel_runtime *rt);
 void repl_free(keel_runtime *rt);
 /* False on a standby or follower: it applies its primary's ticks. */
 bool repl_may_tick(const keel_runtime *rt);

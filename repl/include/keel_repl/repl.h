@@ -173,6 +173,12 @@ typedef struct kr_sync_info {
  * world the stream never held that cannot be seeded), the stream's and the
  * store's. */
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
+/* Would kr_sync_store start a replica's directory s (not a primary's) from
+ * the published checkpoint, holding nothing itself while the stream was
+ * purged past LSN 1? Then *boots: kr_boot_begin loads it as it arrives.
+ * *stream_last: the stream's last sequence when the node last read its
+ * state (kr_connect does). */
+int kr_sync_boots(kr_node *n, kw_store *s, bool *boots, uint64_t *stream_last);
 /* Publish the directory's WAL records from..last to the stream (which ends
  * at from - 1; from 1: asked once more whether it is empty), pipelined, as
  * this primary's of `epoch`, the directory marked meanwhile as the
@@ -216,6 +222,29 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
  * One that a newer publication purges while it is copied is given up for
  * the newer one. KEEL_ENOENT when none is published. */
 int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered);
+/* The latest published checkpoint, loaded as it arrives (a replica's
+ * bootstrap): kr_boot_begin fetches its BEGIN and SCHEMA and starts a
+ * thread that copies every message fetched into one write transaction on
+ * s, as kr_ckpt_load does; kr_boot_next (a dur_snap_src's next: self is
+ * the kr_boot) fetches the rest and gives their snap entries in the order
+ * they were published -- the order a checkpoint loads. kr_boot_end gives
+ * the verdict: KEEL_OK (after kr_boot_next gave 0) lets the transaction
+ * commit, in the background; anything else aborts it, nothing written.
+ * kr_boot_settle waits for the thread and frees the kr_boot: KEEL_OK once
+ * the directory holds the checkpoint, else the copy's error (a settle
+ * without a verdict aborts). Nothing else may write s in between (LMDB's
+ * writer lock makes it wait anyway). KEEL_ENOENT: none is published. */
+typedef struct kr_boot kr_boot;
+typedef struct kr_boot_view {
+    const void *meta, *schema;   /* meta "checkpoint" and the schema record, as a directory holds them */
+    size_t meta_len, schema_len;
+    uint64_t tick, covered;      /* the checkpoint's tick and covered LSN */
+} kr_boot_view;
+int kr_boot_begin(kr_node *n, kw_store *s, kr_boot **out);
+void kr_boot_info(const kr_boot *b, kr_boot_view *out);
+int kr_boot_next(void *self, const void **key, size_t *klen, const void **val, size_t *vlen);
+void kr_boot_end(kr_boot *b, int verdict);
+int kr_boot_settle(kr_boot *b);
 
 /* ---- the publisher ------------------------------------------------------------ */
 
