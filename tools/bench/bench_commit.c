@@ -725,16 +725,73 @@ static double stream_ceiling(const bench_nats *nats)
 
 /* ---- repl_bootstrap ---- */
 
+#define BOOT_SAMPLES 3 /* bootstraps (and local recoveries) of each published world */
+
 /* A fresh read replica of a world whose stream was purged to its published
- * checkpoint of RECOVERY_ENTITIES entities: keel_runtime_recover copies the
- * checkpoint from the stream and loads it (s); *local: the same checkpoint
- * recovered from the primary's own directory (s). */
-static void bootstrap_measure(const bench_nats *nats, double *boot, double *local)
+ * checkpoint of RECOVERY_ENTITIES entities, BOOT_SAMPLES times, each into a
+ * new directory: keel_runtime_recover copies the checkpoint from the stream
+ * and loads it (boot[i], s); alternated with local[i]: the same checkpoint
+ * recovered from a copy of the primary's own directory (s). */
+/* CPU seconds the NATS servers used so far (/proc, in clock ticks). */
+static double servers_cpu_s(const bench_nats *nats)
+{
+    double ticks = 0;
+    for (int i = 0; i < nats->n; i++) {
+        char path[64], buf[1024];
+        snprintf(path, sizeof path, "/proc/%d/stat", (int)nats->pid[i]);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[len] = '\0';
+        const char *p = strrchr(buf, ')'); /* the fields after the command's name */
+        unsigned long utime = 0, stime = 0;
+        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) == 2)
+            ticks += (double)(utime + stime);
+    }
+    return ticks / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* The published checkpoint of world `name` read from the stream alone, as
+ * a bootstrap reads it (connect, find it, fetch every message, walk its
+ * entries), nothing decoded or written (s): the part of a bootstrap no
+ * work on the replica's side can remove. */
+static double stream_read_measure(const bench_nats *nats, const char *name)
+{
+    char *dir = make_tmpdir("boots");
+    kw_store *s;
+    check(kw_store_open(dir, &(kw_store_desc){ .flags = KW_OPEN_CREATE }, &s), "kw_store_open");
+    uint64_t t0 = now_ns();
+    kr_node *n;
+    check(kr_connect(&(kr_desc){ .urls = nats->urls, .world = name }, &n), "kr_connect");
+    kr_boot *b;
+    check(kr_boot_begin(n, s, &b), "kr_boot_begin");
+    const void *k, *v;
+    size_t kn, vn;
+    int rc;
+    while ((rc = kr_boot_next(b, &k, &kn, &v, &vn)) == 1)
+        ;
+    check(rc, "reading the published checkpoint");
+    double t = (double)(now_ns() - t0) / 1e9;
+    kr_boot_end(b, KEEL_EBUSY); /* nothing written */
+    (void)kr_boot_settle(b);
+    kr_close(n);
+    kw_store_close(s);
+    remove_tmpdir(dir);
+    return t;
+}
+
+/* CPU seconds the bootstraps used, in this process and in the NATS servers. */
+typedef struct boot_cpu {
+    double replica, servers;
+} boot_cpu;
+
+static void bootstrap_measure(const bench_nats *nats, double *boot, double *local, double *stream, boot_cpu *cpu)
 {
     char name[64];
     keel_replication_desc pd = repl_world(nats, KEEL_REPL_ASYNC, name, sizeof name);
     pd.retain_records = 1; /* the stream keeps nothing before the checkpoint: a new replica must load it */
-    char *pdir = make_tmpdir("bootp"), *fdir = make_tmpdir("bootf"), *copy = make_tmpdir("bootc");
+    char *pdir = make_tmpdir("bootp"), *copy = make_tmpdir("bootc");
     demo d;
     demo_open(&d, &(demo_opts){ .n = RECOVERY_ENTITIES, .turn = RECOVERY_TURN, .dir = pdir, .ckpt_ticks = -1,
                                 .telemetry = 1024, .schedule = true, .repl = pd });
@@ -749,25 +806,68 @@ static void bootstrap_measure(const bench_nats *nats, double *boot, double *loca
     uint64_t hash = keel_world_hash(keel_runtime_world(d.rt));
     demo_close(&d);
     copy_tmpdir(pdir, copy);
-    rec_sample r = recovery_measure(copy);
-    *local = r.wall_s;
-    keel_replication_desc fd = { .nats = nats->urls, .world = name, .role = KEEL_ROLE_FOLLOWER };
-    demo_open(&d, &(demo_opts){ .n = RECOVERY_ENTITIES, .turn = RECOVERY_TURN, .dir = fdir, .ckpt_ticks = -1,
-                                .repl = fd });
-    uint64_t t0 = now_ns();
-    check(keel_runtime_recover(d.rt, NULL), "bootstrapping the read replica");
-    *boot = (double)(now_ns() - t0) / 1e9;
-    keel_repl_status_get(d.rt, &st);
-    if (!st.bootstrapped || keel_world_hash(keel_runtime_world(d.rt)) != hash || r.hash != hash) {
-        fprintf(stderr, "keel-bench: repl_bootstrap: the replica %s, its hash %s the primary's\n",
-                st.bootstrapped ? "bootstrapped" : "did not bootstrap",
-                keel_world_hash(keel_runtime_world(d.rt)) == hash ? "equals" : "differs from");
-        exit(1);
+    for (int i = 0; i < BOOT_SAMPLES; i++) {
+        char *fdir = make_tmpdir("bootf");
+        keel_replication_desc fd = { .nats = nats->urls, .world = name, .role = KEEL_ROLE_FOLLOWER };
+        demo_open(&d, &(demo_opts){ .n = RECOVERY_ENTITIES, .turn = RECOVERY_TURN, .dir = fdir, .ckpt_ticks = -1,
+                                    .repl = fd });
+        double c0 = process_cpu_s(), s0 = servers_cpu_s(nats);
+        uint64_t t0 = now_ns();
+        check(keel_runtime_recover(d.rt, NULL), "bootstrapping the read replica");
+        boot[i] = (double)(now_ns() - t0) / 1e9;
+        cpu->replica += process_cpu_s() - c0;
+        cpu->servers += servers_cpu_s(nats) - s0;
+        keel_repl_status_get(d.rt, &st);
+        if (!st.bootstrapped || keel_world_hash(keel_runtime_world(d.rt)) != hash) {
+            fprintf(stderr, "keel-bench: repl_bootstrap: the replica %s, its hash %s the primary's\n",
+                    st.bootstrapped ? "bootstrapped" : "did not bootstrap",
+                    keel_world_hash(keel_runtime_world(d.rt)) == hash ? "equals" : "differs from");
+            exit(1);
+        }
+        demo_close(&d); /* waits for the directory's copy of the checkpoint */
+        remove_tmpdir(fdir);
+        rec_sample r = recovery_measure(copy);
+        local[i] = r.wall_s;
+        if (r.hash != hash) {
+            fprintf(stderr, "keel-bench: repl_bootstrap: the local recovery's hash differs from the primary's\n");
+            exit(1);
+        }
+        stream[i] = stream_read_measure(nats, name);
     }
-    demo_close(&d);
     remove_tmpdir(pdir);
-    remove_tmpdir(fdir);
     remove_tmpdir(copy);
+}
+
+static void repl_bootstrap(const config *cfg, const bench_nats *nats)
+{
+    uint32_t R = cfg->rounds, n = R * BOOT_SAMPLES;
+    double *boot = xmalloc(n * sizeof *boot), *loc = xmalloc(n * sizeof *loc), *str = xmalloc(n * sizeof *str);
+    boot_cpu cpu = {0};
+    for (uint32_t r = 0; r < R; r++)
+        bootstrap_measure(nats, &boot[r * BOOT_SAMPLES], &loc[r * BOOT_SAMPLES], &str[r * BOOT_SAMPLES], &cpu);
+    double local = median(loc, n);
+    figure fb = { .name = "repl_bootstrap", .unit = "s", .value = median(boot, n), .baseline = local,
+                  .target = 2, .target_on_ratio = true };
+    figure fs = { .name = "repl_bootstrap_stream", .unit = "s", .value = median(str, n), .baseline = local,
+                  .no_target = true };
+    report(cfg, &fb);
+    report(cfg, &fs);
+    note(cfg, "repl_bootstrap: a fresh read replica of a %u-entity world whose stream keeps nothing before its "
+              "published checkpoint: keel_runtime_recover (connect, load the checkpoint as the stream delivers it; "
+              "the directory's copy commits in the background); baseline: keel_runtime_recover of the same "
+              "checkpoint in a copy of the primary's directory; %u of each per published world, alternated, the "
+              "first right after publishing; target: at least half the local speed (ratio <= 2)",
+         RECOVERY_ENTITIES, BOOT_SAMPLES);
+    note(cfg, "repl_bootstrap_stream: the same checkpoint read from the stream alone (connect, find it, fetch "
+              "every message; nothing decoded or written), in the same rounds");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    double per = (cpu.replica + cpu.servers) / n;
+    note(cfg, "repl_bootstrap: CPU per bootstrap %.1f ms in the replica's process + %.1f ms in the NATS servers: "
+              "on %ld cores at least %.1f ms of wall time, %.2fx the local recovery", cpu.replica / n * 1e3,
+         cpu.servers / n * 1e3, cores, per / (double)cores * 1e3, local > 0 ? per / (double)cores / local : 0.0);
+    free(boot);
+    free(loc);
+    free(str);
 }
 
 void bench_repl(const config *cfg)
@@ -853,17 +953,18 @@ void bench_repl(const config *cfg)
         return;
     }
     bench_repl_lag(cfg, nats.urls);
-    double *boot = xmalloc(R * sizeof *boot), *loc = xmalloc(R * sizeof *loc);
-    for (uint32_t r = 0; r < R; r++)
-        bootstrap_measure(&nats, &boot[r], &loc[r]);
-    figure fb = { .name = "repl_bootstrap", .unit = "s", .value = median(boot, R), .baseline = median(loc, R),
-                  .target = 2, .target_on_ratio = true };
-    report(cfg, &fb);
-    note(cfg, "repl_bootstrap: a fresh read replica of a %u-entity world whose stream keeps nothing before its "
-              "published checkpoint: keel_runtime_recover (connect, copy the checkpoint from the stream, load it); "
-              "baseline: keel_runtime_recover of the same checkpoint in a copy of the primary's directory; "
-              "target: at least half the local speed (ratio <= 2)", RECOVERY_ENTITIES);
-    free(boot);
-    free(loc);
+    repl_bootstrap(cfg, &nats);
+    bench_nats_stop(&nats);
+}
+
+void bench_bootstrap(const config *cfg)
+{
+    keep_heap_resident();
+    bench_nats nats;
+    if (!bench_nats_start(&nats, 3)) {
+        fprintf(stderr, "keel-bench: bootstrap: no NATS JetStream cluster (nats-server installed?): figure skipped\n");
+        return;
+    }
+    repl_bootstrap(cfg, &nats);
     bench_nats_stop(&nats);
 }
