@@ -258,13 +258,14 @@ struct kr_boot {
     uint64_t begin, end;           /* the sequences of its BEGIN and END */
     kw_checkpoint_meta meta;
     ck_parsed head, schema;        /* its BEGIN and SCHEMA messages */
+    ck_parsed entry;               /* an ENTRY message fetched but not yet given (type 0: none) */
     kw_cursor run;                 /* kr_boot_next: the rest of the ENTRIES message it reads */
     natsMsg **msgs;                /* begin .. begin + got - 1 */
     uint32_t got, cap;
     bool ended, copying;           /* kr_boot_end ran; ... and started copy_main */
     pthread_t thread;
     int copied;                    /* the copy's result, and its sentence */
-    char why[256];
+    char why[512];
 };
 
 static int corrupt(const kr_boot *b, uint64_t seq, const char *what)
@@ -365,6 +366,23 @@ static void *copy_main(void *arg)
     return NULL;
 }
 
+/* After a failed read: was the checkpoint purged for a newer one while it
+ * was read? Then say so (KEEL_EUNAVAILABLE: the newer one loads next time),
+ * rather than the gap it left. */
+static bool purged_meanwhile(const kr_boot *b, int rc)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", keel_last_error());
+    uint64_t begin, end;
+    if (latest(b->n, &begin, &end) || !begin || begin == b->begin) {
+        core_fail(rc, "%s", why); /* the read's own error stands */
+        return false;
+    }
+    core_fail(KEEL_EUNAVAILABLE, "stream %s: the checkpoint at %" PRIu64 " was purged while it was read, a newer "
+              "one published (at %" PRIu64 "): start again to load that one", b->n->ckpt_stream, b->begin, begin);
+    return true;
+}
+
 /* The checkpoint's next message from the stream, kept in b->msgs. */
 static int boot_fetch(kr_boot *b, ck_parsed *p)
 {
@@ -375,7 +393,7 @@ static int boot_fetch(kr_boot *b, ck_parsed *p)
     for (int tries = 0; !got && tries < 3; tries++) /* 0 also follows a consumer made again */
         got = kr_read_next(b->r, b->n->timeout_ms, &seq, &data, &len);
     if (got < 0)
-        return got;
+        return purged_meanwhile(b, got) ? KEEL_EUNAVAILABLE : got;
     if (!got)
         return core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering the checkpoint at %" PRIu64,
                          b->n->ckpt_stream, want);
@@ -391,6 +409,11 @@ static int boot_fetch(kr_boot *b, ck_parsed *p)
 int kr_boot_next(void *self, const void **key, size_t *klen, const void **val, size_t *vlen)
 {
     kr_boot *b = self;
+    if (b->entry.type == CK_ENTRY) { /* the ENTRY message in_load_order fetched */
+        *key = b->entry.key, *klen = b->entry.klen, *val = b->entry.val, *vlen = b->entry.vlen;
+        b->entry.type = 0;
+        return 1;
+    }
     for (;;) {
         int rc = run_next(&b->run, key, klen, val, vlen);
         if (rc)
@@ -445,6 +468,33 @@ static int boot_begin(kr_node *n, kw_store *s, uint64_t begin, uint64_t end, kr_
     return KEEL_OK;
 }
 
+/* Does the checkpoint's first snap entry open the load order (its table
+ * list)? Its first entries message is fetched for it (kr_boot_next reads
+ * it next). A checkpoint sent in plain key order ("C" first) is one an
+ * older publisher sent: kr_ckpt_load takes that. */
+static int in_load_order(kr_boot *b, bool *yes)
+{
+    *yes = false;
+    if (b->begin + b->got == b->end)
+        return KEEL_OK;
+    ck_parsed p;
+    int rc = boot_fetch(b, &p);
+    if (rc || (p.type != CK_ENTRIES && p.type != CK_ENTRY))
+        return rc ? rc : corrupt(b, b->begin + b->got - 1, "is out of its place in a checkpoint");
+    const void *k = p.key, *v;
+    size_t kn = p.klen, vn;
+    if (p.type == CK_ENTRIES) {
+        b->run = kw_cursor_make(p.val, p.vlen);
+        kw_cursor peek = b->run;
+        if (run_next(&peek, &k, &kn, &v, &vn) != 1)
+            return corrupt(b, b->begin + b->got - 1, "holds a damaged run of checkpoint entries");
+    } else {
+        b->entry = p;
+    }
+    *yes = kn == 1 && *(const char *)k == 'T';
+    return KEEL_OK;
+}
+
 int kr_boot_begin(kr_node *n, kw_store *s, kr_boot **out)
 {
     *out = NULL;
@@ -452,7 +502,21 @@ int kr_boot_begin(kr_node *n, kw_store *s, kr_boot **out)
     int rc = latest(n, &begin, &end);
     if (rc || !begin)
         return rc ? rc : core_fail(KEEL_ENOENT, "stream %s holds no complete checkpoint", n->ckpt_stream);
-    return boot_begin(n, s, begin, end, out);
+    kr_boot *b;
+    bool ordered = false;
+    if ((rc = boot_begin(n, s, begin, end, &b)) || (rc = in_load_order(b, &ordered))) {
+        kr_boot_settle(b);
+        return rc;
+    }
+    /* the stream continues right after the checkpoint, as kr_connect saw it (purged by hand past it: no) */
+    uint64_t first = atomic_load_explicit(&n->seen_first, memory_order_relaxed);
+    if (!ordered || b->meta.lsn + 1 < first) {
+        kr_boot_settle(b);
+        return core_fail(KEEL_ENOENT, "stream %s: the checkpoint at %" PRIu64 " cannot be loaded as it arrives (%s)",
+                         n->ckpt_stream, begin, ordered ? "the WAL stream was purged past it" : "not in load order");
+    }
+    *out = b;
+    return KEEL_OK;
 }
 
 void kr_boot_info(const kr_boot *b, kr_boot_view *out)

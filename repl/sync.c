@@ -567,11 +567,15 @@ int kr_copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t time
 
 int kr_sync_boots(kr_node *n, kw_store *s, bool *boots, uint64_t *stream_last)
 {
-    /* the stream as kr_connect saw it: purged past LSN 1 then, so it is now */
+    /* the stream as kr_connect saw it: purged past LSN 1 then, so it is now (also when purged to empty:
+       JetStream's first sequence is then the next one; the published checkpoint covers all before it) */
     uint64_t sfirst = atomic_load_explicit(&n->seen_first, memory_order_relaxed), lfirst, llast, covered;
     *stream_last = atomic_load_explicit(&n->seen_last, memory_order_relaxed);
     *boots = false;
-    int rc = local_bounds(s, &lfirst, &llast);
+    dir_mark mark;
+    int rc = check_mark(n, s, &mark); /* another stream's directory, or a damaged mark: refused */
+    if (!rc)
+        rc = local_bounds(s, &lfirst, &llast);
     if (!rc)
         rc = checkpoint_covered(s, &covered);
     *boots = !rc && !n->primary && !llast && !covered && sfirst > 1;

@@ -1105,16 +1105,24 @@ static int spawn_sys(keel_ctx *ctx, void *user)
     return keel_cmd_spawn(keel_ctx_commands(ctx), &in, 1) ? -1 : 0;
 }
 
-static keel_runtime *spawning_rt(keel_runtime_desc d, keel_component *v)
+/* spawning_rt, with a second component "w" registered when `w`. */
+static keel_runtime *spawning_rt_w(keel_runtime_desc d, keel_component *v, bool w)
 {
     keel_runtime *rt = tu_rt_new(d);
     *v = tu_reg(keel_runtime_world(rt), "v", 4, KEEL_VERSIONED, v_fields, 1);
+    if (w)
+        tu_reg(keel_runtime_world(rt), "w", 4, KEEL_VERSIONED, v_fields, 1);
     keel_schedule *s;
     ck_assert_rc(keel_schedule_create(rt, &s), KEEL_OK);
     ck_assert_rc(keel_schedule_add_system(s, &(keel_system_desc){.name = "spawn", .kind = KEEL_SYSTEM_CALLBACK,
                                                                  .run = spawn_sys, .user = v}, NULL), KEEL_OK);
     tu_install(rt, s);
     return rt;
+}
+
+static keel_runtime *spawning_rt(keel_runtime_desc d, keel_component *v)
+{
+    return spawning_rt_w(d, v, false);
 }
 
 /* A world of `ticks` ticks run without replication in the directory `name`
@@ -1560,8 +1568,18 @@ START_TEST(test_stream_bootstrap_copy_fails)
                       strstr(keel_last_error(), "sbfail-replica"), "%s", keel_last_error());
     ck_assert_rc(keel_runtime_fatal(f), KEEL_EIO);
     ck_assert_rc(keel_replica_poll(f, 0, NULL), KEEL_EFATAL);
-    keel_runtime_close(f);
+    ck_assert_rc(keel_runtime_close(f), KEEL_EFATAL);
     uint64_t first, last, covered;
+    wal_bounds_of("sbfail-replica", &first, &last, &covered);
+    ck_assert_uint_eq(covered, 0);
+    ck_assert_uint_eq(last, 0);
+    /* closed before any poll: the close reports it */
+    f = spawning_rt(fd, &v);
+    ck_assert_rc(keel_failpoints_set("wal.before_commit=eio"), KEEL_OK);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    ck_assert_rc(keel_runtime_close(f), KEEL_EFATAL);
+    ck_assert_rc(keel_failpoints_set(""), KEEL_OK);
+    ck_assert_msg(strstr(keel_last_error(), "did not take its bootstrap checkpoint"), "%s", keel_last_error());
     wal_bounds_of("sbfail-replica", &first, &last, &covered);
     ck_assert_uint_eq(covered, 0);
     ck_assert_uint_eq(last, 0);
@@ -1574,10 +1592,9 @@ START_TEST(test_stream_bootstrap_copy_fails)
 }
 END_TEST
 
-/* A published checkpoint the replica cannot load as it arrives -- a
- * damaged run of entries; entries out of their load order (a chunk before
- * the table list) -- fails its recovery with KEEL_ECORRUPT, the directory
- * left empty. */
+/* A published checkpoint in load order that the replica cannot load as
+ * it arrives -- a damaged run of entries; a table list that is no record --
+ * fails its recovery with KEEL_ECORRUPT, the directory left empty. */
 START_TEST(test_stream_bootstrap_refused)
 {
     char pdir[4096], fdir[4096];
@@ -1595,9 +1612,9 @@ START_TEST(test_stream_bootstrap_refused)
     ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
     ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
     static const unsigned char damaged[] = {3, 0, 0, 0, 'C', 'x'},                        /* a key past the end */
-                               chunk_first[] = {1, 0, 0, 0, 'C', 1, 0, 0, 0, 'v'};        /* "C" before "T" */
+                               junk_tables[] = {1, 0, 0, 0, 'T', 1, 0, 0, 0, 'v'};        /* no record */
     const struct { const void *p; size_t n; const char *says; } bad[] = {
-        {damaged, sizeof damaged, "damaged run"}, {chunk_first, sizeof chunk_first, "no table list"}};
+        {damaged, sizeof damaged, "damaged run"}, {junk_tables, sizeof junk_tables, "is unreadable"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         uint64_t begin = publish_raw(js, "keel.sbbad.ckpt", 1, meta, mlen);
         publish_raw(js, "keel.sbbad.ckpt", 3, schema, slen);
@@ -1623,6 +1640,108 @@ START_TEST(test_stream_bootstrap_refused)
     }
     kw_read_end(r);
     kw_store_close(ps);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+}
+END_TEST
+
+/* Publish the checkpoint of directory `dir` as an older publisher did: the
+ * snap keys in plain key order ("C" first), BEGIN without an identity. */
+static void publish_in_key_order(jsCtx *js, const char *subject, const char *dir)
+{
+    kw_store *st = store_in(dir);
+    kw_rtxn *r;
+    const void *meta, *schema, *k, *v;
+    size_t mlen, slen, kn, vn;
+    ck_assert(!kw_read_begin(st, &r));
+    ck_assert_rc(kw_get(r, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), &meta, &mlen), KEEL_OK);
+    ck_assert_rc(kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &schema, &slen), KEEL_OK);
+    uint64_t begin = publish_raw(js, subject, 1, meta, mlen), msgs = 1;
+    publish_raw(js, subject, 3, schema, slen);
+    kw_walit *it;
+    ck_assert_rc(kw_db_iter(r, KW_DB_SNAP, NULL, 0, &it), KEEL_OK);
+    kw_buf run = {0};
+    int more;
+    while ((more = kw_db_next(it, &k, &kn, &v, &vn)) >= 0) {
+        if (run.len && (more == 0 || run.len + 8 + kn + vn > 900000)) {
+            publish_raw(js, subject, 5, run.p, run.len);
+            msgs++;
+            run.len = 0;
+        }
+        if (more == 0)
+            break;
+        ck_assert(!kw_put_u32(&run, (uint32_t)kn) && !kw_put_bytes(&run, k, kn) && !kw_put_u32(&run, (uint32_t)vn) &&
+                  !kw_put_bytes(&run, v, vn));
+    }
+    ck_assert_int_eq(more, 0);
+    kw_wal_iter_end(it);
+    kw_buf_free(&run);
+    kw_read_end(r);
+    kw_store_close(st);
+    unsigned char end[16];
+    kw_buf e = {end, 0, sizeof end};
+    ck_assert(!kw_put_u64(&e, begin) && !kw_put_u64(&e, msgs));
+    publish_raw(js, subject, 4, end, sizeof end);
+}
+
+/* A new replica that cannot load the published checkpoint as it arrives
+ * takes it into its directory first (as one that holds something does),
+ * to the same state: one in plain key order (an older publisher's), and
+ * one whose schema a component registered since extends (its record
+ * follows on the stream). A WAL stream purged past the checkpoint is
+ * refused with KEEL_ERANGE. */
+START_TEST(test_stream_bootstrap_declined)
+{
+    char pdir[4096], fdir[4096];
+    uint64_t at5, want;
+    purged_world("sbold", pdir, sizeof pdir, &at5, &want);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    publish_in_key_order(js, "keel.sbold.ckpt", "sbold");
+    keel_component v;
+    keel_runtime *f = spawning_rt(replica_desc("sbold", fdir, sizeof fdir), &v);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    keel_repl_status st;
+    keel_repl_status_get(f, &st);
+    ck_assert(st.bootstrapped);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), want); /* taken in step: the records after it too */
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    /* the primary again with one more component: a schema record after the checkpoint */
+    keel_runtime_desc pd = {.workers = 1, .durable.dir = pdir,
+                            .replication = {.nats = nats_url, .world = "sbold", .mode = KEEL_REPL_SYNC,
+                                            .lease_ms = 300, .retain_records = 1}};
+    keel_runtime *p = spawning_rt_w(pd, &v, true);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 3);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    want = keel_world_hash(keel_runtime_world(p));
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    keel_runtime_desc fd = replica_desc("sbold", fdir, sizeof fdir);
+    snprintf(fdir + strlen(fdir), sizeof fdir - strlen(fdir), "2");
+    f = spawning_rt_w(fd, &v, true);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    keel_repl_status_get(f, &st);
+    ck_assert(st.bootstrapped);
+    ck_assert_uint_eq(keel_runtime_tick(f), 13);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), want);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    /* the WAL stream purged by hand past the checkpoint's covered LSN */
+    kr_node *n = connect_world(nats_url, "sbold", "probe");
+    uint64_t first, last;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    kr_close(n);
+    jsOptions po;
+    jsOptions_Init(&po);
+    po.Stream.Purge.Sequence = last; /* keeps only the last record */
+    ck_assert_int_eq(js_PurgeStream(js, "KEEL_sbold", &po, NULL), NATS_OK);
+    fd = replica_desc("sbold", fdir, sizeof fdir);
+    snprintf(fdir + strlen(fdir), sizeof fdir - strlen(fdir), "3");
+    f = spawning_rt_w(fd, &v, true);
+    ck_assert_rc(keel_runtime_recover(f, NULL), KEEL_ERANGE);
+    ck_assert_msg(strstr(keel_last_error(), "KEEL_sbold starts at"), "%s", keel_last_error());
+    keel_runtime_close(f);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
 }
@@ -1959,7 +2078,8 @@ int main(void)
                                    test_purged_divergence_refused, test_stream_made_again, test_stream_without_identity,
                                    test_world_seeds_empty_stream, test_local_world_replicated,
                                    test_replica_waits_for_unstreamed_world, test_stream_bootstrap,
-                                   test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused};
+                                   test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused,
+                                   test_stream_bootstrap_declined};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

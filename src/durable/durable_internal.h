@@ -355,6 +355,10 @@ typedef struct dur_open_desc {
  * replay), start the writer and checkpoint threads. *out is set as soon as
  * the state exists, also on failure: the caller closes it. */
 int dur_open(const dur_open_desc *o, dur_state **out, keel_recovery *rec);
+/* Does the world's registration extend the schema record `rec` (1), or
+ * match it (0)? KEEL_EINVAL (a component registered otherwise, in a
+ * sentence naming it) or KEEL_ECORRUPT (an unreadable record). */
+int dur_schema_extends(const keel_world *w, const void *rec, size_t len);
 void dur_close(dur_state *d);
 /* A follower's directory grew: replication appended records up to
  * last_lsn. Adopt them (the next LSN, the durable LSN) and apply every

@@ -107,7 +107,7 @@ static int check_component(const keel_world *w, const kw_component *k)
 
 /* 1 when the registered schema extends the stored record `val` (write
  * it; also when there is none: val NULL), 0 when equal, or an error. */
-static int check_schema(dur_state *d, const void *val, size_t len, kw_codec_ctx *c)
+static int check_schema(const keel_world *w, const void *val, size_t len, kw_codec_ctx *c)
 {
     if (!val)
         return 1;
@@ -119,10 +119,10 @@ static int check_schema(dur_state *d, const void *val, size_t len, kw_codec_ctx 
         (rc = kw_schema_decode(payload, h.raw_len, &s)))
         return rc == KEEL_ECORRUPT ? core_fail_prefix(rc, "the stored schema is unreadable") : rc;
     for (uint32_t i = 0; !rc && i < s.ncomps; i++)
-        rc = check_component(d->world, &s.comps[i]);
+        rc = check_component(w, &s.comps[i]);
     uint32_t stored = s.ncomps;
     kw_schema_free(&s);
-    return rc ? rc : d->world->ncomps > stored;
+    return rc ? rc : w->ncomps > stored;
 }
 
 /* check_schema on the directory's schema record. */
@@ -133,7 +133,18 @@ static int check_stored_schema(dur_state *d, kw_rtxn *r, kw_codec_ctx *c)
     int rc = kw_get(r, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), &val, &len);
     if (rc && rc != KEEL_ENOENT)
         return rc;
-    return check_schema(d, rc ? NULL : val, len, c);
+    return check_schema(d->world, rc ? NULL : val, len, c);
+}
+
+int dur_schema_extends(const keel_world *w, const void *rec, size_t len)
+{
+    kw_codec_ctx *c;
+    int rc = kw_codec_create(&(kw_codec_desc){.level = KW_CODEC_LEVEL_DEFAULT}, &c);
+    if (rc)
+        return rc;
+    rc = check_schema(w, rec, len, c);
+    kw_codec_destroy(c);
+    return rc;
 }
 
 typedef struct schema_write {
@@ -856,7 +867,7 @@ static int recover(dur_state *d, const dur_boot *boot, keel_recovery *out)
     size_t vn;
     /* a stream's directory: see trim_upto (checkpoint.c) */
     d->trim_to_stream = !d->follow && !kw_get(r, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), &v, &vn);
-    int schema = boot ? check_schema(d, boot->schema, boot->schema_len, l.c) : check_stored_schema(d, r, l.c);
+    int schema = boot ? check_schema(d->world, boot->schema, boot->schema_len, l.c) : check_stored_schema(d, r, l.c);
     kw_checkpoint_meta m = {0};
     uint64_t last = 0, first = 0, cut = 0;
     rc = schema < 0 ? schema : KEEL_OK;

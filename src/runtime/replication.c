@@ -327,14 +327,20 @@ static int sync_until_schema(struct runtime_repl *r, kw_store *store, bool prima
  * checkpoint as the stream delivers it, while a thread copies it into the
  * directory (kr_boot), whose commit repl_settle awaits before the directory
  * is written again. */
-static int boot_begin(struct runtime_repl *r, kw_store *store, uint64_t stream_last, dur_open_desc *o,
-                      kr_sync_info *si)
+static int boot_begin(struct runtime_repl *r, const keel_world *w, kw_store *store, uint64_t stream_last,
+                      dur_open_desc *o, kr_sync_info *si)
 {
     int rc = kr_boot_begin(r->node, store, &r->boot);
     if (rc)
         return rc;
     kr_boot_view v;
     kr_boot_info(r->boot, &v);
+    /* components registered since the checkpoint come with a schema record after it: copy it first */
+    if ((rc = dur_schema_extends(w, v.schema, v.schema_len))) {
+        (void)kr_boot_settle(r->boot);
+        r->boot = NULL;
+        return rc == 1 ? KEEL_ENOENT : rc;
+    }
     r->boot_desc = (dur_boot){.meta = v.meta, .meta_len = v.meta_len, .schema = v.schema, .schema_len = v.schema_len,
                               .src = {r->boot, kr_boot_next}};
     o->boot = &r->boot_desc;
@@ -388,8 +394,10 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     bool boots = false;
     uint64_t stream_last = 0;
     rc = primary ? KEEL_OK : kr_sync_boots(r->node, store, &boots, &stream_last);
-    if (!rc && boots && (rc = boot_begin(r, store, stream_last, o, &si)) == KEEL_ENOENT)
-        boots = false; /* none published: kr_sync_store says what that means */
+    if (!rc && boots && (rc = boot_begin(r, rt->world, store, stream_last, o, &si)) == KEEL_ENOENT) {
+        boots = false; /* none to load as it arrives: kr_sync_store takes the directory in step */
+        rc = KEEL_OK;
+    }
     if (!rc && !boots)
         rc = sync_until_schema(r, store, primary, &si);
     if (!rc && si.discarded)

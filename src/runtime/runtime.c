@@ -200,10 +200,15 @@ static int shutdown_durable(keel_runtime *rt)
         rc = run_on_shutdown(rt);
     if (!rt->dur)
         return rc;
+    char unsettled[512] = ""; /* a replica's bootstrap copy that failed (it latched fatal) */
+    if (repl_settle(rt))
+        snprintf(unsettled, sizeof unsettled, "%s", keel_last_error());
     if (!dur_fatal(rt->dur))
         (void)dur_wait(rt->dur, dur_last_lsn(rt->dur), true); /* failing latches fatal: reported below */
     int fatal = dur_fatal(rt->dur);
-    if (fatal) {
+    if (fatal && unsettled[0]) {
+        rc = core_fail(KEEL_EFATAL, "keel_runtime_close: %s", unsettled);
+    } else if (fatal) {
         submit_refuse(&rt->txn, KEEL_EFATAL); /* closures queued before the latch never run */
         rc = core_fail(KEEL_EFATAL,
                        "keel_runtime_close: %s (%s) in data directory %s: what was committed after LSN %llu is "

@@ -233,7 +233,11 @@ int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered);
  * kr_boot_settle waits for the thread and frees the kr_boot: KEEL_OK once
  * the directory holds the checkpoint, else the copy's error (a settle
  * without a verdict aborts). Nothing else may write s in between (LMDB's
- * writer lock makes it wait anyway). KEEL_ENOENT: none is published. */
+ * writer lock makes it wait anyway). KEEL_ENOENT: none is published that
+ * loads so (none at all; one sent in plain key order by an older publisher;
+ * one the WAL stream, as kr_connect saw it, was purged past): kr_ckpt_load
+ * and kr_sync_store take those. KEEL_EUNAVAILABLE from kr_boot_next: the
+ * checkpoint was purged for a newer one while it was read. */
 typedef struct kr_boot kr_boot;
 typedef struct kr_boot_view {
     const void *meta, *schema;   /* meta "checkpoint" and the schema record, as a directory holds them */
