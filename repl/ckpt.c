@@ -211,13 +211,10 @@ static bool parse(const void *data, size_t len, ck_parsed *out)
 static int latest(kr_node *n, uint64_t *begin, uint64_t *end)
 {
     *begin = *end = 0;
-    natsMsg *msg = NULL;
-    jsErrCode jerr = 0;
-    natsStatus st = js_GetLastMsg(&msg, n->js, n->ckpt_stream, n->ckpt_subject, NULL, &jerr);
-    if (st == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr || jerr == JSStreamNotFoundErr)
-        return KEEL_OK;
-    if (st != NATS_OK)
-        return core_fail(KEEL_EUNAVAILABLE, "cannot read stream %s: %s", n->ckpt_stream, natsStatus_GetText(st));
+    natsMsg *msg;
+    int rc = kr_last_msg(n, n->ckpt_stream, n->ckpt_subject, &msg);
+    if (rc)
+        return rc == KEEL_ENOENT ? KEEL_OK : rc;
     ck_parsed p;
     if (parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) && p.type == CK_END) {
         kw_cursor c = kw_cursor_make(p.val, p.vlen);

@@ -407,6 +407,19 @@ static int get_msg(kr_node *n, uint64_t seq, natsMsg **m)
     return KEEL_OK;
 }
 
+int kr_last_msg(kr_node *n, const char *stream, const char *subject, natsMsg **m)
+{
+    jsErrCode jerr = 0;
+    natsStatus s;
+    *m = NULL;
+    KR_RETRY(n, s, jerr, js_GetLastMsg(m, n->js, stream, subject, NULL, &jerr));
+    if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr || jerr == JSStreamNotFoundErr)
+        return KEEL_ENOENT;
+    if (s != NATS_OK)
+        return nats_fail(s, jerr, "cannot read stream %s", stream);
+    return KEEL_OK;
+}
+
 int kr_get(kr_node *n, uint64_t seq, kw_buf *out)
 {
     natsMsg *m = NULL;

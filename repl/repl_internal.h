@@ -60,6 +60,10 @@ uint64_t kr_stream_id(const kr_node *n);
 /* Open (or with create make) the lease bucket: KEEL_ENOENT when it does not exist yet. */
 int kr_ensure_bucket(kr_node *n, bool create);
 int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64_t from, kr_reader **out);
+/* The last message of `subject` in `stream`, retried while NATS cannot
+ * answer now (a leader being elected): *m to destroy. KEEL_ENOENT (no
+ * sentence): none, or no such stream. */
+int kr_last_msg(kr_node *n, const char *stream, const char *subject, natsMsg **m);
 /* The message kr_read_next gave last, now the caller's (natsMsg_Destroy):
  * its data stays valid past the next read. */
 natsMsg *kr_read_take(kr_reader *r);
