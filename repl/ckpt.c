@@ -255,7 +255,7 @@ struct kr_boot {
     uint64_t begin, end;           /* the sequences of its BEGIN and END */
     kw_checkpoint_meta meta;
     ck_parsed head, schema;        /* its BEGIN and SCHEMA messages */
-    ck_parsed entry;               /* an ENTRY message fetched but not yet given (type 0: none) */
+    ck_parsed entry;               /* an ENTRY message fetched, not yet given (type 0: none) */
     kw_cursor run;                 /* kr_boot_next: the rest of the ENTRIES message it reads */
     natsMsg **msgs;                /* begin .. begin + got - 1 */
     uint32_t got, cap;
@@ -403,34 +403,45 @@ static int boot_fetch(kr_boot *b, ck_parsed *p)
     return KEEL_OK;
 }
 
+/* The checkpoint's next message, fetched and checked: an ENTRY into
+ * b->entry, an ENTRIES run into b->run. */
+static int next_entries(kr_boot *b)
+{
+    ck_parsed p;
+    int rc = boot_fetch(b, &p);
+    uint64_t seq = b->begin + b->got - 1;
+    if (rc)
+        return rc;
+    if (p.type == CK_ENTRY && (!p.klen || p.klen > CK_KEY_MAX))
+        return corrupt(b, seq, "holds a checkpoint entry without a valid key");
+    if (p.type == CK_ENTRY) {
+        b->entry = p;
+        return KEEL_OK;
+    }
+    if (p.type != CK_ENTRIES)
+        return corrupt(b, seq, "is out of its place in a checkpoint");
+    if (!p.vlen) /* a run holds one entry at least */
+        return corrupt(b, seq, "holds a damaged run of checkpoint entries");
+    b->run = kw_cursor_make(p.val, p.vlen);
+    return KEEL_OK;
+}
+
 int kr_boot_next(void *self, const void **key, size_t *klen, const void **val, size_t *vlen)
 {
     kr_boot *b = self;
-    if (b->entry.type == CK_ENTRY) { /* the ENTRY message in_load_order fetched */
-        *key = b->entry.key, *klen = b->entry.klen, *val = b->entry.val, *vlen = b->entry.vlen;
-        b->entry.type = 0;
-        return 1;
-    }
     for (;;) {
+        if (b->entry.type == CK_ENTRY) {
+            *key = b->entry.key, *klen = b->entry.klen, *val = b->entry.val, *vlen = b->entry.vlen;
+            b->entry.type = 0;
+            return 1;
+        }
         int rc = run_next(&b->run, key, klen, val, vlen);
         if (rc)
             return rc == 1 ? 1 : corrupt(b, b->begin + b->got - 1, "holds a damaged run of checkpoint entries");
         if (b->begin + b->got == b->end)
             return 0;
-        ck_parsed p;
-        if ((rc = boot_fetch(b, &p)))
+        if ((rc = next_entries(b)))
             return rc;
-        if (p.type == CK_ENTRY) {
-            if (!p.klen || p.klen > CK_KEY_MAX)
-                return corrupt(b, b->begin + b->got - 1, "holds a checkpoint entry without a valid key");
-            *key = p.key, *klen = p.klen, *val = p.val, *vlen = p.vlen;
-            return 1;
-        }
-        if (p.type != CK_ENTRIES)
-            return corrupt(b, b->begin + b->got - 1, "is out of its place in a checkpoint");
-        if (!p.vlen) /* a run holds one entry at least */
-            return corrupt(b, b->begin + b->got - 1, "holds a damaged run of checkpoint entries");
-        b->run = kw_cursor_make(p.val, p.vlen);
     }
 }
 
@@ -474,20 +485,14 @@ static int in_load_order(kr_boot *b, bool *yes)
     *yes = false;
     if (b->begin + b->got == b->end)
         return KEEL_OK;
-    ck_parsed p;
-    int rc = boot_fetch(b, &p);
-    if (rc || (p.type != CK_ENTRIES && p.type != CK_ENTRY))
-        return rc ? rc : corrupt(b, b->begin + b->got - 1, "is out of its place in a checkpoint");
-    const void *k = p.key, *v;
-    size_t kn = p.klen, vn;
-    if (p.type == CK_ENTRIES) {
-        b->run = kw_cursor_make(p.val, p.vlen);
-        kw_cursor peek = b->run;
-        if (run_next(&peek, &k, &kn, &v, &vn) != 1)
-            return corrupt(b, b->begin + b->got - 1, "holds a damaged run of checkpoint entries");
-    } else {
-        b->entry = p;
-    }
+    int rc = next_entries(b);
+    if (rc)
+        return rc;
+    const void *k = b->entry.key, *v;
+    size_t kn = b->entry.klen, vn;
+    kw_cursor peek = b->run;
+    if (b->entry.type != CK_ENTRY && run_next(&peek, &k, &kn, &v, &vn) != 1)
+        return corrupt(b, b->begin + b->got - 1, "holds a damaged run of checkpoint entries");
     *yes = kn == 1 && *(const char *)k == 'T';
     return KEEL_OK;
 }
