@@ -83,7 +83,7 @@ install: build
 test-asan: deps
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DKEEL_SANITIZE=address -DKEEL_WERROR=$(WERROR)
 	cmake --build $(BUILD)-asan -j$(JOBS)
-	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j$(JOBS) $(CTEST_ARGS)
 
 test-tsan: deps

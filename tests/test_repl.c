@@ -1139,13 +1139,13 @@ static uint64_t run_local_world(const char *name, char *dir, size_t cap, uint32_
     return hash;
 }
 
-static keel_runtime *sync_primary_rt(const char *dir, const char *world)
+/* *v must outlive the runtime: its spawning system reads it every tick. */
+static keel_runtime *sync_primary_rt(const char *dir, const char *world, keel_component *v)
 {
-    keel_component v;
     return spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir,
                                            .replication = {.nats = nats_url, .world = world,
                                                            .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
-                       &v);
+                       v);
 }
 
 /* A local world replicated from then on: its primary keeps it (the tick
@@ -1160,7 +1160,8 @@ START_TEST(test_local_world_replicated)
     kw_store *s = store_in("was-local");
     uint64_t local_last = wal_last(s);
     kw_store_close(s);
-    keel_runtime *p = sync_primary_rt(dir, "was-local");
+    keel_component pv;
+    keel_runtime *p = sync_primary_rt(dir, "was-local", &pv);
     ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
     ck_assert_uint_eq(keel_runtime_tick(p), 5);
     ck_assert_uint_eq(keel_world_hash(keel_runtime_world(p)), local);
@@ -1195,7 +1196,7 @@ START_TEST(test_local_world_replicated)
     ck_assert_rc(kr_lease_renew(x, epoch, true, &rev), KEEL_OK); /* held once, let go */
     kr_close(x);
     local = run_local_world("was-held", dir, sizeof dir, 2);
-    p = sync_primary_rt(dir, "was-held");
+    p = sync_primary_rt(dir, "was-held", &pv);
     ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
     ck_assert_uint_eq(keel_runtime_tick(p), 2);
     ck_assert_uint_eq(keel_world_hash(keel_runtime_world(p)), local);
