@@ -684,6 +684,8 @@ struct kr_reader {
     uint64_t id;               /* ... its identity when the reader began */
     bool begun;                /* subscribed once: a later subscription is made again */
     int failed;                /* a subscription made again failed (no consumer since): its code */
+    uint64_t seen_last;        /* the stream's last sequence as the last message delivered said */
+    uint64_t nread, bytes_read; /* messages given and their bytes: their mean size */
 };
 
 int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out)
@@ -788,15 +790,25 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
     jsMsgMetaData *md = NULL;
     if ((s = natsMsg_GetMetaData(&md, r->msg)) != NATS_OK)
         return nats_fail(s, 0, "a message of stream %s has no metadata", r->stream);
-    uint64_t got = md->Sequence.Stream;
+    /* the stream holds one subject, the reader's: what is pending after this message is the rest of it */
+    uint64_t got = md->Sequence.Stream, last = got + md->NumPending;
     jsMsgMetaData_Destroy(md);
     if (got != r->next)
         return out_of_order(r, got); /* 0: nothing now, the caller reads again */
     r->next++;
+    r->seen_last = last > r->seen_last ? last : r->seen_last;
     *seq = got;
     *data = natsMsg_GetData(r->msg);
     *len = (size_t)natsMsg_GetDataLength(r->msg);
+    r->nread++;
+    r->bytes_read += *len;
     return 1;
+}
+
+void kr_read_seen(const kr_reader *r, uint64_t *stream_last, double *mean_bytes)
+{
+    *stream_last = r->seen_last;
+    *mean_bytes = r->nread ? (double)r->bytes_read / (double)r->nread : 0;
 }
 
 natsMsg *kr_read_take(kr_reader *r)

@@ -1288,6 +1288,59 @@ START_TEST(test_follower_checkpoints)
 }
 END_TEST
 
+/* A replica's lag comes from the messages it reads (each says how many
+ * follow it in the stream): a poll that copies part of what the stream
+ * holds reports the stream's end and the records left, then none once it
+ * applied them all. */
+START_TEST(test_replica_lag_from_messages)
+{
+    char pdir[4096], fdir[4096];
+    tu_path(pdir, sizeof pdir, "lag-primary");
+    tu_path(fdir, sizeof fdir, "lag-follower");
+    keel_component pv;
+    keel_runtime *p = sync_primary_rt(pdir, "rlag", &pv);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 1);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    keel_component fv;
+    keel_runtime *f = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = fdir,
+                                                      .replication = {.nats = nats_url, .world = "rlag",
+                                                                      .role = KEEL_ROLE_FOLLOWER}},
+                                  &fv);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    keel_repl_status st;
+    keel_repl_status_get(f, &st);
+    uint64_t opened = st.applied_lsn;
+    ck_assert_uint_eq(opened, keel_durable_lsn(p));
+    ck_assert_uint_eq(st.lag_records, 0);
+    /* two records a tick (the spawn, the marker): more than one poll copies */
+    tu_step_n(p, 2200);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    uint64_t end = keel_durable_lsn(p);
+    ck_assert_uint_gt(end, opened + 4096);
+    ck_assert_msg(!keel_replica_poll(f, 1000, NULL), "%s", keel_last_error());
+    keel_repl_status_get(f, &st);
+    ck_assert_uint_gt(st.applied_lsn, opened);
+    ck_assert_uint_le(st.applied_lsn, opened + 4096);
+    ck_assert_uint_eq(st.stream_lsn, end);
+    ck_assert_uint_eq(st.lag_records, end - st.applied_lsn);
+    ck_assert(st.mean_record_bytes > 0);
+    ck_assert_uint_eq(st.lag_bytes, (uint64_t)((double)st.lag_records * st.mean_record_bytes + 0.5));
+    ck_assert_uint_gt(st.lag_ticks + st.lag_records, 0);
+    for (int i = 0; i < 100 && st.applied_lsn < end; i++) {
+        ck_assert_msg(!keel_replica_poll(f, 1000, NULL), "%s", keel_last_error());
+        keel_repl_status_get(f, &st);
+    }
+    ck_assert_uint_eq(st.applied_lsn, end);
+    ck_assert_uint_eq(st.stream_lsn, end);
+    ck_assert_uint_eq(st.lag_records + st.lag_bytes + st.lag_ticks, 0);
+    ck_assert_uint_eq(keel_runtime_tick(f), keel_runtime_tick(p));
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), keel_world_hash(keel_runtime_world(p)));
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+}
+END_TEST
+
 /* A side transaction bigger than one message of the stream: refused at
  * commit (the stream could never take its record), nothing applied or
  * logged; one that fits is replicated. */
@@ -2080,7 +2133,7 @@ int main(void)
                                    test_world_seeds_empty_stream, test_local_world_replicated,
                                    test_replica_waits_for_unstreamed_world, test_stream_bootstrap,
                                    test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused,
-                                   test_stream_bootstrap_declined};
+                                   test_stream_bootstrap_declined, test_replica_lag_from_messages};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

@@ -66,8 +66,8 @@ typedef struct keel_repl_status {
     uint64_t published_lsn;    /* a primary: the last LSN the stream acknowledged */
     uint64_t lag_records;      /* follower: stream - applied; primary: committed - published */
     uint64_t lag_ticks;        /* follower: ticks received but not yet applied; primary: 0 */
-    uint64_t lag_bytes;        /* lag_records times the mean record size (a replica: the stream's
-                                  mean; a primary: the mean of what it published) -- an estimate */
+    uint64_t lag_bytes;        /* lag_records times the mean record size (a replica: the mean of what
+                                  it read; a primary: the mean of what it published) -- an estimate */
     double mean_record_bytes;  /* that mean (0 until known) */
     uint64_t discarded;        /* records dropped at open: this directory held them, the stream did not */
     uint64_t checkpoint_lsn;   /* a primary: the covered LSN of the last checkpoint it published */
@@ -79,7 +79,8 @@ typedef struct keel_repl_status {
 } keel_repl_status;
 
 /* A standby or a follower: copy what the stream holds beyond the
- * directory (waiting up to timeout_ms for the first record), apply it
+ * directory, up to 4096 records a call (waiting up to timeout_ms for the
+ * first record), apply it
  * through recovery's replay (up to the descriptor's stop_tick), and
  * publish a read view of it. A standby whose primary's lease lapsed
  * promotes itself here, once it has applied everything the stream holds:

@@ -40,7 +40,6 @@
 #define DRAIN_MS 5000
 #define SCHEMA_WAIT_TIMEOUTS 30 /* a replica waits this many NATS timeouts for its primary (60 s by default) */
 #define RETAIN_DEFAULT 100000
-#define BOUNDS_EVERY_NS 200000000ull
 
 struct runtime_repl {
     keel_replication_desc desc; /* strings point into the buffers below */
@@ -53,7 +52,6 @@ struct runtime_repl {
     dur_boot boot_desc;        /* ... what recovery loads from it */
     uint64_t local_last;       /* the directory's last LSN */
     uint64_t epoch_lsn;        /* a primary: its EPOCH record */
-    uint64_t bounds_ns;        /* a replica: when it last asked for the stream's bounds */
     /* a standby's view of the lease */
     kr_lease seen;
     uint64_t seen_since_ns;
@@ -516,7 +514,7 @@ void repl_close(keel_runtime *rt, bool clean)
 
 typedef struct applied {
     uint64_t lsn, tick, stream, last_tick;
-    double mean_bytes; /* the stream's mean message size, when just read; else 0 */
+    double mean_bytes; /* the mean size of the messages read; 0 before any */
 } applied;
 
 static void st_applied(keel_repl_status *st, const void *arg)
@@ -547,17 +545,13 @@ static int apply_local(keel_runtime *rt, uint64_t last_tick)
        A failed one (a full disk) costs nothing but the replay it would have saved */
     if (ckpt_maybe(rt->dur, tick, false))
         core_log(KEEL_LOG_WARN, "ckpt", "replica_failed", "tick=%" PRIu64 " cause=\"%s\"", tick, keel_last_error());
-    /* the stream's end for the lag: what was copied, and the stream's own bounds at most every
-       BOUNDS_EVERY_NS (a request to the stream's leader) */
-    uint64_t now = mono_ns();
+    /* the stream's end for the lag: what was copied, and what the messages read said of the stream (no
+       request to the stream's leader here: under load one takes tens of milliseconds, a tick or two) */
     applied a = {.lsn = rt->dur->applied_lsn, .tick = tick, .stream = r->local_last, .last_tick = last_tick};
-    kr_stream_state ss;
-    if (now - r->bounds_ns >= BOUNDS_EVERY_NS) {
-        r->bounds_ns = now;
-        if (!kr_state(r->node, &ss)) {
-            a.stream = ss.last > a.stream ? ss.last : a.stream;
-            a.mean_bytes = ss.msgs ? (double)ss.bytes / (double)ss.msgs : 0;
-        }
+    if (r->reader) {
+        uint64_t seen;
+        kr_read_seen(r->reader, &seen, &a.mean_bytes);
+        a.stream = seen > a.stream ? seen : a.stream;
     }
     status_set(r, st_applied, &a);
     metrics_publish(rt, false);

@@ -187,6 +187,7 @@ void bench_commit(const config *cfg);
 void bench_immediate(const config *cfg);
 void bench_repl(const config *cfg);
 void bench_bootstrap(const config *cfg);
+void bench_lag(const config *cfg);
 /* bench_world.c: a read replica's lag behind the demo at 60 Hz, on the cluster at urls. */
 void bench_repl_lag(const config *cfg, const char *urls);
 void bench_recovery(const config *cfg);

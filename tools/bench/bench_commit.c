@@ -957,6 +957,17 @@ void bench_repl(const config *cfg)
     bench_nats_stop(&nats);
 }
 
+void bench_lag(const config *cfg)
+{
+    bench_nats nats;
+    if (!bench_nats_start(&nats, 3)) {
+        fprintf(stderr, "keel-bench: lag: no NATS JetStream cluster (nats-server installed?): figures skipped\n");
+        return;
+    }
+    bench_repl_lag(cfg, nats.urls);
+    bench_nats_stop(&nats);
+}
+
 void bench_bootstrap(const config *cfg)
 {
     keep_heap_resident();

@@ -84,6 +84,7 @@
  *             replica loading a published 1M-entity checkpoint vs a local
  *             recovery of it (target: ratio <= 2).
  *  bootstrap  repl_bootstrap alone, on a cluster of its own.
+ *  lag        repl_follower_lag_p50/p99 alone, on a cluster of its own.
  *  recovery   keel_runtime_recover of 1M entities + 1000 ticks of WAL vs
  *             the checkpoint alone (s); recovery_mbps / recovery_replay:
  *             raw WAL MB per CPU second (target >= 200) vs reading +
@@ -123,6 +124,7 @@ static const struct bench {
     { "jitter", bench_jitter, NULL },
     { "repl", bench_repl, NULL },
     { "bootstrap", bench_bootstrap, "repl" },
+    { "lag", bench_lag, "repl" },
 };
 #define NBENCHES (sizeof BENCHES / sizeof BENCHES[0])
 
@@ -140,7 +142,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: keel-bench [all|NAME...] [--json] [--rounds N] [--entities N]\n"
             "  NAME          iterate|systems|spawn|commit|side|fence|recovery|checkpoint|jitter|\n"
-            "                wal|immediate|memory|parallel|destroy|repl|bootstrap (several may be named; default all).\n"
+            "                wal|immediate|memory|parallel|destroy|repl|bootstrap|lag (several may be named; default all).\n"
             "                iterate includes parallel, spawn includes destroy\n"
             "  --rounds N    rounds; figures are medians over rounds (default 7)\n"
             "  --entities N  entities of the in-memory figures (default 1000000); the durability\n"

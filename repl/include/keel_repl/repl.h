@@ -80,6 +80,11 @@ int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out);
 int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **data, size_t *len);
 /* Read again from `from` on, with a new consumer. */
 int kr_read_restart(kr_reader *r, uint64_t from);
+/* What the messages read so far say, without asking the server: the
+ * stream's last sequence when the last one was delivered (its sequence plus
+ * the messages pending after it; 0 before any) and their mean size (0
+ * before any). */
+void kr_read_seen(const kr_reader *r, uint64_t *stream_last, double *mean_bytes);
 void kr_read_end(kr_reader *r);
 
 /* Publish the record of `lsn`, expecting the stream to end at lsn - 1.
