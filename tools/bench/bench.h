@@ -20,6 +20,7 @@
 
 #include "keel/keel.h"
 #include "keel_wal/wal.h"
+#include "nats_cluster.h"
 #include "world.h" /* keel-bench builds keel-world's world.c: its vec3 and workload */
 
 /* ---- configuration and figures ------------------------------------------- */
@@ -95,13 +96,7 @@ keel_component register_vec3(keel_world *w, const char *name);
 char *make_tmpdir(const char *tag);
 /* A NATS JetStream cluster of n servers on loopback (bench_nats.c): false
  * (and nothing left running) when nats-server is missing or never got ready. */
-#define BENCH_NATS_MAX 3
-typedef struct bench_nats {
-    pid_t pid[BENCH_NATS_MAX];
-    int n;
-    char dir[512];
-    char urls[256];
-} bench_nats;
+typedef nats_cluster bench_nats;
 bool bench_nats_start(bench_nats *b, int n);
 void bench_nats_stop(bench_nats *b);
 void remove_tmpdir(char *dir);

@@ -89,7 +89,7 @@ typedef struct fo_node {
 struct fo_lap {
     const kc_fo_desc *d;
     kc_fo_stats *fs;
-    kc_nats *ns;
+    nats_cluster *ns;
     uint64_t *rounds_left;
     kc_lap lap;
     fo_node node[2];
@@ -178,12 +178,12 @@ static void depose(fo_node *o)
 static void finish_run(fo_lap *fl, fo_node *n, const char *fault);
 
 /* The round is over, however it ended: a NATS node it killed starts again
- * (healthy later: kc_nats_ready). */
+ * (healthy later: nats_cluster_ready). */
 static void plan_clear(fo_lap *fl)
 {
     fo_plan *p = &fl->plan;
     if (p->nats_node >= 0 && fl->ns->pid[p->nats_node] <= 0) {
-        if (kc_nats_restart(fl->ns, p->nats_node))
+        if (nats_cluster_restart(fl->ns, p->nats_node))
             kc_problem(&fl->lap, &fl->lap.st->violations, "NATS node %d cannot be started again", p->nats_node);
         else
             say(fl, "NATS node %d started again", p->nats_node);
@@ -415,7 +415,7 @@ static void plan_round(fo_lap *fl)
     if (fl->plan.kind != FO_NONE || !*fl->rounds_left || !p || !o->up || !o->standby ||
         p->run.last_tick + 30 >= fl->d->until)
         return;
-    bool nats_ok = kc_nats_ready(fl->ns); /* a NATS node is killed only while all three serve */
+    bool nats_ok = nats_cluster_ready(fl->ns); /* a NATS node is killed only while all three serve */
     (*fl->rounds_left)--;
     fl->lap.st->rounds++;
     uint64_t *rng = &fl->rng, r = kc_rand(rng) % 100;
@@ -454,7 +454,7 @@ static void act(fo_lap *fl)
         return;
     }
     if (p->stage == 0 && (p->kind == FO_NATS_KILL || p->kind == FO_NATS)) {
-        kc_nats_kill(fl->ns, p->nats_node);
+        nats_cluster_kill(fl->ns, p->nats_node);
         fl->fs->nats_kills++;
         p->resume_tick = n->run.last_tick + 15;
         p->at = now + p->kill_after_ms;
@@ -539,7 +539,7 @@ static void watch(fo_lap *fl)
         }
     }
     for (int i = 0; i < fl->ns->n && !fl->aborted; i++)
-        if (fl->ns->starting[i] && !kc_nats_ready(fl->ns) && fl->ns->starting[i] &&
+        if (fl->ns->starting[i] && !nats_cluster_ready(fl->ns) && fl->ns->starting[i] &&
             now - fl->ns->started_at[i] > FO_PROMOTE_MS) {
             kc_problem(&fl->lap, &fl->lap.st->violations, "NATS node %d, started again, was not healthy within "
                        "%.0f s", i, FO_PROMOTE_MS / 1000);
@@ -611,7 +611,7 @@ static void check_epochs(fo_lap *fl)
     }
 }
 
-static void run_lap(const kc_fo_desc *d, kc_nats *ns, kc_fo_stats *fs, uint64_t *rounds_left)
+static void run_lap(const kc_fo_desc *d, nats_cluster *ns, kc_fo_stats *fs, uint64_t *rounds_left)
 {
     fo_lap *fl = calloc(1, sizeof *fl);
     if (!fl)
@@ -640,9 +640,9 @@ static void run_lap(const kc_fo_desc *d, kc_nats *ns, kc_fo_stats *fs, uint64_t 
     say(fl, "world %s, checkpoint every %" PRId64 ", %s, %d workers", fl->world, fl->ckpt_every, fl->durability,
         fl->workers);
     double until = kc_now_ms() + FO_PROMOTE_MS; /* a lap starts on a healthy cluster */
-    while (!kc_nats_ready(ns) && kc_now_ms() < until && !kc_stop)
+    while (!nats_cluster_ready(ns) && kc_now_ms() < until && !kc_stop)
         nanosleep(&(struct timespec){0, 50 * 1000000L}, NULL);
-    if (!kc_nats_ready(ns))
+    if (!nats_cluster_ready(ns))
         kc_problem(&fl->lap, &fl->lap.st->violations, "the NATS cluster was not healthy within %.0f s",
                    FO_PROMOTE_MS / 1000);
     else
@@ -668,17 +668,17 @@ static void run_lap(const kc_fo_desc *d, kc_nats *ns, kc_fo_stats *fs, uint64_t 
 bool kc_failover_run(const kc_fo_desc *d, uint64_t rounds, kc_fo_stats *out)
 {
     *out = (kc_fo_stats){0};
-    kc_nats ns = {0};
+    nats_cluster ns = {0};
     char dir[PATH_MAX + 32];
     bool ok = true;
     for (uint32_t lap = 0; rounds && !kc_stop; lap++) {
         if (lap % FO_NATS_LAPS == 0) {
             if (lap)
-                kc_nats_stop(&ns);
+                nats_cluster_stop(&ns);
             if (lap && !d->keep)
                 kc_rm_tree(dir);
             snprintf(dir, sizeof dir, "%s/nats-%u", d->work, lap / FO_NATS_LAPS + 1);
-            if (kc_nats_start(&ns, dir, 3)) {
+            if (nats_cluster_start(&ns, dir, 3, &kc_stop)) {
                 fprintf(stderr, "keel-crash: failover mode: cannot start a 3-node NATS cluster (nats-server on the "
                         "PATH? logs in %s)\n", dir);
                 ok = false;
@@ -690,7 +690,7 @@ bool kc_failover_run(const kc_fo_desc *d, uint64_t rounds, kc_fo_stats *out)
         if (rounds == before && rounds) /* the world ended before a fault could be placed */
             rounds--;
     }
-    kc_nats_stop(&ns);
+    nats_cluster_stop(&ns);
     if (!d->keep)
         kc_rm_tree(dir);
     return ok;

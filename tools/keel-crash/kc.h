@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "nats_cluster.h"
+
 #define KC_TPT 8u          /* keel-world's trades per tick: trade id = t * KC_TPT + k + 1 */
 #define KC_MAX_FIELDS 16u
 #define KC_LINE_MAX 1024u  /* keel-world promises < 512 bytes a line */
@@ -230,28 +232,6 @@ void kc_run_free(kc_run *run);
 /* A problem: printed (the first ones), and counted in *counter. */
 void kc_problem(const kc_lap *lap, uint64_t *counter, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 extern bool kc_verbose;
-
-/* ---- a NATS cluster (nats.c) ---------------------------------------------------------- */
-
-#define KC_NATS_MAX 3
-
-typedef struct kc_nats {
-    int n;
-    pid_t pid[KC_NATS_MAX];           /* -1: not running */
-    bool starting[KC_NATS_MAX];       /* restarted, not yet healthy */
-    double started_at[KC_NATS_MAX];
-    int cport[KC_NATS_MAX], rport[KC_NATS_MAX], mport[KC_NATS_MAX]; /* client, route, monitoring */
-    char dir[4096];
-    char urls[256];                   /* the client URLs, comma-separated */
-} kc_nats;
-
-/* n nats-server processes on loopback, storage under dir, every one healthy
- * (/healthz); 0, or -1 (none left running). */
-int kc_nats_start(kc_nats *ns, const char *dir, int n);
-void kc_nats_kill(kc_nats *ns, int i);    /* SIGKILL node i */
-int kc_nats_restart(kc_nats *ns, int i);  /* start node i again on its storage (it becomes healthy later) */
-bool kc_nats_ready(kc_nats *ns);          /* every node runs and the restarted ones answer /healthz */
-void kc_nats_stop(kc_nats *ns);           /* every node, SIGTERM (SIGKILL after 10 s) */
 
 /* ---- failover mode (failover.c) ------------------------------------------------------- */
 
