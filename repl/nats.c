@@ -358,6 +358,11 @@ const char *kr_node_id(const kr_node *n)
     return n->node;
 }
 
+/* A stream's bounds: first and last sequence (0, 0 when empty). */
+typedef struct kr_stream_state {
+    uint64_t first, last;
+} kr_stream_state;
+
 static int stream_state(kr_node *n, const char *stream, kr_stream_state *out)
 {
     jsStreamInfo *si = NULL;
@@ -366,16 +371,10 @@ static int stream_state(kr_node *n, const char *stream, kr_stream_state *out)
     KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s != NATS_OK)
         return nats_fail(s, jerr, "cannot read the state of stream %s", stream);
-    *out = (kr_stream_state){.first = si->State.Msgs ? si->State.FirstSeq : 0, .last = si->State.LastSeq,
-                             .msgs = si->State.Msgs, .bytes = si->State.Bytes};
+    *out = (kr_stream_state){.first = si->State.Msgs ? si->State.FirstSeq : 0, .last = si->State.LastSeq};
     saw_stream(n, stream, si);
     jsStreamInfo_Destroy(si);
     return KEEL_OK;
-}
-
-int kr_state(kr_node *n, kr_stream_state *out)
-{
-    return stream_state(n, n->stream, out);
 }
 
 int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last)

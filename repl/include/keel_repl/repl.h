@@ -62,11 +62,6 @@ bool kr_parse_address(const char *addr, char *urls, size_t ucap, char *world, si
 
 /* The stream's bounds: first and last sequence (0, 0 when empty). */
 int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last);
-/* The bounds, and the messages and bytes the stream holds. */
-typedef struct kr_stream_state {
-    uint64_t first, last, msgs, bytes;
-} kr_stream_state;
-int kr_state(kr_node *n, kr_stream_state *out);
 /* One message by sequence into out (KEEL_ENOENT: not stored). */
 int kr_get(kr_node *n, uint64_t seq, kw_buf *out);
 
