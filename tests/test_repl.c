@@ -1139,6 +1139,17 @@ static uint64_t run_local_world(const char *name, char *dir, size_t cap, uint32_
     return hash;
 }
 
+/* A read replica of world `name` in the directory "<name>-replica" (its
+ * path into dir). */
+static keel_runtime_desc replica_desc(const char *name, char *dir, size_t cap)
+{
+    char sub[64];
+    snprintf(sub, sizeof sub, "%s-replica", name);
+    tu_path(dir, cap, sub);
+    return (keel_runtime_desc){.workers = 1, .durable.dir = dir,
+                               .replication = {.nats = nats_url, .world = name, .role = KEEL_ROLE_FOLLOWER}};
+}
+
 /* *v must outlive the runtime: its spawning system reads it every tick. */
 static keel_runtime *sync_primary_rt(const char *dir, const char *world, keel_component *v)
 {
@@ -1174,12 +1185,8 @@ START_TEST(test_local_world_replicated)
     ck_assert_rc(keel_flush(p), KEEL_OK);
     uint64_t want = keel_world_hash(keel_runtime_world(p));
 
-    tu_path(fdir, sizeof fdir, "was-local-replica");
     keel_component fv;
-    keel_runtime *f = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = fdir,
-                                                      .replication = {.nats = nats_url, .world = "was-local",
-                                                                      .role = KEEL_ROLE_FOLLOWER}},
-                                  &fv);
+    keel_runtime *f = spawning_rt(replica_desc("was-local", fdir, sizeof fdir), &fv);
     ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
     for (int i = 0; i < 200 && keel_runtime_tick(f) < 8; i++)
         ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
@@ -1296,17 +1303,13 @@ START_TEST(test_replica_lag_from_messages)
 {
     char pdir[4096], fdir[4096];
     tu_path(pdir, sizeof pdir, "lag-primary");
-    tu_path(fdir, sizeof fdir, "lag-follower");
     keel_component pv;
     keel_runtime *p = sync_primary_rt(pdir, "rlag", &pv);
     ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
     tu_step_n(p, 1);
     ck_assert_rc(keel_flush(p), KEEL_OK);
     keel_component fv;
-    keel_runtime *f = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = fdir,
-                                                      .replication = {.nats = nats_url, .world = "rlag",
-                                                                      .role = KEEL_ROLE_FOLLOWER}},
-                                  &fv);
+    keel_runtime *f = spawning_rt(replica_desc("rlag", fdir, sizeof fdir), &fv);
     ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
     keel_repl_status st;
     keel_repl_status_get(f, &st);
@@ -1539,17 +1542,6 @@ static void purged_world(const char *name, char *pdir, size_t cap, uint64_t *at5
     ck_assert_rc(keel_flush(p), KEEL_OK);
     *want = keel_world_hash(keel_runtime_world(p));
     ck_assert_rc(keel_runtime_close(p), KEEL_OK);
-}
-
-/* A read replica of world `name` in the directory "<name>-replica" (its
- * path into dir). */
-static keel_runtime_desc replica_desc(const char *name, char *dir, size_t cap)
-{
-    char sub[64];
-    snprintf(sub, sizeof sub, "%s-replica", name);
-    tu_path(dir, cap, sub);
-    return (keel_runtime_desc){.workers = 1, .durable.dir = dir,
-                               .replication = {.nats = nats_url, .world = name, .role = KEEL_ROLE_FOLLOWER}};
 }
 
 /* Apply the stream up to tick t. */
