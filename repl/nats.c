@@ -781,6 +781,9 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
     if (!r->sub) /* a subscription made again failed (r->failed): no consumer until kr_read_restart makes one */
         return core_fail(r->failed, "stream %s: its reader has no consumer since a failure (%s)", r->stream,
                          keel_strerror(r->failed));
+    int queued = 0, qbytes;
+    if (timeout_ms <= 0 && (natsSubscription_GetPending(r->sub, &queued, &qbytes) != NATS_OK || !queued))
+        return 0; /* nothing delivered yet, and no wait wanted */
     natsStatus s = natsSubscription_NextMsg(&r->msg, r->sub, timeout_ms > 0 ? timeout_ms : 1);
     if (s == NATS_TIMEOUT)
         return 0;
@@ -802,6 +805,11 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
     r->nread++;
     r->bytes_read += *len;
     return 1;
+}
+
+bool kr_read_more_sent(const kr_reader *r)
+{
+    return r->seen_last >= r->next;
 }
 
 void kr_read_seen(const kr_reader *r, uint64_t *stream_last, double *mean_bytes)

@@ -81,8 +81,10 @@ int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, 
     uint64_t seq;
     const void *data;
     size_t len;
-    /* wait for the first message; take what has arrived after it */
-    while (b.n < max && (got = kr_read_next(r, b.n ? 1 : timeout_ms, &seq, &data, &len)) == 1)
+    /* wait for the first message; after it, for those the stream already held when it was sent (a
+       record published since is the next call's: waiting for it would delay what has come) */
+    for (int64_t wait = timeout_ms;
+         b.n < max && (got = kr_read_next(r, wait, &seq, &data, &len)) == 1; wait = kr_read_more_sent(r))
         if ((rc = batch_push(&b, seq, data, len, &h)))
             break;
     if (!rc && got < 0)

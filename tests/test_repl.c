@@ -1344,6 +1344,38 @@ START_TEST(test_replica_lag_from_messages)
 }
 END_TEST
 
+/* A poll with timeout 0 waits for nothing: on a replica with nothing new
+ * it applies nothing, and polled again it applies what the consumer has
+ * been delivered since (which arrives on the consumer's own time: hence the
+ * loop, bounded only to fail rather than hang). */
+START_TEST(test_replica_poll_without_wait)
+{
+    char pdir[4096], fdir[4096];
+    tu_path(pdir, sizeof pdir, "nowait-primary");
+    keel_component pv;
+    keel_runtime *p = sync_primary_rt(pdir, "rnowait", &pv);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 1);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    keel_component fv;
+    keel_runtime *f = spawning_rt(replica_desc("rnowait", fdir, sizeof fdir), &fv);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    uint64_t opened = keel_runtime_tick(f);
+    ck_assert_uint_eq(opened, keel_runtime_tick(p));
+    ck_assert_rc(keel_replica_poll(f, 0, NULL), KEEL_OK);
+    ck_assert_uint_eq(keel_runtime_tick(f), opened);
+    tu_step_n(p, 3);
+    ck_assert_rc(keel_flush(p), KEEL_OK); /* sync: the stream holds the three ticks */
+    uint64_t until = tu_now_ns() + 30000000000ull;
+    while (keel_runtime_tick(f) < keel_runtime_tick(p) && tu_now_ns() < until)
+        ck_assert_msg(!keel_replica_poll(f, 0, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), opened + 3);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), keel_world_hash(keel_runtime_world(p)));
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+}
+END_TEST
+
 /* A side transaction bigger than one message of the stream: refused at
  * commit (the stream could never take its record), nothing applied or
  * logged; one that fits is replicated. */
@@ -2125,7 +2157,8 @@ int main(void)
                                    test_world_seeds_empty_stream, test_local_world_replicated,
                                    test_replica_waits_for_unstreamed_world, test_stream_bootstrap,
                                    test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused,
-                                   test_stream_bootstrap_declined, test_replica_lag_from_messages};
+                                   test_stream_bootstrap_declined, test_replica_lag_from_messages,
+                                   test_replica_poll_without_wait};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

@@ -67,7 +67,8 @@ int kr_get(kr_node *n, uint64_t seq, kw_buf *out);
 
 /* Reading in order from a sequence on: kr_read_next gives 1 and the
  * message (valid until the next call), 0 when none came within
- * timeout_ms (or the consumer was made again: read again), or an error.
+ * timeout_ms (0: only a message already delivered, no wait) or the
+ * consumer was made again (read again), or an error.
  * A message the consumer skipped is read again; one the stream no longer
  * holds (purged) is KEEL_ECORRUPT. */
 typedef struct kr_reader kr_reader;
@@ -75,6 +76,9 @@ int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out);
 int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **data, size_t *len);
 /* Read again from `from` on, with a new consumer. */
 int kr_read_restart(kr_reader *r, uint64_t from);
+/* Whether the stream held messages after the last one delivered, when it
+ * was sent: they are on their way (a later publish is not). */
+bool kr_read_more_sent(const kr_reader *r);
 /* What the messages read so far say, without asking the server: the
  * stream's last sequence when the last one was delivered (its sequence plus
  * the messages pending after it; 0 before any) and their mean size (0
