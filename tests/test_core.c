@@ -1,13 +1,14 @@
 /*
  * test_core -- status codes, the thread-local last error, diagnostics with
  * rate limiting, the hash functions (known answers pinned), and the array
- * grower (core/grow.c).
+ * grower (core/grow.c), the anchored clock (core/clock.c).
  */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "keel_test.h"
@@ -392,6 +393,63 @@ static Suite *grow_suite(void)
     return s;
 }
 
+/* ---- the anchored clock (core/clock.c) ------------------------------------ */
+
+/* Whether a reading of c lies between two readings of the real clock, give
+ * or take tol_ns (the extrapolation's error). */
+static bool clock_bracketed(const core_clock *c, uint64_t tol_ns)
+{
+    uint64_t a = core_now_ns(), x = core_clock_ns(c), b = core_now_ns();
+    return x + tol_ns >= a && x <= b + tol_ns;
+}
+
+START_TEST(clock_without_a_rate_reads_the_real_clock)
+{
+    core_clock c = {0};
+    ck_assert(clock_bracketed(&c, 0));
+    uint64_t a = core_now_ns(), at = core_clock_anchor(&c), b = core_now_ns();
+    ck_assert(at >= a && at <= b);
+    ck_assert_uint_eq(c.mult, 0); /* one anchor measures no rate */
+    ck_assert(clock_bracketed(&c, 0));
+}
+END_TEST
+
+/* Anchored over more than the shortest span a rate is measured over (100
+ * ms: the time has to pass), the clock uses the TSC where it is invariant,
+ * and its readings stay with the real clock's, never before the anchor. */
+START_TEST(clock_from_the_tsc_follows_the_real_clock)
+{
+    core_clock c = {0};
+    uint64_t start = core_clock_anchor(&c);
+    while (core_now_ns() - start < 150000000ull) {
+        nanosleep(&(struct timespec){0, 5000000}, NULL);
+        core_clock_anchor(&c);
+    }
+    if (c.usable)
+        ck_assert_uint_ne(c.rate, 0);
+    else
+        ck_assert_uint_eq(c.mult, 0);
+    for (int i = 0; i < 50; i++) {
+        uint64_t at = core_clock_anchor(&c);
+        ck_assert_uint_ge(core_clock_ns(&c), at);
+        for (int k = 0; k < 100; k++)
+            ck_assert(clock_bracketed(&c, 100000)); /* within 0.1 ms of the real clock */
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        ck_assert(clock_bracketed(&c, 100000)); /* also 1 ms after the anchor */
+    }
+}
+END_TEST
+
+static Suite *clock_suite(void)
+{
+    Suite *s = suite_create("clock");
+    TCase *tc = tcase_create("clock");
+    tcase_add_test(tc, clock_without_a_rate_reads_the_real_clock);
+    tcase_add_test(tc, clock_from_the_tsc_follows_the_real_clock);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
 /* ---- threads (run under TSan in CI) ---------------------------------------- */
 
 #define THREADS 4
@@ -475,4 +533,4 @@ static Suite *threads_suite(void)
     return s;
 }
 
-KEEL_TEST_MAIN(error_suite, log_suite, hash_suite, grow_suite, threads_suite)
+KEEL_TEST_MAIN(error_suite, log_suite, hash_suite, grow_suite, clock_suite, threads_suite)

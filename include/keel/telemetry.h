@@ -55,7 +55,8 @@ typedef struct keel_tick_record {
 typedef struct keel_system_record {
     keel_system system;
     uint32_t worker;              /* worker that started it (a parallel system's first task claimed) */
-    uint64_t start_ns, end_ns;    /* 0 when not run */
+    uint64_t start_ns, end_ns;    /* CLOCK_MONOTONIC, extrapolated from the tick's start (docs/scheduling.md);
+                                     0 when not run */
     uint64_t rows;                /* rows a query system visited */
     uint32_t tasks;               /* tasks run: chunk tasks (query), indices (pipeline), 1 (callback);
                                      0 when skipped */

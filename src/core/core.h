@@ -67,6 +67,34 @@ static inline uint64_t core_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* The anchored clock (core/clock.c): CLOCK_MONOTONIC nanoseconds from the
+ * TSC, for timestamps taken per system. Anchored by its owner's thread when
+ * no other thread reads it (the protocol is at the definition); read by
+ * any thread the anchor happened-before. Zero = no anchor yet: a reading is
+ * clock_gettime until two anchors give the TSC's rate. */
+typedef struct core_clock {
+    uint64_t ns, tsc;         /* the last anchor: the real clock and the TSC at one instant */
+    uint64_t mult;            /* nanoseconds per TSC tick, 32.32 fixed point; 0 = read the real clock */
+    uint64_t ref_ns, ref_tsc; /* the anchor the TSC's rate is measured from */
+    uint64_t rate;            /* the last rate measured (mult once an anchor is clean) */
+    bool checked, usable;     /* whether the TSC is invariant (asked once) */
+} core_clock;
+
+/* Anchor c to the real clock now; returns the real clock's reading. */
+uint64_t core_clock_anchor(core_clock *c);
+
+static inline uint64_t core_clock_ns(const core_clock *c)
+{
+#if defined(__x86_64__)
+    if (c->mult) {
+        uint64_t t = __builtin_ia32_rdtsc();
+        uint64_t d = t > c->tsc ? t - c->tsc : 0; /* another core's TSC a few ticks behind: the anchor */
+        return c->ns + (uint64_t)(((unsigned __int128)d * c->mult) >> 32);
+    }
+#endif
+    return core_now_ns();
+}
+
 /* The worker pool as the layers below runtime/ see it: run fn(arg, i,
  * worker) for every i in [0, n) on the pool's workers and return when all
  * ran. runtime/ hands one in (sched/dispatch.c runs it); `workers` bounds

@@ -605,7 +605,7 @@ int runtime_step(keel_runtime *rt)
     keel_world_freeze(w);
     if (w->mutations != rt->txn.pub_mutations && (rc = view_publish(&rt->txn, atomic_load(&rt->tick))))
         return rc;
-    uint64_t start = core_now_ns();
+    uint64_t start = dispatch_anchor(&rt->ex); /* the systems' stamps extrapolate from here */
     atomic_store_explicit(&rt->txn.running_tick, atomic_load(&rt->tick) + 1, memory_order_relaxed);
     overload_tick_start(rt);
     rt->tick_ckpt = rt->dur && ckpt_active(rt->dur);

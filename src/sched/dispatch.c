@@ -125,7 +125,8 @@ static int run_query_task(keel_ctx *ctx, const sched_system *sys, sched_run *st,
 /* Run one task. *clock is a timestamp the task may use as its start, or 0 to
  * read the clock; it must not precede the system's readiness. Serial mode
  * passes the previous system's end, so a system costs one clock read, not
- * two (clock_gettime is ~27 ns on a kvm-clock VM); parallel mode follows the
+ * two (ex->clock, core/clock.c: ~10 ns from the TSC, where clock_gettime
+ * costs ~25 ns on a kvm-clock VM); parallel mode follows the
  * rule in work_loop. Either way a system's time includes the commit of the
  * one before it on that thread. `first`: this is the system's first task to
  * start, whose start and worker the telemetry records (with task ranges,
@@ -134,7 +135,7 @@ static void run_task(sched_exec *ex, uint32_t s, uint32_t task, uint32_t worker,
 {
     const sched_system *sys = &ex->sched->sys[s];
     sched_run *st = &ex->st[s];
-    uint64_t t0 = *clock ? *clock : core_now_ns();
+    uint64_t t0 = *clock ? *clock : core_clock_ns(&ex->clock);
     if (first) { /* read after the last task by whoever completes it: see help */
         st->start_ns = t0;
         st->worker = worker;
@@ -163,7 +164,7 @@ static void run_task(sched_exec *ex, uint32_t s, uint32_t task, uint32_t worker,
         atomic_compare_exchange_strong(&st->fail_rc, &none, rc);
     }
     atomic_store_explicit(&ex->watch[worker].since_ns, 0, memory_order_release);
-    *clock = core_now_ns();
+    *clock = core_clock_ns(&ex->clock);
 }
 
 /* ---- readiness and completion ------------------------------------------------ */
@@ -502,7 +503,7 @@ static uint32_t complete(sched_exec *ex, uint32_t s, uint64_t now, uint32_t work
 static void dispatch_serial(sched_exec *ex, const sched_track *t)
 {
     const keel_schedule *sc = ex->sched;
-    uint64_t clock = core_now_ns();
+    uint64_t clock = core_clock_ns(&ex->clock);
     for (uint32_t i = t->first; i < t->first + t->count; i++) {
         uint32_t s = sc->order[i];
         sched_run *st = &ex->st[s];
@@ -775,7 +776,7 @@ static void dispatch_parallel(sched_exec *ex, const sched_track *t)
         if (make_ready(ex, s))
             ready.items[ready.n++] = s;
         else
-            done += complete(ex, s, core_now_ns(), 0, &ready, w->stack);
+            done += complete(ex, s, core_clock_ns(&ex->clock), 0, &ready, w->stack);
     }
     if (done == t->count)
         return;
@@ -794,6 +795,11 @@ static void dispatch_parallel(sched_exec *ex, const sched_track *t)
     atomic_store(&p->track_live, false);
     while (atomic_load(&p->active))
         sched_yield();
+}
+
+uint64_t dispatch_anchor(sched_exec *ex)
+{
+    return core_clock_anchor(&ex->clock);
 }
 
 /* Systems' tick state was reset by their completers in the last tick (or at

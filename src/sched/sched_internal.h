@@ -168,6 +168,7 @@ typedef struct sched_exec {
     sched_watch watch[SCHED_MAX_WORKERS];
     sched_pool pool;
     sched_scratch *scratch;        /* one per worker */
+    core_clock clock;              /* systems' start and end stamps; anchored by dispatch_anchor */
 } sched_exec;
 
 int dispatch_init(sched_exec *ex);
@@ -176,6 +177,10 @@ void dispatch_fini(sched_exec *ex);
 int dispatch_prepare(sched_exec *ex);
 /* Reset system s's tick state (at install, and by its completer each tick). */
 void dispatch_reset_system(sched_exec *ex, uint32_t s);
+/* Anchor the clock that stamps systems to the real clock, before a tick's
+ * tracks run (on the thread that dispatches them); returns CLOCK_MONOTONIC
+ * now. */
+uint64_t dispatch_anchor(sched_exec *ex);
 /* Run every system of track t to completion (or skip). */
 void dispatch_track(sched_exec *ex, const sched_track *t);
 /* Run fn(arg, i, worker) for every i in [0, n) on the pool; returns when all ran. */
