@@ -693,6 +693,18 @@ typedef struct sched_job {
     _Atomic uint32_t next, done;
 } sched_job;
 
+/* Wait for every worker to leave the track (or job) that just ended. They
+ * are on their way out -- each leaves as soon as it sees the end -- so spin
+ * first: a sched_yield is a system call, a microsecond or more on a VM. */
+static void wait_inactive(sched_pool *p)
+{
+    for (uint32_t i = 0; atomic_load(&p->active); i++)
+        if (i < SPIN_LIMIT)
+            core_cpu_relax();
+        else
+            sched_yield();
+}
+
 static void job_loop(sched_job *j, uint32_t worker)
 {
     for (uint32_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
@@ -718,8 +730,7 @@ void dispatch_for(sched_exec *ex, uint32_t n, core_task_fn fn, void *arg)
     while (atomic_load(&j.done) < n)
         core_cpu_relax();
     atomic_store(&p->track_live, false);
-    while (atomic_load(&p->active))
-        sched_yield();
+    wait_inactive(p);
     atomic_store(&p->job, NULL);
 }
 
@@ -793,8 +804,7 @@ static void dispatch_parallel(sched_exec *ex, const sched_track *t)
         futex_wake_all(&p->epoch);
     work_loop(ex, 0, w);
     atomic_store(&p->track_live, false);
-    while (atomic_load(&p->active))
-        sched_yield();
+    wait_inactive(p);
 }
 
 uint64_t dispatch_anchor(sched_exec *ex)
