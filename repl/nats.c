@@ -782,8 +782,8 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
         return core_fail(r->failed, "stream %s: its reader has no consumer since a failure (%s)", r->stream,
                          keel_strerror(r->failed));
     int queued = 0, qbytes;
-    if (timeout_ms <= 0 && (natsSubscription_GetPending(r->sub, &queued, &qbytes) != NATS_OK || !queued))
-        return 0; /* nothing delivered yet, and no wait wanted */
+    if (timeout_ms <= 0 && natsSubscription_GetPending(r->sub, &queued, &qbytes) == NATS_OK && !queued)
+        return 0; /* nothing delivered yet, and no wait wanted (a failure: NextMsg says which) */
     natsStatus s = natsSubscription_NextMsg(&r->msg, r->sub, timeout_ms > 0 ? timeout_ms : 1);
     if (s == NATS_TIMEOUT)
         return 0;

@@ -82,9 +82,10 @@ int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, 
     const void *data;
     size_t len;
     /* wait for the first message; after it, for those the stream already held when it was sent (a
-       record published since is the next call's: waiting for it would delay what has come) */
-    for (int64_t wait = timeout_ms;
-         b.n < max && (got = kr_read_next(r, wait, &seq, &data, &len)) == 1; wait = kr_read_more_sent(r))
+       record published since is the next call's: waiting for it would delay what has come). A call
+       that may not wait (timeout 0) takes only what has been delivered */
+    for (int64_t wait = timeout_ms; b.n < max && (got = kr_read_next(r, wait, &seq, &data, &len)) == 1;
+         wait = timeout_ms > 0 && kr_read_more_sent(r))
         if ((rc = batch_push(&b, seq, data, len, &h)))
             break;
     if (!rc && got < 0)
