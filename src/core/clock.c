@@ -14,8 +14,11 @@
  * track's completion orders every read before the next anchor. A reading
  * is the anchor's nanoseconds plus the TSC ticks since, scaled by a rate
  * measured between two anchors at least RATE_SPAN_NS apart (restarted every
- * RATE_RESTART_NS, so it follows NTP's slewing of CLOCK_MONOTONIC). A
- * reading is clock_gettime instead until a rate exists, after an anchor
+ * RATE_RESTART_NS, so it follows NTP's slewing of CLOCK_MONOTONIC); an
+ * anchor the rate mispredicts (a suspend, a step) starts the measurement
+ * over. A stamp that must follow another core's (core_clock_ns_fenced)
+ * reads the TSC after an lfence. A reading is clock_gettime
+ * instead until a rate exists, after an anchor
  * whose pair of readings was split (preempted between them), and where
  * the TSC is not invariant (one rate on every core, through sleep states).
  */
@@ -29,6 +32,7 @@
 #define RATE_RESTART_NS 2000000000ull   /* a span this long restarts the measurement */
 #define PAIR_TRIES 3
 #define PAIR_TIGHT 1000u                /* TSC ticks around one clock read: it was not preempted */
+#define DRIFT_MAX_NS 20000ull           /* an anchor this far from the rate's prediction: measure again */
 
 static bool tsc_invariant(void)
 {
@@ -54,6 +58,18 @@ static uint64_t clock_pair(uint64_t *tsc, bool *tight)
     return ns ? ns : core_now_ns();
 }
 
+/* Whether the last anchor and the rate predict this one within
+ * DRIFT_MAX_NS plus 0.1 % of the time since (the rate's own error is
+ * thousands of times smaller). */
+static bool predicted(const core_clock *c, uint64_t ns, uint64_t tsc)
+{
+    if (!c->ns || ns < c->ns || tsc < c->tsc)
+        return false;
+    uint64_t want = c->ns + (uint64_t)(((unsigned __int128)(tsc - c->tsc) * c->rate) >> 32);
+    uint64_t off = want > ns ? want - ns : ns - want;
+    return off <= DRIFT_MAX_NS + (ns - c->ns) / 1000;
+}
+
 uint64_t core_clock_anchor(core_clock *c)
 {
     if (!c->checked) {
@@ -67,6 +83,10 @@ uint64_t core_clock_anchor(core_clock *c)
     c->mult = 0; /* until this anchor proves clean: readings are the real clock's */
     if (!tight)
         return ns;
+    if (c->rate && !predicted(c, ns, tsc)) { /* a suspend, a step, a new slew: the rate is stale */
+        c->rate = 0;
+        c->ref_ns = 0;
+    }
     if (!c->ref_ns || ns < c->ref_ns || tsc <= c->ref_tsc) {
         c->ref_ns = ns;
         c->ref_tsc = tsc;

@@ -90,6 +90,7 @@
 #define TASKS_PER_WORKER 2
 #define POP_BATCH 16
 #define PARK_SPIN_NS 50000ull   /* a worker spins this long after a track before it sleeps */
+#define BACKOFF_SPINS 1024      /* pauses (tens of microseconds) before the stepping thread yields */
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
 {
@@ -126,7 +127,9 @@ static int run_query_task(keel_ctx *ctx, const sched_system *sys, sched_run *st,
  * read the clock; it must not precede the system's readiness. Serial mode
  * passes the previous system's end, so a system costs one clock read, not
  * two (ex->clock, core/clock.c: ~10 ns from the TSC, where clock_gettime
- * costs ~25 ns on a kvm-clock VM); parallel mode follows the
+ * costs ~25 ns on a kvm-clock VM; a fresh start is read fenced, so that it
+ * follows the predecessor's end stamped on another core, whose completion
+ * this thread has seen); parallel mode follows the
  * rule in work_loop. Either way a system's time includes the commit of the
  * one before it on that thread. `first`: this is the system's first task to
  * start, whose start and worker the telemetry records (with task ranges,
@@ -135,7 +138,7 @@ static void run_task(sched_exec *ex, uint32_t s, uint32_t task, uint32_t worker,
 {
     const sched_system *sys = &ex->sched->sys[s];
     sched_run *st = &ex->st[s];
-    uint64_t t0 = *clock ? *clock : core_clock_ns(&ex->clock);
+    uint64_t t0 = *clock ? *clock : core_clock_ns_fenced(&ex->clock); /* after the claim: see run_task */
     if (first) { /* read after the last task by whoever completes it: see help */
         st->start_ns = t0;
         st->worker = worker;
@@ -693,16 +696,19 @@ typedef struct sched_job {
     _Atomic uint32_t next, done;
 } sched_job;
 
-/* Wait for every worker to leave the track (or job) that just ended. They
- * are on their way out -- each leaves as soon as it sees the end -- so spin
- * first: a sched_yield is a system call, a microsecond or more on a VM. */
-static void wait_inactive(sched_pool *p)
+/* One round of the stepping thread's wait for the workers, *i the rounds
+ * so far: a pause for the first BACKOFF_SPINS (what it waits for usually
+ * comes within microseconds, and a sched_yield is a system call, a
+ * microsecond or more on a VM), then a yield each time (a worker that has
+ * no CPU of its own then gets this one). */
+static void backoff(uint32_t *i)
 {
-    for (uint32_t i = 0; atomic_load(&p->active); i++)
-        if (i < SPIN_LIMIT)
-            core_cpu_relax();
-        else
-            sched_yield();
+    if (*i < BACKOFF_SPINS) {
+        ++*i;
+        core_cpu_relax();
+    } else {
+        sched_yield();
+    }
 }
 
 static void job_loop(sched_job *j, uint32_t worker)
@@ -727,10 +733,11 @@ void dispatch_for(sched_exec *ex, uint32_t n, core_task_fn fn, void *arg)
     if (atomic_load(&p->parked))
         futex_wake_all(&p->epoch);
     job_loop(&j, 0);
-    while (atomic_load(&j.done) < n)
-        core_cpu_relax();
+    for (uint32_t i = 0; atomic_load(&j.done) < n;)
+        backoff(&i);
     atomic_store(&p->track_live, false);
-    wait_inactive(p);
+    for (uint32_t i = 0; atomic_load(&p->active);)
+        backoff(&i);
     atomic_store(&p->job, NULL);
 }
 
@@ -804,7 +811,8 @@ static void dispatch_parallel(sched_exec *ex, const sched_track *t)
         futex_wake_all(&p->epoch);
     work_loop(ex, 0, w);
     atomic_store(&p->track_live, false);
-    wait_inactive(p);
+    for (uint32_t i = 0; atomic_load(&p->active);)
+        backoff(&i);
 }
 
 uint64_t dispatch_anchor(sched_exec *ex)
