@@ -46,6 +46,10 @@
  * thread ran a task never shows: a task's commands go to its own buffer,
  * applied in task order. A stale holder (the system completed) finds every
  * range empty; ranges are reset by make_ready, before any ticket exists.
+ * A system with one range (one task, or one worker's worth) has exactly
+ * one holder -- one ticket, or the completing worker that keeps it inline
+ * -- so that holder runs its tasks in order with no claim, no `started`
+ * and no `tasks_done`: four locked instructions per system fewer.
  *
  * Completion: the worker that finishes a system's last task completes it:
  * it marks successors dep_failed when the system failed (before decrementing,
@@ -591,6 +595,12 @@ static uint32_t help(sched_exec *ex, uint32_t s, uint32_t worker, ready_list *re
                      uint64_t *clock, uint32_t *done)
 {
     sched_run *st = &ex->st[s];
+    if (st->nranges == 1) { /* its one holder: nobody to claim against or count with ("Task ranges") */
+        for (uint32_t k = 0; k < st->ntasks; k++)
+            run_task(ex, s, k, worker, clock, k == 0);
+        *done += complete(ex, s, *clock, worker, ready, stack);
+        return publish(ex, ready);
+    }
     uint32_t home = UINT32_MAX;
     for (;;) {
         uint32_t k = claim_task(st, &home);
