@@ -29,7 +29,11 @@
  * system s": a system with n tasks has R = min(n, workers) holders -- R
  * tickets for a root of the track, R - 1 and the completing worker, which
  * keeps it inline, for a successor -- and its tasks are cut into R
- * contiguous ranges.
+ * contiguous ranges. A root callback system (one task, so one ticket) is
+ * not made ready by the stepping thread: its ticket says so
+ * (TICKET_PREPARE), and its one holder makes it ready, so that the
+ * stepping thread does not prepare every root alone before the workers
+ * start, and the system's state is written on the thread that runs it.
  *
  * Task ranges. Each ticket holder takes a home range (fetch_add on
  * next_range) and claims its tasks from the front, in index order; a holder
@@ -45,7 +49,8 @@
  * and stealing keeps the balance of small tasks. Which
  * thread ran a task never shows: a task's commands go to its own buffer,
  * applied in task order. A stale holder (the system completed) finds every
- * range empty; ranges are reset by make_ready, before any ticket exists.
+ * range empty; ranges are reset by make_ready, before any ticket exists
+ * (or, for a prepared root, by its one holder before it claims a task).
  * A system with one range (one task, or one worker's worth) has exactly
  * one holder -- one ticket, or the completing worker that keeps it inline
  * -- so that holder runs its tasks in order with no claim, no `started`
@@ -94,6 +99,7 @@
 #define TASKS_PER_WORKER 2
 #define POP_BATCH 16
 #define PARK_SPIN_NS 50000ull   /* a worker spins this long after a track before it sleeps */
+#define TICKET_PREPARE 0x80000000u /* in a ticket: a root its holder makes ready (dispatch_parallel) */
 #define BACKOFF_SPINS 1024      /* pauses (tens of microseconds) before the stepping thread yields */
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t expected)
@@ -616,6 +622,20 @@ static uint32_t help(sched_exec *ex, uint32_t s, uint32_t worker, ready_list *re
     }
 }
 
+/* A claimed ticket's system, ready to help: a root the stepping thread left
+ * for its holder to make ready (TICKET_PREPARE) is made ready here; one
+ * that completes on the spot (skipped) is completed, and the system to run
+ * next is then one of the successors that made ready, or none. */
+static uint32_t holder_ready(sched_exec *ex, uint32_t ticket, uint32_t worker, ready_list *ready, uint32_t *stack,
+                             uint32_t *done)
+{
+    uint32_t s = ticket & ~TICKET_PREPARE;
+    if (s == ticket || make_ready(ex, s))
+        return s;
+    *done += complete(ex, s, core_clock_ns(&ex->clock), worker, ready, stack);
+    return publish(ex, ready);
+}
+
 static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w)
 {
     sched_pool *p = &ex->pool;
@@ -638,7 +658,7 @@ static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w)
             uint32_t done = 0;
             clock = 0;
             for (uint32_t i = 0; i < n; i++)
-                for (uint32_t s = claimed[i]; s != SCHED_NONE;)
+                for (uint32_t s = holder_ready(ex, claimed[i], worker, &ready, w->stack, &done); s != SCHED_NONE;)
                     if ((s = help(ex, s, worker, &ready, w->stack, &clock, &done)) != SCHED_NONE)
                         clock = 0;
             if (done && atomic_fetch_sub(&p->remaining, done) == done)
@@ -799,9 +819,13 @@ static void dispatch_parallel(sched_exec *ex, const sched_track *t)
     memset((void *)p->tickets, 0, p->tickets_cap * sizeof *p->tickets);
     ready_list ready = {w->ready, 0};
     uint32_t done = 0;
+    /* every root gets its tickets (no worker takes one before the epoch moves); the caller keeps
+       none: it joins below. A callback has one task, so one ticket: its holder makes it ready */
     for (uint32_t i = t->roots_first; i < t->roots_first + t->roots_count; i++) {
         uint32_t s = sc->roots[i];
-        if (make_ready(ex, s))
+        if (sc->sys[s].d.kind == KEEL_SYSTEM_CALLBACK)
+            push_ticket(p, s | TICKET_PREPARE);
+        else if (make_ready(ex, s))
             ready.items[ready.n++] = s;
         else
             done += complete(ex, s, core_clock_ns(&ex->clock), 0, &ready, w->stack);
@@ -809,7 +833,6 @@ static void dispatch_parallel(sched_exec *ex, const sched_track *t)
     if (done == t->count)
         return;
     atomic_store(&p->remaining, t->count - done);
-    /* every root gets its tickets; the caller keeps none: it joins below */
     for (uint32_t i = 0; i < ready.n; i++) {
         uint32_t s = ready.items[i], n = ex->st[s].ntasks < ex->workers ? ex->st[s].ntasks : ex->workers;
         for (uint32_t k = 0; k < n; k++)
