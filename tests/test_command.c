@@ -448,6 +448,29 @@ START_TEST(record_discard_unapplied)
 }
 END_TEST
 
+/* A buffer is idle (the sync point skips it) exactly while it has neither a
+ * queued command nor an applied one since its last reset: its result is
+ * then all zeros. */
+START_TEST(record_idle_until_used_and_after_reset)
+{
+    keel_world *w = make_world();
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
+    ck_assert(cmdbuf_idle(cb));
+    rec_spawn_pos(cb, 1, 1);
+    ck_assert(!cmdbuf_idle(cb)); /* queued */
+    keel_cmdbuf_discard(cb);
+    ck_assert(cmdbuf_idle(cb));
+    rec_spawn_pos(cb, 2, 2);
+    ck_assert_ok(keel_cmdbuf_apply(cb));
+    ck_assert(!cmdbuf_idle(cb)); /* applied: its result counts a spawn until the reset */
+    ck_assert_uint_eq(keel_cmdbuf_result(cb).spawned, 1);
+    ck_assert_ok(keel_cmdbuf_reset(cb));
+    ck_assert(cmdbuf_idle(cb));
+    assert_counters(keel_cmdbuf_result(cb), 0, 0, 0, 0, 0, 0, 0, 0);
+    destroy_buf_and_world(cb, w);
+}
+END_TEST
+
 /* ======================================================================== */
 /* cmd_playback                                                              */
 /* ======================================================================== */
@@ -1819,7 +1842,8 @@ static Suite *record_suite(void)
 {
     const TTest *const t[] = {record_create_args, record_unknown_component, record_repeated_component,
                               record_null_inits, record_does_not_touch_world, record_values_copied,
-                              record_spawn_empty_and_zero_fill, record_discard_unapplied};
+                              record_spawn_empty_and_zero_fill, record_discard_unapplied,
+                              record_idle_until_used_and_after_reset};
     return tu_case_suite("cmd_record", "record", t, sizeof t / sizeof t[0]);
 }
 

@@ -367,6 +367,8 @@ static int sync_point(keel_runtime *rt)
         sched_run *st = &rt->ex.st[sc->order[rt->sync_pos]];
         for (; rt->sync_task < st->ncmds; rt->sync_task++) {
             keel_cmdbuf *cb = st->cmds[rt->sync_task];
+            if (cmdbuf_idle(cb)) /* most systems record nothing in a tick */
+                continue;
             int rc = keel_cmdbuf_apply(cb);
             if (rc) {
                 rt->sync_pending = true;

@@ -814,6 +814,11 @@ int keel_cmdbuf_reset(keel_cmdbuf *cb)
     return KEEL_OK;
 }
 
+bool cmdbuf_idle(const keel_cmdbuf *cb)
+{
+    return cb->len == 0 && cb->applied == 0; /* every command applied counts in applied (res follows) */
+}
+
 keel_cmd_result keel_cmdbuf_result(const keel_cmdbuf *cb)
 {
     if (!cb)

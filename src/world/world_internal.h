@@ -454,6 +454,11 @@ int world_restore_rows(keel_world *w, uint32_t table, uint32_t n, const unsigned
 int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n, const unsigned char *entities,
                       const unsigned char *values);
 
+/* command.c: whether a buffer holds nothing since its last reset -- no
+ * command queued, none applied, so its result is all zeros: the sync point
+ * skips it without touching the rest of it. */
+bool cmdbuf_idle(const keel_cmdbuf *cb);
+
 /* Test hook: the nth command application from now (1 = the next) fails with
  * rc before it mutates anything; nth = 0 disables. Every command that
  * playback takes up counts, including those it then ignores (stale targets). */
