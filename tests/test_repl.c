@@ -1160,6 +1160,23 @@ static keel_runtime *sync_primary_rt(const char *dir, const char *world, keel_co
                        v);
 }
 
+/* A sync primary of `world` (directory world-primary) one tick in, flushed,
+ * and a replica of it, opened. *pv and *fv are what their spawning systems
+ * read every tick: the caller's, alive as long as the runtimes. */
+static void primary_with_replica(const char *world, keel_runtime **p, keel_component *pv, keel_runtime **f,
+                                 keel_component *fv)
+{
+    char pdir[4096], fdir[4096], name[128];
+    snprintf(name, sizeof name, "%s-primary", world);
+    tu_path(pdir, sizeof pdir, name);
+    *p = sync_primary_rt(pdir, world, pv);
+    ck_assert_msg(!keel_runtime_recover(*p, NULL), "%s", keel_last_error());
+    tu_step_n(*p, 1);
+    ck_assert_rc(keel_flush(*p), KEEL_OK);
+    *f = spawning_rt(replica_desc(world, fdir, sizeof fdir), fv);
+    ck_assert_msg(!keel_runtime_recover(*f, NULL), "%s", keel_last_error());
+}
+
 /* A local world replicated from then on: its primary keeps it (the tick
  * and the hash go on, nothing discarded), publishes its WAL to the new
  * stream before its EPOCH record, and a new replica bootstraps from the
@@ -1302,16 +1319,9 @@ END_TEST
  * applied them all. */
 START_TEST(test_replica_lag_from_messages)
 {
-    char pdir[4096], fdir[4096];
-    tu_path(pdir, sizeof pdir, "lag-primary");
-    keel_component pv;
-    keel_runtime *p = sync_primary_rt(pdir, "rlag", &pv);
-    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
-    tu_step_n(p, 1);
-    ck_assert_rc(keel_flush(p), KEEL_OK);
-    keel_component fv;
-    keel_runtime *f = spawning_rt(replica_desc("rlag", fdir, sizeof fdir), &fv);
-    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    keel_component pv, fv;
+    keel_runtime *p, *f;
+    primary_with_replica("rlag", &p, &pv, &f, &fv);
     keel_repl_status st;
     keel_repl_status_get(f, &st);
     uint64_t opened = st.applied_lsn;
@@ -1351,16 +1361,9 @@ END_TEST
  * loop, bounded only to fail rather than hang). */
 START_TEST(test_replica_poll_without_wait)
 {
-    char pdir[4096], fdir[4096];
-    tu_path(pdir, sizeof pdir, "nowait-primary");
-    keel_component pv;
-    keel_runtime *p = sync_primary_rt(pdir, "rnowait", &pv);
-    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
-    tu_step_n(p, 1);
-    ck_assert_rc(keel_flush(p), KEEL_OK);
-    keel_component fv;
-    keel_runtime *f = spawning_rt(replica_desc("rnowait", fdir, sizeof fdir), &fv);
-    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    keel_component pv, fv;
+    keel_runtime *p, *f;
+    primary_with_replica("rnowait", &p, &pv, &f, &fv);
     uint64_t opened = keel_runtime_tick(f);
     ck_assert_uint_eq(opened, keel_runtime_tick(p));
     ck_assert_rc(keel_replica_poll(f, 0, NULL), KEEL_OK);
