@@ -43,7 +43,8 @@ typedef struct rt_metrics {
     uint32_t pub_entities;         /* live entities at the last tick's end (mu) */
     uint64_t pub_skipped;          /* grid ticks the tick multiplier left out, summed (mu) */
     struct dur_state *dur;         /* rt->dur once recovered, NULL before it closes (mu) */
-    _Atomic uint64_t *sys_ns;      /* per system (tel.nsys): time run, ns; the array is replaced under mu */
+    _Atomic uint64_t *sys_ns;      /* per system (tel.nsys): time run, ns; one writer, the tick thread (a
+                                      scrape reads); the array is replaced under mu */
     uint64_t skipped;              /* pub_skipped's source (tick thread) */
     core_hist tick_hist;           /* tick durations, ns (tick thread observes) */
 } rt_metrics;

@@ -72,8 +72,11 @@ void telemetry_record(keel_runtime *rt, keel_tick_record *tick)
         };
         tick->watchdog_reports += watchdog;
         tick->deferred_rows += out[i].deferred;
-        if (out[i].start_ns && out[i].end_ns > out[i].start_ns)
-            atomic_fetch_add_explicit(&rt->met.sys_ns[i], out[i].end_ns - out[i].start_ns, memory_order_relaxed);
+        if (out[i].start_ns && out[i].end_ns > out[i].start_ns) { /* its one writer: no locked add */
+            _Atomic uint64_t *ns = &rt->met.sys_ns[i];
+            atomic_store_explicit(ns, atomic_load_explicit(ns, memory_order_relaxed) + out[i].end_ns - out[i].start_ns,
+                                  memory_order_relaxed);
+        }
     }
     t->ticks[slot] = *tick;
 }
