@@ -65,7 +65,7 @@ static bool predicted(const core_clock *c, uint64_t ns, uint64_t tsc)
 {
     if (!c->ns || ns < c->ns || tsc < c->tsc)
         return false;
-    uint64_t want = c->ns + (uint64_t)(((unsigned __int128)(tsc - c->tsc) * c->rate) >> 32);
+    uint64_t want = c->ns + core_clock_scale(tsc - c->tsc, c->rate);
     uint64_t off = want > ns ? want - ns : ns - want;
     return off <= DRIFT_MAX_NS + (ns - c->ns) / 1000;
 }

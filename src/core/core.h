@@ -83,18 +83,19 @@ typedef struct core_clock {
 /* Anchor c to the real clock now; returns the real clock's reading. */
 uint64_t core_clock_anchor(core_clock *c);
 
-/* The stamp of TSC reading t: the anchor plus the ticks since, scaled. */
-static inline uint64_t core_clock_at(const core_clock *c, uint64_t t)
+/* TSC ticks in nanoseconds at mult (32.32 fixed point). */
+static inline uint64_t core_clock_scale(uint64_t ticks, uint64_t mult)
 {
-    uint64_t d = t > c->tsc ? t - c->tsc : 0; /* another core's TSC a few ticks behind: the anchor */
-    return c->ns + (uint64_t)(((unsigned __int128)d * c->mult) >> 32);
+    return (uint64_t)(((unsigned __int128)ticks * mult) >> 32);
 }
 
 static inline uint64_t core_clock_ns(const core_clock *c)
 {
 #if defined(__x86_64__)
-    if (c->mult)
-        return core_clock_at(c, __builtin_ia32_rdtsc());
+    if (c->mult) {
+        uint64_t t = __builtin_ia32_rdtsc();
+        return c->ns + core_clock_scale(t > c->tsc ? t - c->tsc : 0, c->mult); /* a TSC behind: the anchor */
+    }
 #endif
     return core_now_ns();
 }
@@ -102,16 +103,15 @@ static inline uint64_t core_clock_ns(const core_clock *c)
 /* The same, read only once the loads before it are done: for a stamp that
  * must not precede another core's stamp this thread has just seen the
  * effects of (rdtsc alone may run ahead of them; the lfence costs ~15 ns
- * in a loop that has cache misses in flight, so only where it matters). */
+ * in a loop that has cache misses in flight, so only where it matters;
+ * clock_gettime orders its own read). */
 static inline uint64_t core_clock_ns_fenced(const core_clock *c)
 {
 #if defined(__x86_64__)
-    if (c->mult) {
+    if (c->mult)
         __builtin_ia32_lfence();
-        return core_clock_at(c, __builtin_ia32_rdtsc());
-    }
 #endif
-    return core_now_ns();
+    return core_clock_ns(c);
 }
 
 /* The worker pool as the layers below runtime/ see it: run fn(arg, i,
