@@ -73,19 +73,30 @@ static void batch_free(append_batch *b)
     free(b->off);
 }
 
+/* After a message, how long to wait for the next: for the messages the
+ * stream already held when it was sent (on their way, however slowly they
+ * come), until the call's deadline; not for a record published since (the
+ * next call's: waiting for it would delay what has come). 0, taking only
+ * what has been delivered, once nothing more was sent, the deadline passed,
+ * or for a call that may not wait (deadline 0). */
+static int64_t next_wait(const kr_reader *r, uint64_t deadline)
+{
+    uint64_t now;
+    if (!deadline || !kr_read_more_sent(r) || (now = core_now_ns()) >= deadline)
+        return 0;
+    return (int64_t)((deadline - now + 999999) / 1000000);
+}
+
 int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, uint64_t *last, uint64_t *last_tick)
 {
     append_batch b = {0};
     kw_header h = {0};
     int rc = KEEL_OK, got = 0;
-    uint64_t seq;
+    uint64_t seq, deadline = timeout_ms > 0 ? core_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
     const void *data;
     size_t len;
-    /* wait for the first message; after it, for those the stream already held when it was sent (a
-       record published since is the next call's: waiting for it would delay what has come). A call
-       that may not wait (timeout 0) takes only what has been delivered */
     for (int64_t wait = timeout_ms; b.n < max && (got = kr_read_next(r, wait, &seq, &data, &len)) == 1;
-         wait = timeout_ms > 0 && kr_read_more_sent(r))
+         wait = next_wait(r, deadline))
         if ((rc = batch_push(&b, seq, data, len, &h)))
             break;
     if (!rc && got < 0)

@@ -79,8 +79,9 @@ typedef struct keel_repl_status {
 } keel_repl_status;
 
 /* A standby or a follower: copy what the stream holds beyond the
- * directory, up to 4096 records a call (waiting up to timeout_ms for the
- * first record; 0: taking only what has arrived), apply it
+ * directory, up to 4096 records a call (waiting up to timeout_ms in all: for
+ * the first record, then for those the stream held when the last one read
+ * was sent; 0: taking only what has arrived), apply it
  * through recovery's replay (up to the descriptor's stop_tick), and
  * publish a read view of it. A standby whose primary's lease lapsed
  * promotes itself here, once it has applied everything the stream holds:

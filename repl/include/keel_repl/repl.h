@@ -199,7 +199,9 @@ int kr_sync_boots(kr_node *n, kw_store *s, bool *boots, uint64_t *stream_last);
 int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint64_t last, int (*progress)(void *arg),
                    void *arg);
 /* Append stream messages from `r` (positioned at the directory's next LSN)
- * for at most timeout_ms, up to max records; *last: the directory's last
+ * for at most timeout_ms, up to max records: the first to come, then those
+ * the stream held when the last one read was sent, not one published since
+ * (timeout 0: only what has been delivered); *last: the directory's last
  * LSN afterwards and *last_tick (may be NULL) the tick its record names
  * (both unchanged when none came). */
 int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, uint64_t *last, uint64_t *last_tick);
