@@ -2223,6 +2223,34 @@ static void rewrite_row_entity(const char *dir, uint64_t lsn, uint32_t row, keel
     free(raw);
 }
 
+/* Replace the TICK_CHUNK record at lsn by one of two groups of one row
+ * each, for the same entity: its first group's first row, then a row of
+ * component c2 (size2 zero bytes). Replay resolves the second group's
+ * handles from the first's (world/restore.c, the memo). */
+static void rewrite_two_groups(const char *dir, uint64_t lsn, keel_component c2, uint32_t size2)
+{
+    kw_header h;
+    unsigned char *raw = record_raw(dir, lsn, &h);
+    ck_assert_uint_eq(h.kind, KW_KIND_TICK_CHUNK);
+    uint32_t c0, size, n;
+    kw_group_header_get(raw + 4, &c0, &size, &n);
+    ck_assert_uint_ge(n, 1);
+    const unsigned char *e = raw + 4 + KW_GROUP_HDR, *v = e + (size_t)n * 8;
+    size_t len = 4 + 2 * (KW_GROUP_HDR + 8) + size + size2;
+    unsigned char *out = calloc(1, len), *q = out;
+    ck_assert_ptr_nonnull(out);
+    uint32_t two = 2;
+    memcpy(q, &two, 4);
+    kw_group_header_put(q += 4, c0, size, 1);
+    memcpy(q += KW_GROUP_HDR, e, 8);
+    memcpy(q += 8, v, size);
+    kw_group_header_put(q += size, c2, size2, 1);
+    memcpy(q + KW_GROUP_HDR, e, 8); /* its value: zeros */
+    record_put_raw(dir, lsn, &h, out, len);
+    free(out);
+    free(raw);
+}
+
 /* Reopen dir (w reset to the flavour without side transactions): the open
  * must be refused with KEEL_ECORRUPT at tick 0, and the directory must be
  * left as it was; the refusal's sentence goes to msg. */
@@ -2299,14 +2327,17 @@ START_TEST(test_checkpoint_row_refused)
 END_TEST
 
 /* A TICK_CHUNK whose row names a stale handle (variant 0), or a live
- * entity without the row's component (variant 1), decodes but does not
- * apply: the open is refused with KEEL_ECORRUPT naming the LSN, the row's
- * fault and the directory, and writes nothing. */
+ * entity without the row's component (variant 1; variant 2: in a second
+ * group with the first group's handles, which replay does not resolve
+ * again), decodes but does not apply: the open is refused with
+ * KEEL_ECORRUPT naming the LSN, the row's fault and the directory, and
+ * writes nothing. */
 START_TEST(test_value_row_refused)
 {
-    for (int variant = 0; variant < 2; variant++) {
+    static const char *const name[] = {"row-stale", "row-no-component", "row-no-component-memo"};
+    for (int variant = 0; variant < 3; variant++) {
         char dir[256];
-        tu_path(dir, sizeof dir, variant ? "row-no-component" : "row-stale");
+        tu_path(dir, sizeof dir, name[variant]);
         keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
         wworld *w = w_new(true);
         w_open(w, &d, false);
@@ -2334,9 +2365,11 @@ START_TEST(test_value_row_refused)
             memcpy(&e, raw + 4 + KW_GROUP_HDR, 8);
             free(raw);
             rewrite_row_entity(dir, bad, 0, e + (1ull << 32), &comp);
-        } else {
+        } else if (variant == 1) {
             rewrite_row_entity(dir, bad, 0, acct[0], &comp);
             ck_assert_uint_eq(comp, pos); /* the account has no pos */
+        } else {
+            rewrite_two_groups(dir, bad, w->MONEY, 8); /* a mover has no money */
         }
         char msg[1024];
         open_refused_untouched(w, &d, dir, msg, sizeof msg);

@@ -427,6 +427,7 @@ typedef struct replay {
     bool stopped;              /* ... and it was applied */
     keel_cmdbuf *cmds;
     kw_decoder dec;
+    world_replay_memo memo;    /* the rows of the record's last group */
 } replay;
 
 static int corrupt(uint64_t lsn, const char *fmt, const char *detail)
@@ -490,10 +491,11 @@ static int apply_groups(replay *p, const kw_header *h)
     keel_world *w = p->l->d->world;
     kw_group g;
     int rc;
+    p->memo.entities = NULL; /* it points into the last record */
     while ((rc = kw_decode_group(&p->dec, &g)) == 1) {
         if (!fits(w, g.component, g.size))
             return corrupt(h->lsn, "%s", "a change names an unknown component or has the wrong size");
-        if ((rc = world_replay_rows(w, g.component, g.size, g.n, g.entities, g.values)))
+        if ((rc = world_replay_rows(w, &p->memo, g.component, g.size, g.n, g.entities, g.values)))
             return not_applied(h->lsn, rc, "a value row does not apply");
     }
     return rc;
@@ -773,6 +775,7 @@ static int replay_range(loader *l, uint64_t after, replay_bound bound, uint64_t 
         rc = corrupt(p.unit_first, "%s", "the unit starting here has no commit marker (a truncated tail)");
     kw_wal_iter_end(it);
     keel_cmdbuf_destroy(p.cmds);
+    world_replay_memo_free(&p.memo);
     free(p.recs);
     return rc;
 }

@@ -106,58 +106,130 @@ int world_restore_rows(keel_world *w, uint32_t table, uint32_t n, const unsigned
 
 /* ---- replaying value rows ------------------------------------------------------- */
 
-/* The rows of a group come in chunk order (the capture logs a chunk column
- * at a time), so the table, the column and the chunk's private buffer are
- * looked up once per chunk rather than once per row. A logged group's rows
- * lie far apart in a world larger than the cache: each row's slot is
- * fetched SLOT_AHEAD rows ahead (measured: recovery 0.40-0.46x the read
- * ceiling without, 0.46-0.57x with; fetching the cells ahead as well, through
- * those slots, gained nothing). */
-#define SLOT_AHEAD 32
+/* A group is replayed in two passes: the handles resolved to their rows
+ * (checking each names a live entity), then the values written. A logged
+ * group's rows lie far apart in a world larger than the cache, and each
+ * row waits for up to three lines from memory: its slot, then the
+ * entity-array entry the slot names (the generation check), then its cell.
+ * So both passes go in blocks of REPLAY_BLOCK rows, one step over the whole
+ * block at a time: every slot of the block is requested, then every entry,
+ * then every cell, and the misses of a block are in flight together rather
+ * than one row's after another's. The rows come in chunk order (the capture
+ * logs a chunk column at a time), so the table, the column and the chunk's
+ * buffers are looked up once per chunk rather than once per row.
+ *
+ * The resolved rows stay in the memo for the next group: the capture logs
+ * the columns a transaction wrote in a chunk one after another, so a system
+ * that writes several components of the same entities logs the same handles
+ * for each, and the next group skips the first pass. */
+#define REPLAY_BLOCK 64
 
-static void prefetch_slot(const keel_world *w, const unsigned char *entities, uint32_t i)
+static keel_entity entity_of(const unsigned char *entities, uint32_t i)
 {
     keel_entity e;
     memcpy(&e, entities + (size_t)i * 8, 8);
-    uint32_t idx = KEEL_ENTITY_INDEX(e);
-    if (idx < w->nslots)
-        __builtin_prefetch(world_slot_at(w, idx));
+    return e;
 }
 
-int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n, const unsigned char *entities,
-                      const unsigned char *values)
+/* The last chunk whose entity array a resolve looked at. */
+typedef struct held_chunk {
+    uint32_t table, chunk;
+    const keel_entity *entities;
+} held_chunk;
+
+/* The entity-array entry of live slot s's row. */
+static const keel_entity *held_entry(const keel_world *w, held_chunk *h, world_slot s)
+{
+    uint32_t chunk = s.row >> w->chunk_shift;
+    if (s.table != h->table || chunk != h->chunk)
+        *h = (held_chunk){s.table, chunk, w->tables[s.table]->chunks[chunk]->entities};
+    return &h->entities[s.row & w->chunk_mask];
+}
+
+/* Pass 1: the rows of the n handles into m->at; m remembers the handles
+ * only once every one of them resolved. */
+static int replay_resolve(const keel_world *w, world_replay_memo *m, uint32_t n, const unsigned char *entities)
+{
+    m->entities = NULL;
+    if (CORE_GROW(m->at, m->cap, n, 256))
+        return core_fail(KEEL_ENOMEM, "out of memory replaying %u value rows", n);
+    held_chunk h = {WORLD_NO_TABLE, UINT32_MAX, NULL};
+    for (uint32_t b = 0; b < n; b += REPLAY_BLOCK) {
+        uint32_t end = n - b < REPLAY_BLOCK ? n : b + REPLAY_BLOCK;
+        for (uint32_t i = b; i < end; i++) {
+            uint32_t idx = KEEL_ENTITY_INDEX(entity_of(entities, i));
+            if (idx < w->nslots)
+                __builtin_prefetch(world_slot_at(w, idx));
+        }
+        for (uint32_t i = b; i < end; i++) {
+            uint32_t idx = KEEL_ENTITY_INDEX(entity_of(entities, i));
+            world_slot s = idx < w->nslots ? *world_slot_at(w, idx) : (world_slot){WORLD_NO_TABLE, 0};
+            if (s.table != WORLD_NO_TABLE)
+                __builtin_prefetch(held_entry(w, &h, s));
+            m->at[i] = s;
+        }
+        for (uint32_t i = b; i < end; i++) { /* world_slot_of, the slots read */
+            keel_entity e = entity_of(entities, i);
+            if (m->at[i].table == WORLD_NO_TABLE || *held_entry(w, &h, m->at[i]) != e)
+                return core_fail(KEEL_ESTALE, "entity 0x%016llx is null, stale or foreign", (unsigned long long)e);
+        }
+    }
+    m->entities = entities;
+    m->n = n;
+    return KEEL_OK;
+}
+
+/* Pass 2: the values into the rows m resolved. */
+static int replay_write(keel_world *w, const world_replay_memo *m, keel_component c, uint32_t size,
+                        const unsigned char *values)
 {
     const world_table *t = NULL;
     uint32_t table = WORLD_NO_TABLE, chunk = UINT32_MAX, col = 0;
-    char *base = NULL;
-    w->mutations += n != 0; /* also when a later row fails: the rows before it are written */
-    for (uint32_t i = 0; i < n; i++) {
-        if (i + SLOT_AHEAD < n)
-            prefetch_slot(w, entities, i + SLOT_AHEAD);
-        keel_entity e;
-        memcpy(&e, entities + (size_t)i * 8, 8);
-        const world_slot *s = world_slot_of(w, e);
-        if (!s)
-            return core_fail(KEEL_ESTALE, "entity 0x%016llx is null, stale or foreign", (unsigned long long)e);
-        if (s->table != table) {
-            t = w->tables[s->table];
-            if (!(col = t->col_of[c]))
-                return core_fail(KEEL_ENOENT, "entity 0x%016llx has no component '%s'", (unsigned long long)e,
-                                 w->comps[c].name);
-            table = s->table;
-            chunk = UINT32_MAX;
+    char *base = NULL, *cell[REPLAY_BLOCK];
+    for (uint32_t b = 0; b < m->n; b += REPLAY_BLOCK) {
+        uint32_t end = m->n - b < REPLAY_BLOCK ? m->n : b + REPLAY_BLOCK;
+        for (uint32_t i = b; i < end; i++) {
+            world_slot at = m->at[i];
+            if (at.table != table) {
+                t = w->tables[at.table];
+                if (!(col = t->col_of[c]))
+                    return core_fail(KEEL_ENOENT, "entity 0x%016llx has no component '%s'",
+                                     (unsigned long long)entity_of(m->entities, i), w->comps[c].name);
+                table = at.table;
+                chunk = UINT32_MAX;
+            }
+            if (at.row >> w->chunk_shift != chunk) {
+                chunk = at.row >> w->chunk_shift;
+                world_chunk *ch = t->chunks[chunk];
+                int rc = version_own_column(w, t, ch, col - 1); /* a value the published view shares is copied first */
+                if (rc)
+                    return rc;
+                base = colver_cur(&ch->cols[col - 1]);
+            }
+            cell[i - b] = base + (size_t)(at.row & w->chunk_mask) * size;
+            __builtin_prefetch(cell[i - b], 1);
         }
-        if (!size)
-            continue;
-        if (s->row >> w->chunk_shift != chunk) {
-            chunk = s->row >> w->chunk_shift;
-            world_chunk *ch = t->chunks[chunk];
-            int rc = version_own_column(w, t, ch, col - 1); /* a value the published view shares is copied first */
-            if (rc)
-                return rc;
-            base = colver_cur(&ch->cols[col - 1]);
-        }
-        world_cell_copy(base + (size_t)(s->row & w->chunk_mask) * size, values + (size_t)i * size, size);
+        for (uint32_t i = b; i < end; i++)
+            world_cell_copy(cell[i - b], values + (size_t)i * size, size);
     }
     return KEEL_OK;
+}
+
+int world_replay_rows(keel_world *w, world_replay_memo *memo, keel_component c, uint32_t size, uint32_t n,
+                      const unsigned char *entities, const unsigned char *values)
+{
+    if (!n)
+        return KEEL_OK;
+    w->mutations++; /* also when a later row fails: the rows before it may be written */
+    bool same = memo->entities && memo->n == n && memcmp(memo->entities, entities, (size_t)n * 8) == 0;
+    int rc = same ? KEEL_OK : replay_resolve(w, memo, n, entities);
+    if (rc || !size)
+        return rc;
+    return replay_write(w, memo, c, size, values);
+}
+
+void world_replay_memo_free(world_replay_memo *memo)
+{
+    free(memo->at);
+    *memo = (world_replay_memo){0};
 }

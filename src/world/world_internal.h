@@ -445,14 +445,24 @@ int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, 
  * an error the rows before the culprit are restored, values and all. */
 int world_restore_rows(keel_world *w, uint32_t table, uint32_t n, const unsigned char *entities,
                        const void *const *values);
+/* The rows the last replayed group resolved its handles to, for the next
+ * group with the same handles (restore.c). Valid while no row moves: reset
+ * it (entities = NULL) before each record's groups. Zero = empty. */
+typedef struct world_replay_memo {
+    const unsigned char *entities; /* the handles resolved (in the record), NULL: none */
+    uint32_t n, cap;
+    world_slot *at;                /* their tables and rows */
+} world_replay_memo;
+
 /* Replay of a logged row group, between ticks: the n packed values (size
  * bytes each, size = the component's) of component c written to the n
  * entities (u64 little-endian, unaligned), in order -- what n keel_set calls
- * do, in one pass. KEEL_OK; or KEEL_ESTALE / KEEL_ENOENT (no such live
- * entity, or it has no c) / KEEL_ENOMEM with a sentence naming the entity,
- * the rows before it written. */
-int world_replay_rows(keel_world *w, keel_component c, uint32_t size, uint32_t n, const unsigned char *entities,
-                      const unsigned char *values);
+ * do, in two passes over the group. KEEL_OK; or KEEL_ESTALE / KEEL_ENOENT (no
+ * such live entity, or it has no c) / KEEL_ENOMEM with a sentence naming the
+ * entity; rows before it may be written. */
+int world_replay_rows(keel_world *w, world_replay_memo *memo, keel_component c, uint32_t size, uint32_t n,
+                      const unsigned char *entities, const unsigned char *values);
+void world_replay_memo_free(world_replay_memo *memo);
 
 /* command.c: whether a buffer holds nothing since its last reset -- no
  * command queued, none applied, so its result is all zeros: the sync point
