@@ -2266,6 +2266,48 @@ static void open_refused_untouched(wworld *w, const keel_runtime_desc *d, const 
     tu_assert_digest_eq(d1, dir_digest(dir));
 }
 
+/* A checkpoint of more entity slots than the reopening world's
+ * max_entities is refused with KEEL_ENOSPC naming the maximum, and the
+ * directory stays as it was; the same directory then recovers into a world
+ * without the limit, to the state it held. */
+START_TEST(test_checkpoint_over_max_entities)
+{
+    char dir[256];
+    tu_path(dir, sizeof dir, "ckpt-max-entities");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    wworld *w = w_new(true);
+    w_open(w, &d, false);
+    for (uint64_t t = 1; t <= 4; t++)
+        w_drive(w, t);
+    ck_assert_ok(keel_checkpoint(w->rt));
+    uint32_t live = keel_world_count(keel_runtime_world(w->rt));
+    uint64_t hash = keel_world_hash(keel_runtime_world(w->rt));
+    ck_assert_uint_gt(live, 2);
+    w_close(w);
+
+    tu_digest d1 = dir_digest(dir);
+    keel_runtime_desc small = d;
+    small.world.max_entities = live - 1;
+    w_reset(w, true);
+    w_open(w, &small, false);
+    ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ENOSPC);
+    char want[64];
+    snprintf(want, sizeof want, "maximum of %u live entities", live - 1);
+    ck_assert_msg(strstr(keel_last_error(), want), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 0);
+    w_close(w);
+    tu_assert_digest_eq(d1, dir_digest(dir));
+
+    w_reset(w, true);
+    w_open(w, &d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), live);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), hash);
+    w_close(w);
+    free(w);
+}
+END_TEST
+
 /* A checkpoint chunk whose second row names its first row's entity again:
  * loading it finds that entity's slot taken, and the open is refused with
  * KEEL_ECORRUPT naming the entity, the directory untouched. */
@@ -3929,6 +3971,7 @@ static Suite *dur_recovery(void)
     TCase *tc = tcase_with_dirs("recovery", 300);
     tcase_add_test(tc, test_corrupt_record);
     tcase_add_test(tc, test_value_row_refused);
+    tcase_add_test(tc, test_checkpoint_over_max_entities);
     tcase_add_test(tc, test_checkpoint_row_refused);
     tcase_add_test(tc, test_change_of_an_unknown_component);
     tcase_add_test(tc, test_schema_extend_and_mismatch);

@@ -122,6 +122,35 @@ void entity_free(keel_world *w, keel_entity e)
     w->nlive--;
 }
 
+int entity_restore(keel_world *w, uint32_t n, const uint32_t *gens)
+{
+    if (n > w->max_entities)
+        return core_fail(KEEL_ENOSPC, "the world holds its maximum of %u live entities", w->max_entities);
+    if (!n)
+        return KEEL_OK;
+    int rc = KEEL_OK;
+    for (uint32_t i = 0; !rc && i < n; i += WORLD_PAGE_SLOTS) { /* one page at a time, as n allocations add them */
+        w->nslots = i;
+        rc = grow_slots(w);
+    }
+    w->nslots = n - 1;
+    if (rc || (rc = grow_free_bits(w))) {
+        w->nslots = 0; /* the pages stay, unused: the world frees them */
+        return rc;
+    }
+    w->nslots = n;
+    for (uint32_t i = 0; i < n; i++) /* the pages are new: no view shares them */
+        *entity_slot_w(w, i) = (world_slot){.table = WORLD_NO_TABLE, .row = gens[i] ? gens[i] : 1};
+    uint32_t full = n >> 6;
+    for (uint32_t word = 0; word <= full && word < w->free_words_cap; word++) {
+        w->free_bits[word] = word < full ? ~0ull : (1ull << (n & 63)) - 1;
+        if (w->free_bits[word])
+            w->free_summary[word >> 6] |= 1ull << (word & 63);
+    }
+    w->free_hint = 0;
+    return KEEL_OK;
+}
+
 void entity_index_fini(keel_world *w)
 {
     for (uint32_t p = 0; p < w->npages; p++) {

@@ -19,17 +19,7 @@ int world_restore_begin(keel_world *w, uint32_t nslots, const uint32_t *gens)
 {
     if (w->nslots || w->ntables || w->nlive)
         return core_fail(KEEL_EBUSY, "recovery needs an empty world: recover before spawning anything");
-    for (uint32_t i = 0; i < nslots; i++) {
-        int rc = entity_reserve(w);
-        if (rc)
-            return rc;
-        keel_entity e = entity_alloc(w); /* index i: the index grows by one each time */
-        (void)e;
-    }
-    /* entity_free bumps the generation: free a handle of gen - 1 so it lands on gen */
-    for (uint32_t i = 0; i < nslots; i++)
-        entity_free(w, KEEL_ENTITY_MAKE(i, gens[i] == 1 ? UINT32_MAX : gens[i] - 1));
-    return KEEL_OK;
+    return entity_restore(w, nslots, gens);
 }
 
 int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, uint32_t expect_id)

@@ -320,6 +320,10 @@ static inline bool world_col_versioned(const keel_world *w, const world_table *t
 int entity_reserve(keel_world *w);                  /* ensure one allocation can succeed (owns its page) */
 keel_entity entity_alloc(keel_world *w);            /* after entity_reserve: cannot fail */
 void entity_free(keel_world *w, keel_entity e);     /* frees e's slot, e's generation bumped; page owned */
+/* An empty index given slots 0..n-1, every one free with gens[i] the
+ * generation its next occupant gets (0 read as 1): what n allocations and
+ * n frees leave, in one pass. KEEL_ENOSPC past max_entities, KEEL_ENOMEM. */
+int entity_restore(keel_world *w, uint32_t n, const uint32_t *gens);
 void entity_index_fini(keel_world *w);
 /* Make the page of slot idx writable (copy it when the view shares it).
  * Inline: every destroy asks twice, and the page is nearly always owned. */
