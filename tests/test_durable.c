@@ -2223,30 +2223,41 @@ static void rewrite_row_entity(const char *dir, uint64_t lsn, uint32_t row, keel
     free(raw);
 }
 
-/* Replace the TICK_CHUNK record at lsn by one of two groups of one row
- * each, for the same entity: its first group's first row, then a row of
- * component c2 (size2 zero bytes). Replay resolves the second group's
- * handles from the first's (world/restore.c, the memo). */
-static void rewrite_two_groups(const char *dir, uint64_t lsn, keel_component c2, uint32_t size2)
+/* One group of one row (entity e, value: size bytes, zeros when NULL) in
+ * the TICK_CHUNK layout at q; returns the byte after it. */
+static unsigned char *put_row_group(unsigned char *q, keel_component c, uint32_t size, keel_entity e, const void *v)
+{
+    kw_group_header_put(q, c, size, 1);
+    memcpy(q + KW_GROUP_HDR, &e, 8);
+    if (v)
+        memcpy(q + KW_GROUP_HDR + 8, v, size);
+    return q + KW_GROUP_HDR + 8 + size;
+}
+
+/* Replace the TICK_CHUNK record at lsn by groups of one row each: with
+ * `first`, its first group's first row, then a row of component c (size
+ * zero bytes) for the same entity -- replay resolves the second group's
+ * handles from the first's (world/restore.c, the memo); without, only the
+ * row of c, for entity e. */
+static void rewrite_row_groups(const char *dir, uint64_t lsn, bool first, keel_component c, uint32_t size,
+                               keel_entity e)
 {
     kw_header h;
     unsigned char *raw = record_raw(dir, lsn, &h);
     ck_assert_uint_eq(h.kind, KW_KIND_TICK_CHUNK);
-    uint32_t c0, size, n;
-    kw_group_header_get(raw + 4, &c0, &size, &n);
+    uint32_t c0, size0, n;
+    kw_group_header_get(raw + 4, &c0, &size0, &n);
     ck_assert_uint_ge(n, 1);
-    const unsigned char *e = raw + 4 + KW_GROUP_HDR, *v = e + (size_t)n * 8;
-    size_t len = 4 + 2 * (KW_GROUP_HDR + 8) + size + size2;
-    unsigned char *out = calloc(1, len), *q = out;
+    unsigned char *out = calloc(1, 4 + 2 * (KW_GROUP_HDR + 8) + size0 + size), *q = out + 4;
     ck_assert_ptr_nonnull(out);
-    uint32_t two = 2;
-    memcpy(q, &two, 4);
-    kw_group_header_put(q += 4, c0, size, 1);
-    memcpy(q += KW_GROUP_HDR, e, 8);
-    memcpy(q += 8, v, size);
-    kw_group_header_put(q += size, c2, size2, 1);
-    memcpy(q + KW_GROUP_HDR, e, 8); /* its value: zeros */
-    record_put_raw(dir, lsn, &h, out, len);
+    uint32_t groups = first ? 2 : 1;
+    memcpy(out, &groups, 4);
+    if (first) {
+        memcpy(&e, raw + 4 + KW_GROUP_HDR, 8);
+        q = put_row_group(q, c0, size0, e, raw + 4 + KW_GROUP_HDR + (size_t)n * 8);
+    }
+    q = put_row_group(q, c, size, e, NULL);
+    record_put_raw(dir, lsn, &h, out, (size_t)(q - out));
     free(out);
     free(raw);
 }
@@ -2371,13 +2382,13 @@ END_TEST
 /* A TICK_CHUNK whose row names a stale handle (variant 0), or a live
  * entity without the row's component (variant 1; variant 2: in a second
  * group with the first group's handles, which replay does not resolve
- * again), decodes but does not apply: the open is refused with
- * KEEL_ECORRUPT naming the LSN, the row's fault and the directory, and
- * writes nothing. */
+ * again; variant 3: a tag's row), decodes but does not apply: the open is
+ * refused with KEEL_ECORRUPT naming the LSN, the row's fault and the
+ * directory, and writes nothing. */
 START_TEST(test_value_row_refused)
 {
-    static const char *const name[] = {"row-stale", "row-no-component", "row-no-component-memo"};
-    for (int variant = 0; variant < 3; variant++) {
+    static const char *const name[] = {"row-stale", "row-no-component", "row-no-component-memo", "row-no-tag"};
+    for (int variant = 0; variant < 4; variant++) {
         char dir[256];
         tu_path(dir, sizeof dir, name[variant]);
         keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
@@ -2410,8 +2421,10 @@ START_TEST(test_value_row_refused)
         } else if (variant == 1) {
             rewrite_row_entity(dir, bad, 0, acct[0], &comp);
             ck_assert_uint_eq(comp, pos); /* the account has no pos */
+        } else if (variant == 2) {
+            rewrite_row_groups(dir, bad, true, w->MONEY, 8, 0); /* a mover has no money */
         } else {
-            rewrite_two_groups(dir, bad, w->MONEY, 8); /* a mover has no money */
+            rewrite_row_groups(dir, bad, false, w->FLAG, 0, acct[0]); /* an account has no flag */
         }
         char msg[1024];
         open_refused_untouched(w, &d, dir, msg, sizeof msg);

@@ -188,6 +188,8 @@ static int replay_write(keel_world *w, const world_replay_memo *m, keel_componen
                 table = at.table;
                 chunk = UINT32_MAX;
             }
+            if (!size) /* a tag: nothing to write, but every entity must have it */
+                continue;
             if (at.row >> w->chunk_shift != chunk) {
                 chunk = at.row >> w->chunk_shift;
                 world_chunk *ch = t->chunks[chunk];
@@ -199,7 +201,7 @@ static int replay_write(keel_world *w, const world_replay_memo *m, keel_componen
             cell[i - b] = base + (size_t)(at.row & w->chunk_mask) * size;
             __builtin_prefetch(cell[i - b], 1);
         }
-        for (uint32_t i = b; i < end; i++)
+        for (uint32_t i = b; size && i < end; i++)
             world_cell_copy(cell[i - b], values + (size_t)i * size, size);
     }
     return KEEL_OK;
@@ -213,9 +215,7 @@ int world_replay_rows(keel_world *w, world_replay_memo *memo, keel_component c, 
     w->mutations++; /* also when a later row fails: the rows before it may be written */
     bool same = memo->entities && memo->n == n && memcmp(memo->entities, entities, (size_t)n * 8) == 0;
     int rc = same ? KEEL_OK : replay_resolve(w, memo, n, entities);
-    if (rc || !size)
-        return rc;
-    return replay_write(w, memo, c, size, values);
+    return rc ? rc : replay_write(w, memo, c, size, values);
 }
 
 void world_replay_memo_free(world_replay_memo *memo)
