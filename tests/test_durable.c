@@ -2277,6 +2277,21 @@ static void open_refused_untouched(wworld *w, const keel_runtime_desc *d, const 
     tu_assert_digest_eq(d1, dir_digest(dir));
 }
 
+/* A world of the default flavour in a new directory `name` (into dir, cap
+ * bytes; *d its description), driven through ticks 1-4 and checkpointed,
+ * left open. */
+static wworld *checkpointed_world(char *dir, size_t cap, const char *name, keel_runtime_desc *d)
+{
+    tu_path(dir, cap, name);
+    *d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    wworld *w = w_new(true);
+    w_open(w, d, false);
+    for (uint64_t t = 1; t <= 4; t++)
+        w_drive(w, t);
+    ck_assert_ok(keel_checkpoint(w->rt));
+    return w;
+}
+
 /* A checkpoint of more entity slots than the reopening world's
  * max_entities is refused with KEEL_ENOSPC naming the maximum, and the
  * directory stays as it was; the same directory then recovers into a world
@@ -2284,13 +2299,8 @@ static void open_refused_untouched(wworld *w, const keel_runtime_desc *d, const 
 START_TEST(test_checkpoint_over_max_entities)
 {
     char dir[256];
-    tu_path(dir, sizeof dir, "ckpt-max-entities");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    wworld *w = w_new(true);
-    w_open(w, &d, false);
-    for (uint64_t t = 1; t <= 4; t++)
-        w_drive(w, t);
-    ck_assert_ok(keel_checkpoint(w->rt));
+    keel_runtime_desc d;
+    wworld *w = checkpointed_world(dir, sizeof dir, "ckpt-max-entities", &d);
     uint32_t live = keel_world_count(keel_runtime_world(w->rt));
     uint64_t hash = keel_world_hash(keel_runtime_world(w->rt));
     ck_assert_uint_gt(live, 2);
@@ -2325,13 +2335,8 @@ END_TEST
 START_TEST(test_checkpoint_row_refused)
 {
     char dir[256];
-    tu_path(dir, sizeof dir, "ckpt-dup-row");
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    wworld *w = w_new(true);
-    w_open(w, &d, false);
-    for (uint64_t t = 1; t <= 4; t++)
-        w_drive(w, t);
-    ck_assert_ok(keel_checkpoint(w->rt));
+    keel_runtime_desc d;
+    wworld *w = checkpointed_world(dir, sizeof dir, "ckpt-dup-row", &d);
     w_close(w);
 
     dir_view v;
