@@ -114,6 +114,12 @@ int world_restore_rows(keel_world *w, uint32_t table, uint32_t n, const unsigned
  * for each, and the next group skips the first pass. */
 #define REPLAY_BLOCK 64
 
+/* The end of the block of rows that starts at row b of n. */
+static uint32_t block_end(uint32_t b, uint32_t n)
+{
+    return n - b < REPLAY_BLOCK ? n : b + REPLAY_BLOCK;
+}
+
 static keel_entity entity_of(const unsigned char *entities, uint32_t i)
 {
     keel_entity e;
@@ -145,7 +151,7 @@ static int replay_resolve(const keel_world *w, world_replay_memo *m, uint32_t n,
         return core_fail(KEEL_ENOMEM, "out of memory replaying %u value rows", n);
     held_chunk h = {WORLD_NO_TABLE, UINT32_MAX, NULL};
     for (uint32_t b = 0; b < n; b += REPLAY_BLOCK) {
-        uint32_t end = n - b < REPLAY_BLOCK ? n : b + REPLAY_BLOCK;
+        uint32_t end = block_end(b, n);
         for (uint32_t i = b; i < end; i++) {
             uint32_t idx = KEEL_ENTITY_INDEX(entity_of(entities, i));
             if (idx < w->nslots)
@@ -177,7 +183,7 @@ static int replay_write(keel_world *w, const world_replay_memo *m, keel_componen
     uint32_t table = WORLD_NO_TABLE, chunk = UINT32_MAX, col = 0;
     char *base = NULL, *cell[REPLAY_BLOCK];
     for (uint32_t b = 0; b < m->n; b += REPLAY_BLOCK) {
-        uint32_t end = m->n - b < REPLAY_BLOCK ? m->n : b + REPLAY_BLOCK;
+        uint32_t end = block_end(b, m->n);
         for (uint32_t i = b; i < end; i++) {
             world_slot at = m->at[i];
             if (at.table != table) {
