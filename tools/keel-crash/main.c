@@ -115,8 +115,8 @@ static void usage(FILE *to)
             "  --verbose       one line per child on stderr\n"
             "Prints a table per mode and a last line\n"
             "`crashes=<N> lost_acknowledged=<n> hash_mismatches=<n> invariant_violations=<n>`.\n"
-            "Exit 0 when the three counts are 0, 1 otherwise, 2 on bad arguments or when keel-world\n"
-            "cannot be run.\n");
+            "Exit 0 when the three counts are 0, 1 otherwise or when interrupted (SIGINT, SIGTERM),\n"
+            "2 on bad arguments or when keel-world cannot be run.\n");
 }
 
 static int parse_u64(const char *flag, const char *s, uint64_t min, uint64_t max, uint64_t *out)

@@ -26,7 +26,8 @@ static const char backup_help[] =
     "leaves no data.mdb. To restore, stop the server, put the backup in place of the\n"
     "directory (or start the server on DEST) and start it.\n"
     "\n"
-    "Prints 'backup: DIR -> DEST: <bytes> bytes (tick <T> checkpoint, LSN <a>..<b>)'.\n"
+    "Prints 'backup: DIR -> DEST: <bytes> bytes (checkpoint tick <T>, WAL LSN <a>..<b>)'\n"
+    "('no checkpoint' in place of 'checkpoint tick <T>' without one).\n"
     "Exit status: 0; 1 DIR's data file is damaged; 2 bad arguments, DEST exists and is\n"
     "not empty, DIR cannot be opened, or the copy failed.\n";
 
