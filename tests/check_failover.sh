@@ -15,6 +15,14 @@ cleanup() { [ -n "$P" ] && kill -9 "$P" 2>/dev/null; [ -n "$S" ] && kill -9 "$S"
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$d"/*.out; do echo "--- $f"; tail -n 5 "$f"; done; exit 1; }
 hash_of() { sed -n 's/^final tick=[0-9]* hash=\([0-9a-f]*\)$/\1/p' "$1" | tail -n 1; }
+# committed_tick WHERE: the last committed tick of a directory or a stream (empty until it has one)
+committed_tick() { "$KWAL" info "$1" 2>/dev/null | sed -n 's/.*last committed tick \([0-9]*\).*/\1/p'; }
+# wait_ticked WHERE WHAT: wait (30 s at most) until WHERE has committed a tick
+wait_ticked() {
+    local i t
+    for i in $(seq 1 300); do t=$(committed_tick "$1"); [ -n "$t" ] && [ "$t" -ge 1 ] && return 0; sleep 0.1; done
+    fail "$2 never committed a tick"
+}
 nats_start "$d/nats" 3 || exit 1
 U=1200 U2=1260 E=20000
 common=(--nats "$NATS_URLS" --world fo --seed 5 --entities $E --lease-ms 1000 --quiet)
@@ -24,9 +32,9 @@ common=(--nats "$NATS_URLS" --world fo --seed 5 --entities $E --lease-ms 1000 --
 H=$(hash_of "$d/ref.out") H2=$(hash_of "$d/ref2.out")
 [ -n "$H" ] && [ -n "$H2" ] || fail "the reference runs printed no hash"
 "$KW" --data "$d/a" --replicate sync --until-tick $U --tick-rate 100 "${common[@]}" >"$d/a.out" 2>&1 & P=$!
-sleep 1 # the primary creates the stream and publishes its first ticks
+wait_ticked "$NATS_URL1/fo" "the primary's stream" # the standby then starts on a world the stream holds
 "$KW" --data "$d/b" --standby --until-tick $U "${common[@]}" >"$d/b.out" 2>&1 & S=$!
-sleep 2
+wait_ticked "$d/b" "the standby's directory" # it follows: freeze the primary
 kill -STOP "$P"
 for i in $(seq 1 300); do grep -q '^promoted epoch=' "$d/b.out" && break; sleep 0.1; done
 grep -q '^promoted epoch=2 ' "$d/b.out" || fail "the standby did not promote itself into epoch 2"

@@ -566,8 +566,8 @@ START_TEST(server_owned_and_backup)
     r = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"info", bk, NULL});
     const char *last = strstr(r.out, "last committed tick "), *ckpt = strstr(r.out, "checkpoint   tick ");
     uint64_t committed = 0, checkpointed = 0;
-    bool read = last && sscanf(last, "last committed tick %" SCNu64, &committed) == 1;
-    read |= ckpt && sscanf(ckpt, "checkpoint   tick %" SCNu64, &checkpointed) == 1;
+    bool read = (last || ckpt) && (!last || sscanf(last, "last committed tick %" SCNu64, &committed) == 1) &&
+                (!ckpt || sscanf(ckpt, "checkpoint   tick %" SCNu64, &checkpointed) == 1);
     ck_assert_msg(r.status == 0 && read, "%s%s", r.out, r.err);
     uint64_t backed = committed > checkpointed ? committed : checkpointed;
     tu_run_free(&r);
@@ -581,6 +581,7 @@ START_TEST(server_owned_and_backup)
     const char *line = strstr(r.out, "recovered tick=");
     ck_assert_msg(line && sscanf(line, "recovered tick=%" SCNu64, &rec) == 1, "%s", r.out);
     ck_assert_uint_ge(rec, 30);
+    ck_assert_uint_eq(rec, backed); /* the backup's last completed tick, nothing more or less */
     ck_assert_uint_eq(final_hash(r.out), ref);
     tu_run_free(&r);
 }

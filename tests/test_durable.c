@@ -1229,46 +1229,6 @@ static void b_close(bworld *w)
     w->rt = NULL;
 }
 
-/* How many of this process's threads are named `name` (/proc/self/task). */
-static int threads_named(const char *name)
-{
-    DIR *d = opendir("/proc/self/task");
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (e->d_name[0] == '.')
-            continue;
-        char path[300], comm[32] = "";
-        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            continue; /* the thread ended meanwhile */
-        if (fgets(comm, sizeof comm, f))
-            comm[strcspn(comm, "\n")] = '\0';
-        fclose(f);
-        n += !strcmp(comm, name);
-    }
-    closedir(d);
-    return n;
-}
-
-/* A joined thread's /proc entry can outlive pthread_join by a moment (the
- * kernel clears the tid before it unlists the task): poll, up to 5 s, for
- * no thread to be named `name` -- a condition, not a guess at a duration --
- * and say whether that happened. */
-static bool threads_gone(const char *name)
-{
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    do {
-        if (!threads_named(name))
-            return true;
-        sched_yield();
-        clock_gettime(CLOCK_MONOTONIC, &t);
-    } while (t.tv_sec - t0.tv_sec < 5);
-    return false;
-}
-
 /* The runtime's threads carry names (top -H, perf, gdb): one per worker
  * beyond the stepping thread, the watchdog, and once the directory is open
  * the WAL writer and the checkpoint thread; the driver while started; all
@@ -1281,24 +1241,24 @@ START_TEST(test_threads_are_named)
     bworld *w = calloc(1, sizeof *w);
     ck_assert_ptr_nonnull(w);
     b_open(w, &d);
-    ck_assert_int_eq(threads_named("keel-worker-1"), 1);
-    ck_assert_int_eq(threads_named("keel-worker-2"), 1);
-    ck_assert_int_eq(threads_named("keel-worker-3"), 0); /* the stepping thread is worker 0 */
-    ck_assert_int_eq(threads_named("keel-watchdog"), 1);
-    ck_assert_int_eq(threads_named("keel-wal-writer"), 0);
+    ck_assert_int_eq(tu_threads_named("keel-worker-1"), 1);
+    ck_assert_int_eq(tu_threads_named("keel-worker-2"), 1);
+    ck_assert_int_eq(tu_threads_named("keel-worker-3"), 0); /* the stepping thread is worker 0 */
+    ck_assert_int_eq(tu_threads_named("keel-watchdog"), 1);
+    ck_assert_int_eq(tu_threads_named("keel-wal-writer"), 0);
     keel_recovery info;
     ck_assert_ok(keel_runtime_recover(w->rt, &info));
-    ck_assert_int_eq(threads_named("keel-wal-writer"), 1);
-    ck_assert_int_eq(threads_named("keel-checkpoint"), 1);
-    ck_assert_int_eq(threads_named("keel-driver"), 0);
+    ck_assert_int_eq(tu_threads_named("keel-wal-writer"), 1);
+    ck_assert_int_eq(tu_threads_named("keel-checkpoint"), 1);
+    ck_assert_int_eq(tu_threads_named("keel-driver"), 0);
     ck_assert_ok(keel_runtime_start(w->rt));
-    ck_assert_int_eq(threads_named("keel-driver"), 1);
+    ck_assert_int_eq(tu_threads_named("keel-driver"), 1);
     ck_assert_ok(keel_runtime_stop(w->rt));
-    ck_assert(threads_gone("keel-driver"));
+    ck_assert(tu_threads_gone("keel-driver"));
     b_close(w);
     free(w);
-    ck_assert(threads_gone("keel-worker-1") && threads_gone("keel-worker-2") && threads_gone("keel-watchdog") &&
-              threads_gone("keel-wal-writer") && threads_gone("keel-checkpoint"));
+    ck_assert(tu_threads_gone("keel-worker-1") && tu_threads_gone("keel-worker-2") && tu_threads_gone("keel-watchdog") &&
+              tu_threads_gone("keel-wal-writer") && tu_threads_gone("keel-checkpoint"));
 }
 END_TEST
 

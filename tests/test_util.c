@@ -7,6 +7,7 @@
 
 #include <check.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -63,6 +64,46 @@ bool tu_wait_at_least_u32(_Atomic uint32_t *v, uint32_t target)
 bool tu_wait_at_least_u64(_Atomic uint64_t *v, uint64_t target)
 {
     return tu_wait_until(tu_reached_u64, (void *)v, target);
+}
+
+/* How many of this process's threads are named `name` (/proc/self/task). */
+int tu_threads_named(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue; /* the thread ended meanwhile */
+        if (fgets(comm, sizeof comm, f))
+            comm[strcspn(comm, "\n")] = '\0';
+        fclose(f);
+        n += !strcmp(comm, name);
+    }
+    closedir(d);
+    return n;
+}
+
+/* A joined thread's /proc entry can outlive pthread_join by a moment (the
+ * kernel clears the tid before it unlists the task): poll, up to 5 s, for
+ * no thread to be named `name` -- a condition, not a guess at a duration --
+ * and say whether that happened. */
+bool tu_threads_gone(const char *name)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do {
+        if (!tu_threads_named(name))
+            return true;
+        sched_yield();
+        clock_gettime(CLOCK_MONOTONIC, &t);
+    } while (t.tv_sec - t0.tv_sec < 5);
+    return false;
 }
 
 /* ---- runtimes -------------------------------------------------------------------------------- */

@@ -47,6 +47,12 @@ uint64_t tu_now_ns(void);
 bool tu_wait_at_least_u32(_Atomic uint32_t *v, uint32_t target);
 bool tu_wait_at_least_u64(_Atomic uint64_t *v, uint64_t target);
 
+/* How many of this process's threads are named `name` (/proc/self/task). */
+int tu_threads_named(const char *name);
+/* Poll, up to 5 s, until no thread is named `name` (a joined thread's
+ * /proc entry can outlive pthread_join by a moment); whether that happened. */
+bool tu_threads_gone(const char *name);
+
 /* ---- runtimes -------------------------------------------------------------------------------- */
 
 /* keel_runtime_create(&d) that must succeed (zero fields: the runtime's
