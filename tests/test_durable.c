@@ -2289,6 +2289,50 @@ START_TEST(test_checkpoint_over_max_entities)
 }
 END_TEST
 
+/* WAL spawns past the reopening world's max_entities (at least the
+ * checkpoint's slots): recovery loads the checkpoint, then refuses the
+ * spawn with KEEL_ENOSPC naming the maximum (a cap is no damage: not
+ * KEEL_ECORRUPT), the directory as it was; without the cap the same
+ * directory recovers to the state it held. */
+START_TEST(test_wal_over_max_entities)
+{
+    char dir[256];
+    keel_runtime_desc d;
+    wworld *w = checkpointed_world(dir, sizeof dir, "wal-max-entities", &d);
+    uint32_t slots = keel_runtime_world(w->rt)->nslots, most = 0;
+    for (uint64_t t = 5; t <= 12; t++) {
+        w_drive(w, t);
+        uint32_t live = keel_world_count(keel_runtime_world(w->rt));
+        most = live > most ? live : most;
+    }
+    ck_assert_ok(keel_flush(w->rt));
+    uint64_t hash = keel_world_hash(keel_runtime_world(w->rt)), tick = keel_runtime_tick(w->rt);
+    ck_assert_uint_gt(most, slots); /* the test's premise: the WAL goes past the cap */
+    w_close(w);
+
+    tu_digest d1 = dir_digest(dir);
+    keel_runtime_desc small = d;
+    small.world.max_entities = slots;
+    w_reset(w, true);
+    w_open(w, &small, false);
+    ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ENOSPC);
+    char want[64];
+    snprintf(want, sizeof want, "maximum of %u live entities", slots);
+    ck_assert_msg(strstr(keel_last_error(), want) && strstr(keel_last_error(), "WAL record at LSN"), "%s",
+                  keel_last_error());
+    w_close(w);
+    tu_assert_digest_eq(d1, dir_digest(dir));
+
+    w_reset(w, true);
+    w_open(w, &d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    ck_assert_uint_eq(keel_runtime_tick(w->rt), tick);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), hash);
+    w_close(w);
+    free(w);
+}
+END_TEST
+
 /* A checkpoint chunk whose second row names its first row's entity again:
  * loading it finds that entity's slot taken, and the open is refused with
  * KEEL_ECORRUPT naming the entity, the directory untouched. */
@@ -3950,6 +3994,7 @@ static Suite *dur_recovery(void)
     tcase_add_test(tc, test_corrupt_record);
     tcase_add_test(tc, test_value_row_refused);
     tcase_add_test(tc, test_checkpoint_over_max_entities);
+    tcase_add_test(tc, test_wal_over_max_entities);
     tcase_add_test(tc, test_checkpoint_row_refused);
     tcase_add_test(tc, test_change_of_an_unknown_component);
     tcase_add_test(tc, test_schema_extend_and_mismatch);

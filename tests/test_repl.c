@@ -1106,8 +1106,15 @@ static int spawn_sys(keel_ctx *ctx, void *user)
     return keel_cmd_spawn(keel_ctx_commands(ctx), &in, 1) ? -1 : 0;
 }
 
-/* spawning_rt, with a second component "w" registered when `w`. */
-static keel_runtime *spawning_rt_w(keel_runtime_desc d, keel_component *v, bool w)
+/* Two spawns a tick (test_replica_unit_fails_midway's primary). */
+static int spawn_two_sys(keel_ctx *ctx, void *user)
+{
+    return spawn_sys(ctx, user) || spawn_sys(ctx, user) ? -1 : 0;
+}
+
+/* A runtime with component "v" (and "w" when `w`) whose one system, `run`,
+ * spawns entities of v. */
+static keel_runtime *spawner_rt(keel_runtime_desc d, keel_component *v, bool w, keel_system_fn run)
 {
     keel_runtime *rt = tu_rt_new(d);
     *v = tu_reg(keel_runtime_world(rt), "v", 4, KEEL_VERSIONED, v_fields, 1);
@@ -1116,9 +1123,15 @@ static keel_runtime *spawning_rt_w(keel_runtime_desc d, keel_component *v, bool 
     keel_schedule *s;
     ck_assert_rc(keel_schedule_create(rt, &s), KEEL_OK);
     ck_assert_rc(keel_schedule_add_system(s, &(keel_system_desc){.name = "spawn", .kind = KEEL_SYSTEM_CALLBACK,
-                                                                 .run = spawn_sys, .user = v}, NULL), KEEL_OK);
+                                                                 .run = run, .user = v}, NULL), KEEL_OK);
     tu_install(rt, s);
     return rt;
+}
+
+/* spawning_rt, with a second component "w" registered when `w`. */
+static keel_runtime *spawning_rt_w(keel_runtime_desc d, keel_component *v, bool w)
+{
+    return spawner_rt(d, v, w, spawn_sys);
 }
 
 static keel_runtime *spawning_rt(keel_runtime_desc d, keel_component *v)
@@ -1151,13 +1164,17 @@ static keel_runtime_desc replica_desc(const char *name, char *dir, size_t cap)
                                .replication = {.nats = nats_url, .world = name, .role = KEEL_ROLE_FOLLOWER}};
 }
 
+static keel_runtime_desc sync_primary_desc(const char *dir, const char *world)
+{
+    return (keel_runtime_desc){.workers = 1, .durable.dir = dir,
+                               .replication = {.nats = nats_url, .world = world, .mode = KEEL_REPL_SYNC,
+                                               .lease_ms = 300}};
+}
+
 /* *v must outlive the runtime: its spawning system reads it every tick. */
 static keel_runtime *sync_primary_rt(const char *dir, const char *world, keel_component *v)
 {
-    return spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir,
-                                           .replication = {.nats = nats_url, .world = world,
-                                                           .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
-                       v);
+    return spawning_rt(sync_primary_desc(dir, world), v);
 }
 
 /* A sync primary of `world` (directory world-primary) one tick in, flushed,
@@ -2151,6 +2168,49 @@ START_TEST(test_server_without_jetstream)
 }
 END_TEST
 
+/* A replica whose poll applies some units and then fails: the units before
+ * the failing one stay applied (its tick says so) and the next poll starts
+ * after them; a unit that failed after changing the world latches the
+ * runtime (it can be neither undone nor replayed on top of itself). The
+ * failure: the replica's world holds at most 5 entities, the primary spawns
+ * two a tick, so tick 3's second spawn is refused (KEEL_ENOSPC) after its
+ * first was applied. */
+START_TEST(test_replica_unit_fails_midway)
+{
+    char pdir[4096], fdir[4096];
+    tu_path(pdir, sizeof pdir, "midway-primary");
+    keel_component pv, fv;
+    keel_runtime *p = spawner_rt(sync_primary_desc(pdir, "midway"), &pv, false, spawn_two_sys);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    keel_runtime_desc fd = replica_desc("midway", fdir, sizeof fdir);
+    fd.world.max_entities = 5;
+    keel_runtime *f = spawning_rt(fd, &fv);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    tu_step_n(p, 3);
+    ck_assert_rc(keel_flush(p), KEEL_OK); /* sync: the stream holds the three ticks */
+    int rc = KEEL_OK;
+    for (int i = 0; i < 300 && rc == KEEL_OK; i++)
+        rc = keel_replica_poll(f, 100, NULL);
+    ck_assert_msg(rc == KEEL_ENOSPC, "%s: %s", keel_strerror(rc), keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), 2); /* ticks 1 and 2 applied */
+    ck_assert_rc(keel_runtime_fatal(f), KEEL_ENOSPC); /* tick 3's first spawn was applied */
+    ck_assert_rc(keel_replica_poll(f, 0, NULL), KEEL_EFATAL);
+    ck_assert_uint_eq(keel_runtime_tick(f), 2);
+    ck_assert_rc(keel_runtime_close(f), KEEL_EFATAL);
+    /* reopened with room for the world, the replica replays its directory and follows on to the primary */
+    fd.world.max_entities = 0;
+    f = spawning_rt(fd, &fv);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    for (int i = 0; i < 300 && keel_runtime_tick(f) < 3; i++)
+        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), 3);
+    ck_assert_uint_eq(keel_world_count(keel_runtime_world(f)), 6);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), keel_world_hash(keel_runtime_world(p)));
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const stream[] = {test_publish_fences, test_pipe_fences, test_pipe_resends_after_settle,
@@ -2166,7 +2226,7 @@ int main(void)
                                    test_replica_waits_for_unstreamed_world, test_stream_bootstrap,
                                    test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused,
                                    test_stream_bootstrap_declined, test_replica_lag_from_messages,
-                                   test_replica_poll_without_wait};
+                                   test_replica_poll_without_wait, test_replica_unit_fails_midway};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

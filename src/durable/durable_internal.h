@@ -364,7 +364,10 @@ void dur_close(dur_state *d);
  * last_lsn. Adopt them (the next LSN, the durable LSN) and apply every
  * complete unit after the applied LSN through recovery's replay (a
  * follower: up to dur_open_desc.stop_tick). *tick: the last tick applied
- * (in: the one before). */
+ * (in: the one before). On failure the units before the failing one stay
+ * applied (*tick and the applied LSN say so, and the next call starts
+ * after them); a unit that failed after changing the world latches d
+ * fatal with the code, since it can be neither undone nor applied again. */
 int dur_follow(dur_state *d, uint64_t last_lsn, uint64_t *tick);
 
 /* ---- log.c ------------------------------------------------------------------------- */

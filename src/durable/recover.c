@@ -180,6 +180,7 @@ typedef struct loader {
     kw_rtxn *r;
     kw_codec_ctx *c;
     keel_recovery *out;
+    uint64_t unit_mutations;   /* the world's mutation count when replay_range last completed a unit */
     uint32_t *counts;          /* rows per table, as the checkpoint's table list says */
     uint32_t ntables, nlive;
     kw_snap_chunk chunk;       /* the chunk being loaded (too big for the stack frame) */
@@ -251,7 +252,7 @@ static int load_tables(loader *l, uint32_t *nslots_out)
     return rc;
 }
 
-/* Every "S" page into gens (slots no page covers keep generation 1). */
+/* Every "S" page into gens (slots no page covers keep 0: generation 1). */
 static int load_slots(loader *l, uint32_t nslots, uint32_t *gens)
 {
     int rc = KEEL_OK;
@@ -282,12 +283,13 @@ static int load_slots_and_tables(loader *l, const void *tables, size_t tlen, uin
     if (!(l->counts = calloc(ntables + 1, sizeof *l->counts)))
         return core_fail(KEEL_ENOMEM, "out of memory loading the checkpoint's %u tables", ntables);
     l->ntables = ntables;
-    /* the slots first: rows need their generations */
-    uint32_t *gens = calloc(nslots ? nslots : 1, sizeof *gens);
+    /* the slots first: rows need their generations (a count over the world's cap is refused before
+       anything the size of it is allocated) */
+    if ((rc = world_restore_fits(l->d->world, nslots)))
+        return rc;
+    uint32_t *gens = calloc(nslots ? nslots : 1, sizeof *gens); /* 0: generation 1, as no page says otherwise */
     if (!gens)
         return core_fail(KEEL_ENOMEM, "out of memory loading %u entity slots", nslots);
-    for (uint32_t i = 0; i < nslots; i++)
-        gens[i] = 1;
     rc = load_slots(l, nslots, gens);
     if (!rc)
         rc = world_restore_begin(l->d->world, nslots, gens);
@@ -444,9 +446,12 @@ static int corrupt(uint64_t lsn, const char *fmt, const char *detail)
  * truncate_bad_tail; what is unused then). */
 static int not_applied(uint64_t lsn, int rc, const char *what)
 {
-    if (rc != KEEL_ENOMEM)
-        return core_fail_prefix(KEEL_ECORRUPT, "WAL record at LSN %llu: %s", (unsigned long long)lsn, what);
-    return core_fail_prefix(KEEL_ENOMEM, "WAL record at LSN %llu: out of memory applying it", (unsigned long long)lsn);
+    if (rc == KEEL_ENOMEM)
+        return core_fail_prefix(KEEL_ENOMEM, "WAL record at LSN %llu: out of memory applying it",
+                                (unsigned long long)lsn);
+    /* the world's cap (max_entities) is no damage: the same records apply under a larger one */
+    return core_fail_prefix(rc == KEEL_ENOSPC ? KEEL_ENOSPC : KEEL_ECORRUPT, "WAL record at LSN %llu: %s",
+                            (unsigned long long)lsn, what);
 }
 
 static bool fits(const keel_world *w, uint32_t comp, uint32_t size)
@@ -765,8 +770,10 @@ static int replay_range(loader *l, uint64_t after, replay_bound bound, uint64_t 
         rc = replay_one(&p, lsn, expect, rec, len);
         if (rc)
             break;
-        if (!p.n)
+        if (!p.n) {
             *last_lsn = lsn;
+            l->unit_mutations = l->d->world->mutations;
+        }
         expect = lsn + 1;
     }
     if (rc == 1)
@@ -1007,16 +1014,19 @@ int dur_follow(dur_state *d, uint64_t last_lsn, uint64_t *tick)
     int rc = kw_read_begin(d->store, &r);
     if (rc)
         return rc;
-    loader l = {.d = d, .r = r, .c = d->codec[0], .out = &out};
+    loader l = {.d = d, .r = r, .c = d->codec[0], .out = &out, .unit_mutations = d->world->mutations};
     uint64_t applied = d->applied_lsn;
     d->world->restoring = true;
     rc = replay_range(&l, applied, (replay_bound){.stop_tick = d->follow ? d->stop_tick : 0, .open_tail = true}, &applied);
     d->world->restoring = false;
     kw_read_end(r);
-    if (!rc) {
-        d->applied_lsn = applied;
-        *tick = out.tick;
-        atomic_store_explicit(&d->durable_tick, out.tick, memory_order_release);
-    }
+    /* The units replay_range completed are the world's now, also when a later one failed: the next call
+       starts after them. A failed unit that changed the world before it failed cannot be undone or
+       replayed on top of itself: the runtime latches, and a reopen replays the directory from scratch. */
+    d->applied_lsn = applied;
+    *tick = out.tick;
+    atomic_store_explicit(&d->durable_tick, out.tick, memory_order_release);
+    if (rc && d->world->mutations != l.unit_mutations)
+        dur_latch_fatal(d, rc);
     return rc;
 }

@@ -535,10 +535,10 @@ static int apply_local(keel_runtime *rt, uint64_t last_tick)
     struct runtime_repl *r = rt->repl;
     uint64_t tick = atomic_load(&rt->tick);
     int rc = dur_follow(rt->dur, r->local_last, &tick);
+    atomic_store(&rt->tick, tick); /* on failure too: the units before the failing one are applied */
+    atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
     if (rc)
         return rc;
-    atomic_store(&rt->tick, tick);
-    atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
     if (rt->world->mutations != rt->txn.pub_mutations && (rc = view_publish(&rt->txn, tick)))
         return rc;
     /* the replica's own checkpoint, at the runtime's checkpoint interval: a reopen replays from it.

@@ -122,15 +122,20 @@ void entity_free(keel_world *w, keel_entity e)
     w->nlive--;
 }
 
+int entity_slots_fit(const keel_world *w, uint32_t n)
+{
+    return n > w->max_entities ? core_fail(KEEL_ENOSPC, "the world holds its maximum of %u live entities", w->max_entities)
+                               : KEEL_OK;
+}
+
 int entity_restore(keel_world *w, uint32_t n, const uint32_t *gens)
 {
-    if (n > w->max_entities)
-        return core_fail(KEEL_ENOSPC, "the world holds its maximum of %u live entities", w->max_entities);
-    if (!n)
-        return KEEL_OK;
-    int rc = KEEL_OK;
-    for (uint32_t i = 0; !rc && i < n; i += WORLD_PAGE_SLOTS) { /* one page at a time, as n allocations add them */
-        w->nslots = i;
+    int rc = entity_slots_fit(w, n);
+    if (rc || !n)
+        return rc;
+    /* one page at a time, as n allocations add them (64-bit: n may be within a page of 2^32) */
+    for (uint64_t i = 0; !rc && i < n; i += WORLD_PAGE_SLOTS) {
+        w->nslots = (uint32_t)i;
         rc = grow_slots(w);
     }
     w->nslots = n - 1;

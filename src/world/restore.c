@@ -22,6 +22,11 @@ int world_restore_begin(keel_world *w, uint32_t nslots, const uint32_t *gens)
     return entity_restore(w, nslots, gens);
 }
 
+int world_restore_fits(const keel_world *w, uint32_t nslots)
+{
+    return entity_slots_fit(w, nslots);
+}
+
 int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, uint32_t expect_id)
 {
     world_compset set = {{0}};

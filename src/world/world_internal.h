@@ -320,6 +320,8 @@ static inline bool world_col_versioned(const keel_world *w, const world_table *t
 int entity_reserve(keel_world *w);                  /* ensure one allocation can succeed (owns its page) */
 keel_entity entity_alloc(keel_world *w);            /* after entity_reserve: cannot fail */
 void entity_free(keel_world *w, keel_entity e);     /* frees e's slot, e's generation bumped; page owned */
+/* Can the index hold n slots? KEEL_ENOSPC naming max_entities if not. */
+int entity_slots_fit(const keel_world *w, uint32_t n);
 /* An empty index given slots 0..n-1, every one free with gens[i] the
  * generation its next occupant gets (0 read as 1): what n allocations and
  * n frees leave, in one pass. KEEL_ENOSPC past max_entities, KEEL_ENOMEM. */
@@ -443,6 +445,8 @@ bool world_lifecycle_next(const world_lifecycle_log *log, size_t *off, world_lif
  * recreated in id order; rows appended in row order (values per column,
  * NULL = zeros). */
 int world_restore_begin(keel_world *w, uint32_t nslots, const uint32_t *gens);
+/* Asked before building the gens of nslots slots: KEEL_ENOSPC as begin would give it. */
+int world_restore_fits(const keel_world *w, uint32_t nslots);
 int world_restore_table(keel_world *w, const keel_component *comps, uint32_t n, uint32_t expect_id);
 /* Append n rows to table (< ntables): entities packed as u64 little-endian
  * (unaligned), values per table column n packed values (NULL = zeros). On
