@@ -683,6 +683,7 @@ struct kr_reader {
     uint64_t id;               /* ... its identity when the reader began */
     bool begun;                /* subscribed once: a later subscription is made again */
     int failed;                /* a subscription made again failed (no consumer since): its code */
+    bool rewound;              /* kr_read_rewind: the next read subscribes again at `next` */
     uint64_t seen_last;        /* the stream's last sequence as the last message delivered said */
     uint64_t nread, bytes_read; /* messages given and their bytes: their mean size */
 };
@@ -733,6 +734,7 @@ int kr_read_restart(kr_reader *r, uint64_t from)
     natsMsg_Destroy(r->msg);
     r->msg = NULL;
     r->next = from ? from : 1;
+    r->rewound = false;
     return subscribe(r);
 }
 
@@ -774,10 +776,29 @@ static int out_of_order(kr_reader *r, uint64_t got)
                                     " was expected (purged, or not a keel stream)", r->stream, got, r->next);
 }
 
+void kr_read_rewind(kr_reader *r, uint64_t from)
+{
+    natsMsg_Destroy(r->msg);
+    r->msg = NULL;
+    if (r->sub) {
+        natsSubscription_Unsubscribe(r->sub);
+        natsSubscription_Destroy(r->sub);
+        r->sub = NULL;
+    }
+    r->next = from ? from : 1;
+    r->rewound = true;
+}
+
 int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **data, size_t *len)
 {
     natsMsg_Destroy(r->msg);
     r->msg = NULL;
+    if (!r->sub && r->rewound) { /* a failure here leaves it rewound: the next read tries again */
+        int rc = subscribe(r);
+        if (rc)
+            return rc;
+        r->rewound = false;
+    }
     if (!r->sub) /* a subscription made again failed (r->failed): no consumer until kr_read_restart makes one */
         return core_fail(r->failed, "stream %s: its reader has no consumer since a failure (%s)", r->stream,
                          keel_strerror(r->failed));

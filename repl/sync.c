@@ -106,6 +106,8 @@ int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, 
         if (last_tick)
             *last_tick = h.tick;
     }
+    if (rc) /* the reader is past messages the directory did not take (a refused one, a failed write) */
+        kr_read_rewind(r, *last + 1);
     batch_free(&b);
     return rc;
 }

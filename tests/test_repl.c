@@ -2211,6 +2211,37 @@ START_TEST(test_replica_unit_fails_midway)
 }
 END_TEST
 
+/* A poll whose copy into the directory fails (its commit: EIO, once)
+ * writes nothing and returns the error; the next polls read those
+ * messages again (the reader was rewound to the directory's next LSN) and
+ * follow on to the primary's tick and hash, with no hole in the WAL. */
+START_TEST(test_replica_copy_fails_once)
+{
+    if (!keel_failpoints_compiled())
+        return; /* a build without failpoints cannot fail a commit on purpose */
+    keel_component pv, fv;
+    keel_runtime *p, *f;
+    primary_with_replica("copyfail", &p, &pv, &f, &fv);
+    uint64_t opened = keel_runtime_tick(f);
+    tu_step_n(p, 3);
+    ck_assert_rc(keel_flush(p), KEEL_OK); /* sync: the stream holds the three ticks; the primary's writer idles */
+    ck_assert_rc(keel_failpoints_set("wal.before_commit=eio@1"), KEEL_OK);
+    int rc = KEEL_OK;
+    for (int i = 0; i < 300 && rc == KEEL_OK && keel_runtime_tick(f) == opened; i++)
+        rc = keel_replica_poll(f, 100, NULL);
+    ck_assert_rc(keel_failpoints_set(""), KEEL_OK);
+    ck_assert_msg(rc == KEEL_EIO, "%s: %s", keel_strerror(rc), keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), opened);
+    ck_assert_rc(keel_runtime_fatal(f), KEEL_OK); /* nothing was applied: nothing to latch */
+    for (int i = 0; i < 300 && keel_runtime_tick(f) < keel_runtime_tick(p); i++)
+        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), keel_runtime_tick(p));
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), keel_world_hash(keel_runtime_world(p)));
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const stream[] = {test_publish_fences, test_pipe_fences, test_pipe_resends_after_settle,
@@ -2226,7 +2257,8 @@ int main(void)
                                    test_replica_waits_for_unstreamed_world, test_stream_bootstrap,
                                    test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused,
                                    test_stream_bootstrap_declined, test_replica_lag_from_messages,
-                                   test_replica_poll_without_wait, test_replica_unit_fails_midway};
+                                   test_replica_poll_without_wait, test_replica_unit_fails_midway,
+                                   test_replica_copy_fails_once};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

@@ -76,6 +76,9 @@ int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out);
 int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **data, size_t *len);
 /* Read again from `from` on, with a new consumer. */
 int kr_read_restart(kr_reader *r, uint64_t from);
+/* The same without waiting for the server: the consumer is made at the
+ * next kr_read_next (whose error it then is, and which tries again). */
+void kr_read_rewind(kr_reader *r, uint64_t from);
 /* Whether the stream held messages after the last one delivered, when it
  * was sent: they are on their way (a later publish is not). */
 bool kr_read_more_sent(const kr_reader *r);
@@ -203,7 +206,9 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint6
  * the stream held when the last one read was sent, not one published since
  * (timeout 0: only what has been delivered); *last: the directory's last
  * LSN afterwards and *last_tick (may be NULL) the tick its record names
- * (both unchanged when none came). */
+ * (both unchanged when none came). On failure nothing of the batch is in
+ * the directory and `r` is rewound to *last + 1 (kr_read_rewind), so the
+ * next call reads those messages again. */
 int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, uint64_t *last, uint64_t *last_tick);
 /* Append what `r` delivers until the directory's last LSN (*last) reaches
  * `end`. A wait of timeout_ms with nothing delivered restarts the consumer
