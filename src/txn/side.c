@@ -324,8 +324,12 @@ int keel_side_get(keel_side_txn *tx, keel_entity e, keel_component c, void *out)
         return rc;
     txn_state *ts = tx->ts;
     pthread_mutex_lock(&ts->side_lock);
-    if (size)
+    if (size) { /* the column's lock: a writer of the component may commit now (a snapshot reader's side read) */
+        world_colver *v = &t->chunks[row >> ts->world->chunk_shift]->cols[col];
+        colver_lock(v);
         memcpy(out, world_cell(ts->world, t, col, row), size);
+        colver_unlock(v);
+    }
     tx->reads[tx->nreads++] = (side_read){e, c, rowver_get(ts->rowvers, e, c)};
     pthread_mutex_unlock(&ts->side_lock);
     return KEEL_OK;

@@ -20,14 +20,18 @@
  *     columns never wait for each other.
  *   commit (on the worker that completes the system, after every task has
  *     finished -- the tasks_done counter orders their writes before it):
- *     cur = priv, priv = NULL; the old cur is freed unless the published
- *     view holds it (old == pub), in which case publication retires it.
+ *     cur = priv, priv = NULL, under the column's lock; the old cur is
+ *     then freed unless the published view holds it (old == pub), in which
+ *     case publication retires it.
  *   abort: free priv, priv = NULL. Nothing else was touched.
  *
  * Readers never take a lock: a snapshot reader reads `pub`, which no one
  * writes during a tick; a fresh or plain reader is ordered after (or
  * before) every writer by the schedule, so it reads a `cur` nobody changes
- * under it (side transactions excepted -- see side.c).
+ * under it. The exception is a side transaction of a system that reads a
+ * component's snapshot while its writer runs: keel_side_get reads `cur`
+ * under the column's lock, which the commit's swap takes, so the version it
+ * reads is not freed under it (side.c).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -319,10 +323,14 @@ int txn_commit(keel_world *w, txn_part *parts, uint32_t nparts, txn_vec *changes
         txn_part *p = &parts[k];
         for (uint32_t i = 0; i < p->priv.n; i++) {
             world_colver *v = touch_colver(w, p->priv.v[i]);
+            /* under the column's lock: a side transaction of a system that reads this component's
+               snapshot may be reading `cur` now (side.c, keel_side_get); it finishes before the swap */
+            colver_lock(v);
             void *old = colver_cur(v);
             colver_set_cur(v, atomic_exchange_explicit(&v->priv, NULL, memory_order_acq_rel));
+            colver_unlock(v);
             if (old != v->pub)
-                free(old); /* a version of this tick no one else can see */
+                free(old); /* a version of this tick that no reader can reach any more */
             if (!atomic_exchange_explicit(&v->changed, 1, memory_order_relaxed))
                 txn_vec_push(changes, p->priv.v[i]);
         }

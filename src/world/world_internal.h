@@ -88,7 +88,9 @@ typedef struct world_component {
  *           component (at most one: writers of a component are ordered), or
  *           NULL. Tasks of one parallel system install it with a CAS.
  *   spare -- a retired buffer of this column that no view, reader or
- *           checkpoint can reach any more, kept as the target of the next
+ *           checkpoint can reach any more (tentatively so between a
+ *           publication and its reader-count check, when no one takes it:
+ *           version.c), kept as the target of the next
  *           write (version.c "Recycling"), or NULL. It is never cur, pub or
  *           priv; whoever takes it swaps it out atomically.
  * The entity array follows the same rule (entities / pub_entities), and
@@ -96,7 +98,8 @@ typedef struct world_component {
  * the view, so appending there needs no copy. SINGLE_VERSION and TRANSIENT
  * columns are written in place and never published (pub stays NULL). */
 typedef struct world_colver {
-    _Atomic(void *) cur;      /* atomic: a side transaction may replace it while tasks of its system read it */
+    _Atomic(void *) cur;      /* atomic: a side transaction may replace it while tasks of its system read it;
+                                 a system's commit replaces it under colver_lock (txn/txn.c) */
     void *pub;
     _Atomic(void *) priv;
     _Atomic(void *) spare;    /* atomic: tasks of one system, or a side transaction, may race to take it */
@@ -268,10 +271,12 @@ static inline void colver_set_cur(world_colver *v, void *p)
     atomic_store_explicit(&v->cur, p, memory_order_release);
 }
 
-/* A chunk column's own short lock. It orders the two things that may meet
- * on one chunk column during a tick: a system transaction making its
- * private version (copy `cur`, publish `priv`) and a side commit writing a
- * row into `cur` and, when there is one, into `priv` (txn/txn.c, txn/side.c).
+/* A chunk column's own short lock. It orders what may meet on one chunk
+ * column during a tick: a system transaction making its private version
+ * (copy `cur`, publish `priv`) or committing it (cur = priv, the old one
+ * freed after), a side commit writing a row into `cur` and, when there is
+ * one, into `priv`, and a side read of `cur` by a system that reads the
+ * component's snapshot beside its writer (txn/txn.c, txn/side.c).
  * Held for one chunk column's copy at most, so it spins; it yields after a
  * while, in case the holder's thread was preempted. acquire/release: what
  * one holder wrote, the next one reads. */
