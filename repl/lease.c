@@ -58,14 +58,25 @@ static int lease_value(const kr_node *n, uint64_t epoch, bool released, char *bu
     return snprintf(buf, cap, "epoch=%" PRIu64 " node=%s state=%s", epoch, n->node, released ? "released" : "held");
 }
 
-/* After a failed compare-and-set: the lease moved (KEEL_ECONFLICT, or
- * `moved` for a holder) or NATS did not answer. */
-static int cas_failed(kr_node *n, uint64_t rev, natsStatus s, int moved)
+/* After a failed compare-and-set of this node's (epoch, released) at
+ * revision rev. NATS may have applied the write and lost only its reply (a
+ * timeout while the bucket's leader changed), or this is the retry of such
+ * a write: the lease then holds exactly that value at a later revision,
+ * which is success (*now_rev that revision). Otherwise the lease moved
+ * (`moved`: KEEL_ECONFLICT for a take, KEEL_EFENCED for a holder) or NATS
+ * did not answer (KEEL_EUNAVAILABLE). */
+static int cas_failed(kr_node *n, uint64_t rev, uint64_t epoch, bool released, natsStatus s, int moved,
+                      uint64_t *now_rev)
 {
     kr_lease now;
-    if (kr_lease_read(n, &now) == KEEL_OK && (!now.exists || now.rev != rev))
+    if (kr_lease_read(n, &now) == KEEL_OK && (!now.exists || now.rev != rev)) {
+        if (now.exists && now.epoch == epoch && now.released == released && !strcmp(now.node, n->node)) {
+            *now_rev = now.rev;
+            return KEEL_OK;
+        }
         return core_fail(moved, "the lease of world '%s' moved on: now epoch %" PRIu64 " held by %s", n->world,
                          now.epoch, now.exists ? now.node : "nobody");
+    }
     return core_fail(KEEL_EUNAVAILABLE, "cannot write the lease of world '%s': %s", n->world, natsStatus_GetText(s));
 }
 
@@ -79,8 +90,8 @@ int kr_lease_take(kr_node *n, const kr_lease *seen, uint64_t *epoch, uint64_t *r
         return rc;
     natsStatus s = seen->exists ? kvStore_Update(rev, n->kv, n->world, v, len, seen->rev)
                                 : kvStore_Create(rev, n->kv, n->world, v, len);
-    if (s != NATS_OK)
-        return cas_failed(n, seen->rev, s, KEEL_ECONFLICT);
+    if (s != NATS_OK && (rc = cas_failed(n, seen->exists ? seen->rev : 0, e, false, s, KEEL_ECONFLICT, rev)))
+        return rc;
     *epoch = e;
     return KEEL_OK;
 }
@@ -94,8 +105,8 @@ int kr_lease_renew(kr_node *n, uint64_t epoch, bool released, uint64_t *rev)
     if (rc)
         return rc == KEEL_ENOENT ? core_fail(KEEL_EFENCED, "the lease bucket of world '%s' is gone", n->world) : rc;
     natsStatus s = kvStore_Update(&now, n->kv, n->world, v, len, *rev);
-    if (s != NATS_OK)
-        return cas_failed(n, *rev, s, KEEL_EFENCED);
+    if (s != NATS_OK && (rc = cas_failed(n, *rev, epoch, released, s, KEEL_EFENCED, &now)))
+        return rc;
     *rev = now;
     return KEEL_OK;
 }

@@ -354,7 +354,18 @@ START_TEST(test_lease_cas)
     ck_assert_rc(kr_lease_take(a, &la, &ea, &reva), KEEL_OK);
     ck_assert_uint_eq(ea, 1);
     ck_assert_rc(kr_lease_take(b, &lb, &eb, &revb), KEEL_ECONFLICT);
+    /* a take whose write landed but whose reply was lost, tried again: the lease holds a's epoch 1 */
+    uint64_t e2 = 0, rev2 = 0;
+    ck_assert_rc(kr_lease_take(a, &la, &e2, &rev2), KEEL_OK);
+    ck_assert_uint_eq(e2, 1);
+    ck_assert_uint_eq(rev2, reva);
+    uint64_t stale = reva;
     ck_assert_rc(kr_lease_renew(a, ea, false, &reva), KEEL_OK);
+    ck_assert_uint_gt(reva, stale);
+    /* a renewal whose write landed but whose reply was lost (this node still has the old revision):
+       the next one finds its own value and goes on from there, not fenced */
+    ck_assert_rc(kr_lease_renew(a, ea, false, &stale), KEEL_OK);
+    ck_assert_uint_eq(stale, reva);
     ck_assert_rc(kr_lease_read(b, &lb), KEEL_OK);
     ck_assert(lb.exists && !lb.released && lb.epoch == 1 && !strcmp(lb.node, "a") && lb.rev == reva);
     ck_assert_rc(kr_lease_renew(a, ea, true, &reva), KEEL_OK); /* a clean stop lets it go */

@@ -151,12 +151,16 @@ static void status_set(struct runtime_repl *r, void (*fn)(keel_repl_status *st, 
 
 /* Has the lease lapsed, as this node has watched it? It lapsed when its
  * holder let it go, or when it stood still (the same revision, or absent)
- * for a lease time. r->seen is what a take compares against. */
+ * for a lease time of watching. r->seen is what a take compares against.
+ * Time the lease could not be read is no watching: its holder could not
+ * renew it either, so the watch starts again once it can be read. */
 static bool lease_lapsed(struct runtime_repl *r)
 {
     kr_lease now;
-    if (kr_lease_read(r->node, &now))
+    if (kr_lease_read(r->node, &now)) {
+        r->seen_since_ns = 0;
         return false; /* out of reach: nobody can take it either */
+    }
     uint64_t t = mono_ns();
     if (!r->seen_since_ns || now.rev != r->seen.rev || now.exists != r->seen.exists)
         r->seen_since_ns = t;
