@@ -575,11 +575,17 @@ static int catch_up(keel_runtime *rt)
     return rc ? rc : apply_local(rt, tick);
 }
 
-static void st_promoted(keel_repl_status *st, const void *arg)
+/* A promoted standby's mode: sync unless asked otherwise. */
+static void st_primary_mode(keel_repl_status *st, const void *arg)
 {
     const keel_replication_desc *d = arg;
-    st->role = KEEL_ROLE_PRIMARY;
     st->mode = d->mode ? d->mode : KEEL_REPL_SYNC;
+}
+
+static void st_promoted(keel_repl_status *st, const void *arg)
+{
+    (void)arg;
+    st->role = KEEL_ROLE_PRIMARY;
     st->lag_records = st->lag_ticks = st->lag_bytes = 0;
 }
 
@@ -619,15 +625,18 @@ static int promote(keel_runtime *rt, bool *promoted)
         return rc;
     atomic_store(&rt->tick, tick);
     atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
-    dur_promote(d);
     r->seen.epoch = epoch;
     r->seen.rev = rev;
     status_set(r, st_epoch, &epoch);
-    status_set(r, st_promoted, &r->desc);
-    core_log(KEEL_LOG_INFO, "repl", "promoted", "world=%s epoch=%" PRIu64 " tick=%" PRIu64 " lsn=%" PRIu64, r->world,
-             epoch, tick, lsn);
+    status_set(r, st_primary_mode, &r->desc);
+    /* the publisher and (sync) the gate first: the writer takes no commit of this node's own before
+       dur_promote, and every one after it goes through them */
     if ((rc = start_primary(rt)))
         return rc;
+    dur_promote(d);
+    status_set(r, st_promoted, NULL);
+    core_log(KEEL_LOG_INFO, "repl", "promoted", "world=%s epoch=%" PRIu64 " tick=%" PRIu64 " lsn=%" PRIu64, r->world,
+             epoch, tick, lsn);
     *promoted = true;
     return KEEL_OK;
 }
