@@ -693,16 +693,22 @@ int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out)
     return kr_read_begin_on(n, n->stream, n->subject, from, out);
 }
 
-/* An ordered consumer from r->next on (a previous one is dropped). A
- * consumer made again reads the stream that has the name now: one deleted
- * and made again since the reader began is another stream, refused. */
-static int subscribe(kr_reader *r)
+/* Drop r's consumer, if any. */
+static void drop_consumer(kr_reader *r)
 {
     if (r->sub) {
         natsSubscription_Unsubscribe(r->sub);
         natsSubscription_Destroy(r->sub);
         r->sub = NULL;
     }
+}
+
+/* An ordered consumer from r->next on (a previous one is dropped). A
+ * consumer made again reads the stream that has the name now: one deleted
+ * and made again since the reader began is another stream, refused. */
+static int subscribe(kr_reader *r)
+{
+    drop_consumer(r);
     if (r->begun && r->wal) {
         kr_stream_state st;
         int rc = stream_state(r->n, r->stream, &st);
@@ -780,11 +786,7 @@ void kr_read_rewind(kr_reader *r, uint64_t from)
 {
     natsMsg_Destroy(r->msg);
     r->msg = NULL;
-    if (r->sub) {
-        natsSubscription_Unsubscribe(r->sub);
-        natsSubscription_Destroy(r->sub);
-        r->sub = NULL;
-    }
+    drop_consumer(r);
     r->next = from ? from : 1;
     r->rewound = true;
 }
@@ -851,7 +853,6 @@ void kr_read_end(kr_reader *r)
     if (!r)
         return;
     natsMsg_Destroy(r->msg);
-    natsSubscription_Unsubscribe(r->sub);
-    natsSubscription_Destroy(r->sub);
+    drop_consumer(r);
     free(r);
 }

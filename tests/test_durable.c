@@ -2252,6 +2252,37 @@ static wworld *checkpointed_world(char *dir, size_t cap, const char *name, keel_
     return w;
 }
 
+/* Reopen dir (w reset) under max_entities = cap: the open is refused with
+ * KEEL_ENOSPC naming the maximum (and `also`, when given), the world then
+ * holding `refused_live` entities (-1: not checked), the directory as it
+ * was; reopened under d it recovers to tick, live entities and hash. */
+static void refused_under_cap(wworld *w, const keel_runtime_desc *d, const char *dir, uint32_t cap, const char *also,
+                              int64_t refused_live, uint64_t tick, uint32_t live, uint64_t hash)
+{
+    tu_digest d1 = dir_digest(dir);
+    keel_runtime_desc small = *d;
+    small.world.max_entities = cap;
+    w_reset(w, true);
+    w_open(w, &small, false);
+    ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ENOSPC);
+    char want[64];
+    snprintf(want, sizeof want, "maximum of %u live entities", cap);
+    ck_assert_msg(strstr(keel_last_error(), want) && (!also || strstr(keel_last_error(), also)), "%s",
+                  keel_last_error());
+    if (refused_live >= 0)
+        ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), (uint64_t)refused_live);
+    w_close(w);
+    tu_assert_digest_eq(d1, dir_digest(dir));
+
+    w_reset(w, true);
+    w_open(w, d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    ck_assert_uint_eq(keel_runtime_tick(w->rt), tick);
+    ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), live);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), hash);
+    w_close(w);
+}
+
 /* A checkpoint of more entity slots than the reopening world's
  * max_entities is refused with KEEL_ENOSPC naming the maximum, and the
  * directory stays as it was; the same directory then recovers into a world
@@ -2262,29 +2293,10 @@ START_TEST(test_checkpoint_over_max_entities)
     keel_runtime_desc d;
     wworld *w = checkpointed_world(dir, sizeof dir, "ckpt-max-entities", &d);
     uint32_t live = keel_world_count(keel_runtime_world(w->rt));
-    uint64_t hash = keel_world_hash(keel_runtime_world(w->rt));
+    uint64_t hash = keel_world_hash(keel_runtime_world(w->rt)), tick = keel_runtime_tick(w->rt);
     ck_assert_uint_gt(live, 2);
     w_close(w);
-
-    tu_digest d1 = dir_digest(dir);
-    keel_runtime_desc small = d;
-    small.world.max_entities = live - 1;
-    w_reset(w, true);
-    w_open(w, &small, false);
-    ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ENOSPC);
-    char want[64];
-    snprintf(want, sizeof want, "maximum of %u live entities", live - 1);
-    ck_assert_msg(strstr(keel_last_error(), want), "%s", keel_last_error());
-    ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), 0);
-    w_close(w);
-    tu_assert_digest_eq(d1, dir_digest(dir));
-
-    w_reset(w, true);
-    w_open(w, &d, false);
-    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
-    ck_assert_uint_eq(keel_world_count(keel_runtime_world(w->rt)), live);
-    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), hash);
-    w_close(w);
+    refused_under_cap(w, &d, dir, live - 1, NULL, 0, tick, live, hash);
     free(w);
 }
 END_TEST
@@ -2306,29 +2318,11 @@ START_TEST(test_wal_over_max_entities)
         most = live > most ? live : most;
     }
     ck_assert_ok(keel_flush(w->rt));
+    uint32_t live = keel_world_count(keel_runtime_world(w->rt));
     uint64_t hash = keel_world_hash(keel_runtime_world(w->rt)), tick = keel_runtime_tick(w->rt);
     ck_assert_uint_gt(most, slots); /* the test's premise: the WAL goes past the cap */
     w_close(w);
-
-    tu_digest d1 = dir_digest(dir);
-    keel_runtime_desc small = d;
-    small.world.max_entities = slots;
-    w_reset(w, true);
-    w_open(w, &small, false);
-    ck_assert_rc(keel_runtime_recover(w->rt, NULL), KEEL_ENOSPC);
-    char want[64];
-    snprintf(want, sizeof want, "maximum of %u live entities", slots);
-    ck_assert_msg(strstr(keel_last_error(), want) && strstr(keel_last_error(), "WAL record at LSN"), "%s",
-                  keel_last_error());
-    w_close(w);
-    tu_assert_digest_eq(d1, dir_digest(dir));
-
-    w_reset(w, true);
-    w_open(w, &d, false);
-    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
-    ck_assert_uint_eq(keel_runtime_tick(w->rt), tick);
-    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(w->rt)), hash);
-    w_close(w);
+    refused_under_cap(w, &d, dir, slots, "WAL record at LSN", -1, tick, live, hash);
     free(w);
 }
 END_TEST
