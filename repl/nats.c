@@ -419,7 +419,18 @@ int kr_last_msg(kr_node *n, const char *stream, const char *subject, natsMsg **m
     return KEEL_OK;
 }
 
-int kr_get(kr_node *n, uint64_t seq, kw_buf *out)
+/* The epoch and LSN in a message's id ("<epoch>:<lsn>:<session>",
+ * msg_id); both 0 when it has none. */
+static void parse_id(natsMsg *m, uint64_t *epoch, uint64_t *lsn)
+{
+    const char *id = NULL;
+    uint64_t session;
+    if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) != NATS_OK || !id ||
+        sscanf(id, "%" SCNu64 ":%" SCNu64 ":%" SCNx64, epoch, lsn, &session) != 3)
+        *epoch = *lsn = 0;
+}
+
+int kr_get_epoch(kr_node *n, uint64_t seq, kw_buf *out, uint64_t *epoch)
 {
     natsMsg *m = NULL;
     int rc = get_msg(n, seq, &m);
@@ -427,8 +438,16 @@ int kr_get(kr_node *n, uint64_t seq, kw_buf *out)
         return rc;
     out->len = 0;
     rc = kw_put_bytes(out, natsMsg_GetData(m), (size_t)natsMsg_GetDataLength(m));
+    uint64_t lsn;
+    if (epoch)
+        parse_id(m, epoch, &lsn);
     natsMsg_Destroy(m);
     return rc;
+}
+
+int kr_get(kr_node *n, uint64_t seq, kw_buf *out)
+{
+    return kr_get_epoch(n, seq, out, NULL);
 }
 
 /* A record's message id: "<epoch>:<lsn>:<session>". JetStream drops a
@@ -555,11 +574,8 @@ static void on_pipe_ack(jsCtx *js, natsMsg *msg, jsPubAck *pa, jsPubAckErr *pae,
 {
     (void)js;
     kr_node *n = closure;
-    const char *id = NULL;
-    uint64_t epoch, lsn = 0, session;
-    if (natsMsgHeader_Get(msg, "Nats-Msg-Id", &id) != NATS_OK || !id ||
-        sscanf(id, "%" SCNu64 ":%" SCNu64 ":%" SCNx64, &epoch, &lsn, &session) != 3)
-        lsn = 0;
+    uint64_t epoch, lsn;
+    parse_id(msg, &epoch, &lsn);
     bool ok = pa && !pae && lsn && pa->Sequence == lsn;
     natsMsg_Destroy(msg);
     pthread_mutex_lock(&n->pipe_mu);

@@ -6,8 +6,10 @@
  * and the publish) and is dropped; what the stream holds beyond the
  * directory is appended byte for byte at the same LSNs. Divergence is only
  * ever a suffix (publishes are in LSN order with an expected last
- * sequence), so the common prefix ends at the last LSN whose record is the
- * same on both sides, found walking back from the shorter end.
+ * sequence), and it starts where a new primary's epoch does on the stream:
+ * the common prefix ends at the last LSN whose record is the same on both
+ * sides below the first such start the directory lacks (agreement_limit),
+ * found walking back from there.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -185,14 +187,121 @@ static int local_bounds(kw_store *s, uint64_t *first, uint64_t *last)
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
 }
 
-/* The last LSN the directory and the stream agree on. A directory whose
- * WAL starts after LSN 1 deleted the records before it at checkpoints (a
- * primary's, only records the stream acknowledged): when no record both
- * hold matches, they agree up to the directory's first LSN - 1 if the last
- * record it deleted is the stream's. Otherwise the directory is refused,
- * also when it is marked as the stream's and the stream was purged past
- * where they part: nothing shows where they part, or that it is the same
- * world. */
+/* The epoch of an EPOCH record (rec, len) at lsn. */
+static int epoch_of(kw_codec_ctx *c, uint64_t lsn, const void *rec, size_t len, uint64_t *epoch)
+{
+    kw_header h;
+    const void *payload;
+    kw_epoch e;
+    int rc = kw_wal_check(lsn, lsn, rec, len, &h, NULL);
+    if (!rc)
+        rc = kw_record_payload(c, rec, &h, &payload);
+    if (!rc)
+        rc = kw_epoch_decode(payload, h.raw_len, &e);
+    *epoch = rc ? 0 : e.epoch;
+    return rc;
+}
+
+/* The epoch the directory's record at lsn was written in: that of the last
+ * EPOCH record at or below it, in the WAL or deleted from its front (meta
+ * "trimmed_epoch"); 0 when there is none (records copied from the stream,
+ * a seed's, or a WAL an older keel trimmed). */
+static int local_epoch(kw_store *s, uint64_t lsn, uint64_t *epoch)
+{
+    kw_rtxn *r;
+    kw_walit *it = NULL;
+    kw_codec_ctx *c = NULL;
+    const void *rec = NULL, *last = NULL;
+    size_t len = 0, last_len = 0;
+    uint64_t at = 0, last_at = 0;
+    *epoch = 0;
+    int rc = kw_read_begin(s, &r);
+    if (rc)
+        return rc;
+    if (!(rc = kw_wal_iter(r, 1, &it))) /* one read of the headers' kind bytes; only EPOCH records decoded */
+        while ((rc = kw_wal_next(it, &at, &rec, &len)) == 1 && at <= lsn)
+            if (len > 6 && ((const unsigned char *)rec)[6] == KW_KIND_EPOCH)
+                last = rec, last_len = len, last_at = at;
+    kw_wal_iter_end(it);
+    if (rc >= 0 && !last && !(rc = kw_trimmed_epoch_get(r, &last, &last_len)) && last_len >= KW_HEADER_SIZE) {
+        kw_header h;
+        last_at = kw_record_check(last, last_len, &h) ? 0 : h.lsn;
+    }
+    if (rc == KEEL_ENOENT || rc == 1)
+        rc = KEEL_OK;
+    if (!rc && last && last_at && !(rc = kw_codec_create(NULL, &c)))
+        rc = epoch_of(c, last_at, last, last_len, epoch);
+    kw_codec_destroy(c);
+    kw_read_end(r);
+    return rc;
+}
+
+/* The stream's message lsn into msg and the epoch it was published in. */
+static int stream_epoch(kr_node *n, uint64_t lsn, kw_buf *msg, uint64_t *epoch)
+{
+    return kr_get_epoch(n, lsn, msg, epoch);
+}
+
+/* Where the stream and the directory part, searched in (lo, hi], whose
+ * ends the stream published in epochs elo <= ehi: 1 and *at, the first LSN
+ * there at which the stream's epoch grows and the directory holds another
+ * record; 0 when there is none; or an error. Epochs only grow along the
+ * stream, so a bisection finds every LSN where one does; at each, the
+ * stream holds a new primary's first record (its EPOCH), which the directory
+ * holds too unless it went on without it. */
+static int first_parting(kr_node *n, kw_store *s, uint64_t lo, uint64_t elo, uint64_t hi, uint64_t ehi,
+                         kw_buf *msg, uint64_t *at)
+{
+    if (elo == ehi)
+        return 0;
+    if (hi == lo + 1) {
+        int rc = stream_record_held(n, s, hi, msg, wal_holds);
+        *at = hi;
+        return rc < 0 ? rc : !rc;
+    }
+    uint64_t mid = lo + (hi - lo) / 2, emid;
+    int rc = stream_epoch(n, mid, msg, &emid);
+    if (!rc)
+        rc = first_parting(n, s, lo, elo, mid, emid, msg, at);
+    return rc ? rc : first_parting(n, s, mid, emid, hi, ehi, msg, at);
+}
+
+/* The highest LSN in [bottom, top] below which the directory and the
+ * stream cannot part: records are not chained, so a record both hold
+ * byte for byte (an idle tick's commit) says nothing of those below it.
+ * They part only where a new primary's epoch begins on the stream: at the
+ * first such LSN the directory lacks, or -- where the stream starts at
+ * bottom and holds nothing below to compare -- at or below bottom when the
+ * directory's epoch there is another (*limit bottom - 1). */
+static int agreement_limit(kr_node *n, kw_store *s, uint64_t sfirst, uint64_t bottom, uint64_t top,
+                           kw_buf *msg, uint64_t *limit)
+{
+    uint64_t lo = sfirst < bottom ? bottom - 1 : bottom, elo, etop, elocal, at;
+    int rc = stream_epoch(n, lo, msg, &elo);
+    if (!rc)
+        rc = stream_epoch(n, top, msg, &etop);
+    *limit = top;
+    if (!rc && lo == bottom && !(rc = local_epoch(s, bottom, &elocal)) && elocal &&
+        elocal != elo) {
+        *limit = bottom - 1;
+        return KEEL_OK;
+    }
+    if (!rc && (rc = first_parting(n, s, lo, elo, top, etop, msg, &at)) == 1) {
+        *limit = at - 1;
+        rc = KEEL_OK;
+    }
+    return rc;
+}
+
+/* The last LSN the directory and the stream agree on: the highest record
+ * both hold byte for byte, below where they part (agreement_limit). A
+ * directory whose WAL starts after LSN 1 deleted the records before it at
+ * checkpoints (a primary's, only records the stream acknowledged): when no
+ * record both hold matches, they agree up to the directory's first LSN - 1
+ * if the last record it deleted is the stream's. Otherwise the directory is
+ * refused, also when it is marked as the stream's and the stream was
+ * purged past where they part: nothing shows where they part, or that it
+ * is the same world. */
 static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llast, uint64_t sfirst,
                          uint64_t slast, uint64_t *out)
 {
@@ -203,7 +312,9 @@ static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llas
         return KEEL_OK;
     kw_buf msg = {0};
     int rc = KEEL_OK;
-    for (uint64_t lsn = top; lsn >= bottom && lsn; lsn--) {
+    if (top >= bottom && slast)
+        rc = agreement_limit(n, s, sfirst, bottom, top, &msg, &top);
+    for (uint64_t lsn = top; !rc && lsn >= bottom && lsn; lsn--) {
         if ((rc = stream_record_held(n, s, lsn, &msg, wal_holds)) < 0)
             break;
         if (rc == 1) {

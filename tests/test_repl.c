@@ -827,6 +827,180 @@ START_TEST(test_purged_divergence_refused)
 }
 END_TEST
 
+/* A sealed TICK_COMMIT record of lsn closing an empty unit of tick `tick`
+ * with `nlive` live entities: what an idle tick writes. */
+static void commit_record(kw_buf *out, uint64_t lsn, uint64_t tick, uint32_t nlive)
+{
+    kw_codec_ctx *c;
+    unsigned char p[16] = {0};
+    memcpy(p + 4, &nlive, 4);
+    memcpy(p + 8, &nlive, 4);
+    ck_assert(!kw_codec_create(NULL, &c));
+    out->len = 0;
+    ck_assert(!kw_record_build(c, out, KW_KIND_TICK_COMMIT, lsn, tick, 0, p, sizeof p));
+    kw_codec_destroy(c);
+}
+
+/* A history of records: an EPOCH record (epoch > 0, by `node`) or an idle
+ * tick's commit (epoch 0) at each LSN from 1. */
+typedef struct hist_rec {
+    uint64_t epoch;            /* an EPOCH record of it; 0: a commit */
+    const char *node;
+    uint64_t tick;
+    uint32_t nlive;
+} hist_rec;
+
+static void hist_record(kw_buf *out, uint64_t lsn, const hist_rec *h)
+{
+    if (h->epoch)
+        epoch_record(out, lsn, h->epoch, h->node);
+    else
+        commit_record(out, lsn, h->tick, h->nlive);
+}
+
+/* Publish hist[0..n) as LSN 1..n, each in the epoch of the last EPOCH
+ * record at or before it, as primaries publish. */
+static void publish_history(kr_node *node, const hist_rec *hist, uint64_t n)
+{
+    kw_buf rec = {0};
+    uint64_t epoch = 1;
+    for (uint64_t i = 0; i < n; i++) {
+        epoch = hist[i].epoch ? hist[i].epoch : epoch;
+        hist_record(&rec, i + 1, &hist[i]);
+        ck_assert_rc(kr_publish(node, epoch, i + 1, rec.p, rec.len), KEEL_OK);
+    }
+    kw_buf_free(&rec);
+}
+
+static kw_store *history_dir(const char *name, const hist_rec *hist, uint64_t n)
+{
+    kw_store *s = store_in(name);
+    kw_buf rec = {0};
+    for (uint64_t i = 0; i < n; i++) {
+        hist_record(&rec, i + 1, &hist[i]);
+        ck_assert_rc(kr_append_record(s, i + 1, rec.p, rec.len), KEEL_OK);
+    }
+    kw_buf_free(&rec);
+    return s;
+}
+
+/* A node that went on without the stream (an unpublished record at LSN 4,
+ * while a new primary's EPOCH record took LSN 4 on the stream) can hold a
+ * later record byte for byte the same as the stream's (the same idle tick,
+ * one LSN on): its records part at 4 all the same. They are dropped from
+ * 4, and the stream's taken. */
+START_TEST(test_rejoin_same_record_after_parting)
+{
+    kr_node *n = connect_world(nats_url, "parting", "a");
+    const hist_rec stream[] = {{1, "p", 0, 0}, {0, NULL, 1, 5}, {0, NULL, 2, 5}, {2, "m", 0, 0}, {0, NULL, 3, 5}};
+    const hist_rec local[] = {{1, "p", 0, 0}, {0, NULL, 1, 5}, {0, NULL, 2, 5}, {0, NULL, 3, 6}, {0, NULL, 3, 5}};
+    publish_history(n, stream, 5);
+    kw_store *s = history_dir("parting", local, 5);
+    kr_sync_info si;
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
+    ck_assert_uint_eq(si.discarded_from, 4);
+    ck_assert_uint_eq(si.discarded, 2);
+    ck_assert_uint_eq(si.appended, 2);
+    ck_assert_uint_eq(si.local_last, 5);
+    kw_buf want = {0}, got = {0};
+    kw_rtxn *r;
+    ck_assert(!kw_read_begin(s, &r));
+    for (uint64_t lsn = 1; lsn <= 5; lsn++) {
+        kw_walit *it;
+        uint64_t at;
+        const void *rec;
+        size_t len;
+        ck_assert_rc(kr_get(n, lsn, &want), KEEL_OK);
+        ck_assert(!kw_wal_iter(r, lsn, &it));
+        ck_assert_int_eq(kw_wal_next(it, &at, &rec, &len), 1);
+        ck_assert_uint_eq(at, lsn);
+        ck_assert(len == want.len && !memcmp(rec, want.p, len));
+        kw_wal_iter_end(it);
+    }
+    kw_read_end(r);
+    ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error()); /* in step now */
+    ck_assert_uint_eq(si.discarded + si.appended, 0);
+    kw_buf_free(&want);
+    kw_buf_free(&got);
+    kw_store_close(s);
+    kr_close(n);
+}
+END_TEST
+
+/* The trimmed EPOCH record of a directory (meta "trimmed_epoch"): its LSN
+ * and epoch; 0, 0 when none. */
+static void trimmed_epoch(kw_store *s, uint64_t *lsn, uint64_t *epoch)
+{
+    kw_rtxn *r;
+    const void *rec;
+    size_t len;
+    kw_header h;
+    kw_epoch e;
+    *lsn = *epoch = 0;
+    ck_assert(!kw_read_begin(s, &r));
+    int rc = kw_trimmed_epoch_get(r, &rec, &len);
+    if (!rc) {
+        ck_assert_rc(kw_record_check(rec, len, &h), KEEL_OK);
+        ck_assert_uint_eq(h.kind, KW_KIND_EPOCH);
+        ck_assert(h.codec == KW_CODEC_RAW && h.raw_len + KW_HEADER_SIZE <= len);
+        ck_assert_rc(kw_epoch_decode((const unsigned char *)rec + KW_HEADER_SIZE, h.raw_len, &e), KEEL_OK);
+        *lsn = h.lsn;
+        *epoch = e.epoch;
+    } else {
+        ck_assert_rc(rc, KEEL_ENOENT);
+    }
+    kw_read_end(r);
+}
+
+/* Where the stream was purged past the point a directory left it, the
+ * directory's epoch there decides, also once its checkpoints deleted its
+ * EPOCH record (meta "trimmed_epoch" keeps it): a node whose records part
+ * from the stream's below its start is refused, though a later record is
+ * byte for byte the stream's; a directory of the same epoch is taken. */
+START_TEST(test_rejoin_purged_epoch)
+{
+    kr_node *n = connect_world(nats_url, "pepoch", "a");
+    const hist_rec stream[] = {{1, "p", 0, 0}, {0, NULL, 1, 5}, {2, "m", 0, 0}, {0, NULL, 2, 5},
+                               {0, NULL, 3, 5}, {0, NULL, 4, 5}};
+    const hist_rec local[] = {{1, "p", 0, 0}, {0, NULL, 1, 5}, {0, NULL, 2, 6}, {0, NULL, 3, 6},
+                              {0, NULL, 3, 5}, {0, NULL, 4, 6}};
+    publish_history(n, stream, 6);
+    ck_assert_rc(kr_purge_before(n, 5), KEEL_OK);
+    uint64_t first, last, at, epoch;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, 5);
+    kw_store *old = history_dir("pepoch-old", local, 6), *copy = history_dir("pepoch-copy", stream, 6);
+    trimmed_epoch(old, &at, &epoch);
+    ck_assert_uint_eq(at + epoch, 0); /* nothing trimmed yet */
+    uint64_t upto = 2;
+    ck_assert_rc(kw_store_write(old, fill_trim, &upto), KEEL_OK); /* its EPOCH record goes */
+    trimmed_epoch(old, &at, &epoch);
+    ck_assert_uint_eq(at, 1);
+    ck_assert_uint_eq(epoch, 1);
+    upto = 4;
+    ck_assert_rc(kw_store_write(copy, fill_trim, &upto), KEEL_OK);
+    trimmed_epoch(copy, &at, &epoch);
+    ck_assert_uint_eq(at, 3);
+    ck_assert_uint_eq(epoch, 2);
+    kr_sync_info si;
+    tu_digest before = mdb_digest(old);
+    ck_assert_rc(kr_sync_store(n, old, 0, &si), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "share no record"));
+    assert_same_digest(mdb_digest(old), before);
+    ck_assert_msg(!kr_sync_store(n, copy, 0, &si), "%s", keel_last_error());
+    ck_assert_uint_eq(si.discarded + si.appended, 0);
+    ck_assert_uint_eq(si.local_last, 6);
+    upto = 5; /* a later trim without an EPOCH record keeps the last one's */
+    ck_assert_rc(kw_store_write(copy, fill_trim, &upto), KEEL_OK);
+    trimmed_epoch(copy, &at, &epoch);
+    ck_assert_uint_eq(at, 3);
+    ck_assert_uint_eq(epoch, 2);
+    kw_store_close(old);
+    kw_store_close(copy);
+    kr_close(n);
+}
+END_TEST
+
 /* A store's meta value as a u64 (0: absent). */
 static uint64_t meta_u64(kw_store *s, const char *key)
 {
@@ -2263,7 +2437,8 @@ int main(void)
                                    test_side_over_max_payload_refused, test_another_history_refused,
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,
-                                   test_purged_divergence_refused, test_stream_made_again, test_stream_without_identity,
+                                   test_purged_divergence_refused, test_rejoin_same_record_after_parting,
+                                   test_rejoin_purged_epoch, test_stream_made_again, test_stream_without_identity,
                                    test_world_seeds_empty_stream, test_local_world_replicated,
                                    test_replica_waits_for_unstreamed_world, test_stream_bootstrap,
                                    test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused,

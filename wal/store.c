@@ -828,8 +828,9 @@ int kw_del(kw_wtxn *t, kw_db db, const void *key, size_t klen)
     return rc && rc != MDB_NOTFOUND ? wtxn_err(t, rc, "cannot delete from") : KEEL_OK;
 }
 
-/* Delete the WAL records with from <= LSN <= to. */
-static int del_wal_range(kw_wtxn *t, uint64_t from, uint64_t to, uint64_t *deleted)
+/* Delete the WAL records with from <= LSN <= to; the last EPOCH record
+ * among them is copied to *epoch when asked (epoch->len 0: none). */
+static int del_wal_range(kw_wtxn *t, uint64_t from, uint64_t to, uint64_t *deleted, kw_buf *epoch)
 {
     MDB_cursor *cur;
     uint64_t n = 0;
@@ -843,7 +844,17 @@ static int del_wal_range(kw_wtxn *t, uint64_t from, uint64_t to, uint64_t *delet
     be64(kb, from);
     MDB_val k = {8, kb}, v;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE)) {
-        if (k.mv_size != 8 || rdbe64(k.mv_data) > to || (rc = mdb_cursor_del(cur, 0)))
+        if (k.mv_size != 8 || rdbe64(k.mv_data) > to)
+            break;
+        /* the kind byte of the header (the page is read anyway: the delete frees it) */
+        if (epoch && v.mv_size > 6 && ((const unsigned char *)v.mv_data)[6] == KW_KIND_EPOCH) {
+            epoch->len = 0;
+            if ((rc = kw_put_bytes(epoch, v.mv_data, v.mv_size))) {
+                mdb_cursor_close(cur);
+                return rc;
+            }
+        }
+        if ((rc = mdb_cursor_del(cur, 0)))
             break;
         n++;
         k = (MDB_val){8, kb};
@@ -896,21 +907,35 @@ int kw_trimmed_get(kw_rtxn *r, uint64_t *lsn, const void **header)
     return KEEL_OK;
 }
 
+int kw_trimmed_epoch_get(kw_rtxn *r, const void **rec, size_t *len)
+{
+    return kw_get(r, KW_DB_META, KW_META_TRIMMED_EPOCH, strlen(KW_META_TRIMMED_EPOCH), rec, len);
+}
+
 int kw_del_wal_upto(kw_wtxn *t, uint64_t upto, uint64_t *deleted)
 {
     unsigned char mark[8 + KW_HEADER_SIZE];
     uint64_t last;
+    kw_buf epoch = {0};
     int rc = trim_mark(t, upto, mark, &last);
     if (!rc)
-        rc = del_wal_range(t, 0, upto, deleted);
+        rc = del_wal_range(t, 0, upto, deleted, &epoch);
     if (!rc && last)
         rc = kw_put(t, KW_DB_META, KW_META_TRIMMED, strlen(KW_META_TRIMMED), mark, sizeof mark);
+    if (!rc && epoch.len) /* else the one an earlier trim deleted (if any) is still the last */
+        rc = kw_put(t, KW_DB_META, KW_META_TRIMMED_EPOCH, strlen(KW_META_TRIMMED_EPOCH), epoch.p, epoch.len);
+    kw_buf_free(&epoch);
     return rc;
 }
 
 int kw_del_wal_from(kw_wtxn *t, uint64_t from, uint64_t *deleted)
 {
-    return del_wal_range(t, from, UINT64_MAX, deleted);
+    int rc = del_wal_range(t, from, UINT64_MAX, deleted, NULL);
+    if (!rc && from <= 1) /* the whole WAL goes: what its front lost no longer describes it */
+        rc = kw_del(t, KW_DB_META, KW_META_TRIMMED, strlen(KW_META_TRIMMED));
+    if (!rc && from <= 1)
+        rc = kw_del(t, KW_DB_META, KW_META_TRIMMED_EPOCH, strlen(KW_META_TRIMMED_EPOCH));
+    return rc;
 }
 
 int kw_del_prefix(kw_wtxn *t, kw_db db, const void *prefix, size_t plen,

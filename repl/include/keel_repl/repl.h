@@ -64,6 +64,9 @@ bool kr_parse_address(const char *addr, char *urls, size_t ucap, char *world, si
 int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last);
 /* One message by sequence into out (KEEL_ENOENT: not stored). */
 int kr_get(kr_node *n, uint64_t seq, kw_buf *out);
+/* The same, and the epoch its publisher wrote it in (from its message id;
+ * 0 when it has none). */
+int kr_get_epoch(kr_node *n, uint64_t seq, kw_buf *out, uint64_t *epoch);
 
 /* Reading in order from a sequence on: kr_read_next gives 1 and the
  * message (valid until the next call), 0 when none came within

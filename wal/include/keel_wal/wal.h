@@ -529,9 +529,11 @@ int kw_put(kw_wtxn *t, kw_db db, const void *key, size_t klen, const void *val, 
 int kw_put_wal(kw_wtxn *t, uint64_t lsn, const void *rec, size_t len);
 int kw_del(kw_wtxn *t, kw_db db, const void *key, size_t klen); /* absent keys are fine */
 /* Delete every WAL record with LSN <= upto; *deleted counts them. The last
- * one deleted is remembered in meta "trimmed" (KW_META_TRIMMED). */
+ * one deleted is remembered in meta "trimmed" (KW_META_TRIMMED), the last
+ * EPOCH record deleted in meta "trimmed_epoch" (KW_META_TRIMMED_EPOCH). */
 int kw_del_wal_upto(kw_wtxn *t, uint64_t upto, uint64_t *deleted);
-/* Delete every WAL record with LSN >= from (truncating a bad tail). */
+/* Delete every WAL record with LSN >= from (truncating a bad tail); from
+ * <= 1 also drops the two marks of what the WAL's front lost. */
 int kw_del_wal_from(kw_wtxn *t, uint64_t from, uint64_t *deleted);
 /* Delete every key of db starting with prefix whose key is not in keep
  * (keep(key, klen, arg) true = keep). */
@@ -570,6 +572,10 @@ int kw_store_has(kw_store *s, kw_db db, const void *key, size_t klen);
  * transaction). KEEL_ENOENT: none was deleted; KEEL_ECORRUPT: the value is
  * malformed. */
 int kw_trimmed_get(kw_rtxn *r, uint64_t *lsn, const void **header);
+/* Meta "trimmed_epoch": the last EPOCH record kw_del_wal_upto deleted,
+ * whole (unchecked: kw_wal_check it). KEEL_ENOENT: none deleted (or by a
+ * keel that kept no such mark). */
+int kw_trimmed_epoch_get(kw_rtxn *r, const void **rec, size_t *len);
 
 /* Iterate the WAL from the first LSN >= from: kw_wal_next returns 1 with
  * (lsn, rec, len) and advances, 0 at the end, or a KEEL_E* error. On an
@@ -624,6 +630,9 @@ void kw_scan_end(kw_scan *s);
 #define KW_META_TRIMMED "trimmed"        /* u64 LSN, then the first KW_HEADER_SIZE bytes of the last WAL
                                             record deleted from the front (kw_del_wal_upto): another copy
                                             of the log holding that record shares every record before it */
+#define KW_META_TRIMMED_EPOCH "trimmed_epoch" /* the last EPOCH record deleted from the front, whole: the
+                                            epoch the WAL's first records were written in once their
+                                            EPOCH record is gone */
 #define KW_META_REPLICATED "replicated"  /* the stream the directory is kept in step with (its name): its
                                             WAL's checkpoint markers are its primaries', not its own */
 #define KW_META_STREAM_ID "stream_id" /* u64: the identity of that stream (in its description), so that
