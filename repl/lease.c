@@ -13,10 +13,18 @@
  * that is still opening does not take the world from it.
  * The stream's expected-last-sequence publishes, not the lease, are what
  * keep a deposed primary from appending (repl/nats.c).
+ *
+ * The holder renews on a thread of its own, the keeper, from the take to
+ * the stop: nothing else a primary does (recovering, seeding, publishing a
+ * checkpoint, settling a pipeline against a slow stream) delays a renewal.
  */
+#include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/core.h"
 #include "repl_internal.h"
@@ -109,4 +117,112 @@ int kr_lease_renew(kr_node *n, uint64_t epoch, bool released, uint64_t *rev)
         return rc;
     *rev = now;
     return KEEL_OK;
+}
+
+/* ---- the keeper ------------------------------------------------------------------ */
+
+/* Protocol (under mu): the thread renews every lease_ms / 3 (lease_ms / 10
+ * after a failure), each renewal a compare-and-set on `rev`, which only the
+ * thread touches while it runs. A lost lease sets `lost`, is told once
+ * through d.lost (on the thread) and ends the thread. kr_keeper_stop sets
+ * `quit`, signals `wake` and joins: after it, `rev` is the caller's. */
+struct kr_keeper {
+    kr_keeper_desc d;
+    uint64_t rev;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    bool quit, lost, failing;
+    uint64_t errors;
+};
+
+static void keeper_wait(kr_keeper *k, uint64_t ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + ns;
+    ts = (struct timespec){(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)};
+    while (!k->quit && pthread_cond_timedwait(&k->wake, &k->mu, &ts) != ETIMEDOUT)
+        ;
+}
+
+static void *keeper_main(void *arg)
+{
+    kr_keeper *k = arg;
+    uint64_t period = (uint64_t)k->d.lease_ms * 1000000ull;
+    pthread_mutex_lock(&k->mu);
+    for (int rc = KEEL_OK; !k->quit;) {
+        keeper_wait(k, rc ? period / 10 : period / 3);
+        if (k->quit)
+            break;
+        pthread_mutex_unlock(&k->mu);
+        rc = kr_lease_renew(k->d.node, k->d.epoch, false, &k->rev);
+        pthread_mutex_lock(&k->mu);
+        k->failing = rc != KEEL_OK;
+        k->errors += rc != KEEL_OK;
+        if (rc == KEEL_EFENCED) {
+            k->lost = true;
+            pthread_mutex_unlock(&k->mu);
+            k->d.lost(k->d.self, rc);
+            return NULL;
+        }
+    }
+    pthread_mutex_unlock(&k->mu);
+    return NULL;
+}
+
+int kr_keeper_start(const kr_keeper_desc *d, kr_keeper **out)
+{
+    kr_keeper *k = calloc(1, sizeof *k);
+    if (!k)
+        return core_fail(KEEL_ENOMEM, "out of memory for the lease keeper");
+    k->d = *d;
+    k->rev = d->rev;
+    pthread_mutex_init(&k->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&k->wake, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&k->thread, NULL, keeper_main, k)) {
+        pthread_mutex_destroy(&k->mu);
+        pthread_cond_destroy(&k->wake);
+        free(k);
+        return core_fail(KEEL_ENOMEM, "cannot start the lease keeper's thread");
+    }
+    *out = k;
+    return KEEL_OK;
+}
+
+void kr_keeper_stats_get(kr_keeper *k, kr_keeper_stats *out)
+{
+    pthread_mutex_lock(&k->mu);
+    *out = (kr_keeper_stats){.errors = k->errors, .failing = k->failing, .lost = k->lost};
+    pthread_mutex_unlock(&k->mu);
+}
+
+int kr_keeper_check(kr_keeper *k)
+{
+    pthread_mutex_lock(&k->mu);
+    bool lost = k->lost;
+    pthread_mutex_unlock(&k->mu);
+    return lost ? core_fail(KEEL_EFENCED, "fenced: the lease of world '%s' moved to another node",
+                            kr_world(k->d.node))
+                : KEEL_OK;
+}
+
+void kr_keeper_stop(kr_keeper *k, bool release)
+{
+    if (!k)
+        return;
+    pthread_mutex_lock(&k->mu);
+    k->quit = true;
+    pthread_cond_signal(&k->wake);
+    pthread_mutex_unlock(&k->mu);
+    pthread_join(k->thread, NULL);
+    if (release && !k->lost)
+        (void)kr_lease_renew(k->d.node, k->d.epoch, true, &k->rev);
+    pthread_mutex_destroy(&k->mu);
+    pthread_cond_destroy(&k->wake);
+    free(k);
 }

@@ -1,7 +1,7 @@
 /*
  * repl/publish.c -- the publisher: sends the records a store commits to the
- * stream, in LSN order, with a window of them in flight, and renews the
- * lease. One thread of its own, helped by the WAL writer's.
+ * stream, in LSN order, with a window of them in flight. One thread of its
+ * own, helped by the WAL writer's (the lease is the keeper's, lease.c).
  *
  * Protocol (under mu unless said):
  * - The writer stages each batch's sealed records before its LMDB commit
@@ -25,10 +25,11 @@
  *   stream says how far it holds this node's records, `published` and
  *   `sent` become that, and sending resumes after it, from the chunks still
  *   staged or the store; retried every RETRY_MS, `degraded` while it fails.
- * - A refused publish or a lost lease means another primary exists:
- *   failed(KEEL_EFENCED) is told once and nothing more is published.
- * - The lease is renewed every lease_ms / 3; a checkpoint is published once
- *   its marker is both acknowledged and committed (it is read from the store).
+ * - A refused publish, or a lost lease (kr_pub_fence), means another
+ *   primary exists: failed(KEEL_EFENCED) is told once and nothing more is
+ *   published.
+ * - A checkpoint is published once its marker is both acknowledged and
+ *   committed (it is read from the store).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -84,7 +85,6 @@ struct kr_pub {
     uint32_t sizes[KR_PIPE_MAX]; /* the size of each record in flight, at lsn % KR_PIPE_MAX */
     uint64_t marker_lsn;       /* a checkpoint marker sent whose checkpoint is not published yet (0: none) */
     uint64_t progress_ns;      /* when the pipeline last moved: a stall is measured from it */
-    uint64_t renew_at_ns;
     kw_buf copy;               /* records on their way from the store to the stream */
     uint64_t ckpt_lsn;         /* the last checkpoint published (under mu) */
 };
@@ -110,6 +110,7 @@ static void fence(kr_pub *p)
     bool first = !p->fenced;
     p->fenced = true;
     pthread_cond_broadcast(&p->done);
+    pthread_cond_signal(&p->wake); /* told from another thread (the keeper's): the thread ends */
     pthread_mutex_unlock(&p->mu);
     if (first) {
         core_log(KEEL_LOG_ERROR, "repl", "fenced", "world=%s epoch=%llu", kr_world(p->d.node),
@@ -339,13 +340,6 @@ static int resettle(kr_pub *p)
     return rc;
 }
 
-static int renew(kr_pub *p)
-{
-    int rc = kr_lease_renew(p->d.node, p->d.epoch, false, &p->d.lease_rev);
-    p->renew_at_ns = now_ns() + (uint64_t)p->d.lease_ms * 1000000ull / (rc ? 10 : 3);
-    return rc;
-}
-
 /* Under mu, released while working: one step of the thread's loop; false
  * when it is to stop. */
 static bool pub_step(kr_pub *p)
@@ -374,22 +368,20 @@ static bool pub_step(kr_pub *p)
         publish_checkpoint(p);
     } else if (p->quit && p->published >= p->committed) {
         return false;
-    } else if (now >= p->renew_at_ns) {
-        pthread_mutex_unlock(&p->mu);
-        rc = renew(p);
     } else if ((p->committed > p->sent || stage_find(p, p->sent + 1)) && window_room(p, COPY_MAX) &&
                send_begin(p)) {
         uint64_t upto = p->committed;
         pthread_mutex_unlock(&p->mu);
         rc = send_more(p, upto);
         send_end(p, rc); /* a refusal: what went is settled, the rest sent again (after RETRY_MS, below) */
-    } else {
+    } else if (p->sent > p->published) { /* records in flight: wake up to settle if they stall */
         struct timespec ts;
-        uint64_t at = p->renew_at_ns;
-        if (p->sent > p->published && p->progress_ns + stall_ns < at)
-            at = p->progress_ns + stall_ns + 1;
+        uint64_t at = p->progress_ns + stall_ns + 1;
         deadline_in(&ts, at > now ? at - now : 0);
         pthread_cond_timedwait(&p->wake, &p->mu, &ts);
+        return true;
+    } else {
+        pthread_cond_wait(&p->wake, &p->mu);
         return true;
     }
     if (rc == KEEL_EFENCED) {
@@ -431,7 +423,6 @@ int kr_pub_start(const kr_pub_desc *d, kr_pub **out)
     p->committed = p->published = p->stream_acked = p->sent = d->published;
     p->unchained = d->published + 1;
     p->progress_ns = now_ns();
-    p->renew_at_ns = now_ns() + (uint64_t)d->lease_ms * 1000000ull / 3;
     pthread_mutex_init(&p->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -532,7 +523,12 @@ void kr_pub_stats_get(kr_pub *p, kr_pub_stats *out)
     pthread_mutex_unlock(&p->mu);
 }
 
-void kr_pub_stop(kr_pub *p, bool release)
+void kr_pub_fence(kr_pub *p)
+{
+    fence(p);
+}
+
+void kr_pub_stop(kr_pub *p)
 {
     if (!p)
         return;
@@ -542,8 +538,6 @@ void kr_pub_stop(kr_pub *p, bool release)
     pthread_mutex_unlock(&p->mu);
     pthread_join(p->thread, NULL);
     kr_pipe_close(p->d.node); /* on_ack is never called again */
-    if (release && !p->fenced && p->published >= p->committed)
-        (void)kr_lease_renew(p->d.node, p->d.epoch, true, &p->d.lease_rev);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);

@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1362,6 +1363,70 @@ static keel_runtime *sync_primary_rt(const char *dir, const char *world, keel_co
     return spawning_rt(sync_primary_desc(dir, world), v);
 }
 
+typedef struct opener {
+    keel_runtime *rt;
+    atomic_int done;
+    int rc;
+} opener;
+
+static void *open_main(void *arg)
+{
+    opener *o = arg;
+    o->rc = keel_runtime_recover(o->rt, NULL);
+    atomic_store(&o->done, 1);
+    return NULL;
+}
+
+/* A primary renews its lease from the moment it takes it, whatever else
+ * it does: here its recovery, held 3 s by a failpoint (5 lease times; the
+ * publisher does not exist yet). A watcher sees the lease's revision move
+ * in the new epoch while the open has not returned; the node then opens as
+ * the primary, not fenced. */
+START_TEST(test_lease_renewed_while_recovering)
+{
+    if (!keel_failpoints_compiled())
+        return; /* a build without failpoints cannot hold a recovery on purpose */
+    char dir[4096];
+    tu_path(dir, sizeof dir, "busy");
+    keel_runtime_desc d = sync_primary_desc(dir, "busy");
+    d.replication.lease_ms = 600;
+    keel_component v;
+    keel_runtime *rt = spawning_rt(d, &v);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    tu_step_n(rt, 3);
+    ck_assert_rc(keel_runtime_close(rt), KEEL_OK); /* epoch 1, released */
+    ck_assert_rc(keel_failpoints_set("recover.before_replay=delay:3000"), KEEL_OK);
+    opener o = {.rt = spawning_rt(d, &v)};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, open_main, &o), 0);
+    kr_node *w = connect_world(nats_url, "busy", "watch");
+    uint64_t revs = 0, last_rev = 0;
+    for (int i = 0; i < 3000 && revs < 3; i++) {
+        bool opening = !atomic_load(&o.done); /* before the read: the read is inside the open */
+        kr_lease l;
+        ck_assert_rc(kr_lease_read(w, &l), KEEL_OK);
+        if (!opening)
+            break;
+        if (l.exists && l.epoch == 2 && !l.released && l.rev != last_rev) {
+            last_rev = l.rev;
+            revs++;
+        }
+        nanosleep(&(struct timespec){0, 20 * 1000000L}, NULL);
+    }
+    ck_assert_msg(revs >= 3, "the lease moved %" PRIu64 " times in epoch 2 while the primary recovered", revs);
+    ck_assert_int_eq(pthread_join(t, NULL), 0);
+    ck_assert_rc(keel_failpoints_set(""), KEEL_OK);
+    ck_assert_msg(o.rc == KEEL_OK, "%s", keel_strerror(o.rc));
+    tu_step_n(o.rt, 2);
+    ck_assert_rc(keel_flush(o.rt), KEEL_OK);
+    keel_repl_status st;
+    keel_repl_status_get(o.rt, &st);
+    ck_assert(st.role == KEEL_ROLE_PRIMARY && st.epoch == 2 && !st.fenced);
+    ck_assert_rc(keel_runtime_close(o.rt), KEEL_OK);
+    kr_close(w);
+}
+END_TEST
+
 /* A sync primary of `world` (directory world-primary) one tick in, flushed,
  * and a replica of it, opened. *pv and *fv are what their spawning systems
  * read every tick: the caller's, alive as long as the runtimes. */
@@ -2444,7 +2509,7 @@ int main(void)
                                    test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused,
                                    test_stream_bootstrap_declined, test_replica_lag_from_messages,
                                    test_replica_poll_without_wait, test_replica_unit_fails_midway,
-                                   test_replica_copy_fails_once};
+                                   test_replica_copy_fails_once, test_lease_renewed_while_recovering};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

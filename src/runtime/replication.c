@@ -47,6 +47,8 @@ struct runtime_repl {
     int32_t lease_ms;
     kr_node *node;
     kr_pub *pub;
+    kr_keeper *keeper;         /* a primary's: renews the lease from its take to the close */
+    int lost_early;            /* the keeper lost the lease before the publisher started (under mu) */
     kr_reader *reader;         /* a replica's: at the directory's next LSN */
     kr_boot *boot;             /* a replica's bootstrap whose directory copy may still run (repl_settle) */
     dur_boot boot_desc;        /* ... what recovery loads from it */
@@ -123,11 +125,14 @@ int repl_create(keel_runtime *rt, const keel_replication_desc *d)
     return KEEL_OK;
 }
 
+static void drop_keeper(struct runtime_repl *r, bool release);
+
 void repl_free(keel_runtime *rt)
 {
     struct runtime_repl *r = rt->repl;
     if (!r)
         return;
+    drop_keeper(r, false);
     kr_read_end(r->reader);
     kr_close(r->node);
     pthread_mutex_destroy(&r->mu);
@@ -166,6 +171,46 @@ static bool lease_lapsed(struct runtime_repl *r)
         r->seen_since_ns = t;
     r->seen = now;
     return now.released || t - r->seen_since_ns >= (uint64_t)r->lease_ms * 1000000ull;
+}
+
+/* The keeper lost the lease (on its thread): the publisher is fenced, or
+ * -- not started yet -- start_primary fences it. */
+static void on_lease_lost(void *self, int rc)
+{
+    struct runtime_repl *r = self;
+    pthread_mutex_lock(&r->mu);
+    kr_pub *pub = r->pub; /* stays until repl_close, which stops the keeper first */
+    if (!pub)
+        r->lost_early = rc;
+    pthread_mutex_unlock(&r->mu);
+    if (pub)
+        kr_pub_fence(pub);
+}
+
+/* From the take on, the keeper renews the lease (epoch, at rev). */
+static int keep_lease(struct runtime_repl *r, uint64_t epoch, uint64_t rev)
+{
+    kr_keeper *k;
+    kr_keeper_desc kd = {.node = r->node, .epoch = epoch, .rev = rev, .lease_ms = r->lease_ms, .self = r,
+                         .lost = on_lease_lost};
+    int rc = kr_keeper_start(&kd, &k);
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&r->mu);
+    r->keeper = k;
+    r->lost_early = 0;
+    pthread_mutex_unlock(&r->mu);
+    return KEEL_OK;
+}
+
+/* Stop renewing; release: let the lease go (a clean close). */
+static void drop_keeper(struct runtime_repl *r, bool release)
+{
+    pthread_mutex_lock(&r->mu);
+    kr_keeper *k = r->keeper;
+    r->keeper = NULL;
+    pthread_mutex_unlock(&r->mu);
+    kr_keeper_stop(k, release);
 }
 
 /* A primary at open: wait until the lease lapses and take it. A holder that
@@ -213,30 +258,18 @@ static int unstreamed(struct runtime_repl *r, kw_store *store, const kr_sync_inf
                      kw_store_dir(store), si->local_last);
 }
 
-/* kr_seed_stream's progress: the lease stays this node's while a long
- * WAL goes out (a lapse would let a standby take over a half-published
- * world). */
-typedef struct seed_lease {
-    struct runtime_repl *r;
-    uint64_t epoch, *rev, renewed_ns;
-} seed_lease;
-
-static int seed_renew(void *arg)
+/* kr_seed_stream's progress: a seed stops once the keeper lost the lease
+ * (a standby took over a half-published world). */
+static int seed_check(void *arg)
 {
-    seed_lease *l = arg;
-    uint64_t now = mono_ns();
-    if (now - l->renewed_ns < (uint64_t)l->r->lease_ms * 1000000ull / 3)
-        return KEEL_OK;
-    l->renewed_ns = now;
-    return kr_lease_renew(l->r->node, l->epoch, false, l->rev);
+    return kr_keeper_check(arg);
 }
 
 /* The stream lacks the world this primary's directory holds (it never held
  * a record, or a seed was cut short): publish it, logged as repl/seeded. */
-static int seed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si, uint64_t epoch, uint64_t *rev)
+static int seed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si, uint64_t epoch)
 {
-    seed_lease l = {r, epoch, rev, mono_ns()};
-    int rc = kr_seed_stream(r->node, store, epoch, si->stream_last + 1, si->local_last, seed_renew, &l);
+    int rc = kr_seed_stream(r->node, store, epoch, si->stream_last + 1, si->local_last, seed_check, r->keeper);
     if (!rc)
         core_log(KEEL_LOG_INFO, "repl", "seeded", "world=%s from_lsn=%" PRIu64 " records=%" PRIu64, r->world,
                  si->stream_last + 1, si->local_last - si->stream_last);
@@ -253,7 +286,7 @@ static int seed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si,
  * check before the Raft proposal, so two nodes racing for a lapsed lease
  * may both win it; the stream's expected-last-sequence is serialised by
  * its leader. */
-static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, uint64_t *rev, uint64_t *lsn)
+static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, uint64_t *lsn)
 {
     kw_codec_ctx *c = NULL;
     kw_buf payload = {0}, rec = {0};
@@ -263,7 +296,7 @@ static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, 
     for (int i = 0; !rc; i++) {
         kr_sync_info si;
         if ((rc = kr_sync_store(r->node, store, 0, &si)) || (si.unstreamed && (rc = unstreamed(r, store, &si))) ||
-            (si.seed && (rc = seed(r, store, &si, epoch, rev))))
+            (si.seed && (rc = seed(r, store, &si, epoch))))
             break;
         /* what this catch-up took from the stream (a seed's records are the directory's own) */
         if (si.appended && epoch_among(store, si.local_last - si.appended + 1, si.local_last)) {
@@ -353,6 +386,8 @@ static int boot_begin(struct runtime_repl *r, const keel_world *w, kw_store *sto
 void repl_loaded(keel_runtime *rt, int rc)
 {
     struct runtime_repl *r = rt->repl;
+    if (r && rc) /* a primary whose recovery failed renews its lease no more (a lapse hands the world on) */
+        drop_keeper(r, false);
     if (!r || !r->boot)
         return;
     kr_boot_end(r->boot, rc);
@@ -410,12 +445,16 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     r->local_last = si.local_last;
     if (!rc && primary) {
         uint64_t epoch = 0, rev = 0;
+        drop_keeper(r, false); /* an open tried before */
         rc = take_lease_at_open(r, &epoch, &rev);
-        if (!rc && (rc = begin_epoch(r, store, epoch, &rev, &r->epoch_lsn)) == KEEL_ECONFLICT)
+        if (!rc)
+            rc = keep_lease(r, epoch, rev);
+        if (!rc && (rc = begin_epoch(r, store, epoch, &r->epoch_lsn)) == KEEL_ECONFLICT)
             rc = core_fail(KEEL_EBUSY, "world '%s' has a live primary: another node published its epoch record "
                            "while this one opened; start this node as --standby", r->world);
+        if (rc)
+            drop_keeper(r, false);
         if (!rc) {
-            r->seen.rev = rev;
             r->seen.epoch = epoch;
             r->local_last = r->epoch_lsn;
             status_set(r, st_epoch, &epoch);
@@ -458,8 +497,8 @@ static int start_primary(keel_runtime *rt)
 {
     struct runtime_repl *r = rt->repl;
     dur_state *d = rt->dur;
-    kr_pub_desc pd = {.node = r->node, .store = d->store, .epoch = r->seen.epoch, .lease_rev = r->seen.rev,
-                      .published = r->epoch_lsn, .lease_ms = r->lease_ms, .self = rt, .acked = on_acked,
+    kr_pub_desc pd = {.node = r->node, .store = d->store, .epoch = r->seen.epoch,
+                      .published = r->epoch_lsn, .self = rt, .acked = on_acked,
                       .writer_sends = r->st.mode == KEEL_REPL_SYNC,
                       .failed = on_failed,
                       .retain = r->desc.retain_records ? r->desc.retain_records : RETAIN_DEFAULT};
@@ -469,7 +508,10 @@ static int start_primary(keel_runtime *rt)
         return rc;
     pthread_mutex_lock(&r->mu);
     r->pub = pub;
+    bool lost = r->lost_early;
     pthread_mutex_unlock(&r->mu);
+    if (lost) /* the lease went while the node recovered */
+        kr_pub_fence(pub);
     /* before the next record is queued */
     dur_repl_set(d, (dur_repl_hook){.self = pub, .staged = on_staged, .committed = on_committed,
                                     .record_max = kr_max_payload(r->node), .gate = r->st.mode == KEEL_REPL_SYNC});
@@ -482,7 +524,10 @@ int repl_after_open(keel_runtime *rt)
     struct runtime_repl *r = rt->repl;
     if (!r)
         return KEEL_OK;
-    return r->st.role == KEEL_ROLE_PRIMARY ? start_primary(rt) : KEEL_OK; /* a replica reads from its first poll */
+    int rc = r->st.role == KEEL_ROLE_PRIMARY ? start_primary(rt) : KEEL_OK; /* a replica reads from its first poll */
+    if (rc)
+        drop_keeper(r, false);
+    return rc;
 }
 
 /* A replica's consumer of the stream, at the directory's next LSN: made
@@ -497,8 +542,12 @@ void repl_close(keel_runtime *rt, bool clean)
 {
     (void)repl_settle(rt);
     struct runtime_repl *r = rt->repl;
-    if (!r || !r->pub)
+    if (!r)
         return;
+    if (!r->pub) {
+        drop_keeper(r, false);
+        return;
+    }
     kr_pub *pub = r->pub;
     bool drained = false;
     if (clean && !dur_fatal(rt->dur)) {
@@ -511,7 +560,11 @@ void repl_close(keel_runtime *rt, bool clean)
     r->pub = NULL;
     pthread_mutex_unlock(&r->mu);
     dur_repl_set(rt->dur, (dur_repl_hook){0}); /* the writer, still running, no longer tells pub */
-    kr_pub_stop(pub, clean && !dur_fatal(rt->dur));
+    kr_pub_stats ps;
+    kr_pub_stats_get(pub, &ps);
+    /* the keeper first: its lost() may be fencing pub. The lease goes only when the stream holds all */
+    drop_keeper(r, clean && !dur_fatal(rt->dur) && !ps.fenced && ps.published >= ps.committed);
+    kr_pub_stop(pub);
 }
 
 /* ---- following -------------------------------------------------------------------- */
@@ -604,8 +657,12 @@ static int promote(keel_runtime *rt, bool *promoted)
         r->seen_since_ns = 0; /* someone renewed or took it: watch again */
         return KEEL_OK;
     }
+    if (!rc)
+        rc = keep_lease(r, epoch, rev);
     if (!rc) /* the directory is the store begin_epoch keeps in step; the reader must not run ahead of it */
-        rc = begin_epoch(r, d->store, epoch, &rev, &lsn);
+        rc = begin_epoch(r, d->store, epoch, &lsn);
+    if (rc)
+        drop_keeper(r, false);
     if (rc == KEEL_ECONFLICT) { /* another standby won: follow it from what begin_epoch copied */
         r->seen_since_ns = 0;
         r->local_last = lsn;
@@ -626,7 +683,6 @@ static int promote(keel_runtime *rt, bool *promoted)
     atomic_store(&rt->tick, tick);
     atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
     r->seen.epoch = epoch;
-    r->seen.rev = rev;
     status_set(r, st_epoch, &epoch);
     status_set(r, st_primary_mode, &r->desc);
     /* the publisher and (sync) the gate first: the writer takes no commit of this node's own before
@@ -693,6 +749,13 @@ void keel_repl_status_get(keel_runtime *rt, keel_repl_status *out)
         out->degraded = ps.degraded;
         out->fenced = ps.fenced;
         out->checkpoint_lsn = ps.checkpoint_lsn;
+    }
+    if (r->keeper) {
+        kr_keeper_stats ks;
+        kr_keeper_stats_get(r->keeper, &ks);
+        out->errors += ks.errors;
+        out->degraded |= ks.failing;
+        out->fenced |= ks.lost;
     }
     pthread_mutex_unlock(&r->mu);
 }

@@ -142,6 +142,32 @@ int kr_lease_take(kr_node *n, const kr_lease *seen, uint64_t *epoch, uint64_t *r
  * KEEL_EFENCED when another node took it. */
 int kr_lease_renew(kr_node *n, uint64_t epoch, bool released, uint64_t *rev);
 
+/* The keeper: a thread renewing the lease a node took (epoch, at rev)
+ * every lease_ms / 3 until it is stopped or the lease is lost; lost(self,
+ * KEEL_EFENCED) is called once, on the keeper's thread, when another node
+ * took it. */
+typedef struct kr_keeper kr_keeper;
+typedef struct kr_keeper_desc {
+    kr_node *node;
+    uint64_t epoch, rev;
+    int32_t lease_ms;
+    void *self;
+    void (*lost)(void *self, int rc);
+} kr_keeper_desc;
+
+typedef struct kr_keeper_stats {
+    uint64_t errors;          /* renewals that failed (NATS out of reach) and were retried */
+    bool failing;             /* the last renewal failed */
+    bool lost;                /* another node took the lease */
+} kr_keeper_stats;
+
+int kr_keeper_start(const kr_keeper_desc *d, kr_keeper **out);
+void kr_keeper_stats_get(kr_keeper *k, kr_keeper_stats *out);
+/* KEEL_EFENCED once the lease is lost, else 0. */
+int kr_keeper_check(kr_keeper *k);
+/* Stop renewing (NULL: nothing); release: let the lease go (a clean stop). */
+void kr_keeper_stop(kr_keeper *k, bool release);
+
 /* ---- a directory kept in step with the stream ------------------------------- */
 
 typedef struct kr_sync_info {
@@ -272,10 +298,9 @@ typedef struct kr_pub kr_pub;
 typedef struct kr_pub_desc {
     kr_node *node;
     kw_store *store;          /* where the records are read from */
-    uint64_t epoch, lease_rev;
+    uint64_t epoch;
     uint64_t published;       /* the stream's last sequence: publishing starts after it */
     int64_t retain;           /* WAL records the stream keeps before its published checkpoint (< 0: all) */
-    int32_t lease_ms;
     bool writer_sends;        /* kr_pub_staged may send on the caller's thread (sync: a commit waits for the
                                  stream anyway; async: the local disk never waits for the network) */
     void *self;
@@ -286,7 +311,7 @@ typedef struct kr_pub_desc {
 typedef struct kr_pub_stats {
     uint64_t published;       /* the last LSN the stream acknowledged */
     uint64_t committed;       /* the last LSN handed to the publisher */
-    uint64_t errors;          /* publishes or renewals that failed and were retried */
+    uint64_t errors;          /* publishes that failed and were retried */
     uint64_t checkpoint_lsn;  /* the covered LSN of the last checkpoint published (0: none) */
     uint64_t lag_bytes;       /* committed - published, times the mean size of the records published */
     bool degraded;            /* the last attempt failed: the stream is not keeping up */
@@ -304,7 +329,10 @@ void kr_pub_staged(kr_pub *p, uint64_t first_lsn, uint64_t last_lsn, const void 
  * 0, KEEL_EUNAVAILABLE, KEEL_EFENCED. */
 int kr_pub_drain(kr_pub *p, int64_t timeout_ms);
 void kr_pub_stats_get(kr_pub *p, kr_pub_stats *out);
-/* Stop the thread; released: let the lease go (a clean stop). */
-void kr_pub_stop(kr_pub *p, bool release);
+/* Another node took the lease: publish nothing more; failed(KEEL_EFENCED)
+ * is told (once, on the caller's thread). */
+void kr_pub_fence(kr_pub *p);
+/* Stop the thread. */
+void kr_pub_stop(kr_pub *p);
 
 #endif
