@@ -139,9 +139,7 @@ struct kr_keeper {
 static void keeper_wait(kr_keeper *k, uint64_t ns)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + ns;
-    ts = (struct timespec){(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)};
+    kr_deadline_in(&ts, ns);
     while (!k->quit && pthread_cond_timedwait(&k->wake, &k->mu, &ts) != ETIMEDOUT)
         ;
 }

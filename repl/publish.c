@@ -96,13 +96,6 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void deadline_in(struct timespec *ts, uint64_t ns)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    uint64_t at = (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec + ns;
-    *ts = (struct timespec){(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)};
-}
-
 /* Deposed: say so once; the thread publishes nothing more. */
 static void fence(kr_pub *p)
 {
@@ -377,7 +370,7 @@ static bool pub_step(kr_pub *p)
     } else if (p->sent > p->published) { /* records in flight: wake up to settle if they stall */
         struct timespec ts;
         uint64_t at = p->progress_ns + stall_ns + 1;
-        deadline_in(&ts, at > now ? at - now : 0);
+        kr_deadline_in(&ts, at > now ? at - now : 0);
         pthread_cond_timedwait(&p->wake, &p->mu, &ts);
         return true;
     } else {
@@ -393,7 +386,7 @@ static bool pub_step(kr_pub *p)
             if (p->quit)
                 return false;
             struct timespec ts;
-            deadline_in(&ts, RETRY_MS * 1000000ull);
+            kr_deadline_in(&ts, RETRY_MS * 1000000ull);
             pthread_cond_timedwait(&p->wake, &p->mu, &ts);
             pthread_mutex_unlock(&p->mu);
         }
@@ -496,7 +489,7 @@ void kr_pub_staged(kr_pub *p, uint64_t first_lsn, uint64_t last_lsn, const void 
 int kr_pub_drain(kr_pub *p, int64_t timeout_ms)
 {
     struct timespec ts;
-    deadline_in(&ts, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull);
+    kr_deadline_in(&ts, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull);
     pthread_mutex_lock(&p->mu);
     int w = 0;
     while (p->published < p->committed && !p->fenced && !p->stopped && w != ETIMEDOUT)
