@@ -201,6 +201,8 @@ void kr_keeper_stats_get(kr_keeper *k, kr_keeper_stats *out)
 
 int kr_keeper_check(kr_keeper *k)
 {
+    if (!k)
+        return KEEL_OK;
     pthread_mutex_lock(&k->mu);
     bool lost = k->lost;
     pthread_mutex_unlock(&k->mu);
@@ -209,14 +211,19 @@ int kr_keeper_check(kr_keeper *k)
                 : KEEL_OK;
 }
 
-void kr_keeper_stop(kr_keeper *k, bool release)
+void kr_keeper_halt(kr_keeper *k)
 {
-    if (!k)
-        return;
     pthread_mutex_lock(&k->mu);
     k->quit = true;
     pthread_cond_signal(&k->wake);
     pthread_mutex_unlock(&k->mu);
+}
+
+void kr_keeper_stop(kr_keeper *k, bool release)
+{
+    if (!k)
+        return;
+    kr_keeper_halt(k);
     pthread_join(k->thread, NULL);
     if (release && !k->lost)
         (void)kr_lease_renew(k->d.node, k->d.epoch, true, &k->rev);

@@ -420,13 +420,13 @@ int kr_last_msg(kr_node *n, const char *stream, const char *subject, natsMsg **m
 }
 
 /* The epoch and LSN in a message's id ("<epoch>:<lsn>:<session>",
- * msg_id); both 0 when it has none. */
+ * msg_id; "<epoch>:<lsn>" from a keel before sessions); both 0 when it has
+ * none. */
 static void parse_id(natsMsg *m, uint64_t *epoch, uint64_t *lsn)
 {
     const char *id = NULL;
-    uint64_t session;
     if (natsMsgHeader_Get(m, "Nats-Msg-Id", &id) != NATS_OK || !id ||
-        sscanf(id, "%" SCNu64 ":%" SCNu64 ":%" SCNx64, epoch, lsn, &session) != 3)
+        sscanf(id, "%" SCNu64 ":%" SCNu64, epoch, lsn) != 2)
         *epoch = *lsn = 0;
 }
 

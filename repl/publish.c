@@ -72,6 +72,7 @@ struct kr_pub {
     uint64_t sent_records, sent_bytes; /* handed to the stream, since the start (under mu) */
     uint64_t errors;
     bool degraded, fenced, quit, stopped;
+    bool joined;               /* kr_pub_stop ran (the caller's) */
     /* Sending (and settling) is one thread's at a time, in LSN order: the
        one that set `sending` (under mu) -- the thread, or the writer
        sending the chunk it stages when it is next in line. The holder
@@ -338,7 +339,8 @@ static int resettle(kr_pub *p)
 static bool pub_step(kr_pub *p)
 {
     uint64_t now = now_ns(), stall_ns = (uint64_t)STALL_MS * 1000000ull;
-    bool stalled = p->sent > p->published && now - p->progress_ns > stall_ns;
+    /* stopping: what is in flight is settled now, not after a stall (nothing else wakes the thread) */
+    bool stalled = p->sent > p->published && (p->quit || now - p->progress_ns > stall_ns);
     uint64_t ack = p->stream_acked < p->sent ? p->stream_acked : p->sent;
     int rc = KEEL_OK;
     if (p->sending) { /* the writer sends what it staged: wait for it (it signals) */
@@ -523,14 +525,22 @@ void kr_pub_fence(kr_pub *p)
 
 void kr_pub_stop(kr_pub *p)
 {
-    if (!p)
+    if (!p || p->joined)
         return;
     pthread_mutex_lock(&p->mu);
     p->quit = true;
     pthread_cond_signal(&p->wake);
     pthread_mutex_unlock(&p->mu);
     pthread_join(p->thread, NULL);
+    p->joined = true;
     kr_pipe_close(p->d.node); /* on_ack is never called again */
+}
+
+void kr_pub_free(kr_pub *p)
+{
+    if (!p)
+        return;
+    kr_pub_stop(p);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->wake);
     pthread_cond_destroy(&p->done);

@@ -270,9 +270,14 @@ static int first_parting(kr_node *n, kw_store *s, uint64_t lo, uint64_t elo, uin
  * stream cannot part: records are not chained, so a record both hold
  * byte for byte (an idle tick's commit) says nothing of those below it.
  * They part only where a new primary's epoch begins on the stream: at the
- * first such LSN the directory lacks, or -- where the stream starts at
- * bottom and holds nothing below to compare -- at or below bottom when the
- * directory's epoch there is another (*limit bottom - 1). */
+ * first such LSN the directory lacks, or -- where the stream was purged
+ * to bottom and holds nothing below to compare -- at or below bottom when
+ * the directory's epoch there is another (*limit bottom - 1). A purge
+ * never reaches into a seed (it stops at a checkpoint a primary published
+ * after its EPOCH record), whose records carry the seeding primary's epoch
+ * in their ids, not that of the EPOCH records among them. A message that
+ * has no epoch in its id, or is gone (purged since the bounds were read),
+ * bounds nothing. */
 static int agreement_limit(kr_node *n, kw_store *s, uint64_t sfirst, uint64_t bottom, uint64_t top,
                            kw_buf *msg, uint64_t *limit)
 {
@@ -281,16 +286,14 @@ static int agreement_limit(kr_node *n, kw_store *s, uint64_t sfirst, uint64_t bo
     if (!rc)
         rc = stream_epoch(n, top, msg, &etop);
     *limit = top;
-    if (!rc && lo == bottom && !(rc = local_epoch(s, bottom, &elocal)) && elocal &&
+    if (!rc && lo == bottom && bottom > 1 && elo && !(rc = local_epoch(s, bottom, &elocal)) && elocal &&
         elocal != elo) {
         *limit = bottom - 1;
         return KEEL_OK;
     }
-    if (!rc && (rc = first_parting(n, s, lo, elo, top, etop, msg, &at)) == 1) {
+    if (!rc && (rc = first_parting(n, s, lo, elo, top, etop, msg, &at)) == 1)
         *limit = at - 1;
-        rc = KEEL_OK;
-    }
-    return rc;
+    return rc == KEEL_ENOENT || rc == 1 ? KEEL_OK : rc;
 }
 
 /* The last LSN the directory and the stream agree on: the highest record
@@ -613,7 +616,7 @@ static int still_empty(kr_node *n)
     return rc;
 }
 
-int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint64_t last, int (*progress)(void *arg),
+int kr_seed_stream(kr_node *n, kw_store *s, uint64_t from, uint64_t last, int (*progress)(void *arg),
                    void *arg)
 {
     seed_run sr = {.a = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER},
@@ -647,7 +650,7 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint6
         if (progress && (rc = progress(arg))) /* cheap: it acts on its own clock */
             break;
         /* the first follows the stream's end; each other this node's record before it */
-        if ((rc = kr_pipe_send(n, epoch, at, at > from, rec, len)))
+        if ((rc = kr_pipe_send(n, KR_SEED_EPOCH, at, at > from, rec, len)))
             break;
         lsn = at;
         sent++;
@@ -660,7 +663,7 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint6
         rc = ok;
     uint64_t acked = from - 1;
     if (!rc && (!ok || lsn < last))
-        rc = kr_pipe_settle(n, epoch, from - 1, last, &acked);
+        rc = kr_pipe_settle(n, KR_SEED_EPOCH, from - 1, last, &acked);
     kr_pipe_close(n);
     if (!rc)
         rc = kw_store_write(s, fill_seeded, NULL);

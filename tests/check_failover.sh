@@ -10,8 +10,8 @@
 set -u
 KW=$1 KWAL=$2
 . "$(dirname "$0")/nats_cluster.sh"
-d=$(mktemp -d /tmp/keel-failover-XXXXXX); P=; S=
-cleanup() { [ -n "$P" ] && kill -9 "$P" 2>/dev/null; [ -n "$S" ] && kill -9 "$S" 2>/dev/null; nats_stop; rm -rf "$d"; }
+d=$(mktemp -d /tmp/keel-failover-XXXXXX); P=; S=; C=
+cleanup() { for p in $P $S $C; do kill -9 "$p" 2>/dev/null; done; nats_stop; rm -rf "$d"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$d"/*.out; do echo "--- $f"; tail -n 5 "$f"; done; exit 1; }
 hash_of() { sed -n 's/^final tick=[0-9]* hash=\([0-9a-f]*\)$/\1/p' "$1" | tail -n 1; }
@@ -52,8 +52,10 @@ wait "$S"; rc=$?; S=
 grep -q "^tick=600 hash=$(hash_of "$d/ref600.out")\$" "$d/replay.out" || fail "the restored directory is not tick 600's state"
 "$KWAL" restore "$NATS_URL1/fo" "$d/r2" --to-tick 99999 >"$d/restore2.out" 2>&1 && fail "a restore to a tick the stream lacks succeeded"
 [ ! -e "$d/r2/data.mdb" ] || fail "a refused restore left a data file"
-"$KW" --data "$d/c" --follow --until-tick $U "${common[@]}" >"$d/c.out" 2>&1 || fail "the read replica failed"
+"$KW" --data "$d/c" --follow --until-tick $U "${common[@]}" >"$d/c.out" 2>&1 & C=$! # waited for: a kill reaches it
+wait "$C" || fail "the read replica failed"
 [ "$(hash_of "$d/c.out")" = "$H" ] || fail "the read replica ended on $(hash_of "$d/c.out"), expected $H"
-"$KW" --data "$d/a" --replicate sync --until-tick $U2 --tick-rate 0 "${common[@]}" >"$d/a2.out" 2>&1 || fail "the rejoin failed"
+"$KW" --data "$d/a" --replicate sync --until-tick $U2 --tick-rate 0 "${common[@]}" >"$d/a2.out" 2>&1 & C=$!
+wait "$C" || fail "the rejoin failed"
 [ "$(hash_of "$d/a2.out")" = "$H2" ] || fail "the rejoined primary ended on $(hash_of "$d/a2.out"), expected $H2"
 echo "failover: promoted, fenced, verified, followed and rejoined on the reference hashes ($H, $H2)"

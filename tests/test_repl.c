@@ -127,6 +127,7 @@ static void nats_teardown(void)
 {
     if (nats_pid > 0) {
         kill(nats_pid, SIGTERM);
+        kill(nats_pid, SIGCONT); /* a case that froze it and failed before it thawed it */
         waitpid(nats_pid, NULL, 0);
         nats_pid = 0;
     }
@@ -565,16 +566,16 @@ START_TEST(test_world_seeds_empty_stream)
     ck_assert_uint_eq(si.stream_last, 2);
     ck_assert_uint_eq(si.local_last, 5);
     ck_assert_uint_eq(si.discarded, 0);
-    ck_assert_msg(!kr_seed_stream(n, s, 1, 3, 5, NULL, NULL), "%s", keel_last_error());
+    ck_assert_msg(!kr_seed_stream(n, s, 3, 5, NULL, NULL), "%s", keel_last_error());
     assert_stream_holds(n, s, 1, 5);
     ck_assert(!meta_has(s, KW_META_SEEDING) && meta_has(s, KW_META_REPLICATED));
     /* seeding again from LSN 1: the stream is asked once more and holds records, so nothing goes out */
-    ck_assert_rc(kr_seed_stream(n, s, 1, 1, 5, NULL, NULL), KEEL_EFENCED);
+    ck_assert_rc(kr_seed_stream(n, s, 1, 5, NULL, NULL), KEEL_EFENCED);
     ck_assert_msg(strstr(keel_last_error(), "holds records after all"), "%s", keel_last_error());
     assert_stream_holds(n, s, 1, 5);
     ck_assert(!meta_has(s, KW_META_SEEDING));
     /* past the directory's last record: KEEL_ECORRUPT naming it, nothing published */
-    ck_assert_rc(kr_seed_stream(n, s, 1, 6, 7, NULL, NULL), KEEL_ECORRUPT);
+    ck_assert_rc(kr_seed_stream(n, s, 6, 7, NULL, NULL), KEEL_ECORRUPT);
     ck_assert_msg(strstr(keel_last_error(), "lacks WAL record 6"), "%s", keel_last_error());
     assert_stream_holds(n, s, 1, 5);
     ck_assert_rc(kw_store_write(s, fill_seeding_mark, NULL), KEEL_OK); /* a mark that outlived its seed */
@@ -1002,6 +1003,45 @@ START_TEST(test_rejoin_purged_epoch)
 }
 END_TEST
 
+/* A world whose WAL holds EPOCH records of an earlier stream (published
+ * again after that stream was lost) seeded into a new one: the seed's
+ * messages carry no epoch of theirs (KR_SEED_EPOCH), so a directory that
+ * copied it is taken back after a purge into the seeded records, though
+ * the epoch of its last EPOCH record there (1) is not the seeding
+ * primary's (3). */
+START_TEST(test_rejoin_purged_seed)
+{
+    kr_node *n = connect_world(nats_url, "reseed", "a");
+    const hist_rec world[] = {{1, "p", 0, 0}, {0, NULL, 1, 5}, {0, NULL, 2, 5}, {0, NULL, 3, 5}, {0, NULL, 4, 5}};
+    kw_store *p = history_dir("reseed-p", world, 5), *f = store_in("reseed-f");
+    ck_assert_msg(!kr_seed_stream(n, p, 1, 5, NULL, NULL), "%s", keel_last_error());
+    kw_buf rec = {0}, got = {0};
+    epoch_record(&rec, 6, 3, "p");
+    ck_assert_rc(kr_publish(n, 3, 6, rec.p, rec.len), KEEL_OK); /* the seeding primary's EPOCH record */
+    ck_assert_rc(kr_append_record(p, 6, rec.p, rec.len), KEEL_OK);
+    uint64_t epoch = 9;
+    ck_assert_rc(kr_get_epoch(n, 3, &got, &epoch), KEEL_OK);
+    ck_assert_uint_eq(epoch, KR_SEED_EPOCH);
+    ck_assert_rc(kr_get_epoch(n, 6, &got, &epoch), KEEL_OK);
+    ck_assert_uint_eq(epoch, 3);
+    kr_sync_info si;
+    ck_assert_msg(!kr_sync_store(n, f, 0, &si), "%s", keel_last_error());
+    ck_assert_uint_eq(si.appended, 6);
+    ck_assert_rc(kr_purge_before(n, 4), KEEL_OK);
+    kw_store *const dirs[] = {f, p};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_msg(!kr_sync_store(n, dirs[i], 0, &si), "%s", keel_last_error());
+        ck_assert_uint_eq(si.discarded + si.appended, 0);
+        ck_assert_uint_eq(si.local_last, 6);
+    }
+    kw_buf_free(&rec);
+    kw_buf_free(&got);
+    kw_store_close(p);
+    kw_store_close(f);
+    kr_close(n);
+}
+END_TEST
+
 /* A store's meta value as a u64 (0: absent). */
 static uint64_t meta_u64(kw_store *s, const char *key)
 {
@@ -1363,6 +1403,15 @@ static keel_runtime *sync_primary_rt(const char *dir, const char *world, keel_co
     return spawning_rt(sync_primary_desc(dir, world), v);
 }
 
+/* A runtime of d (spawning_rt) recovered and three ticks in. */
+static keel_runtime *three_ticks_in(keel_runtime_desc d, keel_component *v)
+{
+    keel_runtime *rt = spawning_rt(d, v);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    tu_step_n(rt, 3);
+    return rt;
+}
+
 typedef struct opener {
     keel_runtime *rt;
     atomic_int done;
@@ -1391,10 +1440,7 @@ START_TEST(test_lease_renewed_while_recovering)
     keel_runtime_desc d = sync_primary_desc(dir, "busy");
     d.replication.lease_ms = 600;
     keel_component v;
-    keel_runtime *rt = spawning_rt(d, &v);
-    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
-    tu_step_n(rt, 3);
-    ck_assert_rc(keel_runtime_close(rt), KEEL_OK); /* epoch 1, released */
+    ck_assert_rc(keel_runtime_close(three_ticks_in(d, &v)), KEEL_OK); /* epoch 1, released */
     ck_assert_rc(keel_failpoints_set("recover.before_replay=delay:3000"), KEEL_OK);
     opener o = {.rt = spawning_rt(d, &v)};
     pthread_t t;
@@ -1424,6 +1470,39 @@ START_TEST(test_lease_renewed_while_recovering)
     ck_assert(st.role == KEEL_ROLE_PRIMARY && st.epoch == 2 && !st.fenced);
     ck_assert_rc(keel_runtime_close(o.rt), KEEL_OK);
     kr_close(w);
+}
+END_TEST
+
+/* A sync primary closed while its stream is out of reach (the nats-server
+ * frozen) does not wait for it forever: the close returns
+ * KEEL_EUNAVAILABLE naming what the stream did not acknowledge, after the
+ * local disk took everything; reopened once NATS is back, the node goes on
+ * from what the stream holds. */
+START_TEST(test_sync_close_without_stream)
+{
+    char dir[4096];
+    tu_path(dir, sizeof dir, "frozen");
+    keel_runtime_desc d = sync_primary_desc(dir, "frozen");
+    d.replication.timeout_ms = 500;
+    keel_component v;
+    keel_runtime *rt = three_ticks_in(d, &v);
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    uint64_t acked = keel_durable_lsn(rt);
+    ck_assert_int_eq(kill(nats_pid, SIGSTOP), 0);
+    tu_step_n(rt, 1);
+    ck_assert_rc(keel_runtime_close(rt), KEEL_EUNAVAILABLE);
+    char want[64];
+    snprintf(want, sizeof want, "acknowledged LSN %" PRIu64 " of ", acked);
+    ck_assert_msg(strstr(keel_last_error(), want) && strstr(keel_last_error(), dir), "%s", keel_last_error());
+    ck_assert_int_eq(kill(nats_pid, SIGCONT), 0);
+    rt = spawning_rt(d, &v);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    uint64_t tick = keel_runtime_tick(rt); /* 4 when the frozen server had taken the last tick's records */
+    ck_assert_msg(tick == 3 || tick == 4, "reopened at tick %" PRIu64, tick);
+    tu_step_n(rt, 2);
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    ck_assert_uint_eq(keel_runtime_tick(rt), tick + 2);
+    ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
 }
 END_TEST
 
@@ -2367,7 +2446,7 @@ START_TEST(test_seed_stalls)
     ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
     ck_assert(si.seed);
     seed_freeze f = {.nats = nats};
-    ck_assert_rc(kr_seed_stream(n, s, 1, 1, 5, freeze_once, &f), KEEL_EUNAVAILABLE);
+    ck_assert_rc(kr_seed_stream(n, s, 1, 5, freeze_once, &f), KEEL_EUNAVAILABLE);
     ck_assert_msg(strstr(keel_last_error(), "KEEL_stall"), "%s", keel_last_error());
     ck_assert_uint_gt(f.calls, 5); /* once before each record, and while it waited */
     ck_assert(meta_has(s, KW_META_SEEDING));
@@ -2503,13 +2582,14 @@ int main(void)
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,
                                    test_purged_divergence_refused, test_rejoin_same_record_after_parting,
-                                   test_rejoin_purged_epoch, test_stream_made_again, test_stream_without_identity,
+                                   test_rejoin_purged_epoch, test_rejoin_purged_seed, test_stream_made_again, test_stream_without_identity,
                                    test_world_seeds_empty_stream, test_local_world_replicated,
                                    test_replica_waits_for_unstreamed_world, test_stream_bootstrap,
                                    test_stream_bootstrap_copy_fails, test_stream_bootstrap_refused,
                                    test_stream_bootstrap_declined, test_replica_lag_from_messages,
                                    test_replica_poll_without_wait, test_replica_unit_fails_midway,
-                                   test_replica_copy_fails_once, test_lease_renewed_while_recovering};
+                                   test_replica_copy_fails_once, test_lease_renewed_while_recovering,
+                                   test_sync_close_without_stream};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

@@ -267,9 +267,9 @@ static int seed_check(void *arg)
 
 /* The stream lacks the world this primary's directory holds (it never held
  * a record, or a seed was cut short): publish it, logged as repl/seeded. */
-static int seed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si, uint64_t epoch)
+static int seed(struct runtime_repl *r, kw_store *store, const kr_sync_info *si)
 {
-    int rc = kr_seed_stream(r->node, store, epoch, si->stream_last + 1, si->local_last, seed_check, r->keeper);
+    int rc = kr_seed_stream(r->node, store, si->stream_last + 1, si->local_last, seed_check, r->keeper);
     if (!rc)
         core_log(KEEL_LOG_INFO, "repl", "seeded", "world=%s from_lsn=%" PRIu64 " records=%" PRIu64, r->world,
                  si->stream_last + 1, si->local_last - si->stream_last);
@@ -296,7 +296,7 @@ static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, 
     for (int i = 0; !rc; i++) {
         kr_sync_info si;
         if ((rc = kr_sync_store(r->node, store, 0, &si)) || (si.unstreamed && (rc = unstreamed(r, store, &si))) ||
-            (si.seed && (rc = seed(r, store, &si, epoch))))
+            (si.seed && (rc = seed(r, store, &si))))
             break;
         /* what this catch-up took from the stream (a seed's records are the directory's own) */
         if (si.appended && epoch_among(store, si.local_last - si.appended + 1, si.local_last)) {
@@ -307,7 +307,8 @@ static int begin_epoch(struct runtime_repl *r, kw_store *store, uint64_t epoch, 
         }
         *lsn = si.local_last + 1;
         rec.len = 0;
-        if ((rc = kw_record_build(c, &rec, KW_KIND_EPOCH, *lsn, 0, 0, payload.p, payload.len)))
+        if ((rc = kw_record_build(c, &rec, KW_KIND_EPOCH, *lsn, 0, 0, payload.p, payload.len)) ||
+            (rc = kr_keeper_check(r->keeper))) /* lost during a long catch-up: another node's world now */
             break;
         rc = kr_publish(r->node, epoch, *lsn, rec.p, rec.len);
         if (rc != KEEL_EFENCED || i + 1 == EPOCH_TRIES)
@@ -489,6 +490,13 @@ static void on_acked(void *self, uint64_t lsn)
 static void on_failed(void *self, int rc)
 {
     keel_runtime *rt = self;
+    struct runtime_repl *r = rt->repl;
+    if (rc == KEEL_EFENCED) { /* another primary appended: the lease is no longer this node's to hold */
+        pthread_mutex_lock(&r->mu);
+        if (r->keeper)
+            kr_keeper_halt(r->keeper);
+        pthread_mutex_unlock(&r->mu);
+    }
     dur_latch_fatal(rt->dur, rc);
 }
 
@@ -560,11 +568,24 @@ void repl_close(keel_runtime *rt, bool clean)
     r->pub = NULL;
     pthread_mutex_unlock(&r->mu);
     dur_repl_set(rt->dur, (dur_repl_hook){0}); /* the writer, still running, no longer tells pub */
+    kr_pub_stop(pub); /* its last checkpoint published first */
     kr_pub_stats ps;
     kr_pub_stats_get(pub, &ps);
-    /* the keeper first: its lost() may be fencing pub. The lease goes only when the stream holds all */
+    /* the lease goes only when the stream holds everything; pub is freed after the keeper stopped (its
+       lost() may still be fencing it) */
     drop_keeper(r, clean && !dur_fatal(rt->dur) && !ps.fenced && ps.published >= ps.committed);
-    kr_pub_stop(pub);
+    kr_pub_free(pub);
+}
+
+int repl_final_flush(keel_runtime *rt, uint64_t lsn)
+{
+    struct runtime_repl *r = rt->repl;
+    if (!r || !r->pub || r->st.mode != KEEL_REPL_SYNC)
+        return dur_wait(rt->dur, lsn, true);
+    int rc;
+    while ((rc = dur_wait_timed(rt->dur, lsn, true, DRAIN_MS * 1000000ll)) == KEEL_ETIMEDOUT)
+        ; /* not on the local disk yet: that one is waited for */
+    return rc;
 }
 
 /* ---- following -------------------------------------------------------------------- */
@@ -678,17 +699,20 @@ static int promote(keel_runtime *rt, bool *promoted)
     r->reader = NULL;
     r->local_last = r->epoch_lsn = lsn;
     uint64_t tick = atomic_load(&rt->tick);
-    if ((rc = dur_follow(d, lsn, &tick)))
+    if (!(rc = dur_follow(d, lsn, &tick))) {
+        atomic_store(&rt->tick, tick);
+        atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
+        r->seen.epoch = epoch;
+        status_set(r, st_epoch, &epoch);
+        status_set(r, st_primary_mode, &r->desc);
+        /* the publisher and (sync) the gate first: the writer takes no commit of this node's own before
+           dur_promote, and every one after it goes through them */
+        rc = start_primary(rt);
+    }
+    if (rc) { /* no primary after all: the lease lapses, and a standby (this one too) takes it */
+        drop_keeper(r, false);
         return rc;
-    atomic_store(&rt->tick, tick);
-    atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
-    r->seen.epoch = epoch;
-    status_set(r, st_epoch, &epoch);
-    status_set(r, st_primary_mode, &r->desc);
-    /* the publisher and (sync) the gate first: the writer takes no commit of this node's own before
-       dur_promote, and every one after it goes through them */
-    if ((rc = start_primary(rt)))
-        return rc;
+    }
     dur_promote(d);
     status_set(r, st_promoted, NULL);
     core_log(KEEL_LOG_INFO, "repl", "promoted", "world=%s epoch=%" PRIu64 " tick=%" PRIu64 " lsn=%" PRIu64, r->world,

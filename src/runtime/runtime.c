@@ -203,8 +203,10 @@ static int shutdown_durable(keel_runtime *rt)
     char unsettled[512] = ""; /* a replica's bootstrap copy that failed (it latched fatal) */
     if (repl_settle(rt))
         snprintf(unsettled, sizeof unsettled, "%s", keel_last_error());
-    if (!dur_fatal(rt->dur))
-        (void)dur_wait(rt->dur, dur_last_lsn(rt->dur), true); /* failing latches fatal: reported below */
+    uint64_t last = dur_last_lsn(rt->dur);
+    bool unreplicated = false;
+    if (!dur_fatal(rt->dur)) /* failing latches fatal: reported below */
+        unreplicated = repl_final_flush(rt, last) == KEEL_EUNAVAILABLE;
     int fatal = dur_fatal(rt->dur);
     if (fatal && unsettled[0]) {
         rc = core_fail(KEEL_EFATAL, "keel_runtime_close: %s", unsettled);
@@ -218,8 +220,15 @@ static int shutdown_durable(keel_runtime *rt)
                        rt->data_dir, (unsigned long long)keel_durable_lsn(rt),
                        (unsigned long long)atomic_load(&rt->dur->durable_tick));
     }
+    uint64_t acked = keel_durable_lsn(rt);
     view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
     runtime_close_data_dir(rt);
+    if (unreplicated && !rc && !fatal) /* after the close, whose drain says the same less precisely */
+        rc = core_fail(KEEL_EUNAVAILABLE,
+                       "keel_runtime_close: the replication stream acknowledged LSN %llu of %llu: the rest is on "
+                       "the local disk of data directory %s only, never acknowledged; the next open keeps what the "
+                       "stream took meanwhile and drops the others",
+                       (unsigned long long)acked, (unsigned long long)last, rt->data_dir);
     return rc;
 }
 

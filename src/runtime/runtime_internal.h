@@ -167,6 +167,11 @@ int repl_settle(keel_runtime *rt);
 void repl_free(keel_runtime *rt);
 /* False on a standby or follower: it applies its primary's ticks. */
 bool repl_may_tick(const keel_runtime *rt);
+/* The close's last flush of everything up to lsn: untimed for the local
+ * disk; a sync primary then waits for the stream at most DRAIN_MS (a
+ * stream out of reach must not hold a close forever): KEEL_EUNAVAILABLE,
+ * on the local disk and not acknowledged by the stream. */
+int repl_final_flush(keel_runtime *rt, uint64_t lsn);
 
 /* runtime/metrics.c */
 void metrics_init(keel_runtime *rt);

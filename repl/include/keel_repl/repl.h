@@ -28,6 +28,7 @@
 #include "keel_wal/wal.h"
 
 #define KR_WORLD_MAX 64u          /* a world's name: letters, digits, '-' and '_' */
+#define KR_SEED_EPOCH 0           /* the epoch in a seed's message ids (kr_seed_stream) */
 #define KR_NODE_MAX KW_EPOCH_NODE_MAX
 
 typedef struct kr_node kr_node;
@@ -163,8 +164,11 @@ typedef struct kr_keeper_stats {
 
 int kr_keeper_start(const kr_keeper_desc *d, kr_keeper **out);
 void kr_keeper_stats_get(kr_keeper *k, kr_keeper_stats *out);
-/* KEEL_EFENCED once the lease is lost, else 0. */
+/* KEEL_EFENCED once the lease is lost, else 0 (also for NULL). */
 int kr_keeper_check(kr_keeper *k);
+/* Renew no more (the node was fenced otherwise); kr_keeper_stop still
+ * follows. Callable from any thread. */
+void kr_keeper_halt(kr_keeper *k);
 /* Stop renewing (NULL: nothing); release: let the lease go (a clean stop). */
 void kr_keeper_stop(kr_keeper *k, bool release);
 
@@ -217,18 +221,20 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
 int kr_sync_boots(kr_node *n, kw_store *s, bool *boots, uint64_t *stream_last);
 /* Publish the directory's WAL records from..last to the stream (which ends
  * at from - 1; from 1: asked once more whether it is empty), pipelined, as
- * this primary's of `epoch`, the directory marked meanwhile as the
+ * a seed's: epoch 0 in their message ids (they were written before any
+ * epoch of the stream, whatever EPOCH records they hold), the directory
+ * marked meanwhile as the
  * stream's and as being seeded (meta "seeding": cut short, the next
  * kr_sync_store goes on instead of dropping the rest). progress(arg) (may
  * be NULL) runs before each record and every 100 ms while acknowledgements
- * are awaited -- a primary renews its lease there on its own clock -- and
- * a non-zero return stops the seed with that code. Errors: KEEL_EFENCED
+ * are awaited -- a primary checks its lease there -- and a non-zero
+ * return stops the seed with that code. Errors: KEEL_EFENCED
  * (another primary appended, or the stream was not empty after all),
  * KEEL_EUNAVAILABLE (the stream took only a prefix, or stopped answering: a
  * publish unanswered for the node's timeout fails, and the stream's state
  * is then asked for; the next open resumes), KEEL_ECORRUPT (the directory lacks a
  * record). */
-int kr_seed_stream(kr_node *n, kw_store *s, uint64_t epoch, uint64_t from, uint64_t last, int (*progress)(void *arg),
+int kr_seed_stream(kr_node *n, kw_store *s, uint64_t from, uint64_t last, int (*progress)(void *arg),
                    void *arg);
 /* Append stream messages from `r` (positioned at the directory's next LSN)
  * for at most timeout_ms, up to max records: the first to come, then those
@@ -332,7 +338,10 @@ void kr_pub_stats_get(kr_pub *p, kr_pub_stats *out);
 /* Another node took the lease: publish nothing more; failed(KEEL_EFENCED)
  * is told (once, on the caller's thread). */
 void kr_pub_fence(kr_pub *p);
-/* Stop the thread. */
+/* Stop the thread once what it has to do before a stop is done (a
+ * pending checkpoint published); kr_pub_fence and kr_pub_stats_get still
+ * work until kr_pub_free, which stops it first if need be. */
 void kr_pub_stop(kr_pub *p);
+void kr_pub_free(kr_pub *p);
 
 #endif
