@@ -272,12 +272,10 @@ static int first_parting(kr_node *n, kw_store *s, uint64_t lo, uint64_t elo, uin
  * They part only where a new primary's epoch begins on the stream: at the
  * first such LSN the directory lacks, or -- where the stream was purged
  * to bottom and holds nothing below to compare -- at or below bottom when
- * the directory's epoch there is another (*limit bottom - 1). A purge
- * never reaches into a seed (it stops at a checkpoint a primary published
- * after its EPOCH record), whose records carry the seeding primary's epoch
- * in their ids, not that of the EPOCH records among them. A message that
- * has no epoch in its id, or is gone (purged since the bounds were read),
- * bounds nothing. */
+ * the directory's epoch there is another (*limit bottom - 1). A seed's
+ * messages carry no epoch (KR_SEED_EPOCH: whatever EPOCH records of an
+ * earlier stream they hold), nor do messages without an id: they, and a
+ * message gone since the bounds were read (purged), bound nothing. */
 static int agreement_limit(kr_node *n, kw_store *s, uint64_t sfirst, uint64_t bottom, uint64_t top,
                            kw_buf *msg, uint64_t *limit)
 {

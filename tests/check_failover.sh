@@ -54,8 +54,10 @@ grep -q "^tick=600 hash=$(hash_of "$d/ref600.out")\$" "$d/replay.out" || fail "t
 [ ! -e "$d/r2/data.mdb" ] || fail "a refused restore left a data file"
 "$KW" --data "$d/c" --follow --until-tick $U "${common[@]}" >"$d/c.out" 2>&1 & C=$! # waited for: a kill reaches it
 wait "$C" || fail "the read replica failed"
+C=
 [ "$(hash_of "$d/c.out")" = "$H" ] || fail "the read replica ended on $(hash_of "$d/c.out"), expected $H"
 "$KW" --data "$d/a" --replicate sync --until-tick $U2 --tick-rate 0 "${common[@]}" >"$d/a2.out" 2>&1 & C=$!
 wait "$C" || fail "the rejoin failed"
+C=
 [ "$(hash_of "$d/a2.out")" = "$H2" ] || fail "the rejoined primary ended on $(hash_of "$d/a2.out"), expected $H2"
 echo "failover: promoted, fenced, verified, followed and rejoined on the reference hashes ($H, $H2)"

@@ -1473,17 +1473,29 @@ START_TEST(test_lease_renewed_while_recovering)
 }
 END_TEST
 
+static int count_shutdown(keel_side_txn *tx, void *arg)
+{
+    (void)tx;
+    ++*(int *)arg;
+    return 0;
+}
+
 /* A sync primary closed while its stream is out of reach (the nats-server
- * frozen) does not wait for it forever: the close returns
- * KEEL_EUNAVAILABLE naming what the stream did not acknowledge, after the
- * local disk took everything; reopened once NATS is back, the node goes on
- * from what the stream holds. */
+ * frozen) does not wait for it forever -- neither in its on_shutdown's
+ * IMMEDIATE transaction (which waits for the last LSN, here writing
+ * nothing) nor in its final flush: the close returns KEEL_EUNAVAILABLE
+ * naming what the stream did not acknowledge, after the local disk took
+ * everything; reopened once NATS is back, the node goes on from what the
+ * stream holds. */
 START_TEST(test_sync_close_without_stream)
 {
     char dir[4096];
+    int shutdowns = 0;
     tu_path(dir, sizeof dir, "frozen");
     keel_runtime_desc d = sync_primary_desc(dir, "frozen");
     d.replication.timeout_ms = 500;
+    d.durable.on_shutdown = count_shutdown;
+    d.durable.shutdown_arg = &shutdowns;
     keel_component v;
     keel_runtime *rt = three_ticks_in(d, &v);
     ck_assert_rc(keel_flush(rt), KEEL_OK);
@@ -1491,6 +1503,7 @@ START_TEST(test_sync_close_without_stream)
     ck_assert_int_eq(kill(nats_pid, SIGSTOP), 0);
     tu_step_n(rt, 1);
     ck_assert_rc(keel_runtime_close(rt), KEEL_EUNAVAILABLE);
+    ck_assert_int_eq(shutdowns, 1);
     char want[64];
     snprintf(want, sizeof want, "acknowledged LSN %" PRIu64 " of ", acked);
     ck_assert_msg(strstr(keel_last_error(), want) && strstr(keel_last_error(), dir), "%s", keel_last_error());

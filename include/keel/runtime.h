@@ -125,9 +125,11 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out);
  *                error names the cause (KEEL_EIO ...), the directory, that
  *                LSN and the tick a reopen recovers;
  *   KEEL_EUNAVAILABLE  a sync replication primary whose stream did not
- *                acknowledge everything within 5 s of the local disk (its
- *                quorum lost): the rest is on the local disk only, never
- *                acknowledged; the last error names the LSNs;
+ *                acknowledge everything by 5 s after the close began (its
+ *                quorum lost; the local disk is waited for, and
+ *                on_shutdown's commit waits no longer): the rest is on the
+ *                local disk only, never acknowledged; the last error names
+ *                the LSNs;
  *   on_shutdown's failure: its own non-zero return, or its commit's code
  *                (KEEL_ECONFLICT, KEEL_ENOMEM): its writes are not applied.
  * A data directory that never opened (keel_runtime_recover failed) is not

@@ -122,6 +122,8 @@ typedef struct dur_state {
     _Atomic uint64_t local_lsn;    /* committed to LMDB (durable_lsn trails it while the hook gates) */
     uint64_t local_tick;           /* the tick local_lsn completes (under mu) */
     uint64_t stream_lsn;           /* the stream acknowledged up to here (dur_acknowledge; under mu) */
+    uint64_t stream_deadline;      /* CLOCK_MONOTONIC ns after which a gated untimed wait stops waiting
+                                      for the stream (dur_stream_deadline; 0: never; under mu) */
     bool trim_to_stream;       /* checkpoints delete no WAL record beyond stream_unit_lsn: a stream's
                                   directory not opened as a replica, or since its promotion (under
                                   mu; never cleared) */
@@ -243,6 +245,11 @@ uint32_t dur_spans(dur_state *d, struct dur_span *out, uint32_t cap);
 void dur_acknowledge(dur_state *d, uint64_t lsn);
 /* A follower's directory becomes a primary's: records may be queued again. */
 void dur_promote(dur_state *d);
+/* From now on an untimed wait for a record the hook gates (sync
+ * replication) waits for the local disk, then for the stream until
+ * deadline_ns (CLOCK_MONOTONIC) at most: KEEL_EUNAVAILABLE past it. A
+ * close's, so that a stream out of reach cannot hold it for ever. */
+void dur_stream_deadline(dur_state *d, uint64_t deadline_ns);
 /* Install (or, zeroed, remove) the replication hook; on return the writer
  * calls only the new one. */
 void dur_repl_set(dur_state *d, dur_repl_hook hook);

@@ -141,10 +141,15 @@ int dur_wait_timed(dur_state *d, uint64_t lsn, bool flush, int64_t timeout_ns)
     bool timed_out = false;
     pthread_mutex_lock(&d->mu);
     while (atomic_load(&d->durable_lsn) < lsn && !atomic_load(&d->fatal) && !timed_out) {
-        if (timeout_ns < 0)
+        /* on the local disk, and the stream has until stream_deadline (a close's) */
+        bool bounded = timeout_ns < 0 && d->stream_deadline && d->repl.gate && atomic_load(&d->local_lsn) >= lsn;
+        struct timespec stream_by = {(time_t)(d->stream_deadline / 1000000000ull),
+                                     (long)(d->stream_deadline % 1000000000ull)};
+        if (timeout_ns < 0 && !bounded)
             pthread_cond_wait(&d->durable_cv, &d->mu);
         else
-            timed_out = pthread_cond_timedwait(&d->durable_cv, &d->mu, &deadline) == ETIMEDOUT;
+            timed_out = pthread_cond_timedwait(&d->durable_cv, &d->mu, bounded ? &stream_by : &deadline) ==
+                        ETIMEDOUT;
     }
     bool durable = atomic_load(&d->durable_lsn) >= lsn, gated = d->repl.gate;
     pthread_mutex_unlock(&d->mu);
@@ -159,6 +164,14 @@ int dur_wait_timed(dur_state *d, uint64_t lsn, bool flush, int64_t timeout_ns)
                          (unsigned long long)atomic_load(&d->durable_lsn));
     return core_fail(KEEL_EFATAL, "LSN %llu cannot be made durable: the runtime latched fatal (%s)",
                      (unsigned long long)lsn, keel_strerror(atomic_load(&d->fatal)));
+}
+
+void dur_stream_deadline(dur_state *d, uint64_t deadline_ns)
+{
+    pthread_mutex_lock(&d->mu);
+    d->stream_deadline = deadline_ns;
+    pthread_cond_broadcast(&d->durable_cv); /* waiters already on the local disk wait for it from now */
+    pthread_mutex_unlock(&d->mu);
 }
 
 void dur_promote(dur_state *d)
@@ -576,6 +589,8 @@ static void batch_commit(dur_state *d, batch *b)
             d->local_tick = b->last_tick;
         if (d->repl.gate) {
             gate_advance(d);
+            if (d->stream_deadline) /* bounded waiters wait for the local disk first */
+                pthread_cond_broadcast(&d->durable_cv);
         } else {
             if (b->last_lsn)
                 atomic_store_explicit(&d->durable_lsn, b->last_lsn, memory_order_release);

@@ -49,6 +49,7 @@ struct runtime_repl {
     kr_pub *pub;
     kr_keeper *keeper;         /* a primary's: renews the lease from its take to the close */
     int lost_early;            /* the keeper lost the lease before the publisher started (under mu) */
+    uint64_t close_deadline_ns; /* a closing primary waits for its stream until then (repl_closing) */
     kr_reader *reader;         /* a replica's: at the directory's next LSN */
     kr_boot *boot;             /* a replica's bootstrap whose directory copy may still run (repl_settle) */
     dur_boot boot_desc;        /* ... what recovery loads from it */
@@ -546,21 +547,32 @@ static int reader_ready(struct runtime_repl *r)
     return r->reader ? KEEL_OK : kr_read_begin(r->node, r->local_last + 1, &r->reader);
 }
 
-void repl_close(keel_runtime *rt, bool clean)
+void repl_closing(keel_runtime *rt)
+{
+    struct runtime_repl *r = rt->repl;
+    if (!r || !r->pub || !rt->dur)
+        return;
+    r->close_deadline_ns = mono_ns() + DRAIN_MS * 1000000ull;
+    if (r->st.mode == KEEL_REPL_SYNC)
+        dur_stream_deadline(rt->dur, r->close_deadline_ns);
+}
+
+int repl_close(keel_runtime *rt, bool clean)
 {
     (void)repl_settle(rt);
     struct runtime_repl *r = rt->repl;
     if (!r)
-        return;
+        return KEEL_OK;
     if (!r->pub) {
         drop_keeper(r, false);
-        return;
+        return KEEL_OK;
     }
     kr_pub *pub = r->pub;
     bool drained = false;
     if (clean && !dur_fatal(rt->dur)) {
         (void)ckpt_wait(rt->dur); /* the last checkpoint's marker committed: the publisher sends it too */
-        drained = !kr_pub_drain(pub, DRAIN_MS);
+        uint64_t now = mono_ns(), until = r->close_deadline_ns ? r->close_deadline_ns : now + DRAIN_MS * 1000000ull;
+        drained = !kr_pub_drain(pub, until > now ? (int64_t)((until - now) / 1000000u) : 0);
     }
     if (!drained) /* no stream to wait for: what the publisher asks it ends at its next timeout */
         kr_abandon(r->node);
@@ -571,21 +583,13 @@ void repl_close(keel_runtime *rt, bool clean)
     kr_pub_stop(pub); /* its last checkpoint published first */
     kr_pub_stats ps;
     kr_pub_stats_get(pub, &ps);
+    bool all = !ps.fenced && ps.published >= ps.committed;
     /* the lease goes only when the stream holds everything; pub is freed after the keeper stopped (its
        lost() may still be fencing it) */
-    drop_keeper(r, clean && !dur_fatal(rt->dur) && !ps.fenced && ps.published >= ps.committed);
+    drop_keeper(r, clean && !dur_fatal(rt->dur) && all);
     kr_pub_free(pub);
-}
-
-int repl_final_flush(keel_runtime *rt, uint64_t lsn)
-{
-    struct runtime_repl *r = rt->repl;
-    if (!r || !r->pub || r->st.mode != KEEL_REPL_SYNC)
-        return dur_wait(rt->dur, lsn, true);
-    int rc;
-    while ((rc = dur_wait_timed(rt->dur, lsn, true, DRAIN_MS * 1000000ll)) == KEEL_ETIMEDOUT)
-        ; /* not on the local disk yet: that one is waited for */
-    return rc;
+    /* async acknowledges on the local disk: a stream behind is no failure of its close */
+    return ps.fenced ? KEEL_EFENCED : all || r->st.mode != KEEL_REPL_SYNC ? KEEL_OK : KEEL_EUNAVAILABLE;
 }
 
 /* ---- following -------------------------------------------------------------------- */

@@ -196,6 +196,8 @@ static int shutdown_durable(keel_runtime *rt)
 {
     int rc = KEEL_OK;
     int was_fatal = rt->dur ? dur_fatal(rt->dur) : 0;
+    if (rt->dur)
+        repl_closing(rt); /* from here, the stream gets a bounded time (on_shutdown's commit included) */
     if (rt->durable_desc.on_shutdown && (!rt->data_dir || (rt->dur && !was_fatal)) && repl_may_tick(rt))
         rc = run_on_shutdown(rt);
     if (!rt->dur)
@@ -204,9 +206,11 @@ static int shutdown_durable(keel_runtime *rt)
     if (repl_settle(rt))
         snprintf(unsettled, sizeof unsettled, "%s", keel_last_error());
     uint64_t last = dur_last_lsn(rt->dur);
-    bool unreplicated = false;
-    if (!dur_fatal(rt->dur)) /* failing latches fatal: reported below */
-        unreplicated = repl_final_flush(rt, last) == KEEL_EUNAVAILABLE;
+    if (!dur_fatal(rt->dur))
+        (void)dur_wait(rt->dur, last, true); /* failing latches fatal: reported below */
+    view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
+    /* the stream's part first: a fence it finds latches too */
+    bool unreplicated = repl_close(rt, true) == KEEL_EUNAVAILABLE;
     int fatal = dur_fatal(rt->dur);
     if (fatal && unsettled[0]) {
         rc = core_fail(KEEL_EFATAL, "keel_runtime_close: %s", unsettled);
@@ -219,16 +223,14 @@ static int shutdown_durable(keel_runtime *rt)
                        was_fatal ? "the runtime had latched fatal" : "the final flush failed", keel_strerror(fatal),
                        rt->data_dir, (unsigned long long)keel_durable_lsn(rt),
                        (unsigned long long)atomic_load(&rt->dur->durable_tick));
-    }
-    uint64_t acked = keel_durable_lsn(rt);
-    view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
-    runtime_close_data_dir(rt);
-    if (unreplicated && !rc && !fatal) /* after the close, whose drain says the same less precisely */
+    } else if (unreplicated && (!rc || rc == KEEL_EUNAVAILABLE)) { /* on_shutdown's commit said so first */
         rc = core_fail(KEEL_EUNAVAILABLE,
                        "keel_runtime_close: the replication stream acknowledged LSN %llu of %llu: the rest is on "
                        "the local disk of data directory %s only, never acknowledged; the next open keeps what the "
                        "stream took meanwhile and drops the others",
-                       (unsigned long long)acked, (unsigned long long)last, rt->data_dir);
+                       (unsigned long long)keel_durable_lsn(rt), (unsigned long long)last, rt->data_dir);
+    }
+    runtime_close_data_dir(rt);
     return rc;
 }
 

@@ -152,11 +152,13 @@ void telemetry_fini(keel_runtime *rt);
  * its EPOCH record (before dur_open, which it tells whether it opens a
  * follower's directory); repl_after_open starts a primary's publisher;
  * repl_close stops it (clean: lets the lease go once everything is
- * published) before dur_close. */
+ * published) before dur_close, after repl_closing. */
 int repl_create(keel_runtime *rt, const keel_replication_desc *d);
 int repl_before_open(keel_runtime *rt, dur_open_desc *o);
 int repl_after_open(keel_runtime *rt);
-void repl_close(keel_runtime *rt, bool clean);
+/* KEEL_OK, or KEEL_EUNAVAILABLE: a sync primary's stream does not hold
+ * every record the directory does; KEEL_EFENCED: another primary appended. */
+int repl_close(keel_runtime *rt, bool clean);
 /* A replica's bootstrap (repl_before_open loads the stream's checkpoint as
  * it arrives): repl_loaded gives recovery's result to the directory's copy
  * of it (KEEL_OK: commit, in the background); repl_settle waits for that
@@ -167,11 +169,10 @@ int repl_settle(keel_runtime *rt);
 void repl_free(keel_runtime *rt);
 /* False on a standby or follower: it applies its primary's ticks. */
 bool repl_may_tick(const keel_runtime *rt);
-/* The close's last flush of everything up to lsn: untimed for the local
- * disk; a sync primary then waits for the stream at most DRAIN_MS (a
- * stream out of reach must not hold a close forever): KEEL_EUNAVAILABLE,
- * on the local disk and not acknowledged by the stream. */
-int repl_final_flush(keel_runtime *rt, uint64_t lsn);
+/* A close begins: a primary waits for its stream DRAIN_MS from now at
+ * most -- a sync primary's untimed waits too (dur_stream_deadline): a
+ * stream out of reach must not hold a close for ever. */
+void repl_closing(keel_runtime *rt);
 
 /* runtime/metrics.c */
 void metrics_init(keel_runtime *rt);
