@@ -43,7 +43,7 @@ static int open_data_dir(keel_runtime *rt)
 void runtime_close_data_dir(keel_runtime *rt)
 {
     if (rt->dur)
-        (void)repl_close(rt, true); /* no-op after shutdown_durable's */
+        (void)repl_close(rt, true, NULL); /* no-op after shutdown_durable's */
     rt->txn.log = (txn_log){0};
     metrics_forget_dur(rt);
     dur_close(rt->dur);

@@ -49,7 +49,6 @@ struct runtime_repl {
     kr_pub *pub;
     kr_keeper *keeper;         /* a primary's: renews the lease from its take to the close */
     int lost_early;            /* the keeper lost the lease before the publisher started (under mu) */
-    uint64_t close_deadline_ns; /* a closing primary waits for its stream until then (repl_closing) */
     kr_reader *reader;         /* a replica's: at the directory's next LSN */
     kr_boot *boot;             /* a replica's bootstrap whose directory copy may still run (repl_settle) */
     dur_boot boot_desc;        /* ... what recovery loads from it */
@@ -550,14 +549,11 @@ static int reader_ready(struct runtime_repl *r)
 void repl_closing(keel_runtime *rt)
 {
     struct runtime_repl *r = rt->repl;
-    if (!r || !r->pub || !rt->dur)
-        return;
-    r->close_deadline_ns = mono_ns() + DRAIN_MS * 1000000ull;
-    if (r->st.mode == KEEL_REPL_SYNC)
-        dur_stream_deadline(rt->dur, r->close_deadline_ns);
+    if (r && r->pub && rt->dur && r->st.mode == KEEL_REPL_SYNC)
+        dur_stream_deadline(rt->dur, mono_ns() + DRAIN_MS * 1000000ull);
 }
 
-int repl_close(keel_runtime *rt, bool clean)
+int repl_close(keel_runtime *rt, bool clean, repl_close_info *info)
 {
     (void)repl_settle(rt);
     struct runtime_repl *r = rt->repl;
@@ -571,8 +567,8 @@ int repl_close(keel_runtime *rt, bool clean)
     bool drained = false;
     if (clean && !dur_fatal(rt->dur)) {
         (void)ckpt_wait(rt->dur); /* the last checkpoint's marker committed: the publisher sends it too */
-        uint64_t now = mono_ns(), until = r->close_deadline_ns ? r->close_deadline_ns : now + DRAIN_MS * 1000000ull;
-        drained = !kr_pub_drain(pub, until > now ? (int64_t)((until - now) / 1000000u) : 0);
+        /* a stream that missed the close's deadline is asked once more, not waited for */
+        drained = !kr_pub_drain(pub, info && info->stream_behind ? 0 : DRAIN_MS);
     }
     if (!drained) /* no stream to wait for: what the publisher asks it ends at its next timeout */
         kr_abandon(r->node);
@@ -584,6 +580,10 @@ int repl_close(keel_runtime *rt, bool clean)
     kr_pub_stats ps;
     kr_pub_stats_get(pub, &ps);
     bool all = !ps.fenced && ps.published >= ps.committed;
+    if (info) {
+        info->published = ps.published;
+        info->committed = ps.committed;
+    }
     /* the lease goes only when the stream holds everything; pub is freed after the keeper stopped (its
        lost() may still be fencing it) */
     drop_keeper(r, clean && !dur_fatal(rt->dur) && all);

@@ -178,7 +178,9 @@ static int run_on_shutdown(keel_runtime *rt)
         keel_side_txn_abort(tx);
         core_fail(rc, "keel_runtime_close: on_shutdown returned %d (%s): its writes are not applied", rc,
                   keel_strerror(rc));
-    } else if ((rc = keel_side_txn_commit(tx))) {
+    } else if ((rc = keel_side_txn_commit(tx)) == KEEL_EUNAVAILABLE) {
+        rc = KEEL_OK; /* applied, on the local disk; the stream's part is the close's (repl_close) */
+    } else if (rc) {
         core_fail_prefix(rc, "keel_runtime_close: on_shutdown's transaction did not commit (%s): its writes are "
                              "not applied", keel_strerror(rc));
     }
@@ -196,21 +198,23 @@ static int shutdown_durable(keel_runtime *rt)
 {
     int rc = KEEL_OK;
     int was_fatal = rt->dur ? dur_fatal(rt->dur) : 0;
+    char why[512] = ""; /* on_shutdown's failure, said again at the end (later calls set other sentences) */
     if (rt->dur)
-        repl_closing(rt); /* from here, the stream gets a bounded time (on_shutdown's commit included) */
-    if (rt->durable_desc.on_shutdown && (!rt->data_dir || (rt->dur && !was_fatal)) && repl_may_tick(rt))
-        rc = run_on_shutdown(rt);
+        repl_closing(rt); /* from here, a sync primary's stream gets a bounded time (on_shutdown's commit too) */
+    if (rt->durable_desc.on_shutdown && (!rt->data_dir || (rt->dur && !was_fatal)) && repl_may_tick(rt) &&
+        (rc = run_on_shutdown(rt)))
+        snprintf(why, sizeof why, "%s", keel_last_error());
     if (!rt->dur)
         return rc;
     char unsettled[512] = ""; /* a replica's bootstrap copy that failed (it latched fatal) */
     if (repl_settle(rt))
         snprintf(unsettled, sizeof unsettled, "%s", keel_last_error());
-    uint64_t last = dur_last_lsn(rt->dur);
-    if (!dur_fatal(rt->dur))
-        (void)dur_wait(rt->dur, last, true); /* failing latches fatal: reported below */
+    repl_close_info ci = {0};
+    if (!dur_fatal(rt->dur)) /* failing latches fatal: reported below */
+        ci.stream_behind = dur_wait(rt->dur, dur_last_lsn(rt->dur), true) == KEEL_EUNAVAILABLE;
     view_quiesce(); /* a pending reclaim consults the checkpoint pin in rt->dur */
     /* the stream's part first: a fence it finds latches too */
-    bool unreplicated = repl_close(rt, true) == KEEL_EUNAVAILABLE;
+    bool unreplicated = repl_close(rt, true, &ci) == KEEL_EUNAVAILABLE;
     int fatal = dur_fatal(rt->dur);
     if (fatal && unsettled[0]) {
         rc = core_fail(KEEL_EFATAL, "keel_runtime_close: %s", unsettled);
@@ -223,12 +227,14 @@ static int shutdown_durable(keel_runtime *rt)
                        was_fatal ? "the runtime had latched fatal" : "the final flush failed", keel_strerror(fatal),
                        rt->data_dir, (unsigned long long)keel_durable_lsn(rt),
                        (unsigned long long)atomic_load(&rt->dur->durable_tick));
-    } else if (unreplicated && (!rc || rc == KEEL_EUNAVAILABLE)) { /* on_shutdown's commit said so first */
+    } else if (rc) {
+        core_fail(rc, "%s", why);
+    } else if (unreplicated) {
         rc = core_fail(KEEL_EUNAVAILABLE,
                        "keel_runtime_close: the replication stream acknowledged LSN %llu of %llu: the rest is on "
                        "the local disk of data directory %s only, never acknowledged; the next open keeps what the "
                        "stream took meanwhile and drops the others",
-                       (unsigned long long)keel_durable_lsn(rt), (unsigned long long)last, rt->data_dir);
+                       (unsigned long long)ci.published, (unsigned long long)ci.committed, rt->data_dir);
     }
     runtime_close_data_dir(rt);
     return rc;

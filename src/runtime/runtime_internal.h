@@ -156,9 +156,17 @@ void telemetry_fini(keel_runtime *rt);
 int repl_create(keel_runtime *rt, const keel_replication_desc *d);
 int repl_before_open(keel_runtime *rt, dur_open_desc *o);
 int repl_after_open(keel_runtime *rt);
+/* repl_close's view of the stream: in, whether it already missed the
+ * close's deadline (do not wait for it again); out, how far it holds the
+ * primary's records, of those the directory holds. */
+typedef struct repl_close_info {
+    bool stream_behind;
+    uint64_t published, committed;
+} repl_close_info;
 /* KEEL_OK, or KEEL_EUNAVAILABLE: a sync primary's stream does not hold
- * every record the directory does; KEEL_EFENCED: another primary appended. */
-int repl_close(keel_runtime *rt, bool clean);
+ * every record the directory does; KEEL_EFENCED: another primary
+ * appended. info may be NULL. */
+int repl_close(keel_runtime *rt, bool clean, repl_close_info *info);
 /* A replica's bootstrap (repl_before_open loads the stream's checkpoint as
  * it arrives): repl_loaded gives recovery's result to the directory's copy
  * of it (KEEL_OK: commit, in the background); repl_settle waits for that
@@ -169,9 +177,9 @@ int repl_settle(keel_runtime *rt);
 void repl_free(keel_runtime *rt);
 /* False on a standby or follower: it applies its primary's ticks. */
 bool repl_may_tick(const keel_runtime *rt);
-/* A close begins: a primary waits for its stream DRAIN_MS from now at
- * most -- a sync primary's untimed waits too (dur_stream_deadline): a
- * stream out of reach must not hold a close for ever. */
+/* A close begins: a sync primary's untimed waits wait for its stream
+ * DRAIN_MS from now at most (dur_stream_deadline): a stream out of reach
+ * must not hold a close for ever. */
 void repl_closing(keel_runtime *rt);
 
 /* runtime/metrics.c */
