@@ -138,8 +138,7 @@ struct kr_keeper {
 
 static void keeper_wait(kr_keeper *k, uint64_t ns)
 {
-    struct timespec ts;
-    kr_deadline_in(&ts, ns);
+    struct timespec ts = core_timespec_at(core_now_ns() + ns);
     while (!k->quit && pthread_cond_timedwait(&k->wake, &k->mu, &ts) != ETIMEDOUT)
         ;
 }
@@ -177,11 +176,7 @@ int kr_keeper_start(const kr_keeper_desc *d, kr_keeper **out)
     k->d = *d;
     k->rev = d->rev;
     pthread_mutex_init(&k->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&k->wake, &ca);
-    pthread_condattr_destroy(&ca);
+    core_cond_init_monotonic(&k->wake);
     if (pthread_create(&k->thread, NULL, keeper_main, k)) {
         pthread_mutex_destroy(&k->mu);
         pthread_cond_destroy(&k->wake);

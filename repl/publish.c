@@ -90,13 +90,6 @@ struct kr_pub {
     uint64_t ckpt_lsn;         /* the last checkpoint published (under mu) */
 };
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* Deposed: say so once; the thread publishes nothing more. */
 static void fence(kr_pub *p)
 {
@@ -211,7 +204,7 @@ static void raise_published(kr_pub *p, uint64_t lsn)
     stage_drop(p, lsn);
     if (p->stream_acked < lsn)
         p->stream_acked = lsn;
-    p->progress_ns = now_ns();
+    p->progress_ns = core_now_ns();
     pthread_cond_broadcast(&p->done);
 }
 
@@ -291,7 +284,7 @@ static bool send_begin(kr_pub *p)
         return false;
     p->sending = true;
     if (p->sent == p->published)
-        p->progress_ns = now_ns(); /* a stall counts from the first record in flight */
+        p->progress_ns = core_now_ns(); /* a stall counts from the first record in flight */
     return true;
 }
 
@@ -338,7 +331,7 @@ static int resettle(kr_pub *p)
  * when it is to stop. */
 static bool pub_step(kr_pub *p)
 {
-    uint64_t now = now_ns(), stall_ns = (uint64_t)STALL_MS * 1000000ull;
+    uint64_t now = core_now_ns(), stall_ns = (uint64_t)STALL_MS * 1000000ull;
     /* stopping: what is in flight is settled now, not after a stall (nothing else wakes the thread) */
     bool stalled = p->sent > p->published && (p->quit || now - p->progress_ns > stall_ns);
     uint64_t ack = p->stream_acked < p->sent ? p->stream_acked : p->sent;
@@ -370,9 +363,7 @@ static bool pub_step(kr_pub *p)
         rc = send_more(p, upto);
         send_end(p, rc); /* a refusal: what went is settled, the rest sent again (after RETRY_MS, below) */
     } else if (p->sent > p->published) { /* records in flight: wake up to settle if they stall */
-        struct timespec ts;
-        uint64_t at = p->progress_ns + stall_ns + 1;
-        kr_deadline_in(&ts, at > now ? at - now : 0);
+        struct timespec ts = core_timespec_at(p->progress_ns + stall_ns + 1); /* past: returns at once */
         pthread_cond_timedwait(&p->wake, &p->mu, &ts);
         return true;
     } else {
@@ -387,8 +378,7 @@ static bool pub_step(kr_pub *p)
             pthread_mutex_lock(&p->mu);
             if (p->quit)
                 return false;
-            struct timespec ts;
-            kr_deadline_in(&ts, RETRY_MS * 1000000ull);
+            struct timespec ts = core_timespec_at(core_now_ns() + RETRY_MS * 1000000ull);
             pthread_cond_timedwait(&p->wake, &p->mu, &ts);
             pthread_mutex_unlock(&p->mu);
         }
@@ -417,14 +407,10 @@ int kr_pub_start(const kr_pub_desc *d, kr_pub **out)
     p->d = *d;
     p->committed = p->published = p->stream_acked = p->sent = d->published;
     p->unchained = d->published + 1;
-    p->progress_ns = now_ns();
+    p->progress_ns = core_now_ns();
     pthread_mutex_init(&p->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->wake, &ca);
-    pthread_cond_init(&p->done, &ca);
-    pthread_condattr_destroy(&ca);
+    core_cond_init_monotonic(&p->wake);
+    core_cond_init_monotonic(&p->done);
     int rc = kr_pipe_open(d->node, on_ack, p);
     if (!rc && pthread_create(&p->thread, NULL, pub_main, p)) {
         kr_pipe_close(d->node);
@@ -490,8 +476,7 @@ void kr_pub_staged(kr_pub *p, uint64_t first_lsn, uint64_t last_lsn, const void 
 
 int kr_pub_drain(kr_pub *p, int64_t timeout_ms)
 {
-    struct timespec ts;
-    kr_deadline_in(&ts, (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull);
+    struct timespec ts = core_timespec_at(core_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull);
     pthread_mutex_lock(&p->mu);
     int w = 0;
     while (p->published < p->committed && !p->fenced && !p->stopped && w != ETIMEDOUT)

@@ -8,21 +8,10 @@
 #include <nats/nats.h>
 #include <pthread.h>
 #include <stdatomic.h>
-#include <time.h>
-
 #include "keel_repl/repl.h"
 
 #define KR_URLS_MAX 16
 #define KR_LEASE_BUCKET "KEEL_LEASE"
-
-/* *ts = ns from now on CLOCK_MONOTONIC: the deadline of a timed wait on a
- * condition variable made with that clock. */
-static inline void kr_deadline_in(struct timespec *ts, uint64_t ns)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    uint64_t at = (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec + ns;
-    *ts = (struct timespec){(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)};
-}
 
 struct kr_node {
     natsConnection *nc;

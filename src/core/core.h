@@ -67,6 +67,24 @@ static inline uint64_t core_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* CLOCK_MONOTONIC nanoseconds as a timespec: the deadline of a timed wait
+ * on a condition variable made by core_cond_init_monotonic. */
+static inline struct timespec core_timespec_at(uint64_t ns)
+{
+    return (struct timespec){(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+}
+
+/* A condition variable whose timed waits take CLOCK_MONOTONIC deadlines
+ * (a wall-clock step moves none of them). */
+static inline void core_cond_init_monotonic(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+}
+
 /* The anchored clock (core/clock.c): CLOCK_MONOTONIC nanoseconds from the
  * TSC, for timestamps taken per system. Anchored by its owner's thread when
  * no other thread reads it (the protocol is at the definition); read by

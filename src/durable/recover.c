@@ -824,11 +824,7 @@ static int make_state(const dur_open_desc *o, dur_state **out)
     const keel_durable_desc *dd = &d->desc;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->wake, NULL);
-    pthread_condattr_t ca; /* dur_wait_timed's deadlines are CLOCK_MONOTONIC */
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&d->durable_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    core_cond_init_monotonic(&d->durable_cv); /* dur_wait_timed's deadlines are CLOCK_MONOTONIC */
     pthread_mutex_init(&d->ckpt_mu, NULL);
     pthread_cond_init(&d->ckpt_cv, NULL);
     pthread_mutex_init(&d->pin_mu, NULL);

@@ -132,19 +132,15 @@ int dur_wait_timed(dur_state *d, uint64_t lsn, bool flush, int64_t timeout_ns)
         return KEEL_OK;
     if (flush && dur_sync_request(d, lsn)) /* held DEFERRED records must go out now */
         return KEEL_EFATAL;
-    struct timespec deadline = {0};
-    if (timeout_ns >= 0) { /* durable_cv runs on CLOCK_MONOTONIC (recover.c) */
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        uint64_t at = (uint64_t)deadline.tv_sec * 1000000000ull + (uint64_t)deadline.tv_nsec + (uint64_t)timeout_ns;
-        deadline = (struct timespec){(time_t)(at / 1000000000ull), (long)(at % 1000000000ull)};
-    }
+    /* durable_cv runs on CLOCK_MONOTONIC (recover.c) */
+    struct timespec deadline = timeout_ns >= 0 ? core_timespec_at(core_now_ns() + (uint64_t)timeout_ns)
+                                               : (struct timespec){0};
     bool timed_out = false;
     pthread_mutex_lock(&d->mu);
     while (atomic_load(&d->durable_lsn) < lsn && !atomic_load(&d->fatal) && !timed_out) {
         /* on the local disk, and the stream has until stream_deadline (a close's) */
         bool bounded = timeout_ns < 0 && d->stream_deadline && d->repl.gate && atomic_load(&d->local_lsn) >= lsn;
-        struct timespec stream_by = {(time_t)(d->stream_deadline / 1000000000ull),
-                                     (long)(d->stream_deadline % 1000000000ull)};
+        struct timespec stream_by = core_timespec_at(d->stream_deadline);
         if (timeout_ns < 0 && !bounded)
             pthread_cond_wait(&d->durable_cv, &d->mu);
         else

@@ -61,13 +61,6 @@ struct runtime_repl {
     keel_repl_status st;
 };
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 const char *keel_repl_mode_name(keel_repl_mode m)
 {
     return m == KEEL_REPL_SYNC ? "sync" : m == KEEL_REPL_ASYNC ? "async" : "off";
@@ -166,7 +159,7 @@ static bool lease_lapsed(struct runtime_repl *r)
         r->seen_since_ns = 0;
         return false; /* out of reach: nobody can take it either */
     }
-    uint64_t t = mono_ns();
+    uint64_t t = core_now_ns();
     if (!r->seen_since_ns || now.rev != r->seen.rev || now.exists != r->seen.exists)
         r->seen_since_ns = t;
     r->seen = now;
@@ -217,7 +210,7 @@ static void drop_keeper(struct runtime_repl *r, bool release)
  * keeps renewing for three lease times is a live primary: KEEL_EBUSY. */
 static int take_lease_at_open(struct runtime_repl *r, uint64_t *epoch, uint64_t *rev)
 {
-    uint64_t start = mono_ns(), patience = 3ull * (uint64_t)r->lease_ms * 1000000ull;
+    uint64_t start = core_now_ns(), patience = 3ull * (uint64_t)r->lease_ms * 1000000ull;
     for (;;) {
         /* a lease nobody ever held is free: only a live primary holds one */
         if (lease_lapsed(r) || !r->seen.exists) {
@@ -226,7 +219,7 @@ static int take_lease_at_open(struct runtime_repl *r, uint64_t *epoch, uint64_t 
                 return rc;
             r->seen_since_ns = 0;
         }
-        if (mono_ns() - start > patience)
+        if (core_now_ns() - start > patience)
             return core_fail(KEEL_EBUSY, "world '%s' has a live primary: %s holds its lease (epoch %" PRIu64
                              ") and renews it; start this node as --standby, or stop that one",
                              r->world, r->seen.node, r->seen.epoch);
@@ -346,11 +339,11 @@ static void st_epoch(keel_repl_status *st, const void *arg)
  * publishes it first); after that, it is refused. */
 static int sync_until_schema(struct runtime_repl *r, kw_store *store, bool primary, kr_sync_info *si)
 {
-    uint64_t deadline = mono_ns() + SCHEMA_WAIT_TIMEOUTS * (uint64_t)kr_timeout_ms(r->node) * 1000000ull;
+    uint64_t deadline = core_now_ns() + SCHEMA_WAIT_TIMEOUTS * (uint64_t)kr_timeout_ms(r->node) * 1000000ull;
     for (;;) {
         int rc = kr_sync_store(r->node, store, 0, si);
         bool schema = kw_store_has(store, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY)) == 1;
-        bool late = mono_ns() > deadline;
+        bool late = core_now_ns() > deadline;
         if (!rc && si->unstreamed && late)
             return unstreamed(r, store, si);
         if (rc || primary || (schema && !si->unstreamed) || late)
@@ -550,7 +543,7 @@ void repl_closing(keel_runtime *rt)
 {
     struct runtime_repl *r = rt->repl;
     if (r && r->pub && rt->dur && r->st.mode == KEEL_REPL_SYNC)
-        dur_stream_deadline(rt->dur, mono_ns() + DRAIN_MS * 1000000ull);
+        dur_stream_deadline(rt->dur, core_now_ns() + DRAIN_MS * 1000000ull);
 }
 
 int repl_close(keel_runtime *rt, bool clean, repl_close_info *info)

@@ -114,11 +114,7 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out)
     pthread_cond_init(&rt->watchdog_cond, NULL);
     metrics_init(rt);
     pthread_mutex_init(&rt->stop_lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* the metronome's clock (core_now_ns) */
-    pthread_cond_init(&rt->stop_cond, &ca);
-    pthread_condattr_destroy(&ca);
+    core_cond_init_monotonic(&rt->stop_cond); /* the metronome's clock (core_now_ns) */
     keel_durability mode = d.durability ? d.durability : KEEL_DURABLE_GROUP;
     rc = keel_world_create(&d.world, &rt->world);
     if (!rc) /* from the start: a change made before recovery would be lost */
