@@ -225,7 +225,7 @@ static int send_one(kr_pub *p, const unsigned char *rec, size_t len)
     if (rc)
         return rc;
     pthread_mutex_lock(&p->mu);
-    if (rec[6] == KW_KIND_CHECKPOINT)
+    if (kw_record_peek_kind(rec, len) == KW_KIND_CHECKPOINT)
         p->marker_lsn = lsn;
     p->sizes[lsn % KR_PIPE_MAX] = (uint32_t)len;
     p->sent = lsn;

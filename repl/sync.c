@@ -61,7 +61,7 @@ static int fill_append(kw_wtxn *t, void *arg)
         const unsigned char *rec = (const unsigned char *)b->bytes.p + b->off[i];
         size_t len = end - b->off[i];
         int rc = kw_put_wal(t, b->first + i, rec, len);
-        if (!rc && rec[6] == KW_KIND_SCHEMA) /* the primary stores its schema record there too */
+        if (!rc && kw_record_peek_kind(rec, len) == KW_KIND_SCHEMA) /* the primary stores its schema there too */
             rc = kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), rec, len);
         if (rc)
             return rc;
@@ -220,7 +220,7 @@ static int local_epoch(kw_store *s, uint64_t lsn, uint64_t *epoch)
         return rc;
     if (!(rc = kw_wal_iter(r, 1, &it))) /* one read of the headers' kind bytes; only EPOCH records decoded */
         while ((rc = kw_wal_next(it, &at, &rec, &len)) == 1 && at <= lsn)
-            if (len > 6 && ((const unsigned char *)rec)[6] == KW_KIND_EPOCH)
+            if (kw_record_peek_kind(rec, len) == KW_KIND_EPOCH)
                 last = rec, last_len = len, last_at = at;
     kw_wal_iter_end(it);
     if (rc >= 0 && !last && !(rc = kw_trimmed_epoch_get(r, &last, &last_len)) && last_len >= KW_HEADER_SIZE) {
@@ -234,12 +234,6 @@ static int local_epoch(kw_store *s, uint64_t lsn, uint64_t *epoch)
     kw_codec_destroy(c);
     kw_read_end(r);
     return rc;
-}
-
-/* The stream's message lsn into msg and the epoch it was published in. */
-static int stream_epoch(kr_node *n, uint64_t lsn, kw_buf *msg, uint64_t *epoch)
-{
-    return kr_get_epoch(n, lsn, msg, epoch);
 }
 
 /* Where the stream and the directory part, searched in (lo, hi], whose
@@ -260,7 +254,7 @@ static int first_parting(kr_node *n, kw_store *s, uint64_t lo, uint64_t elo, uin
         return rc < 0 ? rc : !rc;
     }
     uint64_t mid = lo + (hi - lo) / 2, emid;
-    int rc = stream_epoch(n, mid, msg, &emid);
+    int rc = kr_get_epoch(n, mid, msg, &emid);
     if (!rc)
         rc = first_parting(n, s, lo, elo, mid, emid, msg, at);
     return rc ? rc : first_parting(n, s, mid, emid, hi, ehi, msg, at);
@@ -280,9 +274,9 @@ static int agreement_limit(kr_node *n, kw_store *s, uint64_t sfirst, uint64_t bo
                            kw_buf *msg, uint64_t *limit)
 {
     uint64_t lo = sfirst < bottom ? bottom - 1 : bottom, elo, etop, elocal, at;
-    int rc = stream_epoch(n, lo, msg, &elo);
+    int rc = kr_get_epoch(n, lo, msg, &elo);
     if (!rc)
-        rc = stream_epoch(n, top, msg, &etop);
+        rc = kr_get_epoch(n, top, msg, &etop);
     *limit = top;
     if (!rc && lo == bottom && bottom > 1 && elo && !(rc = local_epoch(s, bottom, &elocal)) && elocal &&
         elocal != elo) {

@@ -230,6 +230,11 @@ size_t kw_record_peek_len(const void *rec)
     return KW_HEADER_SIZE + (size_t)rd32((const unsigned char *)rec + 36);
 }
 
+uint32_t kw_record_peek_kind(const void *rec, size_t len)
+{
+    return len > 6 ? ((const unsigned char *)rec)[6] : 0;
+}
+
 int kw_record_build(kw_codec_ctx *c, kw_buf *out, uint32_t kind, uint64_t lsn, uint64_t tick, uint32_t flags,
                     const void *payload, size_t len)
 {

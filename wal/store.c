@@ -847,7 +847,7 @@ static int del_wal_range(kw_wtxn *t, uint64_t from, uint64_t to, uint64_t *delet
         if (k.mv_size != 8 || rdbe64(k.mv_data) > to)
             break;
         /* the kind byte of the header (the page is read anyway: the delete frees it) */
-        if (epoch && v.mv_size > 6 && ((const unsigned char *)v.mv_data)[6] == KW_KIND_EPOCH) {
+        if (epoch && kw_record_peek_kind(v.mv_data, v.mv_size) == KW_KIND_EPOCH) {
             epoch->len = 0;
             if ((rc = kw_put_bytes(epoch, v.mv_data, v.mv_size))) {
                 mdb_cursor_close(cur);

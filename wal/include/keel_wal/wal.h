@@ -187,6 +187,9 @@ void kw_record_seal(void *rec, uint64_t lsn);
 /* The whole length (header + stored payload) of the record at rec, read
  * from its header unchecked: walks a buffer of records this process built. */
 size_t kw_record_peek_len(const void *rec);
+/* The kind in the header of the len bytes at rec, unchecked (0 when too
+ * short to hold one): picks records out of a WAL without decoding them. */
+uint32_t kw_record_peek_kind(const void *rec, size_t len);
 
 /* The payload of a checked record, decompressed when needed. *payload points
  * into the record (raw codec) or into the context's scratch (valid until the
