@@ -206,8 +206,24 @@ static bool parse(const void *data, size_t len, ck_parsed *out)
     return !c.bad && out->type >= CK_BEGIN && out->type <= CK_ENTRIES;
 }
 
+/* Is msg a checkpoint's END? Then its BEGIN's and its own sequences. */
+static bool end_of(natsMsg *msg, uint64_t *begin, uint64_t *end)
+{
+    ck_parsed p;
+    if (!parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) || p.type != CK_END)
+        return false;
+    kw_cursor c = kw_cursor_make(p.val, p.vlen);
+    *begin = kw_get_u64(&c);
+    *end = *begin + kw_get_u64(&c) + 1; /* BEGIN, then SCHEMA and the entries, then END */
+    return !c.bad;
+}
+
 /* The latest complete checkpoint: the sequences of its BEGIN and its END
- * (0, 0: none). */
+ * (0, 0: none). The stream's last message is its END, unless a publication
+ * failed part-way since: nothing is purged then, so the complete one before
+ * it is still there, and still the latest; the walk back to its END reads
+ * the messages of the failed ones (each failed publication stops short of
+ * its END; the next successful one purges them). */
 static int latest(kr_node *n, uint64_t *begin, uint64_t *end)
 {
     *begin = *end = 0;
@@ -215,15 +231,21 @@ static int latest(kr_node *n, uint64_t *begin, uint64_t *end)
     int rc = kr_last_msg(n, n->ckpt_stream, n->ckpt_subject, &msg);
     if (rc)
         return rc == KEEL_ENOENT ? KEEL_OK : rc;
-    ck_parsed p;
-    if (parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) && p.type == CK_END) {
-        kw_cursor c = kw_cursor_make(p.val, p.vlen);
-        *begin = kw_get_u64(&c);
-        *end = *begin + kw_get_u64(&c) + 1; /* BEGIN, then SCHEMA and the entries, then END */
-        if (c.bad)
-            *begin = *end = 0;
-    }
+    uint64_t first, last, seq = natsMsg_GetSequence(msg);
+    bool found = end_of(msg, begin, end);
     natsMsg_Destroy(msg);
+    if (found || (rc = kr_stream_bounds(n, n->ckpt_stream, &first, &last)))
+        return rc;
+    while (!found && seq > first && seq-- > 1) {
+        if ((rc = kr_msg_at(n, n->ckpt_stream, seq, &msg)) == KEEL_ENOENT)
+            continue; /* purged since, or deleted */
+        if (rc)
+            return rc;
+        found = end_of(msg, begin, end);
+        natsMsg_Destroy(msg);
+    }
+    if (!found || *begin < first) /* none complete, or its BEGIN purged since */
+        *begin = *end = 0;
     return KEEL_OK;
 }
 

@@ -393,17 +393,23 @@ int kr_stream_bounds(kr_node *n, const char *stream, uint64_t *first, uint64_t *
     return rc;
 }
 
-/* The stream's message at seq: *m to destroy. */
-static int get_msg(kr_node *n, uint64_t seq, natsMsg **m)
+int kr_msg_at(kr_node *n, const char *stream, uint64_t seq, natsMsg **m)
 {
     jsErrCode jerr = 0;
     natsStatus s;
-    KR_RETRY(n, s, jerr, js_GetMsg(m, n->js, n->stream, seq, NULL, &jerr));
+    *m = NULL;
+    KR_RETRY(n, s, jerr, js_GetMsg(m, n->js, stream, seq, NULL, &jerr));
     if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr)
-        return core_fail(KEEL_ENOENT, "stream %s holds no message %" PRIu64, n->stream, seq);
+        return core_fail(KEEL_ENOENT, "stream %s holds no message %" PRIu64, stream, seq);
     if (s != NATS_OK)
-        return nats_fail(s, jerr, "cannot read a message of stream %s", n->stream);
+        return nats_fail(s, jerr, "cannot read a message of stream %s", stream);
     return KEEL_OK;
+}
+
+/* The WAL stream's message at seq: *m to destroy. */
+static int get_msg(kr_node *n, uint64_t seq, natsMsg **m)
+{
+    return kr_msg_at(n, n->stream, seq, m);
 }
 
 int kr_last_msg(kr_node *n, const char *stream, const char *subject, natsMsg **m)
@@ -482,11 +488,19 @@ int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t
     jsPubOptions_Init(&po);
     po.MsgId = id;
     po.ExpectStream = n->stream;
-    po.ExpectLastSeq = lsn - 1; /* 0 (the first record) sets no expectation */
+    po.ExpectLastSeq = lsn - 1;
     po.MaxWait = n->timeout_ms;
     jsPubAck *pa = NULL;
     jsErrCode jerr = 0;
-    natsStatus s = js_Publish(&pa, n->js, n->subject, rec, (int)len, &po, &jerr);
+    natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, n->subject, NULL, rec, (int)len);
+    /* the client sends no expectation of an empty stream (ExpectLastSeq 0): the header says it, or two
+       primaries of a new world could both append an LSN 1 */
+    if (s == NATS_OK && lsn == 1)
+        s = natsMsgHeader_Set(m, "Nats-Expected-Last-Sequence", "0");
+    if (s == NATS_OK)
+        s = js_PublishMsg(&pa, n->js, m, &po, &jerr);
+    natsMsg_Destroy(m);
     if (s == NATS_OK) {
         bool right = pa->Sequence == lsn;
         jsPubAck_Destroy(pa);
@@ -702,6 +716,7 @@ struct kr_reader {
     bool rewound;              /* kr_read_rewind: the next read subscribes again at `next` */
     uint64_t seen_last;        /* the stream's last sequence as the last message delivered said */
     uint64_t nread, bytes_read; /* messages given and their bytes: their mean size */
+    uint64_t epoch;            /* the highest epoch the ids of the WAL messages given name */
 };
 
 int kr_read_begin(kr_node *n, uint64_t from, kr_reader **out)
@@ -843,6 +858,11 @@ int kr_read_next(kr_reader *r, int64_t timeout_ms, uint64_t *seq, const void **d
     *len = (size_t)natsMsg_GetDataLength(r->msg);
     r->nread++;
     r->bytes_read += *len;
+    if (r->wal) {
+        uint64_t epoch, lsn;
+        parse_id(r->msg, &epoch, &lsn);
+        r->epoch = epoch > r->epoch ? epoch : r->epoch;
+    }
     return 1;
 }
 
@@ -851,9 +871,10 @@ bool kr_read_more_sent(const kr_reader *r)
     return r->seen_last >= r->next;
 }
 
-void kr_read_seen(const kr_reader *r, uint64_t *stream_last, double *mean_bytes)
+void kr_read_seen(const kr_reader *r, uint64_t *stream_last, double *mean_bytes, uint64_t *epoch)
 {
     *stream_last = r->seen_last;
+    *epoch = r->epoch;
     *mean_bytes = r->nread ? (double)r->bytes_read / (double)r->nread : 0;
 }
 

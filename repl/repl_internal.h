@@ -63,6 +63,9 @@ int kr_read_begin_on(kr_node *n, const char *stream, const char *subject, uint64
  * answer now (a leader being elected): *m to destroy. KEEL_ENOENT (no
  * sentence): none, or no such stream. */
 int kr_last_msg(kr_node *n, const char *stream, const char *subject, natsMsg **m);
+/* The message at seq of `stream`, retried as kr_last_msg: *m to destroy.
+ * KEEL_ENOENT: none there (purged or deleted). */
+int kr_msg_at(kr_node *n, const char *stream, uint64_t seq, natsMsg **m);
 /* The message kr_read_next gave last, now the caller's (natsMsg_Destroy):
  * its data stays valid past the next read. */
 natsMsg *kr_read_take(kr_reader *r);

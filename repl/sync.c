@@ -704,6 +704,51 @@ int kr_sync_boots(kr_node *n, kw_store *s, bool *boots, uint64_t *stream_last)
     return rc;
 }
 
+/* The directory's last LSN: its WAL's, or, when a checkpoint deleted the
+ * whole WAL (a bootstrapped directory, a replica's checkpoint), the
+ * checkpoint's covered LSN, which the next record continues. */
+static uint64_t local_end(uint64_t wal_last, uint64_t covered)
+{
+    return wal_last ? wal_last : covered;
+}
+
+/* The tick the WAL record at lsn names (0 when there is none). */
+static int record_tick(kw_store *s, uint64_t lsn, uint64_t *tick)
+{
+    kw_rtxn *r;
+    kw_walit *it = NULL;
+    const void *rec;
+    size_t len;
+    uint64_t at;
+    kw_header h;
+    *tick = 0;
+    int rc = kw_read_begin(s, &r);
+    if (rc)
+        return rc;
+    if (!(rc = kw_wal_iter(r, lsn, &it)) && (rc = kw_wal_next(it, &at, &rec, &len)) == 1) {
+        rc = KEEL_OK;
+        if (at == lsn && !kw_record_check(rec, len, &h))
+            *tick = h.tick;
+    }
+    kw_wal_iter_end(it);
+    kw_read_end(r);
+    return rc == KEEL_ENOENT ? KEEL_OK : rc;
+}
+
+int kr_local_end(kw_store *s, kr_local *out)
+{
+    uint64_t first, wal_last, covered = 0;
+    *out = (kr_local){0};
+    int rc = local_bounds(s, &first, &wal_last);
+    if (!rc)
+        rc = checkpoint_covered(s, &covered);
+    if (!rc)
+        out->last = local_end(wal_last, covered);
+    if (!rc && wal_last)
+        rc = record_tick(s, wal_last, &out->tick);
+    return rc ? rc : local_epoch(s, out->last, &out->epoch);
+}
+
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
 {
     *out = (kr_sync_info){0};
@@ -716,11 +761,10 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         rc = local_bounds(s, &lfirst, &llast);
     if (rc)
         return rc;
-    /* an empty WAL after a checkpoint (a bootstrapped directory) continues after the checkpoint */
     uint64_t covered, end_local;
     if ((rc = checkpoint_covered(s, &covered)))
         return rc;
-    end_local = llast ? llast : covered;
+    end_local = local_end(llast, covered);
     if (!slast && end_local) { /* the stream never held a record: a world of its own, kept or refused */
         if ((rc = unstreamed_world(n, s, lfirst, llast, end_local)))
             return rc;

@@ -33,6 +33,7 @@
 #include <nats/nats.h>
 #include <unistd.h>
 
+#include "core/failpoint.h"
 #include "keel_repl/repl.h"
 #include "keel_test.h"
 #include "test_util.h"
@@ -219,6 +220,9 @@ START_TEST(test_publish_fences)
     epoch_record(&r1, 1, 1, "a");
     epoch_record(&r2, 2, 1, "a");
     ck_assert_rc(kr_publish(n, 1, 1, r1.p, r1.len), KEEL_OK);
+    /* a second primary of the new world, whose lease take raced the first's: its LSN 1 expects an empty
+       stream, refused */
+    ck_assert_rc(kr_publish(n, 2, 1, r2.p, r2.len), KEEL_EFENCED);
     ck_assert_rc(kr_publish(n, 1, 2, r2.p, r2.len), KEEL_OK);
     ck_assert_rc(kr_publish(n, 1, 2, r2.p, r2.len), KEEL_OK); /* the same id again: de-duplicated, not fenced */
     /* another primary's LSN 2, expecting the stream to end at 1: refused */
@@ -752,6 +756,18 @@ START_TEST(test_checkpoint_stream)
                                trailing[] = {1, 0, 0, 0, 'C', 1, 0, 0, 0, 'v', 0}; /* a stray byte after */
     const struct { const void *p; size_t n; } bad[] = {{overrun, sizeof overrun}, {nokey, sizeof nokey},
                                                        {trailing, sizeof trailing}, {"", 0}};
+    /* a publication that failed part-way (its BEGIN, SCHEMA and an ENTRIES message stored, no END; twice):
+       the complete checkpoint before them is still the latest */
+    kw_store *again = store_in("ckp-again");
+    for (int k = 0; k < 2; k++) {
+        publish_raw(js, "keel.ckp.ckpt", 1, meta, sizeof meta);
+        publish_raw(js, "keel.ckp.ckpt", 3, "schema", 6);
+        publish_raw(js, "keel.ckp.ckpt", 5, overrun, sizeof overrun);
+    }
+    ck_assert_msg(!kr_ckpt_load(n, again, &covered), "%s", keel_last_error());
+    ck_assert_uint_eq(covered, f.lsn);
+    ck_assert_uint_eq(snap_digest(again, &kd), want);
+    kw_store_close(again);
     /* the last case: a checkpoint without the schema record that follows its BEGIN */
     for (size_t i = 0; i <= sizeof bad / sizeof *bad; i++) {
         bool schema = i < sizeof bad / sizeof *bad;
@@ -2584,6 +2600,151 @@ START_TEST(test_replica_copy_fails_once)
 }
 END_TEST
 
+/* A standby whose stop_tick keeps it from applying all the stream holds
+ * does not take the world over when the lease goes: from there it would
+ * continue an older tick than the stream's. It reports the ticks it holds
+ * but may not apply, and the epoch of what it read; the stream stays
+ * whole for a new replica. */
+START_TEST(test_standby_at_stop_tick_stays_standby)
+{
+    char pdir[4096], sdir[4096], fdir[4096];
+    keel_component pv, sv, fv;
+    tu_path(pdir, sizeof pdir, "st-primary");
+    keel_runtime *p = sync_primary_rt(pdir, "stoptick", &pv);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 5);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    uint64_t hash = keel_world_hash(keel_runtime_world(p));
+    tu_path(sdir, sizeof sdir, "st-standby");
+    keel_runtime_desc sd = {.workers = 1, .durable.dir = sdir,
+                            .replication = {.nats = nats_url, .world = "stoptick", .role = KEEL_ROLE_STANDBY,
+                                            .lease_ms = 300, .stop_tick = 2}};
+    keel_runtime *s = spawning_rt(sd, &sv);
+    ck_assert_msg(!keel_runtime_recover(s, NULL), "%s", keel_last_error());
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK); /* the lease released: lapsed at the next look */
+    keel_repl_status st;
+    for (int i = 0; i < 5; i++) {
+        bool promoted = true;
+        ck_assert_msg(!keel_replica_poll(s, 100, &promoted), "%s", keel_last_error());
+        ck_assert(!promoted);
+    }
+    keel_repl_status_get(s, &st);
+    ck_assert_int_eq(st.role, KEEL_ROLE_STANDBY);
+    ck_assert_uint_eq(keel_runtime_tick(s), 2);
+    ck_assert_uint_eq(st.lag_ticks, 3); /* ticks 3..5 copied, not applied */
+    ck_assert_uint_gt(st.lag_records, 0);
+    ck_assert_uint_eq(st.epoch, 1);
+    ck_assert_rc(keel_runtime_close(s), KEEL_OK);
+    keel_runtime *f = spawning_rt(replica_desc("stoptick", fdir, sizeof fdir), &fv);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    for (int i = 0; i < 300 && keel_runtime_tick(f) < 5; i++)
+        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), 5);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), hash);
+    keel_repl_status_get(f, &st);
+    ck_assert_uint_eq(st.epoch, 1);
+    ck_assert_uint_eq(st.lag_ticks, 0);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+}
+END_TEST
+
+/* A deposed primary that still appends to the stream (its lease lapsed,
+ * its stream still reachable), as the failpoint observer below plays it:
+ * a record after the stream's last on every commit of the standby's. */
+typedef struct rogue {
+    kr_node *n;
+    kw_codec_ctx *c;
+    kw_buf rec;
+    uint64_t published;
+} rogue;
+
+static rogue the_rogue;
+
+static void rogue_append(rogue *g)
+{
+    uint64_t first, last;
+    unsigned char mp[KW_CHECKPOINT_MARKER_SIZE];
+    ck_assert_rc(kr_bounds(g->n, &first, &last), KEEL_OK);
+    kw_checkpoint_marker_encode(1, 3, mp);
+    g->rec.len = 0;
+    ck_assert(!kw_record_build(g->c, &g->rec, KW_KIND_CHECKPOINT, last + 1, 3, 0, mp, sizeof mp));
+    ck_assert_rc(kr_publish(g->n, 1, last + 1, g->rec.p, g->rec.len), KEEL_OK);
+    g->published++;
+}
+
+static void rogue_observe(const char *name, const char *action, uint64_t hit, void *arg)
+{
+    (void)action;
+    (void)hit;
+    if (!strcmp(name, "wal.before_commit"))
+        rogue_append(arg);
+}
+
+/* A promotion whose epoch record the stream refuses every time (the old
+ * primary appends before each try) is no promotion: the poll returns 0,
+ * the lease is let go, and the standby follows on from what its tries
+ * copied; once the old primary is quiet, the next poll promotes it, and
+ * the world it continues is the stream's. */
+START_TEST(test_promotion_refused_follows_on)
+{
+    if (!keel_failpoints_compiled())
+        return; /* the old primary's appends ride on a failpoint's observer */
+    char pdir[4096], sdir[4096], fdir[4096];
+    keel_component pv, sv, fv;
+    tu_path(pdir, sizeof pdir, "rf-primary");
+    keel_runtime *p = sync_primary_rt(pdir, "refused", &pv);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 3);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    tu_path(sdir, sizeof sdir, "rf-standby");
+    keel_runtime_desc sd = {.workers = 1, .durable.dir = sdir,
+                            .replication = {.nats = nats_url, .world = "refused", .role = KEEL_ROLE_STANDBY,
+                                            .lease_ms = 300}};
+    keel_runtime *s = spawning_rt(sd, &sv);
+    ck_assert_msg(!keel_runtime_recover(s, NULL), "%s", keel_last_error());
+    for (int i = 0; i < 300 && keel_runtime_tick(s) < 3; i++)
+        ck_assert_msg(!keel_replica_poll(s, 100, NULL), "%s", keel_last_error());
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    rogue *g = &the_rogue;
+    *g = (rogue){.n = connect_world(nats_url, "refused", "old-primary")};
+    ck_assert(!kw_codec_create(NULL, &g->c));
+    rogue_append(g);
+    core_fp_set_observer(rogue_observe, g);
+    ck_assert_rc(keel_failpoints_set("wal.before_commit=delay:0"), KEEL_OK);
+    bool promoted = true;
+    int rc = keel_replica_poll(s, 100, &promoted);
+    ck_assert_rc(keel_failpoints_set(""), KEEL_OK);
+    core_fp_set_observer(NULL, NULL);
+    ck_assert_msg(rc == KEEL_OK, "%s: %s", keel_strerror(rc), keel_last_error());
+    ck_assert(!promoted);
+    ck_assert_uint_ge(g->published, 8); /* every try met a newer record */
+    keel_repl_status st;
+    keel_repl_status_get(s, &st);
+    ck_assert_int_eq(st.role, KEEL_ROLE_STANDBY);
+    for (int i = 0; i < 50 && !promoted; i++) /* the lease was let go: lapsed at once */
+        ck_assert_msg(!keel_replica_poll(s, 100, &promoted), "%s", keel_last_error());
+    ck_assert(promoted);
+    keel_repl_status_get(s, &st);
+    ck_assert_int_eq(st.role, KEEL_ROLE_PRIMARY);
+    ck_assert_uint_eq(st.epoch, 3); /* its first take, epoch 2, has no epoch record */
+    ck_assert_uint_eq(keel_runtime_tick(s), 3);
+    tu_step_n(s, 2);
+    ck_assert_rc(keel_flush(s), KEEL_OK);
+    uint64_t hash = keel_world_hash(keel_runtime_world(s));
+    ck_assert_rc(keel_runtime_close(s), KEEL_OK);
+    keel_runtime *f = spawning_rt(replica_desc("refused", fdir, sizeof fdir), &fv);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    for (int i = 0; i < 300 && keel_runtime_tick(f) < 5; i++)
+        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), 5);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), hash);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    kw_buf_free(&g->rec);
+    kw_codec_destroy(g->c);
+    kr_close(g->n);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const stream[] = {test_publish_fences, test_pipe_fences, test_pipe_resends_after_settle,
@@ -2602,7 +2763,8 @@ int main(void)
                                    test_stream_bootstrap_declined, test_replica_lag_from_messages,
                                    test_replica_poll_without_wait, test_replica_unit_fails_midway,
                                    test_replica_copy_fails_once, test_lease_renewed_while_recovering,
-                                   test_sync_close_without_stream};
+                                   test_sync_close_without_stream, test_standby_at_stop_tick_stays_standby,
+                                   test_promotion_refused_follows_on};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

@@ -60,12 +60,14 @@ typedef struct keel_replication_desc {
 typedef struct keel_repl_status {
     keel_repl_role role;
     keel_repl_mode mode;
-    uint64_t epoch;            /* the epoch this node took (a primary), or the last it applied */
+    uint64_t epoch;            /* the epoch this node took (a primary), or the highest one of the records
+                                  a replica read from the stream (0 before any) */
     uint64_t stream_lsn;       /* the stream's last LSN as last seen */
     uint64_t applied_lsn;      /* a follower: the last LSN applied to its world */
     uint64_t published_lsn;    /* a primary: the last LSN the stream acknowledged */
     uint64_t lag_records;      /* follower: stream - applied; primary: committed - published */
-    uint64_t lag_ticks;        /* follower: ticks received but not yet applied; primary: 0 */
+    uint64_t lag_ticks;        /* follower: the highest tick its polls copied minus the tick applied;
+                                  primary: 0 */
     uint64_t lag_bytes;        /* lag_records times the mean record size (a replica: the mean of what
                                   it read; a primary: the mean of what it published) -- an estimate */
     double mean_record_bytes;  /* that mean (0 until known) */

@@ -50,6 +50,7 @@ struct runtime_repl {
     kr_keeper *keeper;         /* a primary's: renews the lease from its take to the close */
     int lost_early;            /* the keeper lost the lease before the publisher started (under mu) */
     kr_reader *reader;         /* a replica's: at the directory's next LSN */
+    uint64_t received_tick;    /* a replica: the highest tick its polls copied into the directory */
     kr_boot *boot;             /* a replica's bootstrap whose directory copy may still run (repl_settle) */
     dur_boot boot_desc;        /* ... what recovery loads from it */
     uint64_t local_last;       /* the directory's last LSN */
@@ -421,7 +422,7 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
                         .map_max = rt->durable_desc.map_max};
     if ((rc = kw_store_open(rt->data_dir, &sd, &store)))
         return rc;
-    kr_sync_info si;
+    kr_sync_info si = {0};
     bool boots = false;
     uint64_t stream_last = 0;
     rc = primary ? KEEL_OK : kr_sync_boots(r->node, store, &boots, &stream_last);
@@ -437,6 +438,11 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     if (!rc)
         status_set(r, st_opened, &si);
     r->local_last = si.local_last;
+    kr_local end;
+    if (!rc && !primary && !boots && !(rc = kr_local_end(store, &end))) { /* the tick and epoch it reaches */
+        r->received_tick = end.tick;
+        status_set(r, st_epoch, &end.epoch);
+    }
     if (!rc && primary) {
         uint64_t epoch = 0, rev = 0;
         drop_keeper(r, false); /* an open tried before */
@@ -494,13 +500,13 @@ static void on_failed(void *self, int rc)
 }
 
 /* A primary from here on: the writer's hook and the publisher. */
-static int start_primary(keel_runtime *rt)
+static int start_primary(keel_runtime *rt, keel_repl_mode mode)
 {
     struct runtime_repl *r = rt->repl;
     dur_state *d = rt->dur;
     kr_pub_desc pd = {.node = r->node, .store = d->store, .epoch = r->seen.epoch,
                       .published = r->epoch_lsn, .self = rt, .acked = on_acked,
-                      .writer_sends = r->st.mode == KEEL_REPL_SYNC,
+                      .writer_sends = mode == KEEL_REPL_SYNC,
                       .failed = on_failed,
                       .retain = r->desc.retain_records ? r->desc.retain_records : RETAIN_DEFAULT};
     kr_pub *pub;
@@ -515,7 +521,7 @@ static int start_primary(keel_runtime *rt)
         kr_pub_fence(pub);
     /* before the next record is queued */
     dur_repl_set(d, (dur_repl_hook){.self = pub, .staged = on_staged, .committed = on_committed,
-                                    .record_max = kr_max_payload(r->node), .gate = r->st.mode == KEEL_REPL_SYNC});
+                                    .record_max = kr_max_payload(r->node), .gate = mode == KEEL_REPL_SYNC});
     kr_pub_committed(pub, atomic_load(&d->local_lsn)); /* a schema record recovery wrote */
     return KEEL_OK;
 }
@@ -525,7 +531,7 @@ int repl_after_open(keel_runtime *rt)
     struct runtime_repl *r = rt->repl;
     if (!r)
         return KEEL_OK;
-    int rc = r->st.role == KEEL_ROLE_PRIMARY ? start_primary(rt) : KEEL_OK; /* a replica reads from its first poll */
+    int rc = r->st.role == KEEL_ROLE_PRIMARY ? start_primary(rt, r->st.mode) : KEEL_OK; /* a replica reads from its first poll */
     if (rc)
         drop_keeper(r, false);
     return rc;
@@ -588,7 +594,7 @@ int repl_close(keel_runtime *rt, bool clean, repl_close_info *info)
 /* ---- following -------------------------------------------------------------------- */
 
 typedef struct applied {
-    uint64_t lsn, tick, stream, last_tick;
+    uint64_t lsn, tick, stream, last_tick, epoch;
     double mean_bytes; /* the mean size of the messages read; 0 before any */
 } applied;
 
@@ -599,15 +605,20 @@ static void st_applied(keel_repl_status *st, const void *arg)
     st->stream_lsn = a->stream > st->stream_lsn ? a->stream : st->stream_lsn;
     st->lag_records = st->stream_lsn > a->lsn ? st->stream_lsn - a->lsn : 0;
     st->lag_ticks = a->last_tick > a->tick ? a->last_tick - a->tick : 0;
+    st->epoch = a->epoch > st->epoch ? a->epoch : st->epoch;
     if (a->mean_bytes > 0)
         st->mean_record_bytes = a->mean_bytes;
     st->lag_bytes = (uint64_t)((double)st->lag_records * st->mean_record_bytes + 0.5);
 }
 
-/* Apply what the directory holds beyond the applied LSN; publish it. */
+/* Apply what the directory holds beyond the applied LSN; publish it.
+ * last_tick: the tick of the last record just copied (0: none; an EPOCH or
+ * a SCHEMA record names none, a checkpoint marker an older one). */
 static int apply_local(keel_runtime *rt, uint64_t last_tick)
 {
     struct runtime_repl *r = rt->repl;
+    if (last_tick > r->received_tick)
+        r->received_tick = last_tick;
     uint64_t tick = atomic_load(&rt->tick);
     int rc = dur_follow(rt->dur, r->local_last, &tick);
     atomic_store(&rt->tick, tick); /* on failure too: the units before the failing one are applied */
@@ -622,10 +633,10 @@ static int apply_local(keel_runtime *rt, uint64_t last_tick)
         core_log(KEEL_LOG_WARN, "ckpt", "replica_failed", "tick=%" PRIu64 " cause=\"%s\"", tick, keel_last_error());
     /* the stream's end for the lag: what was copied, and what the messages read said of the stream (no
        request to the stream's leader here: under load one takes tens of milliseconds, a tick or two) */
-    applied a = {.lsn = rt->dur->applied_lsn, .tick = tick, .stream = r->local_last, .last_tick = last_tick};
+    applied a = {.lsn = rt->dur->applied_lsn, .tick = tick, .stream = r->local_last, .last_tick = r->received_tick};
     if (r->reader) {
         uint64_t seen;
-        kr_read_seen(r->reader, &seen, &a.mean_bytes);
+        kr_read_seen(r->reader, &seen, &a.mean_bytes, &a.epoch);
         a.stream = seen > a.stream ? seen : a.stream;
     }
     status_set(r, st_applied, &a);
@@ -646,31 +657,84 @@ static int catch_up(keel_runtime *rt)
     return rc ? rc : apply_local(rt, tick);
 }
 
-/* A promoted standby's mode: sync unless asked otherwise. */
-static void st_primary_mode(keel_repl_status *st, const void *arg)
+/* After a promotion that did not happen: the directory may hold more of
+ * the stream than before (begin_epoch catches up), so the reader restarts
+ * at the directory's end and what the directory holds is applied. */
+static int follow_again(keel_runtime *rt)
 {
-    const keel_replication_desc *d = arg;
-    st->mode = d->mode ? d->mode : KEEL_REPL_SYNC;
+    struct runtime_repl *r = rt->repl;
+    r->seen_since_ns = 0; /* watch the lease again */
+    kr_read_end(r->reader);
+    r->reader = NULL;
+    kr_local end;
+    int rc = kr_local_end(rt->dur->store, &end);
+    r->local_last = end.last;
+    return rc ? rc : apply_local(rt, end.tick);
 }
 
 static void st_promoted(keel_repl_status *st, const void *arg)
 {
-    (void)arg;
+    const keel_repl_mode *mode = arg;
     st->role = KEEL_ROLE_PRIMARY;
+    st->mode = *mode;
     st->lag_records = st->lag_ticks = st->lag_bytes = 0;
+}
+
+/* The promoted primary's epoch record applied and its publisher started.
+ * Its replay is a primary's: a follower's stop_tick no longer bounds it (it
+ * is restored when the node stays a standby after all). */
+static int become_primary(keel_runtime *rt, uint64_t epoch, uint64_t lsn, keel_repl_mode mode)
+{
+    struct runtime_repl *r = rt->repl;
+    dur_state *d = rt->dur;
+    kr_read_end(r->reader);
+    r->reader = NULL;
+    r->local_last = r->epoch_lsn = lsn;
+    uint64_t tick = atomic_load(&rt->tick), stop_tick = d->stop_tick;
+    d->stop_tick = 0;
+    int rc = dur_follow(d, lsn, &tick);
+    if (!rc) {
+        atomic_store(&rt->tick, tick);
+        atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
+        r->seen.epoch = epoch;
+        /* the publisher and (sync) the gate first: the writer takes no commit of this node's own before
+           dur_promote, and every one after it goes through them */
+        rc = start_primary(rt, mode);
+    }
+    if (rc) {
+        d->stop_tick = stop_tick;
+        return rc;
+    }
+    dur_promote(d);
+    status_set(r, st_epoch, &epoch);
+    status_set(r, st_promoted, &mode);
+    core_log(KEEL_LOG_INFO, "repl", "promoted", "world=%s epoch=%" PRIu64 " tick=%" PRIu64 " lsn=%" PRIu64, r->world,
+             epoch, tick, lsn);
+    return KEEL_OK;
 }
 
 /* A standby whose primary's lease lapsed: everything in the stream first,
  * then the lease, the EPOCH record, and the primary's role. 0 with
- * *promoted false when another node was quicker. */
+ * *promoted false when it may not or cannot take the world over now: its
+ * stop_tick keeps it from applying all the stream holds, another node was
+ * quicker, or the stream kept moving (a deposed primary still publishing
+ * until its lease's loss fences it); the next poll tries again. */
 static int promote(keel_runtime *rt, bool *promoted)
 {
     struct runtime_repl *r = rt->repl;
     dur_state *d = rt->dur;
     int rc = catch_up(rt);
+    if (rc)
+        return rc;
+    if (d->applied_lsn < r->local_last && d->stop_tick && atomic_load(&rt->tick) >= d->stop_tick) {
+        /* a primary from here would go on from an older tick than the stream's */
+        core_log(KEEL_LOG_WARN, "repl", "not_promoted", "world=%s tick=%" PRIu64 " stop_tick=%" PRIu64
+                 " applied_lsn=%" PRIu64 " stream_lsn=%" PRIu64, r->world, atomic_load(&rt->tick), d->stop_tick,
+                 d->applied_lsn, r->local_last);
+        return KEEL_OK;
+    }
     uint64_t epoch = 0, rev = 0, lsn = 0;
-    if (!rc)
-        rc = kr_lease_take(r->node, &r->seen, &epoch, &rev);
+    rc = kr_lease_take(r->node, &r->seen, &epoch, &rev);
     if (rc == KEEL_ECONFLICT) {
         r->seen_since_ns = 0; /* someone renewed or took it: watch again */
         return KEEL_OK;
@@ -679,41 +743,18 @@ static int promote(keel_runtime *rt, bool *promoted)
         rc = keep_lease(r, epoch, rev);
     if (!rc) /* the directory is the store begin_epoch keeps in step; the reader must not run ahead of it */
         rc = begin_epoch(r, d->store, epoch, &lsn);
-    if (rc)
-        drop_keeper(r, false);
-    if (rc == KEEL_ECONFLICT) { /* another standby won: follow it from what begin_epoch copied */
-        r->seen_since_ns = 0;
-        r->local_last = lsn;
-        kr_read_end(r->reader);
-        r->reader = NULL;
-        if ((rc = kr_read_begin(r->node, r->local_last + 1, &r->reader)))
-            return rc;
-        return apply_local(rt, 0);
+    if (rc) {
+        /* no epoch record of this node's is in the stream: the lease goes at once (unless another node
+           published first, or took it), so that a standby, this one too, takes over without waiting */
+        drop_keeper(r, rc != KEEL_ECONFLICT);
+        int frc = follow_again(rt);
+        return frc ? frc : rc == KEEL_ECONFLICT || rc == KEEL_EFENCED ? KEEL_OK : rc;
     }
-    if (rc)
-        return rc;
-    kr_read_end(r->reader);
-    r->reader = NULL;
-    r->local_last = r->epoch_lsn = lsn;
-    uint64_t tick = atomic_load(&rt->tick);
-    if (!(rc = dur_follow(d, lsn, &tick))) {
-        atomic_store(&rt->tick, tick);
-        atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
-        r->seen.epoch = epoch;
-        status_set(r, st_epoch, &epoch);
-        status_set(r, st_primary_mode, &r->desc);
-        /* the publisher and (sync) the gate first: the writer takes no commit of this node's own before
-           dur_promote, and every one after it goes through them */
-        rc = start_primary(rt);
-    }
-    if (rc) { /* no primary after all: the lease lapses, and a standby (this one too) takes it */
-        drop_keeper(r, false);
+    /* a promoted standby's mode: sync unless asked otherwise */
+    if ((rc = become_primary(rt, epoch, lsn, r->desc.mode ? r->desc.mode : KEEL_REPL_SYNC))) {
+        drop_keeper(r, false); /* no primary after all: the lease lapses, and a standby (this one too) takes it */
         return rc;
     }
-    dur_promote(d);
-    status_set(r, st_promoted, NULL);
-    core_log(KEEL_LOG_INFO, "repl", "promoted", "world=%s epoch=%" PRIu64 " tick=%" PRIu64 " lsn=%" PRIu64, r->world,
-             epoch, tick, lsn);
     *promoted = true;
     return KEEL_OK;
 }

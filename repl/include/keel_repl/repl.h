@@ -88,9 +88,10 @@ void kr_read_rewind(kr_reader *r, uint64_t from);
 bool kr_read_more_sent(const kr_reader *r);
 /* What the messages read so far say, without asking the server: the
  * stream's last sequence when the last one was delivered (its sequence plus
- * the messages pending after it; 0 before any) and their mean size (0
- * before any). */
-void kr_read_seen(const kr_reader *r, uint64_t *stream_last, double *mean_bytes);
+ * the messages pending after it; 0 before any), their mean size (0 before
+ * any) and the highest epoch their ids name (0 before any, and for a seed's
+ * messages). */
+void kr_read_seen(const kr_reader *r, uint64_t *stream_last, double *mean_bytes, uint64_t *epoch);
 void kr_read_end(kr_reader *r);
 
 /* Publish the record of `lsn`, expecting the stream to end at lsn - 1.
@@ -213,6 +214,14 @@ typedef struct kr_sync_info {
  * world the stream never held that cannot be seeded), the stream's and the
  * store's. */
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
+/* Where a directory ends: its last LSN (that of its WAL, or the
+ * checkpoint's covered LSN when the WAL is empty; 0 for an empty
+ * directory), the tick its last WAL record names (0: the WAL is empty) and
+ * the epoch of its last EPOCH record (0: none is known). */
+typedef struct kr_local {
+    uint64_t last, tick, epoch;
+} kr_local;
+int kr_local_end(kw_store *s, kr_local *out);
 /* Would kr_sync_store start a replica's directory s (not a primary's) from
  * the published checkpoint, holding nothing itself while the stream was
  * purged past LSN 1? Then *boots: kr_boot_begin loads it as it arrives.
