@@ -148,10 +148,17 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
     pthread_mutex_lock(&n->err_mu);
     n->async_errors = 0;
     pthread_mutex_unlock(&n->err_mu);
+    /* each message after the BEGIN expects the one before it at the stream's end: a message of another
+       publication between them (a deposed primary's, late) makes the rest refused, and this publication
+       fails whole instead of an older checkpoint's END following a newer one's */
+    jsPubOptions chain;
+    jsPubOptions_Init(&chain);
     bool pipelined = false; /* libnats has a pending table to drop only after an asynchronous publish */
     for (uint32_t i = 1; i < m.n && st == NATS_OK; i++) {
         size_t end = i + 1 < m.n ? m.off[i + 1] : m.bytes.len;
-        st = js_PublishAsync(n->js, n->ckpt_subject, (const char *)m.bytes.p + m.off[i], (int)(end - m.off[i]), NULL);
+        chain.ExpectLastSeq = begin + i - 1;
+        st = js_PublishAsync(n->js, n->ckpt_subject, (const char *)m.bytes.p + m.off[i], (int)(end - m.off[i]),
+                             &chain);
         pipelined |= st == NATS_OK;
     }
     unsigned char tail[16];
@@ -159,8 +166,9 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
     kw_put_u64(&t, begin);
     kw_put_u64(&t, m.n - 1);
     ck_msgs endmsg = {0};
+    chain.ExpectLastSeq = begin + m.n - 1;
     if (st == NATS_OK && !(rc = msg_add(&endmsg, CK_END, NULL, 0, tail, sizeof tail)))
-        st = js_PublishAsync(n->js, n->ckpt_subject, endmsg.bytes.p, (int)endmsg.bytes.len, NULL);
+        st = js_PublishAsync(n->js, n->ckpt_subject, endmsg.bytes.p, (int)endmsg.bytes.len, &chain);
     jsPubOptions wait;
     jsPubOptions_Init(&wait);
     wait.MaxWait = n->timeout_ms * 4;
