@@ -88,13 +88,31 @@ static int cas_failed(kr_node *n, uint64_t rev, uint64_t epoch, bool released, n
     return core_fail(KEEL_EUNAVAILABLE, "cannot write the lease of world '%s': %s", n->world, natsStatus_GetText(s));
 }
 
+/* The epoch of the stream's last record (0: none, or a seed's): epochs only
+ * grow along the stream, also when the lease's key was lost since (its
+ * bucket purged or made again) and the lease starts again from nothing. */
+static int stream_epoch(kr_node *n, uint64_t *epoch)
+{
+    uint64_t first, last;
+    kw_buf msg = {0};
+    *epoch = 0;
+    int rc = kr_bounds(n, &first, &last);
+    if (!rc && first && first <= last)
+        rc = kr_get_epoch(n, last, &msg, epoch);
+    kw_buf_free(&msg);
+    return rc == KEEL_ENOENT ? KEEL_OK : rc;
+}
+
 int kr_lease_take(kr_node *n, const kr_lease *seen, uint64_t *epoch, uint64_t *rev)
 {
     char v[160];
-    uint64_t e = seen->epoch + 1;
-    int len = lease_value(n, e, false, v, sizeof v);
-    int rc = kr_ensure_bucket(n, true);
+    uint64_t past;
+    int rc = stream_epoch(n, &past);
     if (rc)
+        return rc;
+    uint64_t e = (seen->epoch > past ? seen->epoch : past) + 1;
+    int len = lease_value(n, e, false, v, sizeof v);
+    if ((rc = kr_ensure_bucket(n, true)))
         return rc;
     natsStatus s = seen->exists ? kvStore_Update(rev, n->kv, n->world, v, len, seen->rev)
                                 : kvStore_Create(rev, n->kv, n->world, v, len);

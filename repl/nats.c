@@ -307,20 +307,25 @@ int kr_connect(const kr_desc *d, kr_node **out)
     int rc = split_urls(n, d->urls);
     if (!rc)
         rc = open_conn(n);
-    if (!rc)
-        rc = kr_ensure_stream(n, n->stream, n->subject, d->create);
-    /* a primary makes the checkpoint stream and the lease bucket now; any other node looks them up when it
-       first uses them (a round trip each, while a replica bootstraps) */
-    if (!rc && d->create)
-        rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, true);
-    if (!rc && d->create)
-        rc = kr_ensure_bucket(n, true);
+    if (!rc && !(d->create && d->later))
+        rc = d->create ? kr_make_world(n) : kr_ensure_stream(n, n->stream, n->subject, false);
     if (rc) {
         kr_close(n);
         return rc;
     }
     *out = n;
     return KEEL_OK;
+}
+
+/* A primary makes the checkpoint stream and the lease bucket too; any other
+ * node looks them up when it first uses them (a round trip each, while a
+ * replica bootstraps). */
+int kr_make_world(kr_node *n)
+{
+    int rc = kr_ensure_stream(n, n->stream, n->subject, true);
+    if (!rc)
+        rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, true);
+    return rc ? rc : kr_ensure_bucket(n, true);
 }
 
 void kr_close(kr_node *n)
@@ -371,7 +376,9 @@ static int stream_state(kr_node *n, const char *stream, kr_stream_state *out)
     KR_RETRY(n, s, jerr, js_GetStreamInfo(&si, n->js, stream, NULL, &jerr));
     if (s != NATS_OK)
         return nats_fail(s, jerr, "cannot read the state of stream %s", stream);
-    *out = (kr_stream_state){.first = si->State.Msgs ? si->State.FirstSeq : 0, .last = si->State.LastSeq};
+    /* a stream purged of every message still ends where it did: its first is the next sequence */
+    uint64_t last = si->State.LastSeq;
+    *out = (kr_stream_state){.first = si->State.Msgs ? si->State.FirstSeq : last ? last + 1 : 0, .last = last};
     saw_stream(n, stream, si);
     jsStreamInfo_Destroy(si);
     return KEEL_OK;
@@ -804,13 +811,17 @@ static int out_of_order(kr_reader *r, uint64_t got)
     if (got < r->next)
         return 0;
     uint64_t first, last;
+    natsMsg *m = NULL;
     int rc = kr_stream_bounds(r->n, r->stream, &first, &last);
-    if (rc)
-        return rc;
-    if (first && first <= r->next && r->next <= last)
+    if (!rc && first && first <= r->next && r->next <= last && (rc = kr_msg_at(r->n, r->stream, r->next, &m)) == 0) {
+        natsMsg_Destroy(m);
         return subscribe(r);
+    }
+    if (rc && rc != KEEL_ENOENT)
+        return rc;
+    /* r->next is gone: purged before it, or deleted from inside the stream */
     return core_fail(KEEL_ECORRUPT, "stream %s has a gap: message %" PRIu64 " came where %" PRIu64
-                                    " was expected (purged, or not a keel stream)", r->stream, got, r->next);
+                                    " was expected (purged, deleted, or not a keel stream)", r->stream, got, r->next);
 }
 
 void kr_read_rewind(kr_reader *r, uint64_t from)

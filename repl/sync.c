@@ -786,6 +786,14 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         keep = end_local; /* nothing to compare: the stream continues the directory */
     } else if ((rc = common_prefix(n, s, lfirst, llast, sfirst, slast, &keep))) {
         return rc;
+    } else if (keep < llast && mark.unmarked) {
+        /* a directory never kept in step with the stream loses nothing to it: a record both hold byte for
+           byte (the same program's schema, a tick's marker of the same counts) does not make it the
+           stream's world */
+        return core_fail(KEEL_ECORRUPT, "directory %s holds a world (to LSN %" PRIu64 ") it never took from stream %s, "
+                         "which holds other records after LSN %" PRIu64 ": another world's directory; nothing "
+                         "written (start this node from an empty directory)", kw_store_dir(s), llast, n->stream,
+                         keep);
     } else if (keep < llast && mark.id && mark.id != kr_stream_id(n)) {
         /* records of another stream of the name: a stream made again holds a prefix of them, never
            what they are to be dropped for */

@@ -180,6 +180,20 @@ static kw_store *store_in(const char *name)
     return s;
 }
 
+/* Mark a directory as stream's by name (NULL: remove the mark, as keel-wal
+ * detach does), as an older keel did: a directory kept in step with it. */
+static int fill_marked(kw_wtxn *t, void *arg)
+{
+    const char *stream = arg;
+    return stream ? kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), stream, strlen(stream))
+                  : kw_del(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED));
+}
+
+static void mark_as(kw_store *s, const char *stream)
+{
+    ck_assert_rc(kw_store_write(s, fill_marked, (void *)stream), KEEL_OK);
+}
+
 /* The first and last LSN of a store's WAL (0, 0: empty). */
 static void wal_bounds(kw_store *s, uint64_t *first, uint64_t *last)
 {
@@ -380,6 +394,26 @@ START_TEST(test_lease_cas)
     ck_assert_rc(kr_lease_take(b, &lb, &eb, &revb), KEEL_OK);
     ck_assert_uint_eq(eb, 2);
     ck_assert_rc(kr_lease_renew(a, ea, false, &reva), KEEL_EFENCED); /* a's revision is gone */
+    /* b's epoch record on the stream, then the lease's key lost (purged by hand): the next take is
+       epoch 3, not 1 -- epochs only grow along the stream */
+    kw_buf rec = {0};
+    epoch_record(&rec, 1, 2, "b");
+    ck_assert_rc(kr_publish(b, 2, 1, rec.p, rec.len), KEEL_OK);
+    kw_buf_free(&rec);
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    kvStore *kv = NULL;
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    ck_assert_int_eq(js_KeyValue(&kv, js, "KEEL_LEASE"), NATS_OK);
+    ck_assert_int_eq(kvStore_Purge(kv, "lease", NULL), NATS_OK);
+    ck_assert_rc(kr_lease_read(a, &la), KEEL_OK);
+    ck_assert(!la.exists);
+    ck_assert_rc(kr_lease_take(a, &la, &ea, &reva), KEEL_OK);
+    ck_assert_uint_eq(ea, 3);
+    kvStore_Destroy(kv);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
     kr_close(a);
     kr_close(b);
 }
@@ -398,6 +432,12 @@ START_TEST(test_sync_drops_unreplicated_tail)
         ck_assert_rc(kr_append_record(s, lsn, rec.p, rec.len), KEEL_OK);
     }
     kr_sync_info si;
+    /* never kept in step with the stream: it loses nothing to it, nothing written */
+    tu_digest before = mdb_digest(s);
+    ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ECORRUPT);
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), "never took from stream KEEL_sync"));
+    assert_same_digest(mdb_digest(s), before);
+    mark_as(s, "KEEL_sync");
     ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
     ck_assert_uint_eq(si.discarded, 2);
     ck_assert_uint_eq(si.appended, 1);
@@ -447,6 +487,7 @@ START_TEST(test_another_history_refused)
     kr_node *n = connect_world(nats_url, "hist", "a");
     publish_epochs(n, 5, "stream");
     kw_store *ours = trimmed_dir("hist-ours", "stream");
+    mark_as(ours, "KEEL_hist"); /* kept in step with it before */
     kr_sync_info si;
     ck_assert_msg(!kr_sync_store(n, ours, 0, &si), "%s", keel_last_error());
     ck_assert_uint_eq(si.discarded, 3);
@@ -653,6 +694,46 @@ START_TEST(test_bad_streams_write_nothing)
     ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
     ck_assert_uint_eq(first, 3);
     s = store_in("purged");
+    ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ERANGE);
+    ck_assert_uint_eq(wal_last(s), 0);
+    kw_store_close(s);
+    kr_close(n);
+
+    /* a message deleted from inside the stream: a gap, not a stream that stopped delivering */
+    n = connect_world(nats_url, "holed", "a");
+    publish_epochs(n, 6, "a");
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    ck_assert_int_eq(js_DeleteMsg(js, "KEEL_holed", 3, NULL, NULL), NATS_OK);
+    s = store_in("holed");
+    ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ECORRUPT);
+    ck_assert_msg(strstr(keel_last_error(), "gap") && strstr(keel_last_error(), "3 was expected"), "%s",
+                  keel_last_error());
+    ck_assert_uint_eq(wal_last(s), 0);
+    kw_store_close(s);
+    kr_close(n);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+
+    /* a stream purged of every record still ends where it did: a directory at its end goes on from there */
+    n = connect_world(nats_url, "emptied", "a");
+    publish_epochs(n, 4, "a");
+    s = store_in("emptied");
+    ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_OK);
+    ck_assert_uint_eq(si.local_last, 4);
+    ck_assert_rc(kr_purge_before(n, 5), KEEL_OK);
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, 5);
+    ck_assert_uint_eq(last, 4);
+    ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_OK);
+    ck_assert_uint_eq(si.local_last, 4);
+    ck_assert_uint_eq(si.appended, 0);
+    ck_assert_uint_eq(si.discarded, 0);
+    ck_assert_uint_eq(wal_last(s), 4);
+    kw_store_close(s);
+    s = store_in("emptied-new"); /* one that lacks what was purged: no checkpoint to restart from */
     ck_assert_rc(kr_sync_store(n, s, 0, &si), KEEL_ERANGE);
     ck_assert_uint_eq(wal_last(s), 0);
     kw_store_close(s);
@@ -914,6 +995,7 @@ START_TEST(test_rejoin_same_record_after_parting)
     const hist_rec local[] = {{1, "p", 0, 0}, {0, NULL, 1, 5}, {0, NULL, 2, 5}, {0, NULL, 3, 6}, {0, NULL, 3, 5}};
     publish_history(n, stream, 5);
     kw_store *s = history_dir("parting", local, 5);
+    mark_as(s, "KEEL_parting"); /* kept in step with it until they parted */
     kr_sync_info si;
     ck_assert_msg(!kr_sync_store(n, s, 0, &si), "%s", keel_last_error());
     ck_assert_uint_eq(si.discarded_from, 4);
@@ -1331,6 +1413,11 @@ START_TEST(test_primary_runtime_publishes)
     ck_assert_rc(keel_runtime_recover(rt2, NULL), KEEL_EBUSY);
     ck_assert_ptr_nonnull(strstr(keel_last_error(), "one holds its lease"));
     keel_runtime_close(rt2);
+    kw_store *s2; /* refused before its directory took anything of the stream: no record, no mark */
+    ck_assert(!kw_store_open(dir2, &(kw_store_desc){.flags = KW_OPEN_CREATE}, &s2));
+    ck_assert_uint_eq(wal_last(s2), 0);
+    ck_assert_int_eq(kw_store_has(s2, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED)), 0);
+    kw_store_close(s2);
     ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
     kr_lease l;
     ck_assert_rc(kr_lease_read(n, &l), KEEL_OK);
@@ -2359,13 +2446,6 @@ START_TEST(test_runtime_refusals)
 }
 END_TEST
 
-static int fill_marked(kw_wtxn *t, void *arg)
-{
-    const char *stream = arg;
-    return stream ? kw_put(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED), stream, strlen(stream))
-                  : kw_del(t, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED));
-}
-
 /* wal/unreplicated_stream_dir events seen. */
 typedef struct warn_log {
     int unreplicated;
@@ -2600,6 +2680,26 @@ START_TEST(test_replica_copy_fails_once)
 }
 END_TEST
 
+/* A primary started on a directory another runtime holds is refused
+ * (KEEL_EBUSY, the directory lock) before it makes anything on NATS: no
+ * stream of its world exists afterwards. */
+START_TEST(test_held_directory_makes_nothing)
+{
+    char dir[4096];
+    keel_component v, v2;
+    tu_path(dir, sizeof dir, "held");
+    keel_runtime *holder = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
+    ck_assert_msg(!keel_runtime_recover(holder, NULL), "%s", keel_last_error());
+    tu_step_n(holder, 1);
+    keel_runtime *p = sync_primary_rt(dir, "heldworld", &v2);
+    ck_assert_rc(keel_runtime_recover(p, NULL), KEEL_EBUSY);
+    keel_runtime_close(p);
+    kr_node *n = NULL;
+    ck_assert_rc(kr_connect(&(kr_desc){.urls = nats_url, .world = "heldworld", .node = "look"}, &n), KEEL_ENOENT);
+    ck_assert_rc(keel_runtime_close(holder), KEEL_OK);
+}
+END_TEST
+
 /* A standby whose stop_tick keeps it from applying all the stream holds
  * does not take the world over when the lease goes: from there it would
  * continue an older tick than the stream's. It reports the ticks it holds
@@ -2764,7 +2864,7 @@ int main(void)
                                    test_replica_poll_without_wait, test_replica_unit_fails_midway,
                                    test_replica_copy_fails_once, test_lease_renewed_while_recovering,
                                    test_sync_close_without_stream, test_standby_at_stop_tick_stays_standby,
-                                   test_promotion_refused_follows_on};
+                                   test_promotion_refused_follows_on, test_held_directory_makes_nothing};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/core.h"
 #include "keel_repl/repl.h"
@@ -207,14 +208,18 @@ static void drop_keeper(struct runtime_repl *r, bool release)
     kr_keeper_stop(k, release);
 }
 
-/* A primary at open: wait until the lease lapses and take it. A holder that
- * keeps renewing for three lease times is a live primary: KEEL_EBUSY. */
-static int take_lease_at_open(struct runtime_repl *r, uint64_t *epoch, uint64_t *rev)
+/* A primary at open: wait until the lease lapses and take it (take false:
+ * only wait, before the directory is brought in step with the stream, so
+ * that a node refused for a live primary has written nothing). A holder
+ * that keeps renewing for three lease times is a live primary: KEEL_EBUSY. */
+static int lease_at_open(struct runtime_repl *r, bool take, uint64_t *epoch, uint64_t *rev)
 {
     uint64_t start = core_now_ns(), patience = 3ull * (uint64_t)r->lease_ms * 1000000ull;
     for (;;) {
         /* a lease nobody ever held is free: only a live primary holds one */
         if (lease_lapsed(r) || !r->seen.exists) {
+            if (!take)
+                return KEEL_OK;
             int rc = kr_lease_take(r->node, &r->seen, epoch, rev);
             if (rc != KEEL_ECONFLICT)
                 return rc;
@@ -412,8 +417,14 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     if (!r)
         return KEEL_OK;
     bool primary = r->st.role == KEEL_ROLE_PRIMARY;
+    /* NATS answers before anything is made, here or there. A primary makes its streams once it holds its
+       directory when that holds a world (another node may be running on it), and before it makes a new
+       one otherwise (a stream NATS cannot place leaves no directory behind) */
+    char mdb[4200];
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", rt->data_dir);
+    bool held_first = access(mdb, F_OK) == 0;
     kr_desc kd = {.urls = r->nats, .world = r->world, .node = r->desc.node, .replicas = r->desc.replicas,
-                  .timeout_ms = r->desc.timeout_ms, .create = primary};
+                  .timeout_ms = r->desc.timeout_ms, .create = primary, .later = held_first};
     int rc = r->node ? KEEL_OK : kr_connect(&kd, &r->node);
     if (rc)
         return rc;
@@ -422,6 +433,10 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
                         .map_max = rt->durable_desc.map_max};
     if ((rc = kw_store_open(rt->data_dir, &sd, &store)))
         return rc;
+    if (primary && ((held_first && (rc = kr_make_world(r->node))) || (rc = lease_at_open(r, false, NULL, NULL)))) {
+        kw_store_close(store);
+        return rc;
+    }
     kr_sync_info si = {0};
     bool boots = false;
     uint64_t stream_last = 0;
@@ -446,7 +461,7 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     if (!rc && primary) {
         uint64_t epoch = 0, rev = 0;
         drop_keeper(r, false); /* an open tried before */
-        rc = take_lease_at_open(r, &epoch, &rev);
+        rc = lease_at_open(r, true, &epoch, &rev);
         if (!rc)
             rc = keep_lease(r, epoch, rev);
         if (!rc && (rc = begin_epoch(r, store, epoch, &r->epoch_lsn)) == KEEL_ECONFLICT)

@@ -41,12 +41,17 @@ typedef struct kr_desc {
                                  the cluster has fewer servers */
     int32_t timeout_ms;       /* one request's deadline; 0: 2000 */
     bool create;              /* create the stream and the lease bucket when missing (a primary) */
+    bool later;               /* with create: only connect; kr_make_world finds or creates them */
 } kr_desc;
 
 /* Connect and find (or create) the world's stream and lease bucket.
  * Errors: KEEL_EINVAL (a bad name or URL), KEEL_EUNAVAILABLE (no server
  * answers), KEEL_ENOENT (no stream for the world and !create). */
 int kr_connect(const kr_desc *d, kr_node **out);
+/* A primary connected with `later`: find or create the world's streams and
+ * lease bucket now (once it holds its directory: a node refused for a
+ * directory another process holds creates nothing). */
+int kr_make_world(kr_node *n);
 void kr_close(kr_node *n);
 /* From now on a read that fails for want of a server fails at once
  * instead of retrying for up to 30 s (a node being stopped). */
@@ -61,7 +66,8 @@ int64_t kr_timeout_ms(const kr_node *n);
  * is not a stream address. */
 bool kr_parse_address(const char *addr, char *urls, size_t ucap, char *world, size_t wcap);
 
-/* The stream's bounds: first and last sequence (0, 0 when empty). */
+/* The stream's bounds: first and last sequence (0, 0 when it never held a
+ * message; last + 1, last when every message was purged). */
 int kr_bounds(kr_node *n, uint64_t *first, uint64_t *last);
 /* One message by sequence into out (KEEL_ENOENT: not stored). */
 int kr_get(kr_node *n, uint64_t seq, kw_buf *out);
