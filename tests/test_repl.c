@@ -713,6 +713,13 @@ START_TEST(test_bad_streams_write_nothing)
                   keel_last_error());
     ck_assert_uint_eq(wal_last(s), 0);
     kw_store_close(s);
+    /* keel-wal finds the same problem: exit 1, naming it */
+    char addr[128];
+    snprintf(addr, sizeof addr, "%s/holed", nats_url);
+    tu_run run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"verify", addr, NULL});
+    ck_assert_msg(run.status == 1 && strstr(run.err, "gap"), "keel-wal verify: status %d, stderr %s", run.status,
+                  run.err);
+    tu_run_free(&run);
     kr_close(n);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);

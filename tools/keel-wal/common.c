@@ -354,11 +354,10 @@ int kwt_dir_refresh(kwt_dir *d)
     if (!d->stream)
         return KWT_EXIT_OK;
     kr_sync_info si;
-    if (kr_sync_store(d->stream, d->store, 0, &si)) {
+    int rc = kr_sync_store(d->stream, d->store, 0, &si);
+    if (rc) /* a stream whose content is damaged (a gap, a message that is no record) is a problem found */
         kwt_err(d->path, "%s", keel_last_error());
-        return KWT_EXIT_USAGE;
-    }
-    return KWT_EXIT_OK;
+    return !rc ? KWT_EXIT_OK : rc == KEEL_ECORRUPT ? KWT_EXIT_PROBLEM : KWT_EXIT_USAGE;
 }
 
 /* A stream address: connect, copy the stream into a private directory and
@@ -389,11 +388,10 @@ static int open_stream(const char *path, kwt_dir *d)
         kwt_dir_close(d);
         return KWT_EXIT_USAGE;
     }
-    if (kwt_dir_refresh(d)) {
+    int rc = kwt_dir_refresh(d);
+    if (rc)
         kwt_dir_close(d);
-        return KWT_EXIT_USAGE;
-    }
-    return KWT_EXIT_OK;
+    return rc;
 }
 
 static int open_loaded(const char *path, kwt_dir *d);
@@ -406,11 +404,9 @@ int kwt_dir_open(const char *path, kwt_dir *d)
         kwt_err(*path ? "keel-wal" : "''", "the directory name is %s", *path ? "too long" : "empty");
         return KWT_EXIT_USAGE;
     }
-    if (kwt_is_stream(path))
-        return open_stream(path, d) ? KWT_EXIT_USAGE : open_loaded(path, d);
-    int rc = precheck(path);
-    if (rc)
-        return rc;
+    int rc = kwt_is_stream(path) ? open_stream(path, d) : precheck(path);
+    if (rc || kwt_is_stream(path))
+        return rc ? rc : open_loaded(path, d);
     kwt_guard_set(path, KWT_EXIT_USAGE);
     kw_store_desc desc = {.flags = KW_OPEN_READONLY};
     if ((rc = kw_store_open(path, &desc, &d->store))) {
