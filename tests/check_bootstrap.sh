@@ -2,7 +2,8 @@
 # Published checkpoints and stream retention on one real nats-server: a
 # primary checkpoints every 50 ticks and keeps 10 records before its latest
 # published checkpoint; a fresh read replica bootstraps from that checkpoint
-# to the reference hash; keel-wal verifies the stream and restores it; a
+# to the reference hash (one given another --seed is refused); keel-wal
+# verifies the stream and restores it; a
 # second primary continues the world on another directory; the first
 # directory, now ending before the stream's start, rejoins as primary from
 # the published checkpoint and continues to a later tick's reference hash.
@@ -24,6 +25,11 @@ run a --data "$d/a" --replicate async --checkpoint-every 50 --retain-records 10 
 [ "$(hash_of "$d/a.out")" = "$(hash_of "$d/ref300.out")" ] || fail "the primary's hash at 300"
 run c --data "$d/c" --follow --until-tick 300
 [ "$(hash_of "$d/c.out")" = "$(hash_of "$d/ref300.out")" ] || fail "the bootstrapped read replica's hash at 300"
+# a node given another world's parameters is refused at open, naming both (the schema holds them)
+"$KW" --data "$d/x" --follow --until-tick 300 --nats "$NATS_URLS" --world bs --seed 8 --entities 3000 --quiet \
+    >"$d/x.out" 2>&1 && fail "a read replica given --seed 8 for the seed-9 world ran"
+grep -q "'world seed=9 entities=3000' in the data directory but 'world seed=8 entities=3000' is registered" "$d/x.out" ||
+    fail "the refusal of --seed 8 does not name both worlds"
 "$KWAL" verify "$NATS_URL1/bs" >"$d/verify.out" 2>&1 || fail "keel-wal verify of the purged stream"
 "$KWAL" restore "$NATS_URL1/bs" "$d/r" >"$d/restore.out" 2>&1 || fail "keel-wal restore"
 "$KWAL" info "$d/r" >"$d/info.out" 2>&1 || fail "keel-wal info of the restored directory"

@@ -508,10 +508,18 @@ START_TEST(server_params)
     ck_assert_uint_eq(h, run_final((const char *const[]){"--memory", "--seed", "3", "--entities", ENTITIES,
                                                          "--until-tick", "40", "--tick-rate", "0", "--quiet", NULL}));
 
-    /* a world without its record (made before keel-world kept one): this run's flags are recorded, with a note */
+    /* a world without its record: its schema still names its parameters (the tag "world seed=S
+       entities=N"), so a run giving others is refused at open (exit 1, naming both) and records nothing;
+       this run's flags, the world's, are recorded with a note */
     ck_assert_int_eq(unlink(params), 0);
     r = world((const char *const[]){"--data", data, "--seed", "3", "--until-tick", "41", "--tick-rate", "0", "--quiet",
                                     NULL});
+    ck_assert_msg(r.status == 1 && strstr(r.err, "'world seed=3 entities=" ENTITIES "' in the data directory") &&
+                      strstr(r.err, "'world seed=3 entities=100000' is registered"), "%d %s", r.status, r.err);
+    tu_run_free(&r);
+    ck_assert_int_ne(access(params, F_OK), 0);
+    r = world((const char *const[]){"--data", data, "--seed", "3", "--entities", ENTITIES, "--until-tick", "41",
+                                    "--tick-rate", "0", "--quiet", NULL});
     ck_assert_msg(r.status == 0 && strstr(r.err, "has no world.params: recording --seed 3"), "%s", r.err);
     tu_run_free(&r);
     ck_assert_int_eq(access(params, F_OK), 0);

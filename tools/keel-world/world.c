@@ -164,6 +164,15 @@ int world_register(world_app *app)
     if (!rc)
         rc = reg(app, &(keel_component_desc){.name = "grid_cell", .size = 4, .fields = cell_fields,
                                              .field_count = 1, .discipline = KEEL_TRANSIENT}, &app->grid_cell);
+    /* Last, the world's parameters as the name of a tag no entity carries: the schema holds them, and every
+     * node of a replicated world must register the stored schema, so a standby, a read replica or a primary
+     * on an empty directory given other ones is refused at open, naming both, instead of mixing two worlds
+     * (a local directory checks them against world.params before that). */
+    char params[KEEL_NAME_MAX + 1];
+    keel_component params_tag;
+    snprintf(params, sizeof params, "world seed=%" PRIu64 " entities=%u", app->seed, app->initial_entities);
+    if (!rc)
+        rc = reg(app, &(keel_component_desc){.name = params}, &params_tag);
     if (!rc)
         rc = keel_query_create(app->w, &(keel_query_desc){.with = {app->wallet}, .without = {app->merchant}},
                                &app->players);
