@@ -128,23 +128,54 @@ static int copy_checkpoint(kw_store *s, uint64_t upto, size_t limit, uint64_t id
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
 }
 
+typedef struct ck_parsed ck_parsed;
+static bool parse(const void *data, size_t len, ck_parsed *out);
+static int latest(kr_node *n, uint64_t *begin, uint64_t *end);
+
+/* The covered LSN of the latest published checkpoint (0: none) and the
+ * checkpoint stream's last sequence before it was looked up. */
+static int published_state(kr_node *n, uint64_t *covered, uint64_t *last);
+
+/* A BEGIN message, expecting the stream to end at `last` (0: empty, which
+ * the client would not say: the header does). */
+static natsStatus publish_begin(kr_node *n, const void *data, size_t len, uint64_t last, uint64_t *seq)
+{
+    natsMsg *m = NULL;
+    jsPubAck *pa = NULL;
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.ExpectLastSeq = last;
+    natsStatus st = natsMsg_Create(&m, n->ckpt_subject, NULL, data, (int)len);
+    if (st == NATS_OK && !last)
+        st = natsMsgHeader_Set(m, "Nats-Expected-Last-Sequence", "0");
+    if (st == NATS_OK)
+        st = js_PublishMsg(&pa, n->js, m, &po, NULL);
+    *seq = st == NATS_OK ? pa->Sequence : 0;
+    jsPubAck_Destroy(pa);
+    natsMsg_Destroy(m);
+    return st;
+}
+
 int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint64_t *published_lsn)
 {
     ck_msgs m = {0};
     kw_checkpoint_meta meta;
+    uint64_t covered = 0, last = 0;
     *published_lsn = 0;
     int rc = kr_ensure_stream(n, n->ckpt_stream, n->ckpt_subject, true);
     if (!rc)
         rc = copy_checkpoint(s, upto, pack_limit(n), kr_stream_id(n), &m, &meta);
-    if (rc || !meta.lsn || m.n < 2) { /* none, or one without a schema: nothing a replica could load */
+    /* none, or one without a schema (nothing a replica could load), or one no newer than the one published
+       (a deposed primary's, late: the newer one stays the latest) */
+    if (!rc && meta.lsn && m.n >= 2)
+        rc = published_state(n, &covered, &last);
+    if (rc || !meta.lsn || m.n < 2 || covered >= meta.lsn) {
         msgs_free(&m);
         return rc;
     }
-    jsPubAck *pa = NULL;
-    jsErrCode jerr = 0;
-    natsStatus st = js_Publish(&pa, n->js, n->ckpt_subject, m.bytes.p, (int)(m.off[1] - m.off[0]), NULL, &jerr);
-    uint64_t begin = st == NATS_OK ? pa->Sequence : 0;
-    jsPubAck_Destroy(pa);
+    /* the BEGIN expects the stream as it was looked at: another publication since refuses it */
+    uint64_t begin;
+    natsStatus st = publish_begin(n, m.bytes.p, m.off[1] - m.off[0], last, &begin);
     pthread_mutex_lock(&n->err_mu);
     n->async_errors = 0;
     pthread_mutex_unlock(&n->err_mu);
@@ -196,11 +227,11 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
 
 /* ---- loading ----------------------------------------------------------------- */
 
-typedef struct ck_parsed {
+struct ck_parsed {
     uint8_t type;
     const void *key, *val;
     size_t klen, vlen;
-} ck_parsed;
+};
 
 static bool parse(const void *data, size_t len, ck_parsed *out)
 {
@@ -305,6 +336,25 @@ static bool of_stream(const kr_node *n, const void *key)
 {
     kw_cursor c = kw_cursor_make(key, 8);
     return kw_get_u64(&c) == kr_stream_id(n);
+}
+
+static int published_state(kr_node *n, uint64_t *covered, uint64_t *last)
+{
+    uint64_t first, begin, end;
+    natsMsg *msg = NULL;
+    ck_parsed p;
+    kw_checkpoint_meta meta;
+    *covered = 0;
+    int rc = kr_stream_bounds(n, n->ckpt_stream, &first, last);
+    if (!rc)
+        rc = latest(n, &begin, &end);
+    /* one a deleted stream of the name left behind (its BEGIN names another identity) does not count */
+    if (!rc && begin && !(rc = kr_msg_at(n, n->ckpt_stream, begin, &msg)) &&
+        parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) && p.type == CK_BEGIN &&
+        !(p.klen == 8 && kr_stream_id(n) && !of_stream(n, p.key)) && !kw_checkpoint_meta_decode(p.val, p.vlen, &meta))
+        *covered = meta.lsn;
+    natsMsg_Destroy(msg);
+    return rc == KEEL_ENOENT ? KEEL_OK : rc; /* purged since: none to compare with */
 }
 
 /* A BEGIN message's checkpoint meta, if it is one of the node's stream. */

@@ -829,7 +829,17 @@ START_TEST(test_checkpoint_stream)
     jsStreamInfo *si = NULL;
     ck_assert_int_eq(js_GetStreamInfo(&si, js, "KEEL_ckp_CKPT", NULL, NULL), NATS_OK);
     ck_assert_msg(si->State.Msgs >= 4 && si->State.Msgs <= 9, "%" PRIu64 " messages for 40 keys", si->State.Msgs);
+    uint64_t msgs = si->State.Msgs;
     jsStreamInfo_Destroy(si);
+    /* a checkpoint no newer than the one published (a deposed primary's, late) is not sent over it */
+    kw_store *older = store_in("ckp-older");
+    ck_assert_rc(kw_store_write(older, fill_ckpt, &(ck_fill){.lsn = 5, .n = 4, .size = 1000}), KEEL_OK);
+    ck_assert_msg(!kr_ckpt_publish(n, older, 100, -1, &published), "%s", keel_last_error());
+    ck_assert_uint_eq(published, 0);
+    ck_assert_int_eq(js_GetStreamInfo(&si, js, "KEEL_ckp_CKPT", NULL, NULL), NATS_OK);
+    ck_assert_uint_eq(si->State.Msgs, msgs);
+    jsStreamInfo_Destroy(si);
+    kw_store_close(older);
     ck_assert_msg(!kr_ckpt_load(n, dst, &covered), "%s", keel_last_error());
     ck_assert_uint_eq(covered, f.lsn);
     uint32_t ks, kd;
