@@ -30,6 +30,7 @@ run c --data "$d/c" --follow --until-tick 300
     >"$d/x.out" 2>&1 && fail "a read replica given --seed 8 for the seed-9 world ran"
 grep -q "'world seed=9 entities=3000' in the data directory but 'world seed=8 entities=3000' is registered" "$d/x.out" ||
     fail "the refusal of --seed 8 does not name both worlds"
+[ ! -e "$d/x" ] || fail "the refused read replica left the new directory it made"
 "$KWAL" verify "$NATS_URL1/bs" >"$d/verify.out" 2>&1 || fail "keel-wal verify of the purged stream"
 "$KWAL" restore "$NATS_URL1/bs" "$d/r" >"$d/restore.out" 2>&1 || fail "keel-wal restore"
 "$KWAL" info "$d/r" >"$d/info.out" 2>&1 || fail "keel-wal info of the restored directory"

@@ -2699,9 +2699,20 @@ END_TEST
 
 /* A primary started on a directory another runtime holds is refused
  * (KEEL_EBUSY, the directory lock) before it makes anything on NATS: no
- * stream of its world exists afterwards. */
+ * stream of its world exists afterwards. A read replica refused on a new
+ * directory (a stream of junk) leaves no directory behind. */
 START_TEST(test_held_directory_makes_nothing)
 {
+    kr_node *junk = connect_world(nats_url, "junkrt", "a");
+    ck_assert_rc(kr_publish(junk, 1, 1, "not a record", 12), KEEL_OK);
+    kr_close(junk);
+    char rdir[4096];
+    keel_component rv;
+    keel_runtime *rt = spawning_rt(replica_desc("junkrt", rdir, sizeof rdir), &rv);
+    ck_assert_rc(keel_runtime_recover(rt, NULL), KEEL_ECORRUPT);
+    keel_runtime_close(rt);
+    ck_assert_int_ne(access(rdir, F_OK), 0);
+
     char dir[4096];
     keel_component v, v2;
     tu_path(dir, sizeof dir, "held");

@@ -685,6 +685,20 @@ static bool store_file(const char *name)
            !strncmp(name, "data.mdb.new", 12);
 }
 
+void kw_store_unmake(const char *dir, bool made_dir)
+{
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    char p[4200];
+    while (dp && (e = readdir(dp)))
+        if (store_file(e->d_name) && snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
+            unlink(p);
+    if (dp)
+        closedir(dp);
+    if (made_dir)
+        rmdir(dir); /* only when empty: never an application's own file */
+}
+
 static int copy_app_files(const char *dir, const char *dest)
 {
     DIR *dp = opendir(dir);

@@ -135,6 +135,11 @@ void repl_free(keel_runtime *rt)
     rt->repl = NULL;
 }
 
+bool repl_booting(const keel_runtime *rt)
+{
+    return rt->repl && rt->repl->boot;
+}
+
 bool repl_may_tick(const keel_runtime *rt)
 {
     return !rt->repl || rt->repl->st.role == KEEL_ROLE_PRIMARY;
@@ -433,14 +438,15 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
                         .map_max = rt->durable_desc.map_max};
     if ((rc = kw_store_open(rt->data_dir, &sd, &store)))
         return rc;
-    if (primary && ((held_first && (rc = kr_make_world(r->node))) || (rc = lease_at_open(r, false, NULL, NULL)))) {
-        kw_store_close(store);
-        return rc;
-    }
     kr_sync_info si = {0};
     bool boots = false;
     uint64_t stream_last = 0;
-    rc = primary ? KEEL_OK : kr_sync_boots(r->node, store, &boots, &stream_last);
+    if (primary && held_first)
+        rc = kr_make_world(r->node);
+    if (primary && !rc)
+        rc = lease_at_open(r, false, NULL, NULL);
+    if (!primary)
+        rc = kr_sync_boots(r->node, store, &boots, &stream_last);
     if (!rc && boots && (rc = boot_begin(r, rt->world, store, stream_last, o, &si)) == KEEL_ENOENT) {
         boots = false; /* none to load as it arrives: kr_sync_store takes the directory in step */
         rc = KEEL_OK;

@@ -510,6 +510,12 @@ int kw_store_check_file(const char *dir);
  * KEEL_ENOSPC, KEEL_ENOMEM. On an error dest holds no data.mdb. */
 int kw_store_backup(const char *dir, const char *dest);
 void kw_store_close(kw_store *s);
+/* Undo the first open of a new data directory (closed): remove what the
+ * store made there (data.mdb, lock.mdb, keel.lock, a half-made data.mdb.new)
+ * and, when made_dir, the directory itself if nothing else is in it. For a
+ * first open refused before it held anything of its own: a refusal leaves
+ * nothing behind. */
+void kw_store_unmake(const char *dir, bool made_dir);
 const char *kw_store_dir(const kw_store *s);
 /* Size in bytes of data.mdb. */
 uint64_t kw_store_file_size(const kw_store *s);
