@@ -885,6 +885,30 @@ START_TEST(test_checkpoint_stream)
         ck_assert_uint_eq(snap_digest(dst, &kd), want); /* nothing of it written */
         ck_assert_uint_eq(kd, 40);
     }
+    /* a purged stream whose published checkpoint holds a schema that is no schema record: keel-wal restore
+       refuses it (exit 1, verify's problem on stderr) and DEST holds no data file */
+    kr_node *g = connect_world(nats_url, "ckbad", "a");
+    publish_epochs(g, 6, "a");
+    kw_checkpoint_meta_encode(&(kw_checkpoint_meta){.tick = 3, .lsn = 4, .count = 1}, meta);
+    uint64_t begin = publish_raw(js, "keel.ckbad.ckpt", 1, meta, sizeof meta);
+    publish_raw(js, "keel.ckbad.ckpt", 3, "garbage", 7);
+    static const unsigned char entry[] = {1, 0, 0, 0, 'T', 1, 0, 0, 0, 'v'};
+    publish_raw(js, "keel.ckbad.ckpt", 5, entry, sizeof entry);
+    unsigned char endv[16];
+    kw_buf e = {endv, 0, sizeof endv};
+    ck_assert(!kw_put_u64(&e, begin) && !kw_put_u64(&e, 2));
+    publish_raw(js, "keel.ckbad.ckpt", 4, endv, sizeof endv);
+    ck_assert_rc(kr_purge_before(g, 5), KEEL_OK);
+    char addr[128], dest[4096], mdb[4200];
+    snprintf(addr, sizeof addr, "%s/ckbad", nats_url);
+    tu_path(dest, sizeof dest, "ckbad-restored");
+    tu_run run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"restore", addr, dest, NULL});
+    ck_assert_msg(run.status == 1 && strstr(run.err, "schema") && strstr(run.err, "nothing restored"),
+                  "keel-wal restore: status %d, stderr %s", run.status, run.err);
+    tu_run_free(&run);
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", dest);
+    ck_assert_int_ne(access(mdb, F_OK), 0);
+    kr_close(g);
     jsCtx_Destroy(js);
     natsConnection_Destroy(nc);
     kw_store_close(src);

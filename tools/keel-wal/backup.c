@@ -88,8 +88,9 @@ static const char restore_help[] =
     "made in a private directory first: a failed restore leaves no data.mdb in DEST.\n"
     "\n"
     "Prints 'restore: ADDRESS -> DEST: <records> records (LSN <a>..<b>, tick <T>)'.\n"
-    "Exit status: 0; 2 bad arguments, the stream cannot be read, it holds no tick T,\n"
-    "or DEST cannot take the copy.\n";
+    "Exit status: 0; 1 what the stream holds fails verify's checks (the problems on\n"
+    "stderr; nothing restored); 2 bad arguments, the stream cannot be read, it holds\n"
+    "no tick T, or DEST cannot take the copy.\n";
 
 typedef struct cut {
     uint64_t from, deleted;
@@ -165,6 +166,11 @@ int kwt_cmd_restore(int argc, char **argv)
         kwt_err(src, "%s", keel_last_error());
         rc = KWT_EXIT_USAGE;
     }
+    /* the copy is what DEST would hold: it must pass verify's checks (a published checkpoint whose
+       schema or snapshot records are damaged does, as a bootstrap's load would refuse it) */
+    if (!rc && (rc = kwt_check_dir(&d)) == KWT_EXIT_PROBLEM)
+        kwt_err(src, "the stream's checkpoint and records do not make a sound data directory (the problems "
+                     "above): nothing restored");
     char copy[sizeof d.copy];
     snprintf(copy, sizeof copy, "%s", d.copy);
     d.copy[0] = 0; /* kept past the close: the backup below reads it */

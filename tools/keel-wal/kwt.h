@@ -158,6 +158,10 @@ void kwt_dir_close(kwt_dir *d);
 /* A stream: copy what it gained since the last call (tail -f polls it); a
  * directory: nothing to do. Prints the error and returns KWT_EXIT_USAGE. */
 int kwt_dir_refresh(kwt_dir *d);
+/* verify's checks of an open directory, its problems one per line on
+ * stderr, no summary: 0, KWT_EXIT_PROBLEM when any was found, or the exit
+ * status of what stopped it (verify.c). */
+int kwt_check_dir(kwt_dir *d);
 /* True when path is a stream address (nats://...). */
 bool kwt_is_stream(const char *path);
 /* Remove a stream's private copy (its LMDB files and the directory). */

@@ -79,13 +79,14 @@ typedef struct verifier {
     size_t schema_len;
     uint64_t schema_lsn;
     kw_decoder dec;
+    FILE *out;                 /* where problems go: stdout (verify), stderr (restore's check) */
 } verifier;
 
 static void vproblem(verifier *v, const char *where, const char *fmt, va_list ap)
 {
-    printf("%s: ", where);
-    vprintf(fmt, ap);
-    putchar('\n');
+    fprintf(v->out, "%s: ", where);
+    vfprintf(v->out, fmt, ap);
+    fputc('\n', v->out);
     v->problems++;
 }
 
@@ -637,11 +638,14 @@ static void check_schema(verifier *v, kw_rtxn *r)
 
 /* ---- the command ----------------------------------------------------------------------- */
 
-static int verify(kwt_dir *d)
+/* Every check, problems one per line to `out`; with summary, verify's
+ * summary line on stdout. KWT_EXIT_PROBLEM when any was found. */
+static int verify_into(kwt_dir *d, FILE *out, bool summary)
 {
     static verifier v; /* the decoder's scratch is 3 KiB */
     memset(&v, 0, sizeof v);
     v.d = d;
+    v.out = out;
     kw_rtxn *r;
     int rc = kwt_read_begin(d, &r);
     if (rc)
@@ -655,7 +659,9 @@ static int verify(kwt_dir *d)
     }
     kw_read_end(r);
     kwt_guard_set(NULL, KWT_EXIT_USAGE);
-    if (!rc) {
+    if (!rc && !summary) {
+        rc = v.problems ? KWT_EXIT_PROBLEM : KWT_EXIT_OK;
+    } else if (!rc) {
         if (v.any)
             printf("verify: %s: %" PRIu64 " WAL records (LSN %" PRIu64 "..%" PRIu64 "), %" PRIu64 " snapshot records: ",
                    d->path, v.records, v.first_lsn, v.prev_lsn, v.snap_records);
@@ -671,6 +677,16 @@ static int verify(kwt_dir *d)
     free(v.markers);
     free(v.schema_rec);
     return rc;
+}
+
+static int verify(kwt_dir *d)
+{
+    return verify_into(d, stdout, true);
+}
+
+int kwt_check_dir(kwt_dir *d)
+{
+    return verify_into(d, stderr, false);
 }
 
 /* verify takes the directory only: opts is its name. */
