@@ -2752,6 +2752,41 @@ START_TEST(test_held_directory_makes_nothing)
 }
 END_TEST
 
+/* keel-wal restore --to-tick T of a stream whose schema grew after T: DEST
+ * stores the schema of tick T (the last schema record it keeps), passes
+ * verify, and opens with the components registered at T. */
+START_TEST(test_restore_to_tick_keeps_its_schema)
+{
+    char pdir[4096], dest[4096], addr[128];
+    keel_component pv, pv2, rv;
+    tu_path(pdir, sizeof pdir, "rs-primary");
+    keel_runtime *p = sync_primary_rt(pdir, "rschema", &pv);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 3);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    uint64_t hash3 = keel_world_hash(keel_runtime_world(p));
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    p = spawning_rt_w(sync_primary_desc(pdir, "rschema"), &pv2, true); /* "w" grows the schema after tick 3 */
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 2);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    snprintf(addr, sizeof addr, "%s/rschema", nats_url);
+    tu_path(dest, sizeof dest, "rs-restored");
+    tu_run run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"restore", addr, dest, "--to-tick", "3", NULL});
+    ck_assert_msg(run.status == 0, "keel-wal restore: status %d, stderr %s", run.status, run.err);
+    tu_run_free(&run);
+    run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"verify", dest, NULL});
+    ck_assert_msg(run.status == 0, "keel-wal verify: status %d, stdout %s", run.status, run.out);
+    tu_run_free(&run);
+    keel_runtime *r = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dest}, &rv);
+    ck_assert_msg(!keel_runtime_recover(r, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(r), 3);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(r)), hash3);
+    ck_assert_rc(keel_runtime_close(r), KEEL_OK);
+}
+END_TEST
+
 /* A standby whose stop_tick keeps it from applying all the stream holds
  * does not take the world over when the lease goes: from there it would
  * continue an older tick than the stream's. It reports the ticks it holds
@@ -2916,7 +2951,8 @@ int main(void)
                                    test_replica_poll_without_wait, test_replica_unit_fails_midway,
                                    test_replica_copy_fails_once, test_lease_renewed_while_recovering,
                                    test_sync_close_without_stream, test_standby_at_stop_tick_stays_standby,
-                                   test_promotion_refused_follows_on, test_held_directory_makes_nothing};
+                                   test_promotion_refused_follows_on, test_held_directory_makes_nothing,
+                                   test_restore_to_tick_keeps_its_schema};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

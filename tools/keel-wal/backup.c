@@ -94,12 +94,41 @@ static const char restore_help[] =
 
 typedef struct cut {
     uint64_t from, deleted;
+    kw_buf schema;             /* the last schema record kept (empty: none) */
 } cut;
 
+/* The WAL from c->from on goes; the stored schema becomes the last schema
+ * record kept: schemas only grow, so the one stored may be a later tick's. */
 static int fill_cut(kw_wtxn *t, void *arg)
 {
     cut *c = arg;
-    return kw_del_wal_from(t, c->from, &c->deleted);
+    int rc = kw_del_wal_from(t, c->from, &c->deleted);
+    if (!rc && c->schema.len)
+        rc = kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), c->schema.p, c->schema.len);
+    return rc;
+}
+
+/* The last schema record before LSN `before`, copied into c->schema. */
+static int schema_before(kwt_dir *d, cut *c)
+{
+    kw_rtxn *r;
+    kw_scan *s = NULL;
+    kw_record rec;
+    int rc = kwt_read_begin(d, &r);
+    if (rc)
+        return rc;
+    kw_range range = {.from_lsn = 1, .to_lsn = c->from - 1, .kinds = 1u << KW_KIND_SCHEMA};
+    if (!(rc = kw_scan_begin(r, &range, &s)))
+        while ((rc = kw_scan_next(s, &rec)) == 1 || rc == KEEL_ECORRUPT)
+            if (rc == 1 && (c->schema.len = 0, (rc = kw_put_bytes(&c->schema, rec.rec, rec.len))))
+                break;
+    kw_scan_end(s);
+    kw_read_end(r);
+    if (rc < 0) {
+        kwt_err(d->path, "%s", keel_last_error());
+        return KWT_EXIT_USAGE;
+    }
+    return KWT_EXIT_OK;
 }
 
 /* The LSN of tick T's commit marker (not on_first_tick's), 0 when absent. */
@@ -162,10 +191,13 @@ int kwt_cmd_restore(int argc, char **argv)
         rc = KWT_EXIT_USAGE;
     }
     c.from += c.from ? 1 : 0;
+    if (!rc && c.from)
+        rc = schema_before(&d, &c);
     if (!rc && c.from && kw_store_write(d.store, fill_cut, &c)) {
         kwt_err(src, "%s", keel_last_error());
         rc = KWT_EXIT_USAGE;
     }
+    kw_buf_free(&c.schema);
     /* the copy is what DEST would hold: it must pass verify's checks (a published checkpoint whose
        schema or snapshot records are damaged does, as a bootstrap's load would refuse it) */
     if (!rc && (rc = kwt_check_dir(&d)) == KWT_EXIT_PROBLEM)
