@@ -31,6 +31,12 @@ run c --data "$d/c" --follow --until-tick 300
 grep -q "'world seed=9 entities=3000' in the data directory but 'world seed=8 entities=3000' is registered" "$d/x.out" ||
     fail "the refusal of --seed 8 does not name both worlds"
 [ ! -e "$d/x" ] || fail "the refused read replica left the new directory it made"
+# a replica's world.params does not decide its world (the stream's schema does): a record of other values
+# (an older keel-world recorded a replica's defaults) is written again from the flags the open accepted
+printf 'seed=1\nentities=100000\n' >"$d/c/world.params"
+run c2 --data "$d/c" --follow --until-tick 300
+grep -q '^seed=9$' "$d/c/world.params" && grep -q '^entities=3000$' "$d/c/world.params" ||
+    fail "the read replica's world.params was not written again from its accepted flags"
 "$KWAL" verify "$NATS_URL1/bs" >"$d/verify.out" 2>&1 || fail "keel-wal verify of the purged stream"
 "$KWAL" restore "$NATS_URL1/bs" "$d/r" >"$d/restore.out" 2>&1 || fail "keel-wal restore"
 "$KWAL" info "$d/r" >"$d/info.out" 2>&1 || fail "keel-wal info of the restored directory"

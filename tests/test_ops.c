@@ -361,10 +361,37 @@ START_TEST(backup_recovers_and_refuses)
 }
 END_TEST
 
+/* kw_store_forget: the close of a store whose open made the directory and
+ * its data.mdb removes them (a refused first start leaves nothing); one
+ * that found data.mdb -- its own world of an earlier start -- removes
+ * nothing; a second open refused for the lock has no store to forget, and
+ * the holder's files stay. */
+START_TEST(lock_forget_removes_only_what_it_made)
+{
+    char dir[256], mdb[300];
+    tu_path(dir, sizeof dir, "forget");
+    file_in(mdb, sizeof mdb, dir, "data.mdb");
+    kw_store_desc own = {.flags = KW_OPEN_CREATE | KW_OPEN_OWN};
+    kw_store *s = NULL, *t = NULL;
+    ck_assert_ok(kw_store_open(dir, &own, &s));
+    kw_store_forget(s);
+    kw_store_close(s);
+    ck_assert_int_ne(access(dir, F_OK), 0);
+    ck_assert_ok(kw_store_open(dir, &own, &s)); /* made again, kept */
+    kw_store_close(s);
+    ck_assert_ok(kw_store_open(dir, &own, &s)); /* found: forgetting removes nothing */
+    ck_assert_rc(kw_store_open(dir, &own, &t), KEEL_EBUSY);
+    kw_store_forget(s);
+    kw_store_close(s);
+    ck_assert_int_eq(access(mdb, F_OK), 0);
+}
+END_TEST
+
 static Suite *ops_lock(void)
 {
-    const TTest *t[] = {lock_second_process_refused, lock_same_process_refused, lock_without_pid_refused};
-    return tu_suite("ops_lock", t, 3, 120);
+    const TTest *t[] = {lock_second_process_refused, lock_same_process_refused, lock_without_pid_refused,
+                        lock_forget_removes_only_what_it_made};
+    return tu_suite("ops_lock", t, 4, 120);
 }
 
 static Suite *ops_damage(void)

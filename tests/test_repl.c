@@ -2748,6 +2748,15 @@ START_TEST(test_held_directory_makes_nothing)
     keel_runtime_close(p);
     kr_node *n = NULL;
     ck_assert_rc(kr_connect(&(kr_desc){.urls = nats_url, .world = "heldworld", .node = "look"}, &n), KEEL_ENOENT);
+    /* the refused open removed nothing of the holder's: it goes on, and its world reopens at its tick */
+    tu_step_n(holder, 2);
+    ck_assert_rc(keel_flush(holder), KEEL_OK);
+    uint64_t hash = keel_world_hash(keel_runtime_world(holder));
+    ck_assert_rc(keel_runtime_close(holder), KEEL_OK);
+    holder = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
+    ck_assert_msg(!keel_runtime_recover(holder, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(holder), 3);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(holder)), hash);
     ck_assert_rc(keel_runtime_close(holder), KEEL_OK);
 }
 END_TEST

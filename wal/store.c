@@ -47,6 +47,8 @@ struct kw_store {
     uint32_t fail_countdown;   /* test seam */
     int fail_rc;
     int lock_fd;               /* KW_OPEN_OWN: DIR/keel.lock, flocked; -1 otherwise */
+    bool made_dir, made_file;  /* this open made the directory; ... data.mdb (under its lock) */
+    bool unmake;               /* kw_store_forget: the close removes what this open made */
     /* LMDB may change the map's size only while no transaction of this
      * process is open: every transaction holds `remap` shared, a resize
      * holds it exclusively (threads read beside the WAL writer) */
@@ -529,14 +531,16 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
     kw_store_desc d = desc ? *desc : (kw_store_desc){0};
     if (!dir || !*dir || strlen(dir) >= 4000 || !out)
         return core_fail(KEEL_EINVAL, "kw_store_open: the directory name is missing or too long");
-    bool create = d.flags & KW_OPEN_CREATE, readonly = d.flags & KW_OPEN_READONLY;
+    bool create = d.flags & KW_OPEN_CREATE, readonly = d.flags & KW_OPEN_READONLY, made_dir = false;
     struct stat st;
     if (stat(dir, &st)) {
         if (errno != ENOENT || !create || readonly)
             return core_fail(errno == ENOENT ? KEEL_ENOENT : KEEL_EIO, "cannot open data directory %s: %s", dir,
                              strerror(errno));
-        if (mkdir(dir, 0755) && errno != EEXIST)
+        int mk = mkdir(dir, 0755);
+        if (mk && errno != EEXIST)
             return core_fail(KEEL_EIO, "cannot create data directory %s: %s", dir, strerror(errno));
+        made_dir = mk == 0;
     } else if (!S_ISDIR(st.st_mode)) {
         return core_fail(KEEL_ENOENT, "%s is a file, not a data directory", dir);
     }
@@ -550,6 +554,7 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
     snprintf(s->dir, sizeof s->dir, "%s", dir);
     s->readonly = readonly;
     s->lock_fd = -1;
+    s->made_dir = made_dir;
     pthread_rwlock_init(&s->remap, NULL);
     s->map_size = d.map_size ? d.map_size : 64ull << 20;
     s->map_max = d.map_max ? d.map_max : 1ull << 40;
@@ -557,8 +562,10 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
         s->map_size = s->map_max;
     /* the lock before anything is created: two creators would share data.mdb.new */
     int rc = (d.flags & KW_OPEN_OWN) && !readonly ? own_dir(s) : KEEL_OK;
-    if (!rc)
-        rc = create && !readonly && stat(path, &st) ? create_data_file(s, path) : kw_store_check_file(dir);
+    if (!rc && create && !readonly && stat(path, &st))
+        s->made_file = !(rc = create_data_file(s, path));
+    else if (!rc)
+        rc = kw_store_check_file(dir);
     if (!rc && (rc = mdb_env_create(&s->env)))
         rc = core_fail(KEEL_ENOMEM, "cannot create an LMDB environment: %s", mdb_strerror(rc));
     if (rc) {
@@ -589,14 +596,37 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
     return KEEL_OK;
 }
 
+void kw_store_forget(kw_store *s)
+{
+    if (s)
+        s->unmake = s->made_file && s->lock_fd >= 0;
+}
+
+/* The close of a forgotten store: still under its lock (no other process
+ * can have opened the directory since), data.mdb and LMDB's lock file go,
+ * then keel.lock, then the directory if this open made it and it is empty. */
+static void unmake(kw_store *s)
+{
+    static const char *const files[] = {"data.mdb", "lock.mdb", "keel.lock"};
+    char p[4200];
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(p, sizeof p, "%s/%s", s->dir, files[i]);
+        unlink(p);
+    }
+}
+
 void kw_store_close(kw_store *s)
 {
     if (!s)
         return;
     if (s->env)
         mdb_env_close(s->env);
+    if (s->unmake)
+        unmake(s);
     if (s->lock_fd >= 0)
         close(s->lock_fd); /* after LMDB let go of the files: releases the lock */
+    if (s->unmake && s->made_dir)
+        rmdir(s->dir); /* only when empty: never an application's own file */
     pthread_rwlock_destroy(&s->remap);
     free(s);
 }
@@ -683,20 +713,6 @@ static bool store_file(const char *name)
 {
     return !strcmp(name, "data.mdb") || !strcmp(name, "lock.mdb") || !strcmp(name, "keel.lock") ||
            !strncmp(name, "data.mdb.new", 12);
-}
-
-void kw_store_unmake(const char *dir, bool made_dir)
-{
-    DIR *dp = opendir(dir);
-    struct dirent *e;
-    char p[4200];
-    while (dp && (e = readdir(dp)))
-        if (store_file(e->d_name) && snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p)
-            unlink(p);
-    if (dp)
-        closedir(dp);
-    if (made_dir)
-        rmdir(dir); /* only when empty: never an application's own file */
 }
 
 static int copy_app_files(const char *dir, const char *dest)

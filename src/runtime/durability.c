@@ -4,7 +4,6 @@
  * installing durable/'s logging interface in the transaction layer.
  */
 #include <stdio.h>
-#include <sys/stat.h>
 #include "core/core.h"
 #include "core/failpoint.h"
 #include "runtime/runtime_internal.h"
@@ -62,20 +61,15 @@ int keel_runtime_recover(keel_runtime *rt, keel_recovery *out)
             return core_fail(KEEL_EBUSY, "keel_runtime_recover: ticks already ran in memory");
         rt->recovered = true;
         keel_world_freeze(rt->world); /* the schema is checked and stored now: no later registration */
-        struct stat st;
-        char mdb[4200];
-        bool made_dir = stat(rt->data_dir, &st) != 0;
-        snprintf(mdb, sizeof mdb, "%s/data.mdb", rt->data_dir);
-        bool fresh = made_dir || stat(mdb, &st) != 0;
         rt->recover_rc = open_data_dir(rt);
         if (rt->recover_rc) {
             core_fail_prefix(rt->recover_rc, "cannot open data directory %s", rt->data_dir);
             snprintf(rt->recover_error, sizeof rt->recover_error, "%s", keel_last_error());
+            /* a directory this open made, refused (a replica's stream that is no world of its schema, say):
+               nothing of it stays (kw_store_forget acts only on what the store itself made) */
+            if (rt->dur)
+                kw_store_forget(rt->dur->store);
             runtime_close_data_dir(rt);
-            /* a new directory refused (a replica's stream that is no world of its schema, say): nothing of
-               it stays -- unless a bootstrap's copy may still write there (repl_settle joins it) */
-            if (fresh && !repl_booting(rt))
-                kw_store_unmake(rt->data_dir, made_dir);
             core_fail(rt->recover_rc, "%s", rt->recover_error); /* closing may have set another */
         } else {
             (void)KEEL_FAILPOINT(RECOVER_AFTER_REPLAY); /* recovered, before on_first_tick and any tick */

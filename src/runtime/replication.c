@@ -135,11 +135,6 @@ void repl_free(keel_runtime *rt)
     rt->repl = NULL;
 }
 
-bool repl_booting(const keel_runtime *rt)
-{
-    return rt->repl && rt->repl->boot;
-}
-
 bool repl_may_tick(const keel_runtime *rt)
 {
     return !rt->repl || rt->repl->st.role == KEEL_ROLE_PRIMARY;
@@ -481,10 +476,12 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
             status_set(r, st_epoch, &epoch);
         }
     }
-    if (rc)
+    if (rc) {
+        kw_store_forget(store); /* a directory this open made: nothing of it stays */
         kw_store_close(store);
-    else
+    } else {
         o->store = store; /* the directory stays owned until the durable layer holds it */
+    }
     o->follow = !primary;
     o->replicated = true;
     o->stop_tick = primary ? 0 : r->desc.stop_tick;
@@ -689,8 +686,10 @@ static int follow_again(keel_runtime *rt)
     r->reader = NULL;
     kr_local end;
     int rc = kr_local_end(rt->dur->store, &end);
+    if (rc) /* the reader starts again where it was when the directory can be read */
+        return rc;
     r->local_last = end.last;
-    return rc ? rc : apply_local(rt, end.tick);
+    return apply_local(rt, end.tick);
 }
 
 static void st_promoted(keel_repl_status *st, const void *arg)
@@ -734,12 +733,12 @@ static int become_primary(keel_runtime *rt, uint64_t epoch, uint64_t lsn, keel_r
     return KEEL_OK;
 }
 
-/* A standby whose primary's lease lapsed: everything in the stream first,
- * then the lease, the EPOCH record, and the primary's role. 0 with
- * *promoted false when it may not or cannot take the world over now: its
- * stop_tick keeps it from applying all the stream holds, another node was
- * quicker, or the stream kept moving (a deposed primary still publishing
- * until its lease's loss fences it); the next poll tries again. */
+/* A standby whose primary's lease lapsed (and that is not at its
+ * stop_tick: keel_replica_poll): everything in the stream first, then the
+ * lease, the EPOCH record, and the primary's role. 0 with *promoted false
+ * when it cannot take the world over now: another node was quicker, or the
+ * stream kept moving (a deposed primary still publishing until its lease's
+ * loss fences it); the next poll tries again. */
 static int promote(keel_runtime *rt, bool *promoted)
 {
     struct runtime_repl *r = rt->repl;
@@ -747,13 +746,6 @@ static int promote(keel_runtime *rt, bool *promoted)
     int rc = catch_up(rt);
     if (rc)
         return rc;
-    if (d->applied_lsn < r->local_last && d->stop_tick && atomic_load(&rt->tick) >= d->stop_tick) {
-        /* a primary from here would go on from an older tick than the stream's */
-        core_log(KEEL_LOG_WARN, "repl", "not_promoted", "world=%s tick=%" PRIu64 " stop_tick=%" PRIu64
-                 " applied_lsn=%" PRIu64 " stream_lsn=%" PRIu64, r->world, atomic_load(&rt->tick), d->stop_tick,
-                 d->applied_lsn, r->local_last);
-        return KEEL_OK;
-    }
     uint64_t epoch = 0, rev = 0, lsn = 0;
     rc = kr_lease_take(r->node, &r->seen, &epoch, &rev);
     if (rc == KEEL_ECONFLICT) {
@@ -798,6 +790,14 @@ int keel_replica_poll(keel_runtime *rt, int32_t timeout_ms, bool *promoted)
         return core_fail(KEEL_EFATAL, "keel_replica_poll: the runtime latched fatal (%s)",
                          keel_strerror(dur_fatal(rt->dur)));
     bool lapsed = r->st.role == KEEL_ROLE_STANDBY && lease_lapsed(r);
+    uint64_t stop = rt->dur->stop_tick;
+    if (lapsed && stop && atomic_load(&rt->tick) >= stop) {
+        /* at its stop_tick a standby applies nothing more: a primary from here would go on from an older
+           tick than the stream's, so it does not take the world over (and the poll waits as usual) */
+        core_log(KEEL_LOG_WARN, "repl", "not_promoted", "world=%s tick=%" PRIu64 " stop_tick=%" PRIu64, r->world,
+                 atomic_load(&rt->tick), stop);
+        lapsed = false;
+    }
     uint64_t tick = 0;
     if (!(rc = reader_ready(r)))
         rc = kr_append_from(r->reader, rt->dur->store, POLL_BATCH, lapsed ? 0 : timeout_ms, &r->local_last, &tick);

@@ -177,8 +177,6 @@ int repl_settle(keel_runtime *rt);
 void repl_free(keel_runtime *rt);
 /* False on a standby or follower: it applies its primary's ticks. */
 bool repl_may_tick(const keel_runtime *rt);
-/* A replica's bootstrap whose copy into the directory may still run. */
-bool repl_booting(const keel_runtime *rt);
 /* A close begins: a sync primary's untimed waits wait for its stream
  * DRAIN_MS from now at most (dur_stream_deadline): a stream out of reach
  * must not hold a close for ever. */

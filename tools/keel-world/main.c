@@ -735,7 +735,10 @@ int main(int argc, char **argv)
     if (parse_args(argc, argv, &o))
         return 2;
     bool recorded = false;
-    int status = o.memory ? 0 : match_params(&o, &recorded);
+    /* a standby or read replica takes its world from the stream: the schema checks its parameters at the
+       open (docs/demo.md), and the record is written again from the flags the open accepted */
+    bool replica = o.standby || o.follow;
+    int status = o.memory || replica ? 0 : match_params(&o, &recorded);
     if (status)
         return status;
     char bound[160];
@@ -749,7 +752,9 @@ int main(int argc, char **argv)
     keel_schedule *sched = NULL;
     keel_recovery rec = {.fresh = true};
     status = setup(&app, &sched, &o, &rec) ? 1 : 0;
-    if (!status && !o.memory && !recorded && record_params(&o, &rec))
+    if (!status && !o.memory && (replica ? params_write(o.data, &(world_params){.seed = o.seed,
+                                                                               .entities = o.entities})
+                                         : !recorded && record_params(&o, &rec)))
         status = 1;
     if (!status && o.until_given && o.until_tick < keel_runtime_tick(app.rt)) {
         /* exit 2, no final line: the tick asked for cannot be reached, and its hash is not this world's */

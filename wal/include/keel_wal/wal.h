@@ -510,12 +510,13 @@ int kw_store_check_file(const char *dir);
  * KEEL_ENOSPC, KEEL_ENOMEM. On an error dest holds no data.mdb. */
 int kw_store_backup(const char *dir, const char *dest);
 void kw_store_close(kw_store *s);
-/* Undo the first open of a new data directory (closed): remove what the
- * store made there (data.mdb, lock.mdb, keel.lock, a half-made data.mdb.new)
- * and, when made_dir, the directory itself if nothing else is in it. For a
- * first open refused before it held anything of its own: a refusal leaves
- * nothing behind. */
-void kw_store_unmake(const char *dir, bool made_dir);
+/* A first open that failed after this store made the directory's data.mdb
+ * (KW_OPEN_OWN: under its lock): its close removes what the open made --
+ * data.mdb, LMDB's lock file and keel.lock while it still holds the lock,
+ * then the directory when this open made it and nothing else is there -- so
+ * that a refused start leaves nothing behind. Does nothing for a store that
+ * found data.mdb (another's world, or its own of an earlier start). */
+void kw_store_forget(kw_store *s);
 const char *kw_store_dir(const kw_store *s);
 /* Size in bytes of data.mdb. */
 uint64_t kw_store_file_size(const kw_store *s);
