@@ -1547,6 +1547,28 @@ static keel_runtime *sync_primary_rt(const char *dir, const char *world, keel_co
     return spawning_rt(sync_primary_desc(dir, world), v);
 }
 
+/* A sync primary of world `world` in dir, recovered, `ticks` ticks in and
+ * flushed (the stream holds them). */
+static keel_runtime *sync_primary_at(const char *dir, const char *world, keel_component *v, uint32_t ticks)
+{
+    keel_runtime *rt = sync_primary_rt(dir, world, v);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    tu_step_n(rt, ticks);
+    ck_assert_rc(keel_flush(rt), KEEL_OK);
+    return rt;
+}
+
+/* The local directory `dir` opens (without replication) at tick and hash. */
+static void assert_opens_at(const char *dir, uint64_t tick, uint64_t hash)
+{
+    keel_component v;
+    keel_runtime *rt = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(rt), tick);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(rt)), hash);
+    ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
+}
+
 /* A runtime of d (spawning_rt) recovered and three ticks in. */
 static keel_runtime *three_ticks_in(keel_runtime_desc d, keel_component *v)
 {
@@ -2753,11 +2775,7 @@ START_TEST(test_held_directory_makes_nothing)
     ck_assert_rc(keel_flush(holder), KEEL_OK);
     uint64_t hash = keel_world_hash(keel_runtime_world(holder));
     ck_assert_rc(keel_runtime_close(holder), KEEL_OK);
-    holder = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dir}, &v);
-    ck_assert_msg(!keel_runtime_recover(holder, NULL), "%s", keel_last_error());
-    ck_assert_uint_eq(keel_runtime_tick(holder), 3);
-    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(holder)), hash);
-    ck_assert_rc(keel_runtime_close(holder), KEEL_OK);
+    assert_opens_at(dir, 3, hash);
 }
 END_TEST
 
@@ -2767,12 +2785,9 @@ END_TEST
 START_TEST(test_restore_to_tick_keeps_its_schema)
 {
     char pdir[4096], dest[4096], addr[128];
-    keel_component pv, pv2, rv;
+    keel_component pv, pv2;
     tu_path(pdir, sizeof pdir, "rs-primary");
-    keel_runtime *p = sync_primary_rt(pdir, "rschema", &pv);
-    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
-    tu_step_n(p, 3);
-    ck_assert_rc(keel_flush(p), KEEL_OK);
+    keel_runtime *p = sync_primary_at(pdir, "rschema", &pv, 3);
     uint64_t hash3 = keel_world_hash(keel_runtime_world(p));
     ck_assert_rc(keel_runtime_close(p), KEEL_OK);
     p = spawning_rt_w(sync_primary_desc(pdir, "rschema"), &pv2, true); /* "w" grows the schema after tick 3 */
@@ -2788,11 +2803,7 @@ START_TEST(test_restore_to_tick_keeps_its_schema)
     run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"verify", dest, NULL});
     ck_assert_msg(run.status == 0, "keel-wal verify: status %d, stdout %s", run.status, run.out);
     tu_run_free(&run);
-    keel_runtime *r = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dest}, &rv);
-    ck_assert_msg(!keel_runtime_recover(r, NULL), "%s", keel_last_error());
-    ck_assert_uint_eq(keel_runtime_tick(r), 3);
-    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(r)), hash3);
-    ck_assert_rc(keel_runtime_close(r), KEEL_OK);
+    assert_opens_at(dest, 3, hash3);
 }
 END_TEST
 
@@ -2806,10 +2817,7 @@ START_TEST(test_standby_at_stop_tick_stays_standby)
     char pdir[4096], sdir[4096], fdir[4096];
     keel_component pv, sv, fv;
     tu_path(pdir, sizeof pdir, "st-primary");
-    keel_runtime *p = sync_primary_rt(pdir, "stoptick", &pv);
-    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
-    tu_step_n(p, 5);
-    ck_assert_rc(keel_flush(p), KEEL_OK);
+    keel_runtime *p = sync_primary_at(pdir, "stoptick", &pv, 5);
     uint64_t hash = keel_world_hash(keel_runtime_world(p));
     tu_path(sdir, sizeof sdir, "st-standby");
     keel_runtime_desc sd = {.workers = 1, .durable.dir = sdir,
@@ -2888,10 +2896,7 @@ START_TEST(test_promotion_refused_follows_on)
     char pdir[4096], sdir[4096], fdir[4096];
     keel_component pv, sv, fv;
     tu_path(pdir, sizeof pdir, "rf-primary");
-    keel_runtime *p = sync_primary_rt(pdir, "refused", &pv);
-    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
-    tu_step_n(p, 3);
-    ck_assert_rc(keel_flush(p), KEEL_OK);
+    keel_runtime *p = sync_primary_at(pdir, "refused", &pv, 3);
     tu_path(sdir, sizeof sdir, "rf-standby");
     keel_runtime_desc sd = {.workers = 1, .durable.dir = sdir,
                             .replication = {.nats = nats_url, .world = "refused", .role = KEEL_ROLE_STANDBY,
