@@ -128,33 +128,9 @@ static int copy_checkpoint(kw_store *s, uint64_t upto, size_t limit, uint64_t id
     return rc == KEEL_ENOENT ? KEEL_OK : rc;
 }
 
-typedef struct ck_parsed ck_parsed;
-static bool parse(const void *data, size_t len, ck_parsed *out);
-static int latest(kr_node *n, uint64_t *begin, uint64_t *end);
-
 /* The covered LSN of the latest published checkpoint (0: none) and the
  * checkpoint stream's last sequence before it was looked up. */
 static int published_state(kr_node *n, uint64_t *covered, uint64_t *last);
-
-/* A BEGIN message, expecting the stream to end at `last` (0: empty, which
- * the client would not say: the header does). */
-static natsStatus publish_begin(kr_node *n, const void *data, size_t len, uint64_t last, uint64_t *seq)
-{
-    natsMsg *m = NULL;
-    jsPubAck *pa = NULL;
-    jsPubOptions po;
-    jsPubOptions_Init(&po);
-    po.ExpectLastSeq = last;
-    natsStatus st = natsMsg_Create(&m, n->ckpt_subject, NULL, data, (int)len);
-    if (st == NATS_OK && !last)
-        st = natsMsgHeader_Set(m, "Nats-Expected-Last-Sequence", "0");
-    if (st == NATS_OK)
-        st = js_PublishMsg(&pa, n->js, m, &po, NULL);
-    *seq = st == NATS_OK ? pa->Sequence : 0;
-    jsPubAck_Destroy(pa);
-    natsMsg_Destroy(m);
-    return st;
-}
 
 int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint64_t *published_lsn)
 {
@@ -174,8 +150,13 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
         return rc;
     }
     /* the BEGIN expects the stream as it was looked at: another publication since refuses it */
-    uint64_t begin;
-    natsStatus st = publish_begin(n, m.bytes.p, m.off[1] - m.off[0], last, &begin);
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.ExpectLastSeq = last;
+    jsPubAck *pa = NULL;
+    natsStatus st = kr_publish_expecting(n, n->ckpt_subject, m.bytes.p, m.off[1] - m.off[0], &po, &pa, NULL);
+    uint64_t begin = st == NATS_OK ? pa->Sequence : 0;
+    jsPubAck_Destroy(pa);
     pthread_mutex_lock(&n->err_mu);
     n->async_errors = 0;
     pthread_mutex_unlock(&n->err_mu);
@@ -227,11 +208,11 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
 
 /* ---- loading ----------------------------------------------------------------- */
 
-struct ck_parsed {
+typedef struct ck_parsed {
     uint8_t type;
     const void *key, *val;
     size_t klen, vlen;
-};
+} ck_parsed;
 
 static bool parse(const void *data, size_t len, ck_parsed *out)
 {
@@ -338,6 +319,17 @@ static bool of_stream(const kr_node *n, const void *key)
     return kw_get_u64(&c) == kr_stream_id(n);
 }
 
+/* A BEGIN message's checkpoint meta, if it is one of the node's stream. */
+static int begin_meta(kr_node *n, uint64_t seq, const ck_parsed *p, kw_checkpoint_meta *meta)
+{
+    if (p->klen == 8 && kr_stream_id(n) && !of_stream(n, p->key))
+        return core_fail(KEEL_ENOENT, "stream %s holds no checkpoint of stream %s: its latest is of a stream of "
+                         "that name deleted before", n->ckpt_stream, n->stream);
+    if (kw_checkpoint_meta_decode(p->val, p->vlen, meta))
+        return core_fail_prefix(KEEL_ECORRUPT, "stream %s: the checkpoint at %" PRIu64, n->ckpt_stream, seq);
+    return KEEL_OK;
+}
+
 static int published_state(kr_node *n, uint64_t *covered, uint64_t *last)
 {
     uint64_t first, begin, end;
@@ -348,24 +340,13 @@ static int published_state(kr_node *n, uint64_t *covered, uint64_t *last)
     int rc = kr_stream_bounds(n, n->ckpt_stream, &first, last);
     if (!rc)
         rc = latest(n, &begin, &end);
-    /* one a deleted stream of the name left behind (its BEGIN names another identity) does not count */
+    /* one a deleted stream of the name left behind, or one without a readable meta, does not count */
     if (!rc && begin && !(rc = kr_msg_at(n, n->ckpt_stream, begin, &msg)) &&
         parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) && p.type == CK_BEGIN &&
-        !(p.klen == 8 && kr_stream_id(n) && !of_stream(n, p.key)) && !kw_checkpoint_meta_decode(p.val, p.vlen, &meta))
+        !begin_meta(n, begin, &p, &meta))
         *covered = meta.lsn;
     natsMsg_Destroy(msg);
     return rc == KEEL_ENOENT ? KEEL_OK : rc; /* purged since: none to compare with */
-}
-
-/* A BEGIN message's checkpoint meta, if it is one of the node's stream. */
-static int begin_meta(const kr_boot *b, uint64_t seq, const ck_parsed *p, kw_checkpoint_meta *meta)
-{
-    if (p->klen == 8 && kr_stream_id(b->n) && !of_stream(b->n, p->key))
-        return core_fail(KEEL_ENOENT, "stream %s holds no checkpoint of stream %s: its latest is of a stream of "
-                         "that name deleted before", b->n->ckpt_stream, b->n->stream);
-    if (kw_checkpoint_meta_decode(p->val, p->vlen, meta))
-        return core_fail_prefix(KEEL_ECORRUPT, "stream %s: the checkpoint at %" PRIu64, b->n->ckpt_stream, seq);
-    return KEEL_OK;
 }
 
 /* An ENTRIES run into the snap database; nothing of a malformed one counts
@@ -393,7 +374,7 @@ static int apply(kw_wtxn *t, const kr_boot *b, uint64_t seq, const void *data, s
         return corrupt(b, seq, "is no part of a checkpoint");
     switch (p.type) {
     case CK_BEGIN:
-        if ((rc = begin_meta(b, seq, &p, &meta)))
+        if ((rc = begin_meta(b->n, seq, &p, &meta)))
             return rc;
         return kw_put(t, KW_DB_META, KW_META_CHECKPOINT, strlen(KW_META_CHECKPOINT), p.val, p.vlen);
     case CK_SCHEMA:
@@ -545,7 +526,7 @@ static int boot_begin(kr_node *n, kw_store *s, uint64_t begin, uint64_t end, kr_
     *b = (kr_boot){.n = n, .s = s, .begin = begin, .end = end};
     int rc = kr_read_begin_on(n, n->ckpt_stream, n->ckpt_subject, begin, &b->r);
     if (!rc && !(rc = boot_fetch(b, &b->head)))
-        rc = begin_meta(b, begin, &b->head, &b->meta);
+        rc = begin_meta(b->n, begin, &b->head, &b->meta);
     if (!rc && !(rc = boot_fetch(b, &b->schema)) && b->schema.type != CK_SCHEMA)
         rc = corrupt(b, begin + 1, "is no checkpoint's schema (which follows its BEGIN)");
     if (rc) {

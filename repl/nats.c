@@ -487,6 +487,20 @@ static int stored_id(kr_node *n, uint64_t seq, char *id, size_t cap)
     return KEEL_OK;
 }
 
+natsStatus kr_publish_expecting(kr_node *n, const char *subject, const void *data, size_t len, jsPubOptions *po,
+                                jsPubAck **pa, jsErrCode *jerr)
+{
+    natsMsg *m = NULL;
+    natsStatus s = natsMsg_Create(&m, subject, NULL, data, (int)len);
+    /* the client sends no expectation of an empty stream (ExpectLastSeq 0): the header says it */
+    if (s == NATS_OK && !po->ExpectLastSeq)
+        s = natsMsgHeader_Set(m, "Nats-Expected-Last-Sequence", "0");
+    if (s == NATS_OK)
+        s = js_PublishMsg(pa, n->js, m, po, jerr);
+    natsMsg_Destroy(m);
+    return s;
+}
+
 int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t len)
 {
     char id[64];
@@ -499,15 +513,8 @@ int kr_publish(kr_node *n, uint64_t epoch, uint64_t lsn, const void *rec, size_t
     po.MaxWait = n->timeout_ms;
     jsPubAck *pa = NULL;
     jsErrCode jerr = 0;
-    natsMsg *m = NULL;
-    natsStatus s = natsMsg_Create(&m, n->subject, NULL, rec, (int)len);
-    /* the client sends no expectation of an empty stream (ExpectLastSeq 0): the header says it, or two
-       primaries of a new world could both append an LSN 1 */
-    if (s == NATS_OK && lsn == 1)
-        s = natsMsgHeader_Set(m, "Nats-Expected-Last-Sequence", "0");
-    if (s == NATS_OK)
-        s = js_PublishMsg(&pa, n->js, m, &po, &jerr);
-    natsMsg_Destroy(m);
+    /* LSN 1 expects an empty stream: two primaries of a new world cannot both append one */
+    natsStatus s = kr_publish_expecting(n, n->subject, rec, len, &po, &pa, &jerr);
     if (s == NATS_OK) {
         bool right = pa->Sequence == lsn;
         jsPubAck_Destroy(pa);

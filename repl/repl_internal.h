@@ -66,6 +66,10 @@ int kr_last_msg(kr_node *n, const char *stream, const char *subject, natsMsg **m
 /* The message at seq of `stream`, retried as kr_last_msg: *m to destroy.
  * KEEL_ENOENT: none there (purged or deleted). */
 int kr_msg_at(kr_node *n, const char *stream, uint64_t seq, natsMsg **m);
+/* A synchronous publish of data to subject with po; po->ExpectLastSeq 0
+ * expects an empty stream (a header the client omits for 0). */
+natsStatus kr_publish_expecting(kr_node *n, const char *subject, const void *data, size_t len, jsPubOptions *po,
+                                jsPubAck **pa, jsErrCode *jerr);
 /* The message kr_read_next gave last, now the caller's (natsMsg_Destroy):
  * its data stays valid past the next read. */
 natsMsg *kr_read_take(kr_reader *r);

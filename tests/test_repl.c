@@ -1569,6 +1569,20 @@ static void assert_opens_at(const char *dir, uint64_t tick, uint64_t hash)
     ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
 }
 
+/* A new read replica of `world` (replica_desc: its directory into dir),
+ * polled until it applied tick `tick`, where its world hashes to `hash`. */
+static keel_runtime *replica_at(const char *world, char *dir, size_t cap, keel_component *v, uint64_t tick,
+                                uint64_t hash)
+{
+    keel_runtime *f = spawning_rt(replica_desc(world, dir, cap), v);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    for (int i = 0; i < 300 && keel_runtime_tick(f) < tick; i++)
+        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), tick);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), hash);
+    return f;
+}
+
 /* A runtime of d (spawning_rt) recovered and three ticks in. */
 static keel_runtime *three_ticks_in(keel_runtime_desc d, keel_component *v)
 {
@@ -2839,12 +2853,7 @@ START_TEST(test_standby_at_stop_tick_stays_standby)
     ck_assert_uint_gt(st.lag_records, 0);
     ck_assert_uint_eq(st.epoch, 1);
     ck_assert_rc(keel_runtime_close(s), KEEL_OK);
-    keel_runtime *f = spawning_rt(replica_desc("stoptick", fdir, sizeof fdir), &fv);
-    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
-    for (int i = 0; i < 300 && keel_runtime_tick(f) < 5; i++)
-        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
-    ck_assert_uint_eq(keel_runtime_tick(f), 5);
-    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), hash);
+    keel_runtime *f = replica_at("stoptick", fdir, sizeof fdir, &fv, 5, hash);
     keel_repl_status_get(f, &st);
     ck_assert_uint_eq(st.epoch, 1);
     ck_assert_uint_eq(st.lag_ticks, 0);
@@ -2933,13 +2942,7 @@ START_TEST(test_promotion_refused_follows_on)
     ck_assert_rc(keel_flush(s), KEEL_OK);
     uint64_t hash = keel_world_hash(keel_runtime_world(s));
     ck_assert_rc(keel_runtime_close(s), KEEL_OK);
-    keel_runtime *f = spawning_rt(replica_desc("refused", fdir, sizeof fdir), &fv);
-    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
-    for (int i = 0; i < 300 && keel_runtime_tick(f) < 5; i++)
-        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
-    ck_assert_uint_eq(keel_runtime_tick(f), 5);
-    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(f)), hash);
-    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(replica_at("refused", fdir, sizeof fdir, &fv, 5, hash)), KEEL_OK);
     kw_buf_free(&g->rec);
     kw_codec_destroy(g->c);
     kr_close(g->n);

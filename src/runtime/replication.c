@@ -700,9 +700,7 @@ static void st_promoted(keel_repl_status *st, const void *arg)
     st->lag_records = st->lag_ticks = st->lag_bytes = 0;
 }
 
-/* The promoted primary's epoch record applied and its publisher started.
- * Its replay is a primary's: a follower's stop_tick no longer bounds it (it
- * is restored when the node stays a standby after all). */
+/* The promoted primary's epoch record applied and its publisher started. */
 static int become_primary(keel_runtime *rt, uint64_t epoch, uint64_t lsn, keel_repl_mode mode)
 {
     struct runtime_repl *r = rt->repl;
@@ -710,8 +708,7 @@ static int become_primary(keel_runtime *rt, uint64_t epoch, uint64_t lsn, keel_r
     kr_read_end(r->reader);
     r->reader = NULL;
     r->local_last = r->epoch_lsn = lsn;
-    uint64_t tick = atomic_load(&rt->tick), stop_tick = d->stop_tick;
-    d->stop_tick = 0;
+    uint64_t tick = atomic_load(&rt->tick);
     int rc = dur_follow(d, lsn, &tick);
     if (!rc) {
         atomic_store(&rt->tick, tick);
@@ -721,10 +718,8 @@ static int become_primary(keel_runtime *rt, uint64_t epoch, uint64_t lsn, keel_r
            dur_promote, and every one after it goes through them */
         rc = start_primary(rt, mode);
     }
-    if (rc) {
-        d->stop_tick = stop_tick;
+    if (rc)
         return rc;
-    }
     dur_promote(d);
     status_set(r, st_epoch, &epoch);
     status_set(r, st_promoted, &mode);

@@ -404,9 +404,13 @@ int kwt_dir_open(const char *path, kwt_dir *d)
         kwt_err(*path ? "keel-wal" : "''", "the directory name is %s", *path ? "too long" : "empty");
         return KWT_EXIT_USAGE;
     }
-    int rc = kwt_is_stream(path) ? open_stream(path, d) : precheck(path);
-    if (rc || kwt_is_stream(path))
+    if (kwt_is_stream(path)) {
+        int rc = open_stream(path, d);
         return rc ? rc : open_loaded(path, d);
+    }
+    int rc = precheck(path);
+    if (rc)
+        return rc;
     kwt_guard_set(path, KWT_EXIT_USAGE);
     kw_store_desc desc = {.flags = KW_OPEN_READONLY};
     if ((rc = kw_store_open(path, &desc, &d->store))) {
