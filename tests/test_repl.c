@@ -2821,6 +2821,81 @@ START_TEST(test_restore_to_tick_keeps_its_schema)
 }
 END_TEST
 
+/* keel-wal restore of "name" into a fresh directory; --to-tick when tick
+ * is given (non-NULL): its exit status, stderr into err (when not NULL),
+ * the new directory's path into dest. */
+static int restore_into(const char *name, const char *tick, char *dest, size_t cap, char *err, size_t errcap)
+{
+    static unsigned made;
+    char addr[128], leaf[160];
+    snprintf(addr, sizeof addr, "%s/%s", nats_url, name);
+    snprintf(leaf, sizeof leaf, "%s-restored-%u", name, made++);
+    tu_path(dest, cap, leaf);
+    tu_run run = tu_run_argv(KEEL_WAL_BIN, tick ? (const char *const[]){"restore", addr, dest, "--to-tick", tick, NULL}
+                                                : (const char *const[]){"restore", addr, dest, NULL});
+    int status = run.status;
+    if (err)
+        snprintf(err, errcap, "%s", run.err);
+    tu_run_free(&run);
+    return status;
+}
+
+static bool has_data_file(const char *dir)
+{
+    char mdb[4200];
+    snprintf(mdb, sizeof mdb, "%s/data.mdb", dir);
+    return access(mdb, F_OK) == 0;
+}
+
+/* keel-wal restore of a stream purged up to its published checkpoint of
+ * tick 5: --to-tick 5 restores the checkpoint alone (no record of tick 5
+ * is left on the stream), a tick before it is refused naming the earliest
+ * tick the stream can give, a tick after its end is refused naming its
+ * last; the whole stream restores to tick 10. A refusal writes nothing.
+ * Once the schema grew after the checkpoint, tick 5 still gets the
+ * checkpoint's schema. */
+START_TEST(test_restore_purged_stream)
+{
+    char pdir[4096], dest[4096], err[4096];
+    uint64_t at5, want;
+    purged_world("rpurge", pdir, sizeof pdir, &at5, &want);
+    ck_assert_msg(restore_into("rpurge", "5", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
+    assert_opens_at(dest, 5, at5);
+    ck_assert_int_eq(restore_into("rpurge", "4", dest, sizeof dest, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "tick 4 is before") && strstr(err, "checkpoint of tick 5"), "%s", err);
+    ck_assert(!has_data_file(dest));
+    ck_assert_int_eq(restore_into("rpurge", "11", dest, sizeof dest, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "no commit of tick 11") && strstr(err, "ends at tick 10"), "%s", err);
+    ck_assert(!has_data_file(dest));
+    ck_assert_msg(restore_into("rpurge", NULL, dest, sizeof dest, err, sizeof err) == 0, "%s", err);
+    assert_opens_at(dest, 10, want);
+    /* the world's schema grows after the checkpoint ("w"): tick 5 still gets the checkpoint's schema */
+    keel_runtime_desc pd = sync_primary_desc(pdir, "rpurge");
+    pd.replication.retain_records = 1;
+    keel_component v;
+    keel_runtime *p = spawning_rt_w(pd, &v, true);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 2);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    ck_assert_msg(restore_into("rpurge", "5", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
+    assert_opens_at(dest, 5, at5);
+}
+END_TEST
+
+/* A world's streams made by a primary that died before its first record:
+ * there is no world to restore (exit 2, nothing written). */
+START_TEST(test_restore_empty_stream)
+{
+    kr_node *n = connect_world(nats_url, "rempty", "a");
+    char dest[4096], err[4096];
+    ck_assert_int_eq(restore_into("rempty", NULL, dest, sizeof dest, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "no record and no published checkpoint"), "%s", err);
+    ck_assert(!has_data_file(dest));
+    kr_close(n);
+}
+END_TEST
+
 /* A standby whose stop_tick keeps it from applying all the stream holds
  * does not take the world over when the lease goes: from there it would
  * continue an older tick than the stream's. It reports the ticks it holds
@@ -2969,7 +3044,8 @@ int main(void)
                                    test_replica_copy_fails_once, test_lease_renewed_while_recovering,
                                    test_sync_close_without_stream, test_standby_at_stop_tick_stays_standby,
                                    test_promotion_refused_follows_on, test_held_directory_makes_nothing,
-                                   test_restore_to_tick_keeps_its_schema};
+                                   test_restore_to_tick_keeps_its_schema, test_restore_purged_stream,
+                                   test_restore_empty_stream};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "keel_repl/repl.h"
 #include "kwt.h"
 
 static const char backup_help[] =
@@ -131,28 +132,92 @@ static int schema_before(kwt_dir *d, cut *c)
     return KWT_EXIT_OK;
 }
 
-/* The LSN of tick T's commit marker (not on_first_tick's), 0 when absent. */
-static int commit_of_tick(kwt_dir *d, uint64_t tick, uint64_t *lsn)
+/* The LSN of tick T's commit marker (not on_first_tick's; 0 when absent)
+ * and the last tick committed (0: none). */
+static int commit_of_tick(kwt_dir *d, uint64_t tick, uint64_t *lsn, uint64_t *last_tick)
 {
     kw_rtxn *r;
     int rc = kwt_read_begin(d, &r);
     if (rc)
         return rc;
-    kw_range range = {.from_tick = tick, .to_tick = tick, .kinds = 1u << KW_KIND_TICK_COMMIT};
+    kw_range range = {.kinds = 1u << KW_KIND_TICK_COMMIT};
     kw_scan *s;
     kw_record rec;
-    *lsn = 0;
+    *lsn = *last_tick = 0;
     if (kw_scan_begin(r, &range, &s)) {
         kw_read_end(r);
         kwt_err(d->path, "%s", keel_last_error());
         return KWT_EXIT_USAGE;
     }
-    while ((rc = kw_scan_next(s, &rec)) == 1 || rc == KEEL_ECORRUPT) /* an invalid record: skipped */
-        if (rc == 1 && !(rec.h.flags & KW_FLAG_HOOK))
-            *lsn = rec.lsn;
+    while ((rc = kw_scan_next(s, &rec)) == 1 || rc == KEEL_ECORRUPT) { /* an invalid record: skipped */
+        if (rc != 1 || (rec.h.flags & KW_FLAG_HOOK))
+            continue;
+        *lsn = rec.h.tick == tick ? rec.lsn : *lsn;
+        *last_tick = rec.h.tick > *last_tick ? rec.h.tick : *last_tick;
+    }
     kw_scan_end(s);
     kw_read_end(r);
     return KWT_EXIT_OK;
+}
+
+/* The schema the stream's published checkpoint was published with, into
+ * c->schema: the copy stores the stream's latest, which may have grown
+ * since. Read from the checkpoint's first messages; nothing is written. */
+static int checkpoint_schema(kwt_dir *d, cut *c)
+{
+    kr_boot *b;
+    int rc = kr_boot_begin(d->stream, d->store, &b);
+    if (rc) {
+        kwt_err(d->path, "%s", keel_last_error());
+        return KWT_EXIT_USAGE;
+    }
+    kr_boot_view v;
+    kr_boot_info(b, &v);
+    bool same = v.covered == d->checkpoint.lsn;
+    rc = same ? kw_put_bytes(&c->schema, v.schema, v.schema_len) : KEEL_OK;
+    kr_boot_end(b, KEEL_EBUSY); /* only read: nothing goes to the copy */
+    (void)kr_boot_settle(b);
+    if (!same)
+        kwt_err(d->path, "a newer checkpoint was published while the stream was read: try again");
+    else if (rc)
+        kwt_err(d->path, "out of memory reading the checkpoint's schema");
+    return same && !rc ? KWT_EXIT_OK : KWT_EXIT_USAGE;
+}
+
+/* Where DEST's WAL ends (c->from: the first LSN cut away, 0 for none) and
+ * the schema it stores then. --to-tick T cuts after tick T's commit
+ * marker; on a stream purged up to its published checkpoint of tick T,
+ * which holds no record of T any more, after the checkpoint (DEST then
+ * recovers from it alone). A stream without a world, or without tick T,
+ * is refused: nothing is written. */
+static int restore_cut(kwt_dir *d, bool to_given, uint64_t to_tick, cut *c)
+{
+    uint64_t first = 0, last = 0, count = 0, last_tick = 0;
+    kw_rtxn *r;
+    int rc = kwt_read_begin(d, &r);
+    if (rc)
+        return rc;
+    (void)kw_wal_bounds(r, &first, &last, &count);
+    kw_read_end(r);
+    if (!count && !d->has_checkpoint) {
+        kwt_err(d->path, "the stream holds no record and no published checkpoint: no world to restore");
+        return KWT_EXIT_USAGE;
+    }
+    if (!to_given || (rc = commit_of_tick(d, to_tick, &c->from, &last_tick)))
+        return rc;
+    bool at_checkpoint = !c->from && d->has_checkpoint && d->checkpoint.tick == to_tick;
+    if (c->from)
+        return c->from++, schema_before(d, c);
+    if (at_checkpoint)
+        return c->from = d->checkpoint.lsn + 1, checkpoint_schema(d, c);
+    if (d->has_checkpoint && to_tick < d->checkpoint.tick)
+        kwt_err(d->path, "tick %" PRIu64 " is before the stream's published checkpoint of tick %" PRIu64 ", and the "
+                "stream keeps no record before it: it restores tick %" PRIu64 " or a later one", to_tick,
+                d->checkpoint.tick, d->checkpoint.tick);
+    else
+        kwt_err(d->path, "the stream holds no commit of tick %" PRIu64 " (it ends at tick %" PRIu64 ")", to_tick,
+                last_tick > d->checkpoint.tick ? last_tick : d->checkpoint.tick);
+    return KWT_EXIT_USAGE;
 }
 
 int kwt_cmd_restore(int argc, char **argv)
@@ -186,13 +251,7 @@ int kwt_cmd_restore(int argc, char **argv)
     if (rc)
         return rc;
     cut c = {0};
-    if (to_given && !(rc = commit_of_tick(&d, to_tick, &c.from)) && !c.from) {
-        kwt_err(src, "the stream holds no commit of tick %" PRIu64, to_tick);
-        rc = KWT_EXIT_USAGE;
-    }
-    c.from += c.from ? 1 : 0;
-    if (!rc && c.from)
-        rc = schema_before(&d, &c);
+    rc = restore_cut(&d, to_given, to_tick, &c);
     if (!rc && c.from && kw_store_write(d.store, fill_cut, &c)) {
         kwt_err(src, "%s", keel_last_error());
         rc = KWT_EXIT_USAGE;
