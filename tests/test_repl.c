@@ -26,7 +26,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
@@ -2896,6 +2898,76 @@ START_TEST(test_restore_empty_stream)
 }
 END_TEST
 
+/* keel-wal tail -f on stream "name" with TMPDIR=tmp, stdout on a pipe,
+ * stderr to /dev/null: its pid; the pipe's read end into *out. */
+static pid_t spawn_stream_tail(const char *name, const char *tmp, FILE **out)
+{
+    char addr[128];
+    snprintf(addr, sizeof addr, "%s/%s", nats_url, name);
+    int po[2];
+    ck_assert_int_eq(pipe(po), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(po[1], 1);
+        close(po[0]);
+        close(po[1]);
+        if (!freopen("/dev/null", "w", stderr) || setenv("TMPDIR", tmp, 1))
+            _exit(126);
+        execl(KEEL_WAL_BIN, KEEL_WAL_BIN, "tail", addr, "-f", "-n", "1", "--interval", "20", (char *)NULL);
+        _exit(127);
+    }
+    close(po[1]);
+    *out = fdopen(po[0], "r");
+    ck_assert_ptr_nonnull(*out);
+    return pid;
+}
+
+/* Entries of directory dir other than "." and "..". */
+static int dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* keel-wal's private copy of a stream goes with the command, also when a
+ * signal ends it: tail -f on a stream, once it printed its first line,
+ * stops on SIGTERM (exit 0 once it follows, else by the signal) and dies
+ * of SIGHUP (as without a handler); either way $TMPDIR is left empty. */
+START_TEST(test_stream_copy_removed_on_signal)
+{
+    char pdir[4096], tmp[4096], line[4096];
+    keel_component v;
+    tu_path(pdir, sizeof pdir, "sig-primary");
+    keel_runtime *p = sync_primary_at(pdir, "sigcopy", &v, 2);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    tu_path(tmp, sizeof tmp, "sig-tmp");
+    ck_assert_int_eq(mkdir(tmp, 0700), 0);
+    const int sigs[] = {SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+        FILE *out;
+        pid_t pid = spawn_stream_tail("sigcopy", tmp, &out);
+        ck_assert_msg(fgets(line, sizeof line, out), "tail -f printed nothing");
+        ck_assert_int_eq(dir_entries(tmp), 1); /* its copy, while it follows */
+        ck_assert_int_eq(kill(pid, sigs[i]), 0);
+        int status = 0;
+        ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+        fclose(out);
+        if (sigs[i] == SIGTERM) /* a clean stop once it follows; before that, the copy's own handler */
+            ck_assert_msg((WIFEXITED(status) && WEXITSTATUS(status) == 0) ||
+                              (WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM), "SIGTERM: status 0x%x", status);
+        else
+            ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGHUP, "SIGHUP: status 0x%x", status);
+        ck_assert_int_eq(dir_entries(tmp), 0);
+    }
+}
+END_TEST
+
 /* A standby whose stop_tick keeps it from applying all the stream holds
  * does not take the world over when the lease goes: from there it would
  * continue an older tick than the stream's. It reports the ticks it holds
@@ -3045,7 +3117,7 @@ int main(void)
                                    test_sync_close_without_stream, test_standby_at_stop_tick_stays_standby,
                                    test_promotion_refused_follows_on, test_held_directory_makes_nothing,
                                    test_restore_to_tick_keeps_its_schema, test_restore_purged_stream,
-                                   test_restore_empty_stream};
+                                   test_restore_empty_stream, test_stream_copy_removed_on_signal};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
     const TTest *const rejoin[] = {test_rejoin_trimmed_directory};

@@ -338,15 +338,63 @@ bool kwt_is_stream(const char *path)
     return !strncmp(path, "nats://", 7);
 }
 
+/* ---- a stream's private copy ------------------------------------------------------------------
+
+A command on a stream reads a private copy of it in $TMPDIR, removed when
+the command ends -- also when a signal ends it: from the copy's creation
+SIGINT, SIGTERM and SIGHUP remove its files (unlink and rmdir are
+async-signal-safe; the paths are made before the handler is armed) and then
+end the process by the same signal, as it would have without the handler.
+tail -f puts its own SIGINT/SIGTERM handlers (a clean stop) in front while
+it follows. One copy per process. */
+static const char *const copy_names[] = {"data.mdb", "lock.mdb", "keel.lock"};
+#define COPY_NFILES (sizeof copy_names / sizeof copy_names[0])
+static char copy_paths[COPY_NFILES + 1][4200]; /* the files, then the directory */
+static volatile sig_atomic_t copy_armed;
+
+static void copy_paths_set(const char *dir)
+{
+    for (size_t i = 0; i < COPY_NFILES; i++)
+        snprintf(copy_paths[i], sizeof copy_paths[i], "%s/%s", dir, copy_names[i]);
+    snprintf(copy_paths[COPY_NFILES], sizeof copy_paths[COPY_NFILES], "%s", dir);
+}
+
+static void copy_unlink(void)
+{
+    for (size_t i = 0; i < COPY_NFILES; i++)
+        unlink(copy_paths[i]);
+    rmdir(copy_paths[COPY_NFILES]);
+}
+
+static void copy_signal(int sig)
+{
+    if (copy_armed)
+        copy_unlink();
+    raise(sig); /* SA_RESETHAND: delivered with the default action once this returns */
+}
+
+static void copy_arm(const char *dir)
+{
+    copy_armed = 0;
+    copy_paths_set(dir);
+    struct sigaction sa = {.sa_handler = copy_signal, .sa_flags = SA_RESETHAND};
+    sigemptyset(&sa.sa_mask);
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(&sa.sa_mask, sigs[i]);
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaction(sigs[i], &sa, NULL);
+    copy_armed = 1;
+}
+
 void kwt_remove_copy(const char *dir)
 {
-    static const char *const files[] = {"data.mdb", "lock.mdb", "keel.lock"};
-    char p[4200];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
-        unlink(p);
+    if (!copy_armed || strcmp(dir, copy_paths[COPY_NFILES])) { /* not the armed copy: never rewrite its paths */
+        copy_armed = 0;
+        copy_paths_set(dir);
     }
-    rmdir(dir);
+    copy_unlink(); /* a signal meanwhile only removes the same files */
+    copy_armed = 0;
 }
 
 int kwt_dir_refresh(kwt_dir *d)
@@ -382,6 +430,7 @@ static int open_stream(const char *path, kwt_dir *d)
         kwt_dir_close(d);
         return KWT_EXIT_USAGE;
     }
+    copy_arm(d->copy);
     kw_store_desc desc = {.flags = KW_OPEN_CREATE};
     if (kw_store_open(d->copy, &desc, &d->store)) {
         kwt_err(path, "%s", keel_last_error());
