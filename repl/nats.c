@@ -275,12 +275,30 @@ int kr_ensure_bucket(kr_node *n, bool create)
     return nats_fail(s, 0, "cannot create the lease bucket %s", KR_LEASE_BUCKET);
 }
 
+static int world_check(const char *world)
+{
+    return name_ok(world) ? KEEL_OK
+                          : core_fail(KEEL_EINVAL, "the world's name '%s' is not 1 to %u letters, digits, '-' or '_'",
+                                      world ? world : "", KR_WORLD_MAX);
+}
+
+int kr_check(const char *urls, const char *world)
+{
+    int rc = world_check(world);
+    kr_node *n = rc ? NULL : calloc(1, sizeof *n); /* split_urls' buffers */
+    if (!rc && !n)
+        return core_fail(KEEL_ENOMEM, "out of memory checking the NATS address");
+    rc = rc ? rc : split_urls(n, urls);
+    free(n);
+    return rc;
+}
+
 int kr_connect(const kr_desc *d, kr_node **out)
 {
     *out = NULL;
-    if (!d || !name_ok(d->world))
-        return core_fail(KEEL_EINVAL, "the world's name '%s' is not 1 to %u letters, digits, '-' or '_'",
-                         d && d->world ? d->world : "", KR_WORLD_MAX);
+    int bad = world_check(d ? d->world : NULL);
+    if (bad)
+        return bad;
     kr_node *n = calloc(1, sizeof *n);
     if (!n)
         return core_fail(KEEL_ENOMEM, "out of memory connecting to NATS");

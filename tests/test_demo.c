@@ -444,6 +444,11 @@ START_TEST(server_refusals)
     refused((const char *const[]){"--memory", "--report-fd", "1000", NULL}, "--report-fd 1000: descriptor 1000 is not open");
     refused((const char *const[]){"--data", data, "--trace", trace, NULL}, "--trace");
     refused((const char *const[]){"--workers", "1000", NULL}, "--workers needs -1 or a number in [1, 64], got '1000'");
+    /* the replication flags' syntax: refused before anything connects or opens */
+    refused((const char *const[]){"--data", data, "--replicate", "sync", "--nats", "http://127.0.0.1:1", "--world",
+                                  "w1", NULL}, "'http://127.0.0.1:1' is not nats://HOST:PORT");
+    refused((const char *const[]){"--data", data, "--follow", "--nats", "nats://127.0.0.1:1", "--world", "two words",
+                                  NULL}, "the world's name 'two words'");
     /* two bad options: a line for each */
     tu_run r = tu_run_argv(KEEL_WORLD_BIN, (const char *const[]){"--workers", "0", "--seed", "x", NULL});
     ck_assert_int_eq(r.status, 2);

@@ -2509,6 +2509,24 @@ START_TEST(test_runtime_refusals)
     d.durable.dir = dir;
     d.replication.world = NULL;
     ck_assert_rc(keel_runtime_create(&d, &rt), KEEL_EINVAL);
+    /* the world's name and the servers' syntax, before anything connects or opens */
+    const struct { const char *nats, *world, *culprit; } bad[] = {
+        {"nats://127.0.0.1:1", "two words", "the world's name 'two words'"},
+        {"nats://127.0.0.1:1", "", "the world's name ''"},
+        {"http://127.0.0.1:1", "w", "'http://127.0.0.1:1' is not nats://HOST:PORT"},
+        {"nats://127.0.0.1:1,nats://", "w", "'nats://' is not nats://HOST:PORT"},
+        {"", "w", "is empty or too long"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        d.replication.nats = bad[i].nats;
+        d.replication.world = bad[i].world;
+        rt = NULL;
+        ck_assert_rc(keel_runtime_create(&d, &rt), KEEL_EINVAL);
+        ck_assert_ptr_null(rt);
+        ck_assert_msg(strstr(keel_last_error(), bad[i].culprit), "%s", keel_last_error());
+    }
+    ck_assert_int_ne(access(dir, F_OK), 0);
+    d.replication.nats = "nats://127.0.0.1:1";
     rt = tu_rt_new((keel_runtime_desc){.workers = 1});
     ck_assert_rc(keel_replica_poll(rt, 0, NULL), KEEL_EINVAL);
     keel_repl_status st;

@@ -39,7 +39,9 @@ typedef enum keel_repl_role {
 
 /* Zero = no replication. A replicated runtime needs a data directory
  * (keel_durable_desc.dir); its checkpoints delete the WAL they cover, but a
- * primary's only what the stream acknowledged. */
+ * primary's only what the stream acknowledged. keel_runtime_create checks
+ * the syntax of `nats` and `world` (KEEL_EINVAL); keel_runtime_recover
+ * connects. */
 typedef struct keel_replication_desc {
     const char *nats;          /* "nats://HOST:PORT[,nats://HOST:PORT...]"; NULL: not replicated */
     const char *world;         /* the world's name (stream KEEL_<world>): letters, digits, '-', '_' */

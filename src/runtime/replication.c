@@ -96,6 +96,9 @@ int repl_create(keel_runtime *rt, const keel_replication_desc *d)
     if (d->lease_ms < 0 || d->replicas < 0 || d->replicas > 5 || d->timeout_ms < 0)
         return core_fail(KEEL_EINVAL, "keel_runtime_create: replication.lease_ms, timeout_ms must be >= 0 and "
                                       "replicas in [0, 5]");
+    int bad = kr_check(d->nats, d->world);
+    if (bad)
+        return core_fail_prefix(bad, "keel_runtime_create: replication");
     struct runtime_repl *r = calloc(1, sizeof *r);
     if (!r)
         return core_fail(KEEL_ENOMEM, "keel_runtime_create: out of memory");

@@ -437,8 +437,9 @@ static int setup(world_app *app, keel_schedule **sched, const options *o, keel_r
                         .role = o->standby ? KEEL_ROLE_STANDBY : o->follow ? KEEL_ROLE_FOLLOWER : KEEL_ROLE_PRIMARY,
                         .stop_tick = o->until_given ? o->until_tick : 0, .retain_records = o->retain_records},
     };
-    if (check(keel_runtime_create(&desc, &app->rt), "creating the runtime"))
-        return -1;
+    int rc = check(keel_runtime_create(&desc, &app->rt), "creating the runtime");
+    if (rc) /* the descriptor is the flags': one it refuses is a bad option (exit 2), before anything started */
+        return rc == KEEL_EINVAL ? 2 : -1;
     app->w = keel_runtime_world(app->rt);
     if (world_register(app) || check(keel_schedule_create(app->rt, sched), "creating the schedule") ||
         world_add_systems(app, *sched))
@@ -751,7 +752,8 @@ int main(int argc, char **argv)
     world_app app = {.report_fd = -1};
     keel_schedule *sched = NULL;
     keel_recovery rec = {.fresh = true};
-    status = setup(&app, &sched, &o, &rec) ? 1 : 0;
+    status = setup(&app, &sched, &o, &rec);
+    status = status == 2 ? 2 : status ? 1 : 0;
     if (!status && !o.memory && (replica ? params_write(o.data, &(world_params){.seed = o.seed,
                                                                                .entities = o.entities})
                                          : !recorded && record_params(&o, &rec)))
@@ -777,7 +779,7 @@ int main(int argc, char **argv)
     uint64_t until = o.forever || ((o.standby || o.follow) && !o.until_given) ? UINT64_MAX : o.until_given ? o.until_tick : keel_runtime_tick(app.rt) + 600;
     app.start_tick = status ? 0 : keel_runtime_tick(app.rt);
     int live_on = !status && o.live_trades ? start_live_trades(&app, &o, &live_th) : 0;
-    status = status || live_on < 0 ? 1 : o.standby || o.follow ? run_replica(&app, &o, until) : run_ticks(&app, &o, until);
+    status = status ? status : live_on < 0 ? 1 : o.standby || o.follow ? run_replica(&app, &o, until) : run_ticks(&app, &o, until);
     if (live_on > 0)
         stop_live_trades(&app, live_th, &status, o.quiet);
     if (app.rt)

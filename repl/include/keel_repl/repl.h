@@ -48,6 +48,9 @@ typedef struct kr_desc {
  * Errors: KEEL_EINVAL (a bad name or URL), KEEL_EUNAVAILABLE (no server
  * answers), KEEL_ENOENT (no stream for the world and !create). */
 int kr_connect(const kr_desc *d, kr_node **out);
+/* What kr_connect checks before it connects: the world's name and the
+ * servers' syntax. KEEL_OK or KEEL_EINVAL naming the culprit. */
+int kr_check(const char *urls, const char *world);
 /* A primary connected with `later`: find or create the world's streams and
  * lease bucket now (once it holds its directory: a node refused for a
  * directory another process holds creates nothing). */
