@@ -38,6 +38,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "keel/keel.h"
@@ -1439,6 +1440,50 @@ START_TEST(test_tail_follow)
 }
 END_TEST
 
+/* tail -f that falls behind a checkpoint (stopped while the checkpoint
+ * deletes the WAL it covers) says which LSNs went before it read them and
+ * follows on from the first record left; exit 0. */
+START_TEST(test_tail_follow_gap)
+{
+    char dir[256], line[8192], errpath[300];
+    tdir(dir, sizeof dir, "followgap");
+    wl *w = wl_run(dir, (wl_opts){.keep_open = true});
+    FILE *out;
+    pid_t pid = spawn_tail(dir, "1", &out);
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, out));
+    ck_assert_msg(!strncmp(line, "lsn=28 ", 7), "%s", line);
+    int st;
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
+    ck_assert(WIFSTOPPED(st));
+    for (int t = 12; t <= 13; t++) /* LSN 29..32, then the checkpoint deletes 1..32 */
+        ck_assert_ok(keel_runtime_step(w->rt));
+    ck_assert_ok(keel_checkpoint(w->rt));
+    ck_assert_ok(keel_runtime_step(w->rt));
+    ck_assert_ok(keel_flush(w->rt));
+    ck_assert_int_eq(kill(pid, SIGCONT), 0);
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, out));
+    ck_assert_msg(!strncmp(line, "lsn=33 tick=13 kind=checkpoint ", 31), "%s", line);
+    bool seen14 = false;
+    while (!seen14 && fgets(line, sizeof line, out))
+        seen14 = strstr(line, " tick=14 kind=tick_commit ") != NULL;
+    ck_assert_msg(seen14, "tail -f ended before tick 14's commit");
+    ck_assert_int_eq(kill(pid, SIGINT), 0);
+    ck_assert_int_eq(tu_wait(pid), 0);
+    fclose(out);
+    snprintf(errpath, sizeof errpath, "%s/tail.err", tu_base());
+    FILE *f = fopen(errpath, "r");
+    ck_assert_ptr_nonnull(f);
+    char err[4096];
+    size_t n = fread(err, 1, sizeof err - 1, f);
+    err[n] = 0;
+    fclose(f);
+    ck_assert_msg(strstr(err, "LSN 29..32 went before this tail read them (deleted by a checkpoint); following from "
+                              "LSN 33\n"), "%s", err);
+    wl_close(w);
+}
+END_TEST
+
 /* ---- suites --------------------------------------------------------------------------------- */
 
 /* ---- suite walcli_oom: every allocation of keel-wal failed in turn ------------------------------ */
@@ -1569,6 +1614,7 @@ static Suite *live_suite(void)
     TCase *tc = tcase("live");
     tcase_add_test(tc, test_live_read);
     tcase_add_test(tc, test_tail_follow);
+    tcase_add_test(tc, test_tail_follow_gap);
     tcase_add_test(tc, test_detach);
     suite_add_tcase(s, tc);
     return s;

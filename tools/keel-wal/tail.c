@@ -107,18 +107,17 @@ static int print_from(kwt_dir *d, const tail_opts *o, uint64_t from, uint64_t *n
     return KWT_EXIT_OK;
 }
 
-/* The WAL's last LSN now (0 when empty). */
-static int last_lsn(kwt_dir *d, uint64_t *last)
+/* The WAL's first and last LSN now (0 when empty). */
+static int wal_bounds_now(kwt_dir *d, uint64_t *first, uint64_t *last)
 {
     kw_rtxn *r;
-    uint64_t first;
     int rc = kwt_dir_refresh(d);
     if (!rc)
         rc = kwt_read_begin(d, &r);
     if (rc)
         return rc;
-    *last = 0;
-    kw_wal_bounds(r, &first, last, NULL);
+    *first = *last = 0;
+    kw_wal_bounds(r, first, last, NULL);
     kw_read_end(r);
     return KWT_EXIT_OK;
 }
@@ -138,13 +137,19 @@ static int follow(kwt_dir *d, const tail_opts *o, uint64_t next, bool *problem)
     int rc = KWT_EXIT_OK;
     while (!rc && !tail_stop && !kwt_output_broken() && !kwt_output_reader_gone()) {
         sleep_ms(o->interval_ms);
-        uint64_t last;
-        if (tail_stop || (rc = last_lsn(d, &last)))
+        uint64_t first, last;
+        if (tail_stop || (rc = wal_bounds_now(d, &first, &last)))
             break;
         if (last && last + 1 < next) { /* LSNs handed out again after a truncated tail */
             kwt_err(d->path, "the WAL now ends at LSN %" PRIu64 " (a bad tail was truncated); following from there",
                     last);
             next = last + 1;
+        }
+        if (first > next) { /* this tail fell behind a checkpoint's deletion or the stream's purge */
+            kwt_err(d->path, "LSN %" PRIu64 "..%" PRIu64 " went before this tail read them (%s); following from LSN "
+                    "%" PRIu64, next, first - 1, d->stream ? "purged from the stream" : "deleted by a checkpoint",
+                    first);
+            next = first;
         }
         if (last >= next)
             rc = print_from(d, o, next, &next, problem);
@@ -157,9 +162,9 @@ static int follow(kwt_dir *d, const tail_opts *o, uint64_t next, bool *problem)
 static int run(kwt_dir *d, void *opts)
 {
     const tail_opts *o = opts;
-    uint64_t last = 0, next;
+    uint64_t first, last = 0, next;
     bool problem = false;
-    int rc = last_lsn(d, &last);
+    int rc = wal_bounds_now(d, &first, &last);
     if (!rc) {
         next = last + 1;
         if (o->lines)
