@@ -2873,7 +2873,8 @@ static bool has_data_file(const char *dir)
  * tick the stream can give, a tick after its end is refused naming its
  * last; the whole stream restores to tick 10. A refusal writes nothing.
  * Once the schema grew after the checkpoint, tick 5 still gets the
- * checkpoint's schema. */
+ * checkpoint's schema. keel-wal replay of tick 3 on the stream says the
+ * purge took it. */
 START_TEST(test_restore_purged_stream)
 {
     char pdir[4096], dest[4096], err[4096];
@@ -2889,6 +2890,18 @@ START_TEST(test_restore_purged_stream)
     ck_assert(!has_data_file(dest));
     ck_assert_msg(restore_into("rpurge", NULL, dest, sizeof dest, err, sizeof err) == 0, "%s", err);
     assert_opens_at(dest, 10, want);
+    /* replay on the stream: a tick before its published checkpoint is gone with the purge, which it says */
+    char addr[128];
+    snprintf(addr, sizeof addr, "%s/rpurge", nats_url);
+    tu_run run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"replay", addr, "--to-tick", "3", NULL});
+    ck_assert_msg(run.status == 1 && strstr(run.err, "tick 3 is no longer on the stream: it is before the stream's "
+                                                     "published checkpoint of tick 5, up to which its primary purged "
+                                                     "it. The earliest tick replay can rebuild is 5"),
+                  "status %d: %s", run.status, run.err);
+    tu_run_free(&run);
+    run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"replay", addr, "--to-tick", "5", NULL});
+    ck_assert_msg(run.status == 0, "status %d: %s", run.status, run.err);
+    tu_run_free(&run);
     /* the world's schema grows after the checkpoint ("w"): tick 5 still gets the checkpoint's schema */
     keel_runtime_desc pd = sync_primary_desc(pdir, "rpurge");
     pd.replication.retain_records = 1;
