@@ -615,6 +615,30 @@ int kr_boot_settle(kr_boot *b)
     return rc;
 }
 
+int kr_ckpt_head(kr_node *n, kw_checkpoint_meta *meta, kw_buf *schema)
+{
+    uint64_t begin, end;
+    natsMsg *msg = NULL;
+    ck_parsed p;
+    int rc = latest(n, &begin, &end);
+    if (!rc && !begin)
+        rc = core_fail(KEEL_ENOENT, "stream %s holds no complete checkpoint", n->ckpt_stream);
+    if (!rc && !(rc = kr_msg_at(n, n->ckpt_stream, begin, &msg)))
+        rc = !parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) || p.type != CK_BEGIN
+                 ? core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " is no checkpoint's BEGIN", n->ckpt_stream,
+                             begin)
+                 : begin_meta(n, begin, &p, meta);
+    natsMsg_Destroy(msg);
+    msg = NULL;
+    if (!rc && !(rc = kr_msg_at(n, n->ckpt_stream, begin + 1, &msg)))
+        rc = !parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) || p.type != CK_SCHEMA
+                 ? core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " is no checkpoint's schema (which follows "
+                             "its BEGIN)", n->ckpt_stream, begin + 1)
+                 : kw_put_bytes(schema, p.val, p.vlen);
+    natsMsg_Destroy(msg);
+    return rc;
+}
+
 #define LOAD_TRIES 5
 
 /* The checkpoint whose messages are begin..end into s, whole. */

@@ -30,6 +30,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
 #include <nats/nats.h>
@@ -2841,6 +2842,71 @@ START_TEST(test_restore_to_tick_keeps_its_schema)
 }
 END_TEST
 
+/* keel-wal tail -f -n `lines` on `what` (a stream's name, or a directory's
+ * path when it holds a '/') with TMPDIR=tmp, stdout on a pipe, stderr to
+ * errpath (NULL: /dev/null), SIGHUP ignored when asked: its pid; the pipe's
+ * read end into *out. */
+static pid_t spawn_tail_f(const char *what, const char *lines, const char *tmp, const char *errpath, bool ignore_hup,
+                          FILE **out)
+{
+    char addr[4200];
+    if (strchr(what, '/'))
+        snprintf(addr, sizeof addr, "%s", what);
+    else
+        snprintf(addr, sizeof addr, "%s/%s", nats_url, what);
+    int po[2];
+    ck_assert_int_eq(pipe(po), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(po[1], 1);
+        close(po[0]);
+        close(po[1]);
+        if (!freopen(errpath ? errpath : "/dev/null", "w", stderr) || setenv("TMPDIR", tmp, 1))
+            _exit(126);
+        if (ignore_hup)
+            signal(SIGHUP, SIG_IGN); /* as nohup leaves it across exec */
+        execl(KEEL_WAL_BIN, KEEL_WAL_BIN, "tail", addr, "-f", "-n", lines, "--interval", "20", (char *)NULL);
+        _exit(127);
+    }
+    close(po[1]);
+    *out = fdopen(po[0], "r");
+    ck_assert_ptr_nonnull(*out);
+    return pid;
+}
+
+/* Wait until process pid's main thread sleeps in (clock_)nanosleep: a
+ * keel-wal tail -f on a directory does so first between its polls, once it
+ * read where the WAL ends. */
+static void wait_tail_polling(pid_t pid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
+    for (int i = 0; i < 100000; i++) {
+        FILE *f = fopen(path, "r");
+        ck_assert_ptr_nonnull(f);
+        bool got = fgets(buf, sizeof buf, f) != NULL;
+        fclose(f);
+        long nr = got ? strtol(buf, NULL, 10) : -1;
+        if (nr == SYS_nanosleep || nr == SYS_clock_nanosleep)
+            return;
+        sched_yield();
+    }
+    ck_abort_msg("keel-wal tail -f never started polling");
+}
+
+/* Entries of directory dir other than "." and "..". */
+static int dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
 /* keel-wal restore of "name" into a fresh directory; --to-tick when tick
  * is given (non-NULL): its exit status, stderr into err (when not NULL),
  * the new directory's path into dest. */
@@ -2869,12 +2935,13 @@ static bool has_data_file(const char *dir)
 
 /* keel-wal restore of a stream purged up to its published checkpoint of
  * tick 5: --to-tick 5 restores the checkpoint alone (no record of tick 5
- * is left on the stream), a tick before it is refused naming the earliest
- * tick the stream can give, a tick after its end is refused naming its
- * last; the whole stream restores to tick 10. A refusal writes nothing.
- * Once the schema grew after the checkpoint, tick 5 still gets the
- * checkpoint's schema. keel-wal replay of tick 3 on the stream says the
- * purge took it. */
+ * is left on the stream), also one published in plain key order, a tick
+ * before it is refused naming the earliest tick the stream can give, a
+ * tick after its end is refused naming its last; the whole stream restores
+ * to tick 10. A refusal writes nothing. Once the schema grew after the
+ * checkpoint, ticks 5 and 10 still get the checkpoint's schema. keel-wal
+ * replay of tick 3 on the stream names the checkpoint where a copy of the
+ * stream starts; tail -f on the checkpoint-only restore reports no gap. */
 START_TEST(test_restore_purged_stream)
 {
     char pdir[4096], dest[4096], err[4096];
@@ -2882,6 +2949,33 @@ START_TEST(test_restore_purged_stream)
     purged_world("rpurge", pdir, sizeof pdir, &at5, &want);
     ck_assert_msg(restore_into("rpurge", "5", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
     assert_opens_at(dest, 5, at5);
+    /* tail -f on it (a checkpoint, an empty WAL) goes on after the checkpoint without a word of a gap */
+    char tmp[4096], errpath[4200], line[4096];
+    tu_path(tmp, sizeof tmp, "rpurge-tmp");
+    ck_assert_int_eq(mkdir(tmp, 0700), 0);
+    snprintf(errpath, sizeof errpath, "%s/tail.err", tmp);
+    FILE *out;
+    pid_t pid = spawn_tail_f(dest, "0", tmp, errpath, false, &out);
+    wait_tail_polling(pid);
+    keel_component dv;
+    keel_runtime *d = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dest}, &dv);
+    ck_assert_msg(!keel_runtime_recover(d, NULL), "%s", keel_last_error());
+    tu_step_n(d, 1);
+    ck_assert_rc(keel_flush(d), KEEL_OK);
+    bool seen6 = false;
+    while (!seen6 && fgets(line, sizeof line, out))
+        seen6 = strstr(line, " tick=6 kind=tick_commit ") != NULL;
+    ck_assert(seen6);
+    ck_assert_int_eq(kill(pid, SIGTERM), 0);
+    ck_assert_int_eq(tu_wait(pid), 0);
+    fclose(out);
+    ck_assert_rc(keel_runtime_close(d), KEEL_OK);
+    FILE *ef = fopen(errpath, "r");
+    ck_assert_ptr_nonnull(ef);
+    size_t got = fread(line, 1, sizeof line - 1, ef);
+    line[got] = 0;
+    fclose(ef);
+    ck_assert_msg(!strstr(line, "went before"), "%s", line);
     ck_assert_int_eq(restore_into("rpurge", "4", dest, sizeof dest, err, sizeof err), 2);
     ck_assert_msg(strstr(err, "tick 4 is before") && strstr(err, "checkpoint of tick 5"), "%s", err);
     ck_assert(!has_data_file(dest));
@@ -2894,15 +2988,26 @@ START_TEST(test_restore_purged_stream)
     char addr[128];
     snprintf(addr, sizeof addr, "%s/rpurge", nats_url);
     tu_run run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"replay", addr, "--to-tick", "3", NULL});
-    ck_assert_msg(run.status == 1 && strstr(run.err, "tick 3 is no longer on the stream: it is before the stream's "
-                                                     "published checkpoint of tick 5, up to which its primary purged "
-                                                     "it. The earliest tick replay can rebuild is 5"),
+    ck_assert_msg(run.status == 1 && strstr(run.err, "tick 3 is before the stream's published checkpoint of tick 5, "
+                                                     "where a copy of the purged stream starts (no older state can be "
+                                                     "rebuilt from it). The earliest tick replay can rebuild is 5"),
                   "status %d: %s", run.status, run.err);
     tu_run_free(&run);
     run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"replay", addr, "--to-tick", "5", NULL});
     ck_assert_msg(run.status == 0, "status %d: %s", run.status, run.err);
     tu_run_free(&run);
-    /* the world's schema grows after the checkpoint ("w"): tick 5 still gets the checkpoint's schema */
+    /* the same checkpoint published again as an older publisher did (in plain key order) */
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    publish_in_key_order(js, "keel.rpurge.ckpt", "rpurge");
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    ck_assert_msg(restore_into("rpurge", "5", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
+    assert_opens_at(dest, 5, at5);
+    /* the world's schema grows after the checkpoint ("w"): tick 5, and tick 10 (no schema record between
+       the checkpoint and it), still get the checkpoint's schema */
     keel_runtime_desc pd = sync_primary_desc(pdir, "rpurge");
     pd.replication.retain_records = 1;
     keel_component v;
@@ -2913,6 +3018,8 @@ START_TEST(test_restore_purged_stream)
     ck_assert_rc(keel_runtime_close(p), KEEL_OK);
     ck_assert_msg(restore_into("rpurge", "5", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
     assert_opens_at(dest, 5, at5);
+    ck_assert_msg(restore_into("rpurge", "10", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
+    assert_opens_at(dest, 10, want);
 }
 END_TEST
 
@@ -2929,73 +3036,41 @@ START_TEST(test_restore_empty_stream)
 }
 END_TEST
 
-/* keel-wal tail -f on stream "name" with TMPDIR=tmp, stdout on a pipe,
- * stderr to /dev/null: its pid; the pipe's read end into *out. */
-static pid_t spawn_stream_tail(const char *name, const char *tmp, FILE **out)
-{
-    char addr[128];
-    snprintf(addr, sizeof addr, "%s/%s", nats_url, name);
-    int po[2];
-    ck_assert_int_eq(pipe(po), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(po[1], 1);
-        close(po[0]);
-        close(po[1]);
-        if (!freopen("/dev/null", "w", stderr) || setenv("TMPDIR", tmp, 1))
-            _exit(126);
-        execl(KEEL_WAL_BIN, KEEL_WAL_BIN, "tail", addr, "-f", "-n", "1", "--interval", "20", (char *)NULL);
-        _exit(127);
-    }
-    close(po[1]);
-    *out = fdopen(po[0], "r");
-    ck_assert_ptr_nonnull(*out);
-    return pid;
-}
-
-/* Entries of directory dir other than "." and "..". */
-static int dir_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
-
 /* keel-wal's private copy of a stream goes with the command, also when a
- * signal ends it: tail -f on a stream, once it printed its first line,
- * stops on SIGTERM (exit 0 once it follows, else by the signal) and dies
- * of SIGHUP (as without a handler); either way $TMPDIR is left empty. */
+ * signal ends it: tail -f on a stream, once it printed the primary's next
+ * tick, stops on SIGTERM with exit 0 and dies of SIGHUP (as without a
+ * handler); with SIGHUP ignored (nohup) it lives on through one and stops
+ * on SIGTERM. $TMPDIR is left empty each time. */
 START_TEST(test_stream_copy_removed_on_signal)
 {
     char pdir[4096], tmp[4096], line[4096];
     keel_component v;
     tu_path(pdir, sizeof pdir, "sig-primary");
     keel_runtime *p = sync_primary_at(pdir, "sigcopy", &v, 2);
-    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
     tu_path(tmp, sizeof tmp, "sig-tmp");
     ck_assert_int_eq(mkdir(tmp, 0700), 0);
-    const int sigs[] = {SIGTERM, SIGHUP};
-    for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) {
+    const struct { int sig; bool ignore_hup; } runs[] = {{SIGTERM, false}, {SIGHUP, false}, {SIGHUP, true}};
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
         FILE *out;
-        pid_t pid = spawn_stream_tail("sigcopy", tmp, &out);
-        ck_assert_msg(fgets(line, sizeof line, out), "tail -f printed nothing");
+        pid_t pid = spawn_tail_f("sigcopy", "1", tmp, NULL, runs[i].ignore_hup, &out);
+        ck_assert_msg(fgets(line, sizeof line, out), "tail -f printed nothing"); /* the last record */
+        tu_step_n(p, 1);
+        ck_assert_rc(keel_flush(p), KEEL_OK);
+        ck_assert_msg(fgets(line, sizeof line, out), "tail -f printed no new record"); /* while following */
         ck_assert_int_eq(dir_entries(tmp), 1); /* its copy, while it follows */
-        ck_assert_int_eq(kill(pid, sigs[i]), 0);
+        ck_assert_int_eq(kill(pid, runs[i].sig), 0);
+        if (runs[i].ignore_hup) /* an ignored signal is dropped when sent: SIGTERM stops it */
+            ck_assert_int_eq(kill(pid, SIGTERM), 0);
         int status = 0;
         ck_assert_int_eq(waitpid(pid, &status, 0), pid);
         fclose(out);
-        if (sigs[i] == SIGTERM) /* a clean stop once it follows; before that, the copy's own handler */
-            ck_assert_msg((WIFEXITED(status) && WEXITSTATUS(status) == 0) ||
-                              (WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM), "SIGTERM: status 0x%x", status);
+        if (runs[i].sig == SIGTERM || runs[i].ignore_hup) /* it printed while following: a clean stop */
+            ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "run %zu: status 0x%x", i, status);
         else
             ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGHUP, "SIGHUP: status 0x%x", status);
         ck_assert_int_eq(dir_entries(tmp), 0);
     }
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
 }
 END_TEST
 

@@ -162,34 +162,31 @@ static int commit_of_tick(kwt_dir *d, uint64_t tick, uint64_t *lsn, uint64_t *la
 
 /* The schema the stream's published checkpoint was published with, into
  * c->schema: the copy stores the stream's latest, which may have grown
- * since. Read from the checkpoint's first messages; nothing is written. */
+ * since. Read from the checkpoint's first two messages; nothing written. */
 static int checkpoint_schema(kwt_dir *d, cut *c)
 {
-    kr_boot *b;
-    int rc = kr_boot_begin(d->stream, d->store, &b);
+    kw_checkpoint_meta meta;
+    c->schema.len = 0;
+    int rc = kr_ckpt_head(d->stream, &meta, &c->schema);
+    if (!rc && meta.lsn != d->checkpoint.lsn) {
+        kwt_err(d->path, "a newer checkpoint was published while the stream was read: try again");
+        return KWT_EXIT_USAGE;
+    }
     if (rc) {
         kwt_err(d->path, "%s", keel_last_error());
         return KWT_EXIT_USAGE;
     }
-    kr_boot_view v;
-    kr_boot_info(b, &v);
-    bool same = v.covered == d->checkpoint.lsn;
-    rc = same ? kw_put_bytes(&c->schema, v.schema, v.schema_len) : KEEL_OK;
-    kr_boot_end(b, KEEL_EBUSY); /* only read: nothing goes to the copy */
-    (void)kr_boot_settle(b);
-    if (!same)
-        kwt_err(d->path, "a newer checkpoint was published while the stream was read: try again");
-    else if (rc)
-        kwt_err(d->path, "out of memory reading the checkpoint's schema");
-    return same && !rc ? KWT_EXIT_OK : KWT_EXIT_USAGE;
+    return KWT_EXIT_OK;
 }
 
 /* Where DEST's WAL ends (c->from: the first LSN cut away, 0 for none) and
  * the schema it stores then. --to-tick T cuts after tick T's commit
- * marker; on a stream purged up to its published checkpoint of tick T,
- * which holds no record of T any more, after the checkpoint (DEST then
- * recovers from it alone). A stream without a world, or without tick T,
- * is refused: nothing is written. */
+ * marker. A copy of a purged stream starts at the stream's published
+ * checkpoint: tick T is then its tick or a later one, and the schema of T
+ * is the last schema record before the cut or else the checkpoint's; at
+ * the checkpoint's tick, whose records are gone, DEST holds the checkpoint
+ * alone. A stream without a world, or without tick T, is refused: nothing
+ * is written. */
 static int restore_cut(kwt_dir *d, bool to_given, uint64_t to_tick, cut *c)
 {
     uint64_t first = 0, last = 0, count = 0, last_tick = 0;
@@ -205,15 +202,17 @@ static int restore_cut(kwt_dir *d, bool to_given, uint64_t to_tick, cut *c)
     }
     if (!to_given || (rc = commit_of_tick(d, to_tick, &c->from, &last_tick)))
         return rc;
-    bool at_checkpoint = !c->from && d->has_checkpoint && d->checkpoint.tick == to_tick;
-    if (c->from)
-        return c->from++, schema_before(d, c);
-    if (at_checkpoint)
-        return c->from = d->checkpoint.lsn + 1, checkpoint_schema(d, c);
+    if (!c->from && d->has_checkpoint && d->checkpoint.tick == to_tick)
+        c->from = d->checkpoint.lsn; /* the checkpoint alone */
+    if (c->from) {
+        c->from++;
+        rc = schema_before(d, c);
+        return !rc && !c->schema.len && d->has_checkpoint ? checkpoint_schema(d, c) : rc;
+    }
     if (d->has_checkpoint && to_tick < d->checkpoint.tick)
-        kwt_err(d->path, "tick %" PRIu64 " is before the stream's published checkpoint of tick %" PRIu64 ", and the "
-                "stream keeps no record before it: it restores tick %" PRIu64 " or a later one", to_tick,
-                d->checkpoint.tick, d->checkpoint.tick);
+        kwt_err(d->path, "tick %" PRIu64 " is before the stream's published checkpoint of tick %" PRIu64 ", where a "
+                "copy of the purged stream starts (no older state can be rebuilt): it restores tick %" PRIu64
+                " or a later one", to_tick, d->checkpoint.tick, d->checkpoint.tick);
     else
         kwt_err(d->path, "the stream holds no commit of tick %" PRIu64 " (it ends at tick %" PRIu64 ")", to_tick,
                 last_tick > d->checkpoint.tick ? last_tick : d->checkpoint.tick);

@@ -342,12 +342,14 @@ bool kwt_is_stream(const char *path)
 
 A command on a stream reads a private copy of it in $TMPDIR, removed when
 the command ends -- also when a signal ends it: from the copy's creation
-SIGINT, SIGTERM and SIGHUP remove its files (unlink and rmdir are
-async-signal-safe; the paths are made before the handler is armed) and then
-end the process by the same signal, as it would have without the handler.
+SIGINT, SIGTERM and SIGHUP (those not ignored) remove its files (unlink and
+rmdir are async-signal-safe; the paths are made before the handler is
+armed) and then end the process by the same signal, as it would have
+without the handler.
 tail -f puts its own SIGINT/SIGTERM handlers (a clean stop) in front while
 it follows. One copy per process. */
-static const char *const copy_names[] = {"data.mdb", "lock.mdb", "keel.lock"};
+static const char *const copy_names[] = {"data.mdb", "lock.mdb", "keel.lock", "data.mdb.new",
+                                         "data.mdb.new-lock"}; /* the last two: while the store is made */
 #define COPY_NFILES (sizeof copy_names / sizeof copy_names[0])
 static char copy_paths[COPY_NFILES + 1][4200]; /* the files, then the directory */
 static volatile sig_atomic_t copy_armed;
@@ -382,8 +384,11 @@ static void copy_arm(const char *dir)
     static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
         sigaddset(&sa.sa_mask, sigs[i]);
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-        sigaction(sigs[i], &sa, NULL);
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) /* nohup, a background job */
+            sigaction(sigs[i], &sa, NULL);
+    }
     copy_armed = 1;
 }
 

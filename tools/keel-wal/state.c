@@ -840,14 +840,13 @@ static int choose_start(kws_replay *r, uint64_t first_tick, bool no_checkpoint, 
         snprintf(starts, sizeof starts, "the WAL starts at LSN %" PRIu64, in->first_lsn);
     else
         snprintf(starts, sizeof starts, "the WAL is empty");
-    if (d->stream && no_checkpoint) /* a stream's copy starts at its published checkpoint once it was purged */
-        return fail(r, "--no-checkpoint needs the records from LSN 1, but the stream was purged up to its published "
-                    "checkpoint of tick %" PRIu64 " (its primary purges it at each checkpoint it publishes)",
-                    d->checkpoint.tick);
+    if (d->stream && no_checkpoint) /* a copy of a purged stream starts at its published checkpoint */
+        return fail(r, "--no-checkpoint needs the records from LSN 1, but a copy of the purged stream starts at its "
+                    "published checkpoint of tick %" PRIu64, d->checkpoint.tick);
     if (d->stream)
-        return fail(r, "tick %" PRIu64 " is no longer on the stream: it is before the stream's published checkpoint "
-                    "of tick %" PRIu64 ", up to which its primary purged it. The earliest tick replay can rebuild is "
-                    "%" PRIu64, first_tick, d->checkpoint.tick, d->checkpoint.tick);
+        return fail(r, "tick %" PRIu64 " is before the stream's published checkpoint of tick %" PRIu64 ", where a copy "
+                    "of the purged stream starts (no older state can be rebuilt from it). The earliest tick replay "
+                    "can rebuild is %" PRIu64, first_tick, d->checkpoint.tick, d->checkpoint.tick);
     if (no_checkpoint)
         return fail(r, "--no-checkpoint needs the WAL from LSN 1, but %s: the checkpoint of tick %" PRIu64
                     " deleted the records up to LSN %" PRIu64 " it covers (the runtime ran without wal_retain)",

@@ -74,7 +74,7 @@ static int parse_args(int argc, char **argv, void *opts)
 
 /* Print the records with LSN >= from in a fresh snapshot; *next = one past
  * the last printed. *last_seen is the WAL's last LSN in that snapshot. */
-static int print_from(kwt_dir *d, const tail_opts *o, uint64_t from, uint64_t *next, bool *problem)
+static int print_from(kwt_dir *d, const tail_opts *o, uint64_t from, uint64_t *next, bool *problem, bool following)
 {
     kw_rtxn *r;
     int rc = kwt_read_begin(d, &r);
@@ -89,6 +89,12 @@ static int print_from(kwt_dir *d, const tail_opts *o, uint64_t from, uint64_t *n
     }
     kw_record rec;
     while (!tail_stop && !kwt_output_broken() && (rc = kwt_scan_next(s, &rec)) > 0) {
+        if (following && rec.lsn > from) /* in the scan's own snapshot: nothing can go unsaid */
+            kwt_err(d->path, "LSN %" PRIu64 "..%" PRIu64 " went before this tail read them (%s); following from "
+                    "LSN %" PRIu64, from, rec.lsn - 1,
+                    d->stream ? "the stream's copy started again at its published checkpoint"
+                              : "deleted by a checkpoint", rec.lsn);
+        following = false;
         if (rc == KWT_SCAN_INVALID) {
             kwt_err(d->path, "LSN %" PRIu64 ": %s (skipped)", rec.lsn, keel_last_error());
             *problem = true;
@@ -145,14 +151,8 @@ static int follow(kwt_dir *d, const tail_opts *o, uint64_t next, bool *problem)
                     last);
             next = last + 1;
         }
-        if (first > next) { /* this tail fell behind a checkpoint's deletion or the stream's purge */
-            kwt_err(d->path, "LSN %" PRIu64 "..%" PRIu64 " went before this tail read them (%s); following from LSN "
-                    "%" PRIu64, next, first - 1, d->stream ? "purged from the stream" : "deleted by a checkpoint",
-                    first);
-            next = first;
-        }
-        if (last >= next)
-            rc = print_from(d, o, next, &next, problem);
+        if (last >= next) /* it says so when records before `next` went (a checkpoint, a stream's purge) */
+            rc = print_from(d, o, next, &next, problem, true);
     }
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
@@ -166,11 +166,13 @@ static int run(kwt_dir *d, void *opts)
     bool problem = false;
     int rc = wal_bounds_now(d, &first, &last);
     if (!rc) {
-        next = last + 1;
-        if (o->lines)
-            rc = print_from(d, o, last >= o->lines ? last - o->lines + 1 : 1, &next, &problem);
+        /* an empty WAL after a checkpoint goes on after what the checkpoint covers */
+        uint64_t end = !last && d->has_checkpoint ? d->checkpoint.lsn : last;
+        next = end + 1;
+        if (o->lines && last)
+            rc = print_from(d, o, last >= o->lines ? last - o->lines + 1 : 1, &next, &problem, false);
         if (!rc && o->follow)
-            rc = follow(d, o, last + 1 > next ? last + 1 : next, &problem);
+            rc = follow(d, o, end + 1 > next ? end + 1 : next, &problem);
     }
     return !rc && problem ? KWT_EXIT_PROBLEM : rc;
 }

@@ -49,7 +49,8 @@ typedef struct kr_desc {
  * answers), KEEL_ENOENT (no stream for the world and !create). */
 int kr_connect(const kr_desc *d, kr_node **out);
 /* What kr_connect checks before it connects: the world's name and the
- * servers' syntax. KEEL_OK or KEEL_EINVAL naming the culprit. */
+ * servers' syntax. KEEL_OK, KEEL_EINVAL naming the culprit, or
+ * KEEL_ENOMEM. */
 int kr_check(const char *urls, const char *world);
 /* A primary connected with `later`: find or create the world's streams and
  * lease bucket now (once it holds its directory: a node refused for a
@@ -286,6 +287,11 @@ int kr_ckpt_publish(kr_node *n, kw_store *s, uint64_t upto, int64_t retain, uint
  * One that a newer publication purges while it is copied is given up for
  * the newer one. KEEL_ENOENT when none is published. */
 int kr_ckpt_load(kr_node *n, kw_store *s, uint64_t *covered);
+/* The latest published checkpoint's meta and the schema record it was
+ * published with (appended to *schema), read from its first two messages:
+ * nothing else is fetched or written. KEEL_ENOENT when none is published,
+ * KEEL_ECORRUPT when those messages are no BEGIN and SCHEMA. */
+int kr_ckpt_head(kr_node *n, kw_checkpoint_meta *meta, kw_buf *schema);
 /* The latest published checkpoint, loaded as it arrives (a replica's
  * bootstrap): kr_boot_begin fetches its BEGIN and SCHEMA and starts a
  * thread that copies every message fetched into one write transaction on
