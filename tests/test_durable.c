@@ -2005,6 +2005,142 @@ START_TEST(test_side_transactions_share_a_record_while_the_writer_is_busy)
 }
 END_TEST
 
+/* ---- a side write that a later system undoes ------------------------------------------------ */
+
+/* UNDO_N entities with x (i64, VERSIONED) = 0 in 16-row chunks, spawned by
+ * on_first_tick. In a tick, two closures (Engine-Pre) set x = 5 on some of
+ * them in side transactions (one row twice), and the system `undo`, which
+ * runs after them, sets every 5 back to 0 and entity 5's x to the tick:
+ * the rows the closures wrote end the tick where they started, so the
+ * capture's comparison with the tick-start values finds only entity 5
+ * changed, while the SIDE records (x = 5) are in the log before the tick's. */
+#define UNDO_N 40
+
+typedef struct undo_world {
+    keel_component x;
+    keel_query *q;
+    keel_entity e[UNDO_N];
+    uint64_t tick;
+} undo_world;
+
+static int undo_hook(keel_ctx *ctx, void *user)
+{
+    undo_world *u = user;
+    int64_t zero = 0;
+    keel_init init = {u->x, &zero};
+    for (int i = 0; i < UNDO_N; i++) {
+        int rc = keel_cmd_spawn(keel_ctx_commands(ctx), &init, 1);
+        if (rc)
+            return rc;
+    }
+    return KEEL_OK;
+}
+
+static const int undo_first[] = {0, 3, 17, 33}, undo_second[] = {17, 20};
+
+static int set_five(keel_side_txn *tx, const undo_world *u, const int *which, size_t n)
+{
+    int64_t five = 5;
+    int rc = KEEL_OK;
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = keel_side_set(tx, u->e[which[i]], u->x, &five);
+    return rc;
+}
+
+static int set_five_first(keel_side_txn *tx, void *arg)
+{
+    return set_five(tx, arg, undo_first, sizeof undo_first / sizeof *undo_first);
+}
+
+static int set_five_second(keel_side_txn *tx, void *arg)
+{
+    return set_five(tx, arg, undo_second, sizeof undo_second / sizeof *undo_second);
+}
+
+static int undo_sys(keel_ctx *ctx, void *user)
+{
+    undo_world *u = user;
+    int rc = KEEL_OK;
+    for (int i = 0; !rc && u->e[0] && i < UNDO_N; i++) {
+        int64_t v;
+        rc = keel_txn_get(ctx, u->e[i], u->x, &v);
+        if (!rc && (v == 5 || i == 5)) {
+            v = i == 5 ? (int64_t)u->tick : 0;
+            rc = keel_txn_set(ctx, u->e[i], u->x, &v);
+        }
+    }
+    return rc;
+}
+
+static keel_runtime *undo_open(const char *dir, undo_world *u)
+{
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_IMMEDIATE);
+    d.on_first_tick = undo_hook;
+    d.hook_user = u;
+    keel_runtime *rt = tu_rt_new(d);
+    u->x = reg_i64(rt, "x", KEEL_VERSIONED);
+    ck_assert_ok(keel_query_create(keel_runtime_world(rt), &(keel_query_desc){.with = {u->x}}, &u->q));
+    keel_schedule *s;
+    ck_assert_ok(keel_schedule_create(rt, &s));
+    keel_system_desc sd = {.name = "undo", .kind = KEEL_SYSTEM_CALLBACK, .run = undo_sys, .user = u,
+                           .access = {.writes = {u->x}}};
+    ck_assert_ok(keel_schedule_add_system(s, &sd, NULL));
+    tu_install(rt, s);
+    return rt;
+}
+
+static int64_t undo_x(keel_runtime *rt, const undo_world *u, int i)
+{
+    int64_t v = -1;
+    ck_assert_ok(keel_get(keel_runtime_world(rt), u->e[i], u->x, &v));
+    return v;
+}
+
+/* The tick's records must set the rows back to 0 after the SIDE records:
+ * recovered, the world is the live one (every x 0 but entity 5's), not
+ * the side transactions' 5s. */
+START_TEST(test_side_write_undone_by_a_later_system)
+{
+    char dir[256];
+    tu_path(dir, sizeof dir, "undo");
+    static undo_world u;
+    u = (undo_world){0};
+    keel_runtime *rt = undo_open(dir, &u);
+    ck_assert_ok(keel_runtime_recover(rt, NULL));
+    ck_assert_ok(keel_runtime_step(rt)); /* tick 1: the hook spawns them */
+    ck_assert_uint_eq(query_entities(u.q, u.e, UNDO_N), UNDO_N);
+    keel_ticket *tk[2] = {NULL, NULL};
+    ck_assert_ok(keel_submit(rt, set_five_first, &u, KEEL_DURABLE_IMMEDIATE, &tk[0]));
+    ck_assert_ok(keel_submit(rt, set_five_second, &u, KEEL_DURABLE_IMMEDIATE, &tk[1]));
+    u.tick = 2;
+    ck_assert_ok(keel_runtime_step(rt)); /* tick 2: 5s by the closures, back to 0 by undo */
+    for (int k = 0; k < 2; k++) {
+        ck_assert_ok(keel_ticket_wait(tk[k], -1));
+        keel_ticket_release(tk[k]);
+    }
+    for (int i = 0; i < UNDO_N; i++)
+        ck_assert_int_eq(undo_x(rt, &u, i), i == 5 ? 2 : 0);
+    uint64_t hash = keel_world_hash(keel_runtime_world(rt));
+    keel_query_destroy(u.q);
+    ck_assert_ok(keel_runtime_close(rt));
+
+    keel_entity e[UNDO_N];
+    memcpy(e, u.e, sizeof e);
+    u = (undo_world){0};
+    rt = undo_open(dir, &u);
+    keel_recovery info;
+    ck_assert_ok(keel_runtime_recover(rt, &info));
+    ck_assert_uint_eq(info.tick, 2);
+    ck_assert_uint_eq(info.side_txns, 2);
+    memcpy(u.e, e, sizeof e);
+    for (int i = 0; i < UNDO_N; i++)
+        ck_assert_msg(undo_x(rt, &u, i) == (i == 5 ? 2 : 0), "entity %d: x = %lld", i, (long long)undo_x(rt, &u, i));
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(rt)), hash);
+    keel_query_destroy(u.q);
+    ck_assert_ok(keel_runtime_close(rt));
+}
+END_TEST
+
 /* ---- idle ticks around a checkpoint ------------------------------------------------- */
 
 /* Wait until the WAL writer has taken everything queued: it is then in its
@@ -3975,6 +4111,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_recover_again_after_ticks);
     tcase_add_test(tc, test_durable_lag_while_writer_blocked);
     tcase_add_test(tc, test_side_transactions_share_a_record_while_the_writer_is_busy);
+    tcase_add_test(tc, test_side_write_undone_by_a_later_system);
     tcase_add_test(tc, test_idle_ticks_checkpoint);
     tcase_add_test(tc, test_recycle_with_checkpoints);
     suite_add_tcase(s, tc);

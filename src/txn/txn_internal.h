@@ -195,9 +195,14 @@ typedef struct uow_side {
 typedef struct uow_wbuf {
     unsigned char *p;
     size_t len, cap;
-    uint32_t *idx;
-    uint32_t idx_cap;
+    uint32_t *idx, *merged;    /* a chunk column's rows to log; merged: idx with the side-written ones */
+    uint32_t idx_cap, merged_cap;
 } uow_wbuf;
+
+/* A row of a chunk column: (table, chunk, column, row in the chunk). */
+typedef struct uow_cell {
+    uint32_t table, chunk, col, row;
+} uow_cell;
 
 /* Where a captured group is: wbuf[buf].p + off, n rows. */
 typedef struct uow_ref {
@@ -219,6 +224,8 @@ typedef struct txn_uow {
     uint32_t nflat, flat_cap;
     const txn_vec **lists;     /* capture scratch: the systems' change lists, in order */
     uint32_t lists_cap;
+    uow_cell *cells;           /* capture scratch: the rows side transactions wrote this tick, sorted */
+    uint32_t ncells, cells_cap;
     world_lifecycle_log lifecycle;
     unsigned char *side;       /* side records, in commit order (under the side lock) */
     size_t side_len, side_cap;

@@ -130,12 +130,105 @@ static uint32_t changed_rows(const unsigned char *old, const unsigned char *now,
     }
 }
 
+static int uow_grow(void *p, uint32_t *cap, uint32_t need, size_t elem)
+{
+    return core_grow(p, cap, need, elem, 16, false);
+}
+
+/* ---- rows side transactions wrote ----------------------------------------------------
+ *
+ * A side transaction's SIDE record precedes the tick's records in the log,
+ * and a system after it may set a row it wrote back to the row's tick-start
+ * value: comparing with the tick-start version would then log nothing, and
+ * recovery would keep the side transaction's value. So a chunk column the
+ * capture logs always logs the rows side transactions wrote this tick,
+ * changed or not (their values now are the state after the tick either
+ * way). Rows move only at the sync point, after the capture, so a side
+ * write's row is still where it was written. */
+
+static int cell_cmp(const void *a, const void *b)
+{
+    const uow_cell *x = a, *y = b;
+    if (x->table != y->table)
+        return x->table < y->table ? -1 : 1;
+    if (x->chunk != y->chunk)
+        return x->chunk < y->chunk ? -1 : 1;
+    if (x->col != y->col)
+        return x->col < y->col ? -1 : 1;
+    return x->row < y->row ? -1 : x->row > y->row;
+}
+
+/* The cells of this tick's side writes into u->cells, sorted. */
+static int side_cells(txn_uow *u, const keel_world *w)
+{
+    size_t off = 0, woff;
+    uow_side sd;
+    uow_row r;
+    u->ncells = 0;
+    while (uow_next_side(u, &off, &sd, &woff))
+        for (uint32_t i = 0; i < sd.nwrites && uow_next_side_row(u, &woff, &r); i++) {
+            const world_slot *slot = world_slot_of(w, r.entity);
+            const world_table *t = slot ? w->tables[slot->table] : NULL;
+            if (!t || !r.size || !t->col_of[r.component])
+                continue;
+            if (uow_grow((void **)&u->cells, &u->cells_cap, u->ncells + 1, sizeof *u->cells))
+                return KEEL_ENOMEM;
+            u->cells[u->ncells++] = (uow_cell){slot->table, slot->row >> w->chunk_shift,
+                                               t->col_of[r.component] - 1, slot->row & w->chunk_mask};
+        }
+    if (u->ncells > 1)
+        qsort(u->cells, u->ncells, sizeof *u->cells, cell_cmp);
+    return KEEL_OK;
+}
+
+/* The side-written rows of chunk column tc merged into wb->idx[0, n) (both
+ * ascending; a row in both counts once): the new count, or UINT32_MAX when
+ * out of memory. */
+static uint32_t with_side_rows(uow_wbuf *wb, const txn_uow *u, txn_touch tc, uint32_t n)
+{
+    uow_cell key = {tc.table, tc.chunk, tc.col, 0};
+    uint32_t lo = 0, hi = u->ncells;
+    while (lo < hi) { /* the first cell of tc */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (cell_cmp(&u->cells[mid], &key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    const uow_cell *c = u->cells + lo, *end = u->cells + u->ncells;
+    if (c == end || c->table != tc.table || c->chunk != tc.chunk || c->col != tc.col)
+        return n;
+    if (wb->merged_cap < wb->idx_cap) {
+        uint32_t *p = realloc(wb->merged, (size_t)wb->idx_cap * sizeof *p);
+        if (!p)
+            return UINT32_MAX;
+        wb->merged = p;
+        wb->merged_cap = wb->idx_cap;
+    }
+    uint32_t m = 0, i = 0;
+    while (i < n || (c < end && c->table == tc.table && c->chunk == tc.chunk && c->col == tc.col)) {
+        bool side = c < end && c->table == tc.table && c->chunk == tc.chunk && c->col == tc.col;
+        uint32_t row = i < n && (!side || wb->idx[i] <= c->row) ? wb->idx[i++] : c->row;
+        while (c < end && c->table == tc.table && c->chunk == tc.chunk && c->col == tc.col && c->row == row)
+            c++; /* the same row again (several side writes): once */
+        if (!m || wb->merged[m - 1] != row)
+            wb->merged[m++] = row;
+    }
+    uint32_t *t = wb->idx;
+    wb->idx = wb->merged;
+    wb->merged = t;
+    uint32_t cap = wb->idx_cap;
+    wb->idx_cap = wb->merged_cap;
+    wb->merged_cap = cap;
+    return m;
+}
+
 /* One chunk column: its changed rows become one group in the TICK_CHUNK
  * layout (docs/wal-format.md): u32 component, u32 size, u32 n, n entities,
  * n values, appended to the capturing worker's buffer wb. The fence then
  * copies whole runs of groups into payloads. Returns the group's reference
  * (n = 0: nothing changed; buf = UOW_REF_OOM: out of memory). */
-static uow_ref capture_chunk(uow_wbuf *wb, uint32_t wi, const keel_world *w, txn_touch tc)
+static uow_ref capture_chunk(uow_wbuf *wb, uint32_t wi, const txn_uow *u, const keel_world *w, txn_touch tc)
 {
     const world_table *t = w->tables[tc.table];
     const world_chunk *ch = t->chunks[tc.chunk];
@@ -153,6 +246,8 @@ static uow_ref capture_chunk(uow_wbuf *wb, uint32_t wi, const keel_world *w, txn
         wb->idx_cap = ch->count;
     }
     uint32_t n = changed_rows(old, now, size, ch->count, wb->idx);
+    if (old && u->ncells && (n = with_side_rows(wb, u, tc, n)) == UINT32_MAX)
+        return oom;
     if (!n)
         return (uow_ref){wi, 0, 0};
     if (buf_reserve(&wb->p, &wb->cap, wb->len, UOW_GROUP_HDR + (size_t)n * (8 + size)))
@@ -189,12 +284,7 @@ typedef struct capture_job {
 static void capture_task(void *arg, uint32_t i, uint32_t worker)
 {
     capture_job *j = arg;
-    j->u->groups[j->base + i] = capture_chunk(&j->u->wbuf[worker], worker, j->w, j->u->flat[i]);
-}
-
-static int uow_grow(void *p, uint32_t *cap, uint32_t need, size_t elem)
-{
-    return core_grow(p, cap, need, elem, 16, false);
+    j->u->groups[j->base + i] = capture_chunk(&j->u->wbuf[worker], worker, j->u, j->w, j->u->flat[i]);
 }
 
 /* Collect the durable touches of lists[0..nlists) into flat; *rows gets
@@ -227,7 +317,7 @@ static void capture_lists(txn_state *ts, const txn_vec *const *lists, uint32_t n
     if (u->oom)
         return;
     if (uow_grow((void **)&u->wbuf, &u->nwbuf, ts->pool.workers ? ts->pool.workers : 1, sizeof *u->wbuf) ||
-        flatten(u, ts->world, lists, nlists, &rows) ||
+        flatten(u, ts->world, lists, nlists, &rows) || side_cells(u, ts->world) ||
         uow_grow((void **)&u->groups, &u->groups_cap, u->ngroups + u->nflat, sizeof *u->groups)) {
         u->oom = true;
         return;
@@ -296,11 +386,13 @@ void uow_fini(txn_uow *u)
     for (uint32_t i = 0; i < u->nwbuf_used; i++) {
         free(u->wbuf[i].p);
         free(u->wbuf[i].idx);
+        free(u->wbuf[i].merged);
     }
     free(u->wbuf);
     free(u->groups);
     free(u->flat);
     free(u->lists);
+    free(u->cells);
     free(u->lifecycle.buf);
     free(u->side);
     *u = (txn_uow){0};
