@@ -2005,6 +2005,71 @@ START_TEST(test_side_transactions_share_a_record_while_the_writer_is_busy)
 }
 END_TEST
 
+/* A retried idempotency key is answered KEEL_EALREADY as the commit that
+ * holds the key is acknowledged: IMMEDIATE, only once that commit is
+ * durable. While the writer is held, the retry's ticket has not completed
+ * either; released, it completes with KEEL_EALREADY (its durable step too).
+ * A retry whose original never becomes durable (the writer's commit fails:
+ * the runtime latches) gets KEEL_EFATAL, not KEEL_EALREADY; reopened, the
+ * key is free and the transfer absent. */
+START_TEST(test_idempotent_retry_waits_for_the_original)
+{
+    char dir[256];
+    holder h;
+    keel_runtime_desc d;
+    wworld *w = held_world(dir, "retry", &h, &d);
+    w_drive(w, 1);
+    ck_assert_ok(keel_flush(w->rt));
+    keel_entity a[8];
+    ck_assert_uint_eq(query_entities(w->q_money, a, 8), 2);
+    int64_t m0 = get_i64(w->rt, a[0], w->MONEY);
+    keyed_xfer x = {{a[0], a[1], 7, w->MONEY}, 0xabcull}, y = {{a[0], a[1], 9, w->MONEY}, 0xdefull};
+    keel_ticket *first, *retry;
+    holder_hold(&h);
+    ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &x, KEEL_DURABLE_IMMEDIATE, &first));
+    ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &x, KEEL_DURABLE_IMMEDIATE, &retry));
+    w_drive(w, 2);
+    ck_assert_rc(keel_ticket_wait(first, 0), KEEL_ETIMEDOUT);
+    ck_assert_rc(keel_ticket_wait(retry, 0), KEEL_ETIMEDOUT); /* not "already" before the original is on disk */
+    holder_release(&h);
+    ck_assert_ok(keel_ticket_wait(first, -1));
+    ck_assert_rc(keel_ticket_wait(retry, -1), KEEL_EALREADY);
+    ck_assert_rc(keel_ticket_wait_durable(retry, -1), KEEL_EALREADY);
+    keel_ticket_release(first);
+    keel_ticket_release(retry);
+    ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 7);
+
+    if (keel_failpoints_compiled()) { /* the original never durable: the retry is no "already" */
+        holder h2;
+        holder_fork(&h2, dir);
+        holder_hold(&h2);
+        ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &y, KEEL_DURABLE_IMMEDIATE, &first));
+        ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &y, KEEL_DURABLE_IMMEDIATE, &retry));
+        w_drive(w, 3);
+        ck_assert_ok(keel_failpoints_set("wal.before_commit=eio@1"));
+        holder_release(&h2);
+        ck_assert_rc(keel_ticket_wait(first, -1), KEEL_EFATAL);
+        ck_assert_rc(keel_ticket_wait(retry, -1), KEEL_EFATAL);
+        ck_assert_ok(keel_failpoints_set(""));
+        keel_ticket_release(first);
+        keel_ticket_release(retry);
+        (void)w_close(w);
+        w_reset(w, true);
+        w_open(w, &d, false);
+        keel_recovery info;
+        ck_assert_ok(keel_runtime_recover(w->rt, &info));
+        ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 7);
+        ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &y, KEEL_DURABLE_IMMEDIATE, &first));
+        w_drive(w, info.tick + 1);
+        ck_assert_ok(keel_ticket_wait(first, -1)); /* the key is free: it never was durable */
+        keel_ticket_release(first);
+        ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 16);
+    }
+    (void)w_close(w);
+    free(w);
+}
+END_TEST
+
 /* ---- a side write that a later system undoes ------------------------------------------------ */
 
 /* UNDO_N entities with x (i64, VERSIONED) = 0 in 16-row chunks, spawned by
@@ -4112,6 +4177,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_durable_lag_while_writer_blocked);
     tcase_add_test(tc, test_side_transactions_share_a_record_while_the_writer_is_busy);
     tcase_add_test(tc, test_side_write_undone_by_a_later_system);
+    tcase_add_test(tc, test_idempotent_retry_waits_for_the_original);
     tcase_add_test(tc, test_idle_ticks_checkpoint);
     tcase_add_test(tc, test_recycle_with_checkpoints);
     suite_add_tcase(s, tc);

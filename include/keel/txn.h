@@ -105,8 +105,10 @@ int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn);
  * keel_durable_desc.idempotency_window_ticks ticks; committing a key that
  * committed within that window applies nothing and returns KEEL_EALREADY
  * (the last error names the key), whatever the transaction read or wrote.
- * Two concurrent commits of one key apply exactly once. A keyed
- * transaction that wrote nothing still logs a record: its key.
+ * Two concurrent commits of one key apply exactly once. KEEL_EALREADY is
+ * acknowledged as the commit holding the key is, per the mode: IMMEDIATE
+ * once that commit is durable (KEEL_EFATAL if it never becomes durable).
+ * A keyed transaction that wrote nothing still logs a record: its key.
  * Errors: KEEL_EINVAL (tx NULL). Call it on the thread that owns tx. */
 int keel_side_txn_set_key(keel_side_txn *tx, uint64_t key);
 

@@ -450,7 +450,11 @@ static int key_check(keel_side_txn *tx, uint64_t tick, uint64_t *when)
  * while it applies and logs), its sync requested after the lock is
  * released (docs/transactions.md, "Read-only side transactions"). A
  * transaction with an idempotency key always logs its record, writes or
- * not: the record is what makes the key durable. */
+ * not: the record is what makes the key durable. A key that committed
+ * already (KEEL_EALREADY) is answered as that commit is acknowledged: its
+ * record lies below the last LSN handed out, which out->wait_lsn then
+ * holds, so IMMEDIATE waits for it (and reports KEEL_EFATAL instead when
+ * it never becomes durable). */
 int side_commit(keel_side_txn *tx, side_result *out)
 {
     *out = (side_result){0};
@@ -495,11 +499,15 @@ int side_commit(keel_side_txn *tx, side_result *out)
         ts->counts.conflicts++;
     } else if (rc == KEEL_EALREADY) {
         ts->counts.already++;
+        /* the commit that holds the key is logged below the last LSN handed out (under this lock); the answer
+           "already committed" waits for it as a commit of this mode would for its own record */
+        if (ts->log.ops)
+            out->wait_lsn = ts->log.ops->last_lsn(ts->log.self);
     } else {
         ts->counts.aborts++;
     }
     pthread_mutex_unlock(&ts->side_lock);
-    if (read_only_wait)
+    if (read_only_wait || (rc == KEEL_EALREADY && out->wait_lsn && tx->mode == KEEL_DURABLE_IMMEDIATE))
         (void)ts->log.ops->sync_request(ts->log.self, out->wait_lsn); /* a latch meanwhile: the wait reports it */
     if (rc == KEEL_EALREADY) {
         core_fail(KEEL_EALREADY, "side transaction in '%s': idempotency key %llu (0x%016llx) already committed at "
@@ -535,7 +543,10 @@ int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn)
     txn_state *ts = tx ? tx->ts : NULL;
     int rc = side_commit(tx, &r);
     *lsn = rc ? 0 : r.lsn;
-    return rc ? rc : txn_durable_wait(ts, r.wait_lsn, r.mode);
+    if (rc && rc != KEEL_EALREADY)
+        return rc;
+    int durable = txn_durable_wait(ts, r.wait_lsn, r.mode); /* EALREADY: the key's commit, IMMEDIATE: synced */
+    return durable ? durable : rc;
 }
 
 int keel_side_txn_commit(keel_side_txn *tx)

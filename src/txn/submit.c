@@ -41,6 +41,8 @@ struct keel_ticket {
     int result;
     int durable_rc;            /* state 2: 0, or KEEL_EFATAL when the record never became durable */
     _Atomic uint64_t lsn;      /* the commit's record; 0 until committed, or when nothing was logged */
+    uint64_t durable_lsn;      /* what its durable step waits for: lsn, or the commit that holds its key
+                                  (KEEL_EALREADY); set before state 1 */
     _Atomic uint32_t state;    /* 0 queued, 1 done, 2 done and durable */
     _Atomic uint32_t refs;
 };
@@ -92,6 +94,7 @@ int submit_enqueue(txn_state *ts, keel_submit_fn fn, void *arg, keel_durability 
     t->mode = mode;
     t->ts = ts;
     t->result = t->durable_rc = 0;
+    t->durable_lsn = 0;
     atomic_init(&t->lsn, 0);
     atomic_init(&t->state, TICKET_QUEUED);
     atomic_init(&t->refs, out ? 2 : 1);
@@ -126,22 +129,24 @@ static void ticket_record_durable(void *arg, int rc)
  * left for the log. */
 static void ticket_committed(txn_state *ts, keel_ticket *t, int rc, const side_result *r)
 {
-    if (rc || !ts->log.ops || !r->wait_lsn) {
+    bool already = rc == KEEL_EALREADY; /* answered as the commit that holds its key: r->wait_lsn */
+    if ((rc && !already) || !ts->log.ops || !r->wait_lsn) {
         ticket_complete(t, rc);
         return;
     }
     atomic_store_explicit(&t->lsn, r->lsn, memory_order_release);
-    t->result = 0;
+    t->result = rc;
+    t->durable_lsn = already ? r->wait_lsn : r->lsn;
     if (r->mode == KEEL_DURABLE_IMMEDIATE) {
         ts->log.ops->when_durable(ts->log.self, r->wait_lsn, ticket_durable, t);
         return;
     }
-    if (!r->lsn || atomic_load_explicit(&t->refs, memory_order_acquire) < 2) {
-        ticket_complete(t, 0); /* nothing logged, or nobody left to wait for the record */
+    if (!t->durable_lsn || atomic_load_explicit(&t->refs, memory_order_acquire) < 2) {
+        ticket_complete(t, rc); /* nothing logged, or nobody left to wait for the record */
         return;
     }
     ticket_state(t, TICKET_DONE);
-    ts->log.ops->when_durable(ts->log.self, r->lsn, ticket_record_durable, t);
+    ts->log.ops->when_durable(ts->log.self, t->durable_lsn, ticket_record_durable, t);
 }
 
 int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out)
@@ -277,7 +282,7 @@ int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns)
     struct timespec deadline = deadline_after(timeout_ns);
     if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline))
         return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: the closure has not completed yet");
-    if (t->result)
+    if (t->result && t->result != KEEL_EALREADY)
         return t->result;
     if (atomic_load_explicit(&t->state, memory_order_acquire) < TICKET_DURABLE) {
         /* committed, its record not yet synced: GROUP goes out with the
@@ -285,15 +290,15 @@ int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns)
          * latch meanwhile completes the ticket with KEEL_EFATAL) */
         txn_state *ts = t->ts;
         if (ts->log.ops)
-            (void)ts->log.ops->sync_request(ts->log.self, keel_ticket_lsn(t));
+            (void)ts->log.ops->sync_request(ts->log.self, t->durable_lsn);
         if (!ticket_reach(t, TICKET_DURABLE, timeout_ns, &deadline))
             return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: LSN %llu is not durable yet",
-                             (unsigned long long)keel_ticket_lsn(t));
+                             (unsigned long long)t->durable_lsn);
     }
-    if (t->durable_rc)
+    if (t->durable_rc && t->durable_rc != KEEL_EALREADY)
         return core_fail(t->durable_rc, "keel_ticket_wait_durable: LSN %llu never became durable: the runtime "
-                                        "latched fatal", (unsigned long long)keel_ticket_lsn(t));
-    return KEEL_OK;
+                                        "latched fatal", (unsigned long long)t->durable_lsn);
+    return t->result;
 }
 
 void keel_ticket_release(keel_ticket *t)
