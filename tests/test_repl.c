@@ -1656,6 +1656,13 @@ START_TEST(test_lease_renewed_while_recovering)
 }
 END_TEST
 
+/* A closure that writes nothing but logs a record: its key. */
+static int keyed_noop(keel_side_txn *tx, void *arg)
+{
+    (void)arg;
+    return keel_side_txn_set_key(tx, 77);
+}
+
 static int count_shutdown(keel_side_txn *tx, void *arg)
 {
     (void)tx;
@@ -1668,7 +1675,8 @@ static int count_shutdown(keel_side_txn *tx, void *arg)
  * IMMEDIATE transaction (which waits for the last LSN, here writing
  * nothing) nor in its final flush: the close returns KEEL_EUNAVAILABLE
  * naming what the stream did not acknowledge, after the local disk took
- * everything; reopened once NATS is back, the node goes on from what the
+ * everything (a timed ticket wait meanwhile ends KEEL_EUNAVAILABLE, not
+ * KEEL_ETIMEDOUT); reopened once NATS is back, the node goes on from what the
  * stream holds. */
 START_TEST(test_sync_close_without_stream)
 {
@@ -1684,13 +1692,30 @@ START_TEST(test_sync_close_without_stream)
     ck_assert_rc(keel_flush(rt), KEEL_OK);
     uint64_t acked = keel_durable_lsn(rt);
     ck_assert_int_eq(kill(nats_pid, SIGSTOP), 0);
+    keel_ticket *tk = NULL;
+    ck_assert_rc(keel_submit(rt, keyed_noop, NULL, KEEL_DURABLE_IMMEDIATE, &tk), KEEL_OK);
     tu_step_n(rt, 1);
-    ck_assert_rc(keel_runtime_close(rt), KEEL_EUNAVAILABLE);
+    /* its record reaches the local disk, never the frozen stream: a timed wait ends KEEL_EUNAVAILABLE (before
+       the local disk has it, KEEL_ETIMEDOUT) */
+    int waited = KEEL_ETIMEDOUT;
+    for (int i = 0; i < 300 && waited == KEEL_ETIMEDOUT; i++)
+        waited = keel_ticket_wait(tk, 100 * 1000000ll);
+    char why[512];
+    snprintf(why, sizeof why, "%s", keel_last_error());
+    int durable = keel_ticket_wait_durable(tk, 0);
+    keel_ticket_release(tk);
+    int closed = keel_runtime_close(rt);
+    char close_why[1024];
+    snprintf(close_why, sizeof close_why, "%s", keel_last_error());
+    ck_assert_int_eq(kill(nats_pid, SIGCONT), 0); /* before any assertion: the next cases need the server */
+    ck_assert_msg(waited == KEEL_EUNAVAILABLE && strstr(why, "on the local disk but the replication stream"), "%s: %s",
+                  keel_strerror(waited), why);
+    ck_assert_rc(durable, KEEL_EUNAVAILABLE);
+    ck_assert_rc(closed, KEEL_EUNAVAILABLE);
     ck_assert_int_eq(shutdowns, 1);
     char want[64];
     snprintf(want, sizeof want, "acknowledged LSN %" PRIu64 " of ", acked);
-    ck_assert_msg(strstr(keel_last_error(), want) && strstr(keel_last_error(), dir), "%s", keel_last_error());
-    ck_assert_int_eq(kill(nats_pid, SIGCONT), 0);
+    ck_assert_msg(strstr(close_why, want) && strstr(close_why, dir), "%s", close_why);
     rt = spawning_rt(d, &v);
     ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
     uint64_t tick = keel_runtime_tick(rt); /* 4 when the frozen server had taken the last tick's records */

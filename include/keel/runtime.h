@@ -118,8 +118,9 @@ int keel_runtime_create(const keel_runtime_desc *desc, keel_runtime **out);
 /* Stop the driver if running, run on_shutdown (keel_durable_desc), make
  * everything committed durable, join the workers, free everything (the
  * world, the installed schedule's runtime state). The runtime is gone
- * whatever the result; end every read view first. Returns 0 (NULL is
- * ignored: 0), or
+ * whatever the result; end every read view first, and let no other thread
+ * call into it (keel_submit included) once the close has begun. Returns 0
+ * (NULL is ignored: 0), or
  *   KEEL_EFATAL  the runtime had latched fatal, or the final flush failed:
  *                commits after the last durable LSN are lost; the last
  *                error names the cause (KEEL_EIO ...), the directory, that

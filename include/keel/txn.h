@@ -146,8 +146,10 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
  * (KEEL_ECONFLICT, KEEL_EALREADY, KEEL_EFATAL ...), KEEL_EBUSY when the runtime closed
  * before running it, or KEEL_EFATAL when it latched fatal before running it
  * (the ticket completes at the next keel_runtime_step attempt or at close).
- * timeout_ns < 0 waits for ever; on timeout returns KEEL_ETIMEDOUT and the
- * ticket stays valid. Thread-safe. */
+ * timeout_ns < 0 waits for ever; on timeout returns KEEL_ETIMEDOUT (with
+ * `sync` replication KEEL_EUNAVAILABLE when the commit is on the local disk
+ * but the stream has not acknowledged it) and the ticket stays valid.
+ * Thread-safe. */
 int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns);
 
 /* The LSN of the ticket's commit record once it committed; 0 before that,
@@ -159,10 +161,12 @@ uint64_t keel_ticket_lsn(const keel_ticket *t);
  * synced to disk, whatever its mode: an IMMEDIATE ticket completes only
  * then anyway; for GROUP and DEFERRED it asks the WAL writer to sync now
  * (held DEFERRED records included) rather than waiting for its window.
- * Returns keel_ticket_wait's result when that is not 0, else 0 once
- * durable (at once when nothing was logged), KEEL_EFATAL when the runtime
- * latched before the record was durable, KEEL_ETIMEDOUT after timeout_ns
- * (< 0 = for ever; the ticket stays valid). Thread-safe; call it before
+ * Returns keel_ticket_wait's result when that is not 0 or KEEL_EALREADY,
+ * else that result once durable (at once when nothing was logged; for
+ * KEEL_EALREADY, once the commit holding the key is), KEEL_EFATAL when the
+ * runtime latched before the record was durable, KEEL_ETIMEDOUT (or
+ * KEEL_EUNAVAILABLE, as keel_ticket_wait) after timeout_ns (< 0 = for
+ * ever; the ticket stays valid). Thread-safe; call it before
  * keel_runtime_close returns or after (close makes every record durable),
  * not while close runs. */
 int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns);

@@ -41,8 +41,8 @@ struct keel_ticket {
     int result;
     int durable_rc;            /* state 2: 0, or KEEL_EFATAL when the record never became durable */
     _Atomic uint64_t lsn;      /* the commit's record; 0 until committed, or when nothing was logged */
-    uint64_t durable_lsn;      /* what its durable step waits for: lsn, or the commit that holds its key
-                                  (KEEL_EALREADY); set before state 1 */
+    _Atomic uint64_t durable_lsn; /* what it waits for to be durable: IMMEDIATE, what the commit waits
+                                  for; else its record; KEEL_EALREADY: the commit holding the key */
     _Atomic uint32_t state;    /* 0 queued, 1 done, 2 done and durable */
     _Atomic uint32_t refs;
 };
@@ -94,7 +94,7 @@ int submit_enqueue(txn_state *ts, keel_submit_fn fn, void *arg, keel_durability 
     t->mode = mode;
     t->ts = ts;
     t->result = t->durable_rc = 0;
-    t->durable_lsn = 0;
+    atomic_init(&t->durable_lsn, 0);
     atomic_init(&t->lsn, 0);
     atomic_init(&t->state, TICKET_QUEUED);
     atomic_init(&t->refs, out ? 2 : 1);
@@ -136,17 +136,19 @@ static void ticket_committed(txn_state *ts, keel_ticket *t, int rc, const side_r
     }
     atomic_store_explicit(&t->lsn, r->lsn, memory_order_release);
     t->result = rc;
-    t->durable_lsn = already ? r->wait_lsn : r->lsn;
-    if (r->mode == KEEL_DURABLE_IMMEDIATE) {
-        ts->log.ops->when_durable(ts->log.self, r->wait_lsn, ticket_durable, t);
+    bool immediate = r->mode == KEEL_DURABLE_IMMEDIATE;
+    uint64_t durable = already || immediate ? r->wait_lsn : r->lsn;
+    atomic_store_explicit(&t->durable_lsn, durable, memory_order_release);
+    if (immediate) {
+        ts->log.ops->when_durable(ts->log.self, durable, ticket_durable, t);
         return;
     }
-    if (!t->durable_lsn || atomic_load_explicit(&t->refs, memory_order_acquire) < 2) {
+    if (!durable || atomic_load_explicit(&t->refs, memory_order_acquire) < 2) {
         ticket_complete(t, rc); /* nothing logged, or nobody left to wait for the record */
         return;
     }
     ticket_state(t, TICKET_DONE);
-    ts->log.ops->when_durable(ts->log.self, t->durable_lsn, ticket_record_durable, t);
+    ts->log.ops->when_durable(ts->log.self, durable, ticket_record_durable, t);
 }
 
 int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out)
@@ -260,13 +262,26 @@ static struct timespec deadline_after(int64_t timeout_ns)
     return deadline;
 }
 
+/* A timed wait on t ran out: KEEL_EUNAVAILABLE (the log's sentence) when
+ * what t waits for is on the local disk but not yet acknowledged by the
+ * replication stream (sync), as the log's own timed waits say; else
+ * KEEL_ETIMEDOUT with `why`. The runtime is alive: t is not complete. */
+static int ticket_timeout(keel_ticket *t, const char *why, uint64_t lsn)
+{
+    txn_state *ts = t->ts;
+    if (lsn && ts->log.ops && ts->log.ops->wait_durable(ts->log.self, lsn, false, 0) == KEEL_EUNAVAILABLE)
+        return KEEL_EUNAVAILABLE;
+    return core_fail(KEEL_ETIMEDOUT, "%s", why);
+}
+
 int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns)
 {
     if (!t)
         return core_fail(KEEL_EINVAL, "keel_ticket_wait: ticket is NULL");
     struct timespec deadline = deadline_after(timeout_ns);
     if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline))
-        return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait: the closure has not completed yet");
+        return ticket_timeout(t, "keel_ticket_wait: the closure has not completed yet",
+                              atomic_load_explicit(&t->durable_lsn, memory_order_acquire));
     return t->result;
 }
 
@@ -281,7 +296,8 @@ int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns)
         return core_fail(KEEL_EINVAL, "keel_ticket_wait_durable: ticket is NULL");
     struct timespec deadline = deadline_after(timeout_ns);
     if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline))
-        return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: the closure has not completed yet");
+        return ticket_timeout(t, "keel_ticket_wait_durable: the closure has not completed yet",
+                              atomic_load_explicit(&t->durable_lsn, memory_order_acquire));
     if (t->result && t->result != KEEL_EALREADY)
         return t->result;
     if (atomic_load_explicit(&t->state, memory_order_acquire) < TICKET_DURABLE) {
@@ -289,15 +305,16 @@ int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns)
          * writer's next batch, DEFERRED is held -- ask for the sync now (a
          * latch meanwhile completes the ticket with KEEL_EFATAL) */
         txn_state *ts = t->ts;
+        uint64_t lsn = atomic_load_explicit(&t->durable_lsn, memory_order_acquire);
         if (ts->log.ops)
-            (void)ts->log.ops->sync_request(ts->log.self, t->durable_lsn);
+            (void)ts->log.ops->sync_request(ts->log.self, lsn);
         if (!ticket_reach(t, TICKET_DURABLE, timeout_ns, &deadline))
-            return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: LSN %llu is not durable yet",
-                             (unsigned long long)t->durable_lsn);
+            return ticket_timeout(t, "keel_ticket_wait_durable: its record is not durable yet", lsn);
     }
     if (t->durable_rc && t->durable_rc != KEEL_EALREADY)
         return core_fail(t->durable_rc, "keel_ticket_wait_durable: LSN %llu never became durable: the runtime "
-                                        "latched fatal", (unsigned long long)t->durable_lsn);
+                                        "latched fatal",
+                         (unsigned long long)atomic_load_explicit(&t->durable_lsn, memory_order_acquire));
     return t->result;
 }
 
