@@ -363,12 +363,14 @@ START_TEST(test_key_twice_durable)
 END_TEST
 
 /* Inside a system: the key is checked before the read set, so a
- * transaction whose read moved gets KEEL_EALREADY, not KEEL_ECONFLICT;
- * argument errors. */
+ * transaction whose read moved gets KEEL_EALREADY, not KEEL_ECONFLICT (its
+ * LSN one at or after the key's commit); through keel_side_txn_commit_async
+ * a ticket that completes with KEEL_EALREADY; argument errors. */
 static struct {
     econ *e;
-    int rc_first, rc_stale, rc_nulltx, rc_nulllsn, rc_ro;
+    int rc_first, rc_stale, rc_nulltx, rc_nulllsn, rc_ro, rc_async;
     uint64_t lsn_first, lsn_ro;
+    keel_ticket *again;        /* key 77 committed again through keel_side_txn_commit_async */
 } g_sys;
 
 static int sys_keyed(keel_ctx *ctx, void *user)
@@ -392,10 +394,15 @@ static int sys_keyed(keel_ctx *ctx, void *user)
         keel_side_txn_commit(c))
         return KEEL_EINVAL;
     keel_side_txn_set_key(b, 77);
-    uint64_t lsn = 99;
+    uint64_t lsn = 0;
     g_sys.rc_stale = keel_side_txn_commit_lsn(b, &lsn);
-    if (lsn)
-        g_sys.rc_stale = KEEL_EINVAL; /* nothing logged: LSN 0 */
+    if (lsn < g_sys.lsn_first)
+        g_sys.rc_stale = KEEL_EINVAL; /* nothing logged: an LSN at or after the key's commit, to wait for */
+    /* through commit_async: a ticket that completes with KEEL_EALREADY */
+    keel_side_txn *again = NULL;
+    if (keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &again) || keel_side_txn_set_key(again, 77))
+        return KEEL_EINVAL;
+    g_sys.rc_async = keel_side_txn_commit_async(again, &g_sys.again);
     g_sys.rc_nulltx = keel_side_txn_set_key(NULL, 1);
     keel_side_txn *d = NULL;
     if (keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &d))
@@ -430,6 +437,11 @@ START_TEST(test_key_checked_first_and_read_only_keys)
     ck_assert_uint_gt(g_sys.lsn_first, 0);
     ck_assert_uint_ge(keel_durable_lsn(e.rt), g_sys.lsn_first); /* IMMEDIATE: durable at return */
     ck_assert_rc(g_sys.rc_stale, KEEL_EALREADY);
+    ck_assert_ok(g_sys.rc_async);
+    ck_assert_rc(keel_ticket_wait(g_sys.again, -1), KEEL_EALREADY);
+    ck_assert_rc(keel_ticket_wait_durable(g_sys.again, -1), KEEL_EALREADY);
+    ck_assert_uint_eq(keel_ticket_lsn(g_sys.again), 0); /* it logged nothing */
+    keel_ticket_release(g_sys.again);
     ck_assert_rc(g_sys.rc_nulltx, KEEL_EINVAL);
     ck_assert_rc(g_sys.rc_nulllsn, KEEL_EINVAL);
     ck_assert_ok(g_sys.rc_ro);

@@ -1675,8 +1675,9 @@ static int count_shutdown(keel_side_txn *tx, void *arg)
  * IMMEDIATE transaction (which waits for the last LSN, here writing
  * nothing) nor in its final flush: the close returns KEEL_EUNAVAILABLE
  * naming what the stream did not acknowledge, after the local disk took
- * everything (a timed ticket wait meanwhile ends KEEL_EUNAVAILABLE, not
- * KEEL_ETIMEDOUT); reopened once NATS is back, the node goes on from what the
+ * everything (meanwhile an IMMEDIATE ticket stays pending, and a timed
+ * keel_wait_durable on its LSN ends KEEL_EUNAVAILABLE, not KEEL_ETIMEDOUT);
+ * reopened once NATS is back, the node goes on from what the
  * stream holds. */
 START_TEST(test_sync_close_without_stream)
 {
@@ -1695,11 +1696,13 @@ START_TEST(test_sync_close_without_stream)
     keel_ticket *tk = NULL;
     ck_assert_rc(keel_submit(rt, keyed_noop, NULL, KEEL_DURABLE_IMMEDIATE, &tk), KEEL_OK);
     tu_step_n(rt, 1);
-    /* its record reaches the local disk, never the frozen stream: a timed wait ends KEEL_EUNAVAILABLE (before
-       the local disk has it, KEEL_ETIMEDOUT) */
-    int waited = KEEL_ETIMEDOUT;
-    for (int i = 0; i < 300 && waited == KEEL_ETIMEDOUT; i++)
-        waited = keel_ticket_wait(tk, 100 * 1000000ll);
+    /* its record reaches the local disk, never the frozen stream: the ticket stays pending (KEEL_ETIMEDOUT),
+       and a timed keel_wait_durable on its LSN ends KEEL_EUNAVAILABLE (before the local disk has it,
+       KEEL_ETIMEDOUT) */
+    int pending = keel_ticket_wait(tk, 0), waited = KEEL_ETIMEDOUT;
+    uint64_t lsn = keel_ticket_lsn(tk);
+    for (int i = 0; i < 300 && lsn && waited == KEEL_ETIMEDOUT; i++)
+        waited = keel_wait_durable(rt, lsn, 100 * 1000000ll);
     char why[512];
     snprintf(why, sizeof why, "%s", keel_last_error());
     int durable = keel_ticket_wait_durable(tk, 0);
@@ -1708,9 +1711,11 @@ START_TEST(test_sync_close_without_stream)
     char close_why[1024];
     snprintf(close_why, sizeof close_why, "%s", keel_last_error());
     ck_assert_int_eq(kill(nats_pid, SIGCONT), 0); /* before any assertion: the next cases need the server */
+    ck_assert_rc(pending, KEEL_ETIMEDOUT);
+    ck_assert_uint_gt(lsn, acked);
     ck_assert_msg(waited == KEEL_EUNAVAILABLE && strstr(why, "on the local disk but the replication stream"), "%s: %s",
                   keel_strerror(waited), why);
-    ck_assert_rc(durable, KEEL_EUNAVAILABLE);
+    ck_assert_rc(durable, KEEL_ETIMEDOUT);
     ck_assert_rc(closed, KEEL_EUNAVAILABLE);
     ck_assert_int_eq(shutdowns, 1);
     char want[64];

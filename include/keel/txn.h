@@ -94,7 +94,8 @@ int keel_side_txn_commit(keel_side_txn *tx);
 
 /* keel_side_txn_commit, and *lsn receives the commit's WAL LSN (0 when
  * nothing was logged: a read-only transaction without a key, no data
- * directory, or an error) -- keel_wait_durable(rt, lsn, ...) waits for it.
+ * directory, or an error; KEEL_EALREADY: an LSN at or after the commit
+ * holding the key) -- keel_wait_durable(rt, lsn, ...) waits for it.
  * Errors: those of keel_side_txn_commit; KEEL_EINVAL when lsn is NULL (tx
  * is aborted). Thread-safe as keel_side_txn_commit. */
 int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn);
@@ -123,8 +124,10 @@ typedef struct keel_ticket keel_ticket;
  * synced) -- with 0, or KEEL_EFATAL. Several commits made back to back
  * and then waited for share one group commit (one sync) instead of one
  * sync each; tell the player "done" when the ticket completes. The writes
- * are visible at once, as with keel_side_txn_commit. Errors (no ticket;
- * tx freed): those of keel_side_txn_commit, KEEL_ENOMEM. */
+ * are visible at once, as with keel_side_txn_commit. A key that committed
+ * before gives a ticket that completes with KEEL_EALREADY once that commit
+ * is acknowledged per the mode. Errors (no ticket; tx freed): those of
+ * keel_side_txn_commit but KEEL_EALREADY, and KEEL_ENOMEM. */
 int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out);
 
 /* ---- submission from other threads ----------------------------------------- */
@@ -146,9 +149,9 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
  * (KEEL_ECONFLICT, KEEL_EALREADY, KEEL_EFATAL ...), KEEL_EBUSY when the runtime closed
  * before running it, or KEEL_EFATAL when it latched fatal before running it
  * (the ticket completes at the next keel_runtime_step attempt or at close).
- * timeout_ns < 0 waits for ever; on timeout returns KEEL_ETIMEDOUT (with
- * `sync` replication KEEL_EUNAVAILABLE when the commit is on the local disk
- * but the stream has not acknowledged it) and the ticket stays valid.
+ * timeout_ns < 0 waits for ever; on timeout returns KEEL_ETIMEDOUT (also
+ * when what it waits for is on the local disk but not yet on a `sync`
+ * replication stream: the ticket is pending) and the ticket stays valid.
  * Thread-safe. */
 int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns);
 
@@ -164,9 +167,8 @@ uint64_t keel_ticket_lsn(const keel_ticket *t);
  * Returns keel_ticket_wait's result when that is not 0 or KEEL_EALREADY,
  * else that result once durable (at once when nothing was logged; for
  * KEEL_EALREADY, once the commit holding the key is), KEEL_EFATAL when the
- * runtime latched before the record was durable, KEEL_ETIMEDOUT (or
- * KEEL_EUNAVAILABLE, as keel_ticket_wait) after timeout_ns (< 0 = for
- * ever; the ticket stays valid). Thread-safe; call it before
+ * runtime latched before the record was durable, KEEL_ETIMEDOUT after
+ * timeout_ns (< 0 = for ever; the ticket stays valid). Thread-safe; call it before
  * keel_runtime_close returns or after (close makes every record durable),
  * not while close runs. */
 int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns);

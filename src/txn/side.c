@@ -542,7 +542,7 @@ int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn)
     side_result r;
     txn_state *ts = tx ? tx->ts : NULL;
     int rc = side_commit(tx, &r);
-    *lsn = rc ? 0 : r.lsn;
+    *lsn = rc == KEEL_EALREADY ? r.wait_lsn : rc ? 0 : r.lsn; /* EALREADY: at or after the key's commit */
     if (rc && rc != KEEL_EALREADY)
         return rc;
     int durable = txn_durable_wait(ts, r.wait_lsn, r.mode); /* EALREADY: the key's commit, IMMEDIATE: synced */

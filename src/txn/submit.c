@@ -165,7 +165,7 @@ int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out)
     txn_state *ts = tx ? side_state(tx) : NULL;
     side_result r;
     int rc = side_commit(tx, &r);
-    if (rc) {
+    if (rc && rc != KEEL_EALREADY) {
         free(t);
         return rc;
     }
@@ -173,7 +173,7 @@ int keel_side_txn_commit_async(keel_side_txn *tx, keel_ticket **out)
     t->mode = r.mode;
     atomic_init(&t->refs, 2);
     *out = t;
-    ticket_committed(ts, t, KEEL_OK, &r);
+    ticket_committed(ts, t, rc, &r); /* KEEL_EALREADY: the ticket's result, once the key's commit is acknowledged */
     return KEEL_OK;
 }
 
@@ -262,26 +262,13 @@ static struct timespec deadline_after(int64_t timeout_ns)
     return deadline;
 }
 
-/* A timed wait on t ran out: KEEL_EUNAVAILABLE (the log's sentence) when
- * what t waits for is on the local disk but not yet acknowledged by the
- * replication stream (sync), as the log's own timed waits say; else
- * KEEL_ETIMEDOUT with `why`. The runtime is alive: t is not complete. */
-static int ticket_timeout(keel_ticket *t, const char *why, uint64_t lsn)
-{
-    txn_state *ts = t->ts;
-    if (lsn && ts->log.ops && ts->log.ops->wait_durable(ts->log.self, lsn, false, 0) == KEEL_EUNAVAILABLE)
-        return KEEL_EUNAVAILABLE;
-    return core_fail(KEEL_ETIMEDOUT, "%s", why);
-}
-
 int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns)
 {
     if (!t)
         return core_fail(KEEL_EINVAL, "keel_ticket_wait: ticket is NULL");
     struct timespec deadline = deadline_after(timeout_ns);
-    if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline))
-        return ticket_timeout(t, "keel_ticket_wait: the closure has not completed yet",
-                              atomic_load_explicit(&t->durable_lsn, memory_order_acquire));
+    if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline)) /* pending, whatever it waits for */
+        return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait: the closure has not completed yet");
     return t->result;
 }
 
@@ -296,8 +283,7 @@ int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns)
         return core_fail(KEEL_EINVAL, "keel_ticket_wait_durable: ticket is NULL");
     struct timespec deadline = deadline_after(timeout_ns);
     if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline))
-        return ticket_timeout(t, "keel_ticket_wait_durable: the closure has not completed yet",
-                              atomic_load_explicit(&t->durable_lsn, memory_order_acquire));
+        return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: the closure has not completed yet");
     if (t->result && t->result != KEEL_EALREADY)
         return t->result;
     if (atomic_load_explicit(&t->state, memory_order_acquire) < TICKET_DURABLE) {
@@ -309,7 +295,8 @@ int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns)
         if (ts->log.ops)
             (void)ts->log.ops->sync_request(ts->log.self, lsn);
         if (!ticket_reach(t, TICKET_DURABLE, timeout_ns, &deadline))
-            return ticket_timeout(t, "keel_ticket_wait_durable: its record is not durable yet", lsn);
+            return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: LSN %llu is not durable yet",
+                             (unsigned long long)lsn);
     }
     if (t->durable_rc && t->durable_rc != KEEL_EALREADY)
         return core_fail(t->durable_rc, "keel_ticket_wait_durable: LSN %llu never became durable: the runtime "

@@ -187,8 +187,9 @@ typedef struct uow_side {
 /* The unit of work of one tick: the changes the fence turns into
  * WAL records. With `capture` on (the durability layer turns it on; tests
  * do), it holds after the user tracks every changed durable value (VERSIONED:
- * rows whose bytes differ from the tick-start version; SINGLE_VERSION: every
- * row of a dirty chunk), after the sync point every lifecycle command
+ * rows whose bytes differ from the tick-start version, and the rows side
+ * transactions wrote this tick in the chunk columns it logs; SINGLE_VERSION:
+ * every row of a dirty chunk), after the sync point every lifecycle command
  * applied, and at any time the side transactions committed this tick. */
 /* A worker's capture buffer: the groups it captured this tick, back to
  * back, and its scratch of changed row indices. */

@@ -6,9 +6,11 @@
  *                  chunk column a committed system transaction changed
  *                  first (hook, then systems in execution order, so the
  *                  order does not depend on the worker count), the rows
- *                  whose bytes differ from the tick-start version
- *                  (VERSIONED), or every row (SINGLE_VERSION: no older
- *                  version to compare with). Values cannot change at the
+ *                  whose bytes differ from the tick-start version and
+ *                  those side transactions wrote this tick (VERSIONED:
+ *                  "rows side transactions wrote" below), or every row
+ *                  (SINGLE_VERSION: no older version to compare with).
+ *                  Values cannot change at the
  *                  sync point, so these are the tick's final values of
  *                  every entity that survives it.
  *   lifecycle   -- the commands the sync point applied, in order
