@@ -108,7 +108,8 @@ int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn);
  * (the last error names the key), whatever the transaction read or wrote.
  * Two concurrent commits of one key apply exactly once. KEEL_EALREADY is
  * acknowledged as the commit holding the key is, per the mode: IMMEDIATE
- * once that commit is durable (KEEL_EFATAL if it never becomes durable).
+ * once everything logged before the retry (that commit included) is
+ * durable, KEEL_EFATAL if that never is.
  * A keyed transaction that wrote nothing still logs a record: its key.
  * Errors: KEEL_EINVAL (tx NULL). Call it on the thread that owns tx. */
 int keel_side_txn_set_key(keel_side_txn *tx, uint64_t key);
@@ -166,7 +167,7 @@ uint64_t keel_ticket_lsn(const keel_ticket *t);
  * (held DEFERRED records included) rather than waiting for its window.
  * Returns keel_ticket_wait's result when that is not 0 or KEEL_EALREADY,
  * else that result once durable (at once when nothing was logged; for
- * KEEL_EALREADY, once the commit holding the key is), KEEL_EFATAL when the
+ * KEEL_EALREADY, once everything logged before it is), KEEL_EFATAL when the
  * runtime latched before the record was durable, KEEL_ETIMEDOUT after
  * timeout_ns (< 0 = for ever; the ticket stays valid). Thread-safe; call it before
  * keel_runtime_close returns or after (close makes every record durable),
