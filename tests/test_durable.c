@@ -2206,6 +2206,83 @@ START_TEST(test_side_write_undone_by_a_later_system)
 }
 END_TEST
 
+/* keel_side_txn_commit_async of a key whose commit is not durable yet: at
+ * tick 2 a system commits key 91 (IMMEDIATE) and the same key again, each
+ * through commit_async, while a holder stalls the WAL writer. The retry's
+ * ticket is pending as long as the first is, then completes with
+ * KEEL_EALREADY; the value is written once. */
+typedef struct keyed_async {
+    undo_world *u;
+    keel_ticket *t[2];
+    int rc[2];
+} keyed_async;
+static keyed_async g_ka;
+
+static int keyed_twice(keel_ctx *ctx, void *user)
+{
+    (void)user;
+    undo_world *u = g_ka.u;
+    if (keel_ctx_tick(ctx) != 2)
+        return KEEL_OK;
+    for (int k = 0; k < 2; k++) {
+        keel_side_txn *tx = NULL;
+        int64_t v = 0;
+        int rc = keel_side_txn_begin(ctx, KEEL_DURABLE_IMMEDIATE, &tx);
+        rc = rc ? rc : keel_side_txn_set_key(tx, 91);
+        rc = rc ? rc : keel_side_get(tx, u->e[0], u->x, &v);
+        v += 10;
+        rc = rc ? rc : keel_side_set(tx, u->e[0], u->x, &v);
+        g_ka.rc[k] = rc ? rc : keel_side_txn_commit_async(tx, &g_ka.t[k]);
+    }
+    return KEEL_OK;
+}
+
+START_TEST(test_idempotent_retry_async_waits_for_the_original)
+{
+    char dir[256];
+    tu_path(dir, sizeof dir, "retry-async");
+    holder h;
+    holder_fork(&h, dir);
+    static undo_world u;
+    u = (undo_world){0};
+    g_ka = (keyed_async){.u = &u};
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    d.on_first_tick = undo_hook;
+    d.hook_user = &u;
+    keel_runtime *rt = tu_rt_new(d);
+    u.x = reg_i64(rt, "x", KEEL_VERSIONED);
+    ck_assert_ok(keel_query_create(keel_runtime_world(rt), &(keel_query_desc){.with = {u.x}}, &u.q));
+    keel_schedule *s;
+    ck_assert_ok(keel_schedule_create(rt, &s));
+    keel_system_desc sd = {.name = "keyed_twice", .kind = KEEL_SYSTEM_CALLBACK, .run = keyed_twice,
+                           .access = {.side_writes = {u.x}}};
+    ck_assert_ok(keel_schedule_add_system(s, &sd, NULL));
+    tu_install(rt, s);
+    ck_assert_ok(keel_runtime_recover(rt, NULL));
+    ck_assert_ok(keel_runtime_step(rt));
+    ck_assert_ok(keel_flush(rt));
+    ck_assert_uint_eq(query_entities(u.q, u.e, UNDO_N), UNDO_N);
+    holder_hold(&h);
+    ck_assert_ok(keel_runtime_step(rt)); /* tick 2: GROUP, so the step does not wait for the writer */
+    ck_assert_ok(g_ka.rc[0]);
+    ck_assert_ok(g_ka.rc[1]); /* a ticket, whose result is KEEL_EALREADY */
+    ck_assert_rc(keel_ticket_wait(g_ka.t[0], 0), KEEL_ETIMEDOUT);
+    ck_assert_rc(keel_ticket_wait(g_ka.t[1], 0), KEEL_ETIMEDOUT); /* not "already" before the original is on disk */
+    holder_release(&h);
+    ck_assert_ok(keel_ticket_wait(g_ka.t[0], -1));
+    ck_assert_rc(keel_ticket_wait(g_ka.t[1], -1), KEEL_EALREADY);
+    ck_assert_rc(keel_ticket_wait_durable(g_ka.t[1], -1), KEEL_EALREADY);
+    ck_assert_uint_eq(keel_ticket_lsn(g_ka.t[1]), 0); /* it logged nothing */
+    for (int k = 0; k < 2; k++)
+        keel_ticket_release(g_ka.t[k]);
+    int64_t v = -1;
+    ck_assert_ok(keel_get(keel_runtime_world(rt), u.e[0], u.x, &v));
+    ck_assert_int_eq(v, 10);
+    keel_query_destroy(u.q);
+    ck_assert_ok(keel_runtime_close(rt));
+}
+END_TEST
+
 /* ---- idle ticks around a checkpoint ------------------------------------------------- */
 
 /* Wait until the WAL writer has taken everything queued: it is then in its
@@ -4178,6 +4255,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_side_transactions_share_a_record_while_the_writer_is_busy);
     tcase_add_test(tc, test_side_write_undone_by_a_later_system);
     tcase_add_test(tc, test_idempotent_retry_waits_for_the_original);
+    tcase_add_test(tc, test_idempotent_retry_async_waits_for_the_original);
     tcase_add_test(tc, test_idle_ticks_checkpoint);
     tcase_add_test(tc, test_recycle_with_checkpoints);
     suite_add_tcase(s, tc);
