@@ -2137,9 +2137,13 @@ static int undo_sys(keel_ctx *ctx, void *user)
     return rc;
 }
 
-static keel_runtime *undo_open(const char *dir, undo_world *u)
+/* A runtime on dir (mode) whose on_first_tick spawns u's entities and whose
+ * one callback system `name` runs `run` (user u), writing x (side_writes:
+ * in side transactions only). */
+static keel_runtime *undo_open_with(const char *dir, undo_world *u, keel_durability mode, const char *name,
+                                    keel_system_fn run, bool side_writes)
 {
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_IMMEDIATE);
+    keel_runtime_desc d = desc_dir(dir, 1, 16, mode);
     d.on_first_tick = undo_hook;
     d.hook_user = u;
     keel_runtime *rt = tu_rt_new(d);
@@ -2147,11 +2151,17 @@ static keel_runtime *undo_open(const char *dir, undo_world *u)
     ck_assert_ok(keel_query_create(keel_runtime_world(rt), &(keel_query_desc){.with = {u->x}}, &u->q));
     keel_schedule *s;
     ck_assert_ok(keel_schedule_create(rt, &s));
-    keel_system_desc sd = {.name = "undo", .kind = KEEL_SYSTEM_CALLBACK, .run = undo_sys, .user = u,
-                           .access = {.writes = {u->x}}};
+    keel_system_desc sd = {.name = name, .kind = KEEL_SYSTEM_CALLBACK, .run = run, .user = u,
+                           .access = side_writes ? (keel_access){.side_writes = {u->x}}
+                                                 : (keel_access){.writes = {u->x}}};
     ck_assert_ok(keel_schedule_add_system(s, &sd, NULL));
     tu_install(rt, s);
     return rt;
+}
+
+static keel_runtime *undo_open(const char *dir, undo_world *u)
+{
+    return undo_open_with(dir, u, KEEL_DURABLE_IMMEDIATE, "undo", undo_sys, false);
 }
 
 static int64_t undo_x(keel_runtime *rt, const undo_world *u, int i)
@@ -2212,7 +2222,6 @@ END_TEST
  * ticket is pending as long as the first is, then completes with
  * KEEL_EALREADY; the value is written once. */
 typedef struct keyed_async {
-    undo_world *u;
     keel_ticket *t[2];
     int rc[2];
 } keyed_async;
@@ -2220,8 +2229,7 @@ static keyed_async g_ka;
 
 static int keyed_twice(keel_ctx *ctx, void *user)
 {
-    (void)user;
-    undo_world *u = g_ka.u;
+    undo_world *u = user;
     if (keel_ctx_tick(ctx) != 2)
         return KEEL_OK;
     for (int k = 0; k < 2; k++) {
@@ -2245,19 +2253,8 @@ START_TEST(test_idempotent_retry_async_waits_for_the_original)
     holder_fork(&h, dir);
     static undo_world u;
     u = (undo_world){0};
-    g_ka = (keyed_async){.u = &u};
-    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
-    d.on_first_tick = undo_hook;
-    d.hook_user = &u;
-    keel_runtime *rt = tu_rt_new(d);
-    u.x = reg_i64(rt, "x", KEEL_VERSIONED);
-    ck_assert_ok(keel_query_create(keel_runtime_world(rt), &(keel_query_desc){.with = {u.x}}, &u.q));
-    keel_schedule *s;
-    ck_assert_ok(keel_schedule_create(rt, &s));
-    keel_system_desc sd = {.name = "keyed_twice", .kind = KEEL_SYSTEM_CALLBACK, .run = keyed_twice,
-                           .access = {.side_writes = {u.x}}};
-    ck_assert_ok(keel_schedule_add_system(s, &sd, NULL));
-    tu_install(rt, s);
+    g_ka = (keyed_async){0};
+    keel_runtime *rt = undo_open_with(dir, &u, KEEL_DURABLE_GROUP, "keyed_twice", keyed_twice, true);
     ck_assert_ok(keel_runtime_recover(rt, NULL));
     ck_assert_ok(keel_runtime_step(rt));
     ck_assert_ok(keel_flush(rt));

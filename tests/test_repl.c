@@ -2876,6 +2876,20 @@ END_TEST
  * path when it holds a '/') with TMPDIR=tmp, stdout on a pipe, stderr to
  * errpath (NULL: /dev/null), SIGHUP ignored when asked: its pid; the pipe's
  * read end into *out. */
+typedef struct tail_env {
+    const char *tmp;
+    bool ignore_hup;
+} tail_env;
+
+static void tail_child(void *arg)
+{
+    const tail_env *e = arg;
+    if (setenv("TMPDIR", e->tmp, 1))
+        _exit(126);
+    if (e->ignore_hup)
+        signal(SIGHUP, SIG_IGN); /* as nohup leaves it across exec */
+}
+
 static pid_t spawn_tail_f(const char *what, const char *lines, const char *tmp, const char *errpath, bool ignore_hup,
                           FILE **out)
 {
@@ -2884,25 +2898,9 @@ static pid_t spawn_tail_f(const char *what, const char *lines, const char *tmp, 
         snprintf(addr, sizeof addr, "%s", what);
     else
         snprintf(addr, sizeof addr, "%s/%s", nats_url, what);
-    int po[2];
-    ck_assert_int_eq(pipe(po), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(po[1], 1);
-        close(po[0]);
-        close(po[1]);
-        if (!freopen(errpath ? errpath : "/dev/null", "w", stderr) || setenv("TMPDIR", tmp, 1))
-            _exit(126);
-        if (ignore_hup)
-            signal(SIGHUP, SIG_IGN); /* as nohup leaves it across exec */
-        execl(KEEL_WAL_BIN, KEEL_WAL_BIN, "tail", addr, "-f", "-n", lines, "--interval", "20", (char *)NULL);
-        _exit(127);
-    }
-    close(po[1]);
-    *out = fdopen(po[0], "r");
-    ck_assert_ptr_nonnull(*out);
-    return pid;
+    tail_env env = {tmp, ignore_hup};
+    return tu_spawn_reader(KEEL_WAL_BIN, (const char *const[]){"tail", addr, "-f", "-n", lines, "--interval", "20", NULL},
+                           errpath, tail_child, &env, out);
 }
 
 /* Wait until process pid's main thread sleeps in (clock_)nanosleep: a

@@ -557,15 +557,22 @@ static void tu_exec(void *arg)
     execv(argv[0], argv);
 }
 
-tu_run tu_run_argv(const char *bin, const char *const *args)
+/* argv for an exec: bin, then args up to their NULL. */
+static void argv_of(const char *bin, const char *const *args, const char *argv[64])
 {
-    const char *argv[64] = {bin};
+    argv[0] = bin;
     int n = 1;
     for (; args[n - 1]; n++) {
         ck_assert_int_lt(n, 63);
         argv[n] = args[n - 1];
     }
     argv[n] = NULL;
+}
+
+tu_run tu_run_argv(const char *bin, const char *const *args)
+{
+    const char *argv[64];
+    argv_of(bin, args, argv);
     return tu_run_child(tu_exec, (void *)argv);
 }
 
@@ -590,6 +597,32 @@ void tu_run_free(tu_run *r)
     free(r->out);
     free(r->err);
     r->out = r->err = NULL;
+}
+
+pid_t tu_spawn_reader(const char *bin, const char *const *args, const char *errpath, void (*setup)(void *arg),
+                      void *arg, FILE **out)
+{
+    const char *argv[64];
+    argv_of(bin, args, argv);
+    int po[2];
+    ck_assert_int_eq(pipe(po), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(po[1], 1);
+        close(po[0]);
+        close(po[1]);
+        if (!freopen(errpath ? errpath : "/dev/null", "w", stderr))
+            _exit(126);
+        if (setup)
+            setup(arg);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(po[1]);
+    *out = fdopen(po[0], "r");
+    ck_assert_ptr_nonnull(*out);
+    return pid;
 }
 
 int tu_wait(pid_t pid)

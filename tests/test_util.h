@@ -29,6 +29,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "keel/keel.h"
@@ -177,6 +178,12 @@ tu_run tu_run_fn(void (*fn)(void));
 void tu_run_free(tu_run *r);
 /* Reap pid: its exit status, 128 + the signal when it was killed. */
 int tu_wait(pid_t pid);
+/* Start bin with args (as tu_run_argv) in the background: stdout on a pipe
+ * whose read end goes to *out, stderr to errpath (NULL: /dev/null);
+ * setup(arg), when given, runs in the child just before the exec (its
+ * environment, its signals). Its pid, to reap with tu_wait. */
+pid_t tu_spawn_reader(const char *bin, const char *const *args, const char *errpath, void (*setup)(void *arg),
+                      void *arg, FILE **out);
 
 /* ---- WAL records on disk ------------------------------------------------------------------- */
 

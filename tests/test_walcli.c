@@ -1268,25 +1268,10 @@ END_TEST
 /* keel-wal tail -f with stdout on a pipe (read end returned); stderr to a file. */
 static pid_t spawn_tail(const char *dir, const char *lines, FILE **out)
 {
-    int po[2];
     char errpath[300];
     snprintf(errpath, sizeof errpath, "%s/tail.err", tu_base());
-    ck_assert_int_eq(pipe(po), 0);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        dup2(po[1], 1);
-        close(po[0]);
-        close(po[1]);
-        if (!freopen(errpath, "w", stderr))
-            _exit(126);
-        execl(KEEL_WAL_BIN, KEEL_WAL_BIN, "tail", dir, "-f", "-n", lines, "--interval", "20", (char *)NULL);
-        _exit(127);
-    }
-    close(po[1]);
-    *out = fdopen(po[0], "r");
-    ck_assert_ptr_nonnull(*out);
-    return pid;
+    return tu_spawn_reader(KEEL_WAL_BIN, (const char *const[]){"tail", dir, "-f", "-n", lines, "--interval", "20", NULL},
+                           errpath, NULL, NULL, out);
 }
 
 START_TEST(test_live_read)
