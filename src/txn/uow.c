@@ -197,8 +197,10 @@ static uint32_t with_side_rows(uow_wbuf *wb, const txn_uow *u, txn_touch tc, uin
         else
             hi = mid;
     }
-    const uow_cell *c = u->cells + lo, *end = u->cells + u->ncells;
-    if (c == end || c->table != tc.table || c->chunk != tc.chunk || c->col != tc.col)
+    const uow_cell *c = u->cells + lo, *cend = c; /* tc's cells: [c, cend) */
+    while (cend < u->cells + u->ncells && cend->table == tc.table && cend->chunk == tc.chunk && cend->col == tc.col)
+        cend++;
+    if (c == cend)
         return n;
     if (wb->merged_cap < wb->idx_cap) {
         uint32_t *p = realloc(wb->merged, (size_t)wb->idx_cap * sizeof *p);
@@ -208,12 +210,9 @@ static uint32_t with_side_rows(uow_wbuf *wb, const txn_uow *u, txn_touch tc, uin
         wb->merged_cap = wb->idx_cap;
     }
     uint32_t m = 0, i = 0;
-    while (i < n || (c < end && c->table == tc.table && c->chunk == tc.chunk && c->col == tc.col)) {
-        bool side = c < end && c->table == tc.table && c->chunk == tc.chunk && c->col == tc.col;
-        uint32_t row = i < n && (!side || wb->idx[i] <= c->row) ? wb->idx[i++] : c->row;
-        while (c < end && c->table == tc.table && c->chunk == tc.chunk && c->col == tc.col && c->row == row)
-            c++; /* the same row again (several side writes): once */
-        if (!m || wb->merged[m - 1] != row)
+    while (i < n || c < cend) {
+        uint32_t row = i < n && (c == cend || wb->idx[i] <= c->row) ? wb->idx[i++] : (c++)->row;
+        if (!m || wb->merged[m - 1] != row) /* a row in both, or written twice: once */
             wb->merged[m++] = row;
     }
     uint32_t *t = wb->idx;
