@@ -330,6 +330,18 @@ static int begin_meta(kr_node *n, uint64_t seq, const ck_parsed *p, kw_checkpoin
     return KEEL_OK;
 }
 
+/* The checkpoint stream's message at seq, parsed into p when it is of
+ * `type` (`what` names it), else KEEL_ECORRUPT; *msg (NULL on entry) to
+ * destroy in any case. */
+static int part_at(kr_node *n, uint64_t seq, uint8_t type, const char *what, natsMsg **msg, ck_parsed *p)
+{
+    int rc = kr_msg_at(n, n->ckpt_stream, seq, msg);
+    if (!rc && (!parse(natsMsg_GetData(*msg), (size_t)natsMsg_GetDataLength(*msg), p) || p->type != type))
+        rc = core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " is no checkpoint's %s", n->ckpt_stream, seq,
+                       what);
+    return rc;
+}
+
 static int published_state(kr_node *n, uint64_t *covered, uint64_t *last)
 {
     uint64_t first, begin, end;
@@ -341,12 +353,10 @@ static int published_state(kr_node *n, uint64_t *covered, uint64_t *last)
     if (!rc)
         rc = latest(n, &begin, &end);
     /* one a deleted stream of the name left behind, or one without a readable meta, does not count */
-    if (!rc && begin && !(rc = kr_msg_at(n, n->ckpt_stream, begin, &msg)) &&
-        parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) && p.type == CK_BEGIN &&
-        !begin_meta(n, begin, &p, &meta))
+    if (!rc && begin && !(rc = part_at(n, begin, CK_BEGIN, "BEGIN", &msg, &p)) && !begin_meta(n, begin, &p, &meta))
         *covered = meta.lsn;
     natsMsg_Destroy(msg);
-    return rc == KEEL_ENOENT ? KEEL_OK : rc; /* purged since: none to compare with */
+    return rc == KEEL_ENOENT || rc == KEEL_ECORRUPT ? KEEL_OK : rc; /* purged since: none to compare with */
 }
 
 /* An ENTRIES run into the snap database; nothing of a malformed one counts
@@ -623,18 +633,12 @@ int kr_ckpt_head(kr_node *n, kw_checkpoint_meta *meta, kw_buf *schema)
     int rc = latest(n, &begin, &end);
     if (!rc && !begin)
         rc = core_fail(KEEL_ENOENT, "stream %s holds no complete checkpoint", n->ckpt_stream);
-    if (!rc && !(rc = kr_msg_at(n, n->ckpt_stream, begin, &msg)))
-        rc = !parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) || p.type != CK_BEGIN
-                 ? core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " is no checkpoint's BEGIN", n->ckpt_stream,
-                             begin)
-                 : begin_meta(n, begin, &p, meta);
+    if (!rc && !(rc = part_at(n, begin, CK_BEGIN, "BEGIN", &msg, &p)))
+        rc = begin_meta(n, begin, &p, meta);
     natsMsg_Destroy(msg);
     msg = NULL;
-    if (!rc && !(rc = kr_msg_at(n, n->ckpt_stream, begin + 1, &msg)))
-        rc = !parse(natsMsg_GetData(msg), (size_t)natsMsg_GetDataLength(msg), &p) || p.type != CK_SCHEMA
-                 ? core_fail(KEEL_ECORRUPT, "stream %s: message %" PRIu64 " is no checkpoint's schema (which follows "
-                             "its BEGIN)", n->ckpt_stream, begin + 1)
-                 : kw_put_bytes(schema, p.val, p.vlen);
+    if (!rc && !(rc = part_at(n, begin + 1, CK_SCHEMA, "schema (which follows its BEGIN)", &msg, &p)))
+        rc = kw_put_bytes(schema, p.val, p.vlen);
     natsMsg_Destroy(msg);
     return rc;
 }

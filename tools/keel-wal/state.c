@@ -833,13 +833,6 @@ static int choose_start(kws_replay *r, uint64_t first_tick, bool no_checkpoint, 
     if (!d->has_checkpoint)
         return fail(r, "the WAL starts at LSN %" PRIu64 ", not 1, and there is no checkpoint: records are missing",
                     in->first_lsn);
-    char starts[80];
-    /* up to the checkpoint's LSN, or less where the stream had not acknowledged the rest (a replicated primary) */
-    uint64_t deleted_to = in->first_lsn ? in->first_lsn - 1 : d->checkpoint.lsn;
-    if (in->first_lsn)
-        snprintf(starts, sizeof starts, "the WAL starts at LSN %" PRIu64, in->first_lsn);
-    else
-        snprintf(starts, sizeof starts, "the WAL is empty");
     if (d->stream && no_checkpoint) /* a copy of a purged stream starts at its published checkpoint */
         return fail(r, "--no-checkpoint needs the records from LSN 1, but a copy of the purged stream starts at its "
                     "published checkpoint of tick %" PRIu64, d->checkpoint.tick);
@@ -847,6 +840,13 @@ static int choose_start(kws_replay *r, uint64_t first_tick, bool no_checkpoint, 
         return fail(r, "tick %" PRIu64 " is before the stream's published checkpoint of tick %" PRIu64 ", where a copy "
                     "of the purged stream starts (no older state can be rebuilt from it). The earliest tick replay "
                     "can rebuild is %" PRIu64, first_tick, d->checkpoint.tick, d->checkpoint.tick);
+    char starts[80];
+    /* up to the checkpoint's LSN, or less where the stream had not acknowledged the rest (a replicated primary) */
+    uint64_t deleted_to = in->first_lsn ? in->first_lsn - 1 : d->checkpoint.lsn;
+    if (in->first_lsn)
+        snprintf(starts, sizeof starts, "the WAL starts at LSN %" PRIu64, in->first_lsn);
+    else
+        snprintf(starts, sizeof starts, "the WAL is empty");
     if (no_checkpoint)
         return fail(r, "--no-checkpoint needs the WAL from LSN 1, but %s: the checkpoint of tick %" PRIu64
                     " deleted the records up to LSN %" PRIu64 " it covers (the runtime ran without wal_retain)",

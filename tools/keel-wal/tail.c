@@ -73,7 +73,8 @@ static int parse_args(int argc, char **argv, void *opts)
 }
 
 /* Print the records with LSN >= from in a fresh snapshot; *next = one past
- * the last printed. *last_seen is the WAL's last LSN in that snapshot. */
+ * the last printed. `following`: from is where the tail left off, so a
+ * first record past it means records went unread (said on stderr). */
 static int print_from(kwt_dir *d, const tail_opts *o, uint64_t from, uint64_t *next, bool *problem, bool following)
 {
     kw_rtxn *r;
@@ -113,17 +114,18 @@ static int print_from(kwt_dir *d, const tail_opts *o, uint64_t from, uint64_t *n
     return KWT_EXIT_OK;
 }
 
-/* The WAL's first and last LSN now (0 when empty). */
-static int wal_bounds_now(kwt_dir *d, uint64_t *first, uint64_t *last)
+/* The WAL's last LSN now (0 when empty). */
+static int last_lsn(kwt_dir *d, uint64_t *last)
 {
     kw_rtxn *r;
+    uint64_t first;
     int rc = kwt_dir_refresh(d);
     if (!rc)
         rc = kwt_read_begin(d, &r);
     if (rc)
         return rc;
-    *first = *last = 0;
-    kw_wal_bounds(r, first, last, NULL);
+    *last = 0;
+    kw_wal_bounds(r, &first, last, NULL);
     kw_read_end(r);
     return KWT_EXIT_OK;
 }
@@ -143,8 +145,8 @@ static int follow(kwt_dir *d, const tail_opts *o, uint64_t next, bool *problem)
     int rc = KWT_EXIT_OK;
     while (!rc && !tail_stop && !kwt_output_broken() && !kwt_output_reader_gone()) {
         sleep_ms(o->interval_ms);
-        uint64_t first, last;
-        if (tail_stop || (rc = wal_bounds_now(d, &first, &last)))
+        uint64_t last;
+        if (tail_stop || (rc = last_lsn(d, &last)))
             break;
         if (last && last + 1 < next) { /* LSNs handed out again after a truncated tail */
             kwt_err(d->path, "the WAL now ends at LSN %" PRIu64 " (a bad tail was truncated); following from there",
@@ -162,9 +164,9 @@ static int follow(kwt_dir *d, const tail_opts *o, uint64_t next, bool *problem)
 static int run(kwt_dir *d, void *opts)
 {
     const tail_opts *o = opts;
-    uint64_t first, last = 0, next;
+    uint64_t last = 0, next;
     bool problem = false;
-    int rc = wal_bounds_now(d, &first, &last);
+    int rc = last_lsn(d, &last);
     if (!rc) {
         /* an empty WAL after a checkpoint goes on after what the checkpoint covers */
         uint64_t end = !last && d->has_checkpoint ? d->checkpoint.lsn : last;
