@@ -12,8 +12,8 @@
  * and their high planes are zeros), then plane b of a column holding byte b
  * of every value (the sign and exponent bytes of floats, the high bytes of
  * counters, repeat). On the demo's TICK_CHUNK payloads at level -1 this
- * writes about 2x faster, reads 2.3x faster and stores 1.7x fewer bytes
- * than plain zstd (keel-bench's codec_planar figures, docs/performance.md).
+ * writes and reads about 1.8x faster and stores 1.3x fewer bytes than plain
+ * zstd (keel-bench's codec_planar figures, docs/performance.md).
  *
  * A form has exactly the payload's length, and it is a bijection of the
  * rows once the headers are known, so decoding needs no more than a header
@@ -32,11 +32,90 @@ static uint32_t rd32(const unsigned char *p)
     return v;
 }
 
+/* ---- tiles of 16 rows (SSE2, which every x86-64 has) ---------------------------
+ *
+ * A transpose a byte at a time costs about as much as zstd itself
+ * (docs/performance.md, "Design measurements"). With SSE2, 16 rows of up
+ * to 16 bytes are loaded a register per row, transposed in registers and
+ * stored a register per plane (and back); the byte loops below take the
+ * rows no whole tile covers and values of more than 16 bytes. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define PLANAR_TILE 16u
+
+/* A 16x16 byte matrix, a register per row, transposed in place. A round
+ * interleaves the bytes of rows i and i + 8 into rows 2i and 2i + 1, which
+ * moves the element at row r, column c (the 8-bit index rrrrcccc) to the
+ * index rotated left by one bit; four rounds rotate it by four: (c, r). */
+static inline void tile_transpose(__m128i x[16])
+{
+    for (int round = 0; round < 4; round++) {
+        __m128i y[16];
+        for (int i = 0; i < 8; i++) {
+            y[2 * i] = _mm_unpacklo_epi8(x[i], x[i + 8]);
+            y[2 * i + 1] = _mm_unpackhi_epi8(x[i], x[i + 8]);
+        }
+        memcpy(x, y, sizeof y);
+    }
+}
+
+/* 16 rows of size (<= 16) bytes at rows into `size` planes of 16 bytes at
+ * planes, plane_stride apart. Reads 16 - size bytes past the last row. */
+static inline void tile_to_planes(const unsigned char *rows, unsigned char *planes, size_t plane_stride,
+                                  uint32_t size)
+{
+    __m128i x[16];
+    for (uint32_t r = 0; r < 16; r++)
+        x[r] = _mm_loadu_si128((const __m128i *)(const void *)(rows + (size_t)r * size));
+    tile_transpose(x);
+    for (uint32_t b = 0; b < size; b++)
+        _mm_storeu_si128((__m128i *)(void *)(planes + b * plane_stride), x[b]);
+}
+
+/* The inverse: writes 16 - size bytes past the last row (each row's store
+ * runs into the next row, which is stored after it). */
+static inline void tile_to_rows(const unsigned char *planes, size_t plane_stride, unsigned char *rows,
+                                uint32_t size)
+{
+    __m128i x[16];
+    for (uint32_t b = 0; b < 16; b++)
+        x[b] = b < size ? _mm_loadu_si128((const __m128i *)(const void *)(planes + b * plane_stride))
+                        : _mm_setzero_si128();
+    tile_transpose(x);
+    for (uint32_t r = 0; r < 16; r++)
+        _mm_storeu_si128((__m128i *)(void *)(rows + (size_t)r * size), x[r]);
+}
+
+/* The rows of n, from row 0, that whole tiles cover without a tile's
+ * 16-byte access leaving the n rows of size bytes (0 when size > 16). */
+static uint32_t tiled_rows(uint32_t n, uint32_t size)
+{
+    if (!size || size > 16 || n < PLANAR_TILE)
+        return 0;
+    uint32_t spill = 15 / size; /* rows a 16-byte access at a row may reach past it: ceil((16 - size) / size) */
+    uint32_t tiles = n - spill >= PLANAR_TILE ? (n - spill) / PLANAR_TILE : 0;
+    return tiles * PLANAR_TILE;
+}
+#endif
+
 /* Entities: planes of the differences of consecutive handles. */
 static void entities_to_planes(const unsigned char *in, unsigned char *out, uint32_t n)
 {
     uint64_t prev = 0;
-    for (uint32_t i = 0; i < n; i++) {
+    uint32_t i = 0;
+#if defined(__SSE2__)
+    uint64_t diff[PLANAR_TILE + 2] = {0}; /* a tile's differences, and the 8 bytes its last load reads past them */
+    for (; i + PLANAR_TILE <= n; i += PLANAR_TILE) {
+        for (uint32_t r = 0; r < PLANAR_TILE; r++) {
+            uint64_t e;
+            memcpy(&e, in + (size_t)(i + r) * 8, 8);
+            diff[r] = e - prev;
+            prev = e;
+        }
+        tile_to_planes((const unsigned char *)diff, out + i, n, 8);
+    }
+#endif
+    for (; i < n; i++) {
         uint64_t e;
         memcpy(&e, in + (size_t)i * 8, 8);
         uint64_t d = e - prev;
@@ -49,7 +128,18 @@ static void entities_to_planes(const unsigned char *in, unsigned char *out, uint
 static void planes_to_entities(const unsigned char *in, unsigned char *out, uint32_t n)
 {
     uint64_t prev = 0;
-    for (uint32_t i = 0; i < n; i++) {
+    uint32_t i = 0;
+#if defined(__SSE2__)
+    uint64_t diff[PLANAR_TILE + 2]; /* a tile's differences, and the 8 bytes its last store writes past them */
+    for (; i + PLANAR_TILE <= n; i += PLANAR_TILE) {
+        tile_to_rows(in + i, n, (unsigned char *)diff, 8);
+        for (uint32_t r = 0; r < PLANAR_TILE; r++) {
+            prev += diff[r];
+            memcpy(out + (size_t)(i + r) * 8, &prev, 8);
+        }
+    }
+#endif
+    for (; i < n; i++) {
         uint64_t d = 0;
         for (uint32_t b = 0; b < 8; b++)
             d |= (uint64_t)in[(size_t)b * n + i] << (8 * b);
@@ -58,11 +148,20 @@ static void planes_to_entities(const unsigned char *in, unsigned char *out, uint
     }
 }
 
-/* Values: a transpose of n rows of size bytes. Inlined into a switch on
- * the common sizes so that each gets a loop with a constant inner bound. */
+/* Values: a transpose of n rows of size bytes, by tiles where they fit and
+ * a byte at a time for the rest. Inlined into a switch on the common sizes
+ * so that each gets loops with constant bounds. */
 static inline void transpose(const unsigned char *in, unsigned char *out, uint32_t n, uint32_t size, bool to_planes)
 {
-    for (uint32_t i = 0; i < n; i++)
+    uint32_t i = 0;
+#if defined(__SSE2__)
+    for (uint32_t tiled = tiled_rows(n, size); i < tiled; i += PLANAR_TILE)
+        if (to_planes)
+            tile_to_planes(in + (size_t)i * size, out + i, n, size);
+        else
+            tile_to_rows(in + i, n, out + (size_t)i * size, size);
+#endif
+    for (; i < n; i++)
         for (uint32_t b = 0; b < size; b++) {
             size_t row = (size_t)i * size + b, plane = (size_t)b * n + i;
             if (to_planes)
