@@ -2039,13 +2039,31 @@ START_TEST(test_idempotent_retry_waits_for_the_original)
     keel_ticket_release(retry);
     ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 7);
 
+    /* the key's record on disk, an unrelated commit logged after it held by the writer: the retry waits for
+       the key's record only, so it is answered within the tick */
+    holder h3;
+    keel_ticket *other;
+    keyed_xfer z = {{a[0], a[1], 1, w->MONEY}, 0x123ull};
+    holder_fork(&h3, dir);
+    holder_hold(&h3);
+    ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &z, KEEL_DURABLE_IMMEDIATE, &other));
+    ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &x, KEEL_DURABLE_IMMEDIATE, &retry));
+    w_drive(w, 3);
+    ck_assert_rc(keel_ticket_wait(retry, 0), KEEL_EALREADY);
+    ck_assert_rc(keel_ticket_wait(other, 0), KEEL_ETIMEDOUT);
+    holder_release(&h3);
+    ck_assert_ok(keel_ticket_wait(other, -1));
+    keel_ticket_release(other);
+    keel_ticket_release(retry);
+    ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 8);
+
     if (keel_failpoints_compiled()) { /* the original never durable: the retry is no "already" */
         holder h2;
         holder_fork(&h2, dir);
         holder_hold(&h2);
         ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &y, KEEL_DURABLE_IMMEDIATE, &first));
         ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &y, KEEL_DURABLE_IMMEDIATE, &retry));
-        w_drive(w, 3);
+        w_drive(w, 4);
         ck_assert_ok(keel_failpoints_set("wal.before_commit=eio@1"));
         holder_release(&h2);
         ck_assert_rc(keel_ticket_wait(first, -1), KEEL_EFATAL);
@@ -2058,12 +2076,17 @@ START_TEST(test_idempotent_retry_waits_for_the_original)
         w_open(w, &d, false);
         keel_recovery info;
         ck_assert_ok(keel_runtime_recover(w->rt, &info));
-        ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 7);
+        ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 8);
         ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &y, KEEL_DURABLE_IMMEDIATE, &first));
         w_drive(w, info.tick + 1);
         ck_assert_ok(keel_ticket_wait(first, -1)); /* the key is free: it never was durable */
         keel_ticket_release(first);
-        ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 16);
+        ck_assert_int_eq(get_i64(w->rt, a[0], w->MONEY), m0 - 17);
+        /* a key recovered from the log: on disk, so a retry is "already" at once */
+        ck_assert_ok(keel_submit(w->rt, closure_keyed_xfer, &x, KEEL_DURABLE_IMMEDIATE, &retry));
+        w_drive(w, info.tick + 2);
+        ck_assert_rc(keel_ticket_wait(retry, 0), KEEL_EALREADY);
+        keel_ticket_release(retry);
     }
     (void)w_close(w);
     free(w);

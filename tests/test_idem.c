@@ -52,29 +52,31 @@ START_TEST(test_keys_window_boundaries)
     txn_keys k;
     keys_init(&k, 10);
     ck_assert_uint_eq(k.window, 10);
-    ck_assert(!keys_find(&k, 5, 100, NULL));
+    ck_assert(!keys_find(&k, 5, 100));
     ck_assert_ok(keys_reserve(&k, 1));
-    keys_add(&k, 5, 100);
-    uint64_t when = 0;
+    keys_add(&k, 5, 100, 31);
+    const txn_key *e;
     /* remembered from its tick through tick + window - 1, forgotten at tick + window */
     for (uint64_t now = 100; now < 110; now++) {
-        ck_assert_msg(keys_find(&k, 5, now, &when), "forgotten at %" PRIu64, now);
-        ck_assert_uint_eq(when, 100);
+        ck_assert_msg((e = keys_find(&k, 5, now)), "forgotten at %" PRIu64, now);
+        ck_assert_uint_eq(e->tick, 100);
+        ck_assert_uint_eq(e->lsn, 31); /* the record that holds it: what a retry waits for */
     }
-    ck_assert(!keys_find(&k, 5, 110, NULL));
-    ck_assert(keys_find(&k, 5, 99, NULL)); /* a tick ahead of now (replayed): as young as can be */
-    ck_assert(!keys_find(&k, 6, 100, NULL));
-    ck_assert(!keys_find(&k, 0, 100, NULL));
+    ck_assert(!keys_find(&k, 5, 110));
+    ck_assert(keys_find(&k, 5, 99)); /* a tick ahead of now (replayed): as young as can be */
+    ck_assert(!keys_find(&k, 6, 100));
+    ck_assert(!keys_find(&k, 0, 100));
     keys_expire(&k, 109);
     ck_assert_uint_eq(keys_count(&k), 1);
     keys_expire(&k, 110);
     ck_assert_uint_eq(keys_count(&k), 0);
     /* committed again after it expired: a new window from the new tick */
     ck_assert_ok(keys_reserve(&k, 1));
-    keys_add(&k, 5, 110);
-    ck_assert(keys_find(&k, 5, 119, &when));
-    ck_assert_uint_eq(when, 110);
-    ck_assert(!keys_find(&k, 5, 120, NULL));
+    keys_add(&k, 5, 110, 0);
+    ck_assert((e = keys_find(&k, 5, 119)));
+    ck_assert_uint_eq(e->tick, 110);
+    ck_assert_uint_eq(e->lsn, 0);
+    ck_assert(!keys_find(&k, 5, 120));
     keys_fini(&k);
 
     keys_init(&k, 0);
@@ -84,9 +86,9 @@ START_TEST(test_keys_window_boundaries)
     /* window 1: only the tick it committed in */
     keys_init(&k, 1);
     ck_assert_ok(keys_reserve(&k, 1));
-    keys_add(&k, 9, 7);
-    ck_assert(keys_find(&k, 9, 7, NULL));
-    ck_assert(!keys_find(&k, 9, 8, NULL));
+    keys_add(&k, 9, 7, 0);
+    ck_assert(keys_find(&k, 9, 7));
+    ck_assert(!keys_find(&k, 9, 8));
     keys_fini(&k);
 }
 END_TEST
@@ -106,14 +108,15 @@ START_TEST(test_keys_against_model)
         for (uint32_t i = 0; i < n; i++) {
             uint64_t key = 1 + tu_rng_below(&rng, UNIVERSE);
             bool live = model[key] && tick - (model[key] - 1) < W;
-            uint64_t when = 0;
-            ck_assert_int_eq(keys_find(&k, key, tick, &when), live);
+            const txn_key *e = keys_find(&k, key, tick);
+            ck_assert_int_eq(e != NULL, live);
             if (live) {
-                ck_assert_uint_eq(when, model[key] - 1);
+                ck_assert_uint_eq(e->tick, model[key] - 1);
+                ck_assert_uint_eq(e->lsn, e->tick * 7 + key); /* the record of its last commit */
                 continue; /* KEEL_EALREADY: nothing recorded */
             }
             ck_assert_ok(keys_reserve(&k, 1));
-            keys_add(&k, key, tick);
+            keys_add(&k, key, tick, tick * 7 + key);
             model[key] = tick + 1;
         }
         if (tick % 97 == 0) { /* every key, and the snapshot */
@@ -121,7 +124,7 @@ START_TEST(test_keys_against_model)
             for (uint64_t key = 1; key <= UNIVERSE; key++) {
                 bool live = model[key] && tick - (model[key] - 1) < W;
                 live_n += live;
-                ck_assert_int_eq(keys_find(&k, key, tick, NULL), live);
+                ck_assert_int_eq(keys_find(&k, key, tick) != NULL, live);
             }
             ck_assert_uint_eq(keys_count(&k), live_n);
             txn_key *snap;

@@ -94,8 +94,9 @@ int keel_side_txn_commit(keel_side_txn *tx);
 
 /* keel_side_txn_commit, and *lsn receives the commit's WAL LSN (0 when
  * nothing was logged: a read-only transaction without a key, no data
- * directory, or an error; KEEL_EALREADY: an LSN at or after the commit
- * holding the key) -- keel_wait_durable(rt, lsn, ...) waits for it.
+ * directory, or an error; KEEL_EALREADY: the LSN of the record holding the
+ * key, 0 when that was on disk before this run) -- keel_wait_durable(rt,
+ * lsn, ...) waits for it.
  * Errors: those of keel_side_txn_commit; KEEL_EINVAL when lsn is NULL (tx
  * is aborted). Thread-safe as keel_side_txn_commit. */
 int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn);
@@ -108,8 +109,7 @@ int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn);
  * (the last error names the key), whatever the transaction read or wrote.
  * Two concurrent commits of one key apply exactly once. KEEL_EALREADY is
  * acknowledged as the commit holding the key is, per the mode: IMMEDIATE
- * once everything logged before the retry (that commit included) is
- * durable, KEEL_EFATAL if that never is.
+ * once that commit's record is durable, KEEL_EFATAL if it never is.
  * A keyed transaction that wrote nothing still logs a record: its key.
  * Errors: KEEL_EINVAL (tx NULL). Call it on the thread that owns tx. */
 int keel_side_txn_set_key(keel_side_txn *tx, uint64_t key);

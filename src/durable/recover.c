@@ -562,7 +562,7 @@ static int remember_key(dur_state *d, uint64_t key, uint64_t tick, uint64_t lsn)
     if (rc)
         return lsn ? not_applied(lsn, KEEL_ENOMEM, NULL) /* keys_reserve fails only so */
                    : core_fail(KEEL_ENOMEM, "out of memory loading the checkpoint's idempotency keys");
-    keys_add(&d->txn->keys, key, tick);
+    keys_add(&d->txn->keys, key, tick, 0); /* its record is on disk: a retry's "already" waits for nothing */
     return KEEL_OK;
 }
 

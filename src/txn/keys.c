@@ -5,7 +5,7 @@
  *
  * A hash map (open addressing, linear probing, key 0 = empty, deletion by
  * backward shift so no tombstones accumulate) answers "did this key
- * commit, and at which tick"; a ring of (key, tick) in commit order lets
+ * commit, at which tick, in which record"; a ring of (key, tick) in commit order lets
  * expiry pop the oldest keys without scanning the map. Ticks enter the
  * ring in commit order, which is tick order, so the ring's front is the
  * oldest key; the map entry's own tick is what decides whether a key is
@@ -70,16 +70,12 @@ static void map_del(txn_keys *k, txn_key *s)
     }
 }
 
-bool keys_find(const txn_keys *k, uint64_t key, uint64_t now, uint64_t *tick)
+const txn_key *keys_find(const txn_keys *k, uint64_t key, uint64_t now)
 {
     if (!key || !k->map_n)
-        return false;
+        return NULL;
     const txn_key *s = map_slot(k, key);
-    if (!s->key || !live(k, s->tick, now))
-        return false;
-    if (tick)
-        *tick = s->tick;
-    return true;
+    return s->key && live(k, s->tick, now) ? s : NULL;
 }
 
 void keys_expire(txn_keys *k, uint64_t now)
@@ -137,14 +133,14 @@ int keys_reserve(txn_keys *k, uint32_t extra)
     return KEEL_OK;
 }
 
-void keys_add(txn_keys *k, uint64_t key, uint64_t tick)
+void keys_add(txn_keys *k, uint64_t key, uint64_t tick, uint64_t lsn)
 {
     txn_key *s = map_slot(k, key);
     if (s->key == key && s->tick == tick)
         return; /* already there (recovery: a key both loaded and replayed) */
     if (!s->key)
         k->map_n++;
-    *s = (txn_key){key, tick};
+    *s = (txn_key){key, tick, lsn};
     k->ring[(k->ring_head + k->ring_n++) & (k->ring_cap - 1)] = *s;
 }
 

@@ -429,14 +429,18 @@ static void apply_one(keel_side_txn *tx, const side_write *wr, uint64_t seq)
 }
 
 /* Under side_lock: KEEL_EALREADY when the transaction's key committed
- * within the window (*when: at which tick). Checked before the read set:
- * a transaction that already committed applies nothing, whatever it read. */
-static int key_check(keel_side_txn *tx, uint64_t tick, uint64_t *when)
+ * within the window (*held: the commit that holds it). Checked before the
+ * read set: a transaction that already committed applies nothing, whatever
+ * it read. */
+static int key_check(keel_side_txn *tx, uint64_t tick, txn_key *held)
 {
     if (!tx->key)
         return KEEL_OK;
     keys_expire(&tx->ts->keys, tick);
-    return keys_find(&tx->ts->keys, tx->key, tick, when) ? KEEL_EALREADY : KEEL_OK;
+    const txn_key *e = keys_find(&tx->ts->keys, tx->key, tick);
+    if (e)
+        *held = *e;
+    return e ? KEEL_EALREADY : KEEL_OK;
 }
 
 /* Validate, apply and log; out tells the caller what was logged and what
@@ -451,10 +455,10 @@ static int key_check(keel_side_txn *tx, uint64_t tick, uint64_t *when)
  * released (docs/transactions.md, "Read-only side transactions"). A
  * transaction with an idempotency key always logs its record, writes or
  * not: the record is what makes the key durable. A key that committed
- * already (KEEL_EALREADY) is answered as that commit is acknowledged: its
- * record lies below the last LSN handed out, which out->wait_lsn then
- * holds, so IMMEDIATE waits for it (and reports KEEL_EFATAL instead when
- * it never becomes durable). */
+ * already (KEEL_EALREADY) is answered as that commit is acknowledged:
+ * out->wait_lsn is the LSN of the record that holds the key (0 when it was
+ * on disk before this run), so IMMEDIATE waits for that record (and
+ * reports KEEL_EFATAL instead when it never becomes durable). */
 int side_commit(keel_side_txn *tx, side_result *out)
 {
     *out = (side_result){0};
@@ -463,9 +467,10 @@ int side_commit(keel_side_txn *tx, side_result *out)
     txn_state *ts = tx->ts;
     out->mode = tx->mode;
     pthread_mutex_lock(&ts->side_lock);
-    uint64_t tick = atomic_load_explicit(&ts->running_tick, memory_order_relaxed), when = 0;
+    uint64_t tick = atomic_load_explicit(&ts->running_tick, memory_order_relaxed);
+    txn_key held = {0};
     int fatal = txn_log_fatal(&ts->log);
-    int rc = fatal ? KEEL_EFATAL : key_check(tx, tick, &when);
+    int rc = fatal ? KEEL_EFATAL : key_check(tx, tick, &held);
     int64_t bad = rc ? -1 : first_conflict(tx);
     bool logs = tx->nwrites || tx->key;
     if (!rc && bad < 0 && logs && ts->log.ops) /* before anything is applied: a refusal changes nothing */
@@ -484,8 +489,6 @@ int side_commit(keel_side_txn *tx, side_result *out)
         uow_side_begin(&ts->uow, seq, tick, tx->mode, tx->nwrites, tx->key);
         for (uint32_t i = 0; i < tx->nwrites; i++)
             apply_one(tx, &tx->writes[i], seq);
-        if (tx->key)
-            keys_add(&ts->keys, tx->key, tick);
         ts->side_commits_tick++;
         ts->counts.commits++;
         /* applied: logging must follow (a failure here latches the runtime:
@@ -494,15 +497,16 @@ int side_commit(keel_side_txn *tx, side_result *out)
             (void)KEEL_FAILPOINT(SIDE_BEFORE_ENQUEUE);
         if (ts->log.ops && (rc = ts->log.ops->log_side(ts->log.self, seq, tx->mode, tick, side_off, &out->lsn)))
             ts->log.ops->latch_fatal(ts->log.self, rc == KEEL_EFATAL ? KEEL_EIO : rc), rc = KEEL_EFATAL;
+        if (tx->key) /* with its record: what a retry's "already" waits for (a latch above refuses retries first) */
+            keys_add(&ts->keys, tx->key, tick, out->lsn);
         out->wait_lsn = out->lsn;
     } else if (rc == KEEL_ECONFLICT) {
         ts->counts.conflicts++;
     } else if (rc == KEEL_EALREADY) {
         ts->counts.already++;
-        /* the commit that holds the key is logged below the last LSN handed out (under this lock); the answer
-           "already committed" waits for it as a commit of this mode would for its own record */
+        /* the answer "already committed" waits for the key's record as a commit of this mode would for its own */
         if (ts->log.ops)
-            out->wait_lsn = ts->log.ops->last_lsn(ts->log.self);
+            out->wait_lsn = held.lsn;
     } else {
         ts->counts.aborts++;
     }
@@ -512,7 +516,7 @@ int side_commit(keel_side_txn *tx, side_result *out)
     if (rc == KEEL_EALREADY) {
         core_fail(KEEL_EALREADY, "side transaction in '%s': idempotency key %llu (0x%016llx) already committed at "
                                  "tick %llu; nothing applied", tx->name, (unsigned long long)tx->key,
-                  (unsigned long long)tx->key, (unsigned long long)when);
+                  (unsigned long long)tx->key, (unsigned long long)held.tick);
     } else if (bad >= 0) {
         const side_read *r = &tx->reads[bad];
         core_fail(KEEL_ECONFLICT, "side transaction in '%s': entity 0x%016llx component '%s' changed since it was read",

@@ -127,6 +127,7 @@ int txn_durable_wait(txn_state *ts, uint64_t lsn, keel_durability mode);
 typedef struct txn_key {
     uint64_t key;
     uint64_t tick;             /* the tick it committed in */
+    uint64_t lsn;              /* the record that holds it; 0: on disk already (loaded at recovery), or no log */
 } txn_key;
 
 typedef struct txn_keys {
@@ -142,11 +143,11 @@ void keys_init(txn_keys *k, uint64_t window);
 void keys_fini(txn_keys *k);
 /* Forget the keys that are no longer remembered at tick `now`. */
 void keys_expire(txn_keys *k, uint64_t now);
-/* True when key is remembered at tick now (*tick: when it committed). */
-bool keys_find(const txn_keys *k, uint64_t key, uint64_t now, uint64_t *tick);
+/* The key's entry when it is remembered at tick now, else NULL. */
+const txn_key *keys_find(const txn_keys *k, uint64_t key, uint64_t now);
 /* Room for `extra` more keys (then keys_add cannot fail). */
 int keys_reserve(txn_keys *k, uint32_t extra);
-void keys_add(txn_keys *k, uint64_t key, uint64_t tick);
+void keys_add(txn_keys *k, uint64_t key, uint64_t tick, uint64_t lsn);
 uint32_t keys_count(const txn_keys *k);
 /* A copy of the keys remembered at `now`, in commit order (*out NULL when
  * none; the caller frees it). */
