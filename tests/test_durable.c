@@ -2303,6 +2303,36 @@ START_TEST(test_idempotent_retry_async_waits_for_the_original)
 }
 END_TEST
 
+/* ---- steps marked for the checkpoint thread ------------------------------------------------ */
+
+/* The checkpoint thread serialises between steps: the runtime counts every
+ * step's start and end (odd while one runs), also of a step it refuses. A
+ * count left odd would make every checkpoint record wait (docs/durability.md,
+ * "Checkpoints"). */
+START_TEST(test_steps_are_marked_for_the_checkpoint_thread)
+{
+    char dir[256];
+    tu_path(dir, sizeof dir, "step-marks");
+    keel_runtime_desc d = desc_dir(dir, 1, 16, KEEL_DURABLE_GROUP);
+    d.durable.checkpoint_every_ticks = 2;
+    wworld *w = w_new(true);
+    w_open(w, &d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    uint64_t seq0 = atomic_load(&w->rt->dur->step_seq);
+    w_drive(w, 1);
+    w_drive(w, 2);
+    w_drive(w, 3);
+    ck_assert_uint_eq(atomic_load(&w->rt->dur->step_seq), seq0 + 6);
+    ck_assert_ok(keel_checkpoint(w->rt)); /* waits for the periodic one in progress, then takes its own */
+    ck_assert_uint_ge(tu_stats(w->rt).checkpoints, 2);
+    dur_latch_fatal(w->rt->dur, KEEL_EIO);
+    ck_assert_rc(keel_runtime_step(w->rt), KEEL_EFATAL); /* refused */
+    ck_assert_uint_eq(atomic_load(&w->rt->dur->step_seq), seq0 + 8);
+    (void)w_close(w);
+    free(w);
+}
+END_TEST
+
 /* ---- idle ticks around a checkpoint ------------------------------------------------- */
 
 /* Wait until the WAL writer has taken everything queued: it is then in its
@@ -4276,6 +4306,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_side_write_undone_by_a_later_system);
     tcase_add_test(tc, test_idempotent_retry_waits_for_the_original);
     tcase_add_test(tc, test_idempotent_retry_async_waits_for_the_original);
+    tcase_add_test(tc, test_steps_are_marked_for_the_checkpoint_thread);
     tcase_add_test(tc, test_idle_ticks_checkpoint);
     tcase_add_test(tc, test_recycle_with_checkpoints);
     suite_add_tcase(s, tc);

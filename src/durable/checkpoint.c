@@ -393,6 +393,51 @@ static int capture(dur_state *d, uint64_t tick, ckpt_job **out)
     return KEEL_OK;
 }
 
+/* ---- pacing: serialising between steps ------------------------------------------------------
+ *
+ * With as many busy threads as cores, a checkpoint thread that serialises
+ * while a step runs takes a core from the step's workers; woken by the
+ * capture from inside the step, it also preempted the stepping thread
+ * itself for a scheduler time slice (3-5 ms of the 60 Hz ticks that started
+ * a checkpoint, on 2 vCPUs: docs/performance.md, "checkpoint"). So the
+ * runtime marks its steps (step_seq odd while one runs), and before each
+ * record it serialises the checkpoint thread naps while the step it saw
+ * runs: until that step has ended (the count moved) or for at most
+ * CKPT_YIELD_MAX_NS, then serialises for CKPT_BURST_NS before it looks
+ * again. Between steps (a paced loop) it never waits; steps back to back
+ * (an unthrottled loop) leave it a burst per step, a step that never ends
+ * one per CKPT_YIELD_MAX_NS. This is pacing only: nothing depends on it
+ * for correctness (relaxed atomics), and no step wakes the checkpoint
+ * thread for it (it naps). */
+#define CKPT_NAP_NS 1000000L          /* 1 ms */
+#define CKPT_YIELD_MAX_NS 10000000ull /* 10 ms */
+#define CKPT_BURST_NS 500000ull       /* 0.5 ms */
+
+void ckpt_step_begin(dur_state *d)
+{
+    atomic_fetch_add_explicit(&d->step_seq, 1, memory_order_relaxed);
+}
+
+void ckpt_step_end(dur_state *d)
+{
+    atomic_fetch_add_explicit(&d->step_seq, 1, memory_order_relaxed);
+}
+
+/* Before a record: wait for the running step unless within a burst
+ * (*burst_end: when the current one ends, 0 = none yet). */
+static void yield_to_step(dur_state *d, uint64_t *burst_end)
+{
+    uint64_t seen = atomic_load_explicit(&d->step_seq, memory_order_relaxed);
+    if (seen % 2 == 0 || core_now_ns() < *burst_end)
+        return;
+    for (uint64_t napped = 0; napped < CKPT_YIELD_MAX_NS; napped += CKPT_NAP_NS) {
+        nanosleep(&(struct timespec){0, CKPT_NAP_NS}, NULL);
+        if (atomic_load_explicit(&d->step_seq, memory_order_relaxed) != seen)
+            break;
+    }
+    *burst_end = core_now_ns() + CKPT_BURST_NS;
+}
+
 /* ---- serialising (checkpoint thread) ------------------------------------------------------ */
 
 static int add_put(dur_state *d, ckpt_job *j, kw_codec_ctx *c, uint64_t code, const kw_buf *payload, uint32_t kind)
@@ -466,16 +511,19 @@ static bool listed(const ckpt_job *j, uint64_t code)
 static int serialize(dur_state *d, ckpt_job *j, kw_codec_ctx *c)
 {
     kw_buf b = {0};
+    uint64_t burst_end = 0;
     int rc = add_put(d, j, c, key_code("T", 1), &j->tables, KW_KIND_SNAP_TABLES);
     for (uint32_t p = 0; !rc && p < j->npages; p++) {
         unsigned char key[5];
         size_t kl = kw_snap_key_slots(key, p);
+        yield_to_step(d, &burst_end);
         rc = slots_payload(j, p, &b);
         rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_SLOTS);
     }
     for (uint32_t i = 0; !rc && i < j->nsrcs; i++) {
         unsigned char key[9];
         size_t kl = kw_snap_key_chunk(key, j->srcs[i].table, j->srcs[i].chunk);
+        yield_to_step(d, &burst_end);
         rc = chunk_payload(&j->srcs[i], &b);
         rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_CHUNK);
     }

@@ -179,6 +179,7 @@ typedef struct dur_state {
     _Atomic int ckpt_last_rc;  /* the last job's outcome: 0, or why it was not recorded (KEEL_ENOMEM:
                                   abandoned, the next tick tries again); atomic for ckpt_maybe */
     bool ckpt_quit;
+    _Atomic uint64_t step_seq; /* odd while a step runs: the checkpoint thread serialises between steps */
     struct ckpt_stored *stored; /* content hashes of what snap holds (checkpoint thread) */
     /* buffers of an in-flight checkpoint are not freed by view reclamation */
     pthread_mutex_t pin_mu;
@@ -293,6 +294,10 @@ void ckpt_fini(dur_state *d);
 /* Tick end: take a checkpoint of the completed tick when one is due
  * (force: now). Never stalls for the writing; copies SINGLE_VERSION data. */
 int ckpt_maybe(dur_state *d, uint64_t tick, bool force);
+/* A step begins / ends (runtime/, the stepping thread): the checkpoint
+ * thread serialises between steps (checkpoint.c, "Pacing"). */
+void ckpt_step_begin(dur_state *d);
+void ckpt_step_end(dur_state *d);
 /* Wait until every checkpoint taken so far is committed: 0, or
  * KEEL_EFATAL when one failed or the runtime latched. */
 int ckpt_wait(dur_state *d);

@@ -611,7 +611,7 @@ static int periodic_checkpoint(keel_runtime *rt, uint64_t tick)
 }
 
 /* The tick itself, without the driver check (the driver thread uses it). */
-int runtime_step(keel_runtime *rt)
+static int step_once(keel_runtime *rt)
 {
     int rc = can_step(rt);
     if (rc)
@@ -682,6 +682,18 @@ int runtime_step(keel_runtime *rt)
             dur_latch_fatal(rt->dur, fence_rc);
     }
     return fence_rc ? KEEL_EFATAL : sync_rc;
+}
+
+/* A step, marked for the checkpoint thread, which serialises between steps. */
+int runtime_step(keel_runtime *rt)
+{
+    dur_state *d = rt->dur;
+    if (d)
+        ckpt_step_begin(d);
+    int rc = step_once(rt);
+    if (d)
+        ckpt_step_end(d);
+    return rc;
 }
 
 int keel_runtime_step(keel_runtime *rt)
