@@ -222,13 +222,17 @@ int kw_snap_tables_put_table(kw_buf *out, uint32_t rows, uint32_t ncols, const u
 int kw_snap_slots_encode(kw_buf *out, uint32_t first, uint32_t n, const uint32_t *gens, const uint8_t *live)
 {
     out->len = 0;
-    int rc = kw_put_u32(out, first);
+    int rc = kw_buf_reserve(out, 8 + (size_t)n * 5); /* then no put below grows: a page is 1024 slots */
+    rc = rc ? rc : kw_put_u32(out, first);
     rc = rc ? rc : kw_put_u32(out, n);
-    for (uint32_t i = 0; !rc && i < n; i++)
-        rc = kw_put_u32(out, gens[i]);
-    for (uint32_t i = 0; !rc && i < n; i++)
-        rc = kw_put_u8(out, live[i] != 0);
-    return rc;
+    rc = rc ? rc : kw_put_bytes(out, gens, (size_t)n * 4); /* little-endian host (record.c) */
+    if (rc)
+        return rc;
+    unsigned char *flags = out->p + out->len;
+    for (uint32_t i = 0; i < n; i++)
+        flags[i] = live[i] != 0;
+    out->len += n;
+    return KEEL_OK;
 }
 
 int kw_snap_chunk_encode(kw_buf *out, uint32_t table, uint32_t chunk, uint32_t count, uint32_t ncols,
