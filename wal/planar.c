@@ -105,7 +105,7 @@ static void entities_to_planes(const unsigned char *in, unsigned char *out, uint
     uint32_t i = 0;
 #if defined(__SSE2__)
     uint64_t diff[PLANAR_TILE + 2] = {0}; /* a tile's differences, and the 8 bytes its last load reads past them */
-    for (; i + PLANAR_TILE <= n; i += PLANAR_TILE) {
+    for (; n - i >= PLANAR_TILE; i += PLANAR_TILE) {
         for (uint32_t r = 0; r < PLANAR_TILE; r++) {
             uint64_t e;
             memcpy(&e, in + (size_t)(i + r) * 8, 8);
@@ -131,7 +131,7 @@ static void planes_to_entities(const unsigned char *in, unsigned char *out, uint
     uint32_t i = 0;
 #if defined(__SSE2__)
     uint64_t diff[PLANAR_TILE + 2]; /* a tile's differences, and the 8 bytes its last store writes past them */
-    for (; i + PLANAR_TILE <= n; i += PLANAR_TILE) {
+    for (; n - i >= PLANAR_TILE; i += PLANAR_TILE) {
         tile_to_rows(in + i, n, (unsigned char *)diff, 8);
         for (uint32_t r = 0; r < PLANAR_TILE; r++) {
             prev += diff[r];

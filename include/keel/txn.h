@@ -95,8 +95,8 @@ int keel_side_txn_commit(keel_side_txn *tx);
 /* keel_side_txn_commit, and *lsn receives the commit's WAL LSN (0 when
  * nothing was logged: a read-only transaction without a key, no data
  * directory, or an error; KEEL_EALREADY: the LSN of the record holding the
- * key, 0 when that was on disk before this run) -- keel_wait_durable(rt,
- * lsn, ...) waits for it.
+ * key, 0 when this runtime read that record from disk or from its stream)
+ * -- keel_wait_durable(rt, lsn, ...) waits for it.
  * Errors: those of keel_side_txn_commit; KEEL_EINVAL when lsn is NULL (tx
  * is aborted). Thread-safe as keel_side_txn_commit. */
 int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn);

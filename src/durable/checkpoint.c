@@ -512,6 +512,7 @@ static int serialize(dur_state *d, ckpt_job *j, kw_codec_ctx *c)
 {
     kw_buf b = {0};
     uint64_t burst_end = 0;
+    yield_to_step(d, &burst_end); /* woken by the capture, inside the step that took it */
     int rc = add_put(d, j, c, key_code("T", 1), &j->tables, KW_KIND_SNAP_TABLES);
     for (uint32_t p = 0; !rc && p < j->npages; p++) {
         unsigned char key[5];
@@ -527,8 +528,10 @@ static int serialize(dur_state *d, ckpt_job *j, kw_codec_ctx *c)
         rc = chunk_payload(&j->srcs[i], &b);
         rc = rc ? rc : add_put(d, j, c, key_code(key, kl), &b, KW_KIND_SNAP_CHUNK);
     }
-    if (!rc && j->nkeys) /* none: "K" is not listed, so a stored one is deleted below */
+    if (!rc && j->nkeys) { /* none: "K" is not listed, so a stored one is deleted below */
+        yield_to_step(d, &burst_end);
         rc = keys_payload(j, &b);
+    }
     if (!rc && j->nkeys)
         rc = add_put(d, j, c, key_code(KW_SNAP_KEYS_KEY, 1), &b, KW_KIND_SNAP_KEYS);
     kw_buf_free(&b);

@@ -457,7 +457,7 @@ static int key_check(keel_side_txn *tx, uint64_t tick, txn_key *held)
  * not: the record is what makes the key durable. A key that committed
  * already (KEEL_EALREADY) is answered as that commit is acknowledged:
  * out->wait_lsn is the LSN of the record that holds the key (0 when it was
- * on disk before this run), so IMMEDIATE waits for that record (and
+ * read from disk or a stream), so IMMEDIATE waits for that record (and
  * reports KEEL_EFATAL instead when it never becomes durable). */
 int side_commit(keel_side_txn *tx, side_result *out)
 {
@@ -546,7 +546,7 @@ int keel_side_txn_commit_lsn(keel_side_txn *tx, uint64_t *lsn)
     side_result r;
     txn_state *ts = tx ? tx->ts : NULL;
     int rc = side_commit(tx, &r);
-    *lsn = rc == KEEL_EALREADY ? r.wait_lsn : rc ? 0 : r.lsn; /* EALREADY: at or after the key's commit */
+    *lsn = rc == KEEL_EALREADY ? r.wait_lsn : rc ? 0 : r.lsn; /* EALREADY: the record that holds the key */
     if (rc && rc != KEEL_EALREADY)
         return rc;
     int durable = txn_durable_wait(ts, r.wait_lsn, r.mode); /* EALREADY: the key's commit, IMMEDIATE: synced */

@@ -127,7 +127,8 @@ int txn_durable_wait(txn_state *ts, uint64_t lsn, keel_durability mode);
 typedef struct txn_key {
     uint64_t key;
     uint64_t tick;             /* the tick it committed in */
-    uint64_t lsn;              /* the record that holds it; 0: on disk already (loaded at recovery), or no log */
+    uint64_t lsn;              /* the record that holds it; 0: read from disk or a stream (durable), no log, or a
+                                  failed log_side (which latched fatal first: no retry gets this far) */
 } txn_key;
 
 typedef struct txn_keys {
