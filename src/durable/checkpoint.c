@@ -413,12 +413,7 @@ static int capture(dur_state *d, uint64_t tick, ckpt_job **out)
 #define CKPT_YIELD_MAX_NS 10000000ull /* 10 ms */
 #define CKPT_BURST_NS 500000ull       /* 0.5 ms */
 
-void ckpt_step_begin(dur_state *d)
-{
-    atomic_fetch_add_explicit(&d->step_seq, 1, memory_order_relaxed);
-}
-
-void ckpt_step_end(dur_state *d)
+void ckpt_step_edge(dur_state *d)
 {
     atomic_fetch_add_explicit(&d->step_seq, 1, memory_order_relaxed);
 }

@@ -294,10 +294,10 @@ void ckpt_fini(dur_state *d);
 /* Tick end: take a checkpoint of the completed tick when one is due
  * (force: now). Never stalls for the writing; copies SINGLE_VERSION data. */
 int ckpt_maybe(dur_state *d, uint64_t tick, bool force);
-/* A step begins / ends (runtime/, the stepping thread): the checkpoint
- * thread serialises between steps (checkpoint.c, "Pacing"). */
-void ckpt_step_begin(dur_state *d);
-void ckpt_step_end(dur_state *d);
+/* A step begins, or ends (runtime/, the stepping thread, once at each
+ * edge): the checkpoint thread serialises between steps (checkpoint.c,
+ * "pacing"). */
+void ckpt_step_edge(dur_state *d);
 /* Wait until every checkpoint taken so far is committed: 0, or
  * KEEL_EFATAL when one failed or the runtime latched. */
 int ckpt_wait(dur_state *d);

@@ -687,12 +687,12 @@ static int step_once(keel_runtime *rt)
 /* A step, marked for the checkpoint thread, which serialises between steps. */
 int runtime_step(keel_runtime *rt)
 {
-    dur_state *d = rt->dur;
+    dur_state *d = rt->dur; /* read once: when the step's own recovery opens it, neither edge counts */
     if (d)
-        ckpt_step_begin(d);
+        ckpt_step_edge(d);
     int rc = step_once(rt);
     if (d)
-        ckpt_step_end(d);
+        ckpt_step_edge(d);
     return rc;
 }
 

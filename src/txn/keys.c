@@ -5,8 +5,8 @@
  *
  * A hash map (open addressing, linear probing, key 0 = empty, deletion by
  * backward shift so no tombstones accumulate) answers "did this key
- * commit, at which tick, in which record"; a ring of (key, tick) in commit order lets
- * expiry pop the oldest keys without scanning the map. Ticks enter the
+ * commit, at which tick, in which record"; a ring of the entries in commit
+ * order lets expiry pop the oldest keys without scanning the map. Ticks enter the
  * ring in commit order, which is tick order, so the ring's front is the
  * oldest key; the map entry's own tick is what decides whether a key is
  * remembered, so an entry the ring has not reached yet never answers past
