@@ -3805,7 +3805,10 @@ START_TEST(test_sync_retry_durable)
             ck_assert_uint_ne(keel_world_hash(wd), ref.hash[fail_tick]);
         }
         ck_assert_rc(keel_runtime_step(w->rt), KEEL_EBUSY); /* the rest is pending */
+        uint64_t seq = atomic_load(&w->rt->dur->step_seq);
+        ck_assert_uint_eq(seq % 2, 0);
         ck_assert_ok(keel_runtime_sync_retry(w->rt));
+        ck_assert_uint_eq(atomic_load(&w->rt->dur->step_seq), seq + 2); /* marked as a step for the checkpoint thread */
         ck_assert_int_eq(keel_runtime_fatal(w->rt), 0);
         if (hook) {
             ck_assert_uint_eq(keel_world_count(wd), nspawn);

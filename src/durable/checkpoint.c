@@ -397,18 +397,18 @@ static int capture(dur_state *d, uint64_t tick, ckpt_job **out)
  *
  * With as many busy threads as cores, a checkpoint thread that serialises
  * while a step runs takes a core from the step's workers; woken by the
- * capture from inside the step, it also preempted the stepping thread
- * itself for a scheduler time slice (3-5 ms of the 60 Hz ticks that started
- * a checkpoint, on 2 vCPUs: docs/performance.md, "checkpoint"). So the
- * runtime marks its steps (step_seq odd while one runs), and before each
- * record it serialises the checkpoint thread naps while the step it saw
- * runs: until that step has ended (the count moved) or for at most
+ * capture from inside the step, it also preempted the stepping thread itself
+ * for a scheduler time slice (3-5 ms of the 60 Hz ticks that started a
+ * checkpoint, on 2 vCPUs: docs/performance.md, "checkpoint"). So the runtime
+ * marks its steps and sync point retries (step_seq odd while one runs), and
+ * before each record it serialises the checkpoint thread naps while the step
+ * it saw runs: until that step has ended (the count moved) or for at most
  * CKPT_YIELD_MAX_NS, then serialises for CKPT_BURST_NS before it looks
- * again. Between steps (a paced loop) it never waits; steps back to back
- * (an unthrottled loop) leave it a burst per step, a step that never ends
- * one per CKPT_YIELD_MAX_NS. This is pacing only: nothing depends on it
- * for correctness (relaxed atomics), and no step wakes the checkpoint
- * thread for it (it naps). */
+ * again. Between steps (a paced loop) it never waits; steps back to back (an
+ * unthrottled loop) leave it a burst per step, a step that never ends one
+ * per CKPT_YIELD_MAX_NS. This is pacing only: nothing depends on it for
+ * correctness (relaxed atomics), and no step wakes the checkpoint thread for
+ * it (it naps). */
 #define CKPT_NAP_NS 1000000L          /* 1 ms */
 #define CKPT_YIELD_MAX_NS 10000000ull /* 10 ms */
 #define CKPT_BURST_NS 500000ull       /* 0.5 ms */

@@ -399,10 +399,8 @@ static int sync_point(keel_runtime *rt)
     return KEEL_OK;
 }
 
-int keel_runtime_sync_retry(keel_runtime *rt)
+static int sync_retry_once(keel_runtime *rt)
 {
-    if (!rt)
-        return core_fail(KEEL_EINVAL, "keel_runtime_sync_retry: runtime is NULL");
     if (!rt->hook_pending && !rt->sync_pending)
         return KEEL_OK;
     if (rt->dur && dur_fatal(rt->dur))
@@ -421,6 +419,27 @@ int keel_runtime_sync_retry(keel_runtime *rt)
         }
     }
     return rc;
+}
+
+/* fn -- a step, or a retry of its sync point: both apply commands and run
+ * a fence on the stepping thread -- marked for the checkpoint thread, which
+ * serialises between steps. */
+static int marked_step(keel_runtime *rt, int (*fn)(keel_runtime *))
+{
+    dur_state *d = rt->dur; /* read once: when a step's own recovery opens it, neither edge counts */
+    if (d)
+        ckpt_step_edge(d);
+    int rc = fn(rt);
+    if (d)
+        ckpt_step_edge(d);
+    return rc;
+}
+
+int keel_runtime_sync_retry(keel_runtime *rt)
+{
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_runtime_sync_retry: runtime is NULL");
+    return marked_step(rt, sync_retry_once);
 }
 
 /* Drop a buffer's queued commands and its counters (they were counted or
@@ -684,16 +703,9 @@ static int step_once(keel_runtime *rt)
     return fence_rc ? KEEL_EFATAL : sync_rc;
 }
 
-/* A step, marked for the checkpoint thread, which serialises between steps. */
 int runtime_step(keel_runtime *rt)
 {
-    dur_state *d = rt->dur; /* read once: when the step's own recovery opens it, neither edge counts */
-    if (d)
-        ckpt_step_edge(d);
-    int rc = step_once(rt);
-    if (d)
-        ckpt_step_edge(d);
-    return rc;
+    return marked_step(rt, step_once);
 }
 
 int keel_runtime_step(keel_runtime *rt)
