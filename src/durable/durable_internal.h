@@ -179,7 +179,7 @@ typedef struct dur_state {
     _Atomic int ckpt_last_rc;  /* the last job's outcome: 0, or why it was not recorded (KEEL_ENOMEM:
                                   abandoned, the next tick tries again); atomic for ckpt_maybe */
     bool ckpt_quit;
-    _Atomic uint64_t step_seq; /* odd while a step or a sync point retry runs: the checkpoint thread serialises between them */
+    _Atomic uint64_t step_seq; /* odd while a step or a sync point retry runs: checkpoints serialise between */
     struct ckpt_stored *stored; /* content hashes of what snap holds (checkpoint thread) */
     /* buffers of an in-flight checkpoint are not freed by view reclamation */
     pthread_mutex_t pin_mu;
