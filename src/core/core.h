@@ -134,11 +134,18 @@ static inline uint64_t core_clock_ns_fenced(const core_clock *c)
 
 /* The worker pool as the layers below runtime/ see it: run fn(arg, i,
  * worker) for every i in [0, n) on the pool's workers and return when all
- * ran. runtime/ hands one in (sched/dispatch.c runs it); `workers` bounds
- * the worker index. A zeroed pool runs everything on the caller. */
+ * ran; or post them: start them on the workers and return at once, the one
+ * that runs the last index then calling finish(arg); join returns once a
+ * posted job has finished, the caller helping with what is left (only the
+ * thread that steps posts and joins, one job at a time, and runs or posts
+ * nothing else in between). runtime/ hands one in (sched/dispatch.c runs
+ * it); `workers` bounds the worker index. A zeroed pool runs everything on
+ * the caller, a posted job before post returns. */
 typedef void (*core_task_fn)(void *arg, uint32_t i, uint32_t worker);
 typedef struct core_pool {
     void (*run)(void *self, uint32_t n, core_task_fn fn, void *arg);
+    void (*post)(void *self, uint32_t n, core_task_fn fn, void (*finish)(void *arg), void *arg);
+    void (*join)(void *self);
     void *self;
     uint32_t workers;
 } core_pool;
@@ -151,6 +158,24 @@ static inline void core_pool_run(const core_pool *p, uint32_t n, core_task_fn fn
     }
     for (uint32_t i = 0; i < n; i++)
         fn(arg, i, 0);
+}
+
+static inline void core_pool_post(const core_pool *p, uint32_t n, core_task_fn fn, void (*finish)(void *arg),
+                                  void *arg)
+{
+    if (p->post) {
+        p->post(p->self, n, fn, finish, arg);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        fn(arg, i, 0);
+    finish(arg);
+}
+
+static inline void core_pool_join(const core_pool *p)
+{
+    if (p->join)
+        p->join(p->self);
 }
 /* ---- growable arrays (core/grow.c) ----
  *

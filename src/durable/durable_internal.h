@@ -48,6 +48,8 @@ typedef struct dur_item {
     size_t queued;             /* bytes it added to queued_bytes */
     uint64_t side_tick;        /* DUR_SIDES: the transactions' tick (a record's header tick) */
     uint32_t nsides;           /* DUR_SIDES: transactions in recs (a SIDES payload, count not set) */
+    bool pending;              /* its LSNs reserved, its records still being built (fence.c "Between
+                                  ticks"; under mu): the writer takes nothing from it on */
 } dur_item;
 
 /* Something to run once an LSN is durable (a ticket's completion). */
@@ -97,12 +99,14 @@ typedef struct dur_state {
     kw_buf *fence_payload;     /* one per worker: the fence's payload scratch */
     struct fence_seg *segs;    /* the fence's segments (tick thread; buffers kept across ticks) */
     uint32_t segs_cap;
+    struct fence_bg *fence_bg; /* the unit the workers serialise between ticks (fence.c) */
 
     /* ---- the writer queue (mu) ---------------------------------------------------------
      * Producers (the tick thread, side commits under side_lock) take mu,
      * hand out LSNs from next_lsn, seal their records and append: queue
-     * order is LSN order, which MDB_APPEND needs. The writer takes the whole
-     * queue at once. DEFERRED items are held by the writer until something
+     * order is LSN order, which MDB_APPEND needs. The writer takes the queue
+     * at once, up to its first pending item (a tick's unit whose records the
+     * workers still build, its LSNs reserved: fence.c). DEFERRED items are held by the writer until something
      * needs a sync (an IMMEDIATE or GROUP item, a flush, a checkpoint), or
      * DUR_DEFER_MAX_BYTES / DUR_DEFER_MAX_NS pass. */
     pthread_mutex_t mu;
@@ -263,15 +267,34 @@ uint64_t dur_last_lsn(dur_state *d);
  * Without memory for the request the held records still go out with the
  * writer's next sync. 0, or KEEL_EFATAL once the runtime latched. */
 int dur_sync_request(dur_state *d, uint64_t lsn);
+/* Queue item pending: nfirst LSNs reserved for records still to be built,
+ * then the sealed records of `tail` (not the item's yet) take the next
+ * ones; *last_lsn = the tail's last. `bytes`: what it will hold, for the
+ * back-pressure. Errors as dur_enqueue (the item is freed). */
+int dur_enqueue_reserved(dur_state *d, dur_item *item, uint32_t nfirst, kw_buf *tail, uint64_t bytes,
+                         uint64_t *last_lsn);
+/* Its records are in: the writer may take it. */
+void dur_item_complete(dur_state *d, dur_item *item);
 /* The same, recorded as covered by a checkpoint being captured. */
 uint64_t dur_cover(dur_state *d);
 
 /* ---- fence.c ----------------------------------------------------------------------- */
 
 /* Turn the tick's unit of work into records and queue them (after the sync
- * point). Parallel on the workers. Errors: KEEL_EFATAL, KEEL_ENOMEM (the
- * runtime latches: a tick that cannot be logged must not be acknowledged). */
+ * point). Parallel on the workers; with GROUP or DEFERRED durability and two
+ * workers or more, the records are built after the step returns ("Between
+ * ticks"). Errors: KEEL_EFATAL, KEEL_ENOMEM (the runtime latches: a tick
+ * that cannot be logged must not be acknowledged). */
 int fence_tick(dur_state *d, uint64_t tick);
+/* What a unit built between ticks took: its tick, its stored bytes and the
+ * fence's time from the sync point's end until the writer could take it. */
+typedef struct fence_done {
+    uint64_t tick, stored, ns;
+} fence_done;
+/* Wait until the unit fence_tick left to the workers is queued whole (the
+ * tick thread, before anything else uses the fence, the pool or the unit of
+ * work). true, with *out filled when not NULL, when there was one. */
+bool fence_join(dur_state *d, fence_done *out);
 /* A tick starts: nothing of its unit of work is logged yet. */
 void fence_tick_start(dur_state *d);
 /* on_first_tick's unit: its value rows and its commands, flagged HOOK. */

@@ -13,6 +13,20 @@
  *   finalize  (tick thread) LIFECYCLE records of the applied commands, the
  *             TICK_COMMIT marker, and one hand-off to the writer, which
  *             seals the records with consecutive LSNs.
+ * Between ticks: a tick's unit with value rows, on two workers or more,
+ * with GROUP or DEFERRED durability, is not serialised on the tick. The
+ * tick thread cuts the segments, builds the LIFECYCLE records and the
+ * marker, queues the unit's item with its LSNs reserved and marked pending
+ * (dur_enqueue_reserved), and posts the serialisation to the workers; the
+ * step returns. The worker that compresses the last segment seals the
+ * TICK_CHUNK records with the first reserved LSNs, puts them before the
+ * LIFECYCLE records and the marker, and completes the item
+ * (dur_item_complete): the writer takes nothing from a pending item on, so
+ * side records and checkpoints queued meanwhile, whose LSNs follow the
+ * reserved ones, are written after the tick as before. The next step (and
+ * anything else on the tick thread that uses the fence or the unit of
+ * work: a hook's or a retry's unit, telemetry, close) joins first
+ * (fence_join), helping with what is left.
  * A tick's records reach LMDB in one write transaction, so a tick is on
  * disk whole or not at all; the marker still closes the unit so readers
  * and recovery can check it. on_first_tick's changes form a unit of their
@@ -96,6 +110,18 @@ typedef struct fence_job {
     uint32_t flags;
     fence_seg *segs;
 } fence_job;
+
+/* The unit posted to the workers (one at a time: the tick thread joins it
+ * before it cuts the next). */
+typedef struct fence_bg {
+    fence_job job;
+    uint32_t nseg;
+    dur_item *item;            /* queued, pending until finish */
+    kw_buf tail;               /* the unit's LIFECYCLE records and marker, sealed */
+    uint64_t t0;               /* when the fence started (for fence_done.ns) */
+    fence_done done;           /* written by finish, read after the join */
+    bool posted;
+} fence_bg;
 
 static void serialize_task(void *arg, uint32_t i, uint32_t worker)
 {
@@ -268,6 +294,10 @@ static int gather(dur_item *item, fence_seg *segs, uint32_t n)
 
 void fence_fini(dur_state *d)
 {
+    if (d->fence_bg)
+        kw_buf_free(&d->fence_bg->tail);
+    free(d->fence_bg);
+    d->fence_bg = NULL;
     for (uint32_t i = 0; i < d->segs_cap; i++)
         kw_buf_free(&d->segs[i].rec);
     free(d->segs);
@@ -279,6 +309,83 @@ void fence_fini(dur_state *d)
     d->fence_payload = NULL;
 }
 
+/* ---- between ticks ----------------------------------------------------------------------- */
+
+/* The last segment is done (on its worker): the records into the item in
+ * LSN order, then the writer may take it. */
+static void bg_finish(void *arg)
+{
+    fence_bg *bg = arg;
+    dur_state *d = bg->job.d;
+    dur_item *item = bg->item;
+    (void)KEEL_FAILPOINT(FENCE_AFTER_COMPRESS);
+    for (uint32_t i = 0; i < bg->nseg; i++)
+        if (!bg->job.segs[i].rc)
+            kw_record_seal(bg->job.segs[i].rec.p, item->first_lsn + i);
+    int rc = gather(item, bg->job.segs, bg->nseg);
+    if (!rc)
+        rc = kw_put_bytes(&item->recs, bg->tail.p, bg->tail.len);
+    if (rc) /* before the writer can take it: it drops it, and nothing after it commits */
+        dur_latch_fatal(d, rc == KEEL_EFATAL ? KEEL_ENOMEM : rc);
+    bg->done.stored = item->recs.len;
+    bg->done.ns = core_now_ns() - bg->t0;
+    (void)KEEL_FAILPOINT(FENCE_BEFORE_ENQUEUE);
+    dur_item_complete(d, item);
+}
+
+static bool can_post(const dur_state *d, uint32_t flags)
+{
+    return d->pool.post && d->pool.workers > 1 && d->mode != KEEL_DURABLE_IMMEDIATE && !(flags & KW_FLAG_HOOK);
+}
+
+/* A unit of nseg segments (cut, raw bytes *raw) handed to the workers. */
+static int fence_post(dur_state *d, uint64_t tick, uint32_t nseg, size_t life_from, uint64_t raw, uint64_t t0,
+                      uint64_t *lsn)
+{
+    fence_bg *bg = d->fence_bg;
+    if (!bg && !(bg = d->fence_bg = calloc(1, sizeof *bg)))
+        return core_fail(KEEL_ENOMEM, "out of memory in the fence");
+    kw_buf scratch = {0};
+    uint32_t nlife = 0;
+    bg->tail.len = 0;
+    int rc = lifecycle_records(d, d->codec[0], life_from, tick, 0, &scratch, &bg->tail, &nlife, &raw);
+    kw_buf_free(&scratch);
+    if (!rc)
+        rc = commit_marker(d, d->codec[0], tick, 0, nseg + nlife, &bg->tail);
+    dur_item *item = rc ? NULL : dur_item_new(DUR_RECORDS, d->mode);
+    if (!rc && !item)
+        rc = core_fail(KEEL_ENOMEM, "out of memory in the fence");
+    if (rc)
+        return rc;
+    item->tick = tick;
+    bg->item = item;
+    bg->nseg = nseg;
+    bg->t0 = t0;
+    bg->job = (fence_job){d, tick, 0, d->segs};
+    bg->done = (fence_done){.tick = tick};
+    atomic_fetch_add(&d->wal_raw_bytes, raw);
+    d->fence_raw_bytes = raw;
+    d->fence_stored_bytes = 0; /* known once the workers are done: fence_join */
+    if ((rc = dur_enqueue_reserved(d, item, nseg, &bg->tail, raw, lsn)))
+        return rc; /* latched fatal or a replica: the item is freed */
+    bg->posted = true;
+    core_pool_post(&d->pool, nseg, serialize_task, bg_finish, bg);
+    return KEEL_OK;
+}
+
+bool fence_join(dur_state *d, fence_done *out)
+{
+    fence_bg *bg = d->fence_bg;
+    if (!bg || !bg->posted)
+        return false;
+    core_pool_join(&d->pool);
+    bg->posted = false;
+    d->fence_stored_bytes = bg->done.stored;
+    if (out)
+        *out = bg->done;
+    return true;
+}
+
 /* One unit: value rows [rows_from, rows_to), lifecycle from life_from. */
 static int fence_unit(dur_state *d, uint64_t tick, uint32_t flags, uint32_t rows_from, uint32_t rows_to,
                       size_t life_from, bool parallel, uint64_t *lsn)
@@ -286,11 +393,18 @@ static int fence_unit(dur_state *d, uint64_t tick, uint32_t flags, uint32_t rows
     if (d->txn->uow.oom)
         return core_fail(KEEL_ENOMEM, "tick %llu: the unit of work ran out of memory; its changes cannot be logged",
                          (unsigned long long)tick);
+    uint64_t t0 = core_now_ns();
     uint32_t nseg = cut_segments(d, &d->txn->uow, rows_from, rows_to);
     if (nseg == UINT32_MAX)
         return core_fail(KEEL_ENOMEM, "out of memory in the fence");
     fence_seg *segs = d->segs;
     (void)KEEL_FAILPOINT(FENCE_AFTER_PREP);
+    if (parallel && nseg && can_post(d, flags)) {
+        uint64_t raw = 0;
+        for (uint32_t i = 0; i < nseg; i++)
+            raw += segs[i].raw;
+        return fence_post(d, tick, nseg, life_from, raw, t0, lsn);
+    }
     fence_job job = {d, tick, flags, segs};
     if (parallel)
         core_pool_run(&d->pool, nseg, serialize_task, &job);

@@ -366,6 +366,38 @@ int dur_enqueue(dur_state *d, dur_item *item, uint64_t *last_lsn)
     return KEEL_OK;
 }
 
+int dur_enqueue_reserved(dur_state *d, dur_item *item, uint32_t nfirst, kw_buf *tail, uint64_t bytes,
+                         uint64_t *last_lsn)
+{
+    bool follow;
+    if (!enqueue_lock(d, &follow)) {
+        dur_item_free(item);
+        return enqueue_refused(d, follow);
+    }
+    item->first_lsn = d->next_lsn;
+    d->next_lsn += nfirst;
+    size_t off = 0, len;
+    unsigned char *rec;
+    item->last_lsn = d->next_lsn - 1;
+    while (next_record(tail, &off, &rec, &len)) {
+        item->last_lsn = d->next_lsn++;
+        kw_record_seal(rec, item->last_lsn);
+    }
+    item->pending = true;
+    *last_lsn = item->last_lsn;
+    queue_append(d, item, (size_t)bytes);
+    pthread_mutex_unlock(&d->mu);
+    return KEEL_OK;
+}
+
+void dur_item_complete(dur_state *d, dur_item *item)
+{
+    pthread_mutex_lock(&d->mu);
+    item->pending = false;
+    pthread_cond_signal(&d->wake);
+    pthread_mutex_unlock(&d->mu);
+}
+
 /* Under d->mu: the most payload bytes a side record may hold -- the WAL's
  * limit, or what one message of the replication stream takes (a record is
  * its header and at most its payload's bytes: what does not shrink is
@@ -402,7 +434,7 @@ int dur_side_fits(dur_state *d, size_t bytes)
 /* Side transactions committed while the writer is busy share one record:
  * a transaction joins the queue's last item when that item holds side
  * transactions of the same mode and tick, the writer has not taken it (the
- * writer takes the whole queue at once, so the queue's tail never is) and
+ * writer takes the queue up to its first pending item, so the queue's tail never is) and
  * the record stays within DUR_RECORD_TARGET raw bytes (and one stream
  * message, side_raw_max). They share its LSN,
  * so they become durable together, which group commit made them anyway;
@@ -632,13 +664,34 @@ static int sides_build(dur_state *d, dur_item *it)
     return KEEL_OK;
 }
 
+/* Under d->mu: the queue has an item the writer may take (not pending). */
+static bool queue_ready(const dur_state *d)
+{
+    return d->head && !d->head->pending;
+}
+
+/* Under d->mu: take the queue up to its first pending item. */
+static dur_item *queue_take(dur_state *d)
+{
+    dur_item *list = d->head, *last = NULL;
+    for (dur_item *it = d->head; it && !it->pending; it = it->next)
+        last = it;
+    if (!last)
+        return NULL;
+    d->head = last->next;
+    if (!d->head)
+        d->tail = NULL;
+    last->next = NULL;
+    return list;
+}
+
 static void *writer_main(void *arg)
 {
     dur_state *d = arg;
     batch b = {.tail = &b.head, .d = d};
     pthread_mutex_lock(&d->mu);
     for (;;) {
-        while (!d->head && !d->quit && !atomic_load(&d->fatal)) {
+        while (!queue_ready(d) && !(d->quit && !d->head) && !atomic_load(&d->fatal)) {
             if (b.head) { /* held DEFERRED records: wake when they are due */
                 uint64_t due = b.oldest_ns + DUR_DEFER_MAX_NS, now = now_ns();
                 if (now >= due)
@@ -652,8 +705,7 @@ static void *writer_main(void *arg)
                 pthread_cond_wait(&d->wake, &d->mu);
             }
         }
-        dur_item *list = d->head;
-        d->head = d->tail = NULL;
+        dur_item *list = queue_take(d);
         bool quit = d->quit;
         pthread_mutex_unlock(&d->mu);
         for (dur_item *it = list; it && !atomic_load(&d->fatal); it = it->next) {
@@ -678,9 +730,9 @@ static void *writer_main(void *arg)
             pthread_mutex_lock(&d->mu);
             d->queued_bytes = 0;
             pthread_cond_broadcast(&d->durable_cv);
-            if (quit)
+            if (quit && !d->head)
                 break;
-            while (!d->quit && !d->head)
+            while (!queue_ready(d) && !(d->quit && !d->head))
                 pthread_cond_wait(&d->wake, &d->mu);
             continue;
         }

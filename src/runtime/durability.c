@@ -42,6 +42,7 @@ static int open_data_dir(keel_runtime *rt)
 
 void runtime_close_data_dir(keel_runtime *rt)
 {
+    runtime_fence_join(rt);
     if (rt->dur)
         (void)repl_close(rt, true, NULL); /* no-op after shutdown_durable's */
     rt->txn.log = (txn_log){0};

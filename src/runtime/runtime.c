@@ -242,6 +242,7 @@ int keel_runtime_close(keel_runtime *rt)
         return KEEL_OK;
     if (atomic_load(&rt->driver_running))
         keel_runtime_stop(rt);
+    runtime_fence_join(rt);
     int rc = rt->world ? shutdown_durable(rt) : KEEL_OK;
     char why[512];
     snprintf(why, sizeof why, "%s", rc ? keel_last_error() : "");
@@ -401,6 +402,7 @@ static int sync_point(keel_runtime *rt)
 
 static int sync_retry_once(keel_runtime *rt)
 {
+    runtime_fence_join(rt);
     if (!rt->hook_pending && !rt->sync_pending)
         return KEEL_OK;
     if (rt->dur && dur_fatal(rt->dur))
@@ -632,6 +634,7 @@ static int periodic_checkpoint(keel_runtime *rt, uint64_t tick)
 /* The tick itself, without the driver check (the driver thread uses it). */
 static int step_once(keel_runtime *rt)
 {
+    runtime_fence_join(rt); /* the last tick's records are queued whole before this tick touches the pool */
     int rc = can_step(rt);
     if (rc)
         return rc;

@@ -143,6 +143,11 @@ int telemetry_size(keel_runtime *rt, uint32_t nsys);
 void telemetry_record(keel_runtime *rt, keel_tick_record *tick);
 /* Set the checkpoint flag of a recorded tick (a checkpoint it started). */
 void telemetry_mark_checkpoint(keel_runtime *rt, uint64_t tick);
+/* Wait for the tick's unit the workers serialise between ticks
+ * (fence_join), then complete its tick's record: the stored bytes and the
+ * fence's whole time. The stepping thread, before a step, a retry, a
+ * telemetry read or closing the data directory. */
+void runtime_fence_join(keel_runtime *rt);
 void telemetry_fini(keel_runtime *rt);
 
 /* runtime/replication.c: the world's WAL on a NATS JetStream stream

@@ -94,8 +94,24 @@ void telemetry_fini(keel_runtime *rt)
     free(rt->tel.systems);
 }
 
+void runtime_fence_join(keel_runtime *rt)
+{
+    fence_done f;
+    if (!rt->dur || !fence_join(rt->dur, &f))
+        return;
+    keel_tick_record *r = rt->tel.ticks ? &rt->tel.ticks[f.tick & rt->tel.mask] : NULL;
+    if (r && r->tick == f.tick) {
+        r->wal_stored_bytes = f.stored;
+        r->fence_ns = f.ns;
+    }
+}
+
+/* Readers are on the stepping thread (keel/telemetry.h): the last tick's
+ * record is completed first when its unit was serialised between ticks. */
 static const keel_tick_record *find_tick(const keel_runtime *rt, uint64_t tick)
 {
+    if (rt)
+        runtime_fence_join((keel_runtime *)rt);
     if (!rt || !rt->tel.ticks || !tick)
         return NULL;
     const keel_tick_record *r = &rt->tel.ticks[tick & rt->tel.mask];

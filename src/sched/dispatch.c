@@ -714,17 +714,18 @@ typedef struct worker_arg {
     uint32_t index;
 } worker_arg;
 
-/* ---- parallel-for (the fence's serialize stage) ------------------------------------
+/* ---- parallel-for (the capture, the fence's serialize stage) -----------------------
  * dispatch_for runs fn(arg, i, worker) for i in [0, n) on the pool, reusing
  * the track hand-shake (track_live / active / epoch) with p->job set instead
  * of a track: every participant claims indices with fetch_add(next) and
- * counts them in done; the caller returns when done == n. */
-typedef struct sched_job {
-    void (*fn)(void *arg, uint32_t i, uint32_t worker);
-    void *arg;
-    uint32_t n;
-    _Atomic uint32_t next, done;
-} sched_job;
+ * counts them in done; the caller returns when done == n.
+ * dispatch_post starts the same and returns (the fence between ticks): the
+ * participant whose done count reaches n calls finish and then sets
+ * `finished` (release). dispatch_join, on the stepping thread, claims what
+ * is left, waits for `finished` (acquire: finish's writes are then visible),
+ * and takes the job down as dispatch_for does (track_live off, no worker
+ * active, p->job NULL). Between post and join the stepping thread starts no
+ * track and no other job, so p->job and track_live stay the posted job's. */
 
 /* One round of the stepping thread's wait for the workers, *i the rounds
  * so far: a pause for the first BACKOFF_SPINS (what it waits for usually
@@ -745,8 +746,30 @@ static void job_loop(sched_job *j, uint32_t worker)
 {
     for (uint32_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
         j->fn(j->arg, i, worker);
-        atomic_fetch_add(&j->done, 1);
+        if (atomic_fetch_add(&j->done, 1) + 1 == j->n && j->finish) {
+            j->finish(j->arg);
+            atomic_store_explicit(&j->finished, true, memory_order_release);
+        }
     }
+}
+
+/* The track hand-shake's start with p->job = j: the workers run job_loop. */
+static void job_start(sched_pool *p, sched_job *j)
+{
+    atomic_store(&p->job, j);
+    atomic_store(&p->track_live, true);
+    atomic_fetch_add(&p->epoch, 1);
+    if (atomic_load(&p->parked))
+        futex_wake_all(&p->epoch);
+}
+
+/* ... and its end, once the job's indices are done. */
+static void job_end(sched_pool *p)
+{
+    atomic_store(&p->track_live, false);
+    for (uint32_t i = 0; atomic_load(&p->active);)
+        backoff(&i);
+    atomic_store(&p->job, NULL);
 }
 
 void dispatch_for(sched_exec *ex, uint32_t n, core_task_fn fn, void *arg)
@@ -757,18 +780,47 @@ void dispatch_for(sched_exec *ex, uint32_t n, core_task_fn fn, void *arg)
         job_loop(&j, 0);
         return;
     }
-    atomic_store(&p->job, &j);
-    atomic_store(&p->track_live, true);
-    atomic_fetch_add(&p->epoch, 1);
-    if (atomic_load(&p->parked))
-        futex_wake_all(&p->epoch);
+    job_start(p, &j);
     job_loop(&j, 0);
     for (uint32_t i = 0; atomic_load(&j.done) < n;)
         backoff(&i);
-    atomic_store(&p->track_live, false);
-    for (uint32_t i = 0; atomic_load(&p->active);)
+    job_end(p);
+}
+
+void dispatch_post(sched_exec *ex, uint32_t n, core_task_fn fn, void (*finish)(void *), void *arg)
+{
+    sched_job *j = &ex->posted;
+    j->fn = fn;
+    j->finish = finish;
+    j->arg = arg;
+    j->n = n;
+    atomic_store(&j->next, 0);
+    atomic_store(&j->done, 0);
+    atomic_store(&j->finished, false);
+    ex->is_posted = true;
+    if (ex->workers == 1 || n == 0) { /* no one else to run it */
+        job_loop(j, 0);
+        if (!n) {
+            finish(arg);
+            atomic_store(&j->finished, true);
+        }
+        return;
+    }
+    job_start(&ex->pool, j);
+}
+
+void dispatch_join(sched_exec *ex)
+{
+    if (!ex->is_posted)
+        return;
+    ex->is_posted = false;
+    sched_job *j = &ex->posted;
+    if (ex->workers == 1 || j->n == 0)
+        return; /* ran in dispatch_post */
+    job_loop(j, 0);
+    for (uint32_t i = 0; !atomic_load_explicit(&j->finished, memory_order_acquire);)
         backoff(&i);
-    atomic_store(&p->job, NULL);
+    job_end(&ex->pool);
 }
 
 static void pool_run(void *self, uint32_t n, core_task_fn fn, void *arg)
@@ -776,9 +828,19 @@ static void pool_run(void *self, uint32_t n, core_task_fn fn, void *arg)
     dispatch_for(self, n, fn, arg);
 }
 
+static void pool_post(void *self, uint32_t n, core_task_fn fn, void (*finish)(void *), void *arg)
+{
+    dispatch_post(self, n, fn, finish, arg);
+}
+
+static void pool_join(void *self)
+{
+    dispatch_join(self);
+}
+
 core_pool dispatch_pool(sched_exec *ex)
 {
-    return (core_pool){pool_run, ex, ex->workers};
+    return (core_pool){pool_run, pool_post, pool_join, ex, ex->workers};
 }
 
 static void *worker_main(void *arg)

@@ -124,6 +124,16 @@ typedef struct sched_watch {
     _Atomic uint64_t tick;
 } sched_watch;
 
+/* A parallel-for on the pool (dispatch.c, "parallel-for"). */
+typedef struct sched_job {
+    void (*fn)(void *arg, uint32_t i, uint32_t worker);
+    void (*finish)(void *arg);     /* a posted job's: called by whoever completes the last index */
+    void *arg;
+    uint32_t n;
+    _Atomic uint32_t next, done;
+    _Atomic bool finished;         /* a posted job's finish has returned */
+} sched_job;
+
 typedef struct sched_pool {
     uint32_t nthreads;             /* worker threads besides the caller */
     pthread_t *threads;
@@ -169,6 +179,8 @@ typedef struct sched_exec {
     sched_pool pool;
     sched_scratch *scratch;        /* one per worker */
     core_clock clock;              /* systems' start and end stamps; anchored by dispatch_anchor */
+    sched_job posted;              /* dispatch_post's job */
+    bool is_posted;                /* posted and not joined yet */
 } sched_exec;
 
 int dispatch_init(sched_exec *ex);
@@ -185,6 +197,11 @@ uint64_t dispatch_anchor(sched_exec *ex);
 void dispatch_track(sched_exec *ex, const sched_track *t);
 /* Run fn(arg, i, worker) for every i in [0, n) on the pool; returns when all ran. */
 void dispatch_for(sched_exec *ex, uint32_t n, core_task_fn fn, void *arg);
+/* Start the same on the workers and return; finish(arg) runs after the
+ * last index. dispatch_join: the caller helps, then waits for finish. Only
+ * the stepping thread, with no track or parallel-for in between. */
+void dispatch_post(sched_exec *ex, uint32_t n, core_task_fn fn, void (*finish)(void *), void *arg);
+void dispatch_join(sched_exec *ex);
 /* The pool as the layers below runtime/ take it (core_pool). */
 core_pool dispatch_pool(sched_exec *ex);
 
