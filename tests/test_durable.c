@@ -2309,6 +2309,144 @@ END_TEST
  * step's start and end (odd while one runs), also of a step it refuses. A
  * count left odd would make every checkpoint record wait (docs/durability.md,
  * "Checkpoints"). */
+/* ---- the fence between ticks ------------------------------------------------------- */
+
+#define BG_N 300
+
+typedef struct bg_world {
+    keel_component x;
+} bg_world;
+
+static int bg_hook(keel_ctx *ctx, void *user)
+{
+    bg_world *b = user;
+    for (int64_t i = 0; i < BG_N; i++) {
+        int rc = keel_cmd_spawn(keel_ctx_commands(ctx), (keel_init[]){{b->x, &i}}, 1);
+        if (rc)
+            return rc;
+    }
+    return KEEL_OK;
+}
+
+static int bg_bump(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)ctx;
+    (void)user;
+    int64_t *x = KEEL_COLUMN(it, int64_t, 0);
+    for (uint32_t i = 0; i < it->count; i++)
+        x[i]++;
+    return KEEL_OK;
+}
+
+/* BG_N entities (x = i, spawned by on_first_tick); a parallel query system
+ * adds 1 to every x each tick. */
+static keel_runtime *bg_open(const char *dir, bg_world *b, int32_t workers, keel_durability mode)
+{
+    keel_runtime_desc d = desc_dir(dir, workers, 16, mode);
+    d.on_first_tick = bg_hook;
+    d.hook_user = b;
+    keel_runtime *rt = tu_rt_new(d);
+    b->x = reg_i64(rt, "x", KEEL_VERSIONED);
+    keel_schedule *s;
+    ck_assert_ok(keel_schedule_create(rt, &s));
+    keel_system_desc sd = {.name = "bump", .kind = KEEL_SYSTEM_QUERY, .each_chunk = bg_bump, .parallel = true,
+                           .min_chunk_rows = 16, .query = {.with = {b->x}}, .access = {.writes = {b->x}}};
+    ck_assert_ok(keel_schedule_add_system(s, &sd, NULL));
+    tu_install(rt, s);
+    ck_assert_ok(keel_runtime_recover(rt, NULL));
+    return rt;
+}
+
+/* With GROUP durability on two workers a step returns with its tick's
+ * records still being built (posted; with failpoints compiled in,
+ * fence.after_compress holds the worker that finishes them for 300 ms, so
+ * what follows happens while they are pending): keel_flush waits for them,
+ * reading the tick's telemetry completes its record, the WAL holds the
+ * tick's unit whole under the LSNs handed out at the step, a checkpoint
+ * taken while a unit is pending follows it, and reopens recover the same
+ * world. With IMMEDIATE durability, or one worker, the fence runs on the
+ * tick. */
+START_TEST(test_fence_between_ticks)
+{
+    static const struct {
+        const char *name;
+        int32_t workers;
+        keel_durability mode;
+        bool posted;
+    } v[] = {{"bg-group", 2, KEEL_DURABLE_GROUP, true},
+             {"bg-immediate", 2, KEEL_DURABLE_IMMEDIATE, false},
+             {"bg-one-worker", 1, KEEL_DURABLE_GROUP, false}};
+    bool fp = keel_failpoints_compiled();
+    for (size_t k = 0; k < sizeof v / sizeof *v; k++) {
+        char dir[256];
+        tu_path(dir, sizeof dir, v[k].name);
+        static bg_world b;
+        keel_runtime *rt = bg_open(dir, &b, v[k].workers, v[k].mode);
+        ck_assert_ok(keel_runtime_step(rt)); /* tick 1: the hook's unit, then the tick's */
+        ck_assert_ok(keel_runtime_step(rt)); /* joins tick 1's */
+        if (fp)
+            ck_assert_ok(keel_failpoints_set("fence.after_compress=delay:300"));
+        ck_assert_ok(keel_runtime_step(rt)); /* tick 3 */
+        ck_assert_int_eq(fence_posted(rt->dur), v[k].posted);
+        uint64_t marker = atomic_load(&rt->dur->tick_lsn);
+        ck_assert_uint_eq(dur_last_lsn(rt->dur), marker); /* its LSNs are handed out already */
+        ck_assert_ok(keel_flush(rt));
+        ck_assert_uint_ge(keel_durable_lsn(rt), marker);
+        ck_assert(fence_posted(rt->dur) == v[k].posted); /* keel_flush waited without joining */
+        keel_tick_record rec;
+        ck_assert_ok(keel_telemetry_tick(rt, 3, &rec)); /* joins */
+        ck_assert(!fence_posted(rt->dur));
+        ck_assert_uint_gt(rec.wal_stored_bytes, 0);
+        ck_assert_uint_gt(rec.wal_raw_bytes, BG_N * 16);
+        ck_assert_uint_gt(rec.fence_ns, 0);
+        ck_assert_ok(keel_runtime_step(rt)); /* tick 4 (held too) */
+        uint64_t hash = keel_world_hash(keel_runtime_world(rt));
+        ck_assert_ok(keel_runtime_close(rt)); /* joins tick 4's */
+
+        /* tick 3's unit: TICK_CHUNK records, then its marker, at consecutive LSNs ending at `marker` */
+        tu_wal_reader rd;
+        tu_wal_open(&rd, dir, 0);
+        uint64_t lsn, prev = 0, first3 = 0, last3 = 0, chunks3 = 0;
+        const void *r;
+        size_t len;
+        while (kw_wal_next(rd.it, &lsn, &r, &len) == 1) {
+            kw_header h;
+            ck_assert_ok(kw_record_check(r, len, &h));
+            ck_assert_uint_eq(h.lsn, lsn);
+            ck_assert_uint_eq(lsn, prev + 1);
+            prev = lsn;
+            if (h.tick != 3 || (h.flags & KW_FLAG_HOOK))
+                continue;
+            first3 = first3 ? first3 : lsn;
+            last3 = lsn;
+            chunks3 += h.kind == KW_KIND_TICK_CHUNK;
+            ck_assert(h.kind == KW_KIND_TICK_CHUNK || h.kind == KW_KIND_TICK_COMMIT);
+        }
+        tu_wal_close(&rd);
+        ck_assert_uint_eq(last3, marker);
+        ck_assert_uint_ge(chunks3, 1);
+        ck_assert_uint_eq(last3 - first3, chunks3);
+
+        rt = bg_open(dir, &b, v[k].workers, v[k].mode);
+        ck_assert_uint_eq(keel_runtime_tick(rt), 4);
+        ck_assert_uint_eq(keel_world_hash(keel_runtime_world(rt)), hash);
+        ck_assert_ok(keel_runtime_step(rt)); /* tick 5, held */
+        ck_assert_int_eq(fence_posted(rt->dur), v[k].posted);
+        ck_assert_ok(keel_checkpoint(rt)); /* covers tick 5: recorded after its records */
+        ck_assert_ok(keel_flush(rt));
+        ck_assert_uint_ge(keel_durable_lsn(rt), atomic_load(&rt->dur->tick_lsn));
+        if (fp)
+            ck_assert_ok(keel_failpoints_set(NULL));
+        hash = keel_world_hash(keel_runtime_world(rt));
+        ck_assert_ok(keel_runtime_close(rt));
+        rt = bg_open(dir, &b, v[k].workers, v[k].mode);
+        ck_assert_uint_eq(keel_runtime_tick(rt), 5);
+        ck_assert_uint_eq(keel_world_hash(keel_runtime_world(rt)), hash);
+        ck_assert_ok(keel_runtime_close(rt));
+    }
+}
+END_TEST
+
 START_TEST(test_steps_are_marked_for_the_checkpoint_thread)
 {
     char dir[256];
@@ -4310,6 +4448,7 @@ static Suite *dur_api(void)
     tcase_add_test(tc, test_idempotent_retry_waits_for_the_original);
     tcase_add_test(tc, test_idempotent_retry_async_waits_for_the_original);
     tcase_add_test(tc, test_steps_are_marked_for_the_checkpoint_thread);
+    tcase_add_test(tc, test_fence_between_ticks);
     tcase_add_test(tc, test_idle_ticks_checkpoint);
     tcase_add_test(tc, test_recycle_with_checkpoints);
     suite_add_tcase(s, tc);

@@ -295,6 +295,8 @@ typedef struct fence_done {
  * tick thread, before anything else uses the fence, the pool or the unit of
  * work). true, with *out filled when not NULL, when there was one. */
 bool fence_join(dur_state *d, fence_done *out);
+/* A unit was posted and not joined yet. */
+bool fence_posted(const dur_state *d);
 /* A tick starts: nothing of its unit of work is logged yet. */
 void fence_tick_start(dur_state *d);
 /* on_first_tick's unit: its value rows and its commands, flagged HOOK. */

@@ -373,6 +373,11 @@ static int fence_post(dur_state *d, uint64_t tick, uint32_t nseg, size_t life_fr
     return KEEL_OK;
 }
 
+bool fence_posted(const dur_state *d)
+{
+    return d->fence_bg && d->fence_bg->posted;
+}
+
 bool fence_join(dur_state *d, fence_done *out)
 {
     fence_bg *bg = d->fence_bg;
