@@ -4,7 +4,10 @@
  *
  * The ring keeps the last `telemetry_capacity` ticks: one tick record and one
  * record per system. Records are written by the tick's thread at tick end;
- * read them between ticks (from the thread that steps, or after stop).
+ * read them between ticks (from the thread that steps, or after stop). A
+ * read first waits for the last tick's WAL records when the workers still
+ * build them (docs/durability.md, "Between ticks"): its record then holds
+ * their stored bytes and the fence's whole time.
  */
 #ifndef KEEL_TELEMETRY_H
 #define KEEL_TELEMETRY_H
@@ -41,7 +44,9 @@ typedef struct keel_tick_record {
     uint32_t watchdog_reports;    /* systems that outran the watchdog this tick */
     uint64_t wal_raw_bytes, wal_stored_bytes; /* the tick's WAL records: payload bytes, and bytes as
                                      stored (headers, zstd); 0 without a data directory */
-    uint64_t fence_ns;            /* duration of the fence (serialize, compress, hand-off) */
+    uint64_t fence_ns;            /* duration of the fence (serialize, compress, hand-off), from the sync
+                                     point's end: with GROUP or DEFERRED durability mostly after the
+                                     step returned (docs/durability.md, "Between ticks") */
     uint64_t durable_lag;         /* ticks completed but not yet durable at the tick's end */
     uint32_t side_txns;           /* side transactions committed in the tick (closures included) */
     uint64_t sync_start_ns;       /* CLOCK_MONOTONIC when the structural sync point started */

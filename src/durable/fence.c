@@ -120,7 +120,8 @@ typedef struct fence_bg {
     kw_buf tail;               /* the unit's LIFECYCLE records and marker, sealed */
     uint64_t t0;               /* when the fence started (for fence_done.ns) */
     fence_done done;           /* written by finish, read after the join */
-    bool posted;
+    _Atomic bool posted;       /* a join claims it: a second caller (a misuse: telemetry read off the
+                                  stepping thread) must not run the pool's join too */
 } fence_bg;
 
 static void serialize_task(void *arg, uint32_t i, uint32_t worker)
@@ -325,8 +326,13 @@ static void bg_finish(void *arg)
     int rc = gather(item, bg->job.segs, bg->nseg);
     if (!rc)
         rc = kw_put_bytes(&item->recs, bg->tail.p, bg->tail.len);
-    if (rc) /* before the writer can take it: it drops it, and nothing after it commits */
-        dur_latch_fatal(d, rc == KEEL_EFATAL ? KEEL_ENOMEM : rc);
+    if (rc) { /* before the writer can take it: it drops it, and nothing after it commits; the step that
+                 posted it has returned, so the cause goes to the log and the next step reports the latch */
+        core_log(KEEL_LOG_ERROR, "wal", "fence_failed", "tick=%llu code=%s cause=\"%s\"",
+                 (unsigned long long)bg->job.tick, keel_strerror(rc), keel_last_error());
+        if (rc != KEEL_EFATAL) /* EFATAL: latched already */
+            dur_latch_fatal(d, rc);
+    }
     bg->done.stored = item->recs.len;
     bg->done.ns = core_now_ns() - bg->t0;
     (void)KEEL_FAILPOINT(FENCE_BEFORE_ENQUEUE);
@@ -368,23 +374,22 @@ static int fence_post(dur_state *d, uint64_t tick, uint32_t nseg, size_t life_fr
     d->fence_stored_bytes = 0; /* known once the workers are done: fence_join */
     if ((rc = dur_enqueue_reserved(d, item, nseg, &bg->tail, raw, lsn)))
         return rc; /* latched fatal or a replica: the item is freed */
-    bg->posted = true;
+    atomic_store(&bg->posted, true);
     core_pool_post(&d->pool, nseg, serialize_task, bg_finish, bg);
     return KEEL_OK;
 }
 
 bool fence_posted(const dur_state *d)
 {
-    return d->fence_bg && d->fence_bg->posted;
+    return d->fence_bg && atomic_load(&d->fence_bg->posted);
 }
 
 bool fence_join(dur_state *d, fence_done *out)
 {
     fence_bg *bg = d->fence_bg;
-    if (!bg || !bg->posted)
+    if (!bg || !atomic_exchange(&bg->posted, false))
         return false;
     core_pool_join(&d->pool);
-    bg->posted = false;
     d->fence_stored_bytes = bg->done.stored;
     if (out)
         *out = bg->done;

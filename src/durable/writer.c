@@ -393,6 +393,9 @@ int dur_enqueue_reserved(dur_state *d, dur_item *item, uint32_t nfirst, kw_buf *
 void dur_item_complete(dur_state *d, dur_item *item)
 {
     pthread_mutex_lock(&d->mu);
+    /* the estimate was the raw bytes (and a latch may have zeroed the count meanwhile) */
+    d->queued_bytes = (d->queued_bytes > item->queued ? d->queued_bytes - item->queued : 0) + item->recs.len;
+    item->queued = item->recs.len;
     item->pending = false;
     pthread_cond_signal(&d->wake);
     pthread_mutex_unlock(&d->mu);
@@ -594,15 +597,22 @@ static void batch_commit(dur_state *d, batch *b)
         core_log(KEEL_LOG_ERROR, "wal", "commit_failed", "cause=\"%s\"", cause);
         dur_latch_fatal(d, rc);
     }
+    /* a recorded checkpoint is told after durable_lsn is published below:
+       its waiter (keel_checkpoint) then finds what it covers durable */
+    dur_item *ckpts = NULL, **ckpts_tail = &ckpts;
     for (dur_item *it = b->head; it;) {
         dur_item *next = it->next;
         if (!rc && it->last_lsn) /* durable at t1: published below, before anyone is told */
             core_hist_observe(&d->commit_hist, t1 - it->queued_ns);
-        if (it->kind == DUR_CHECKPOINT) {
-            ckpt_committed(d, it->ckpt, rc);
-            it->ckpt = NULL;
+        if (it->kind == DUR_CHECKPOINT && !rc) {
+            it->next = NULL;
+            *ckpts_tail = it;
+            ckpts_tail = &it->next;
+        } else {
+            if (it->kind == DUR_CHECKPOINT)
+                ckpt_committed(d, it->ckpt, rc), it->ckpt = NULL;
+            dur_item_free(it);
         }
-        dur_item_free(it);
         it = next;
     }
     pthread_mutex_lock(&d->mu);
@@ -633,6 +643,13 @@ static void batch_commit(dur_state *d, batch *b)
     if (committed && d->repl.committed) /* under d->mu: dur_repl_set may free the old hook's self */
         d->repl.committed(d->repl.self, committed);
     pthread_mutex_unlock(&d->mu);
+    for (dur_item *it = ckpts; it;) {
+        dur_item *next = it->next;
+        ckpt_committed(d, it->ckpt, KEEL_OK);
+        it->ckpt = NULL;
+        dur_item_free(it);
+        it = next;
+    }
     *b = (batch){.tail = &b->head, .d = d};
 }
 
