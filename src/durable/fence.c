@@ -344,7 +344,7 @@ static bool can_post(const dur_state *d, uint32_t flags)
     return d->pool.post && d->pool.workers > 1 && d->mode != KEEL_DURABLE_IMMEDIATE && !(flags & KW_FLAG_HOOK);
 }
 
-/* A unit of nseg segments (cut, raw bytes *raw) handed to the workers. */
+/* Hand a unit of nseg segments (cut already; raw: the unit's payload bytes so far) to the workers. */
 static int fence_post(dur_state *d, uint64_t tick, uint32_t nseg, size_t life_from, uint64_t raw, uint64_t t0,
                       uint64_t *lsn)
 {
