@@ -276,6 +276,18 @@ static int commit_marker(dur_state *d, kw_codec_ctx *c, uint64_t tick, uint32_t 
     return kw_record_build_unsealed(c, out, KW_KIND_TICK_COMMIT, tick, flags, p, sizeof p);
 }
 
+/* The unit's LIFECYCLE records and its TICK_COMMIT marker, appended to out
+ * after the unit's first *nrec records (*nrec counts them in, *raw adds
+ * their payload bytes). */
+static int unit_tail(dur_state *d, uint64_t tick, uint32_t flags, size_t life_from, kw_buf *out, uint32_t *nrec,
+                     uint64_t *raw)
+{
+    kw_buf scratch = {0};
+    int rc = lifecycle_records(d, d->codec[0], life_from, tick, flags, &scratch, out, nrec, raw);
+    kw_buf_free(&scratch);
+    return rc ? rc : commit_marker(d, d->codec[0], tick, flags, *nrec, out);
+}
+
 /* Move the unsealed records of segs into item->recs, in order (one
  * allocation: the lifecycle records and the marker usually fit in the
  * slack). */
@@ -351,13 +363,9 @@ static int fence_post(dur_state *d, uint64_t tick, uint32_t nseg, size_t life_fr
     fence_bg *bg = d->fence_bg;
     if (!bg && !(bg = d->fence_bg = calloc(1, sizeof *bg)))
         return core_fail(KEEL_ENOMEM, "out of memory in the fence");
-    kw_buf scratch = {0};
-    uint32_t nlife = 0;
+    uint32_t nrec = nseg;
     bg->tail.len = 0;
-    int rc = lifecycle_records(d, d->codec[0], life_from, tick, 0, &scratch, &bg->tail, &nlife, &raw);
-    kw_buf_free(&scratch);
-    if (!rc)
-        rc = commit_marker(d, d->codec[0], tick, 0, nseg + nlife, &bg->tail);
+    int rc = unit_tail(d, tick, 0, life_from, &bg->tail, &nrec, &raw);
     dur_item *item = rc ? NULL : dur_item_new(DUR_RECORDS, d->mode);
     if (!rc && !item)
         rc = core_fail(KEEL_ENOMEM, "out of memory in the fence");
@@ -408,13 +416,12 @@ static int fence_unit(dur_state *d, uint64_t tick, uint32_t flags, uint32_t rows
     if (nseg == UINT32_MAX)
         return core_fail(KEEL_ENOMEM, "out of memory in the fence");
     fence_seg *segs = d->segs;
+    uint64_t raw = 0;
+    for (uint32_t i = 0; i < nseg; i++)
+        raw += segs[i].raw;
     (void)KEEL_FAILPOINT(FENCE_AFTER_PREP);
-    if (parallel && nseg && can_post(d, flags)) {
-        uint64_t raw = 0;
-        for (uint32_t i = 0; i < nseg; i++)
-            raw += segs[i].raw;
+    if (parallel && nseg && can_post(d, flags))
         return fence_post(d, tick, nseg, life_from, raw, t0, lsn);
-    }
     fence_job job = {d, tick, flags, segs};
     if (parallel)
         core_pool_run(&d->pool, nseg, serialize_task, &job);
@@ -423,17 +430,10 @@ static int fence_unit(dur_state *d, uint64_t tick, uint32_t flags, uint32_t rows
             serialize_task(&job, i, 0);
     (void)KEEL_FAILPOINT(FENCE_AFTER_COMPRESS);
     dur_item *item = dur_item_new(DUR_RECORDS, d->mode);
-    kw_buf scratch = {0};
     uint32_t nrec = nseg;
     int rc = item ? gather(item, segs, nseg) : KEEL_ENOMEM;
-    uint64_t raw = 0;
-    for (uint32_t i = 0; i < nseg; i++)
-        raw += segs[i].raw;
     if (!rc)
-        rc = lifecycle_records(d, d->codec[0], life_from, tick, flags, &scratch, &item->recs, &nrec, &raw);
-    kw_buf_free(&scratch);
-    if (!rc)
-        rc = commit_marker(d, d->codec[0], tick, flags, nrec, &item->recs);
+        rc = unit_tail(d, tick, flags, life_from, &item->recs, &nrec, &raw);
     if (rc) {
         dur_item_free(item);
         return rc;
