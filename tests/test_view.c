@@ -21,7 +21,10 @@
  *                    third appears: memory does not grow); a held view's
  *                    buffers are never recycled and its values stay intact
  *                    across many ticks of rewrites; readers coming and going
- *                    never see a value change under their view.
+ *                    never see a value change under their view;
+ *                    keel_runtime_release_memory frees the spares (their
+ *                    bytes reported), nothing a view or the world uses, and
+ *                    refuses inside a tick or while the driver runs.
  *   view_iter        keel_view_iter / keel_view_next: an empty view; after every
  *                    step the iteration visits the live world's chunks in
  *                    keel_query_iter's order with keel_view_get's values,
@@ -1583,6 +1586,109 @@ START_TEST(test_recycle_skips_held_view)
 }
 END_TEST
 
+/* keel_runtime_release_memory frees every spare, and nothing else: the
+ * bytes it reports are the spares', a second call finds none, the values
+ * and a held view are intact, and the next ticks recycle again. */
+START_TEST(test_release_memory_frees_spares)
+{
+    rc_world r;
+    rc_init(&r, 2);
+    world_colver *cv[RC_MAXCOLS];
+    uint32_t n = rc_colvers(&r, cv);
+    for (int i = 0; i < 3; i++)
+        ck_assert_ok(keel_runtime_step(r.rt));
+    void *cur[RC_MAXCOLS];
+    for (uint32_t i = 0; i < n; i++) {
+        ck_assert_ptr_nonnull(rc_spare(cv[i]));
+        cur[i] = colver_cur(cv[i]);
+    }
+    const keel_view *held = NULL;
+    ck_assert_ok(keel_view_begin(r.rt, &held));
+    uint64_t bytes = 1;
+    ck_assert_ok(keel_runtime_release_memory(r.rt, &bytes));
+    ck_assert_uint_eq(bytes, (uint64_t)n * 32 * sizeof(int64_t)); /* chunks of 32 rows, 8-byte a and b */
+    for (uint32_t i = 0; i < n; i++) {
+        ck_assert_ptr_null(rc_spare(cv[i]));
+        ck_assert_ptr_eq(colver_cur(cv[i]), cur[i]);
+        ck_assert_ptr_eq(cv[i]->pub, cur[i]);
+    }
+    ck_assert_uint_eq(rc_view_bad(&r, held, 3), 0);
+    keel_view_end(held);
+    ck_assert_ok(keel_runtime_release_memory(r.rt, &bytes));
+    ck_assert_uint_eq(bytes, 0);
+    ck_assert_ok(keel_runtime_release_memory(r.rt, NULL));
+    for (uint64_t t = 4; t <= 6; t++) {
+        ck_assert_ok(keel_runtime_step(r.rt));
+        const keel_view *v = NULL;
+        ck_assert_ok(keel_view_begin(r.rt, &v));
+        ck_assert_uint_eq(rc_view_bad(&r, v, t), 0);
+        keel_view_end(v);
+    }
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_ptr_nonnull(rc_spare(cv[i])); /* recycling resumed */
+    for (uint32_t i = 0; i < RC_N; i++) {
+        int64_t a = 0;
+        ck_assert_ok(keel_get(r.w, r.e[i], r.a, &a));
+        ck_assert_int_eq(a, r.a0[i] + 6);
+    }
+    keel_runtime_close(r.rt);
+}
+END_TEST
+
+typedef struct release_probe {
+    keel_runtime *rt;
+    _Atomic int rc;
+    _Atomic uint64_t bytes;
+} release_probe;
+
+static int sys_release(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    release_probe *p = user;
+    uint64_t bytes = 7;
+    atomic_store(&p->rc, keel_runtime_release_memory(p->rt, &bytes));
+    atomic_store(&p->bytes, bytes);
+    return 0;
+}
+
+/* Refusals: a NULL runtime, a call from inside a tick, a running driver;
+ * each leaves *released 0 and frees nothing. */
+START_TEST(test_release_memory_refusals)
+{
+    uint64_t bytes = 5;
+    ck_assert_rc(keel_runtime_release_memory(NULL, &bytes), KEEL_EINVAL);
+    ck_assert_uint_eq(bytes, 0);
+    rc_world r;
+    rc_init(&r, 2);
+    for (int i = 0; i < 2; i++)
+        ck_assert_ok(keel_runtime_step(r.rt));
+    release_probe p = {.rt = r.rt, .rc = -1, .bytes = 7};
+    keel_schedule *sc = sched_new(r.rt);
+    keel_system_desc rw = {.name = "rewrite", .kind = KEEL_SYSTEM_QUERY, .each_chunk = sys_rewrite,
+                           .query = {.with = {r.a, r.b}}, .parallel = true, .min_chunk_rows = 16,
+                           .access = {.rewrites = {r.a, r.b}}};
+    add_sys(sc, &rw);
+    keel_system_desc rel = {.name = "release", .run = sys_release, .user = &p};
+    add_sys(sc, &rel);
+    tu_install(r.rt, sc);
+    ck_assert_ok(keel_runtime_step(r.rt));
+    ck_assert_int_eq(atomic_load(&p.rc), KEEL_EBUSY);
+    ck_assert_uint_eq(atomic_load(&p.bytes), 0);
+    world_colver *cv[RC_MAXCOLS];
+    uint32_t n = rc_colvers(&r, cv);
+    for (uint32_t i = 0; i < n; i++)
+        ck_assert_ptr_nonnull(rc_spare(cv[i]));
+    ck_assert_ok(keel_runtime_start(r.rt));
+    bytes = 5;
+    ck_assert_rc(keel_runtime_release_memory(r.rt, &bytes), KEEL_EBUSY);
+    ck_assert_uint_eq(bytes, 0);
+    ck_assert_ok(keel_runtime_stop(r.rt));
+    ck_assert_ok(keel_runtime_release_memory(r.rt, &bytes));
+    ck_assert_uint_eq(bytes, (uint64_t)n * 32 * sizeof(int64_t));
+    keel_runtime_close(r.rt);
+}
+END_TEST
+
 typedef struct rc_reader {
     const rc_world *r;
     const keel_query *q; /* with a, b: read the views by iterating it; NULL: by keel_view_get */
@@ -1705,6 +1811,8 @@ static Suite *view_recycle(void)
     tcase_add_test(tc, test_recycle_alternates_parallel);
     tcase_add_test(tc, test_recycle_skips_held_view);
     tcase_add_test(tc, test_recycle_readers_concurrent);
+    tcase_add_test(tc, test_release_memory_frees_spares);
+    tcase_add_test(tc, test_release_memory_refusals);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -199,6 +199,15 @@ uint64_t keel_runtime_tick(const keel_runtime *rt);
  * (*multiplier: 1, 2, 3, 4 or 6; may be NULL). Thread-safe. */
 keel_overload_level keel_runtime_overload(const keel_runtime *rt, uint32_t *multiplier);
 
+/* Give back the memory the runtime keeps between ticks for speed: each
+ * rewritten column's spare buffer, which the next tick's rewrite of that
+ * column would reuse (docs/transactions.md, "Recycling"). Afterwards the
+ * world holds one version of every column; the next tick that rewrites a
+ * column allocates its buffer again. Call between steps, on the thread
+ * that steps. *released (may be NULL) gets the bytes freed. Errors: KEEL_EINVAL (NULL), KEEL_EBUSY (the
+ * driver is running, or called inside a tick). */
+int keel_runtime_release_memory(keel_runtime *rt, uint64_t *released);
+
 /* ---- inside a system ---------------------------------------------------- */
 
 keel_world *keel_ctx_world(keel_ctx *ctx);

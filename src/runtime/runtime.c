@@ -292,6 +292,23 @@ keel_overload_level keel_runtime_overload(const keel_runtime *rt, uint32_t *mult
     return (keel_overload_level)(v & 0xff);
 }
 
+int keel_runtime_release_memory(keel_runtime *rt, uint64_t *released)
+{
+    if (released)
+        *released = 0;
+    if (!rt)
+        return core_fail(KEEL_EINVAL, "keel_runtime_release_memory: runtime is NULL");
+    if (atomic_load(&rt->driver_running))
+        return core_fail(KEEL_EBUSY, "keel_runtime_release_memory: the tick driver is running");
+    if (atomic_load_explicit(&rt->txn.running_tick, memory_order_relaxed) != atomic_load(&rt->tick))
+        return core_fail(KEEL_EBUSY, "keel_runtime_release_memory: called during tick %llu",
+                         (unsigned long long)atomic_load_explicit(&rt->txn.running_tick, memory_order_relaxed));
+    uint64_t bytes = version_release_spares(rt->world);
+    if (released)
+        *released = bytes;
+    return KEEL_OK;
+}
+
 int keel_schedule_create(keel_runtime *rt, keel_schedule **out)
 {
     if (!rt || !out)

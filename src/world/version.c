@@ -145,15 +145,34 @@ void version_free_spare(world_colver *v)
     free(atomic_exchange_explicit(&v->spare, NULL, memory_order_relaxed));
 }
 
-void version_revoke_spares(keel_world *w)
+/* Take every spare of the world: onto the retired list, or freed. Returns
+ * the bytes taken. */
+static uint64_t spares_take(keel_world *w, bool retire)
 {
+    uint64_t bytes = 0;
     for (uint32_t id = 0; id < w->ntables; id++) {
         const world_table *t = w->tables[id];
         for (uint32_t k = 0; k < t->nchunks; k++)
             for (uint32_t i = 0; i < t->ncols; i++) {
                 void *buf = atomic_exchange_explicit(&t->chunks[k]->cols[i].spare, NULL, memory_order_relaxed);
-                if (buf) /* room was reserved by the publisher */
+                if (!buf)
+                    continue;
+                bytes += (uint64_t)t->chunks[k]->capacity * t->cols[i].size;
+                if (retire) /* room was reserved by the publisher */
                     w->retired[w->nretired++] = buf;
+                else
+                    free(buf);
             }
     }
+    return bytes;
+}
+
+void version_revoke_spares(keel_world *w)
+{
+    spares_take(w, true);
+}
+
+uint64_t version_release_spares(keel_world *w)
+{
+    return spares_take(w, false);
 }

@@ -392,6 +392,9 @@ void version_free_spare(world_colver *v);
 /* Publication found readers: move every spare to the retired list (room
  * reserved by the caller), since those buffers may still be in their view. */
 void version_revoke_spares(keel_world *w);
+/* Free every spare now (keel_runtime_release_memory, between ticks);
+ * returns their bytes. */
+uint64_t version_release_spares(keel_world *w);
 
 /* component.c */
 void component_fini(keel_world *w);
