@@ -40,13 +40,21 @@ int telemetry_init(keel_runtime *rt, uint32_t capacity)
 int telemetry_size(keel_runtime *rt, uint32_t nsys)
 {
     rt_telemetry *t = &rt->tel;
+    /* Fresh zeroed arrays rather than a memset of the old ring: the records
+     * of the old schedule are gone, and calloc's pages stay untouched (not
+     * resident) until ticks are recorded into them. */
     keel_system_record *sys = calloc((size_t)t->capacity * (nsys ? nsys : 1), sizeof *sys);
-    if (!sys)
+    keel_tick_record *ticks = calloc(t->capacity, sizeof *ticks);
+    if (!sys || !ticks) {
+        free(sys);
+        free(ticks);
         return core_fail(KEEL_ENOMEM, "out of memory for system telemetry");
+    }
     free(t->systems);
+    free(t->ticks);
     t->systems = sys;
+    t->ticks = ticks;
     t->nsys = nsys;
-    memset(t->ticks, 0, t->capacity * sizeof *t->ticks); /* records of the old schedule are gone */
     return KEEL_OK;
 }
 
