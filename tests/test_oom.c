@@ -16,8 +16,9 @@
  * Phases: setting up the runtime (create, registrations, queries, the
  * schedule); a schedule with an error; the first four ticks with one and
  * with two workers; a large command playback outside a tick; a data
- * directory opened, ticked and checkpointed (by hand and every tick); a
- * recovery. docs/testing.md, "Out of memory, at every allocation in turn".
+ * directory opened, ticked and checkpointed (by hand and every tick), on
+ * one worker and on two (where the fence serialises between ticks on a
+ * worker); a recovery. docs/testing.md, "Out of memory, at every allocation in turn".
  *
  * Sanitizer builds own malloc: the program exits 77 there (CTest: skipped).
  */
@@ -275,9 +276,12 @@ static long settle(void)
 {
     char dir[256];
     tu_path(dir, sizeof dir, "settle");
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         oworld o;
-        ck_assert_ok(o_setup_dir(&o, i ? dir : NULL));
+        /* the last run on two workers: glibc keeps an exited thread's stack
+         * for reuse with its thread-local blocks allocated, so the most
+         * threads ever alive at once hold blocks for the process's life */
+        ck_assert_ok(o_setup_full(&o, i ? dir : NULL, i == 2 ? 2 : 1, -1));
         if (i)
             ck_assert_ok(keel_runtime_recover(o.rt, NULL));
         for (int t = 0; t < 3; t++)
@@ -566,15 +570,18 @@ END_TEST
  * checkpoint that ran out of memory on its own thread must be skipped, not
  * latch the runtime (ckpt_committed). */
 static atomic_long ckpt_oom_failures;
+/* "wal fence_failed" events: a unit serialised between ticks that ran out
+ * of memory on its worker */
+static atomic_long fence_oom_failures;
 
-static void sweep_durable(int64_t checkpoint_every_ticks, bool all_threads)
+static void sweep_durable(int64_t checkpoint_every_ticks, bool all_threads, int32_t workers)
 {
     long base = settle(), k, nfatal = 0, nopen = 0, nenomem = 0;
     char dir[256];
     for (k = 1;; k++) {
         oworld o;
-        snprintf(dir, sizeof dir, "%s/dur-%d-%ld", tu_base(), (int)all_threads, k);
-        ck_assert_ok(o_setup_full(&o, dir, 1, checkpoint_every_ticks));
+        snprintf(dir, sizeof dir, "%s/dur-%d-%d-%ld", tu_base(), (int)all_threads, (int)workers, k);
+        ck_assert_ok(o_setup_full(&o, dir, workers, checkpoint_every_ticks));
         if (all_threads)
             oom_arm_all(k);
         else
@@ -642,10 +649,11 @@ static void sweep_durable(int64_t checkpoint_every_ticks, bool all_threads)
         if (!fired)
             break;
     }
-    fprintf(stderr, "sweep_durable(checkpoint every %lld ticks, %s): %ld allocations failed in turn: %ld opens "
-                    "refused, %ld runtimes latched fatal, %ld ENOMEM from keel_checkpoint\n",
-            (long long)checkpoint_every_ticks, all_threads ? "every thread" : "the stepping thread", k - 1, nopen,
-            nfatal, nenomem);
+    fprintf(stderr, "sweep_durable(checkpoint every %lld ticks, %s, %d workers): %ld allocations failed in turn: "
+                    "%ld opens refused, %ld runtimes latched fatal, %ld ENOMEM from keel_checkpoint, %ld units failed "
+                    "on a worker\n",
+            (long long)checkpoint_every_ticks, all_threads ? "every thread" : "the stepping thread", (int)workers, k - 1,
+            nopen, nfatal, nenomem, atomic_exchange(&fence_oom_failures, 0));
     long ckpt_oom = atomic_load(&ckpt_oom_failures);
     ck_assert_msg(ckpt_oom == 0, "%ld checkpoints that ran out of memory latched the runtime", ckpt_oom);
     ck_assert_int_gt(k, 50);
@@ -653,7 +661,7 @@ static void sweep_durable(int64_t checkpoint_every_ticks, bool all_threads)
 
 START_TEST(test_oom_durable)
 {
-    sweep_durable(-1, false);
+    sweep_durable(-1, false, 1);
 }
 END_TEST
 
@@ -661,7 +669,7 @@ END_TEST
  * captured is skipped (the runtime does not latch fatal for it). */
 START_TEST(test_oom_durable_periodic_checkpoints)
 {
-    sweep_durable(1, false);
+    sweep_durable(1, false, 1);
 }
 END_TEST
 
@@ -671,7 +679,22 @@ END_TEST
  * abandons its job without latching; the writer's failures latch. */
 START_TEST(test_oom_durable_every_thread)
 {
-    sweep_durable(1, true);
+    sweep_durable(1, true, 1);
+}
+END_TEST
+
+/* The same on two workers: the fence serialises a tick's unit between
+ * ticks on a worker (docs/durability.md, "Between ticks"), so its
+ * allocations fail there, and on the stepping thread while it posts. */
+START_TEST(test_oom_durable_two_workers)
+{
+    sweep_durable(-1, false, 2);
+}
+END_TEST
+
+START_TEST(test_oom_durable_two_workers_every_thread)
+{
+    sweep_durable(1, true, 2);
 }
 END_TEST
 
@@ -773,6 +796,8 @@ static Suite *oom_suite(void)
     tcase_add_test(tc, test_oom_durable);
     tcase_add_test(tc, test_oom_durable_periodic_checkpoints);
     tcase_add_test(tc, test_oom_durable_every_thread);
+    tcase_add_test(tc, test_oom_durable_two_workers);
+    tcase_add_test(tc, test_oom_durable_two_workers_every_thread);
     tcase_add_test(tc, test_oom_recovery);
     tcase_add_test(tc, test_oom_recovery_truncate_bad_tail);
     suite_add_tcase(s, tc);
@@ -786,6 +811,8 @@ static void log_quiet(const keel_log_event *ev, void *user)
     (void)user;
     if (!strcmp(ev->subsystem, "ckpt") && !strcmp(ev->event, "failed") && strstr(ev->fields, "KEEL_ENOMEM"))
         atomic_fetch_add(&ckpt_oom_failures, 1);
+    if (!strcmp(ev->subsystem, "wal") && !strcmp(ev->event, "fence_failed") && strstr(ev->fields, "KEEL_ENOMEM"))
+        atomic_fetch_add(&fence_oom_failures, 1);
 }
 
 int main(void)
