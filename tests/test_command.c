@@ -1877,19 +1877,6 @@ static Suite *ignored_suite(void)
 #endif
 enum { BLOB = 1024, BLOB_ROWS = 8192 };
 
-static uint64_t vm_size_bytes(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    unsigned long long kb = 0;
-    char line[256];
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmSize: %llu", &kb) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
 static void blob_fill(unsigned char *b, uint32_t i)
 {
     for (uint32_t k = 0; k < BLOB; k++)
@@ -1918,7 +1905,7 @@ static int reserve_fallback_child(void)
         return 5;
     keel_entity first = keel_cmdbuf_result(cb).created[0];
     /* room for one more chunk (8 MB + its entity array), not for 16 */
-    struct rlimit lim = {.rlim_cur = vm_size_bytes() + 40u * 1024 * 1024, .rlim_max = RLIM_INFINITY};
+    struct rlimit lim = {.rlim_cur = tu_vm_size() + 40u * 1024 * 1024, .rlim_max = RLIM_INFINITY};
     if (setrlimit(RLIMIT_AS, &lim))
         return 6;
     blob_fill(b, BLOB_ROWS);

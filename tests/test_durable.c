@@ -27,7 +27,10 @@
  *                 reference at the last complete tick, nothing of the
  *                 dropped unit applied); the stored schema
  *                 (an added component works, a changed one is a clear error
- *                 that touches nothing); bad data directories; map growth;
+ *                 that touches nothing); a checkpoint whose table list
+ *                 claims slots its pages lack (one page more, or 2^32):
+ *                 refused before anything of the claim's size is
+ *                 allocated; bad data directories; map growth;
  *   dur_errors    the fatal latch: injected EIO / ENOSPC on a WAL commit,
  *                 an acknowledged IMMEDIATE commit that outlives the failed
  *                 tick after it, a fence that cannot log its tick, a real
@@ -68,6 +71,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -2848,6 +2852,47 @@ START_TEST(test_checkpoint_row_refused)
 }
 END_TEST
 
+/* A checkpoint whose table list claims more entity slots than its slot
+ * pages hold -- one page more, or 2^32 - 256 -- is refused with
+ * KEEL_ECORRUPT naming the shortfall and the directory, which stays
+ * untouched; nothing the size of the claim is allocated first (outside
+ * the sanitizers the huge claim runs under an address-space limit of
+ * 2 GiB more than the process has, which a 16 GiB allocation breaks). */
+START_TEST(test_checkpoint_slots_claim_refused)
+{
+    char dir[256];
+    keel_runtime_desc d;
+    wworld *w = checkpointed_world(dir, sizeof dir, "ckpt-slots-claim", &d);
+    w_close(w);
+    uint32_t held = tu_checkpoint_slots(dir, NULL), claim = held + 1024;
+    tu_checkpoint_slots(dir, &claim);
+    char msg[1024], want[96];
+    open_refused_untouched(w, &d, dir, msg, sizeof msg);
+    snprintf(want, sizeof want, "slot pages cover %u of its %u slots", held, claim);
+    ck_assert_msg(strstr(msg, want) && strstr(msg, dir), "%s", msg);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    claim = UINT32_MAX - 256;
+    tu_checkpoint_slots(dir, &claim);
+    struct rlimit old, lim;
+    ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+    lim = old;
+    lim.rlim_cur = tu_vm_size() + (2ull << 30);
+    ck_assert_int_eq(setrlimit(RLIMIT_AS, &lim), 0);
+    open_refused_untouched(w, &d, dir, msg, sizeof msg);
+    ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
+    snprintf(want, sizeof want, "slot pages cover %u of its %u slots", held, claim);
+    ck_assert_msg(strstr(msg, want), "%s", msg);
+#endif
+    tu_checkpoint_slots(dir, &held); /* as it was: the directory recovers */
+    w_reset(w, true);
+    w_open(w, &d, false);
+    ck_assert_ok(keel_runtime_recover(w->rt, NULL));
+    ck_assert_uint_eq(keel_runtime_tick(w->rt), 4);
+    w_close(w);
+    free(w);
+}
+END_TEST
+
 /* A TICK_CHUNK whose row names a stale handle (variant 0), or a live
  * entity without the row's component (variant 1; variant 2: in a second
  * group with the first group's handles, which replay does not resolve
@@ -4464,6 +4509,7 @@ static Suite *dur_recovery(void)
     tcase_add_test(tc, test_checkpoint_over_max_entities);
     tcase_add_test(tc, test_wal_over_max_entities);
     tcase_add_test(tc, test_checkpoint_row_refused);
+    tcase_add_test(tc, test_checkpoint_slots_claim_refused);
     tcase_add_test(tc, test_change_of_an_unknown_component);
     tcase_add_test(tc, test_schema_extend_and_mismatch);
     tcase_add_test(tc, test_bad_data_dirs);

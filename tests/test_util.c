@@ -477,6 +477,19 @@ uint64_t tu_file_mtime_ns(const char *path)
     return (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
 }
 
+uint64_t tu_vm_size(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    unsigned long long kb = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %llu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
 uint32_t tu_count_lines(const char *s)
 {
     uint32_t n = 0;
@@ -721,6 +734,37 @@ void tu_wal_put(const char *dir, uint64_t lsn, const void *rec, size_t len)
     for (int i = 0; i < 8; i++)
         key[i] = (unsigned char)(lsn >> (56 - 8 * i));
     tu_db_put(dir, KW_DB_WAL, key, sizeof key, rec, len);
+}
+
+uint32_t tu_checkpoint_slots(const char *dir, const uint32_t *forge)
+{
+    kw_codec_ctx *c = NULL;
+    ck_assert_ok(kw_codec_create(NULL, &c));
+    tu_wal_reader rd;
+    tu_wal_open(&rd, dir, 0);
+    const void *val, *p;
+    size_t vlen, plen;
+    ck_assert_ok(kw_get(rd.r, KW_DB_SNAP, "T", 1, &val, &vlen));
+    kw_header h;
+    ck_assert_ok(kw_record_check(val, vlen, &h));
+    ck_assert_ok(kw_snap_payload(c, val, vlen, KW_KIND_SNAP_TABLES, &p, &plen));
+    ck_assert_uint_ge(plen, 12); /* u32 ntables, u32 nslots, u32 nlive (little-endian) */
+    unsigned char *raw = malloc(plen);
+    ck_assert_ptr_nonnull(raw);
+    memcpy(raw, p, plen);
+    tu_wal_close(&rd);
+    uint32_t held = (uint32_t)raw[4] | (uint32_t)raw[5] << 8 | (uint32_t)raw[6] << 16 | (uint32_t)raw[7] << 24;
+    if (forge) {
+        for (int b = 0; b < 4; b++)
+            raw[4 + b] = (unsigned char)(*forge >> (8 * b));
+        kw_buf out = {0};
+        ck_assert_ok(kw_record_build(c, &out, h.kind, h.lsn, h.tick, h.flags, raw, plen));
+        tu_db_put(dir, KW_DB_SNAP, "T", 1, out.p, out.len);
+        kw_buf_free(&out);
+    }
+    free(raw);
+    kw_codec_destroy(c);
+    return held;
 }
 
 bool tu_names_lsn(const char *msg, uint64_t lsn)

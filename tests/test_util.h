@@ -158,6 +158,9 @@ void tu_damage_apply(const char *mdb, tu_damage d);
 
 /* A file's modification time in nanoseconds. */
 uint64_t tu_file_mtime_ns(const char *path);
+/* The process's virtual size in bytes (VmSize of /proc/self/status), 0 if
+ * unreadable: the base of an RLIMIT_AS that leaves a test some room. */
+uint64_t tu_vm_size(void);
 /* The number of newlines in s. */
 uint32_t tu_count_lines(const char *s);
 
@@ -211,6 +214,10 @@ uint32_t tu_flip_copies(const char *path, const void *needle, size_t n, size_t a
 void tu_wal_put(const char *dir, uint64_t lsn, const void *rec, size_t len);
 /* Store val under key in database db of dir (no process has dir open). */
 void tu_db_put(const char *dir, kw_db db, const void *key, size_t klen, const void *val, size_t vlen);
+/* The entity slots the checkpoint of dir claims in its table list; with
+ * forge, that record is rewritten (a valid CRC) to claim *forge instead
+ * (no process has dir open). */
+uint32_t tu_checkpoint_slots(const char *dir, const uint32_t *forge);
 /* The message names "LSN <lsn>" (not a longer number starting with it). */
 bool tu_names_lsn(const char *msg, uint64_t lsn);
 

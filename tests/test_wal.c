@@ -28,6 +28,7 @@
 
 #include "keel_test.h"
 #include "keel_wal/wal.h"
+#include "test_util.h"
 #include "../wal/planar.h" /* the planar transform alone: its accesses, in buffers of exact length */
 
 /* ---- helpers ----------------------------------------------------------------------- */
@@ -723,20 +724,6 @@ END_TEST
 enum { OOM_ROWS = 3 << 20 }; /* a 60 MiB tick_chunk payload: one group of 12-byte values */
 
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) /* the test is skipped there */
-/* The process's virtual size in bytes (VmSize), 0 if unreadable. */
-static size_t vm_size(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    size_t kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmSize: %zu kB", &kb) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kb * 1024;
-}
-
 /* The record in out (LSN 8) holds payload whole, with codec `want`: 0,
  * else a sentence on stderr and 1. */
 static int oom_check(kw_codec_ctx *c, const kw_buf *out, const unsigned char *payload, size_t len, uint32_t want,
@@ -773,7 +760,7 @@ static int oom_child(void)
         memcpy(p + (size_t)OOM_ROWS * 8 + (size_t)i * 12, v, 12);
     }
     struct rlimit old, lim;
-    size_t vm = vm_size();
+    size_t vm = (size_t)tu_vm_size();
     if (!vm || getrlimit(RLIMIT_AS, &old))
         return 2;
     /* room for the record (header + zstd's bound, which the buffer's doubling

@@ -252,9 +252,14 @@ static int load_tables(loader *l, uint32_t *nslots_out)
     return rc;
 }
 
-/* Every "S" page into gens (slots no page covers keep 0: generation 1). */
-static int load_slots(loader *l, uint32_t nslots, uint32_t *gens)
+/* Every "S" page into *gens (the caller frees it), grown as the pages
+ * come: each page starts where the one before ended, and together they
+ * cover the table list's nslots. So what is allocated follows what the
+ * checkpoint holds, not what its table list claims: a list claiming 2^32
+ * slots over a few pages is refused before the entity index is sized. */
+static int load_slots(loader *l, uint32_t nslots, uint32_t **gens)
 {
+    uint32_t have = 0, cap = 0;
     int rc = KEEL_OK;
     for (; !rc && snap_at(l, 'S'); rc = snap_advance(l)) {
         const void *p;
@@ -263,12 +268,25 @@ static int load_slots(loader *l, uint32_t nslots, uint32_t *gens)
         if ((rc = snap_payload(l, KW_KIND_SNAP_SLOTS, &p, &plen)) ||
             (rc = snap_corrupt(l, kw_snap_slots_decode(p, plen, &s))))
             return rc;
-        if ((uint64_t)s.first + s.n > nslots)
-            return core_fail(KEEL_ECORRUPT, "checkpoint slot page at %u (+%u) lies outside %u slots", s.first, s.n,
-                             nslots);
+        if (s.first != have || (uint64_t)s.first + s.n > nslots)
+            return snap_corrupt(l, core_fail(KEEL_ECORRUPT, "slot page at %u (+%u) does not follow slot %u of %u",
+                                             s.first, s.n, have, nslots));
+        if (have + s.n > cap) { /* doubling, within nslots: at most twice what the pages hold */
+            uint64_t want = cap ? 2 * (uint64_t)cap : KW_SNAP_PAGE_SLOTS;
+            want = want < nslots ? want : nslots;
+            want = want > have + s.n ? want : have + s.n;
+            uint32_t *g = realloc(*gens, (size_t)want * sizeof *g);
+            if (!g)
+                return core_fail(KEEL_ENOMEM, "out of memory loading the checkpoint's slot page at %u", s.first);
+            *gens = g;
+            cap = (uint32_t)want;
+        }
         for (uint32_t i = 0; i < s.n; i++)
-            gens[s.first + i] = kw_snap_slot_gen(&s, i);
+            (*gens)[have + i] = kw_snap_slot_gen(&s, i);
+        have += s.n;
     }
+    if (!rc && have != nslots)
+        rc = snap_corrupt(l, core_fail(KEEL_ECORRUPT, "slot pages cover %u of its %u slots", have, nslots));
     return rc;
 }
 
@@ -287,10 +305,8 @@ static int load_slots_and_tables(loader *l, const void *tables, size_t tlen, uin
        anything the size of it is allocated) */
     if ((rc = world_restore_fits(l->d->world, nslots)))
         return rc;
-    uint32_t *gens = calloc(nslots ? nslots : 1, sizeof *gens); /* 0: generation 1, as no page says otherwise */
-    if (!gens)
-        return core_fail(KEEL_ENOMEM, "out of memory loading %u entity slots", nslots);
-    rc = load_slots(l, nslots, gens);
+    uint32_t *gens = NULL;
+    rc = load_slots(l, nslots, &gens);
     if (!rc)
         rc = world_restore_begin(l->d->world, nslots, gens);
     free(gens);
