@@ -22,7 +22,10 @@
  *   walstate_errors  a flipped byte in a record, and a record with a valid
  *                    CRC whose spawn does not produce the logged handle:
  *                    exit 1 with KEEL_ECORRUPT naming the LSN (a tick
- *                    before the damage still replays); usage errors exit 2;
+ *                    before the damage still replays); a checkpoint whose
+ *                    table list claims slots its pages lack: exit 1 naming
+ *                    the shortfall, nothing of the claim allocated; usage
+ *                    errors exit 2;
  *                    --help.
  *
  * The runtime (linked here, running the workload W of wworld.h) produces
@@ -38,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "keel/keel.h"
 #include "keel_test.h"
@@ -766,6 +770,57 @@ START_TEST(a_valid_record_that_does_not_replay_is_corrupt)
 }
 END_TEST
 
+/* A checkpoint whose table list (under a valid CRC) claims more entity
+ * slots than its slot pages hold -- one page more, or 2^32 - 256 --: replay
+ * from it and verify exit 1 naming the shortfall, and replay sizes its
+ * state by the pages, not the claim (outside the sanitizers the huge claim
+ * runs under an address-space limit 2 GiB above this process's size, which
+ * the child inherits: 48 GiB of slot state would break it). */
+START_TEST(a_checkpoint_claiming_slots_it_lacks_is_corrupt)
+{
+    char dir[256];
+    tu_path(dir, sizeof dir, "slots-claim");
+    wworld w = {0};
+    wl_open(&w, dir, false);
+    for (uint64_t t = 1; t <= 6; t++) {
+        w_drive(&w, t);
+        if (t == 4)
+            ck_assert_ok(keel_checkpoint(w.rt));
+    }
+    w_close(&w);
+    uint64_t before = replay_hash(dir, 6, NULL);
+    uint32_t held = tu_checkpoint_slots(dir, NULL), claims[2] = {held + 1024, UINT32_MAX - 256};
+    for (int i = 0; i < 2; i++) {
+        tu_checkpoint_slots(dir, &claims[i]);
+        struct rlimit old;
+        ck_assert_int_eq(getrlimit(RLIMIT_AS, &old), 0);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+        if (i == 1)
+            break;
+#else
+        struct rlimit lim = old;
+        lim.rlim_cur = tu_vm_size() + (2ull << 30);
+        ck_assert_int_eq(setrlimit(RLIMIT_AS, &lim), 0);
+#endif
+        tu_run r = kwal("replay", dir, "--to-tick", "6", NULL);
+        ck_assert_int_eq(setrlimit(RLIMIT_AS, &old), 0);
+        ck_assert_exit(r, 1);
+        char want[96];
+        snprintf(want, sizeof want, "slot pages cover %u of its %u slots", held, claims[i]);
+        ck_assert_contains(r.err, "KEEL_ECORRUPT");
+        ck_assert_contains(r.err, want);
+        ck_assert_str_eq(r.out, "");
+        tu_run_free(&r);
+        r = kwal("verify", dir, NULL);
+        ck_assert_exit(r, 1);
+        ck_assert_contains(r.out, "slot pages for");
+        tu_run_free(&r);
+    }
+    tu_checkpoint_slots(dir, &held);
+    ck_assert_uint_eq(replay_hash(dir, 6, NULL), before);
+}
+END_TEST
+
 START_TEST(usage_errors_and_help)
 {
     char dir[256];
@@ -793,7 +848,7 @@ END_TEST
 static Suite *errors_suite(void)
 {
     const TTest *t[] = {a_flipped_byte_is_corrupt_naming_the_lsn, a_valid_record_that_does_not_replay_is_corrupt,
-                        usage_errors_and_help};
+                        a_checkpoint_claiming_slots_it_lacks_is_corrupt, usage_errors_and_help};
     return suite_of("walstate_errors", t, sizeof t / sizeof t[0]);
 }
 

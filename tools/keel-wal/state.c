@@ -629,6 +629,7 @@ typedef struct ckpt_load {
     uint32_t *loaded;          /* per table: rows its chunks held */
     uint64_t (*sets)[4];       /* per table: the component set */
     uint32_t nlive;            /* live entities the table list says */
+    uint32_t nslots;           /* entity slots the table list says (the pages must cover them) */
     kw_snap_chunk chunk;
 } ckpt_load;
 
@@ -693,17 +694,8 @@ static int load_table_list(ckpt_load *l, const void *p, size_t plen)
         return ckpt_fail(l, "%s", keel_last_error());
     if (sets_repeat(l))
         return ckpt_fail(l, "two tables have the same component set");
-    /* every slot free with generation 1 until the pages say otherwise */
-    kws_state *s = &r->st;
-    if (tl.nslots && state_reserve(s, tl.nslots - 1))
-        return fail_oom(r, "KEEL_ENOMEM: out of memory for %u entity slots", tl.nslots);
-    s->nslots = tl.nslots;
-    for (uint32_t i = 0; i < s->nslots; i++) {
-        s->gen[i] = 1;
-        mark_free(s, i, true);
-    }
-    s->free_hint = 0;
-    l->nlive = tl.nlive; /* checked once the rows are in */
+    l->nslots = tl.nslots; /* the slots come with their pages (load_pages) */
+    l->nlive = tl.nlive;   /* checked once the rows are in */
     return KEEL_OK;
 }
 
@@ -721,16 +713,32 @@ static int load_pages(ckpt_load *l)
             rc = ckpt_fail(l, "%s", keel_last_error());
             break;
         }
-        if ((uint64_t)sp.first + sp.n > r->st.nslots) {
-            rc = ckpt_fail(l, "slot page at %u (+%u) lies outside %u slots", sp.first, sp.n, r->st.nslots);
+        /* each page starts where the one before ended, so the slots grow with the pages that hold
+           them, not with what the table list claims */
+        kws_state *s = &r->st;
+        if (sp.first != s->nslots || (uint64_t)sp.first + sp.n > l->nslots) {
+            rc = ckpt_fail(l, "slot page at %u (+%u) does not follow slot %u of %u", sp.first, sp.n, s->nslots,
+                           l->nslots);
             break;
         }
-        for (uint32_t i = 0; i < sp.n; i++)
-            r->st.gen[sp.first + i] = kw_snap_slot_gen(&sp, i);
+        if (sp.n && state_reserve(s, sp.first + sp.n - 1)) {
+            rc = fail_oom(r, "KEEL_ENOMEM: out of memory for %u entity slots", sp.first + sp.n);
+            break;
+        }
+        for (uint32_t i = 0; i < sp.n; i++) { /* free until a chunk's row says otherwise */
+            s->gen[sp.first + i] = kw_snap_slot_gen(&sp, i);
+            mark_free(s, sp.first + i, true);
+        }
+        s->nslots += sp.n;
         rc = KEEL_OK;
     }
     kw_wal_iter_end(it);
-    return rc < 0 ? fail(r, "reading the checkpoint: %s", keel_last_error()) : rc;
+    if (rc < 0)
+        return fail(r, "reading the checkpoint: %s", keel_last_error());
+    r->st.free_hint = 0;
+    if (!rc && r->st.nslots != l->nslots)
+        rc = ckpt_fail(l, "slot pages cover %u of its %u slots", r->st.nslots, l->nslots);
+    return rc;
 }
 
 static int load_chunk(ckpt_load *l, const void *p, size_t plen)
