@@ -204,8 +204,9 @@ keel_overload_level keel_runtime_overload(const keel_runtime *rt, uint32_t *mult
  * column would reuse (docs/transactions.md, "Recycling"). Afterwards the
  * world holds one version of every column; the next tick that rewrites a
  * column allocates its buffer again. Call between steps, on the thread
- * that steps. *released (may be NULL) gets the bytes freed. Errors: KEEL_EINVAL (NULL), KEEL_EBUSY (the
- * driver is running, or called inside a tick). */
+ * that steps. *released (may be NULL) gets the bytes freed. Errors:
+ * KEEL_EINVAL (NULL), KEEL_EBUSY (the driver is running, or called inside
+ * a tick). */
 int keel_runtime_release_memory(keel_runtime *rt, uint64_t *released);
 
 /* ---- inside a system ---------------------------------------------------- */
