@@ -1651,6 +1651,20 @@ static int sys_release(keel_ctx *ctx, void *user)
     return 0;
 }
 
+static int hook_fails(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    (void)user;
+    return 5;
+}
+
+static int sys_noop(keel_ctx *ctx, void *user)
+{
+    (void)ctx;
+    (void)user;
+    return 0;
+}
+
 /* Refusals: a NULL runtime, a call from inside a tick, a running driver;
  * each leaves *released 0 and frees nothing. */
 START_TEST(test_release_memory_refusals)
@@ -1686,6 +1700,21 @@ START_TEST(test_release_memory_refusals)
     ck_assert_ok(keel_runtime_release_memory(r.rt, &bytes));
     ck_assert_uint_eq(bytes, (uint64_t)n * 32 * sizeof(int64_t));
     keel_runtime_close(r.rt);
+
+    /* a failed on_first_tick leaves no tick running: release is not refused */
+    keel_runtime *h = NULL;
+    ck_assert_ok(keel_runtime_create(
+        &(keel_runtime_desc){.workers = 2, .tick_rate_hz = -1, .on_first_tick = hook_fails}, &h));
+    keel_schedule *hs = sched_new(h);
+    keel_system_desc noop = {.name = "noop", .run = sys_noop};
+    add_sys(hs, &noop);
+    tu_install(h, hs);
+    ck_assert_int_eq(keel_runtime_step(h), 5);
+    ck_assert_uint_eq(keel_runtime_tick(h), 0);
+    bytes = 5;
+    ck_assert_ok(keel_runtime_release_memory(h, &bytes));
+    ck_assert_uint_eq(bytes, 0);
+    keel_runtime_close(h);
 }
 END_TEST
 

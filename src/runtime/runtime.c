@@ -300,7 +300,7 @@ int keel_runtime_release_memory(keel_runtime *rt, uint64_t *released)
         return core_fail(KEEL_EINVAL, "keel_runtime_release_memory: runtime is NULL");
     if (atomic_load(&rt->driver_running))
         return core_fail(KEEL_EBUSY, "keel_runtime_release_memory: the tick driver is running");
-    if (atomic_load_explicit(&rt->txn.running_tick, memory_order_relaxed) != atomic_load(&rt->tick))
+    if (rt->world->in_tick) /* a system, closure or on_first_tick of the running tick */
         return core_fail(KEEL_EBUSY, "keel_runtime_release_memory: called during tick %llu",
                          (unsigned long long)atomic_load_explicit(&rt->txn.running_tick, memory_order_relaxed));
     uint64_t bytes = version_release_spares(rt->world);

@@ -41,8 +41,8 @@ int telemetry_size(keel_runtime *rt, uint32_t nsys)
 {
     rt_telemetry *t = &rt->tel;
     /* Fresh zeroed arrays rather than a memset of the old ring: the records
-     * of the old schedule are gone, and calloc's pages stay untouched (not
-     * resident) until ticks are recorded into them. */
+     * of the old schedule are gone, and calloc can hand out fresh zero pages
+     * without touching them (a large ring stays unresident until used). */
     keel_system_record *sys = calloc((size_t)t->capacity * (nsys ? nsys : 1), sizeof *sys);
     keel_tick_record *ticks = calloc(t->capacity, sizeof *ticks);
     if (!sys || !ticks) {

@@ -112,10 +112,14 @@ static void chunk_free(const world_table *t, world_chunk *ch);
 
 /* Column buffers are cache-line aligned: a chunk's columns never share a
  * line, so workers writing different chunks never false-share. */
+size_t storage_column_bytes(uint32_t rows, uint32_t size)
+{
+    return ((size_t)rows * size + 63) & ~(size_t)63;
+}
+
 void *storage_column_alloc(uint32_t rows, uint32_t size)
 {
-    size_t bytes = (size_t)rows * size;
-    return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    return aligned_alloc(64, storage_column_bytes(rows, size));
 }
 
 static world_chunk *chunk_new(const world_table *t, uint32_t capacity)

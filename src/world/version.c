@@ -157,7 +157,7 @@ static uint64_t spares_take(keel_world *w, bool retire)
                 void *buf = atomic_exchange_explicit(&t->chunks[k]->cols[i].spare, NULL, memory_order_relaxed);
                 if (!buf)
                     continue;
-                bytes += (uint64_t)t->chunks[k]->capacity * t->cols[i].size;
+                bytes += storage_column_bytes(t->chunks[k]->capacity, t->cols[i].size);
                 if (retire) /* room was reserved by the publisher */
                     w->retired[w->nretired++] = buf;
                 else

@@ -361,8 +361,10 @@ uint32_t storage_push_row(keel_world *w, world_table *t, keel_entity e);
 void storage_remove_row(keel_world *w, world_table *t, uint32_t row);
 void storage_fini(keel_world *w);
 
-/* A cache-line aligned buffer for `rows` values of `size` bytes. */
+/* A cache-line aligned buffer for `rows` values of `size` bytes, of
+ * storage_column_bytes(rows, size) bytes (rounded up to 64). */
 void *storage_column_alloc(uint32_t rows, uint32_t size);
+size_t storage_column_bytes(uint32_t rows, uint32_t size);
 
 /* version.c: copy-on-write of shared buffers, retirement, publication. */
 /* Make column col of chunk ch writable in place (copy it if the view shares
