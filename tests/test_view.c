@@ -1429,6 +1429,14 @@ static int sys_rewrite(keel_ctx *ctx, const keel_iter *it, void *user)
     return 0;
 }
 
+/* The system that rewrites a and b of every entity each tick. */
+static keel_system_desc rc_rewrite(const rc_world *r)
+{
+    return (keel_system_desc){.name = "rewrite", .kind = KEEL_SYSTEM_QUERY, .each_chunk = sys_rewrite,
+                              .query = {.with = {r->a, r->b}}, .parallel = true, .min_chunk_rows = 16,
+                              .access = {.rewrites = {r->a, r->b}}};
+}
+
 static void rc_init(rc_world *r, int32_t workers)
 {
     memset(r, 0, sizeof *r);
@@ -1450,9 +1458,7 @@ static void rc_init(rc_world *r, int32_t workers)
     for (uint32_t i = 0; i < RC_N; i++)
         r->a0[i] = (int64_t)i * 7 - 1000;
     keel_schedule *sc = sched_new(r->rt);
-    keel_system_desc rw = {.name = "rewrite", .kind = KEEL_SYSTEM_QUERY, .each_chunk = sys_rewrite,
-                           .query = {.with = {r->a, r->b}}, .parallel = true, .min_chunk_rows = 16,
-                           .access = {.rewrites = {r->a, r->b}}};
+    keel_system_desc rw = rc_rewrite(r);
     add_sys(sc, &rw);
     tu_install(r->rt, sc);
 }
@@ -1658,13 +1664,6 @@ static int hook_fails(keel_ctx *ctx, void *user)
     return 5;
 }
 
-static int sys_noop(keel_ctx *ctx, void *user)
-{
-    (void)ctx;
-    (void)user;
-    return 0;
-}
-
 /* Refusals: a NULL runtime, a call from inside a tick, a running driver;
  * each leaves *released 0 and frees nothing. */
 START_TEST(test_release_memory_refusals)
@@ -1678,9 +1677,7 @@ START_TEST(test_release_memory_refusals)
         ck_assert_ok(keel_runtime_step(r.rt));
     release_probe p = {.rt = r.rt, .rc = -1, .bytes = 7};
     keel_schedule *sc = sched_new(r.rt);
-    keel_system_desc rw = {.name = "rewrite", .kind = KEEL_SYSTEM_QUERY, .each_chunk = sys_rewrite,
-                           .query = {.with = {r.a, r.b}}, .parallel = true, .min_chunk_rows = 16,
-                           .access = {.rewrites = {r.a, r.b}}};
+    keel_system_desc rw = rc_rewrite(&r);
     add_sys(sc, &rw);
     keel_system_desc rel = {.name = "release", .run = sys_release, .user = &p};
     add_sys(sc, &rel);
@@ -1706,7 +1703,7 @@ START_TEST(test_release_memory_refusals)
     ck_assert_ok(keel_runtime_create(
         &(keel_runtime_desc){.workers = 2, .tick_rate_hz = -1, .on_first_tick = hook_fails}, &h));
     keel_schedule *hs = sched_new(h);
-    keel_system_desc noop = {.name = "noop", .run = sys_noop};
+    keel_system_desc noop = {.name = "noop", .run = tu_sys_noop};
     add_sys(hs, &noop);
     tu_install(h, hs);
     ck_assert_int_eq(keel_runtime_step(h), 5);
