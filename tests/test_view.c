@@ -1485,6 +1485,17 @@ static void *rc_spare(world_colver *v)
     return atomic_load_explicit(&v->spare, memory_order_relaxed);
 }
 
+/* The recycling world on two workers after three ticks (each column has
+ * its spare); its column versions into cv, their count returned. */
+static uint32_t rc_three_ticks(rc_world *r, world_colver **cv)
+{
+    rc_init(r, 2);
+    uint32_t n = rc_colvers(r, cv);
+    for (int i = 0; i < 3; i++)
+        ck_assert_ok(keel_runtime_step(r->rt));
+    return n;
+}
+
 /* Every entity's a and b, through the view v, are the values of tick `tick`. */
 static uint32_t rc_view_bad(const rc_world *r, const keel_view *v, uint64_t tick)
 {
@@ -1563,11 +1574,8 @@ START_TEST(test_recycle_skips_held_view)
 {
     enum { HOLD = 25 };
     rc_world r;
-    rc_init(&r, 2);
     world_colver *cv[RC_MAXCOLS];
-    uint32_t n = rc_colvers(&r, cv);
-    for (int i = 0; i < 3; i++)
-        ck_assert_ok(keel_runtime_step(r.rt));
+    uint32_t n = rc_three_ticks(&r, cv);
     const keel_view *held = NULL;
     ck_assert_ok(keel_view_begin(r.rt, &held));
     ck_assert_uint_eq(keel_view_tick(held), 3);
@@ -1598,11 +1606,8 @@ END_TEST
 START_TEST(test_release_memory_frees_spares)
 {
     rc_world r;
-    rc_init(&r, 2);
     world_colver *cv[RC_MAXCOLS];
-    uint32_t n = rc_colvers(&r, cv);
-    for (int i = 0; i < 3; i++)
-        ck_assert_ok(keel_runtime_step(r.rt));
+    uint32_t n = rc_three_ticks(&r, cv);
     void *cur[RC_MAXCOLS];
     for (uint32_t i = 0; i < n; i++) {
         ck_assert_ptr_nonnull(rc_spare(cv[i]));
