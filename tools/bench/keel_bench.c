@@ -18,79 +18,69 @@
  * Targets are reported, not enforced: the exit status is 0 whatever the
  * figures, 2 for bad arguments and 1 only when the library itself fails.
  *
- * Benchmarks (NAME) and their figures; a group runs several:
- *  iterate    = iterate + parallel (iteration)
- *  spawn      = spawn + destroy (structural changes)
- *  systems, side, memory, wal, fence, commit, immediate, recovery, checkpoint
+ * Benchmarks (NAME) and their figures; a group runs several. The targets
+ * are in the figures' definitions and docs/performance.md ("Targets").
+ *  iterate    = iterate + parallel; spawn = spawn + destroy; wal includes
+ *             fence; repl includes bootstrap and lag.
  *
  * In-memory figures (bench_memory.c), against plain C:
- *  memory   peak RSS of a forked child that spawns N entities with pos+vel
- *           and runs ticks rewriting both, minus its RSS before, vs the raw
- *           component bytes N * 24 (target: ratio <= 2.5).
- *  iterate  one keel_runtime_step of a VERSIONED query system rewriting
- *           pos += vel * dt over N entities, committed, vs the same loop over
- *           two malloc'd arrays; ms per pass (target: ratio <= 1.5).
- *  parallel_2w  the iterate tick on 2 workers vs 1 (target: ratio <= 1/1.7).
- *  spawn    N deferred spawns with 2 components plus the apply, vs appending
- *           to two arrays; ns per entity (target <= 100). destroy /
- *           destroy_seq: N destroys (shuffled / creation order) plus the
- *           apply, vs a sparse-set swap-remove (target <= 50).
- *  systems_1w / _2w  64 empty callback systems per tick, transaction begin +
- *           commit included, per system, vs calls through a function-pointer
- *           table (targets <= 100 ns / <= 300 ns).
- *  side_1w / side_2w_contended  two-row transfers as side transactions vs
- *           the same on a plain array under a mutex (keel's budget 1000 ns).
+ *  memory     peak RSS of a forked child that spawns N entities with pos+vel
+ *             and runs ticks rewriting both, minus its RSS before, vs the raw
+ *             component bytes N * 24; memory_idle: the same between ticks,
+ *             after keel_runtime_release_memory.
+ *  iterate    one keel_runtime_step of a VERSIONED query system rewriting
+ *             pos += vel * dt over N entities, committed, vs the same loop
+ *             over two malloc'd arrays; iterate_fused: the copy-on-write pass
+ *             in plain C (a floor).
+ *  parallel   the iterate tick on 2 workers vs 1 (parallel_2w);
+ *             parallel_fused: the fused pass in plain C on two threads.
+ *  spawn      N deferred spawns with 2 components plus the apply, vs
+ *             appending to two arrays; destroy / destroy_seq: N destroys
+ *             (shuffled / creation order) plus the apply, vs a sparse-set
+ *             swap-remove.
+ *  systems    64 empty callback systems per tick, transaction begin + commit
+ *             included, per system on 1 and 2 workers, vs calls through a
+ *             function-pointer table.
+ *  side       two-row transfers as side transactions vs the same on a plain
+ *             array under a mutex.
  *
  * Durability figures. Each measurement opens a fresh runtime on a fresh data
  * directory (mkdtemp under $TMPDIR, default /tmp; removed afterwards).
  * bench_world.c, the demo itself (tools/keel-world/world.c at 100k agents:
- * about 10% of the durable rows change per tick, 8 IMMEDIATE trades per tick
- * that `settle` waits for, 2 workers, unthrottled):
- *  wal        ticks/s with the WAL on (GROUP, default zstd level, checkpoints
- *             off, the final keel_flush timed) vs off (target: ratio
- *             >= 0.8); wal_cpu: CPU ms per tick; fence: the fence's wall
- *             time per tick (telemetry fence_ns) vs the whole WAL-off tick;
+ * about 10% of the durable rows change per tick, IMMEDIATE trades that
+ * `settle` waits for, unthrottled):
+ *  wal        ticks/s with the WAL on (GROUP) vs off; wal_cpu: CPU ms per
+ *             tick; wal_settle; fence: the fence's wall time per tick;
  *             wal_disk_bound: the ticks/s this disk admits at the tick's
- *             stored WAL bytes (synced LMDB appends, 8 ticks per commit).
+ *             stored bytes; codec_planar*: the planar codec vs plain zstd on
+ *             the demo's payloads; wal_extra_cpu: CPU per tick WAL on minus
+ *             off vs the codec alone on the same bytes; wal_extra_floor: the
+ *             codec plus the CPU of synced appends of the stored bytes.
  * bench_demo.c, a synthetic workload with the same share of changed rows
- * and almost no work per tick (100k entities, pos+vel rewritten on 10% of
- * the rows, 5 spawns + 5 destroys), which isolates the WAL's own cost:
- *  wal_min    ticks/s WAL on vs off at the default zstd level (-1), and
- *             wal_zstd1/-5/3 at other levels; *_bytes: WAL bytes per
- *             changed value row, stored vs raw; wal_compression: raw /
- *             stored; wal_min_cpu, fence_min as above. `fence` runs the
- *             demo and the default level only; `wal` runs everything.
+ * and almost no work per tick, which isolates the WAL's own cost:
+ *  wal_min, wal_zstd*, *_bytes, wal_compression, wal_min_cpu, fence_min.
  *  checkpoint tick time p50/p99/max, ticks/s and CPU per tick with a
- *             checkpoint every CKPT_EVERY ticks vs none (no stall allowed,
- *             no number); ckpt_jitter_p50/p99: in the checkpointing run,
- *             ticks with a checkpoint in progress vs the others.
+ *             checkpoint every CKPT_EVERY ticks vs none; ckpt_jitter_*.
+ *  jitter     jitter_p99: tick p99 at 60 Hz with the WAL on and a checkpoint
+ *             in progress vs the WAL off.
  * bench_commit.c, against one synced LMDB commit per 96-byte record:
- *  immediate  IMMEDIATE two-account transfers/s from 8 submitting threads,
- *             64 in flight each, while the main thread steps (target: ratio
- *             >= 20); p50/p99 latency; for the record: immediate_w1 (1 in
- *             flight per thread: at most 8 per synced commit, so about 8x at
- *             best) and immediate_1khz (TickDriver at 1 kHz).
- *  commit     durable ticks/s of a tick changing 64 rows, GROUP
- *             (commit_group) and IMMEDIATE (commit_immediate) mode.
- *  repl       (bench_commit.c, bench_world.c; a 3-node NATS JetStream cluster on
- *             loopback that bench_nats.c starts; skipped without nats-server)
- *             repl_sync_immediate / _async: the immediate figure, ticked by
- *             the TickDriver at 1 kHz, with sync / async replication vs
- *             without (target: ratio >= 0.5); repl_sync_immediate_unthrottled:
- *             the same with unthrottled stepping, for the record;
- *             repl_stream_ceiling: records/s the stream alone takes;
- *             repl_follower_lag_p50/p99: a read replica's lag behind the demo
- *             at 60 Hz in ticks (target: p99 <= 2); repl_bootstrap: a fresh
- *             replica loading a published 1M-entity checkpoint vs a local
- *             recovery of it (target: ratio <= 2).
- *  bootstrap  repl_bootstrap alone, on a cluster of its own.
- *  lag        repl_follower_lag_p50/p99 alone, on a cluster of its own.
- *  recovery   keel_runtime_recover of 1M entities + 1000 ticks of WAL vs
- *             the checkpoint alone (s); recovery_mbps / recovery_replay:
- *             raw WAL MB per CPU second (target: ratio >= 0.5) vs reading +
- *             CRC-checking + decompressing the same records alone;
- *             recovery_floor: that reading plus the value rows written
- *             into plain arrays, against the same baseline.
+ *  commit     durable ticks/s, GROUP (commit_group) and IMMEDIATE
+ *             (commit_immediate).
+ *  immediate  IMMEDIATE two-account transfers/s from 8 submitting threads
+ *             while the main thread steps; p50/p99 latency; immediate_w1,
+ *             immediate_1khz for the record.
+ *  recovery   keel_runtime_recover of 1M entities + 1000 ticks of WAL vs the
+ *             checkpoint alone (s); recovery_mbps / recovery_replay: raw WAL
+ *             MB per CPU second vs reading + CRC-checking + decompressing the
+ *             same records alone (the read ceiling); recovery_floor: that
+ *             reading plus the value rows written into plain arrays.
+ *  repl       (a 3-node NATS JetStream cluster on loopback that bench_nats.c
+ *             starts; skipped without nats-server) repl_sync_immediate /
+ *             _async: the immediate figure at 1 kHz with sync / async
+ *             replication vs without; repl_stream_ceiling; the follower's lag
+ *             at 60 Hz (repl_follower_lag_p50/p99, also `lag` alone); a fresh
+ *             replica bootstrapping 1M entities vs a local recovery
+ *             (repl_bootstrap, also `bootstrap` alone).
  */
 #include <errno.h>
 #include <stdio.h>
