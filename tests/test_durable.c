@@ -3205,13 +3205,6 @@ static int s_sys(keel_ctx *ctx, void *user)
     return 0;
 }
 
-static int noop_sys(keel_ctx *ctx, void *user)
-{
-    (void)ctx;
-    (void)user;
-    return 0;
-}
-
 static void s_open(sworld *w, const keel_runtime_desc *d, int variant)
 {
     memset(w, 0, sizeof *w);
@@ -3246,7 +3239,7 @@ static void s_open(sworld *w, const keel_runtime_desc *d, int variant)
                                .access = {.writes = {w->alpha, w->gamma}}};
         add_sys(s, &sd);
     } else {
-        keel_system_desc sd = {.name = "noop", .kind = KEEL_SYSTEM_CALLBACK, .run = noop_sys};
+        keel_system_desc sd = {.name = "noop", .kind = KEEL_SYSTEM_CALLBACK, .run = tu_sys_noop};
         add_sys(s, &sd);
     }
     tu_install(w->rt, s);
@@ -3348,7 +3341,7 @@ static int try_bad_dir(const char *dir, const char *names, const int *codes, int
     keel_runtime *rt = tu_rt_new(d);
     reg_i64(rt, "v", KEEL_VERSIONED);
     keel_schedule *s = sched_new(rt);
-    keel_system_desc sd = {.name = "noop", .kind = KEEL_SYSTEM_CALLBACK, .run = noop_sys};
+    keel_system_desc sd = {.name = "noop", .kind = KEEL_SYSTEM_CALLBACK, .run = tu_sys_noop};
     add_sys(s, &sd);
     tu_install(rt, s);
     keel_recovery info;

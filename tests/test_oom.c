@@ -432,13 +432,6 @@ START_TEST(test_oom_tick_two_workers)
 }
 END_TEST
 
-static int sys_nothing(keel_ctx *ctx, void *user)
-{
-    (void)ctx;
-    (void)user;
-    return 0;
-}
-
 /* Build a two-system schedule with the k-th allocation failing, for k = 1,
  * 2, ... With `warning`, its only diagnostic is a warning (a reader ordered
  * before the writer): a build that ran out of memory -- possibly losing
@@ -456,9 +449,9 @@ static void sweep_build(bool warning)
         ck_assert_ok(keel_runtime_create(&(keel_runtime_desc){.workers = 1, .tick_rate_hz = -1}, &rt));
         ck_assert_ok(reg(keel_runtime_world(rt), "a", 8, KEEL_VERSIONED, &A));
         ck_assert_ok(keel_schedule_create(rt, &s));
-        keel_system_desc first = {.name = "reader", .kind = KEEL_SYSTEM_CALLBACK, .run = sys_nothing,
+        keel_system_desc first = {.name = "reader", .kind = KEEL_SYSTEM_CALLBACK, .run = tu_sys_noop,
                                   .access = {.reads = {A}}};
-        keel_system_desc second = {.name = "writer", .kind = KEEL_SYSTEM_CALLBACK, .run = sys_nothing,
+        keel_system_desc second = {.name = "writer", .kind = KEEL_SYSTEM_CALLBACK, .run = tu_sys_noop,
                                    .access = {.writes = {A}}, .after = {"reader"}};
         if (!warning)
             second = (keel_system_desc){.name = "bad", .kind = KEEL_SYSTEM_CALLBACK};

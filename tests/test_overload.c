@@ -424,13 +424,6 @@ static void fake_wait(uint64_t deadline, void *user)
         fc->now = deadline;
 }
 
-static int sys_nop(keel_ctx *ctx, void *user)
-{
-    (void)ctx;
-    (void)user;
-    return 0;
-}
-
 /* Run ticks on the metronome one call at a time (so the script can change
  * between them) until the runtime reaches `level` x `mult`; fails after
  * `limit` ticks. Returns the ticks it took. */
@@ -490,8 +483,8 @@ START_TEST(test_schedule_fields)
                                          &(keel_component_desc){.name = "v", .size = 8, .fields = f, .field_count = 1},
                                          &c));
     keel_schedule *s = sched_new(rt);
-    add_sys(s, &(keel_system_desc){.name = "prio", .run = sys_nop, .priority = (keel_priority)7});
-    add_sys(s, &(keel_system_desc){.name = "budget_cb", .run = sys_nop, .entity_budget = 10});
+    add_sys(s, &(keel_system_desc){.name = "prio", .run = tu_sys_noop, .priority = (keel_priority)7});
+    add_sys(s, &(keel_system_desc){.name = "budget_cb", .run = tu_sys_noop, .entity_budget = 10});
     ck_assert_rc(keel_schedule_build(s), KEEL_EINVAL);
     ck_assert_uint_eq(keel_schedule_diag_count(s), 2);
     const keel_sched_diag *d0 = keel_schedule_diag(s, 0), *d1 = keel_schedule_diag(s, 1);
@@ -504,10 +497,10 @@ START_TEST(test_schedule_fields)
     keel_schedule_destroy(s);
     /* every priority, and a budget on a query system, build */
     s = sched_new(rt);
-    add_sys(s, &(keel_system_desc){.name = "low", .run = sys_nop, .priority = KEEL_PRIORITY_LOW});
-    add_sys(s, &(keel_system_desc){.name = "normal", .run = sys_nop, .priority = KEEL_PRIORITY_NORMAL});
-    add_sys(s, &(keel_system_desc){.name = "high", .run = sys_nop, .priority = KEEL_PRIORITY_HIGH});
-    add_sys(s, &(keel_system_desc){.name = "crit", .run = sys_nop, .priority = KEEL_PRIORITY_CRITICAL});
+    add_sys(s, &(keel_system_desc){.name = "low", .run = tu_sys_noop, .priority = KEEL_PRIORITY_LOW});
+    add_sys(s, &(keel_system_desc){.name = "normal", .run = tu_sys_noop, .priority = KEEL_PRIORITY_NORMAL});
+    add_sys(s, &(keel_system_desc){.name = "high", .run = tu_sys_noop, .priority = KEEL_PRIORITY_HIGH});
+    add_sys(s, &(keel_system_desc){.name = "crit", .run = tu_sys_noop, .priority = KEEL_PRIORITY_CRITICAL});
     ck_assert_ok(keel_schedule_build(s));
     keel_schedule_destroy(s);
     keel_runtime_close(rt);
@@ -537,7 +530,7 @@ static void never_moves(keel_runtime_desc d, bool stepped)
     fake_clock *fc = calloc(1, sizeof *fc);
     runtime_test_set_clock(rt, fake_now, fake_wait, fc);
     keel_schedule *s = sched_new(rt);
-    add_sys(s, &(keel_system_desc){.name = "low", .run = sys_nop, .priority = KEEL_PRIORITY_LOW});
+    add_sys(s, &(keel_system_desc){.name = "low", .run = tu_sys_noop, .priority = KEEL_PRIORITY_LOW});
     tu_install(rt, s);
     g_critical_calls = 0;
     for (int i = 0; i < 30; i++)

@@ -83,13 +83,6 @@ static fx fx_new(void)
     return f;
 }
 
-static int body(keel_ctx *ctx, void *user)
-{
-    (void)ctx;
-    (void)user;
-    return 0;
-}
-
 static int count_body(keel_ctx *ctx, void *user)
 {
     (void)ctx;
@@ -113,11 +106,11 @@ static int pipe_body(uint32_t index, uint32_t count, void *user)
     return 0;
 }
 
-/* Add a system; the desc gets the trivial callback body unless it has one. */
+/* Add a system; the desc gets the trivial callback tu_sys_noop unless it has one. */
 static keel_system add(keel_schedule *s, keel_system_desc d)
 {
     if (d.kind == KEEL_SYSTEM_CALLBACK && !d.run)
-        d.run = body;
+        d.run = tu_sys_noop;
     keel_system id = UINT32_MAX;
     ck_assert_ok(keel_schedule_add_system(s, &d, &id));
     return id;
@@ -289,7 +282,7 @@ START_TEST(test_null_arguments)
     ck_assert_rc(keel_schedule_create(f.rt, NULL), KEEL_EINVAL);
     ck_assert_rc(keel_schedule_build(NULL), KEEL_EINVAL);
     ck_assert_rc(keel_schedule_add_track(NULL, "T"), KEEL_EINVAL);
-    ck_assert_rc(keel_schedule_add_system(NULL, &(keel_system_desc){.name = "a", .run = body}, NULL), KEEL_EINVAL);
+    ck_assert_rc(keel_schedule_add_system(NULL, &(keel_system_desc){.name = "a", .run = tu_sys_noop}, NULL), KEEL_EINVAL);
     ck_assert_uint_eq(keel_schedule_diag_count(NULL), 0);
     ck_assert_ptr_null(keel_schedule_diag(NULL, 0));
     ck_assert_uint_eq(keel_schedule_hash(NULL), 0);
@@ -334,7 +327,7 @@ START_TEST(test_add_after_build_ebusy)
     add_cb(f.s, "a");
     build_clean(f.s);
     uint64_t h = keel_schedule_hash(f.s);
-    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "b", .run = body}, NULL), KEEL_EBUSY);
+    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "b", .run = tu_sys_noop}, NULL), KEEL_EBUSY);
     assert_contains(keel_last_error(), "'b'");
     ck_assert_rc(keel_schedule_add_track(f.s, "Later"), KEEL_EBUSY);
     assert_contains(keel_last_error(), "'Later'");
@@ -356,19 +349,19 @@ START_TEST(test_add_system_invalid)
 
     keel_system id = 77;
     ck_assert_rc(keel_schedule_add_system(f.s, NULL, &id), KEEL_EINVAL);
-    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.run = body}, &id), KEEL_EINVAL);
-    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "", .run = body}, &id), KEEL_EINVAL);
-    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = name64, .run = body}, &id), KEEL_EINVAL);
+    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.run = tu_sys_noop}, &id), KEEL_EINVAL);
+    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "", .run = tu_sys_noop}, &id), KEEL_EINVAL);
+    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = name64, .run = tu_sys_noop}, &id), KEEL_EINVAL);
     assert_contains(keel_last_error(), "63");
     ck_assert_uint_eq(id, 77); /* untouched on error */
     ck_assert_uint_eq(keel_schedule_system_count(f.s), 0);
 
     /* 63 bytes is the longest name; indices are registration order */
-    ck_assert_ok(keel_schedule_add_system(f.s, &(keel_system_desc){.name = name63, .run = body}, &id));
+    ck_assert_ok(keel_schedule_add_system(f.s, &(keel_system_desc){.name = name63, .run = tu_sys_noop}, &id));
     ck_assert_uint_eq(id, 0);
-    ck_assert_ok(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "b", .run = body}, &id));
+    ck_assert_ok(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "b", .run = tu_sys_noop}, &id));
     ck_assert_uint_eq(id, 1);
-    ck_assert_ok(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "c", .run = body}, NULL));
+    ck_assert_ok(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "c", .run = tu_sys_noop}, NULL));
     ck_assert_uint_eq(keel_schedule_system_count(f.s), 3);
     ck_assert_str_eq(keel_schedule_system_name(f.s, 0), name63);
     ck_assert_str_eq(keel_schedule_system_name(f.s, 2), "c");
@@ -391,7 +384,7 @@ START_TEST(test_add_system_copies_strings)
     strcpy(after, "first");
     strcpy(track, "Public");
     strcpy(res, "gold");
-    keel_system_desc d = {.name = name, .run = body, .track = track, .after = {after}, .access.resources_write = {res}};
+    keel_system_desc d = {.name = name, .run = tu_sys_noop, .track = track, .after = {after}, .access.resources_write = {res}};
     ck_assert_ok(keel_schedule_add_system(f.s, &d, NULL));
     /* scribble over everything the schedule was handed */
     strcpy(name, "zzz");
@@ -858,12 +851,12 @@ START_TEST(test_bad_system)
                                 .pipeline_count = 4});
     keel_system_desc no_run = {.name = "no_run"};
     ck_assert_ok(keel_schedule_add_system(f.s, &no_run, NULL)); /* stored; reported at build */
-    add(f.s, (keel_system_desc){.name = "no_chunk", .kind = KEEL_SYSTEM_QUERY, .run = body, .query.with = {f.pos}});
-    add(f.s, (keel_system_desc){.name = "no_pipe", .kind = KEEL_SYSTEM_PIPELINE, .run = body});
+    add(f.s, (keel_system_desc){.name = "no_chunk", .kind = KEEL_SYSTEM_QUERY, .run = tu_sys_noop, .query.with = {f.pos}});
+    add(f.s, (keel_system_desc){.name = "no_pipe", .kind = KEEL_SYSTEM_PIPELINE, .run = tu_sys_noop});
     add(f.s, (keel_system_desc){.name = "no_terms", .kind = KEEL_SYSTEM_QUERY, .each_chunk = chunk_body});
     add(f.s, (keel_system_desc){.name = "bad_term", .kind = KEEL_SYSTEM_QUERY, .each_chunk = chunk_body,
                                 .query.with = {f.pos, 99}});
-    add(f.s, (keel_system_desc){.name = "bad_kind", .kind = (keel_system_kind)7, .run = body});
+    add(f.s, (keel_system_desc){.name = "bad_kind", .kind = (keel_system_kind)7, .run = tu_sys_noop});
     add(f.s, (keel_system_desc){.name = "bad_access", .access.reads = {f.pos}, .access.writes = {200},
                                 .access.reads_snapshot = {1000}});
     ck_assert_uint_eq(build_fails(f.s), 8);
@@ -1486,7 +1479,7 @@ static int user_token;
 static void declare_variant(fx *f, variant v)
 {
     ck_assert_ok(keel_schedule_add_track(f->s, "Late"));
-    add(f->s, (keel_system_desc){.name = "input", .run = v == V_BODY ? other_body : body,
+    add(f->s, (keel_system_desc){.name = "input", .run = v == V_BODY ? other_body : tu_sys_noop,
                                  .user = v == V_BODY ? &user_token : NULL});
     add(f->s, (keel_system_desc){.name = v == V_NAME ? "movement" : "move", .after = {v == V_EDGE ? NULL : "input"},
                                  .phase = v == V_PHASE ? 1 : 0, .access.writes = {f->pos},
@@ -1697,7 +1690,7 @@ static keel_schedule *build_phased_random(keel_runtime *rt, const keel_component
     for (uint32_t i = 0; i < n; i++) {
         char name[16];
         snprintf(name, sizeof name, "sys%03u", i);
-        keel_system_desc d = {.name = name, .run = body, .phase = perm[i]};
+        keel_system_desc d = {.name = name, .run = tu_sys_noop, .phase = perm[i]};
         rnd_sys r = {.phase = perm[i]};
         uint32_t nr = tu_rng_below(&seed, 4), nw = tu_rng_below(&seed, 3);
         for (uint32_t k = 0; k < nr; k++) {
@@ -1827,7 +1820,7 @@ static keel_schedule *build_chaos(keel_runtime *rt, const keel_component *ids, u
         char name[16], after[16];
         snprintf(name, sizeof name, "sys%03u", i);
         snprintf(after, sizeof after, "sys%03u", tu_rng_below(&seed, n + 5)); /* sometimes missing */
-        keel_system_desc d = {.name = name, .run = body, .dag = dags[tu_rng_below(&seed, 3)],
+        keel_system_desc d = {.name = name, .run = tu_sys_noop, .dag = dags[tu_rng_below(&seed, 3)],
                               .phase = tu_rng_below(&seed, 4), .track = tu_rng_below(&seed, 8) ? NULL : "Late"};
         if (tu_rng_below(&seed, 10) == 0)
             d.after[0] = after;
@@ -1931,7 +1924,7 @@ START_TEST(test_long_fresh_chain)
     for (int k = 0; k < N; k++) {
         int i = N - 1 - k;
         snprintf(name, sizeof name, "link%03d", i);
-        keel_system_desc d = {.name = name, .run = body, .access.writes = {ids[i]},
+        keel_system_desc d = {.name = name, .run = tu_sys_noop, .access.writes = {ids[i]},
                               .access.reads_fresh = {i ? ids[i - 1] : 0}};
         ck_assert_ok(keel_schedule_add_system(s, &d, NULL));
     }

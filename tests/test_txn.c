@@ -310,13 +310,6 @@ static int pipe_body(uint32_t index, uint32_t count, void *user)
     return 0;
 }
 
-static int noop_cb(keel_ctx *ctx, void *user)
-{
-    (void)ctx;
-    (void)user;
-    return 0;
-}
-
 START_TEST(test_api_pipeline_build_rules)
 {
     keel_runtime *rt = tu_rt_new((keel_runtime_desc){.workers = 2, .tick_rate_hz = -1});
@@ -348,7 +341,7 @@ START_TEST(test_api_pipeline_build_rules)
 
         /* the same access on a callback system is fine */
         s = sched_new(rt);
-        add_sys(s, &(keel_system_desc){.name = "cb", .run = noop_cb, .access = bad[k]});
+        add_sys(s, &(keel_system_desc){.name = "cb", .run = tu_sys_noop, .access = bad[k]});
         ck_assert_ok(keel_schedule_build(s));
         ck_assert_ptr_null(find_error(s, KEEL_SCHED_BAD_SYSTEM));
         keel_schedule_destroy(s);
@@ -423,7 +416,7 @@ START_TEST(test_api_rewrites_conflict)
     /* an explicit edge resolves it */
     keel_schedule *s = sched_new(rt);
     add_sys(s, &(keel_system_desc){.name = "r1", .run = rw_first, .user = &p, .access = {.rewrites = {p.A}}});
-    add_sys(s, &(keel_system_desc){.name = "r2", .run = noop_cb, .after = {"r1"}, .access = {.rewrites = {p.A}}});
+    add_sys(s, &(keel_system_desc){.name = "r2", .run = tu_sys_noop, .after = {"r1"}, .access = {.rewrites = {p.A}}});
     ck_assert_ok(keel_schedule_build(s));
     ck_assert_uint_eq(count_errors(s), 0);
     keel_schedule_destroy(s);
