@@ -1,9 +1,11 @@
 /*
  * test_core -- status codes, the thread-local last error, diagnostics with
  * rate limiting, the hash functions (known answers pinned), and the array
- * grower (core/grow.c), the anchored clock (core/clock.c).
+ * grower (core/grow.c), the anchored clock (core/clock.c), and a worker's
+ * placement off another thread's CPU (core/thread.c).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -560,6 +562,113 @@ START_TEST(concurrent_logging_accounts_for_every_event)
 }
 END_TEST
 
+/* core_placement (core/thread.c, "Placement"): each check runs on a thread
+ * of its own, whose affinity it may change, and reports its first failed
+ * condition to the test thread (which alone calls ck_assert). */
+typedef const char *(*placement_fn)(void);
+
+#define PL_CHECK(cond)                                                                                        \
+    do {                                                                                                      \
+        if (!(cond))                                                                                          \
+            return #cond;                                                                                     \
+    } while (0)
+
+static void *placement_thread(void *arg)
+{
+    return (void *)(*(placement_fn *)arg)();
+}
+
+static void on_own_thread(placement_fn fn)
+{
+    pthread_t t;
+    void *failed;
+    ck_assert_int_eq(pthread_create(&t, NULL, placement_thread, &fn), 0);
+    ck_assert_int_eq(pthread_join(t, &failed), 0);
+    ck_assert_msg(!failed, "failed: %s", (const char *)failed);
+}
+
+static bool affinity_is(const cpu_set_t *want)
+{
+    cpu_set_t s;
+    return !sched_getaffinity(0, sizeof s, &s) && CPU_EQUAL(&s, want);
+}
+
+static const char *moves_off_the_named_cpu(void)
+{
+    core_placement pl;
+    core_placement_init(&pl);
+    cpu_set_t base, want;
+    PL_CHECK(!sched_getaffinity(0, sizeof base, &base));
+    int a = core_cpu_now();
+    PL_CHECK(a >= 0);
+    if (CPU_COUNT(&base) < 2) { /* nowhere to go */
+        PL_CHECK(!core_placement_avoid(&pl, a));
+        PL_CHECK(affinity_is(&base));
+        return NULL;
+    }
+    PL_CHECK(core_placement_avoid(&pl, a));
+    want = base;
+    CPU_CLR(a, &want);
+    PL_CHECK(affinity_is(&want));
+    int b = core_cpu_now();
+    PL_CHECK(b >= 0 && b != a); /* moved at once */
+    /* found on b next: the base without b, a allowed again */
+    PL_CHECK(core_placement_avoid(&pl, b));
+    want = base;
+    CPU_CLR(b, &want);
+    PL_CHECK(affinity_is(&want) && CPU_ISSET(a, &want));
+    return NULL;
+}
+
+static const char *stays_when_elsewhere(void)
+{
+    core_placement pl;
+    core_placement_init(&pl);
+    cpu_set_t base;
+    PL_CHECK(!sched_getaffinity(0, sizeof base, &base));
+    int here = core_cpu_now();
+    PL_CHECK(!core_placement_avoid(&pl, -1));
+    PL_CHECK(!core_placement_avoid(&pl, CPU_SETSIZE));
+    PL_CHECK(!core_placement_avoid(&pl, here == 0 ? 1 : 0)); /* a CPU it does not run on */
+    PL_CHECK(affinity_is(&base));
+    return NULL;
+}
+
+static const char *keeps_an_operators_affinity(void)
+{
+    core_placement pl;
+    core_placement_init(&pl);
+    int a = core_cpu_now();
+    PL_CHECK(a >= 0);
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(a, &one);
+    /* an operator narrows the thread to the CPU it runs on: that is the base
+       now, and a placement never widens it back */
+    PL_CHECK(!sched_setaffinity(0, sizeof one, &one));
+    PL_CHECK(!core_placement_avoid(&pl, a));
+    PL_CHECK(affinity_is(&one));
+    return NULL;
+}
+
+START_TEST(placement_moves_a_thread_off_the_named_cpu)
+{
+    on_own_thread(moves_off_the_named_cpu);
+}
+END_TEST
+
+START_TEST(placement_does_nothing_elsewhere)
+{
+    on_own_thread(stays_when_elsewhere);
+}
+END_TEST
+
+START_TEST(placement_never_widens_an_operators_affinity)
+{
+    on_own_thread(keeps_an_operators_affinity);
+}
+END_TEST
+
 static Suite *threads_suite(void)
 {
     Suite *s = suite_create("core_threads");
@@ -567,6 +676,11 @@ static Suite *threads_suite(void)
     tcase_add_test(tc, last_error_is_per_thread);
     tcase_add_test(tc, concurrent_logging_accounts_for_every_event);
     suite_add_tcase(s, tc);
+    TCase *pl = tcase_create("placement");
+    tcase_add_test(pl, placement_moves_a_thread_off_the_named_cpu);
+    tcase_add_test(pl, placement_does_nothing_elsewhere);
+    tcase_add_test(pl, placement_never_widens_an_operators_affinity);
+    suite_add_tcase(s, pl);
     return s;
 }
 

@@ -10,7 +10,8 @@
  *                         a failing chunk fails its whole parallel system;
  *   dispatch_parallel     parallel query systems visit every row once, match
  *                         the serial result bit for bit, honour min_chunk_rows;
- *                         pipeline systems call every index once;
+ *                         pipeline systems call every index once; a worker
+ *                         woken onto the stepping thread's CPU moves off it;
  *   dispatch_determinism  a random seeded schedule with structural churn gives
  *                         the same world, schedule hash and created handles on
  *                         1, 2, 4 and 8 workers;
@@ -24,6 +25,7 @@
  * needs two bodies to run at once it uses a rendezvous with a generous
  * deadline that only turns a hang into a failure.
  */
+#include <dirent.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -1647,11 +1649,88 @@ START_TEST(test_parallel_small_queries)
 }
 END_TEST
 
+/* Worker placement (src/sched/dispatch.c, "Worker placement"): a worker
+ * woken onto the stepping thread's CPU moves off it. The worker is made to
+ * start there: the test thread pins itself to one CPU, A, before the
+ * runtime starts its worker (which inherits that affinity), then gives the
+ * worker back every CPU, as an operator's taskset -p would. Without the
+ * placement the kernel may go on waking the worker on A, where it takes
+ * turns with the stepping thread. */
+static int g_place_cpu;                 /* A */
+static _Atomic uint32_t g_w1_tasks, g_w1_on_a;
+
+static int cpu_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)it, (void)user;
+    if (keel_ctx_worker(ctx) == 1) {
+        atomic_fetch_add(&g_w1_tasks, 1);
+        if (sched_getcpu() == g_place_cpu)
+            atomic_fetch_add(&g_w1_on_a, 1);
+    }
+    return 0;
+}
+
+/* The thread id of the thread named `name` in this process, or 0. */
+static pid_t thread_named(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    ck_assert_ptr_nonnull(d);
+    pid_t found = 0;
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        char path[300], comm[32] = "";
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = e->d_name[0] != '.' ? fopen(path, "r") : NULL;
+        if (f && fgets(comm, sizeof comm, f) && !strncmp(comm, name, strlen(name)) && comm[strlen(name)] == '\n')
+            found = (pid_t)atoi(e->d_name);
+        if (f)
+            fclose(f);
+    }
+    closedir(d);
+    return found;
+}
+
+START_TEST(test_parallel_worker_leaves_stepping_cpu)
+{
+    cpu_set_t all, one;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    g_place_cpu = sched_getcpu();
+    ck_assert_int_ge(g_place_cpu, 0);
+    CPU_ZERO(&one);
+    CPU_SET(g_place_cpu, &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    keel_schedule *s;
+    keel_runtime *rt = par_runtime(2, &s);
+    pid_t worker = thread_named("keel-worker-1");
+    ck_assert_int_gt(worker, 0);
+    ck_assert_int_eq(sched_setaffinity(worker, sizeof all, &all), 0);
+    add_par_reader(s, "where", cpu_chunk, 0, 0);
+    tu_install(rt, s);
+    atomic_store(&g_w1_tasks, 0);
+    atomic_store(&g_w1_on_a, 0);
+    for (uint32_t tick = 0; tick < 1000 && atomic_load(&g_w1_tasks) < 8; tick++)
+        ck_assert_ok(keel_runtime_step(rt));
+    uint32_t tasks = atomic_load(&g_w1_tasks), on_a = atomic_load(&g_w1_on_a);
+    ck_assert_uint_ge(tasks, 8);
+    if (CPU_COUNT(&all) > 1) {
+        ck_assert_uint_eq(on_a, 0);
+        /* the worker's CPUs: all of them where the kernel woke it elsewhere by itself, else all but A */
+        cpu_set_t now, but_a = all;
+        CPU_CLR(g_place_cpu, &but_a);
+        ck_assert_int_eq(sched_getaffinity(worker, sizeof now, &now), 0);
+        ck_assert(CPU_EQUAL(&now, &all) || CPU_EQUAL(&now, &but_a));
+    } else { /* one CPU: nowhere to go, nothing changed */
+        ck_assert_uint_eq(on_a, tasks);
+    }
+    keel_runtime_close(rt);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof all, &all), 0);
+}
+END_TEST
+
 static Suite *dispatch_parallel(void)
 {
     const TTest *const t[] = {test_parallel_visit_once, test_parallel_integrate_matches_serial,
                               test_parallel_min_chunk_rows, test_parallel_stuck_holder, test_parallel_tasks_overlap,
-                              test_parallel_pipeline, test_parallel_small_queries};
+                              test_parallel_pipeline, test_parallel_small_queries, test_parallel_worker_leaves_stepping_cpu};
     return tu_case_suite("dispatch_parallel", "parallel", t, sizeof t / sizeof t[0]);
 }
 

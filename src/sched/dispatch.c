@@ -76,6 +76,12 @@
  * in the kernel on the epoch futex (registered in `parked`, the same Dekker
  * pattern against the epoch bump), so a 60 Hz server's workers sleep between
  * ticks while back-to-back tracks cost no system call.
+ *
+ * Worker placement: before each epoch bump the stepping thread notes its
+ * CPU in stepper_cpu (a hint: relaxed, read after the epoch); a worker that
+ * finds itself woken onto that CPU moves off it (core_placement_avoid,
+ * core/thread.c "Placement"), or the kernel may leave the two taking turns
+ * on one CPU while another idles.
  */
 #include <limits.h>
 #include <linux/futex.h>
@@ -753,9 +759,17 @@ static void job_loop(sched_job *j, uint32_t worker)
     }
 }
 
+/* Record the stepping thread's CPU for the workers the next epoch bump
+ * wakes (see "Worker placement"). */
+static void note_stepper_cpu(sched_pool *p)
+{
+    atomic_store_explicit(&p->stepper_cpu, core_cpu_now(), memory_order_relaxed);
+}
+
 /* The track hand-shake's start with p->job = j: the workers run job_loop. */
 static void job_start(sched_pool *p, sched_job *j)
 {
+    note_stepper_cpu(p);
     atomic_store(&p->job, j);
     atomic_store(&p->track_live, true);
     atomic_fetch_add(&p->epoch, 1);
@@ -849,6 +863,8 @@ static void *worker_main(void *arg)
     free(arg);
     sched_exec *ex = a.ex;
     sched_pool *p = &ex->pool;
+    core_placement place;
+    core_placement_init(&place);
     uint32_t seen = 0;
     for (;;) {
         uint32_t e = wait_epoch(p, seen);
@@ -857,6 +873,7 @@ static void *worker_main(void *arg)
         seen = e;
         if (atomic_load(&p->quit))
             break;
+        core_placement_avoid(&place, atomic_load_explicit(&p->stepper_cpu, memory_order_relaxed));
         atomic_fetch_add(&p->active, 1);
         if (atomic_load(&p->track_live) && atomic_load(&p->epoch) == seen) {
             sched_job *job = atomic_load(&p->job);
@@ -900,6 +917,7 @@ static void dispatch_parallel(sched_exec *ex, const sched_track *t)
         for (uint32_t k = 0; k < n; k++)
             push_ticket(p, s);
     }
+    note_stepper_cpu(p);
     atomic_store(&p->track_live, true);
     atomic_fetch_add(&p->epoch, 1);
     if (atomic_load(&p->parked))

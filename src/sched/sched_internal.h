@@ -147,6 +147,7 @@ typedef struct sched_pool {
     _Atomic bool track_live;
     _Atomic(struct sched_job *) job;  /* dispatch_for's job while one runs, else NULL */
     _Atomic bool quit;
+    _Atomic int stepper_cpu;       /* the stepping thread's CPU at the last epoch bump (a hint) */
     alignas(64) _Atomic uint32_t remaining; /* systems of the current track not completed */
     /* the ready queue: single-use slots, reset per track */
     alignas(64) _Atomic uint32_t head;
