@@ -593,27 +593,36 @@ static bool affinity_is(const cpu_set_t *want)
     return !sched_getaffinity(0, sizeof s, &s) && CPU_EQUAL(&s, want);
 }
 
+/* Move off the CPU the thread runs on; *cpu: that CPU. The kernel may move
+ * the thread between the look and the call, so a few tries. */
+static bool avoid_here(core_placement *pl, int *cpu)
+{
+    for (int i = 0; i < 100; i++)
+        if (core_placement_avoid(pl, *cpu = core_cpu_now()))
+            return true;
+    return false;
+}
+
 static const char *moves_off_the_named_cpu(void)
 {
     core_placement pl;
     core_placement_init(&pl);
     cpu_set_t base, want;
     PL_CHECK(!sched_getaffinity(0, sizeof base, &base));
-    int a = core_cpu_now();
+    int a = core_cpu_now(), b;
     PL_CHECK(a >= 0);
     if (CPU_COUNT(&base) < 2) { /* nowhere to go */
         PL_CHECK(!core_placement_avoid(&pl, a));
         PL_CHECK(affinity_is(&base));
         return NULL;
     }
-    PL_CHECK(core_placement_avoid(&pl, a));
+    PL_CHECK(avoid_here(&pl, &a));
     want = base;
     CPU_CLR(a, &want);
     PL_CHECK(affinity_is(&want));
-    int b = core_cpu_now();
-    PL_CHECK(b >= 0 && b != a); /* moved at once */
+    PL_CHECK((b = core_cpu_now()) >= 0 && b != a); /* moved at once */
     /* found on b next: the base without b, a allowed again */
-    PL_CHECK(core_placement_avoid(&pl, b));
+    PL_CHECK(avoid_here(&pl, &b));
     want = base;
     CPU_CLR(b, &want);
     PL_CHECK(affinity_is(&want) && CPU_ISSET(a, &want));
@@ -626,10 +635,14 @@ static const char *stays_when_elsewhere(void)
     core_placement_init(&pl);
     cpu_set_t base;
     PL_CHECK(!sched_getaffinity(0, sizeof base, &base));
-    int here = core_cpu_now();
+    int here = core_cpu_now(), other = here == 0 ? 1 : 0;
+    if (CPU_ISSET(other, &base) && CPU_COUNT(&base) > 1) { /* kept off `other` for the test */
+        CPU_CLR(other, &base);
+        PL_CHECK(!sched_setaffinity(0, sizeof base, &base));
+    }
     PL_CHECK(!core_placement_avoid(&pl, -1));
     PL_CHECK(!core_placement_avoid(&pl, CPU_SETSIZE));
-    PL_CHECK(!core_placement_avoid(&pl, here == 0 ? 1 : 0)); /* a CPU it does not run on */
+    PL_CHECK(!core_placement_avoid(&pl, other)); /* a CPU it does not run on */
     PL_CHECK(affinity_is(&base));
     return NULL;
 }
@@ -651,6 +664,27 @@ static const char *keeps_an_operators_affinity(void)
     return NULL;
 }
 
+static const char *keeps_an_operators_affinity_after_a_move(void)
+{
+    core_placement pl;
+    core_placement_init(&pl);
+    cpu_set_t base, one;
+    PL_CHECK(!sched_getaffinity(0, sizeof base, &base));
+    if (CPU_COUNT(&base) < 2)
+        return NULL; /* no move to start from (moves_off_the_named_cpu covers one CPU) */
+    int a;
+    PL_CHECK(avoid_here(&pl, &a)); /* the placement owns the affinity now: the base without a */
+    /* an operator then pins the thread to a, the CPU it left (an affinity this module cannot have
+       set): found there, it stays */
+    CPU_ZERO(&one);
+    CPU_SET(a, &one);
+    PL_CHECK(!sched_setaffinity(0, sizeof one, &one));
+    PL_CHECK(core_cpu_now() == a);
+    PL_CHECK(!core_placement_avoid(&pl, a));
+    PL_CHECK(affinity_is(&one));
+    return NULL;
+}
+
 START_TEST(placement_moves_a_thread_off_the_named_cpu)
 {
     on_own_thread(moves_off_the_named_cpu);
@@ -666,6 +700,7 @@ END_TEST
 START_TEST(placement_never_widens_an_operators_affinity)
 {
     on_own_thread(keeps_an_operators_affinity);
+    on_own_thread(keeps_an_operators_affinity_after_a_move);
 }
 END_TEST
 

@@ -1689,40 +1689,65 @@ static pid_t thread_named(const char *name)
     return found;
 }
 
-START_TEST(test_parallel_worker_leaves_stepping_cpu)
+/* One round: the worker started on A and then given every CPU; stepped
+ * until it ran 8 tasks. The test thread's affinity is restored and the
+ * runtime closed before anything is asserted. */
+typedef struct place_round {
+    uint32_t tasks, on_a;
+    bool found, widened, mask_ok;
+} place_round;
+
+static place_round place_once(const cpu_set_t *all)
 {
-    cpu_set_t all, one;
-    ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    place_round out = {0};
+    cpu_set_t one;
     g_place_cpu = sched_getcpu();
-    ck_assert_int_ge(g_place_cpu, 0);
     CPU_ZERO(&one);
-    CPU_SET(g_place_cpu, &one);
-    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    CPU_SET(g_place_cpu < 0 ? 0 : g_place_cpu, &one);
+    if (g_place_cpu < 0 || sched_setaffinity(0, sizeof one, &one))
+        return out;
     keel_schedule *s;
     keel_runtime *rt = par_runtime(2, &s);
     pid_t worker = thread_named("keel-worker-1");
-    ck_assert_int_gt(worker, 0);
-    ck_assert_int_eq(sched_setaffinity(worker, sizeof all, &all), 0);
+    out.found = worker > 0;
+    out.widened = out.found && !sched_setaffinity(worker, sizeof *all, all);
     add_par_reader(s, "where", cpu_chunk, 0, 0);
     tu_install(rt, s);
     atomic_store(&g_w1_tasks, 0);
     atomic_store(&g_w1_on_a, 0);
-    for (uint32_t tick = 0; tick < 1000 && atomic_load(&g_w1_tasks) < 8; tick++)
-        ck_assert_ok(keel_runtime_step(rt));
-    uint32_t tasks = atomic_load(&g_w1_tasks), on_a = atomic_load(&g_w1_on_a);
-    ck_assert_uint_ge(tasks, 8);
-    if (CPU_COUNT(&all) > 1) {
-        ck_assert_uint_eq(on_a, 0);
-        /* the worker's CPUs: all of them where the kernel woke it elsewhere by itself, else all but A */
-        cpu_set_t now, but_a = all;
-        CPU_CLR(g_place_cpu, &but_a);
-        ck_assert_int_eq(sched_getaffinity(worker, sizeof now, &now), 0);
-        ck_assert(CPU_EQUAL(&now, &all) || CPU_EQUAL(&now, &but_a));
-    } else { /* one CPU: nowhere to go, nothing changed */
-        ck_assert_uint_eq(on_a, tasks);
-    }
+    for (uint32_t tick = 0; out.widened && tick < 1000 && atomic_load(&g_w1_tasks) < 8; tick++)
+        if (keel_runtime_step(rt))
+            break;
+    out.tasks = atomic_load(&g_w1_tasks);
+    out.on_a = atomic_load(&g_w1_on_a);
+    /* the worker's CPUs: all of them where the kernel woke it elsewhere by itself, else all but A */
+    cpu_set_t now, but_a = *all;
+    CPU_CLR(g_place_cpu, &but_a);
+    out.mask_ok = out.found && !sched_getaffinity(worker, sizeof now, &now) &&
+                  (CPU_EQUAL(&now, all) || CPU_EQUAL(&now, &but_a));
     keel_runtime_close(rt);
-    ck_assert_int_eq(sched_setaffinity(0, sizeof all, &all), 0);
+    sched_setaffinity(0, sizeof *all, all);
+    return out;
+}
+
+START_TEST(test_parallel_worker_leaves_stepping_cpu)
+{
+    cpu_set_t all;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+    /* five rounds: where the kernel itself wakes the worker off A now and then, a worker that never
+       moved would still be caught */
+    for (int round = 0; round < 5; round++) {
+        place_round r = place_once(&all);
+        ck_assert_msg(r.found && r.widened, "round %d: the worker thread was not found or not widened", round);
+        ck_assert_uint_ge(r.tasks, 8);
+        if (CPU_COUNT(&all) > 1) {
+            ck_assert_msg(r.on_a == 0, "round %d: the worker ran %u of its %u tasks on the stepping thread's CPU",
+                          round, r.on_a, r.tasks);
+            ck_assert(r.mask_ok);
+        } else { /* one CPU: nowhere to go, nothing changed */
+            ck_assert_uint_eq(r.on_a, r.tasks);
+        }
+    }
 }
 END_TEST
 

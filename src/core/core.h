@@ -47,23 +47,25 @@ void core_log(keel_log_level level, const char *subsystem, const char *event,
  * Only for a joinable thread not yet joined: a detached one may be gone. */
 void core_thread_name(pthread_t thread, const char *fmt, ...) CORE_PRINTF(2, 3);
 
-/* Where a worker thread may run (core/thread.c, "Placement"): the CPUs it
- * started with, and the affinity it last set itself. */
+/* Where a worker thread may run (core/thread.c, "Placement"). */
 typedef struct core_placement {
-    cpu_set_t base;             /* the CPUs to spread over: the thread's own at start, or an
-                                   affinity someone else set since */
+    cpu_set_t base;             /* the CPUs to spread over: the thread's affinity when it first had
+                                   to move, or one set from outside since */
     cpu_set_t set;              /* the affinity this module last gave the thread */
     bool owned;                 /* set is the thread's affinity, as far as this module knows */
+    uint32_t idle;              /* calls left to skip after finding nowhere to go */
 } core_placement;
 
-/* Record the calling thread's CPUs (call on the thread, at its start). */
+/* Start with nothing set (call on the thread, at its start). */
 void core_placement_init(core_placement *pl);
 /* The CPU the calling thread runs on, or -1 where the system cannot tell. */
 int core_cpu_now(void);
 /* If the calling thread runs on `cpu` (another thread's: the one that woke
  * it), move it off: its affinity becomes its base CPUs without `cpu`. True
  * when it set an affinity. Nothing happens for cpu < 0, when the thread is
- * elsewhere, or when `cpu` is its base's only CPU. */
+ * elsewhere, or when `cpu` is its base's only CPU (then the next
+ * CORE_PLACEMENT_IDLE calls that find it there again only return false). */
+#define CORE_PLACEMENT_IDLE 1024u
 bool core_placement_avoid(core_placement *pl, int cpu);
 
 /* Test hook: replace the monotonic clock (nanoseconds) the rate limiter

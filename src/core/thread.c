@@ -13,10 +13,15 @@
  * tick's workers then took turns with the stepping thread on one CPU
  * (docs/scheduling.md, "Worker placement"). A worker woken onto the
  * stepping thread's CPU therefore narrows its own affinity to its base
- * CPUs without that one -- a system call only when it finds itself there.
- * The base is the thread's affinity at its start; an affinity someone else
- * set since (taskset -p, a cpuset) becomes the base instead, so a
- * placement never widens what an operator set.
+ * CPUs without that one: two system calls (read and set the affinity), only
+ * when it finds itself there. The base is the thread's affinity when it
+ * first has to move. An affinity that differs from the one set here was set
+ * from outside (taskset -a -p, a cpuset, a CPU taken offline) and becomes
+ * the base, so a placement does not widen it -- also when it only narrowed
+ * this module's (the CPU excluded then stays out), and unless it equals the
+ * one set here last, which cannot be told from it. Where there is nowhere
+ * to go (one CPU) the thread skips the check CORE_PLACEMENT_IDLE times
+ * before it reads its affinity again.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -37,29 +42,37 @@ void core_thread_name(pthread_t thread, const char *fmt, ...)
 
 void core_placement_init(core_placement *pl)
 {
-    if (sched_getaffinity(0, sizeof pl->base, &pl->base))
-        CPU_ZERO(&pl->base); /* unknown: core_placement_avoid then reads it again */
-    pl->set = pl->base;
+    CPU_ZERO(&pl->base);
+    CPU_ZERO(&pl->set);
     pl->owned = false;
+    pl->idle = 0;
 }
 
 int core_cpu_now(void)
 {
-    return sched_getcpu(); /* glibc reads it from rseq: no system call */
+    return sched_getcpu(); /* glibc >= 2.35 reads it from rseq, else x86-64's vDSO: no system call */
 }
 
 bool core_placement_avoid(core_placement *pl, int cpu)
 {
     if (cpu < 0 || cpu >= CPU_SETSIZE || core_cpu_now() != cpu)
         return false;
+    if (pl->idle) {
+        pl->idle--;
+        return false;
+    }
     cpu_set_t now, want;
     if (sched_getaffinity(0, sizeof now, &now))
         return false;
     if (!pl->owned || !CPU_EQUAL(&now, &pl->set))
-        pl->base = now; /* set by someone else: spread over theirs */
+        pl->base = now; /* set from outside: spread over that */
     want = pl->base;
     CPU_CLR(cpu, &want);
-    if (!CPU_COUNT(&want) || CPU_EQUAL(&want, &now) || sched_setaffinity(0, sizeof want, &want))
+    if (!CPU_COUNT(&want)) {
+        pl->idle = CORE_PLACEMENT_IDLE;
+        return false;
+    }
+    if (CPU_EQUAL(&want, &now) || sched_setaffinity(0, sizeof want, &want))
         return false;
     pl->set = want;
     pl->owned = true;

@@ -79,9 +79,10 @@
  *
  * Worker placement: before each epoch bump the stepping thread notes its
  * CPU in stepper_cpu (a hint: relaxed, read after the epoch); a worker that
- * finds itself woken onto that CPU moves off it (core_placement_avoid,
- * core/thread.c "Placement"), or the kernel may leave the two taking turns
- * on one CPU while another idles.
+ * finds itself woken onto that CPU -- for a track or a job, or by a push
+ * inside a track -- moves off it (core_placement_avoid, core/thread.c
+ * "Placement"), or the kernel may leave the two taking turns on one CPU
+ * while another idles.
  */
 #include <limits.h>
 #include <linux/futex.h>
@@ -642,7 +643,7 @@ static uint32_t holder_ready(sched_exec *ex, uint32_t ticket, uint32_t worker, r
     return publish(ex, ready);
 }
 
-static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w)
+static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w, core_placement *place)
 {
     sched_pool *p = &ex->pool;
     ready_list ready = {w->ready, 0};
@@ -681,6 +682,8 @@ static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w)
         if (atomic_load(&p->head) >= atomic_load(&p->tail) && atomic_load(&p->remaining) > 0)
             futex_wait(&p->work_seq, seq);
         atomic_fetch_sub(&p->sleepers, 1);
+        if (place) /* woken by a push, maybe onto the stepping thread's CPU */
+            core_placement_avoid(place, atomic_load_explicit(&p->stepper_cpu, memory_order_relaxed));
         spins = 0;
     }
 }
@@ -880,7 +883,7 @@ static void *worker_main(void *arg)
             if (job)
                 job_loop(job, a.index);
             else
-                work_loop(ex, a.index, &ex->scratch[a.index]);
+                work_loop(ex, a.index, &ex->scratch[a.index], &place);
         }
         atomic_fetch_sub(&p->active, 1);
     }
@@ -922,7 +925,7 @@ static void dispatch_parallel(sched_exec *ex, const sched_track *t)
     atomic_fetch_add(&p->epoch, 1);
     if (atomic_load(&p->parked))
         futex_wake_all(&p->epoch);
-    work_loop(ex, 0, w);
+    work_loop(ex, 0, w, NULL);
     atomic_store(&p->track_live, false);
     for (uint32_t i = 0; atomic_load(&p->active);)
         backoff(&i);
