@@ -587,6 +587,13 @@ static void on_own_thread(placement_fn fn)
     ck_assert_msg(!failed, "failed: %s", (const char *)failed);
 }
 
+/* A fresh placement for the calling thread, and its affinity in *base. */
+static bool placement_start(core_placement *pl, cpu_set_t *base)
+{
+    core_placement_init(pl);
+    return !sched_getaffinity(0, sizeof *base, base);
+}
+
 static bool affinity_is(const cpu_set_t *want)
 {
     cpu_set_t s;
@@ -606,9 +613,8 @@ static bool avoid_here(core_placement *pl, int *cpu)
 static const char *moves_off_the_named_cpu(void)
 {
     core_placement pl;
-    core_placement_init(&pl);
     cpu_set_t base, want;
-    PL_CHECK(!sched_getaffinity(0, sizeof base, &base));
+    PL_CHECK(placement_start(&pl, &base));
     int a = core_cpu_now(), b;
     PL_CHECK(a >= 0);
     if (CPU_COUNT(&base) < 2) { /* nowhere to go */
@@ -632,9 +638,8 @@ static const char *moves_off_the_named_cpu(void)
 static const char *stays_when_elsewhere(void)
 {
     core_placement pl;
-    core_placement_init(&pl);
     cpu_set_t base;
-    PL_CHECK(!sched_getaffinity(0, sizeof base, &base));
+    PL_CHECK(placement_start(&pl, &base));
     int here = core_cpu_now(), other = here == 0 ? 1 : 0;
     if (CPU_ISSET(other, &base) && CPU_COUNT(&base) > 1) { /* kept off `other` for the test */
         CPU_CLR(other, &base);
@@ -667,9 +672,8 @@ static const char *keeps_an_operators_affinity(void)
 static const char *keeps_an_operators_affinity_after_a_move(void)
 {
     core_placement pl;
-    core_placement_init(&pl);
     cpu_set_t base, one;
-    PL_CHECK(!sched_getaffinity(0, sizeof base, &base));
+    PL_CHECK(placement_start(&pl, &base));
     if (CPU_COUNT(&base) < 2)
         return NULL; /* no move to start from (moves_off_the_named_cpu covers one CPU) */
     int a;
