@@ -643,6 +643,19 @@ static uint32_t holder_ready(sched_exec *ex, uint32_t ticket, uint32_t worker, r
     return publish(ex, ready);
 }
 
+/* Record the stepping thread's CPU for the workers the next epoch bump
+ * wakes (see "Worker placement"). */
+static void note_stepper_cpu(sched_pool *p)
+{
+    atomic_store_explicit(&p->stepper_cpu, core_cpu_now(), memory_order_relaxed);
+}
+
+/* A worker just woken: off the stepping thread's CPU if it is on it. */
+static void leave_stepper_cpu(sched_pool *p, core_placement *place)
+{
+    core_placement_avoid(place, atomic_load_explicit(&p->stepper_cpu, memory_order_relaxed));
+}
+
 static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w, core_placement *place)
 {
     sched_pool *p = &ex->pool;
@@ -683,7 +696,7 @@ static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w, core_pl
             futex_wait(&p->work_seq, seq);
         atomic_fetch_sub(&p->sleepers, 1);
         if (place) /* woken by a push, maybe onto the stepping thread's CPU */
-            core_placement_avoid(place, atomic_load_explicit(&p->stepper_cpu, memory_order_relaxed));
+            leave_stepper_cpu(p, place);
         spins = 0;
     }
 }
@@ -760,13 +773,6 @@ static void job_loop(sched_job *j, uint32_t worker)
             atomic_store_explicit(&j->finished, true, memory_order_release);
         }
     }
-}
-
-/* Record the stepping thread's CPU for the workers the next epoch bump
- * wakes (see "Worker placement"). */
-static void note_stepper_cpu(sched_pool *p)
-{
-    atomic_store_explicit(&p->stepper_cpu, core_cpu_now(), memory_order_relaxed);
 }
 
 /* The track hand-shake's start with p->job = j: the workers run job_loop. */
@@ -876,7 +882,7 @@ static void *worker_main(void *arg)
         seen = e;
         if (atomic_load(&p->quit))
             break;
-        core_placement_avoid(&place, atomic_load_explicit(&p->stepper_cpu, memory_order_relaxed));
+        leave_stepper_cpu(p, &place);
         atomic_fetch_add(&p->active, 1);
         if (atomic_load(&p->track_live) && atomic_load(&p->epoch) == seen) {
             sched_job *job = atomic_load(&p->job);
