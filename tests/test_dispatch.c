@@ -25,7 +25,6 @@
  * needs two bodies to run at once it uses a rendezvous with a generous
  * deadline that only turns a hang into a failure.
  */
-#include <dirent.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -1670,25 +1669,6 @@ static int cpu_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
     return 0;
 }
 
-/* The thread id of the thread named `name` in this process, or 0. */
-static pid_t thread_named(const char *name)
-{
-    DIR *d = opendir("/proc/self/task");
-    ck_assert_ptr_nonnull(d);
-    pid_t found = 0;
-    for (struct dirent *e; !found && (e = readdir(d));) {
-        char path[300], comm[32] = "";
-        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
-        FILE *f = e->d_name[0] != '.' ? fopen(path, "r") : NULL;
-        if (f && fgets(comm, sizeof comm, f) && !strncmp(comm, name, strlen(name)) && comm[strlen(name)] == '\n')
-            found = (pid_t)atoi(e->d_name);
-        if (f)
-            fclose(f);
-    }
-    closedir(d);
-    return found;
-}
-
 /* One round: the worker started on A and then given every CPU; stepped
  * until it ran 8 tasks. The test thread's affinity is restored and the
  * runtime closed before anything is asserted. */
@@ -1708,7 +1688,7 @@ static place_round place_once(const cpu_set_t *all)
         return out;
     keel_schedule *s;
     keel_runtime *rt = par_runtime(2, &s);
-    pid_t worker = thread_named("keel-worker-1");
+    pid_t worker = tu_thread_id("keel-worker-1");
     out.found = worker > 0;
     out.widened = out.found && !sched_setaffinity(worker, sizeof *all, all);
     add_par_reader(s, "where", cpu_chunk, 0, 0);
@@ -1755,7 +1735,8 @@ static Suite *dispatch_parallel(void)
 {
     const TTest *const t[] = {test_parallel_visit_once, test_parallel_integrate_matches_serial,
                               test_parallel_min_chunk_rows, test_parallel_stuck_holder, test_parallel_tasks_overlap,
-                              test_parallel_pipeline, test_parallel_small_queries, test_parallel_worker_leaves_stepping_cpu};
+                              test_parallel_pipeline, test_parallel_small_queries,
+                              test_parallel_worker_leaves_stepping_cpu};
     return tu_case_suite("dispatch_parallel", "parallel", t, sizeof t / sizeof t[0]);
 }
 

@@ -66,12 +66,14 @@ bool tu_wait_at_least_u64(_Atomic uint64_t *v, uint64_t target)
     return tu_wait_until(tu_reached_u64, (void *)v, target);
 }
 
-/* How many of this process's threads are named `name` (/proc/self/task). */
-int tu_threads_named(const char *name)
+/* How many of this process's threads are named `name` (/proc/self/task);
+ * *first: the id of one of them (0: none). */
+static int threads_named(const char *name, pid_t *first)
 {
     DIR *d = opendir("/proc/self/task");
     ck_assert_ptr_nonnull(d);
     int n = 0;
+    *first = 0;
     for (struct dirent *e; (e = readdir(d));) {
         if (e->d_name[0] == '.')
             continue;
@@ -83,10 +85,24 @@ int tu_threads_named(const char *name)
         if (fgets(comm, sizeof comm, f))
             comm[strcspn(comm, "\n")] = '\0';
         fclose(f);
-        n += !strcmp(comm, name);
+        if (!strcmp(comm, name) && !n++)
+            *first = (pid_t)atoi(e->d_name);
     }
     closedir(d);
     return n;
+}
+
+int tu_threads_named(const char *name)
+{
+    pid_t first;
+    return threads_named(name, &first);
+}
+
+pid_t tu_thread_id(const char *name)
+{
+    pid_t first;
+    threads_named(name, &first);
+    return first;
 }
 
 /* A joined thread's /proc entry can outlive pthread_join by a moment (the

@@ -50,6 +50,8 @@ bool tu_wait_at_least_u64(_Atomic uint64_t *v, uint64_t target);
 
 /* How many of this process's threads are named `name` (/proc/self/task). */
 int tu_threads_named(const char *name);
+/* The thread id of a thread named `name`, or 0. */
+pid_t tu_thread_id(const char *name);
 /* Poll, up to 5 s, until no thread is named `name` (a joined thread's
  * /proc entry can outlive pthread_join by a moment); whether that happened. */
 bool tu_threads_gone(const char *name);
