@@ -146,11 +146,12 @@ int keel_cmd_spawn(keel_cmdbuf *cb, const keel_init *inits, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         uint32_t sz = w->comps[inits[i].c].desc.size;
         ids[i] = inits[i].c;
+        if (sz % 8) /* the padding: zero the last word, then the value covers its start */
+            memset(val + ALIGN8(sz) - 8, 0, 8);
         if (sz && inits[i].value)
-            memcpy(val, inits[i].value, sz);
+            world_cell_copy(val, inits[i].value, sz);
         else
             memset(val, 0, sz);
-        memset(val + sz, 0, ALIGN8(sz) - sz);
         val += ALIGN8(sz);
     }
     record_commit(cb, h);
@@ -211,7 +212,7 @@ static void copy_row(keel_world *w, world_table *dst, uint32_t dst_row, const wo
     for (uint32_t i = 0; i < dst->ncols; i++) {
         uint32_t scol = src->col_of[dst->cols[i].c];
         if (scol && dst->cols[i].size)
-            memcpy(world_cell(w, dst, i, dst_row), world_cell(w, src, scol - 1, src_row), dst->cols[i].size);
+            world_cell_copy(world_cell(w, dst, i, dst_row), world_cell(w, src, scol - 1, src_row), dst->cols[i].size);
     }
 }
 
@@ -219,7 +220,7 @@ static void write_value(keel_world *w, world_table *t, uint32_t row, keel_compon
 {
     uint32_t col = t->col_of[c] - 1;
     if (t->cols[col].size)
-        memcpy(world_cell(w, t, col, row), value, t->cols[col].size);
+        world_cell_copy(world_cell(w, t, col, row), value, t->cols[col].size);
 }
 
 static int reserve_receipt(keel_cmdbuf *cb)

@@ -191,6 +191,7 @@ struct keel_world {
     uint32_t ntables, tables_cap;
     uint32_t *table_map;          /* open addressing: compset -> table id, UINT32_MAX empty */
     uint32_t table_map_cap;       /* power of two */
+    uint32_t table_last;          /* the table storage_table_get found last: playback repeats a set */
 
     keel_query **queries;         /* live queries, told about new tables */
     uint32_t nqueries, queries_cap;
