@@ -416,7 +416,7 @@ START_TEST(clock_without_a_rate_reads_the_real_clock)
 }
 END_TEST
 
-/* Anchors every 5 ms until the clock has a rate (at least 100 ms of them),
+/* Anchors every 5 ms until the clock has a rate (after two of them),
  * for at most 20 s (a bound for a hang, not a speed: a loaded host may
  * preempt many anchors between their readings): false when it got none --
  * where the TSC is not invariant, or no anchor's pair of readings was tight

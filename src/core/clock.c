@@ -13,8 +13,14 @@
  * seq_cst epoch and tickets) orders the anchor before every read, and the
  * track's completion orders every read before the next anchor. A reading
  * is the anchor's nanoseconds plus the TSC ticks since, scaled by a rate
- * measured between two anchors at least RATE_SPAN_NS apart (restarted every
- * RATE_RESTART_NS, so it follows NTP's slewing of CLOCK_MONOTONIC); an
+ * measured between two anchors at least RATE_SPAN_NS apart and measured
+ * again at every anchor after, over a growing span (restarted every
+ * RATE_RESTART_NS, so it follows NTP's slewing of CLOCK_MONOTONIC). The
+ * first rate is within 2 * PAIR_TIGHT ticks over RATE_SPAN_NS (2e-4 at
+ * 2.5 GHz), microseconds over a tick of ten milliseconds, and a hundred
+ * times closer once the span reaches the restart; a short first span lets
+ * a runtime read the TSC after its first few ticks, not its first tenth of
+ * a second (a system's stamp is its largest fixed cost); an
  * anchor the rate mispredicts (a suspend, a step) starts the measurement
  * over. A stamp that must follow another core's (core_clock_ns_fenced)
  * reads the TSC after an lfence. A reading is clock_gettime
@@ -28,7 +34,7 @@
 #include <cpuid.h>
 #include <x86intrin.h>
 
-#define RATE_SPAN_NS 100000000ull       /* the shortest span a rate is measured over */
+#define RATE_SPAN_NS 2000000ull         /* the shortest span a rate is measured over */
 #define RATE_RESTART_NS 2000000000ull   /* a span this long restarts the measurement */
 #define PAIR_TRIES 3
 #define PAIR_TIGHT 1000u                /* TSC ticks around one clock read: it was not preempted */
