@@ -21,15 +21,16 @@
 
 enum { CMD_SPAWN = 1, CMD_DESTROY, CMD_ADD, CMD_REMOVE };
 
+/* 16 bytes: a spawn's record is written once and read once per entity, so
+ * every byte of it is memory traffic of the spawn. */
 typedef struct cmd_hdr {
     uint8_t op;
-    uint8_t reserved;
-    uint16_t n;           /* spawn: number of initial values */
+    uint8_t n;            /* spawn: number of initial values */
+    uint16_t c;           /* add, remove: the component */
     uint32_t size;        /* bytes of the whole record, a multiple of 8 */
     keel_entity target;   /* destroy, add, remove */
-    keel_component c;     /* add, remove */
-    uint32_t reserved2;
 } cmd_hdr;
+_Static_assert(sizeof(cmd_hdr) == 16 && KEEL_MAX_COMPONENTS <= UINT8_MAX, "cmd_hdr's n and c hold component counts and ids");
 
 struct keel_cmdbuf {
     keel_world *world;
@@ -116,6 +117,19 @@ static int record_error(const keel_cmdbuf *cb)
     return cb->failed ? KEEL_EBUSY : KEEL_ENOMEM;
 }
 
+/* Store a value of sz bytes (zeros when value is NULL) padded with zeros
+ * to 8 bytes at val; returns the end of the padded value. */
+static unsigned char *record_value(unsigned char *val, const void *value, uint32_t sz)
+{
+    if (sz % 8) /* the padding: zero the last word, then the value covers its start */
+        memset(val + ALIGN8(sz) - 8, 0, 8);
+    if (sz && value)
+        world_cell_copy(val, value, sz);
+    else
+        memset(val, 0, sz);
+    return val + ALIGN8(sz);
+}
+
 int keel_cmd_spawn(keel_cmdbuf *cb, const keel_init *inits, uint32_t n)
 {
     if (!cb)
@@ -140,19 +154,12 @@ int keel_cmd_spawn(keel_cmdbuf *cb, const keel_init *inits, uint32_t n)
     if (!h)
         return record_error(cb);
     h->op = CMD_SPAWN;
-    h->n = (uint16_t)n;
+    h->n = (uint8_t)n;
     uint32_t *ids = (uint32_t *)(h + 1);
     unsigned char *val = (unsigned char *)h + sizeof(cmd_hdr) + ALIGN8((size_t)n * sizeof(uint32_t));
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t sz = w->comps[inits[i].c].desc.size;
         ids[i] = inits[i].c;
-        if (sz % 8) /* the padding: zero the last word, then the value covers its start */
-            memset(val + ALIGN8(sz) - 8, 0, 8);
-        if (sz && inits[i].value)
-            world_cell_copy(val, inits[i].value, sz);
-        else
-            memset(val, 0, sz);
-        val += ALIGN8(sz);
+        val = record_value(val, inits[i].value, w->comps[inits[i].c].desc.size);
     }
     record_commit(cb, h);
     return KEEL_OK;
@@ -184,13 +191,8 @@ static int record_component_op(keel_cmdbuf *cb, uint8_t op, keel_entity e, keel_
         return record_error(cb);
     h->op = op;
     h->target = e;
-    h->c = c;
-    unsigned char *val = (unsigned char *)(h + 1);
-    if (sz && value)
-        memcpy(val, value, sz);
-    else
-        memset(val, 0, sz);
-    memset(val + sz, 0, ALIGN8(sz) - sz);
+    h->c = (uint16_t)c;
+    record_value((unsigned char *)(h + 1), value, sz);
     record_commit(cb, h);
     return KEEL_OK;
 }
