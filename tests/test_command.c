@@ -594,6 +594,53 @@ START_TEST(playback_add_remove_moves)
 }
 END_TEST
 
+/* Spawns of alternating component sets in one buffer, and moves between
+ * them: playback compares a command's set with the table the last command
+ * found before it hashes, so every entity must land in its own set's table,
+ * with its own values, whatever the set before it. */
+START_TEST(playback_alternating_sets)
+{
+    keel_world *w = make_world();
+    keel_entity old = spawn_pos(w, -1, -1);
+    keel_cmdbuf *cb = tu_cmdbuf_new(w);
+    for (int32_t i = 0; i < 12; i++) {
+        if (i % 3 == 0) {
+            rec_spawn_pos(cb, i, 10 * i);
+        } else if (i % 3 == 1) {
+            rec_spawn_pos_hp(cb, i, 10 * i, (uint64_t)(100 + i));
+        } else {
+            pos_t p = {i, 10 * i};
+            vel_t v = {i, -i};
+            keel_init in[2] = {{VEL, &v}, {POS, &p}}; /* the set, not the order, names the table */
+            ck_assert_ok(keel_cmd_spawn(cb, in, 2));
+        }
+        if (i == 4) { /* a move between spawns: the pos table, then pos+hp */
+            uint64_t hp = 7;
+            ck_assert_ok(keel_cmd_add(cb, old, HP, &hp));
+        }
+    }
+    keel_cmd_result r = apply_ok(cb);
+    ck_assert_uint_eq(r.created_count, 12);
+    for (int32_t i = 0; i < 12; i++) {
+        keel_entity e = r.created[i];
+        assert_pos(w, e, i, 10 * i);
+        ck_assert_int_eq(keel_has(w, e, HP), i % 3 == 1);
+        ck_assert_int_eq(keel_has(w, e, VEL), i % 3 == 2);
+        if (i % 3 == 1)
+            assert_hp(w, e, (uint64_t)(100 + i));
+        if (i % 3 == 2)
+            assert_vel(w, e, i, -i);
+    }
+    assert_pos(w, old, -1, -1);
+    assert_hp(w, old, 7);
+    ck_assert_uint_eq(query_count(w, POS, 0, 0), 13);
+    ck_assert_uint_eq(query_count(w, POS, HP, 0), 5);
+    ck_assert_uint_eq(query_count(w, POS, VEL, 0), 4);
+    ck_assert_uint_eq(query_count(w, POS, 0, HP), 8);
+    destroy_buf_and_world(cb, w);
+}
+END_TEST
+
 START_TEST(playback_add_overwrites)
 {
     keel_world *w = make_world();
@@ -1850,7 +1897,7 @@ static Suite *record_suite(void)
 static Suite *playback_suite(void)
 {
     const TTest *const t[] = {playback_fifo_receipts, playback_fifo_order_matters, playback_add_remove_moves,
-                              playback_add_overwrites, playback_destroy_then_spawn_reuses,
+                              playback_alternating_sets, playback_add_overwrites, playback_destroy_then_spawn_reuses,
                               playback_spawn_then_destroy_no_reuse, playback_empty_noop, playback_destroy_clears,
                               playback_many, playback_batched_equals_one_by_one, playback_destroy_runs_equal_one_by_one,
                               playback_hash_history_independent};

@@ -453,6 +453,30 @@ START_TEST(clock_from_the_tsc_follows_the_real_clock)
 }
 END_TEST
 
+/* The first rate comes after a few milliseconds of anchors, so a runtime's
+ * stamps read the TSC from its first ticks on: anchors 3 ms apart (waited
+ * for on the real clock) give a rate at the second, unless preemption split
+ * a pair of readings (that anchor judges nothing: the next one does). */
+START_TEST(clock_has_a_rate_after_milliseconds)
+{
+    core_clock c = {0};
+    core_clock_anchor(&c);
+    if (!c.usable) {
+        fprintf(stderr, "clock_has_a_rate_after_milliseconds: SKIPPED, the TSC is not invariant\n");
+        return;
+    }
+    for (int i = 0; i < 50 && !c.mult; i++) {
+        uint64_t start = core_now_ns();
+        while (core_now_ns() - start < 3000000)
+            nanosleep(&(struct timespec){0, 500000}, NULL);
+        core_clock_anchor(&c);
+    }
+    ck_assert_uint_ne(c.mult, 0);
+    ck_assert_uint_lt(c.ns - c.ref_ns, 50000000ull); /* measured over milliseconds of anchors, not a tenth of a second */
+    ck_assert(clock_bracketed(&c, 20000));
+}
+END_TEST
+
 /* A rate that no longer predicts the real clock (as after a suspend) is
  * dropped at the next anchor: readings are the real clock's until a new
  * rate is measured. */
@@ -484,6 +508,7 @@ static Suite *clock_suite(void)
     tcase_set_timeout(tc, 60); /* two calibrations may take 20 s each on a loaded host */
     tcase_add_test(tc, clock_without_a_rate_reads_the_real_clock);
     tcase_add_test(tc, clock_from_the_tsc_follows_the_real_clock);
+    tcase_add_test(tc, clock_has_a_rate_after_milliseconds);
     tcase_add_test(tc, clock_drops_a_rate_that_mispredicts);
     suite_add_tcase(s, tc);
     return s;
