@@ -4,7 +4,7 @@
  * the real clock.
  *
  * Why: the scheduler stamps every system's start and end (telemetry, the
- * watchdog); clock_gettime costs ~25 ns on a kvm-clock VM against ~10 ns
+ * watchdog); clock_gettime costs ~27 ns on a 2-vCPU VM against ~11 ns
  * for rdtsc, and an empty system's budget is 60 ns.
  *
  * Protocol: one thread owns a core_clock and anchors it (core_clock_anchor)
@@ -16,9 +16,9 @@
  * measured between two anchors at least RATE_SPAN_NS apart and measured
  * again at every anchor after, over a growing span (restarted every
  * RATE_RESTART_NS, so it follows NTP's slewing of CLOCK_MONOTONIC). The
- * first rate is within 2 * PAIR_TIGHT ticks over RATE_SPAN_NS (2e-4 at
+ * first rate is within PAIR_TIGHT ticks over RATE_SPAN_NS (2e-4 at
  * 2.5 GHz), microseconds over a tick of ten milliseconds, and a hundred
- * times closer once the span reaches the restart; a short first span lets
+ * times closer once the span reaches 0.2 s; a short first span lets
  * a runtime read the TSC after its first few ticks, not its first tenth of
  * a second (a system's stamp is its largest fixed cost); an
  * anchor the rate mispredicts (a suspend, a step) starts the measurement

@@ -143,8 +143,8 @@ static int run_query_task(keel_ctx *ctx, const sched_system *sys, sched_run *st,
 /* Run one task. *clock is a timestamp the task may use as its start, or 0 to
  * read the clock; it must not precede the system's readiness. Serial mode
  * passes the previous system's end, so a system costs one clock read, not
- * two (ex->clock, core/clock.c: ~10 ns from the TSC, where clock_gettime
- * costs ~25 ns on a kvm-clock VM; a fresh start is read fenced, so that it
+ * two (ex->clock, core/clock.c: ~11 ns from the TSC, where clock_gettime
+ * costs ~27 ns on a VM; a fresh start is read fenced, so that it
  * follows the predecessor's end stamped on another core, whose completion
  * this thread has seen); parallel mode follows the
  * rule in work_loop. Either way a system's time includes the commit of the
