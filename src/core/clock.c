@@ -12,21 +12,22 @@
  * hands the tick's systems to the workers; the hand-off (the pool's
  * seq_cst epoch and tickets) orders the anchor before every read, and the
  * track's completion orders every read before the next anchor. A reading
- * is the anchor's nanoseconds plus the TSC ticks since, scaled by a rate
- * measured between two anchors at least RATE_SPAN_NS apart and measured
- * again at every anchor after, over a growing span (restarted every
- * RATE_RESTART_NS, so it follows NTP's slewing of CLOCK_MONOTONIC). The
- * first rate is within PAIR_TIGHT ticks over RATE_SPAN_NS (2e-4 at
- * 2.5 GHz), microseconds over a tick of ten milliseconds, and a hundred
- * times closer once the span reaches 0.2 s; a short first span lets
- * a runtime read the TSC after its first few ticks, not its first tenth of
- * a second (a system's stamp is its largest fixed cost); an
- * anchor the rate mispredicts (a suspend, a step) starts the measurement
- * over. A stamp that must follow another core's (core_clock_ns_fenced)
- * reads the TSC after an lfence. A reading is clock_gettime
- * instead until a rate exists, after an anchor
- * whose pair of readings was split (preempted between them), and where
- * the TSC is not invariant (one rate on every core, through sleep states).
+ * is the anchor's nanoseconds plus the TSC ticks since, scaled by a rate.
+ * The first rate is measured between two anchors RATE_FIRST_NS apart and
+ * used once the next anchor confirms it: within PAIR_TIGHT ticks over
+ * RATE_FIRST_NS (2e-4 at 2.5 GHz, 2 us over a tick of ten milliseconds),
+ * so a runtime reads the TSC after its first few ticks, not its first
+ * tenth of a second (a system's stamp is its largest fixed cost). From a
+ * span of RATE_SPAN_NS on, the rate is measured again at every anchor over
+ * the growing span (restarted every RATE_RESTART_NS, so it follows NTP's
+ * slewing of CLOCK_MONOTONIC; the rate before a restart serves until the
+ * new span reaches RATE_SPAN_NS); an anchor the rate mispredicts (a
+ * suspend, a step) starts the measurement over. A stamp that must follow
+ * another core's (core_clock_ns_fenced) reads the TSC after an lfence. A
+ * reading is clock_gettime instead until a rate is confirmed, after an
+ * anchor whose pair of readings was split (preempted between them), and
+ * where the TSC is not invariant (one rate on every core, through sleep
+ * states).
  */
 #include "core/core.h"
 
@@ -34,7 +35,8 @@
 #include <cpuid.h>
 #include <x86intrin.h>
 
-#define RATE_SPAN_NS 2000000ull         /* the shortest span a rate is measured over */
+#define RATE_FIRST_NS 2000000ull        /* the span the first rate is measured over */
+#define RATE_SPAN_NS 100000000ull       /* the shortest span a rate is measured again over */
 #define RATE_RESTART_NS 2000000000ull   /* a span this long restarts the measurement */
 #define PAIR_TRIES 3
 #define PAIR_TIGHT 1000u                /* TSC ticks around one clock read: it was not preempted */
@@ -65,8 +67,8 @@ static uint64_t clock_pair(uint64_t *tsc, bool *tight)
 }
 
 /* Whether the last anchor and the rate predict this one within
- * DRIFT_MAX_NS plus 0.1 % of the time since (the rate's own error is
- * thousands of times smaller). */
+ * DRIFT_MAX_NS plus 0.1 % of the time since (the rate's own error is five
+ * times smaller for a first rate, thousands of times once re-measured). */
 static bool predicted(const core_clock *c, uint64_t ns, uint64_t tsc)
 {
     if (!c->ns || ns < c->ns || tsc < c->tsc)
@@ -93,10 +95,11 @@ uint64_t core_clock_anchor(core_clock *c)
         c->rate = 0;
         c->ref_ns = 0;
     }
+    bool first = !c->rate; /* a first rate is used once the next anchor confirms it (predicted) */
     if (!c->ref_ns || ns < c->ref_ns || tsc <= c->ref_tsc) {
         c->ref_ns = ns;
         c->ref_tsc = tsc;
-    } else if (ns - c->ref_ns >= RATE_SPAN_NS) {
+    } else if (ns - c->ref_ns >= (first ? RATE_FIRST_NS : RATE_SPAN_NS)) {
         c->rate = (uint64_t)(((unsigned __int128)(ns - c->ref_ns) << 32) / (tsc - c->ref_tsc));
         if (ns - c->ref_ns >= RATE_RESTART_NS) {
             c->ref_ns = ns;
@@ -105,7 +108,7 @@ uint64_t core_clock_anchor(core_clock *c)
     }
     c->ns = ns;
     c->tsc = tsc;
-    c->mult = c->rate;
+    c->mult = first ? 0 : c->rate;
     return ns;
 }
 
