@@ -453,6 +453,18 @@ START_TEST(clock_from_the_tsc_follows_the_real_clock)
 }
 END_TEST
 
+/* Anchor c once 3 ms have passed on the real clock (waited for in naps:
+ * a stall only makes it later); whether the anchor was clean, its pair of
+ * readings tight (c->ns moves only then). */
+static bool anchor_after_3ms(core_clock *c)
+{
+    uint64_t start = core_now_ns(), before = c->ns;
+    while (core_now_ns() - start < 3000000)
+        nanosleep(&(struct timespec){0, 500000}, NULL);
+    core_clock_anchor(c);
+    return c->ns != before;
+}
+
 /* The first rate comes after a few milliseconds of anchors, so a runtime's
  * stamps read the TSC from its first ticks on: of clean anchors (their pair
  * of readings tight: c.ns moves) at least 3 ms apart, waited for on the
@@ -468,13 +480,9 @@ START_TEST(clock_has_a_rate_after_milliseconds)
     }
     uint32_t clean = c.ns != 0;
     for (int i = 0; i < 200 && clean < 3; i++) {
-        uint64_t start = core_now_ns();
-        while (core_now_ns() - start < 3000000)
-            nanosleep(&(struct timespec){0, 500000}, NULL);
-        uint64_t before = c.ns;
-        core_clock_anchor(&c);
-        clean += c.ns != before;
-        if (clean == 2 && c.ns != before) { /* measured, not yet used */
+        if (!anchor_after_3ms(&c))
+            continue;
+        if (++clean == 2) { /* measured, not yet used */
             ck_assert_uint_ne(c.rate, 0);
             ck_assert_uint_eq(c.mult, 0);
         }
@@ -504,15 +512,12 @@ START_TEST(clock_keeps_its_rate_across_a_restart)
         core_clock_anchor(&c);
     }
     ck_assert_uint_ne(c.ref_ns, ref);
-    uint64_t rate = c.rate, before = c.ns;
+    uint64_t rate = c.rate;
     ck_assert_uint_ne(rate, 0);
-    for (int i = 0; i < 100 && c.ns == before; i++) { /* the next clean anchor, 3 ms on */
-        uint64_t start = core_now_ns();
-        while (core_now_ns() - start < 3000000)
-            nanosleep(&(struct timespec){0, 500000}, NULL);
-        core_clock_anchor(&c);
-    }
-    ck_assert_uint_ne(c.ns, before);
+    bool clean = false;
+    for (int i = 0; i < 100 && !clean; i++) /* the next clean anchor, 3 ms on */
+        clean = anchor_after_3ms(&c);
+    ck_assert(clean);
     ck_assert_uint_eq(c.rate, rate);
     ck_assert_uint_eq(c.mult, rate);
 }
