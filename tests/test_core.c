@@ -421,14 +421,17 @@ END_TEST
  * preempt many anchors between their readings): false when it got none --
  * where the TSC is not invariant, or no anchor's pair of readings was tight
  * (clock_gettime a system call): the clock then reads the real clock, as
- * it must, and the tests that need a rate say they were skipped. */
-static bool clock_calibrated(core_clock *c)
+ * it must, and the test that needs a rate, named by `skipping` (NULL: no
+ * line), says it was skipped. */
+static bool clock_calibrated(core_clock *c, const char *skipping)
 {
     uint64_t start = core_clock_anchor(c);
     while (!c->mult && core_now_ns() - start < 20000000000ull) {
         nanosleep(&(struct timespec){0, 5000000}, NULL);
         core_clock_anchor(c);
     }
+    if (!c->mult && skipping)
+        fprintf(stderr, "%s: SKIPPED, the clock measured no TSC rate\n", skipping);
     return c->mult != 0;
 }
 
@@ -438,10 +441,8 @@ static bool clock_calibrated(core_clock *c)
 START_TEST(clock_from_the_tsc_follows_the_real_clock)
 {
     core_clock c = {0};
-    if (!clock_calibrated(&c)) {
-        fprintf(stderr, "clock_from_the_tsc_follows_the_real_clock: SKIPPED, the clock measured no TSC rate\n");
+    if (!clock_calibrated(&c, "clock_from_the_tsc_follows_the_real_clock"))
         return;
-    }
     for (int i = 0; i < 10; i++) {
         uint64_t at = core_clock_anchor(&c);
         ck_assert_uint_ge(core_clock_ns(&c), at);
@@ -502,10 +503,8 @@ END_TEST
 START_TEST(clock_keeps_its_rate_across_a_restart)
 {
     core_clock c = {0};
-    if (!clock_calibrated(&c)) {
-        fprintf(stderr, "clock_keeps_its_rate_across_a_restart: SKIPPED, the clock measured no TSC rate\n");
+    if (!clock_calibrated(&c, "clock_keeps_its_rate_across_a_restart"))
         return;
-    }
     uint64_t ref = c.ref_ns;
     for (int i = 0; i < 200 && c.ref_ns == ref; i++) { /* the restart: the reference moves to an anchor */
         nanosleep(&(struct timespec){0, 50000000}, NULL);
@@ -529,10 +528,8 @@ END_TEST
 START_TEST(clock_drops_a_rate_that_mispredicts)
 {
     core_clock c = {0};
-    if (!clock_calibrated(&c)) {
-        fprintf(stderr, "clock_drops_a_rate_that_mispredicts: SKIPPED, the clock measured no TSC rate\n");
+    if (!clock_calibrated(&c, "clock_drops_a_rate_that_mispredicts"))
         return;
-    }
     c.rate += c.rate / 50; /* 2 % fast: 400 us off after the 20 ms below */
     c.mult = c.rate;
     nanosleep(&(struct timespec){0, 20000000}, NULL);
@@ -542,7 +539,7 @@ START_TEST(clock_drops_a_rate_that_mispredicts)
     ck_assert_uint_eq(c.rate, 0);
     ck_assert_uint_eq(c.mult, 0);
     ck_assert(clock_bracketed(&c, 0));
-    ck_assert(clock_calibrated(&c)); /* and measured again */
+    ck_assert(clock_calibrated(&c, NULL)); /* and measured again */
     ck_assert(clock_bracketed(&c, 20000));
 }
 END_TEST
