@@ -1463,6 +1463,72 @@ START_TEST(test_parallel_stuck_holder)
 }
 END_TEST
 
+/* Each worker's home range is its own index's, every tick (dispatch.c "Task
+ * ranges"): worker w starts the tick at the first task of range w, so it
+ * streams the same rows as the tick before. Every chunk waits until all
+ * workers have started one, so no worker drains its home and steals before
+ * the others claimed their first task; the first chunk each worker visits
+ * is then its home range's first. Homes dealt by arrival order would give
+ * range 0 to whichever worker came first (with 4 workers on fewer CPUs, a
+ * different order from tick to tick). */
+#define HOME_TICKS 5
+static _Atomic uint32_t g_home_first[8]; /* first id each worker visited this tick, UINT32_MAX = none */
+static _Atomic uint32_t g_home_started;  /* workers that have visited a chunk this tick */
+static _Atomic uint32_t g_home_workers;  /* 0 = do not wait */
+static _Atomic uint32_t g_home_failed;
+
+static int home_chunk(keel_ctx *ctx, const keel_iter *it, void *user)
+{
+    (void)user;
+    uint32_t w = keel_ctx_worker(ctx), none = UINT32_MAX, workers = atomic_load(&g_home_workers);
+    const uint32_t *ids = KEEL_COLUMN(it, const uint32_t, 0);
+    if (!workers)
+        return 0;
+    if (w >= 8) {
+        atomic_store(&g_home_failed, 1);
+        return 0;
+    }
+    if (atomic_compare_exchange_strong(&g_home_first[w], &none, ids[0]))
+        atomic_fetch_add(&g_home_started, 1);
+    if (!tu_wait_at_least(&g_home_started, workers))
+        atomic_store(&g_home_failed, 1);
+    return 0;
+}
+
+START_TEST(test_parallel_home_ranges)
+{
+    for (int wi = 1; wi < NWORKERS; wi++) {
+        uint32_t workers = (uint32_t)k_workers[wi];
+        atomic_store(&g_home_workers, 0);
+        keel_schedule *s;
+        keel_runtime *rt = par_runtime((int)workers, &s);
+        keel_system sys = add_par_reader(s, "home", home_chunk, 0, 0);
+        tu_install(rt, s);
+        ck_assert_ok(keel_runtime_step(rt)); /* populates the world */
+        for (uint64_t tick = 2; tick < 2 + HOME_TICKS; tick++) {
+            for (uint32_t w = 0; w < 8; w++)
+                atomic_store(&g_home_first[w], UINT32_MAX);
+            atomic_store(&g_home_started, 0);
+            atomic_store(&g_home_failed, 0);
+            atomic_store(&g_home_workers, workers);
+            ck_assert_ok(keel_runtime_step(rt));
+            atomic_store(&g_home_workers, 0);
+            ck_assert_uint_eq(atomic_load(&g_home_failed), 0);
+            uint32_t tasks = tu_sysrec(rt, tick, sys).tasks;
+            ck_assert_uint_ge(tasks, workers); /* one range per worker */
+            for (uint32_t w = 0; w < workers; w++) {
+                uint32_t task = (uint32_t)((uint64_t)tasks * w / workers); /* range w's first task */
+                uint32_t chunk = (uint32_t)((uint64_t)task * P_NCHUNKS / tasks);
+                ck_assert_msg(atomic_load(&g_home_first[w]) == chunk * P_CHUNK,
+                              "workers %u tick %llu: worker %u started at id %u, not at its range's %u", workers,
+                              (unsigned long long)tick, w, atomic_load(&g_home_first[w]), chunk * P_CHUNK);
+            }
+        }
+        keel_runtime_close(rt);
+    }
+}
+END_TEST
+
 /* min_chunk_rows bounds the number of tasks: rows / min_chunk_rows at most
  * (and 1 when it exceeds the rows); every row is still visited once. */
 START_TEST(test_parallel_min_chunk_rows)
@@ -1734,7 +1800,8 @@ END_TEST
 static Suite *dispatch_parallel(void)
 {
     const TTest *const t[] = {test_parallel_visit_once, test_parallel_integrate_matches_serial,
-                              test_parallel_min_chunk_rows, test_parallel_stuck_holder, test_parallel_tasks_overlap,
+                              test_parallel_min_chunk_rows, test_parallel_stuck_holder, test_parallel_home_ranges,
+                              test_parallel_tasks_overlap,
                               test_parallel_pipeline, test_parallel_small_queries,
                               test_parallel_worker_leaves_stepping_cpu};
     return tu_case_suite("dispatch_parallel", "parallel", t, sizeof t / sizeof t[0]);

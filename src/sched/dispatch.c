@@ -35,10 +35,10 @@
  * stepping thread does not prepare every root alone before the workers
  * start, and the system's state is written on the thread that runs it.
  *
- * Task ranges. Each ticket holder takes a home range (fetch_add on
- * next_range) and claims its tasks from the front, in index order; a holder
- * whose home is empty (or who came too late to get one) steals single
- * tasks from the back of the range with the most tasks left. A range is one
+ * Task ranges. A ticket holder's home range is its worker's index (worker
+ * w: range w) and it claims its tasks from the front, in index order; a
+ * holder whose home is empty (or who has none: w >= the ranges) steals
+ * single tasks from the back of the range with the most tasks left. A range is one
  * 64-bit word (lo << 32 | hi), changed only by CAS: the owner's lo + 1 and
  * a thief's hi - 1 both require lo < hi in the word they replace, so every
  * task is claimed exactly once. Why ranges and not one shared counter: a
@@ -46,7 +46,11 @@
  * stream through the same stretch of memory; with ranges each streams its
  * own contiguous stretch (2 workers, 2 tasks each, a 1M-row pass: ticks
  * of 0.44-0.53 ms against 0.52-0.70 with the counter; docs/performance.md),
- * and stealing keeps the balance of small tasks. Which
+ * and stealing keeps the balance of small tasks. Homes by worker index,
+ * not first come first served, so that a worker streams the same stretch
+ * every tick, which the caches nearest its CPU still hold: with homes
+ * dealt by arrival, a tick whose two workers arrived in the other order
+ * ran each task in 0.53 ms instead of 0.15-0.2 (docs/performance.md). Which
  * thread ran a task never shows: a task's commands go to its own buffer,
  * applied in task order. A stale holder (the system completed) finds every
  * range empty; ranges are reset by make_ready, before any ticket exists
@@ -320,14 +324,12 @@ static int cut_ranges(sched_exec *ex, uint32_t s)
     return KEEL_OK;
 }
 
-/* The next task of system s for a holder whose home range is *home
- * (UINT32_MAX: none yet), or UINT32_MAX when every range is empty. */
-static uint32_t claim_task(sched_run *st, uint32_t *home)
+/* The next task of system s for a holder on `worker` whose home range is
+ * *home (UINT32_MAX: none yet), or UINT32_MAX when every range is empty. */
+static uint32_t claim_task(sched_run *st, uint32_t *home, uint32_t worker)
 {
-    if (*home == UINT32_MAX) {
-        uint32_t h = atomic_fetch_add(&st->next_range, 1);
-        *home = h < st->nranges ? h : st->nranges; /* nranges: a thief from the start */
-    }
+    if (*home == UINT32_MAX)
+        *home = worker < st->nranges ? worker : st->nranges; /* nranges: a thief from the start */
     if (*home < st->nranges) {
         _Atomic uint64_t *r = &st->ranges[*home];
         uint64_t v = atomic_load(r);
@@ -404,10 +406,10 @@ static bool make_ready(sched_exec *ex, uint32_t s)
 
 /* Per-run fields: reset by the thread that makes the system ready, before
  * any ticket for it exists. (Not at completion: a worker holding a stale
- * "help" ticket may still bump next_range after the system completed.) */
+ * "help" ticket may still claim from the ranges after the system
+ * completed: it finds them empty.) */
 static void reset_run(sched_run *st)
 {
-    atomic_store_explicit(&st->next_range, 0, memory_order_relaxed);
     atomic_store_explicit(&st->started, false, memory_order_relaxed);
     st->nranges = 0;
     atomic_store_explicit(&st->tasks_done, 0, memory_order_relaxed);
@@ -616,7 +618,7 @@ static uint32_t help(sched_exec *ex, uint32_t s, uint32_t worker, ready_list *re
     }
     uint32_t home = UINT32_MAX;
     for (;;) {
-        uint32_t k = claim_task(st, &home);
+        uint32_t k = claim_task(st, &home, worker);
         if (k == UINT32_MAX)
             return SCHED_NONE;
         /* the first claim takes the telemetry start; its writes reach the

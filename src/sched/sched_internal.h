@@ -87,7 +87,6 @@ typedef struct sched_run {
      * never share a line */
     alignas(64) _Atomic uint32_t preds_left; /* predecessors not yet completed */
     _Atomic uint32_t dep_failed;   /* a predecessor failed or was skipped */
-    _Atomic uint32_t next_range;   /* next home range to hand to a ticket holder (dispatch.c) */
     _Atomic bool started;          /* a task of this run has claimed the telemetry start (dispatch.c) */
     _Atomic uint32_t tasks_done;
     _Atomic int fail_rc;           /* first failing task's code, 0 = none */
