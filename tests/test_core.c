@@ -6,6 +6,7 @@
  */
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -777,12 +778,86 @@ START_TEST(placement_never_widens_an_operators_affinity)
 }
 END_TEST
 
+/* ---- task ranges ----------------------------------------------------------------------------- */
+
+/* Worker w claims its home range w from the front, then steals single tasks
+ * from the back of the fullest range (the first of equals); a worker
+ * without a home steals from the start; an empty set answers UINT32_MAX. */
+START_TEST(ranges_claim_home_first_then_steal_from_the_fullest)
+{
+    _Atomic uint64_t r[3];
+    core_range_set(&r[0], 0, 3);
+    core_range_set(&r[1], 3, 6);
+    core_range_set(&r[2], 6, 10);
+    uint32_t home = UINT32_MAX, got[10], n = 0;
+    for (uint32_t t; n < 10 && (t = core_range_claim(r, 3, &home, 1)) != UINT32_MAX;)
+        got[n++] = t;
+    /* home 3 4 5; then range 2 (4 left) from the back: 9; then ranges 0 and 2 have 3 each: the first, 2;
+       then range 2 (3 left): 8; then 1 and 7, 0 and 6 */
+    static const uint32_t want[10] = {3, 4, 5, 9, 2, 8, 1, 7, 0, 6};
+    ck_assert_uint_eq(n, 10);
+    ck_assert_mem_eq(got, want, sizeof want);
+    ck_assert_uint_eq(home, 3); /* drained: a thief from now on */
+    ck_assert_uint_eq(core_range_claim(r, 3, &home, 1), UINT32_MAX);
+
+    core_range_set(&r[0], 0, 2);
+    core_range_set(&r[1], 2, 2); /* an empty home */
+    home = UINT32_MAX;
+    ck_assert_uint_eq(core_range_claim(r, 2, &home, 1), 1); /* steals at once */
+    home = UINT32_MAX;
+    ck_assert_uint_eq(core_range_claim(r, 2, &home, 7), 0); /* no home of its own */
+    ck_assert_uint_eq(home, 2);
+    ck_assert_uint_eq(core_range_claim(r, 2, &home, 0), UINT32_MAX);
+}
+END_TEST
+
+#define RANGE_THREADS 4
+#define RANGE_TASKS 200000u
+static _Atomic uint64_t g_ranges[RANGE_THREADS];
+static _Atomic uint32_t g_claimed[RANGE_TASKS];
+static _Atomic uint32_t g_range_go;
+
+static void *range_claimer(void *arg)
+{
+    uint32_t worker = (uint32_t)(uintptr_t)arg, home = UINT32_MAX;
+    while (!atomic_load(&g_range_go))
+        sched_yield();
+    for (uint32_t t; (t = core_range_claim(g_ranges, RANGE_THREADS, &home, worker)) != UINT32_MAX;)
+        atomic_fetch_add_explicit(&g_claimed[t], 1, memory_order_relaxed);
+    return NULL;
+}
+
+/* Four threads claiming from the front of their homes and stealing from
+ * every back at once (homes of very different sizes, one empty): every
+ * task is claimed exactly once. */
+START_TEST(ranges_claim_every_task_exactly_once)
+{
+    static const uint32_t cut[RANGE_THREADS + 1] = {0, 150000, 150000, 150001, RANGE_TASKS};
+    for (uint32_t w = 0; w < RANGE_THREADS; w++)
+        core_range_set(&g_ranges[w], cut[w], cut[w + 1]);
+    for (uint32_t t = 0; t < RANGE_TASKS; t++)
+        atomic_store_explicit(&g_claimed[t], 0, memory_order_relaxed);
+    atomic_store(&g_range_go, 0);
+    pthread_t th[RANGE_THREADS];
+    for (uintptr_t w = 0; w < RANGE_THREADS; w++)
+        ck_assert_int_eq(pthread_create(&th[w], NULL, range_claimer, (void *)w), 0);
+    atomic_store(&g_range_go, 1);
+    for (int w = 0; w < RANGE_THREADS; w++)
+        pthread_join(th[w], NULL);
+    for (uint32_t t = 0; t < RANGE_TASKS; t++)
+        if (atomic_load_explicit(&g_claimed[t], memory_order_relaxed) != 1)
+            ck_abort_msg("task %u claimed %u times", t, atomic_load(&g_claimed[t]));
+}
+END_TEST
+
 static Suite *threads_suite(void)
 {
     Suite *s = suite_create("core_threads");
     TCase *tc = tcase_create("threads");
     tcase_add_test(tc, last_error_is_per_thread);
     tcase_add_test(tc, concurrent_logging_accounts_for_every_event);
+    tcase_add_test(tc, ranges_claim_home_first_then_steal_from_the_fullest);
+    tcase_add_test(tc, ranges_claim_every_task_exactly_once);
     suite_add_tcase(s, tc);
     TCase *pl = tcase_create("placement");
     tcase_add_test(pl, placement_moves_a_thread_off_the_named_cpu);

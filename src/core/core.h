@@ -199,6 +199,17 @@ static inline void core_pool_join(const core_pool *p)
     if (p->join)
         p->join(p->self);
 }
+/* ---- task ranges (core/ranges.c) ----
+ *
+ * The tasks of a parallel piece of work cut into contiguous ranges, range w
+ * the home of worker w: core_range_set fills range i (before the workers may
+ * claim), core_range_claim gives worker `worker` its next task -- from the
+ * front of its home, then stolen from the back of the fullest range --
+ * or UINT32_MAX when every range is empty. *home is the claimer's state:
+ * UINT32_MAX before its first claim. */
+void core_range_set(_Atomic uint64_t *range, uint32_t lo, uint32_t hi);
+uint32_t core_range_claim(_Atomic uint64_t *ranges, uint32_t n, uint32_t *home, uint32_t worker);
+
 /* ---- growable arrays (core/grow.c) ----
  *
  * An array is a pointer to its elements and a capacity (in elements). The

@@ -35,26 +35,22 @@
  * stepping thread does not prepare every root alone before the workers
  * start, and the system's state is written on the thread that runs it.
  *
- * Task ranges. A ticket holder's home range is its worker's index (worker
- * w: range w) and it claims its tasks from the front, in index order; a
- * holder whose home is empty (or who has none: w >= the ranges) steals
- * single tasks from the back of the range with the most tasks left. A range is one
- * 64-bit word (lo << 32 | hi), changed only by CAS: the owner's lo + 1 and
- * a thief's hi - 1 both require lo < hi in the word they replace, so every
- * task is claimed exactly once. Why ranges and not one shared counter: a
- * counter deals neighbouring tasks to different threads, so both threads
- * stream through the same stretch of memory; with ranges each streams its
- * own contiguous stretch (2 workers, 2 tasks each, a 1M-row pass: ticks
- * of 0.44-0.53 ms against 0.52-0.70 with the counter; docs/performance.md),
- * and stealing keeps the balance of small tasks. Homes by worker index,
- * not first come first served, so that a worker streams the same stretch
- * every tick, which the caches nearest its CPU still hold: with homes
- * dealt by arrival, a tick whose two workers arrived in the other order
- * ran each task in 0.53 ms instead of 0.15-0.2 (docs/performance.md). Which
- * thread ran a task never shows: a task's commands go to its own buffer,
- * applied in task order. A stale holder (the system completed) finds every
- * range empty; ranges are reset by make_ready, before any ticket exists
- * (or, for a prepared root, by its one holder before it claims a task).
+ * Task ranges (core/ranges.c): a parallel system's tasks are cut into R
+ * contiguous ranges, range w the home of worker w; a ticket holder claims
+ * from the front of its home, then steals single tasks from the back of
+ * the fullest range. Ranges and not one shared counter: a counter deals
+ * neighbouring tasks to different threads, so both threads stream through
+ * the same stretch of memory; with ranges each streams its own contiguous
+ * stretch (2 workers, 2 tasks each, a 1M-row pass: ticks of 0.44-0.53 ms
+ * against 0.52-0.70 with the counter; docs/performance.md). Homes by worker
+ * index, not by arrival: with homes dealt first come first served, a tick
+ * whose two workers arrived in the other order than the tick before ran
+ * each task in 0.53 ms instead of 0.15-0.2 (its rows sat in the caches
+ * nearest the other CPU). Which thread ran a task never shows: a task's
+ * commands go to its own buffer, applied in task order. A stale holder
+ * (the system completed) finds every range empty; ranges are reset by
+ * make_ready, before any ticket exists (or, for a prepared root, by its one
+ * holder before it claims a task).
  * A system with one range (one task, or one worker's worth) has exactly
  * one holder -- one ticket, or the completing worker that keeps it inline
  * -- so that holder runs its tasks in order with no claim, no `started`
@@ -297,11 +293,6 @@ static int ensure_cmdbufs(sched_exec *ex, uint32_t s)
     return KEEL_OK;
 }
 
-static uint64_t range_word(uint32_t lo, uint32_t hi)
-{
-    return (uint64_t)lo << 32 | hi;
-}
-
 /* Cut system s's tasks into min(ntasks, workers) contiguous ranges, one per
  * holder it will have (see "Task ranges" above). */
 static int cut_ranges(sched_exec *ex, uint32_t s)
@@ -316,42 +307,10 @@ static int cut_ranges(sched_exec *ex, uint32_t s)
     }
     uint32_t r = st->ntasks < ex->workers ? st->ntasks : ex->workers;
     for (uint32_t i = 0; i < r; i++)
-        atomic_store_explicit(&st->ranges[i],
-                              range_word((uint32_t)((uint64_t)st->ntasks * i / r),
-                                         (uint32_t)((uint64_t)st->ntasks * (i + 1) / r)),
-                              memory_order_relaxed);
+        core_range_set(&st->ranges[i], (uint32_t)((uint64_t)st->ntasks * i / r),
+                       (uint32_t)((uint64_t)st->ntasks * (i + 1) / r));
     st->nranges = r;
     return KEEL_OK;
-}
-
-/* The next task of system s for a holder on `worker` whose home range is
- * *home (UINT32_MAX: none yet), or UINT32_MAX when every range is empty. */
-static uint32_t claim_task(sched_run *st, uint32_t *home, uint32_t worker)
-{
-    if (*home == UINT32_MAX)
-        *home = worker < st->nranges ? worker : st->nranges; /* nranges: a thief from the start */
-    if (*home < st->nranges) {
-        _Atomic uint64_t *r = &st->ranges[*home];
-        uint64_t v = atomic_load(r);
-        while ((uint32_t)(v >> 32) < (uint32_t)v)
-            if (atomic_compare_exchange_weak(r, &v, v + ((uint64_t)1 << 32)))
-                return (uint32_t)(v >> 32);
-        *home = st->nranges; /* home drained: steal from now on */
-    }
-    for (;;) {
-        uint32_t best = UINT32_MAX, most = 0;
-        uint64_t v = 0;
-        for (uint32_t i = 0; i < st->nranges; i++) {
-            uint64_t w = atomic_load(&st->ranges[i]);
-            uint32_t left = (uint32_t)w - (uint32_t)(w >> 32);
-            if ((uint32_t)(w >> 32) < (uint32_t)w && left > most)
-                best = i, most = left, v = w;
-        }
-        if (best == UINT32_MAX)
-            return UINT32_MAX;
-        if (atomic_compare_exchange_strong(&st->ranges[best], &v, v - 1))
-            return (uint32_t)v - 1;
-    }
 }
 
 /* Overload throttling (docs/overload.md): from SYSTEM_THROTTLING on, LOW
@@ -618,7 +577,7 @@ static uint32_t help(sched_exec *ex, uint32_t s, uint32_t worker, ready_list *re
     }
     uint32_t home = UINT32_MAX;
     for (;;) {
-        uint32_t k = claim_task(st, &home, worker);
+        uint32_t k = core_range_claim(st->ranges, st->nranges, &home, worker);
         if (k == UINT32_MAX)
             return SCHED_NONE;
         /* the first claim takes the telemetry start; its writes reach the
