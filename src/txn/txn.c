@@ -116,7 +116,7 @@ static void *private_column(keel_ctx *ctx, const world_table *t, uint32_t chunk,
         version_put_spare(v, copy);
         return other;
     }
-    txn_vec_push(&ctx->part->priv, (txn_touch){t->id, chunk, col});
+    txn_vec_push(&ctx->part->priv, (txn_touch){t->id, chunk, col, ctx->worker});
     return copy;
 }
 
@@ -130,7 +130,7 @@ static int mark_dirty(keel_ctx *ctx, const world_table *t, uint32_t chunk, uint3
     if (rc)
         return rc;
     if (!atomic_exchange_explicit(&v->changed, 1, memory_order_relaxed))
-        txn_vec_push(&ctx->part->dirty, (txn_touch){t->id, chunk, col});
+        txn_vec_push(&ctx->part->dirty, (txn_touch){t->id, chunk, col, ctx->worker});
     return KEEL_OK;
 }
 

@@ -36,6 +36,7 @@ typedef struct txn_access {
 /* A chunk column: (table id, chunk index, column index). */
 typedef struct txn_touch {
     uint32_t table, chunk, col;
+    uint32_t worker;           /* the worker whose task wrote it: the capture's home for it (uow.c) */
 } txn_touch;
 
 typedef struct txn_vec {
@@ -225,6 +226,11 @@ typedef struct txn_uow {
     uint32_t nwbuf, nwbuf_used;
     txn_touch *flat;           /* capture scratch: the durable touches, in order */
     uint32_t nflat, flat_cap;
+    uint32_t *by_worker;       /* capture scratch: flat's indices grouped by the touches' workers */
+    uint32_t by_worker_cap;
+    _Atomic uint64_t *homes;   /* capture scratch: worker w's part of by_worker (core_range_*) */
+    uint32_t *home_end;        /* capture scratch: where each worker's part ends */
+    uint32_t nhomes, homes_cap;
     const txn_vec **lists;     /* capture scratch: the systems' change lists, in order */
     uint32_t lists_cap;
     uow_cell *cells;           /* capture scratch: the rows side transactions wrote this tick, sorted */

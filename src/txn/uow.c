@@ -328,6 +328,56 @@ static void capture_task(void *arg, uint32_t i, uint32_t worker)
     j->u->groups[j->base + i] = capture_chunk(&j->u->wbuf[worker], worker, j->u, j->w, j->u->flat[i]);
 }
 
+/* On the pool, a touch is captured by the worker whose task wrote it, while
+ * the caches nearest that worker's CPU may still hold its rows: flat's
+ * indices are grouped by the touches' workers (by_worker), worker w's group
+ * is its home range (core/ranges.c), and a worker with an empty home steals.
+ * The pool's index is then a ticket, not a touch: the pool makes exactly
+ * nflat calls and every call claims exactly one touch (a claim fails only
+ * once all nflat are claimed, by the other nflat - 1 calls at most one
+ * each: impossible). Where a group lands still depends on its touch's
+ * place in flat only, so the WAL is the same whoever captured what. */
+static void capture_home_task(void *arg, uint32_t ticket, uint32_t worker)
+{
+    capture_job *j = arg;
+    txn_uow *u = j->u;
+    uint32_t home = UINT32_MAX;
+    (void)ticket;
+    uint32_t k = core_range_claim(u->homes, u->nhomes, &home, worker);
+    if (k != UINT32_MAX)
+        capture_task(arg, u->by_worker[k], worker);
+}
+
+/* by_worker and the homes of capture_home_task for `workers` workers. */
+static int group_by_worker(txn_uow *u, uint32_t workers)
+{
+    if (uow_grow((void **)&u->by_worker, &u->by_worker_cap, u->nflat, sizeof *u->by_worker))
+        return KEEL_ENOMEM;
+    if (u->homes_cap < workers) {
+        _Atomic uint64_t *h = realloc(u->homes, (size_t)workers * sizeof *h);
+        if (h)
+            u->homes = h;
+        uint32_t *e = realloc(u->home_end, (size_t)workers * sizeof *e);
+        if (e)
+            u->home_end = e;
+        if (!h || !e)
+            return KEEL_ENOMEM;
+        u->homes_cap = workers;
+    }
+    uint32_t *end = u->home_end;
+    memset(end, 0, (size_t)workers * sizeof *end);
+    for (uint32_t i = 0; i < u->nflat; i++) /* counts, then each part's end */
+        end[u->flat[i].worker % workers]++;
+    for (uint32_t w = 1; w < workers; w++)
+        end[w] += end[w - 1];
+    for (uint32_t i = u->nflat; i-- > 0;) /* backwards: each part keeps flat's order */
+        u->by_worker[--end[u->flat[i].worker % workers]] = i;
+    for (uint32_t w = 0; w < workers; w++) /* end[w] is now part w's start */
+        core_range_set(&u->homes[w], end[w], w + 1 < workers ? end[w + 1] : u->nflat);
+    u->nhomes = workers;
+    return KEEL_OK;
+}
+
 /* Collect the durable touches of lists[0..nlists) into flat; *rows gets
  * the rows they hold (the work to do). */
 static int flatten(txn_uow *u, const keel_world *w, const txn_vec *const *lists, uint32_t nlists, size_t *rows)
@@ -367,9 +417,13 @@ static void capture_lists(txn_state *ts, const txn_vec *const *lists, uint32_t n
         u->wbuf[i] = (uow_wbuf){0};
     u->nwbuf_used = u->nwbuf;
     capture_job job = {u, ts->world, u->ngroups};
-    if (rows >= UOW_PARALLEL_ROWS)
-        core_pool_run(&ts->pool, u->nflat, capture_task, &job);
-    else
+    if (rows >= UOW_PARALLEL_ROWS && ts->pool.workers > 1) {
+        if (group_by_worker(u, ts->pool.workers)) {
+            u->oom = true;
+            return;
+        }
+        core_pool_run(&ts->pool, u->nflat, capture_home_task, &job);
+    } else
         for (uint32_t i = 0; i < u->nflat; i++)
             capture_task(&job, i, 0);
     for (uint32_t i = 0; i < u->nflat; i++) {
@@ -432,6 +486,9 @@ void uow_fini(txn_uow *u)
     free(u->wbuf);
     free(u->groups);
     free(u->flat);
+    free(u->by_worker);
+    free(u->homes);
+    free(u->home_end);
     free(u->lists);
     free(u->cells);
     free(u->lifecycle.buf);
