@@ -107,6 +107,19 @@ static inline void core_cond_init_monotonic(pthread_cond_t *cv)
     pthread_condattr_destroy(&ca);
 }
 
+/* A mutex whose contenders spin a little before they sleep: for locks held
+ * tens to hundreds of nanoseconds at a time, where a futex sleep and
+ * wake-up (microseconds on a VM) would cost more than the wait
+ * (docs/performance.md, "Design measurements"). */
+static inline void core_mutex_init_adaptive(pthread_mutex_t *m)
+{
+    pthread_mutexattr_t ma;
+    pthread_mutexattr_init(&ma);
+    pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(m, &ma);
+    pthread_mutexattr_destroy(&ma);
+}
+
 /* The anchored clock (core/clock.c): CLOCK_MONOTONIC nanoseconds from the
  * TSC, for timestamps taken per system. Anchored by its owner's thread when
  * no other thread reads it (the protocol is at the definition); read by
