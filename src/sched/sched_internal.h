@@ -96,8 +96,8 @@ typedef struct sched_run {
     uint32_t worker;               /* telemetry of this run */
     uint64_t start_ns, end_ns;
     keel_skip_reason skip;
-    /* the task ranges of this run, one per ticket holder: (lo << 32 | hi),
-     * workers entries (dispatch.c "Task ranges") */
+    /* the task ranges of this run, range w worker w's home: (lo << 32 | hi),
+     * room for `workers` (dispatch.c "Task ranges", core/ranges.c) */
     _Atomic uint64_t *ranges;
     uint32_t nranges;
     /* QUERY systems: the chunks of this tick, split into ntasks tasks */

@@ -20,9 +20,11 @@
  * flag. Either the waiter's CAS or futex_wait sees the step (the word
  * changed), or the step sees the flag: no wake-up is lost, and a step
  * nobody waits for makes no system call (at 10^5 tickets a second, the
- * writer's thread had spent more in FUTEX_WAKE than in its commits). A GROUP or DEFERRED ticket that someone still holds takes its
- * last step from the log's when_durable callback, which holds the queue's
- * reference until then. `refs` counts the submitter's handle and the
+ * writer's thread had spent more in FUTEX_WAKE than in its commits; a
+ * waiter that timed out leaves its flag, and the next step makes one
+ * call for nobody). A GROUP or DEFERRED ticket that someone still holds
+ * takes its last step from the log's when_durable callback, which holds
+ * the queue's reference until then. `refs` counts the submitter's handle and the
  * queue's; the last release frees the ticket. wfcqueue is not visible to
  * ThreadSanitizer, so the producer releases and the consumer acquires the
  * ticket under TSan.

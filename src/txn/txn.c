@@ -50,7 +50,7 @@ int txn_vec_reserve(txn_vec *v, uint32_t extra)
 int txn_state_init(txn_state *ts, keel_world *w, keel_durability mode)
 {
     *ts = (txn_state){.world = w, .durability = mode};
-    core_mutex_init_adaptive(&ts->side_lock); /* held ~100 ns per side transaction step */
+    core_mutex_init_adaptive(&ts->side_lock); /* usually held ~100 ns per side transaction step */
     submit_init(ts);
     int rc = view_init(ts);
     return rc ? rc : side_init(ts);

@@ -334,8 +334,9 @@ static void capture_task(void *arg, uint32_t i, uint32_t worker)
  * is its home range (core/ranges.c), and a worker with an empty home steals.
  * The pool's index is then a ticket, not a touch: the pool makes exactly
  * nflat calls and every call claims exactly one touch (a claim fails only
- * once all nflat are claimed, by the other nflat - 1 calls at most one
- * each: impossible). Where a group lands still depends on its touch's
+ * once all nflat are claimed -- ranges only shrink during the job, so a
+ * steal's scan that finds every range empty means all are -- by the other
+ * nflat - 1 calls, at most one each: impossible). Where a group lands still depends on its touch's
  * place in flat only, so the WAL is the same whoever captured what. */
 static void capture_home_task(void *arg, uint32_t ticket, uint32_t worker)
 {
@@ -344,7 +345,8 @@ static void capture_home_task(void *arg, uint32_t ticket, uint32_t worker)
     uint32_t home = UINT32_MAX;
     (void)ticket;
     uint32_t k = core_range_claim(u->homes, u->nhomes, &home, worker);
-    if (k != UINT32_MAX)
+    if (k != UINT32_MAX) /* always (see above); a touch left unclaimed keeps the UOW_REF_OOM its slot was
+                            given, and the unit is refused, not logged incomplete */
         capture_task(arg, u->by_worker[k], worker);
 }
 
@@ -418,11 +420,10 @@ static void capture_lists(txn_state *ts, const txn_vec *const *lists, uint32_t n
     u->nwbuf_used = u->nwbuf;
     capture_job job = {u, ts->world, u->ngroups};
     if (rows >= UOW_PARALLEL_ROWS && ts->pool.workers > 1) {
-        if (group_by_worker(u, ts->pool.workers)) {
-            u->oom = true;
-            return;
-        }
-        core_pool_run(&ts->pool, u->nflat, capture_home_task, &job);
+        bool homes = group_by_worker(u, ts->pool.workers) == KEEL_OK; /* else dealt in any order */
+        for (uint32_t i = 0; homes && i < u->nflat; i++)
+            u->groups[job.base + i] = (uow_ref){UOW_REF_OOM, 0, 0};
+        core_pool_run(&ts->pool, u->nflat, homes ? capture_home_task : capture_task, &job);
     } else
         for (uint32_t i = 0; i < u->nflat; i++)
             capture_task(&job, i, 0);
