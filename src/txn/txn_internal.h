@@ -230,7 +230,7 @@ typedef struct txn_uow {
     uint32_t by_worker_cap;
     _Atomic uint64_t *homes;   /* capture scratch: worker w's part of by_worker (core_range_*) */
     uint32_t *home_end;        /* capture scratch: where each worker's part ends */
-    uint32_t nhomes, homes_cap;
+    uint32_t nhomes, homes_cap, home_end_cap;
     const txn_vec **lists;     /* capture scratch: the systems' change lists, in order */
     uint32_t lists_cap;
     uow_cell *cells;           /* capture scratch: the rows side transactions wrote this tick, sorted */

@@ -350,22 +350,10 @@ static void capture_home_task(void *arg, uint32_t ticket, uint32_t worker)
         capture_task(arg, u->by_worker[k], worker);
 }
 
-/* by_worker and the homes of capture_home_task for `workers` workers. */
-static int group_by_worker(txn_uow *u, uint32_t workers)
+/* by_worker and the homes of capture_home_task for `workers` workers (their
+ * room is made with flat's and wbuf's, in capture_lists). */
+static void group_by_worker(txn_uow *u, uint32_t workers)
 {
-    if (uow_grow((void **)&u->by_worker, &u->by_worker_cap, u->nflat, sizeof *u->by_worker))
-        return KEEL_ENOMEM;
-    if (u->homes_cap < workers) {
-        _Atomic uint64_t *h = realloc(u->homes, (size_t)workers * sizeof *h);
-        if (h)
-            u->homes = h;
-        uint32_t *e = realloc(u->home_end, (size_t)workers * sizeof *e);
-        if (e)
-            u->home_end = e;
-        if (!h || !e)
-            return KEEL_ENOMEM;
-        u->homes_cap = workers;
-    }
     uint32_t *end = u->home_end;
     memset(end, 0, (size_t)workers * sizeof *end);
     for (uint32_t i = 0; i < u->nflat; i++) /* counts, then each part's end */
@@ -377,7 +365,6 @@ static int group_by_worker(txn_uow *u, uint32_t workers)
     for (uint32_t w = 0; w < workers; w++) /* end[w] is now part w's start */
         core_range_set(&u->homes[w], end[w], w + 1 < workers ? end[w + 1] : u->nflat);
     u->nhomes = workers;
-    return KEEL_OK;
 }
 
 /* Collect the durable touches of lists[0..nlists) into flat; *rows gets
@@ -388,7 +375,8 @@ static int flatten(txn_uow *u, const keel_world *w, const txn_vec *const *lists,
     *rows = 0;
     for (uint32_t l = 0; l < nlists; l++) {
         const txn_vec *changes = lists[l];
-        if (uow_grow((void **)&u->flat, &u->flat_cap, u->nflat + changes->n, sizeof *u->flat))
+        if (uow_grow((void **)&u->flat, &u->flat_cap, u->nflat + changes->n, sizeof *u->flat) ||
+            uow_grow((void **)&u->by_worker, &u->by_worker_cap, u->nflat + changes->n, sizeof *u->by_worker))
             return KEEL_ENOMEM;
         for (uint32_t i = 0; i < changes->n; i++) {
             txn_touch tc = changes->v[i];
@@ -409,7 +397,10 @@ static void capture_lists(txn_state *ts, const txn_vec *const *lists, uint32_t n
     size_t rows;
     if (u->oom)
         return;
-    if (uow_grow((void **)&u->wbuf, &u->nwbuf, ts->pool.workers ? ts->pool.workers : 1, sizeof *u->wbuf) ||
+    uint32_t workers = ts->pool.workers ? ts->pool.workers : 1;
+    if (uow_grow((void **)&u->wbuf, &u->nwbuf, workers, sizeof *u->wbuf) ||
+        uow_grow((void **)&u->homes, &u->homes_cap, workers, sizeof *u->homes) ||
+        uow_grow((void **)&u->home_end, &u->home_end_cap, workers, sizeof *u->home_end) ||
         flatten(u, ts->world, lists, nlists, &rows) || side_cells(u, ts->world) ||
         uow_grow((void **)&u->groups, &u->groups_cap, u->ngroups + u->nflat, sizeof *u->groups)) {
         u->oom = true;
@@ -419,11 +410,11 @@ static void capture_lists(txn_state *ts, const txn_vec *const *lists, uint32_t n
         u->wbuf[i] = (uow_wbuf){0};
     u->nwbuf_used = u->nwbuf;
     capture_job job = {u, ts->world, u->ngroups};
-    if (rows >= UOW_PARALLEL_ROWS && ts->pool.workers > 1) {
-        bool homes = group_by_worker(u, ts->pool.workers) == KEEL_OK; /* else dealt in any order */
-        for (uint32_t i = 0; homes && i < u->nflat; i++)
+    if (rows >= UOW_PARALLEL_ROWS && workers > 1) {
+        group_by_worker(u, workers);
+        for (uint32_t i = 0; i < u->nflat; i++)
             u->groups[job.base + i] = (uow_ref){UOW_REF_OOM, 0, 0};
-        core_pool_run(&ts->pool, u->nflat, homes ? capture_home_task : capture_task, &job);
+        core_pool_run(&ts->pool, u->nflat, capture_home_task, &job);
     } else
         for (uint32_t i = 0; i < u->nflat; i++)
             capture_task(&job, i, 0);
