@@ -212,6 +212,7 @@ static inline void core_pool_join(const core_pool *p)
     if (p->join)
         p->join(p->self);
 }
+
 /* ---- task ranges (core/ranges.c) ----
  *
  * The tasks of a parallel piece of work cut into contiguous ranges, range w

@@ -39,10 +39,10 @@
  * contiguous ranges, range w the home of worker w; a ticket holder claims
  * from the front of its home, then steals single tasks from the back of
  * the fullest range (a holder with no home, w >= R, only steals; so are
- * the tasks of a home whose worker holds no ticket). Ranges and not one shared counter: a counter deals
- * neighbouring tasks to different threads, so both threads stream through
- * the same stretch of memory; with ranges each streams its own contiguous
- * stretch (2 workers, 2 tasks each, a 1M-row pass: ticks of 0.44-0.53 ms
+ * the tasks of a home whose worker holds no ticket). Ranges and not one
+ * shared counter: a counter deals neighbouring tasks to different threads,
+ * so both threads stream through the same stretch of memory; with ranges
+ * each streams its own contiguous stretch (2 workers, 2 tasks each, a 1M-row pass: ticks of 0.44-0.53 ms
  * against 0.52-0.70 with the counter; docs/performance.md). Homes by worker
  * index, not by arrival: with homes dealt first come first served, a tick
  * whose two workers arrived in the other order than the tick before ran
@@ -294,8 +294,8 @@ static int ensure_cmdbufs(sched_exec *ex, uint32_t s)
     return KEEL_OK;
 }
 
-/* Cut system s's tasks into min(ntasks, workers) contiguous ranges, one per
- * holder it will have (see "Task ranges" above). */
+/* Cut system s's tasks into min(ntasks, workers) contiguous ranges, range w
+ * worker w's home (see "Task ranges" above). */
 static int cut_ranges(sched_exec *ex, uint32_t s)
 {
     sched_run *st = &ex->st[s];

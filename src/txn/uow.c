@@ -336,8 +336,11 @@ static void capture_task(void *arg, uint32_t i, uint32_t worker)
  * nflat calls and every call claims exactly one touch (a claim fails only
  * once all nflat are claimed -- ranges only shrink during the job, so a
  * steal's scan that finds every range empty means all are -- by the other
- * nflat - 1 calls, at most one each: impossible). Where a group lands still depends on its touch's
- * place in flat only, so the WAL is the same whoever captured what. */
+ * nflat - 1 calls, at most one each: impossible); were it ever to fail, the
+ * touch's slot keeps the UOW_REF_OOM capture_lists put there and the unit
+ * is refused, not logged incomplete. Where a group lands still depends on
+ * its touch's place in flat only, so the WAL is the same whoever captured
+ * what. */
 static void capture_home_task(void *arg, uint32_t ticket, uint32_t worker)
 {
     capture_job *j = arg;
@@ -345,8 +348,7 @@ static void capture_home_task(void *arg, uint32_t ticket, uint32_t worker)
     uint32_t home = UINT32_MAX;
     (void)ticket;
     uint32_t k = core_range_claim(u->homes, u->nhomes, &home, worker);
-    if (k != UINT32_MAX) /* always (see above); a touch left unclaimed keeps the UOW_REF_OOM its slot was
-                            given, and the unit is refused, not logged incomplete */
+    if (k != UINT32_MAX) /* always (see above) */
         capture_task(arg, u->by_worker[k], worker);
 }
 
