@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +121,48 @@ bool tu_threads_gone(const char *name)
         clock_gettime(CLOCK_MONOTONIC, &t);
     } while (t.tv_sec - t0.tv_sec < 5);
     return false;
+}
+
+/* Whether every thread of pid is in a job-control stop ('T' in its
+ * /proc stat; a thread that ended meanwhile does not count). */
+static bool all_threads_stopped(pid_t pid)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "process %d is gone", (int)pid);
+    bool stopped = true;
+    for (struct dirent *e; stopped && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[400], stat[512] = "";
+        snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        size_t n = fread(stat, 1, sizeof stat - 1, f);
+        fclose(f);
+        stat[n] = '\0';
+        const char *paren = strrchr(stat, ')'); /* the name may hold spaces and parentheses */
+        stopped = !paren || paren[1] != ' ' || paren[2] == 'T';
+    }
+    closedir(d);
+    return stopped;
+}
+
+/* SIGSTOP stops a process's threads one by one: the kernel wakes one,
+ * which then tells the others, and a thread already running goes on
+ * until it next enters the kernel -- kill() returning says nothing about
+ * that. Poll until every thread shows the stop (a condition, with a
+ * generous 30 s guard). */
+void tu_stop_process(pid_t pid)
+{
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    uint64_t deadline = tu_now_ns() + 30ull * 1000000000ull;
+    while (!all_threads_stopped(pid)) {
+        ck_assert_msg(tu_now_ns() < deadline, "process %d did not stop within 30 s", (int)pid);
+        sched_yield();
+    }
 }
 
 /* ---- runtimes -------------------------------------------------------------------------------- */

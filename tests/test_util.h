@@ -4,7 +4,8 @@
  * program):
  *
  *   time and waiting       the monotonic clock, a rendezvous on an atomic
- *                          counter guarded by a generous deadline;
+ *                          counter guarded by a generous deadline, a
+ *                          process stopped (SIGSTOP) for certain;
  *   runtimes               a runtime made from a descriptor, a schedule
  *                          built and installed, components registered,
  *                          telemetry and counters read back, a system that
@@ -55,6 +56,9 @@ pid_t tu_thread_id(const char *name);
 /* Poll, up to 5 s, until no thread is named `name` (a joined thread's
  * /proc entry can outlive pthread_join by a moment); whether that happened. */
 bool tu_threads_gone(const char *name);
+/* SIGSTOP pid and return once every one of its threads has stopped
+ * (kill() returns before they do: a running thread goes on for a moment). */
+void tu_stop_process(pid_t pid);
 
 /* ---- runtimes -------------------------------------------------------------------------------- */
 
