@@ -123,8 +123,9 @@ bool tu_threads_gone(const char *name)
     return false;
 }
 
-/* Whether every thread of pid is in a job-control stop ('T' in its
- * /proc stat; a thread that ended meanwhile does not count). */
+/* Whether every thread of pid is stopped: 'T' in its /proc stat (a
+ * job-control stop; 't' under a tracer), or a thread that can never run
+ * again ('Z', 'X', or gone meanwhile). */
 static bool all_threads_stopped(pid_t pid)
 {
     char dir[64];
@@ -144,7 +145,7 @@ static bool all_threads_stopped(pid_t pid)
         fclose(f);
         stat[n] = '\0';
         const char *paren = strrchr(stat, ')'); /* the name may hold spaces and parentheses */
-        stopped = !paren || paren[1] != ' ' || paren[2] == 'T';
+        stopped = !paren || paren[1] != ' ' || (paren[2] && strchr("TtZX", paren[2]));
     }
     closedir(d);
     return stopped;
