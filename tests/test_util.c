@@ -136,15 +136,15 @@ static bool all_threads_stopped(pid_t pid)
     for (struct dirent *e; stopped && (e = readdir(d));) {
         if (e->d_name[0] == '.')
             continue;
-        char path[400], stat[512] = "";
+        char path[400], fields[512] = "";
         snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
         FILE *f = fopen(path, "r");
         if (!f)
             continue;
-        size_t n = fread(stat, 1, sizeof stat - 1, f);
+        size_t n = fread(fields, 1, sizeof fields - 1, f);
         fclose(f);
-        stat[n] = '\0';
-        const char *paren = strrchr(stat, ')'); /* the name may hold spaces and parentheses */
+        fields[n] = '\0';
+        const char *paren = strrchr(fields, ')'); /* the name may hold spaces and parentheses */
         stopped = !paren || paren[1] != ' ' || (paren[2] && strchr("TtZX", paren[2]));
     }
     closedir(d);

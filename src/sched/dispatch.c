@@ -42,12 +42,12 @@
  * the tasks of a home whose worker holds no ticket). Ranges and not one
  * shared counter: a counter deals neighbouring tasks to different threads,
  * so both threads stream through the same stretch of memory; with ranges
- * each streams its own contiguous stretch (2 workers, 2 tasks each, a 1M-row pass: ticks of 0.44-0.53 ms
- * against 0.52-0.70 with the counter; docs/performance.md). Homes by worker
- * index, not by arrival: with homes dealt first come first served, a tick
- * whose two workers arrived in the other order than the tick before ran
- * each task in 0.53 ms instead of 0.15-0.2 (its rows sat in the caches
- * nearest the other CPU). Which thread ran a task never shows: a task's
+ * each streams its own contiguous stretch (2 workers, 2 tasks each, a
+ * 1M-row pass: ticks of 0.44-0.53 ms against 0.52-0.70 with the counter;
+ * docs/performance.md). Homes by worker index, not by arrival: with homes
+ * dealt first come first served, a tick whose two workers arrived in the
+ * other order than the tick before ran each task in 0.53 ms instead of
+ * 0.15-0.2 (its rows sat in the caches nearest the other CPU). Which thread ran a task never shows: a task's
  * commands go to its own buffer, applied in task order. A stale holder
  * (the system completed) finds every range empty; ranges are reset by
  * make_ready, before any ticket exists (or, for a prepared root, by its one

@@ -25,9 +25,9 @@
  * call for nobody). A GROUP or DEFERRED ticket that someone still holds
  * takes its last step from the log's when_durable callback, which holds
  * the queue's reference until then. `refs` counts the submitter's handle
- * and the queue's; the last release frees the ticket. wfcqueue is not visible to
- * ThreadSanitizer, so the producer releases and the consumer acquires the
- * ticket under TSan.
+ * and the queue's; the last release frees the ticket. wfcqueue is not
+ * visible to ThreadSanitizer, so the producer releases and the consumer
+ * acquires the ticket under TSan.
  */
 #include <errno.h>
 #include <limits.h>
