@@ -1657,10 +1657,10 @@ START_TEST(test_lease_renewed_while_recovering)
 END_TEST
 
 /* A closure that writes nothing but logs a record: its key. */
+/* A transaction that writes nothing but its key (*(uint64_t *)arg): a record. */
 static int keyed_noop(keel_side_txn *tx, void *arg)
 {
-    (void)arg;
-    return keel_side_txn_set_key(tx, 77);
+    return keel_side_txn_set_key(tx, *(const uint64_t *)arg);
 }
 
 static int count_shutdown(keel_side_txn *tx, void *arg)
@@ -1676,9 +1676,10 @@ static int count_shutdown(keel_side_txn *tx, void *arg)
  * nothing) nor in its final flush: the close returns KEEL_EUNAVAILABLE
  * naming what the stream did not acknowledge, after the local disk took
  * everything (meanwhile an IMMEDIATE ticket stays pending, and a timed
- * keel_wait_durable on its LSN ends KEEL_EUNAVAILABLE, not KEEL_ETIMEDOUT);
- * reopened once NATS is back, the node goes on from what the
- * stream holds. */
+ * keel_wait_durable on its LSN ends KEEL_EUNAVAILABLE, not KEEL_ETIMEDOUT;
+ * after the close that ticket and a GROUP ticket's durable wait end
+ * KEEL_EUNAVAILABLE too, not KEEL_EFATAL: nothing latched); reopened once
+ * NATS is back, the node goes on from what the stream holds. */
 START_TEST(test_sync_close_without_stream)
 {
     char dir[4096];
@@ -1693,8 +1694,10 @@ START_TEST(test_sync_close_without_stream)
     ck_assert_rc(keel_flush(rt), KEEL_OK);
     uint64_t acked = keel_durable_lsn(rt);
     tu_stop_process(nats_pid); /* not one acknowledgement after this */
-    keel_ticket *tk = NULL;
-    ck_assert_rc(keel_submit(rt, keyed_noop, NULL, KEEL_DURABLE_IMMEDIATE, &tk), KEEL_OK);
+    keel_ticket *tk = NULL, *group = NULL;
+    uint64_t key = 77, group_key = 78;
+    ck_assert_rc(keel_submit(rt, keyed_noop, &key, KEEL_DURABLE_IMMEDIATE, &tk), KEEL_OK);
+    ck_assert_rc(keel_submit(rt, keyed_noop, &group_key, KEEL_DURABLE_GROUP, &group), KEEL_OK);
     tu_step_n(rt, 1);
     /* its record reaches the local disk, never the frozen stream: the ticket stays pending (KEEL_ETIMEDOUT),
        and a timed keel_wait_durable on its LSN ends KEEL_EUNAVAILABLE (before the local disk has it,
@@ -1705,18 +1708,35 @@ START_TEST(test_sync_close_without_stream)
         waited = keel_wait_durable(rt, lsn, 100 * 1000000ll);
     char why[512];
     snprintf(why, sizeof why, "%s", keel_last_error());
-    int durable = keel_ticket_wait_durable(tk, 0);
-    keel_ticket_release(tk);
+    int durable = keel_ticket_wait_durable(tk, 0), group_done = keel_ticket_wait(group, 0);
+    uint64_t group_lsn = keel_ticket_lsn(group);
     int closed = keel_runtime_close(rt);
-    char close_why[1024];
+    char close_why[1024], imm_why[512], group_why[512];
     snprintf(close_why, sizeof close_why, "%s", keel_last_error());
+    int imm_after = keel_ticket_wait(tk, -1);
+    snprintf(imm_why, sizeof imm_why, "%s", keel_last_error());
+    int group_after = keel_ticket_wait_durable(group, -1);
+    snprintf(group_why, sizeof group_why, "%s", keel_last_error());
+    int group_again = keel_ticket_wait(group, -1);
+    keel_ticket_release(tk);
+    keel_ticket_release(group);
     ck_assert_int_eq(kill(nats_pid, SIGCONT), 0); /* before any assertion: the next cases need the server */
     ck_assert_rc(pending, KEEL_ETIMEDOUT);
     ck_assert_uint_gt(lsn, acked);
     ck_assert_msg(waited == KEEL_EUNAVAILABLE && strstr(why, "on the local disk but the replication stream"), "%s: %s",
                   keel_strerror(waited), why);
     ck_assert_rc(durable, KEEL_ETIMEDOUT);
+    ck_assert_rc(group_done, KEEL_OK); /* committed; its record is GROUP's to make durable */
+    ck_assert_uint_gt(group_lsn, acked);
     ck_assert_rc(closed, KEEL_EUNAVAILABLE);
+    char lsn_text[64];
+    snprintf(lsn_text, sizeof lsn_text, "LSN %" PRIu64 " is on the local disk only", lsn);
+    ck_assert_msg(imm_after == KEEL_EUNAVAILABLE && strstr(imm_why, lsn_text), "%s: %s", keel_strerror(imm_after),
+                  imm_why);
+    snprintf(lsn_text, sizeof lsn_text, "LSN %" PRIu64 " is on the local disk only", group_lsn);
+    ck_assert_msg(group_after == KEEL_EUNAVAILABLE && strstr(group_why, lsn_text), "%s: %s",
+                  keel_strerror(group_after), group_why);
+    ck_assert_rc(group_again, KEEL_OK); /* its commit's result stands */
     ck_assert_int_eq(shutdowns, 1);
     char want[64];
     snprintf(want, sizeof want, "acknowledged LSN %" PRIu64 " of ", acked);

@@ -122,9 +122,10 @@ typedef struct keel_ticket keel_ticket;
 /* Commit like keel_side_txn_commit, but do not wait for durability: on
  * success *out receives a ticket (release it with keel_ticket_release)
  * that completes when the commit is durable per its mode (IMMEDIATE:
- * synced) -- with 0, or KEEL_EFATAL. Several commits made back to back
- * and then waited for share one group commit (one sync) instead of one
- * sync each; tell the player "done" when the ticket completes. The writes
+ * synced) -- with 0, or KEEL_EFATAL (or KEEL_EUNAVAILABLE: see
+ * keel_ticket_wait). Several commits made back to back and then waited for
+ * share one group commit (one sync) instead of one sync each; tell the
+ * player "done" when the ticket completes. The writes
  * are visible at once, as with keel_side_txn_commit. A key that committed
  * before gives a ticket that completes with KEEL_EALREADY once that commit
  * is acknowledged per the mode. Errors (no ticket; tx freed): those of
@@ -153,7 +154,10 @@ int keel_submit(keel_runtime *rt, keel_submit_fn fn, void *arg, keel_durability 
  * timeout_ns < 0 waits for ever; on timeout returns KEEL_ETIMEDOUT (also
  * when what it waits for is on the local disk but not yet on a `sync`
  * replication stream: the ticket is pending) and the ticket stays valid.
- * Thread-safe. */
+ * An IMMEDIATE ticket whose record a `sync` primary's close left on the
+ * local disk only (keel_runtime_close returned KEEL_EUNAVAILABLE) completes
+ * with KEEL_EUNAVAILABLE; one whose record never became durable because
+ * the runtime latched, with KEEL_EFATAL. Thread-safe. */
 int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns);
 
 /* The LSN of the ticket's commit record once it committed; 0 before that,
@@ -168,7 +172,8 @@ uint64_t keel_ticket_lsn(const keel_ticket *t);
  * Returns keel_ticket_wait's result when that is not 0 or KEEL_EALREADY,
  * else that result once durable (at once when nothing was logged; for
  * KEEL_EALREADY, once everything logged before it is), KEEL_EFATAL when the
- * runtime latched before the record was durable, KEEL_ETIMEDOUT after
+ * runtime latched before the record was durable, KEEL_EUNAVAILABLE when a
+ * `sync` primary's close left it on the local disk only, KEEL_ETIMEDOUT after
  * timeout_ns (< 0 = for ever; the ticket stays valid). Thread-safe; call it before
  * keel_runtime_close returns or after (close makes every record durable),
  * not while close runs. */

@@ -63,11 +63,12 @@ static bool next_record(const kw_buf *b, size_t *off, unsigned char **rec, size_
 
 /* ---- waiters --------------------------------------------------------------------------- */
 
-static void run_waiters(dur_state *d, uint64_t durable, int fatal)
+/* Under mu: detach the waiters up to LSN `upto` and complete them outside
+ * it, those at or below `durable` with 0, the others with rc. */
+static void complete_waiters(dur_state *d, uint64_t durable, uint64_t upto, int rc)
 {
-    /* under mu: detach the covered prefix, run it outside */
     dur_waiter *done = NULL, **tail = &done;
-    while (d->waiters && (fatal || d->waiters->lsn <= durable)) {
+    while (d->waiters && d->waiters->lsn <= upto) {
         *tail = d->waiters;
         d->waiters = d->waiters->next;
         tail = &(*tail)->next;
@@ -77,10 +78,23 @@ static void run_waiters(dur_state *d, uint64_t durable, int fatal)
     while (done) {
         dur_waiter *w = done;
         done = done->next;
-        w->done(w->arg, fatal && w->lsn > durable ? KEEL_EFATAL : KEEL_OK);
+        w->done(w->arg, w->lsn > durable ? rc : KEEL_OK);
         free(w);
     }
     pthread_mutex_lock(&d->mu);
+}
+
+/* Under mu: the waiters `durable` covers; once latched fatal, all. */
+static void run_waiters(dur_state *d, uint64_t durable, int fatal)
+{
+    complete_waiters(d, durable, fatal ? UINT64_MAX : durable, KEEL_EFATAL);
+}
+
+void dur_stream_gone(dur_state *d)
+{
+    pthread_mutex_lock(&d->mu);
+    complete_waiters(d, atomic_load(&d->durable_lsn), atomic_load(&d->local_lsn), KEEL_EUNAVAILABLE);
+    pthread_mutex_unlock(&d->mu);
 }
 
 void dur_when_durable(dur_state *d, uint64_t lsn, void (*done)(void *arg, int rc), void *arg)

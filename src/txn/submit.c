@@ -47,7 +47,8 @@ struct keel_ticket {
     keel_durability mode;
     txn_state *ts;             /* keel_ticket_wait_durable asks its log for a sync */
     int result;
-    int durable_rc;            /* state 2: 0, or KEEL_EFATAL when the record never became durable */
+    int durable_rc;            /* state 2: 0, or why its record never became durable: KEEL_EFATAL (the
+                                  runtime latched), KEEL_EUNAVAILABLE (a sync primary closed first) */
     _Atomic uint64_t lsn;      /* the commit's record; 0 until committed, or when nothing was logged */
     _Atomic uint64_t durable_lsn; /* what it waits for to be durable: IMMEDIATE, what the commit waits
                                   for; else its record; KEEL_EALREADY: the commit holding the key */
@@ -86,7 +87,6 @@ static uint32_t ticket_state_now(keel_ticket *t)
 static void ticket_complete(keel_ticket *t, int result)
 {
     t->result = result;
-    t->durable_rc = result;
     ticket_state(t, TICKET_DURABLE);
     ticket_put(t);
 }
@@ -126,11 +126,12 @@ int submit_enqueue(txn_state *ts, keel_submit_fn fn, void *arg, keel_durability 
 static void ticket_durable(void *arg, int rc)
 {
     keel_ticket *t = arg;
+    t->durable_rc = rc;
     ticket_complete(t, rc ? rc : t->result);
 }
 
 /* A GROUP or DEFERRED ticket completed at commit; this is its record
- * becoming durable (rc 0) or never (KEEL_EFATAL). */
+ * becoming durable (rc 0) or never (its durable_rc). */
 static void ticket_record_durable(void *arg, int rc)
 {
     keel_ticket *t = arg;
@@ -283,6 +284,16 @@ static struct timespec deadline_after(int64_t timeout_ns)
     return deadline;
 }
 
+/* fn's answer for a ticket whose record never became durable (state 2). */
+static int never_durable(const char *fn, keel_ticket *t)
+{
+    unsigned long long lsn = atomic_load_explicit(&t->durable_lsn, memory_order_acquire);
+    if (t->durable_rc == KEEL_EUNAVAILABLE)
+        return core_fail(KEEL_EUNAVAILABLE, "%s: LSN %llu is on the local disk only: the runtime closed before "
+                                            "its replication stream acknowledged it", fn, lsn);
+    return core_fail(t->durable_rc, "%s: LSN %llu never became durable: the runtime latched fatal", fn, lsn);
+}
+
 int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns)
 {
     if (!t)
@@ -290,6 +301,9 @@ int keel_ticket_wait(keel_ticket *t, int64_t timeout_ns)
     struct timespec deadline = deadline_after(timeout_ns);
     if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline)) /* pending, whatever it waits for */
         return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait: the closure has not completed yet");
+    /* a result but 0 and KEEL_EALREADY came with state 2: durable_rc is set (IMMEDIATE: its record's fate) */
+    if (t->result && t->result != KEEL_EALREADY && t->durable_rc)
+        return never_durable("keel_ticket_wait", t);
     return t->result;
 }
 
@@ -306,7 +320,7 @@ int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns)
     if (!ticket_reach(t, TICKET_DONE, timeout_ns, &deadline))
         return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: the closure has not completed yet");
     if (t->result && t->result != KEEL_EALREADY)
-        return t->result;
+        return t->durable_rc ? never_durable("keel_ticket_wait_durable", t) : t->result;
     if (ticket_state_now(t) < TICKET_DURABLE) {
         /* committed, its record not yet synced: GROUP goes out with the
          * writer's next batch, DEFERRED is held -- ask for the sync now (a
@@ -319,10 +333,8 @@ int keel_ticket_wait_durable(keel_ticket *t, int64_t timeout_ns)
             return core_fail(KEEL_ETIMEDOUT, "keel_ticket_wait_durable: LSN %llu is not durable yet",
                              (unsigned long long)lsn);
     }
-    if (t->durable_rc && t->durable_rc != KEEL_EALREADY)
-        return core_fail(t->durable_rc, "keel_ticket_wait_durable: LSN %llu never became durable: the runtime "
-                                        "latched fatal",
-                         (unsigned long long)atomic_load_explicit(&t->durable_lsn, memory_order_acquire));
+    if (t->durable_rc)
+        return never_durable("keel_ticket_wait_durable", t);
     return t->result;
 }
 
