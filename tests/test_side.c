@@ -1332,7 +1332,7 @@ static int sr_write(keel_ctx *ctx, void *user)
 static int sr_read(keel_ctx *ctx, void *user)
 {
     (void)user;
-    uint64_t t = keel_ctx_tick(ctx), until = tu_now_ns() + 5000000000ull;
+    uint64_t t = keel_ctx_tick(ctx), until = tu_now_ns() + 60000000000ull;
     while (atomic_load(&g_sr.w2_started) < t && tu_now_ns() < until) /* a rendezvous, bounded */
         sched_yield();
     keel_side_txn *tx = NULL;

@@ -107,7 +107,7 @@ pid_t tu_thread_id(const char *name)
 }
 
 /* A joined thread's /proc entry can outlive pthread_join by a moment (the
- * kernel clears the tid before it unlists the task): poll, up to 5 s, for
+ * kernel clears the tid before it unlists the task): poll, up to 60 s, for
  * no thread to be named `name` -- a condition, not a guess at a duration --
  * and say whether that happened. */
 bool tu_threads_gone(const char *name)
@@ -119,7 +119,7 @@ bool tu_threads_gone(const char *name)
             return true;
         sched_yield();
         clock_gettime(CLOCK_MONOTONIC, &t);
-    } while (t.tv_sec - t0.tv_sec < 5);
+    } while (t.tv_sec - t0.tv_sec < 60);
     return false;
 }
 
