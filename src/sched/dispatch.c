@@ -81,9 +81,10 @@
  * Worker placement: before each epoch bump the stepping thread notes its
  * CPU in stepper_cpu (a hint: relaxed, read after the epoch); a worker that
  * finds itself woken onto that CPU -- for a track or a job, or by a push
- * inside a track -- moves off it (core_placement_avoid, core/thread.c
+ * inside a track -- or moved there while it spun (the kernel's balancing),
+ * seen at its next claim, moves off it (core_placement_avoid, core/thread.c
  * "Placement"), or the kernel may leave the two taking turns on one CPU
- * while another idles.
+ * while another idles. The look costs a read of the CPU number (rseq).
  */
 #include <limits.h>
 #include <linux/futex.h>
@@ -628,6 +629,8 @@ static void work_loop(sched_exec *ex, uint32_t worker, sched_scratch *w, core_pl
     while (atomic_load(&p->remaining) > 0) {
         uint32_t n = pop_tickets(p, ex->workers, claimed);
         if (n) {
+            if (place && spins) /* it waited: the kernel may have moved it meanwhile */
+                leave_stepper_cpu(p, place);
             /* Every claimed ticket was ready before the claim, so any clock
              * reading taken since can serve as the start of its system: one
              * reading per system, as in serial mode. A successor kept
