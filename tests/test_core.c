@@ -500,26 +500,34 @@ END_TEST
 
 /* A restart of the measurement (every 2 s of anchors) keeps the rate it
  * had until the new span is long: the anchor 3 ms after the restart must
- * not replace a rate measured over seconds with one measured over 3 ms. */
+ * not replace a rate measured over seconds with one measured over 3 ms.
+ * A clean anchor that came only 100 ms or more after the restart (split
+ * pairs, a stalled thread) rightly measures again: the case restarts. */
 START_TEST(clock_keeps_its_rate_across_a_restart)
 {
     core_clock c = {0};
     if (!clock_calibrated(&c, "clock_keeps_its_rate_across_a_restart"))
         return;
-    uint64_t ref = c.ref_ns;
-    for (int i = 0; i < 200 && c.ref_ns == ref; i++) { /* the restart: the reference moves to an anchor */
-        nanosleep(&(struct timespec){0, 50000000}, NULL);
-        core_clock_anchor(&c);
+    for (int attempt = 0; attempt < 10; attempt++) {
+        uint64_t ref = c.ref_ns;
+        for (int i = 0; i < 200 && c.ref_ns == ref; i++) { /* the restart: the reference moves to an anchor */
+            nanosleep(&(struct timespec){0, 50000000}, NULL);
+            core_clock_anchor(&c);
+        }
+        ck_assert_uint_ne(c.ref_ns, ref);
+        uint64_t rate = c.rate;
+        ck_assert_uint_ne(rate, 0);
+        bool clean = false;
+        for (int i = 0; i < 100 && !clean; i++) /* the next clean anchor, 3 ms on */
+            clean = anchor_after_3ms(&c);
+        ck_assert(clean);
+        if (c.ns - c.ref_ns >= 100000000ull)
+            continue;
+        ck_assert_uint_eq(c.rate, rate);
+        ck_assert_uint_eq(c.mult, rate);
+        return;
     }
-    ck_assert_uint_ne(c.ref_ns, ref);
-    uint64_t rate = c.rate;
-    ck_assert_uint_ne(rate, 0);
-    bool clean = false;
-    for (int i = 0; i < 100 && !clean; i++) /* the next clean anchor, 3 ms on */
-        clean = anchor_after_3ms(&c);
-    ck_assert(clean);
-    ck_assert_uint_eq(c.rate, rate);
-    ck_assert_uint_eq(c.mult, rate);
+    ck_abort_msg("in 10 restarts no clean anchor came within 100 ms");
 }
 END_TEST
 
