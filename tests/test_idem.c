@@ -737,14 +737,21 @@ static xfer crash_xfer(econ *e, uint64_t k)
 }
 
 /* The child: commits keys 1.. (three closures per step, IMMEDIATE) and
- * writes each acknowledged key to fd; the parent kills it. */
-static void crash_child(const char *dir, int fd)
+ * writes each acknowledged key to fd; the parent kills it. Each step takes
+ * a byte from `tokens` first: the parent hands out steps enough to pass
+ * CRASH_KILL_AFTER, never all of them, so the kill cannot come after a
+ * clean end however the two are scheduled. */
+#define CRASH_STEPS_GIVEN ((CRASH_KILL_AFTER + 6) / 3 + 1)
+static void crash_child(const char *dir, int fd, int tokens)
 {
     econ e;
     econ_open(&e, dir, 0, (keel_durable_desc){.checkpoint_every_ticks = 7});
     static xfer xs[CRASH_KEYS + 1];
     for (uint64_t k = 1; k <= CRASH_KEYS; k += 3) {
         keel_ticket *t[3] = {0};
+        char token;
+        if (read(tokens, &token, 1) != 1)
+            _exit(6);
         for (uint64_t j = 0; j < 3 && k + j <= CRASH_KEYS; j++) {
             xs[k + j] = crash_xfer(&e, k + j);
             if (keel_submit(e.rt, closure_xfer, &xs[k + j], KEEL_DURABLE_IMMEDIATE, &t[j]))
@@ -768,15 +775,20 @@ START_TEST(test_key_exactly_once_across_kill)
 {
     char dir[512];
     tu_path(dir, sizeof dir, "kill");
-    int pfd[2];
+    int pfd[2], tok[2];
     ck_assert_int_eq(pipe(pfd), 0);
+    ck_assert_int_eq(pipe(tok), 0);
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
         close(pfd[0]);
-        crash_child(dir, pfd[1]);
+        close(tok[1]);
+        crash_child(dir, pfd[1], tok[0]);
     }
     close(pfd[1]);
+    close(tok[0]);
+    char tokens[CRASH_STEPS_GIVEN] = {0};
+    ck_assert_int_eq(write(tok[1], tokens, sizeof tokens), (ssize_t)sizeof tokens);
     uint64_t acked = 0, k;
     while (acked < CRASH_KILL_AFTER && read(pfd[0], &k, sizeof k) == sizeof k) {
         ck_assert_uint_eq(k, acked + 1); /* acknowledged in order */
@@ -785,6 +797,7 @@ START_TEST(test_key_exactly_once_across_kill)
     kill(pid, SIGKILL);
     int status = tu_wait(pid);
     close(pfd[0]);
+    close(tok[1]);
     ck_assert_msg(status == 128 + SIGKILL, "the child ended with %d before it was killed", status);
     ck_assert_uint_eq(acked, CRASH_KILL_AFTER);
 
