@@ -1410,10 +1410,17 @@ START_TEST(test_connect_errors)
 }
 END_TEST
 
+/* A transaction that writes nothing but its key (*(uint64_t *)arg): a record. */
+static int keyed_noop(keel_side_txn *tx, void *arg)
+{
+    return keel_side_txn_set_key(tx, *(const uint64_t *)arg);
+}
+
 /* A sync primary made with the library: it takes epoch 1, publishes every
  * record it commits (a flush returns once the stream holds them), and its
  * metrics say so; a second primary on another directory of the same world
- * waits for the lease and is refused while the first one renews it. */
+ * waits for the lease and is refused while the first one renews it; a
+ * GROUP ticket waited for after the close is durable, on the stream. */
 static const keel_field v_fields[] = {{.name = "v", .type = KEEL_BYTES, .offset = 0, .count = 4}};
 
 START_TEST(test_primary_runtime_publishes)
@@ -1462,7 +1469,17 @@ START_TEST(test_primary_runtime_publishes)
     ck_assert_uint_eq(wal_last(s2), 0);
     ck_assert_int_eq(kw_store_has(s2, KW_DB_META, KW_META_REPLICATED, strlen(KW_META_REPLICATED)), 0);
     kw_store_close(s2);
+    keel_ticket *tk = NULL;
+    uint64_t key = 79;
+    ck_assert_rc(keel_submit(rt, keyed_noop, &key, KEEL_DURABLE_GROUP, &tk), KEEL_OK);
+    tu_step_n(rt, 1);
     ck_assert_rc(keel_runtime_close(rt), KEEL_OK);
+    ck_assert_msg(keel_ticket_wait_durable(tk, -1) == KEEL_OK, "%s", keel_last_error());
+    uint64_t tk_lsn = keel_ticket_lsn(tk);
+    keel_ticket_release(tk);
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_gt(tk_lsn, 0);
+    ck_assert_uint_ge(last, tk_lsn);
     kr_lease l;
     ck_assert_rc(kr_lease_read(n, &l), KEEL_OK);
     ck_assert(l.exists && l.released && l.epoch == 1); /* a clean close lets the lease go */
@@ -1657,12 +1674,6 @@ START_TEST(test_lease_renewed_while_recovering)
 END_TEST
 
 /* A closure that writes nothing but logs a record: its key. */
-/* A transaction that writes nothing but its key (*(uint64_t *)arg): a record. */
-static int keyed_noop(keel_side_txn *tx, void *arg)
-{
-    return keel_side_txn_set_key(tx, *(const uint64_t *)arg);
-}
-
 static int count_shutdown(keel_side_txn *tx, void *arg)
 {
     (void)tx;
