@@ -235,18 +235,12 @@ static void ends_acknowledged(dur_state *d)
     }
 }
 
-/* Under mu: the stream holds everything up to lsn. */
-static void stream_acknowledged(dur_state *d, uint64_t lsn)
-{
-    if (lsn > d->stream_lsn)
-        d->stream_lsn = lsn;
-    ends_acknowledged(d);
-}
-
 void dur_acknowledge(dur_state *d, uint64_t lsn)
 {
     pthread_mutex_lock(&d->mu);
-    stream_acknowledged(d, lsn);
+    if (lsn > d->stream_lsn)
+        d->stream_lsn = lsn;
+    ends_acknowledged(d);
     if (d->repl.gate)
         gate_advance(d);
     pthread_mutex_unlock(&d->mu);
@@ -255,7 +249,9 @@ void dur_acknowledge(dur_state *d, uint64_t lsn)
 void dur_stream_gone(dur_state *d, uint64_t acked)
 {
     pthread_mutex_lock(&d->mu);
-    stream_acknowledged(d, acked); /* with what came in while the publisher stopped, the hook off */
+    if (acked > d->stream_lsn) /* acknowledgements that came in while the publisher stopped, the hook off */
+        d->stream_lsn = acked;
+    ends_acknowledged(d);
     gate_advance(d);
     complete_waiters(d, atomic_load(&d->durable_lsn), atomic_load(&d->local_lsn), KEEL_EUNAVAILABLE);
     pthread_mutex_unlock(&d->mu);
