@@ -255,12 +255,10 @@ void dur_promote(dur_state *d);
  * deadline_ns (CLOCK_MONOTONIC) at most: KEEL_EUNAVAILABLE past it. A
  * close's, so that a stream out of reach cannot hold it for ever. */
 void dur_stream_deadline(dur_state *d, uint64_t deadline_ns);
-/* A sync primary's close, its publisher stopped: the stream acknowledged
- * up to `acked` and acknowledges nothing more. Records up to there become
- * durable (the hook is off by now); the waiters of the others on the local
- * disk complete with KEEL_EUNAVAILABLE, as a timed wait for them says:
- * nothing latched, they are on disk. */
-void dur_stream_gone(dur_state *d, uint64_t acked);
+/* The stream acknowledges nothing more (a sync primary's close): the
+ * waiters of records on the local disk complete with KEEL_EUNAVAILABLE, as
+ * a timed wait for them says; nothing latched, the records are on disk. */
+void dur_stream_gone(dur_state *d);
 /* Install (or, zeroed, remove) the replication hook; on return the writer
  * calls only the new one. */
 void dur_repl_set(dur_state *d, dur_repl_hook hook);

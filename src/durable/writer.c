@@ -90,6 +90,13 @@ static void run_waiters(dur_state *d, uint64_t durable, int fatal)
     complete_waiters(d, durable, fatal ? UINT64_MAX : durable, KEEL_EFATAL);
 }
 
+void dur_stream_gone(dur_state *d)
+{
+    pthread_mutex_lock(&d->mu);
+    complete_waiters(d, atomic_load(&d->durable_lsn), atomic_load(&d->local_lsn), KEEL_EUNAVAILABLE);
+    pthread_mutex_unlock(&d->mu);
+}
+
 void dur_when_durable(dur_state *d, uint64_t lsn, void (*done)(void *arg, int rc), void *arg)
 {
     dur_waiter *w = malloc(sizeof *w);
@@ -243,17 +250,6 @@ void dur_acknowledge(dur_state *d, uint64_t lsn)
     ends_acknowledged(d);
     if (d->repl.gate)
         gate_advance(d);
-    pthread_mutex_unlock(&d->mu);
-}
-
-void dur_stream_gone(dur_state *d, uint64_t acked)
-{
-    pthread_mutex_lock(&d->mu);
-    if (acked > d->stream_lsn) /* acknowledgements that came in while the publisher stopped, the hook off */
-        d->stream_lsn = acked;
-    ends_acknowledged(d);
-    gate_advance(d);
-    complete_waiters(d, atomic_load(&d->durable_lsn), atomic_load(&d->local_lsn), KEEL_EUNAVAILABLE);
     pthread_mutex_unlock(&d->mu);
 }
 

@@ -600,9 +600,8 @@ int repl_close(keel_runtime *rt, bool clean, repl_close_info *info)
     kr_pub_stats ps;
     kr_pub_stats_get(pub, &ps);
     bool all = !ps.fenced && ps.published >= ps.committed;
-    /* the tickets still waiting: acknowledged, or on the local disk only, as the close says */
-    if (!ps.fenced && r->st.mode == KEEL_REPL_SYNC)
-        dur_stream_gone(rt->dur, ps.published);
+    if (!all && !ps.fenced && r->st.mode == KEEL_REPL_SYNC)
+        dur_stream_gone(rt->dur); /* tickets still waiting: on the local disk only, as the close says */
     if (info) {
         info->published = ps.published;
         info->committed = ps.committed;
