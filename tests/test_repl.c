@@ -3137,20 +3137,27 @@ END_TEST
  * does not take the world over when the lease goes: from there it would
  * continue an older tick than the stream's. It reports the ticks it holds
  * but may not apply, and the epoch of what it read; the stream stays
- * whole for a new replica. */
-START_TEST(test_standby_at_stop_tick_stays_standby)
+ * whole for a new replica. The standby recovers with the primary
+ * `standby_from` ticks in: at its stop_tick already (2), or below it, when
+ * the poll that sees the lease lapse is the one that takes it there. */
+static void stop_tick_case(const char *world, uint32_t standby_from)
 {
-    char pdir[4096], sdir[4096], fdir[4096];
+    char pdir[4096], sdir[4096], fdir[4096], sub[64];
     keel_component pv, sv, fv;
-    tu_path(pdir, sizeof pdir, "st-primary");
-    keel_runtime *p = sync_primary_at(pdir, "stoptick", &pv, 5);
-    uint64_t hash = keel_world_hash(keel_runtime_world(p));
-    tu_path(sdir, sizeof sdir, "st-standby");
+    snprintf(sub, sizeof sub, "%s-primary", world);
+    tu_path(pdir, sizeof pdir, sub);
+    keel_runtime *p = sync_primary_at(pdir, world, &pv, standby_from);
+    snprintf(sub, sizeof sub, "%s-standby", world);
+    tu_path(sdir, sizeof sdir, sub);
     keel_runtime_desc sd = {.workers = 1, .durable.dir = sdir,
-                            .replication = {.nats = nats_url, .world = "stoptick", .role = KEEL_ROLE_STANDBY,
+                            .replication = {.nats = nats_url, .world = world, .role = KEEL_ROLE_STANDBY,
                                             .lease_ms = 300, .stop_tick = 2}};
     keel_runtime *s = spawning_rt(sd, &sv);
     ck_assert_msg(!keel_runtime_recover(s, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(s), standby_from < 2 ? standby_from : 2);
+    tu_step_n(p, 5 - standby_from);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    uint64_t hash = keel_world_hash(keel_runtime_world(p));
     ck_assert_rc(keel_runtime_close(p), KEEL_OK); /* the lease released: lapsed at the next look */
     keel_repl_status st;
     for (int i = 0; i < 5; i++) {
@@ -3165,11 +3172,17 @@ START_TEST(test_standby_at_stop_tick_stays_standby)
     ck_assert_uint_gt(st.lag_records, 0);
     ck_assert_uint_eq(st.epoch, 1);
     ck_assert_rc(keel_runtime_close(s), KEEL_OK);
-    keel_runtime *f = replica_at("stoptick", fdir, sizeof fdir, &fv, 5, hash);
+    keel_runtime *f = replica_at(world, fdir, sizeof fdir, &fv, 5, hash);
     keel_repl_status_get(f, &st);
     ck_assert_uint_eq(st.epoch, 1);
     ck_assert_uint_eq(st.lag_ticks, 0);
     ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+}
+
+START_TEST(test_standby_at_stop_tick_stays_standby)
+{
+    stop_tick_case("stoptick", 5);
+    stop_tick_case("stopreach", 1);
 }
 END_TEST
 

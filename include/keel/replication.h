@@ -54,7 +54,7 @@ typedef struct keel_replication_desc {
                                   for its primary to publish the schema or the world */
     const char *node;          /* this node's name in the lease; NULL = host:pid */
     uint64_t stop_tick;        /* a standby or follower applies no tick after this one, also when it
-                                  opens its directory (0 = no bound) */
+                                  opens its directory; a standby there never promotes (0 = no bound) */
     int64_t retain_records;    /* a primary publishes each checkpoint beside the stream and purges the
                                   stream's records before it but this many; 0 = 100000; < 0 = never purge */
 } keel_replication_desc;

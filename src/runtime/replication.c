@@ -733,9 +733,22 @@ static int become_primary(keel_runtime *rt, uint64_t epoch, uint64_t lsn, keel_r
     return KEEL_OK;
 }
 
-/* A standby whose primary's lease lapsed (and that is not at its
- * stop_tick: keel_replica_poll): everything in the stream first, then the
- * lease, the EPOCH record, and the primary's role. 0 with *promoted false
+/* A standby at its stop_tick applies nothing more, so it does not take
+ * the world over: a primary from there would go on from an older tick
+ * than the stream's. Logged: its primary's lease lapsed. */
+static bool held_at_stop(keel_runtime *rt)
+{
+    uint64_t stop = rt->dur->stop_tick, tick = atomic_load(&rt->tick);
+    if (!stop || tick < stop)
+        return false;
+    core_log(KEEL_LOG_WARN, "repl", "not_promoted", "world=%s tick=%" PRIu64 " stop_tick=%" PRIu64, rt->repl->world,
+             tick, stop);
+    return true;
+}
+
+/* A standby whose primary's lease lapsed: everything in the stream first
+ * (unless that takes it to its stop_tick: held_at_stop), then the lease,
+ * the EPOCH record, and the primary's role. 0 with *promoted false
  * when it cannot take the world over now: another node was quicker, or the
  * stream kept moving (a deposed primary still publishing until its lease's
  * loss fences it); the next poll tries again. */
@@ -744,7 +757,7 @@ static int promote(keel_runtime *rt, bool *promoted)
     struct runtime_repl *r = rt->repl;
     dur_state *d = rt->dur;
     int rc = catch_up(rt);
-    if (rc)
+    if (rc || held_at_stop(rt)) /* this poll's records took it there */
         return rc;
     uint64_t epoch = 0, rev = 0, lsn = 0;
     rc = kr_lease_take(r->node, &r->seen, &epoch, &rev);
@@ -789,15 +802,8 @@ int keel_replica_poll(keel_runtime *rt, int32_t timeout_ms, bool *promoted)
     if (dur_fatal(rt->dur)) /* e.g. its bootstrap never reached the directory: nothing more goes there */
         return core_fail(KEEL_EFATAL, "keel_replica_poll: the runtime latched fatal (%s)",
                          keel_strerror(dur_fatal(rt->dur)));
-    bool lapsed = r->st.role == KEEL_ROLE_STANDBY && lease_lapsed(r);
-    uint64_t stop = rt->dur->stop_tick;
-    if (lapsed && stop && atomic_load(&rt->tick) >= stop) {
-        /* at its stop_tick a standby applies nothing more: a primary from here would go on from an older
-           tick than the stream's, so it does not take the world over (and the poll waits as usual) */
-        core_log(KEEL_LOG_WARN, "repl", "not_promoted", "world=%s tick=%" PRIu64 " stop_tick=%" PRIu64, r->world,
-                 atomic_load(&rt->tick), stop);
-        lapsed = false;
-    }
+    /* at its stop_tick the poll waits as usual */
+    bool lapsed = r->st.role == KEEL_ROLE_STANDBY && lease_lapsed(r) && !held_at_stop(rt);
     uint64_t tick = 0;
     if (!(rc = reader_ready(r)))
         rc = kr_append_from(r->reader, rt->dur->store, POLL_BATCH, lapsed ? 0 : timeout_ms, &r->local_last, &tick);
