@@ -331,6 +331,30 @@ static int common_prefix(kr_node *n, kw_store *s, uint64_t lfirst, uint64_t llas
                      kw_store_dir(s), lfirst, llast, n->stream, sfirst, slast);
 }
 
+/* The stream starts right after the directory's last record (llast + 1
+ * == sfirst), purged up to there: did they part before? They did when the
+ * stream's first record is of another epoch than the directory's last --
+ * an epoch began on the stream at or below llast that the directory went
+ * on without -- or may have, when that record is a new primary's EPOCH
+ * record (where the epoch before it ended is purged). Either way nothing
+ * shows which of the directory's records the stream holds: *parted, and
+ * the directory starts again from the published checkpoint, as one the
+ * stream was purged past. A seed's messages and a directory without an
+ * epoch bound nothing. */
+static int parted_before(kr_node *n, kw_store *s, uint64_t sfirst, uint64_t llast, bool *parted)
+{
+    kw_buf msg = {0};
+    uint64_t es = 0, el = 0;
+    int rc = kr_get_epoch(n, sfirst, &msg, &es);
+    kw_buf_free(&msg);
+    if (rc == KEEL_ENOENT) /* purged since the bounds were read: the next sync sees the new start */
+        rc = KEEL_OK, es = 0;
+    if (!rc && es)
+        rc = local_epoch(s, llast, &el);
+    *parted = !rc && es && el && es != el;
+    return rc;
+}
+
 /* ---- dropping the unreplicated suffix -------------------------------------------- */
 
 typedef struct discard {
@@ -771,8 +795,12 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
         *out = (kr_sync_info){.local_last = llast, .seed = n->primary, .unstreamed = !n->primary};
         return KEEL_OK;
     }
-    if (sfirst > 1 && end_local + 1 < sfirst) {
-        /* the stream was purged past this directory: start again from its published checkpoint */
+    bool restart = sfirst > 1 && end_local + 1 < sfirst;
+    if (!restart && llast && llast + 1 == sfirst && (rc = parted_before(n, s, sfirst, llast, &restart)))
+        return rc;
+    if (restart) {
+        /* the stream was purged past this directory, or past where they part: start again from its
+           published checkpoint */
         if ((end_local && (rc = check_unproven(n, s, &mark, llast, end_local, sfirst, slast))) ||
             (rc = restart_from_stream(n, s, sfirst, end_local, &keep)))
             return rc;

@@ -1027,6 +1027,62 @@ static kw_store *history_dir(const char *name, const hist_rec *hist, uint64_t n)
     return s;
 }
 
+/* The stream purged up to right after a directory's last record (LSN 5;
+ * it starts at 6). A deposed primary's directory, whose ticks 3 and 4
+ * (LSN 4, 5) never reached the stream while a new primary's EPOCH record
+ * took LSN 4 there, parted from it below its start: it starts again from
+ * the published checkpoint, its records dropped. A copy of the stream's
+ * records to LSN 5 (the epoch of its last record is the stream's at 6) is
+ * the stream's prefix: kept, and continued. */
+START_TEST(test_rejoin_purged_to_directory_end)
+{
+    kr_node *n = connect_world(nats_url, "edge", "a");
+    const hist_rec stream[] = {{1, "p", 0, 0}, {0, NULL, 1, 5}, {0, NULL, 2, 5}, {2, "m", 0, 0},
+                               {0, NULL, 3, 5}, {0, NULL, 4, 5}, {0, NULL, 5, 5}};
+    const hist_rec deposed[] = {{1, "p", 0, 0}, {0, NULL, 1, 5}, {0, NULL, 2, 5}, {0, NULL, 3, 6}, {0, NULL, 4, 6}};
+    publish_history(n, stream, 7);
+    kw_store *old = history_dir("edge-old", deposed, 5), *copy = history_dir("edge-copy", stream, 5);
+    kw_store *src = store_in("edge-src");
+    mark_as(old, "KEEL_edge");
+    mark_as(copy, "KEEL_edge");
+    ck_fill f = {.lsn = 5, .n = 3, .size = 1000};
+    uint64_t published = 0, first, last;
+    ck_assert_rc(kw_store_write(src, fill_ckpt, &f), KEEL_OK);
+    ck_assert_msg(!kr_ckpt_publish(n, src, 7, 0, &published), "%s", keel_last_error()); /* purges 1..5 */
+    ck_assert_uint_eq(published, 5);
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, 6);
+    ck_assert_uint_eq(last, 7);
+    kr_sync_info si;
+    ck_assert_msg(!kr_sync_store(n, old, 0, &si), "%s", keel_last_error());
+    ck_assert(si.bootstrapped);
+    ck_assert_uint_eq(si.discarded_from, 1);
+    ck_assert_uint_eq(si.discarded, 5);
+    ck_assert_uint_eq(si.appended, 2);
+    ck_assert_uint_eq(si.local_last, 7);
+    ck_assert_uint_eq(checkpoint_covers(old), 5);
+    uint32_t keys_src, keys_old;
+    ck_assert_uint_eq(snap_digest(old, &keys_old), snap_digest(src, &keys_src));
+    ck_assert_uint_eq(keys_old, keys_src);
+    assert_stream_holds(n, old, 6, 7);
+    wal_bounds(old, &first, &last);
+    ck_assert_uint_eq(first, 6);
+    ck_assert_uint_eq(last, 7);
+    ck_assert_msg(!kr_sync_store(n, copy, 0, &si), "%s", keel_last_error());
+    ck_assert(!si.bootstrapped);
+    ck_assert_uint_eq(si.discarded, 0);
+    ck_assert_uint_eq(si.appended, 2);
+    ck_assert_uint_eq(si.local_last, 7);
+    assert_stream_holds(n, copy, 6, 7);
+    wal_bounds(copy, &first, &last);
+    ck_assert_uint_eq(first, 1);
+    kw_store_close(old);
+    kw_store_close(copy);
+    kw_store_close(src);
+    kr_close(n);
+}
+END_TEST
+
 /* A node that went on without the stream (an unpublished record at LSN 4,
  * while a new primary's EPOCH record took LSN 4 on the stream) can hold a
  * later record byte for byte the same as the stream's (the same idle tick,
@@ -3284,7 +3340,8 @@ int main(void)
                                    test_side_over_max_payload_refused, test_another_history_refused,
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,
-                                   test_purged_divergence_refused, test_rejoin_same_record_after_parting,
+                                   test_purged_divergence_refused, test_rejoin_purged_to_directory_end,
+                                   test_rejoin_same_record_after_parting,
                                    test_rejoin_purged_epoch, test_rejoin_purged_seed, test_stream_made_again, test_stream_without_identity,
                                    test_world_seeds_empty_stream, test_local_world_replicated,
                                    test_replica_waits_for_unstreamed_world, test_stream_bootstrap,
