@@ -309,6 +309,9 @@ static int resettle(kr_pub *p)
     pthread_mutex_unlock(&p->mu);
     uint64_t acked = before;
     int rc = kr_pipe_settle(p->d.node, p->d.epoch, before, last, &acked);
+    core_log(KEEL_LOG_INFO, "repl", "resettled", "world=%s epoch=%llu acknowledged=%llu found=%llu sent=%llu code=%s",
+             kr_world(p->d.node), (unsigned long long)p->d.epoch, (unsigned long long)before,
+             (unsigned long long)acked, (unsigned long long)last, keel_strerror(rc));
     pthread_mutex_lock(&p->mu);
     if (acked > p->published)
         raise_published(p, acked);

@@ -452,8 +452,8 @@ int repl_before_open(keel_runtime *rt, dur_open_desc *o)
     if (!rc && !boots)
         rc = sync_until_schema(r, store, primary, &si);
     if (!rc && si.discarded)
-        core_log(KEEL_LOG_WARN, "repl", "discarded", "records=%" PRIu64 " from_lsn=%" PRIu64 " checkpoint_dropped=%d",
-                 si.discarded, si.discarded_from, si.checkpoint_dropped ? 1 : 0);
+        core_log(KEEL_LOG_WARN, "repl", "discarded", "records=%" PRIu64 " from_lsn=%" PRIu64 " checkpoint_dropped=%d "
+                 "stream_last=%" PRIu64, si.discarded, si.discarded_from, si.checkpoint_dropped ? 1 : 0, si.stream_last);
     if (!rc)
         status_set(r, st_opened, &si);
     r->local_last = si.local_last;
