@@ -3330,6 +3330,106 @@ START_TEST(test_promotion_refused_follows_on)
 }
 END_TEST
 
+/* Another run's records of the same world, published one per commit of
+ * the standby's (the observer of wal.before_commit, as the rogue above):
+ * a dead primary's last publishes, still arriving while a standby takes
+ * the world over. */
+typedef struct feeder {
+    kr_node *n;
+    kw_buf recs[32];
+    uint64_t first, count, fed;
+} feeder;
+
+static feeder the_feeder;
+
+static void feed_observe(const char *name, const char *action, uint64_t hit, void *arg)
+{
+    (void)action;
+    (void)hit;
+    feeder *f = arg;
+    if (!strcmp(name, "wal.before_commit") && f->fed < f->count) {
+        ck_assert_rc(kr_publish(f->n, 1, f->first + f->fed, f->recs[f->fed].p, f->recs[f->fed].len), KEEL_OK);
+        f->fed++;
+    }
+}
+
+/* A standby whose promotion copies records its last apply did not take
+ * (the stream moved on while it caught up: begin_epoch copies and tries
+ * again) applies them as it becomes primary, and a read view begun then
+ * shows the world it took over, not the state of that last apply. */
+START_TEST(test_promoted_view_is_current)
+{
+    if (!keel_failpoints_compiled())
+        return; /* the records arrive on a failpoint's observer */
+    char pdir[4096], sdir[4096];
+    keel_component pv, sv;
+    tu_path(pdir, sizeof pdir, "pv-source");
+    keel_runtime *p = sync_primary_at(pdir, "pvsrc", &pv, 5);
+    uint64_t hash = keel_world_hash(keel_runtime_world(p));
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    /* world pvdst: the source's records up to tick 3 published by an old primary holding the lease */
+    kr_node *src = connect_world(nats_url, "pvsrc", "copier");
+    feeder *f = &the_feeder;
+    *f = (feeder){.n = connect_world(nats_url, "pvdst", "old")};
+    kr_lease l;
+    uint64_t epoch, rev, first, last;
+    ck_assert_rc(kr_lease_read(f->n, &l), KEEL_OK);
+    ck_assert_rc(kr_lease_take(f->n, &l, &epoch, &rev), KEEL_OK);
+    ck_assert_uint_eq(epoch, 1);
+    ck_assert_rc(kr_bounds(src, &first, &last), KEEL_OK);
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= last; lsn++) {
+        kw_header h;
+        ck_assert_rc(kr_get(src, lsn, &rec), KEEL_OK);
+        ck_assert_rc(kw_record_check(rec.p, rec.len, &h), KEEL_OK);
+        if (h.tick < 4 && !f->first) {
+            ck_assert_rc(kr_publish(f->n, 1, lsn, rec.p, rec.len), KEEL_OK);
+            continue;
+        }
+        if (!f->first)
+            f->first = lsn;
+        ck_assert_uint_lt(f->count, 32);
+        ck_assert(!kw_put_bytes(&f->recs[f->count++], rec.p, rec.len));
+    }
+    ck_assert_uint_ge(f->count, 3);
+    tu_path(sdir, sizeof sdir, "pv-standby");
+    keel_runtime_desc sd = {.workers = 1, .durable.dir = sdir,
+                            .replication = {.nats = nats_url, .world = "pvdst", .role = KEEL_ROLE_STANDBY,
+                                            .lease_ms = 300}};
+    keel_runtime *s = spawning_rt(sd, &sv);
+    ck_assert_msg(!keel_runtime_recover(s, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(s), 3);
+    /* the first of the rest arrives, the old primary lets the lease go; every commit of the standby's
+       from here on (its poll's copy, its catch-up, each try of its epoch record) meets one more */
+    ck_assert_rc(kr_publish(f->n, 1, f->first, f->recs[0].p, f->recs[0].len), KEEL_OK);
+    f->fed = 1;
+    core_fp_set_observer(feed_observe, f);
+    ck_assert_rc(keel_failpoints_set("wal.before_commit=delay:0"), KEEL_OK);
+    ck_assert_rc(kr_lease_renew(f->n, epoch, true, &rev), KEEL_OK);
+    bool promoted = false;
+    int rc = KEEL_OK;
+    for (int i = 0; i < 50 && !rc && !promoted; i++)
+        rc = keel_replica_poll(s, 100, &promoted);
+    ck_assert_rc(keel_failpoints_set(""), KEEL_OK);
+    core_fp_set_observer(NULL, NULL);
+    ck_assert_msg(rc == KEEL_OK && promoted, "%s: %s", keel_strerror(rc), keel_last_error());
+    ck_assert_uint_eq(f->fed, f->count);
+    ck_assert_uint_eq(keel_runtime_tick(s), 5);
+    ck_assert_uint_eq(keel_world_hash(keel_runtime_world(s)), hash);
+    const keel_view *v;
+    ck_assert_rc(keel_view_begin(s, &v), KEEL_OK);
+    ck_assert_uint_eq(keel_view_tick(v), 5);
+    ck_assert_uint_eq(keel_view_count(v), keel_world_count(keel_runtime_world(s)));
+    keel_view_end(v);
+    ck_assert_rc(keel_runtime_close(s), KEEL_OK);
+    for (uint64_t i = 0; i < f->count; i++)
+        kw_buf_free(&f->recs[i]);
+    kw_buf_free(&rec);
+    kr_close(f->n);
+    kr_close(src);
+}
+END_TEST
+
 int main(void)
 {
     const TTest *const stream[] = {test_publish_fences, test_pipe_fences, test_pipe_resends_after_settle,
@@ -3350,7 +3450,8 @@ int main(void)
                                    test_replica_poll_without_wait, test_replica_unit_fails_midway,
                                    test_replica_copy_fails_once, test_lease_renewed_while_recovering,
                                    test_sync_close_without_stream, test_standby_at_stop_tick_stays_standby,
-                                   test_promotion_refused_follows_on, test_held_directory_makes_nothing,
+                                   test_promotion_refused_follows_on, test_promoted_view_is_current,
+                                   test_held_directory_makes_nothing,
                                    test_restore_to_tick_keeps_its_schema, test_restore_purged_stream,
                                    test_restore_empty_stream, test_stream_copy_removed_on_signal};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,

@@ -634,6 +634,19 @@ static void st_applied(keel_repl_status *st, const void *arg)
     st->lag_bytes = (uint64_t)((double)st->lag_records * st->mean_record_bytes + 0.5);
 }
 
+/* Replay the directory up to lsn; the world at its tick is what views
+ * show (readers never see a state older than what was applied). */
+static int apply_to(keel_runtime *rt, uint64_t lsn, uint64_t *tick)
+{
+    *tick = atomic_load(&rt->tick);
+    int rc = dur_follow(rt->dur, lsn, tick);
+    atomic_store(&rt->tick, *tick); /* on failure too: the units before the failing one are applied */
+    atomic_store_explicit(&rt->txn.running_tick, *tick, memory_order_relaxed);
+    if (!rc && rt->world->mutations != rt->txn.pub_mutations)
+        rc = view_publish(&rt->txn, *tick);
+    return rc;
+}
+
 /* Apply what the directory holds beyond the applied LSN; publish it.
  * last_tick: the tick of the last record just copied (0: none; an EPOCH or
  * a SCHEMA record names none, a checkpoint marker an older one). */
@@ -642,13 +655,9 @@ static int apply_local(keel_runtime *rt, uint64_t last_tick)
     struct runtime_repl *r = rt->repl;
     if (last_tick > r->received_tick)
         r->received_tick = last_tick;
-    uint64_t tick = atomic_load(&rt->tick);
-    int rc = dur_follow(rt->dur, r->local_last, &tick);
-    atomic_store(&rt->tick, tick); /* on failure too: the units before the failing one are applied */
-    atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
+    uint64_t tick;
+    int rc = apply_to(rt, r->local_last, &tick);
     if (rc)
-        return rc;
-    if (rt->world->mutations != rt->txn.pub_mutations && (rc = view_publish(&rt->txn, tick)))
         return rc;
     /* the replica's own checkpoint, at the runtime's checkpoint interval: a reopen replays from it.
        A failed one (a full disk) costs nothing but the replay it would have saved */
@@ -713,11 +722,10 @@ static int become_primary(keel_runtime *rt, uint64_t epoch, uint64_t lsn, keel_r
     kr_read_end(r->reader);
     r->reader = NULL;
     r->local_last = r->epoch_lsn = lsn;
-    uint64_t tick = atomic_load(&rt->tick);
-    int rc = dur_follow(d, lsn, &tick);
+    uint64_t tick;
+    /* begin_epoch's catch-ups may have copied records the last apply did not take */
+    int rc = apply_to(rt, lsn, &tick);
     if (!rc) {
-        atomic_store(&rt->tick, tick);
-        atomic_store_explicit(&rt->txn.running_tick, tick, memory_order_relaxed);
         r->seen.epoch = epoch;
         /* the publisher and (sync) the gate first: the writer takes no commit of this node's own before
            dur_promote, and every one after it goes through them */
