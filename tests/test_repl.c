@@ -920,6 +920,20 @@ START_TEST(test_checkpoint_stream)
 }
 END_TEST
 
+/* A checkpoint covering LSN 5 written into src and published, the stream
+ * (to LSN last) purged up to it: it starts at 6. */
+static void publish_ckpt_at5(kr_node *n, kw_store *src, uint64_t last)
+{
+    ck_fill f = {.lsn = 5, .n = 3, .size = 1000};
+    uint64_t published = 0, first, end;
+    ck_assert_rc(kw_store_write(src, fill_ckpt, &f), KEEL_OK);
+    ck_assert_msg(!kr_ckpt_publish(n, src, last, 0, &published), "%s", keel_last_error());
+    ck_assert_uint_eq(published, 5);
+    ck_assert_rc(kr_bounds(n, &first, &end), KEEL_OK);
+    ck_assert_uint_eq(first, 6);
+    ck_assert_uint_eq(end, last);
+}
+
 /* A directory whose own records 4..6 never reached the stream, while the
  * stream went on to 8 and was purged up to its published checkpoint
  * (covering 5): the point where they part is gone from the stream, so they
@@ -944,14 +958,8 @@ START_TEST(test_purged_divergence_refused)
         if (lsn > 3)
             ck_assert_rc(kr_publish(n, 1, lsn, rec.p, rec.len), KEEL_OK);
     }
-    ck_fill f = {.lsn = 5, .n = 3, .size = 1000};
-    uint64_t published = 0, first, last;
-    ck_assert_rc(kw_store_write(src, fill_ckpt, &f), KEEL_OK);
-    ck_assert_msg(!kr_ckpt_publish(n, src, 8, 0, &published), "%s", keel_last_error()); /* purges 1..5 */
-    ck_assert_uint_eq(published, 5);
-    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
-    ck_assert_uint_eq(first, 6);
-    ck_assert_uint_eq(last, 8);
+    uint64_t first, last;
+    publish_ckpt_at5(n, src, 8);
     kw_store *const dirs[] = {unmarked, ours};
     for (int i = 0; i < 2; i++) {
         tu_digest before = mdb_digest(dirs[i]);
@@ -1045,14 +1053,8 @@ START_TEST(test_rejoin_purged_to_directory_end)
     kw_store *src = store_in("edge-src");
     mark_as(old, "KEEL_edge");
     mark_as(copy, "KEEL_edge");
-    ck_fill f = {.lsn = 5, .n = 3, .size = 1000};
-    uint64_t published = 0, first, last;
-    ck_assert_rc(kw_store_write(src, fill_ckpt, &f), KEEL_OK);
-    ck_assert_msg(!kr_ckpt_publish(n, src, 7, 0, &published), "%s", keel_last_error()); /* purges 1..5 */
-    ck_assert_uint_eq(published, 5);
-    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
-    ck_assert_uint_eq(first, 6);
-    ck_assert_uint_eq(last, 7);
+    uint64_t first, last;
+    publish_ckpt_at5(n, src, 7);
     kr_sync_info si;
     ck_assert_msg(!kr_sync_store(n, old, 0, &si), "%s", keel_last_error());
     ck_assert(si.bootstrapped);
