@@ -1661,6 +1661,21 @@ static keel_runtime *replica_at(const char *world, char *dir, size_t cap, keel_c
     return f;
 }
 
+/* A standby of `world` (lease 300 ms; stop_tick 0: none), its directory
+ * "<world>-standby" in dir, recovered. *v must outlive the runtime. */
+static keel_runtime *standby_at(const char *world, uint64_t stop_tick, char *dir, size_t cap, keel_component *v)
+{
+    char sub[64];
+    snprintf(sub, sizeof sub, "%s-standby", world);
+    tu_path(dir, cap, sub);
+    keel_runtime_desc d = {.workers = 1, .durable.dir = dir,
+                           .replication = {.nats = nats_url, .world = world, .role = KEEL_ROLE_STANDBY,
+                                           .lease_ms = 300, .stop_tick = stop_tick}};
+    keel_runtime *rt = spawning_rt(d, v);
+    ck_assert_msg(!keel_runtime_recover(rt, NULL), "%s", keel_last_error());
+    return rt;
+}
+
 /* A runtime of d (spawning_rt) recovered and three ticks in. */
 static keel_runtime *three_ticks_in(keel_runtime_desc d, keel_component *v)
 {
@@ -3205,13 +3220,7 @@ static void stop_tick_case(const char *world, uint32_t standby_from)
     snprintf(sub, sizeof sub, "%s-primary", world);
     tu_path(pdir, sizeof pdir, sub);
     keel_runtime *p = sync_primary_at(pdir, world, &pv, standby_from);
-    snprintf(sub, sizeof sub, "%s-standby", world);
-    tu_path(sdir, sizeof sdir, sub);
-    keel_runtime_desc sd = {.workers = 1, .durable.dir = sdir,
-                            .replication = {.nats = nats_url, .world = world, .role = KEEL_ROLE_STANDBY,
-                                            .lease_ms = 300, .stop_tick = 2}};
-    keel_runtime *s = spawning_rt(sd, &sv);
-    ck_assert_msg(!keel_runtime_recover(s, NULL), "%s", keel_last_error());
+    keel_runtime *s = standby_at(world, 2, sdir, sizeof sdir, &sv);
     ck_assert_uint_eq(keel_runtime_tick(s), standby_from < 2 ? standby_from : 2);
     tu_step_n(p, 5 - standby_from);
     ck_assert_rc(keel_flush(p), KEEL_OK);
@@ -3289,12 +3298,7 @@ START_TEST(test_promotion_refused_follows_on)
     keel_component pv, sv, fv;
     tu_path(pdir, sizeof pdir, "rf-primary");
     keel_runtime *p = sync_primary_at(pdir, "refused", &pv, 3);
-    tu_path(sdir, sizeof sdir, "rf-standby");
-    keel_runtime_desc sd = {.workers = 1, .durable.dir = sdir,
-                            .replication = {.nats = nats_url, .world = "refused", .role = KEEL_ROLE_STANDBY,
-                                            .lease_ms = 300}};
-    keel_runtime *s = spawning_rt(sd, &sv);
-    ck_assert_msg(!keel_runtime_recover(s, NULL), "%s", keel_last_error());
+    keel_runtime *s = standby_at("refused", 0, sdir, sizeof sdir, &sv);
     for (int i = 0; i < 300 && keel_runtime_tick(s) < 3; i++)
         ck_assert_msg(!keel_replica_poll(s, 100, NULL), "%s", keel_last_error());
     ck_assert_rc(keel_runtime_close(p), KEEL_OK);
@@ -3394,12 +3398,7 @@ START_TEST(test_promoted_view_is_current)
         ck_assert(!kw_put_bytes(&f->recs[f->count++], rec.p, rec.len));
     }
     ck_assert_uint_ge(f->count, 3);
-    tu_path(sdir, sizeof sdir, "pv-standby");
-    keel_runtime_desc sd = {.workers = 1, .durable.dir = sdir,
-                            .replication = {.nats = nats_url, .world = "pvdst", .role = KEEL_ROLE_STANDBY,
-                                            .lease_ms = 300}};
-    keel_runtime *s = spawning_rt(sd, &sv);
-    ck_assert_msg(!keel_runtime_recover(s, NULL), "%s", keel_last_error());
+    keel_runtime *s = standby_at("pvdst", 0, sdir, sizeof sdir, &sv);
     ck_assert_uint_eq(keel_runtime_tick(s), 3);
     /* the first of the rest arrives, the old primary lets the lease go; every commit of the standby's
        from here on (its poll's copy, its catch-up, each try of its epoch record) meets one more */
