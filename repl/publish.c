@@ -17,7 +17,10 @@
  *   PIPE_BYTES in flight.
  * - The pipeline's handler (a NATS thread) raises `stream_acked` or sets
  *   `pipe_failed`, and signals `wake`; the thread raises `published` to it
- *   (never past `sent`), frees the chunks below it and tells acked().
+ *   (never past `sent`), frees the chunks below it and tells acked()
+ *   (without mu); `told` follows once acked() returned. A drain waits for
+ *   `told`, not `published`: the caller may take the hook away once it
+ *   returns, and an acknowledgement told after that would move no ticket.
  *   `published` may pass `committed`: the stream can take a record before
  *   the disk does.
  * - On a failure, or when nothing was acknowledged for STALL_MS while
@@ -64,6 +67,7 @@ struct kr_pub {
     pthread_cond_t wake;       /* work for the thread: a commit, an acknowledgement, a stop */
     pthread_cond_t done;       /* `published` moved, or the thread stopped */
     uint64_t committed, published;
+    uint64_t told;             /* acked() returned for records up to it (<= published) */
     pub_chunk *stage, *stage_tail; /* in LSN order; appended by the writer, freed by the thread */
     size_t stage_bytes;
     uint64_t staged;           /* the last LSN staged */
@@ -208,6 +212,18 @@ static void raise_published(kr_pub *p, uint64_t lsn)
     pthread_cond_broadcast(&p->done);
 }
 
+/* Without mu: tell acked() that the stream holds records up to lsn, then
+ * let a drain see it. */
+static void tell_acked(kr_pub *p, uint64_t lsn)
+{
+    p->d.acked(p->d.self, lsn);
+    pthread_mutex_lock(&p->mu);
+    if (lsn > p->told)
+        p->told = lsn;
+    pthread_cond_broadcast(&p->done);
+    pthread_mutex_unlock(&p->mu);
+}
+
 /* Under mu: the staged chunk holding lsn, or NULL. */
 static const pub_chunk *stage_find(const kr_pub *p, uint64_t lsn)
 {
@@ -326,7 +342,7 @@ static int resettle(kr_pub *p)
     uint64_t now = p->published;
     pthread_mutex_unlock(&p->mu);
     if (acked > before)
-        p->d.acked(p->d.self, now);
+        tell_acked(p, now);
     return rc;
 }
 
@@ -346,7 +362,7 @@ static bool pub_step(kr_pub *p)
         raise_published(p, ack);
         uint64_t lsn = p->published;
         pthread_mutex_unlock(&p->mu);
-        p->d.acked(p->d.self, lsn);
+        tell_acked(p, lsn);
     } else if (p->pipe_failed || stalled) {
         p->sending = true; /* before mu goes: the writer must not send while the stream is read */
         pthread_mutex_unlock(&p->mu);
@@ -408,7 +424,7 @@ int kr_pub_start(const kr_pub_desc *d, kr_pub **out)
     if (!p)
         return core_fail(KEEL_ENOMEM, "out of memory for the publisher");
     p->d = *d;
-    p->committed = p->published = p->stream_acked = p->sent = d->published;
+    p->committed = p->published = p->told = p->stream_acked = p->sent = d->published;
     p->unchained = d->published + 1;
     p->progress_ns = core_now_ns();
     pthread_mutex_init(&p->mu, NULL);
@@ -482,10 +498,10 @@ int kr_pub_drain(kr_pub *p, int64_t timeout_ms)
     struct timespec ts = core_timespec_at(core_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000ull);
     pthread_mutex_lock(&p->mu);
     int w = 0;
-    while (p->published < p->committed && !p->fenced && !p->stopped && w != ETIMEDOUT)
+    while (p->told < p->committed && !p->fenced && !p->stopped && w != ETIMEDOUT)
         w = pthread_cond_timedwait(&p->done, &p->mu, &ts);
-    int rc = p->fenced ? KEEL_EFENCED : p->published < p->committed ? KEEL_EUNAVAILABLE : KEEL_OK;
-    uint64_t pub = p->published, com = p->committed;
+    int rc = p->fenced ? KEEL_EFENCED : p->told < p->committed ? KEEL_EUNAVAILABLE : KEEL_OK;
+    uint64_t pub = p->told, com = p->committed;
     pthread_mutex_unlock(&p->mu);
     if (rc == KEEL_EFENCED)
         return core_fail(rc, "fenced: another primary took world '%s' over", kr_world(p->d.node));

@@ -366,6 +366,82 @@ START_TEST(test_pipe_resends_after_settle)
 }
 END_TEST
 
+/* A publisher's acked() hook that holds its call for `hold` until released:
+ * the instant between the stream's acknowledgement and the durable layer
+ * hearing of it. */
+typedef struct held_ack {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t hold;           /* the LSN whose call waits */
+    bool entered, released;
+    uint64_t returned;       /* the highest LSN whose call returned */
+} held_ack;
+
+static void held_acked(void *self, uint64_t lsn)
+{
+    held_ack *h = self;
+    pthread_mutex_lock(&h->mu);
+    if (lsn >= h->hold) {
+        h->entered = true;
+        pthread_cond_broadcast(&h->cv);
+        while (!h->released)
+            pthread_cond_wait(&h->cv, &h->mu);
+    }
+    if (lsn > h->returned)
+        h->returned = lsn;
+    pthread_mutex_unlock(&h->mu);
+}
+
+static void held_failed(void *self, int rc)
+{
+    (void)self;
+    ck_abort_msg("the publisher failed: %s", keel_strerror(rc));
+}
+
+/* A drain returns once acked() returned for what was committed, not when
+ * the stream acknowledged it: the caller takes the hook away after a drain
+ * (a clean close), and an acknowledgement told after that would leave a
+ * sync ticket unanswered though the close reported the stream whole. */
+START_TEST(test_drain_waits_for_acked)
+{
+    kr_node *n = connect_world(nats_url, "drain", "a");
+    kw_store *s = store_in("drain");
+    kw_buf rec = {0};
+    for (uint64_t lsn = 1; lsn <= 3; lsn++) {
+        epoch_record(&rec, lsn, 1, "a");
+        ck_assert_rc(kr_append_record(s, lsn, rec.p, rec.len), KEEL_OK);
+    }
+    kw_buf_free(&rec);
+    held_ack h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .hold = 3};
+    kr_pub *p;
+    ck_assert_rc(kr_pub_start(&(kr_pub_desc){.node = n, .store = s, .epoch = 1, .retain = -1, .self = &h,
+                                             .acked = held_acked, .failed = held_failed},
+                              &p),
+                 KEEL_OK);
+    kr_pub_committed(p, 3);
+    pthread_mutex_lock(&h.mu);
+    while (!h.entered)
+        pthread_cond_wait(&h.cv, &h.mu);
+    pthread_mutex_unlock(&h.mu);
+    kr_pub_stats ps;
+    kr_pub_stats_get(p, &ps);
+    ck_assert_uint_eq(ps.published, 3); /* the stream holds all three */
+    ck_assert_rc(kr_pub_drain(p, 0), KEEL_EUNAVAILABLE); /* but acked() has not returned for 3 */
+    ck_assert_ptr_nonnull(strstr(keel_last_error(), " of 3")); /* what was told: 0 or 2 */
+    pthread_mutex_lock(&h.mu);
+    h.released = true;
+    pthread_cond_broadcast(&h.cv);
+    pthread_mutex_unlock(&h.mu);
+    ck_assert_rc(kr_pub_drain(p, 30000), KEEL_OK);
+    pthread_mutex_lock(&h.mu);
+    ck_assert_uint_eq(h.returned, 3);
+    pthread_mutex_unlock(&h.mu);
+    kr_pub_free(p);
+    kw_store_close(s);
+    kr_close(n);
+}
+END_TEST
+
 START_TEST(test_lease_cas)
 {
     kr_node *a = connect_world(nats_url, "lease", "a"), *b = connect_world(nats_url, "lease", "b");
@@ -3434,7 +3510,7 @@ END_TEST
 int main(void)
 {
     const TTest *const stream[] = {test_publish_fences, test_pipe_fences, test_pipe_resends_after_settle,
-                                   test_lease_cas,                test_sync_drops_unreplicated_tail,
+                                   test_drain_waits_for_acked,    test_lease_cas,                test_sync_drops_unreplicated_tail,
                                    test_bad_streams_write_nothing, test_checkpoint_stream,
                                    test_connect_errors,           test_primary_runtime_publishes,
                                    test_follower_checkpoints, test_stream_ahead_of_disk,

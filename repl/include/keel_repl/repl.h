@@ -355,8 +355,8 @@ void kr_pub_committed(kr_pub *p, uint64_t lsn);
  * be committed: copied, to be sent before they are -- with writer_sends on
  * the caller's thread when they are next in line, else by the thread. */
 void kr_pub_staged(kr_pub *p, uint64_t first_lsn, uint64_t last_lsn, const void *recs, size_t len);
-/* Wait until everything committed is published, for at most timeout_ms:
- * 0, KEEL_EUNAVAILABLE, KEEL_EFENCED. */
+/* Wait until everything committed is published and acked() returned for
+ * it, for at most timeout_ms: 0, KEEL_EUNAVAILABLE, KEEL_EFENCED. */
 int kr_pub_drain(kr_pub *p, int64_t timeout_ms);
 void kr_pub_stats_get(kr_pub *p, kr_pub_stats *out);
 /* Another node took the lease: publish nothing more; failed(KEEL_EFENCED)
