@@ -370,9 +370,11 @@ static void copy_unlink(void)
 
 static void copy_signal(int sig)
 {
+    int saved = errno; /* the signal stays blocked until this returns: what it interrupted sees errno unchanged */
     if (copy_armed)
         copy_unlink();
     raise(sig); /* SA_RESETHAND: delivered with the default action once this returns */
+    errno = saved;
 }
 
 static void copy_arm(const char *dir)
