@@ -595,8 +595,9 @@ int repl_close(keel_runtime *rt, bool clean, repl_close_info *info)
     pthread_mutex_lock(&r->mu);
     r->pub = NULL;
     pthread_mutex_unlock(&r->mu);
-    dur_repl_set(rt->dur, (dur_repl_hook){0}); /* the writer, still running, no longer tells pub */
+    /* stopped with the hook still on: an acknowledgement that comes while it stops moves its tickets */
     kr_pub_stop(pub); /* its last checkpoint published first */
+    dur_repl_set(rt->dur, (dur_repl_hook){0}); /* the writer, still running, no longer tells pub */
     kr_pub_stats ps;
     kr_pub_stats_get(pub, &ps);
     bool all = !ps.fenced && ps.published >= ps.committed;
