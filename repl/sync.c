@@ -28,6 +28,8 @@ typedef struct append_batch {
     size_t *off;               /* where each starts */
     uint32_t n, cap;
     uint64_t first;            /* LSN of the first */
+    bool retained;             /* records the directory's checkpoint covers: the WAL alone takes them (the
+                                  schema database holds the checkpoint's schema, not theirs) */
 } append_batch;
 
 /* Check a stream message as the WAL record of `lsn`. */
@@ -61,7 +63,7 @@ static int fill_append(kw_wtxn *t, void *arg)
         const unsigned char *rec = (const unsigned char *)b->bytes.p + b->off[i];
         size_t len = end - b->off[i];
         int rc = kw_put_wal(t, b->first + i, rec, len);
-        if (!rc && kw_record_peek_kind(rec, len) == KW_KIND_SCHEMA) /* the primary stores its schema there too */
+        if (!rc && !b->retained && kw_record_peek_kind(rec, len) == KW_KIND_SCHEMA) /* the primary stores its schema there too */
             rc = kw_put(t, KW_DB_SCHEMA, KW_SCHEMA_KEY, strlen(KW_SCHEMA_KEY), rec, len);
         if (rc)
             return rc;
@@ -89,9 +91,10 @@ static int64_t next_wait(const kr_reader *r, uint64_t deadline)
     return (int64_t)((deadline - now + 999999) / 1000000);
 }
 
-int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, uint64_t *last, uint64_t *last_tick)
+static int append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, uint64_t *last,
+                       uint64_t *last_tick, bool retained)
 {
-    append_batch b = {0};
+    append_batch b = {.retained = retained};
     kw_header h = {0};
     int rc = KEEL_OK, got = 0;
     uint64_t seq, deadline = timeout_ms > 0 ? core_now_ns() + (uint64_t)timeout_ms * 1000000u : 0;
@@ -112,6 +115,11 @@ int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, 
         kr_read_rewind(r, *last + 1);
     batch_free(&b);
     return rc;
+}
+
+int kr_append_from(kr_reader *r, kw_store *s, uint32_t max, int64_t timeout_ms, uint64_t *last, uint64_t *last_tick)
+{
+    return append_from(r, s, max, timeout_ms, last, last_tick, false);
 }
 
 int kr_append_record(kw_store *s, uint64_t lsn, const void *rec, size_t len)
@@ -690,15 +698,15 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t from, uint64_t last, int (*
 
 #define STALL_MS 30000
 
-int kr_copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t timeout_ms, uint64_t *last,
-               uint64_t *last_tick)
+static int copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t timeout_ms, uint64_t *last,
+                   uint64_t *last_tick, bool retained)
 {
     int64_t stalled = 0;
     int rc = KEEL_OK;
     while (!rc && *last < end) {
         uint64_t before = *last;
         uint32_t want = end - *last < 4096 ? (uint32_t)(end - *last) : 4096;
-        rc = kr_append_from(r, s, want, timeout_ms, last, last_tick);
+        rc = append_from(r, s, want, timeout_ms, last, last_tick, retained);
         if (rc || *last != before) {
             stalled = 0;
             continue;
@@ -709,6 +717,12 @@ int kr_copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t time
                                             PRIu64, n->stream, *last, end);
     }
     return rc;
+}
+
+int kr_copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t timeout_ms, uint64_t *last,
+               uint64_t *last_tick)
+{
+    return copy_to(n, r, s, end, timeout_ms, last, last_tick, false);
 }
 
 int kr_sync_boots(kr_node *n, kw_store *s, bool *boots, uint64_t *stream_last)
@@ -885,4 +899,63 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
     out->appended = last - keep;
     out->local_last = last;
     return rc;
+}
+
+/* ---- a whole copy ----------------------------------------------------------------- */
+
+/* Where the first whole unit among the stream's records first..covered
+ * begins: after the first tick's commit among them (a purge cuts where it
+ * likes, a WAL starts with a whole unit); covered + 1 when none does, or
+ * when they were purged meanwhile. */
+static int unit_start(kr_node *n, uint64_t first, uint64_t covered, uint64_t *start)
+{
+    kw_buf m = {0};
+    int rc = KEEL_OK;
+    *start = covered + 1;
+    for (uint64_t lsn = first; lsn < covered && !(rc = kr_get(n, lsn, &m)); lsn++)
+        if (kw_record_peek_kind(m.p, m.len) == KW_KIND_TICK_COMMIT) {
+            *start = lsn + 1;
+            break;
+        }
+    kw_buf_free(&m);
+    return rc == KEEL_ENOENT ? KEEL_OK : rc;
+}
+
+/* A directory just started from the published checkpoint (covering LSN
+ * `covered`; its WAL empty) takes the records the stream retains up to
+ * that LSN, from the first whole unit, as a directory whose checkpoints
+ * keep the WAL they cover (wal_retain). A purge that takes them while they
+ * are read leaves it without them; a gap inside them is the stream's
+ * damage. */
+static int copy_retained(kr_node *n, kw_store *s, uint64_t covered)
+{
+    uint64_t first, last, start;
+    int rc = kr_bounds(n, &first, &last);
+    if (rc || !first || first > covered || (rc = unit_start(n, first, covered, &start)) || start > covered)
+        return rc;
+    kr_reader *r;
+    if ((rc = kr_read_begin(n, start, &r)))
+        return rc;
+    uint64_t at = start - 1;
+    rc = copy_to(n, r, s, covered, n->timeout_ms, &at, NULL, true);
+    kr_read_end(r);
+    if (rc == KEEL_ECORRUPT) { /* purged past the next one meanwhile: none of them, not a part */
+        int brc = kr_bounds(n, &first, &last);
+        if (brc)
+            return brc;
+        discard d = {.from = 1};
+        if (first > at + 1)
+            rc = kw_store_write(s, fill_discard, &d);
+    }
+    return rc;
+}
+
+int kr_sync_whole(kr_node *n, kw_store *s, kr_sync_info *out)
+{
+    bool boots;
+    uint64_t slast;
+    int rc = kr_sync_boots(n, s, &boots, &slast);
+    if (!rc && boots && !(rc = kr_sync_store(n, s, 1, out)) && out->bootstrapped)
+        rc = copy_retained(n, s, out->local_last);
+    return rc ? rc : kr_sync_store(n, s, 0, out);
 }

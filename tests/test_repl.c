@@ -604,13 +604,9 @@ static kw_store *local_world(const char *name, uint64_t last)
     return s;
 }
 
-/* The stream holds the directory's records from..to, byte for byte. */
-static void assert_stream_holds(kr_node *n, kw_store *s, uint64_t from, uint64_t to)
+/* The directory's WAL records from..to are the stream's messages, byte for byte. */
+static void assert_same_records(kr_node *n, kw_store *s, uint64_t from, uint64_t to)
 {
-    uint64_t first, last;
-    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
-    ck_assert_uint_eq(first, from);
-    ck_assert_uint_eq(last, to);
     kw_buf got = {0};
     kw_rtxn *r;
     kw_walit *it;
@@ -626,6 +622,16 @@ static void assert_stream_holds(kr_node *n, kw_store *s, uint64_t from, uint64_t
     kw_wal_iter_end(it);
     kw_read_end(r);
     kw_buf_free(&got);
+}
+
+/* The stream holds the directory's records from..to, and nothing else. */
+static void assert_stream_holds(kr_node *n, kw_store *s, uint64_t from, uint64_t to)
+{
+    uint64_t first, last;
+    ck_assert_rc(kr_bounds(n, &first, &last), KEEL_OK);
+    ck_assert_uint_eq(first, from);
+    ck_assert_uint_eq(last, to);
+    assert_same_records(n, s, from, to);
 }
 
 static bool meta_has(kw_store *s, const char *key)
@@ -2316,14 +2322,15 @@ static void wal_bounds_of(const char *name, uint64_t *first, uint64_t *last, uin
 /* A world "name" of 10 ticks in pdir whose stream keeps nothing before its
  * published checkpoint of tick 5 (a fresh replica must start from it):
  * the primary's hash at tick 10 into *want, its hash at 5 into *at5. */
-static void purged_world(const char *name, char *pdir, size_t cap, uint64_t *at5, uint64_t *want)
+static void purged_world_retaining(const char *name, int64_t retain, char *pdir, size_t cap, uint64_t *at5,
+                                   uint64_t *want)
 {
     tu_path(pdir, cap, name);
     keel_component v;
     keel_runtime *p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = pdir,
                                                       .replication = {.nats = nats_url, .world = name,
                                                                       .mode = KEEL_REPL_SYNC, .lease_ms = 300,
-                                                                      .retain_records = 1}},
+                                                                      .retain_records = retain}},
                                   &v);
     ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
     tu_step_n(p, 5);
@@ -2334,6 +2341,11 @@ static void purged_world(const char *name, char *pdir, size_t cap, uint64_t *at5
     ck_assert_rc(keel_flush(p), KEEL_OK);
     *want = keel_world_hash(keel_runtime_world(p));
     ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+}
+
+static void purged_world(const char *name, char *pdir, size_t cap, uint64_t *at5, uint64_t *want)
+{
+    purged_world_retaining(name, 1, pdir, cap, at5, want);
 }
 
 /* Apply the stream up to tick t. */
@@ -3197,7 +3209,7 @@ START_TEST(test_restore_purged_stream)
     snprintf(addr, sizeof addr, "%s/rpurge", nats_url);
     tu_run run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"replay", addr, "--to-tick", "3", NULL});
     ck_assert_msg(run.status == 1 && strstr(run.err, "tick 3 is before the stream's published checkpoint of tick 5, "
-                                                     "where a copy of the purged stream starts (no older state can be "
+                                                     "the oldest state the purged stream keeps (no older state can be "
                                                      "rebuilt from it). The earliest tick replay can rebuild is 5"),
                   "status %d: %s", run.status, run.err);
     tu_run_free(&run);
@@ -3228,6 +3240,56 @@ START_TEST(test_restore_purged_stream)
     assert_opens_at(dest, 5, at5);
     ck_assert_msg(restore_into("rpurge", "10", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
     assert_opens_at(dest, 10, want);
+}
+END_TEST
+
+/* A copy of a stream purged to its published checkpoint holds the records
+ * the stream retains before it, from their first whole unit (after the
+ * first tick commit among them), byte for byte in its WAL: keel-wal verify
+ * passes on the stream, restore keeps them (DEST opens at the last tick),
+ * --to-tick at the checkpoint's tick opens there, and an earlier tick is
+ * refused by restore and replay though its records are in the copy: no
+ * state before the checkpoint's is kept. */
+START_TEST(test_stream_copy_keeps_retained)
+{
+    char pdir[4096], dest[4096], err[4096];
+    uint64_t at5, want;
+    purged_world_retaining("rkeep", 12, pdir, sizeof pdir, &at5, &want);
+    ck_assert_msg(restore_into("rkeep", NULL, dest, sizeof dest, err, sizeof err) == 0, "%s", err);
+    kr_node *n = connect_world(nats_url, "rkeep", "probe");
+    uint64_t sfirst, slast, wfirst, wlast;
+    ck_assert_rc(kr_bounds(n, &sfirst, &slast), KEEL_OK);
+    kw_store *s;
+    ck_assert_msg(!kw_store_open(dest, &(kw_store_desc){0}, &s), "%s", keel_last_error());
+    wal_bounds(s, &wfirst, &wlast);
+    uint64_t covered = checkpoint_covers(s);
+    ck_assert_msg(sfirst > 1 && sfirst < wfirst && wfirst <= covered && wlast == slast,
+                  "stream %" PRIu64 "..%" PRIu64 ", copy %" PRIu64 "..%" PRIu64 ", checkpoint covers %" PRIu64, sfirst,
+                  slast, wfirst, wlast, covered);
+    kw_buf msg = {0};
+    for (uint64_t lsn = sfirst; lsn < wfirst; lsn++) { /* the first whole unit starts after the first commit */
+        ck_assert_rc(kr_get(n, lsn, &msg), KEEL_OK);
+        ck_assert_int_eq(kw_record_peek_kind(msg.p, msg.len) == KW_KIND_TICK_COMMIT, lsn + 1 == wfirst);
+    }
+    kw_buf_free(&msg);
+    assert_same_records(n, s, wfirst, slast);
+    kw_store_close(s);
+    kr_close(n);
+    assert_opens_at(dest, 10, want);
+    char addr[128];
+    snprintf(addr, sizeof addr, "%s/rkeep", nats_url);
+    tu_run run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"verify", addr, NULL});
+    ck_assert_msg(run.status == 0, "verify: status %d: %s", run.status, run.err);
+    tu_run_free(&run);
+    ck_assert_int_eq(restore_into("rkeep", "4", dest, sizeof dest, err, sizeof err), 2);
+    ck_assert_msg(strstr(err, "tick 4 is before") && strstr(err, "checkpoint of tick 5"), "%s", err);
+    ck_assert(!has_data_file(dest));
+    ck_assert_msg(restore_into("rkeep", "5", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
+    assert_opens_at(dest, 5, at5);
+    run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"replay", addr, "--to-tick", "4", NULL});
+    ck_assert_msg(run.status == 1 && strstr(run.err, "tick 4 is before the stream's published checkpoint of tick 5"),
+                  "status %d: %s", run.status, run.err);
+    tu_run_free(&run);
 }
 END_TEST
 
@@ -3530,6 +3592,7 @@ int main(void)
                                    test_promotion_refused_follows_on, test_promoted_view_is_current,
                                    test_held_directory_makes_nothing,
                                    test_restore_to_tick_keeps_its_schema, test_restore_purged_stream,
+                                   test_stream_copy_keeps_retained,
                                    test_restore_empty_stream, test_stream_copy_removed_on_signal};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};

@@ -182,10 +182,10 @@ static int checkpoint_schema(kwt_dir *d, cut *c)
 /* Where DEST's WAL ends (c->from: the first LSN cut away, 0 for none) and
  * the schema it stores then. --to-tick T cuts after tick T's commit
  * marker. A copy of a purged stream starts at the stream's published
- * checkpoint: tick T is then its tick or a later one, and the schema of T
- * is the last schema record before the cut or else the checkpoint's; at
- * the checkpoint's tick, whose records are gone, DEST holds the checkpoint
- * alone. A stream without a world, or without tick T, is refused: nothing
+ * checkpoint (the records retained before it in its WAL alone): tick T is
+ * then its tick or a later one, and the schema of T is the last schema
+ * record before the cut or else the checkpoint's; at the checkpoint's
+ * tick, when its records are gone, DEST holds the checkpoint alone. A stream without a world, or without tick T, is refused: nothing
  * is written. */
 static int restore_cut(kwt_dir *d, bool to_given, uint64_t to_tick, cut *c)
 {
@@ -200,7 +200,15 @@ static int restore_cut(kwt_dir *d, bool to_given, uint64_t to_tick, cut *c)
         kwt_err(d->path, "the stream holds no record and no published checkpoint: no world to restore");
         return KWT_EXIT_USAGE;
     }
-    if (!to_given || (rc = commit_of_tick(d, to_tick, &c->from, &last_tick)))
+    if (!to_given)
+        return KEEL_OK;
+    if (d->has_checkpoint && to_tick < d->checkpoint.tick) { /* its records may be retained, its state is not */
+        kwt_err(d->path, "tick %" PRIu64 " is before the stream's published checkpoint of tick %" PRIu64 ", the oldest "
+                "state the purged stream keeps (no older state can be rebuilt): it restores tick %" PRIu64
+                " or a later one", to_tick, d->checkpoint.tick, d->checkpoint.tick);
+        return KWT_EXIT_USAGE;
+    }
+    if ((rc = commit_of_tick(d, to_tick, &c->from, &last_tick)))
         return rc;
     if (!c->from && d->has_checkpoint && d->checkpoint.tick == to_tick)
         c->from = d->checkpoint.lsn; /* the checkpoint alone */
@@ -209,13 +217,8 @@ static int restore_cut(kwt_dir *d, bool to_given, uint64_t to_tick, cut *c)
         rc = schema_before(d, c);
         return !rc && !c->schema.len && d->has_checkpoint ? checkpoint_schema(d, c) : rc;
     }
-    if (d->has_checkpoint && to_tick < d->checkpoint.tick)
-        kwt_err(d->path, "tick %" PRIu64 " is before the stream's published checkpoint of tick %" PRIu64 ", where a "
-                "copy of the purged stream starts (no older state can be rebuilt): it restores tick %" PRIu64
-                " or a later one", to_tick, d->checkpoint.tick, d->checkpoint.tick);
-    else
-        kwt_err(d->path, "the stream holds no commit of tick %" PRIu64 " (it ends at tick %" PRIu64 ")", to_tick,
-                last_tick > d->checkpoint.tick ? last_tick : d->checkpoint.tick);
+    kwt_err(d->path, "the stream holds no commit of tick %" PRIu64 " (it ends at tick %" PRIu64 ")", to_tick,
+            last_tick > d->checkpoint.tick ? last_tick : d->checkpoint.tick);
     return KWT_EXIT_USAGE;
 }
 

@@ -409,7 +409,7 @@ int kwt_dir_refresh(kwt_dir *d)
     if (!d->stream)
         return KWT_EXIT_OK;
     kr_sync_info si;
-    int rc = kr_sync_store(d->stream, d->store, 0, &si);
+    int rc = kr_sync_whole(d->stream, d->store, &si);
     if (rc) /* a stream whose content is damaged (a gap, a message that is no record) is a problem found */
         kwt_err(d->path, "%s", keel_last_error());
     return !rc ? KWT_EXIT_OK : rc == KEEL_ECORRUPT ? KWT_EXIT_PROBLEM : KWT_EXIT_USAGE;

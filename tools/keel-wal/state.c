@@ -841,12 +841,13 @@ static int choose_start(kws_replay *r, uint64_t first_tick, bool no_checkpoint, 
     if (!d->has_checkpoint)
         return fail(r, "the WAL starts at LSN %" PRIu64 ", not 1, and there is no checkpoint: records are missing",
                     in->first_lsn);
-    if (d->stream && no_checkpoint) /* a copy of a purged stream starts at its published checkpoint */
-        return fail(r, "--no-checkpoint needs the records from LSN 1, but a copy of the purged stream starts at its "
-                    "published checkpoint of tick %" PRIu64, d->checkpoint.tick);
+    /* a copy of a purged stream: its published checkpoint, the records the stream retains before it */
+    if (d->stream && no_checkpoint)
+        return fail(r, "--no-checkpoint needs the records from LSN 1, but the stream was purged to its published "
+                    "checkpoint of tick %" PRIu64, d->checkpoint.tick);
     if (d->stream)
-        return fail(r, "tick %" PRIu64 " is before the stream's published checkpoint of tick %" PRIu64 ", where a copy "
-                    "of the purged stream starts (no older state can be rebuilt from it). The earliest tick replay "
+        return fail(r, "tick %" PRIu64 " is before the stream's published checkpoint of tick %" PRIu64 ", the oldest "
+                    "state the purged stream keeps (no older state can be rebuilt from it). The earliest tick replay "
                     "can rebuild is %" PRIu64, first_tick, d->checkpoint.tick, d->checkpoint.tick);
     char starts[80];
     /* up to the checkpoint's LSN, or less where the stream had not acknowledged the rest (a replicated primary) */

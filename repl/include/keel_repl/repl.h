@@ -224,6 +224,13 @@ typedef struct kr_sync_info {
  * world the stream never held that cannot be seeded), the stream's and the
  * store's. */
 int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out);
+/* kr_sync_store (upto 0) for a copy of everything the stream holds: an
+ * empty directory s of a stream purged past LSN 1 (no primary's) also
+ * takes, after the published checkpoint, the records the stream retains
+ * before the LSN it covers, into its WAL alone (a copy whose checkpoint
+ * keeps them; a purge that takes them while they are read leaves them
+ * out). keel-wal reads streams so. */
+int kr_sync_whole(kr_node *n, kw_store *s, kr_sync_info *out);
 /* Where a directory ends: its last LSN (that of its WAL, or the
  * checkpoint's covered LSN when the WAL is empty; 0 for an empty
  * directory), the tick its last WAL record names (0: the WAL is empty) and
