@@ -537,6 +537,10 @@ void kr_pub_stop(kr_pub *p)
     pthread_mutex_unlock(&p->mu);
     pthread_join(p->thread, NULL);
     p->joined = true;
+    pthread_mutex_lock(&p->mu);
+    while (p->sending) /* the writer sending what it staged (a fenced thread ends without waiting for it) */
+        pthread_cond_wait(&p->wake, &p->mu);
+    pthread_mutex_unlock(&p->mu);
     kr_pipe_close(p->d.node); /* on_ack is never called again */
 }
 
