@@ -2322,18 +2322,27 @@ static void wal_bounds_of(const char *name, uint64_t *first, uint64_t *last, uin
 /* A world "name" of 10 ticks in pdir whose stream keeps nothing before its
  * published checkpoint of tick 5 (a fresh replica must start from it):
  * the primary's hash at tick 10 into *want, its hash at 5 into *at5. */
-static void purged_world_retaining(const char *name, int64_t retain, char *pdir, size_t cap, uint64_t *at5,
-                                   uint64_t *want)
+/* A sync primary's world whose stream was purged to its published
+ * checkpoint of tick 5 but `retain` records, *at5 its hash then; then
+ * ticks 6..10 (*want). `reopened`: the primary closed after tick 5 and
+ * opened again (a new epoch) before the checkpoint, which so covers the
+ * EPOCH record after tick 5's commit. */
+static void purged_world_retaining(const char *name, int64_t retain, bool reopened, char *pdir, size_t cap,
+                                   uint64_t *at5, uint64_t *want)
 {
     tu_path(pdir, cap, name);
     keel_component v;
-    keel_runtime *p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = pdir,
-                                                      .replication = {.nats = nats_url, .world = name,
-                                                                      .mode = KEEL_REPL_SYNC, .lease_ms = 300,
-                                                                      .retain_records = retain}},
-                                  &v);
+    keel_runtime_desc d = {.workers = 1, .durable.dir = pdir,
+                           .replication = {.nats = nats_url, .world = name, .mode = KEEL_REPL_SYNC, .lease_ms = 300,
+                                           .retain_records = retain}};
+    keel_runtime *p = spawning_rt(d, &v);
     ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
     tu_step_n(p, 5);
+    if (reopened) {
+        ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+        p = spawning_rt(d, &v);
+        ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    }
     ck_assert_rc(keel_checkpoint(p), KEEL_OK);
     wait_status(p, checkpoint_published, 1, "publish its checkpoint");
     *at5 = keel_world_hash(keel_runtime_world(p));
@@ -2345,7 +2354,7 @@ static void purged_world_retaining(const char *name, int64_t retain, char *pdir,
 
 static void purged_world(const char *name, char *pdir, size_t cap, uint64_t *at5, uint64_t *want)
 {
-    purged_world_retaining(name, 1, pdir, cap, at5, want);
+    purged_world_retaining(name, 1, false, pdir, cap, at5, want);
 }
 
 /* Apply the stream up to tick t. */
@@ -3254,7 +3263,7 @@ START_TEST(test_stream_copy_keeps_retained)
 {
     char pdir[4096], dest[4096], err[4096];
     uint64_t at5, want;
-    purged_world_retaining("rkeep", 12, pdir, sizeof pdir, &at5, &want);
+    purged_world_retaining("rkeep", 12, false, pdir, sizeof pdir, &at5, &want);
     ck_assert_msg(restore_into("rkeep", NULL, dest, sizeof dest, err, sizeof err) == 0, "%s", err);
     kr_node *n = connect_world(nats_url, "rkeep", "probe");
     uint64_t sfirst, slast, wfirst, wlast;
@@ -3290,6 +3299,11 @@ START_TEST(test_stream_copy_keeps_retained)
     ck_assert_msg(run.status == 1 && strstr(run.err, "tick 4 is before the stream's published checkpoint of tick 5"),
                   "status %d: %s", run.status, run.err);
     tu_run_free(&run);
+    /* a checkpoint of tick 5 covering records after its commit (the reopened primary's EPOCH): restored at
+       its tick, DEST holds them too */
+    purged_world_retaining("rkeep2", 12, true, pdir, sizeof pdir, &at5, &want);
+    ck_assert_msg(restore_into("rkeep2", "5", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
+    assert_opens_at(dest, 5, at5);
 }
 END_TEST
 

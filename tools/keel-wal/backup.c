@@ -210,8 +210,10 @@ static int restore_cut(kwt_dir *d, bool to_given, uint64_t to_tick, cut *c)
     }
     if ((rc = commit_of_tick(d, to_tick, &c->from, &last_tick)))
         return rc;
-    if (!c->from && d->has_checkpoint && d->checkpoint.tick == to_tick)
-        c->from = d->checkpoint.lsn; /* the checkpoint alone */
+    /* the checkpoint and no record after it: what it covers after tick T's commit (a promotion's EPOCH,
+       an open's schema) is in its state */
+    if (d->has_checkpoint && d->checkpoint.tick == to_tick && c->from < d->checkpoint.lsn)
+        c->from = d->checkpoint.lsn;
     if (c->from) {
         c->from++;
         rc = schema_before(d, c);
