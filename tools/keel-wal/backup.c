@@ -185,8 +185,9 @@ static int checkpoint_schema(kwt_dir *d, cut *c)
  * checkpoint (the records retained before it in its WAL alone): tick T is
  * then its tick or a later one, and the schema of T is the last schema
  * record before the cut or else the checkpoint's; at the checkpoint's
- * tick, when its records are gone, DEST holds the checkpoint alone. A stream without a world, or without tick T, is refused: nothing
- * is written. */
+ * tick DEST holds the checkpoint and no record after the LSN it covers.
+ * A stream without a world, or without tick T, is refused: nothing is
+ * written. */
 static int restore_cut(kwt_dir *d, bool to_given, uint64_t to_tick, cut *c)
 {
     uint64_t first = 0, last = 0, count = 0, last_tick = 0;
