@@ -943,9 +943,8 @@ static int copy_retained(kr_node *n, kw_store *s, uint64_t covered)
         int brc = kr_bounds(n, &first, &last);
         if (brc)
             return brc;
-        discard d = {.from = 1};
         if (first > at + 1)
-            rc = kw_store_write(s, fill_discard, &d);
+            rc = kw_store_write(s, fill_discard, &(discard){.from = 1});
     }
     return rc;
 }

@@ -3299,6 +3299,17 @@ START_TEST(test_stream_copy_keeps_retained)
     ck_assert_msg(run.status == 1 && strstr(run.err, "tick 4 is before the stream's published checkpoint of tick 5"),
                   "status %d: %s", run.status, run.err);
     tu_run_free(&run);
+    /* a message deleted from among the retained records: the stream's damage, which keel-wal names */
+    natsConnection *nc = NULL;
+    jsCtx *js = NULL;
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    ck_assert_int_eq(js_DeleteMsg(js, "KEEL_rkeep", covered, NULL, NULL), NATS_OK);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"verify", addr, NULL});
+    ck_assert_msg(run.status == 1 && strstr(run.err, "gap"), "verify: status %d: %s", run.status, run.err);
+    tu_run_free(&run);
     /* a checkpoint of tick 5 covering records after its commit (the reopened primary's EPOCH): restored at
        its tick, DEST holds them too */
     purged_world_retaining("rkeep2", 12, true, pdir, sizeof pdir, &at5, &want);
