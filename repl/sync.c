@@ -698,6 +698,16 @@ int kr_seed_stream(kr_node *n, kw_store *s, uint64_t from, uint64_t last, int (*
 
 #define STALL_MS 30000
 
+/* A read that brought nothing new: the consumer made again at last + 1,
+ * until the stream has delivered nothing for STALL_MS. */
+static int stall(kr_node *n, kr_reader *r, int64_t timeout_ms, int64_t *stalled, uint64_t last, uint64_t end)
+{
+    *stalled += timeout_ms > 0 ? timeout_ms : 1;
+    return *stalled < STALL_MS ? kr_read_restart(r, last + 1)
+                               : core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering at %" PRIu64 " of %"
+                                           PRIu64, n->stream, last, end);
+}
+
 static int copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t timeout_ms, uint64_t *last,
                    uint64_t *last_tick, bool retained)
 {
@@ -707,14 +717,10 @@ static int copy_to(kr_node *n, kr_reader *r, kw_store *s, uint64_t end, int64_t 
         uint64_t before = *last;
         uint32_t want = end - *last < 4096 ? (uint32_t)(end - *last) : 4096;
         rc = append_from(r, s, want, timeout_ms, last, last_tick, retained);
-        if (rc || *last != before) {
+        if (rc || *last != before)
             stalled = 0;
-            continue;
-        }
-        stalled += timeout_ms > 0 ? timeout_ms : 1;
-        rc = stalled < STALL_MS ? kr_read_restart(r, *last + 1)
-                                : core_fail(KEEL_EUNAVAILABLE, "stream %s stopped delivering at %" PRIu64 " of %"
-                                            PRIu64, n->stream, *last, end);
+        else
+            rc = stall(n, r, timeout_ms, &stalled, *last, end);
     }
     return rc;
 }
@@ -903,48 +909,58 @@ int kr_sync_store(kr_node *n, kw_store *s, uint64_t upto, kr_sync_info *out)
 
 /* ---- a whole copy ----------------------------------------------------------------- */
 
-/* Where the first whole unit among the stream's records first..covered
- * begins: after the first tick's commit among them (a purge cuts where it
- * likes, a WAL starts with a whole unit); covered + 1 when none does, or
- * when they were purged meanwhile. */
-static int unit_start(kr_node *n, uint64_t first, uint64_t covered, uint64_t *start)
+/* Reads the stream on from *at + 1 through its first tick commit at or
+ * before `covered` (a purge cuts where it likes, a WAL starts with a whole
+ * unit): 1 with *at that commit's LSN, 0 when there is none (*at =
+ * covered). */
+static int skip_partial_unit(kr_node *n, kr_reader *r, uint64_t covered, uint64_t *at)
 {
-    kw_buf m = {0};
-    int rc = KEEL_OK;
-    *start = covered + 1;
-    for (uint64_t lsn = first; lsn < covered && !(rc = kr_get(n, lsn, &m)); lsn++)
-        if (kw_record_peek_kind(m.p, m.len) == KW_KIND_TICK_COMMIT) {
-            *start = lsn + 1;
-            break;
-        }
-    kw_buf_free(&m);
-    return rc == KEEL_ENOENT ? KEEL_OK : rc;
+    int64_t stalled = 0;
+    while (*at < covered) {
+        uint64_t seq;
+        const void *data;
+        size_t len;
+        int got = kr_read_next(r, n->timeout_ms, &seq, &data, &len), rc;
+        if (got < 0)
+            return got;
+        if (!got && (rc = stall(n, r, n->timeout_ms, &stalled, *at, covered)))
+            return rc;
+        if (!got)
+            continue;
+        stalled = 0;
+        *at = seq;
+        if (kw_record_peek_kind(data, len) == KW_KIND_TICK_COMMIT)
+            return 1;
+    }
+    return 0;
 }
 
 /* A directory just started from the published checkpoint (covering LSN
  * `covered`; its WAL empty) takes the records the stream retains up to
  * that LSN, from the first whole unit, as a directory whose checkpoints
- * keep the WAL they cover (wal_retain). A purge that takes them while they
- * are read leaves it without them; a gap inside them is the stream's
- * damage. */
+ * keep the WAL they cover (wal_retain). One reader goes through them.
+ * A purge that takes them while they are read leaves the directory
+ * without them; a gap inside them is the stream's damage. */
 static int copy_retained(kr_node *n, kw_store *s, uint64_t covered)
 {
-    uint64_t first, last, start;
+    uint64_t first, last;
     int rc = kr_bounds(n, &first, &last);
-    if (rc || !first || first > covered || (rc = unit_start(n, first, covered, &start)) || start > covered)
+    if (rc || !first || first > covered)
         return rc;
     kr_reader *r;
-    if ((rc = kr_read_begin(n, start, &r)))
+    if ((rc = kr_read_begin(n, first, &r)))
         return rc;
-    uint64_t at = start - 1;
-    rc = copy_to(n, r, s, covered, n->timeout_ms, &at, NULL, true);
+    uint64_t at = first - 1;
+    bool copying = (rc = skip_partial_unit(n, r, covered, &at)) == 1;
+    if (copying)
+        rc = copy_to(n, r, s, covered, n->timeout_ms, &at, NULL, true);
     kr_read_end(r);
     if (rc == KEEL_ECORRUPT) { /* purged past the next one meanwhile: none of them, not a part */
         int brc = kr_bounds(n, &first, &last);
         if (brc)
             return brc;
         if (first > at + 1)
-            rc = kw_store_write(s, fill_discard, &(discard){.from = 1});
+            rc = copying ? kw_store_write(s, fill_discard, &(discard){.from = 1}) : KEEL_OK;
     }
     return rc;
 }

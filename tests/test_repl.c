@@ -3258,7 +3258,9 @@ END_TEST
  * passes on the stream, restore keeps them (DEST opens at the last tick),
  * --to-tick at the checkpoint's tick opens there, and an earlier tick is
  * refused by restore and replay though its records are in the copy: no
- * state before the checkpoint's is kept. */
+ * state before the checkpoint's is kept. A message deleted from among
+ * them, also the commit before their first whole unit, is a gap keel-wal
+ * names. */
 START_TEST(test_stream_copy_keeps_retained)
 {
     char pdir[4096], dest[4096], err[4096];
@@ -3312,9 +3314,28 @@ START_TEST(test_stream_copy_keeps_retained)
     tu_run_free(&run);
     /* a checkpoint of tick 5 covering records after its commit (the reopened primary's EPOCH): restored at
        its tick, DEST holds them too */
-    purged_world_retaining("rkeep2", 12, true, pdir, sizeof pdir, &at5, &want);
+    purged_world_retaining("rkeep2", 13, true, pdir, sizeof pdir, &at5, &want);
     ck_assert_msg(restore_into("rkeep2", "5", dest, sizeof dest, err, sizeof err) == 0, "%s", err);
     assert_opens_at(dest, 5, at5);
+    /* the commit that ends the part of a unit they start with deleted: a gap as well, not a purge */
+    n = connect_world(nats_url, "rkeep2", "probe");
+    ck_assert_rc(kr_bounds(n, &sfirst, &slast), KEEL_OK);
+    uint64_t commit = sfirst - 1;
+    do
+        ck_assert_rc(kr_get(n, ++commit, &msg), KEEL_OK);
+    while (kw_record_peek_kind(msg.p, msg.len) != KW_KIND_TICK_COMMIT);
+    kw_buf_free(&msg);
+    kr_close(n);
+    ck_assert_msg(commit > sfirst, "stream from %" PRIu64 ", first commit %" PRIu64, sfirst, commit);
+    ck_assert_int_eq(natsConnection_ConnectTo(&nc, nats_url), NATS_OK);
+    ck_assert_int_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    ck_assert_int_eq(js_DeleteMsg(js, "KEEL_rkeep2", commit, NULL, NULL), NATS_OK);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    snprintf(addr, sizeof addr, "%s/rkeep2", nats_url);
+    run = tu_run_argv(KEEL_WAL_BIN, (const char *const[]){"verify", addr, NULL});
+    ck_assert_msg(run.status == 1 && strstr(run.err, "gap"), "verify: status %d: %s", run.status, run.err);
+    tu_run_free(&run);
 }
 END_TEST
 
