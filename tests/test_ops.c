@@ -236,17 +236,21 @@ START_TEST(damage_refused_untouched)
         ck_assert_int_eq(open_world(dir, NULL, NULL, err, sizeof err), KEEL_ECORRUPT);
         ck_assert_msg(strstr(err, mdb) && strstr(err, "is damaged") && strstr(err, tu_damages[d].says),
                       "%s: the sentence does not name the file and '%s': %s", tu_damages[d].name, tu_damages[d].says, err);
-        /* a read-only open (the tools') and the check itself say the same */
+        /* a read-only open (the tools') says the same; the check of the meta pages alone finds their damage */
         kw_store *st = NULL;
         ck_assert_int_eq(kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &st), KEEL_ECORRUPT);
         ck_assert_ptr_null(st);
-        ck_assert_int_eq(kw_store_check_file(dir), KEEL_ECORRUPT);
         ck_assert_msg(strstr(keel_last_error(), tu_damages[d].says), "%s", keel_last_error());
+        ck_assert_int_eq(kw_store_check_file(dir), tu_damages[d].tree ? KEEL_OK : KEEL_ECORRUPT);
+        if (!tu_damages[d].tree)
+            ck_assert_msg(strstr(keel_last_error(), tu_damages[d].says), "%s", keel_last_error());
 
-        /* nothing written, nothing mapped: same bytes, same mtime, no lock.mdb */
+        /* nothing written: same bytes, same mtime; a damaged meta page never mapped (a tree page's damage is
+           found in a read transaction, through LMDB's map, before LMDB reads a tree page) */
         tu_assert_digest_eq(before, tu_file_digest(mdb));
         ck_assert_uint_eq(mtime, tu_file_mtime_ns(mdb));
-        ck_assert_msg(access(lockmdb, F_OK) != 0, "%s: LMDB opened the file (lock.mdb exists)", tu_damages[d].name);
+        if (!tu_damages[d].tree)
+            ck_assert_msg(access(lockmdb, F_OK) != 0, "%s: LMDB opened the file (lock.mdb exists)", tu_damages[d].name);
     }
 }
 END_TEST

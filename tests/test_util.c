@@ -442,20 +442,23 @@ void tu_copy_file(const char *src, const char *dst)
 #define MDB_PAGE 4096
 
 const struct tu_damage_info tu_damages[TU_DAMAGE_COUNT] = {
-    {"empty", "the file is empty"},
-    {"one page short", "it is truncated"},
-    {"half", "it is truncated"},
-    {"only the meta pages", "it is truncated"},
-    {"torn meta page 0", "meta page 0 has no LMDB magic"},
-    {"torn meta page 1", "meta page 1 has no LMDB magic"},
-    {"a meta pointing past the end", "is not a free page: the file is truncated"},
-    {"a root past the last page", "puts the root of the main tree at page"},
-    {"a newer LMDB data version", "has LMDB data version 2"},
-    {"100 bytes", "fewer than its first meta page"},
-    {"a page size of 1000", "gives a page size of 1000 bytes"},
-    {"two page sizes", "meta page 1 says pages are 8192 bytes, meta page 0 says 4096"},
-    {"a meta page numbered 7", "meta page 1 is not marked as one (page number 7"},
-    {"a last page of 0", "says the last page is 0, below the meta pages"},
+    {"empty", "the file is empty", false},
+    {"one page short", "it is truncated", false},
+    {"half", "it is truncated", false},
+    {"only the meta pages", "it is truncated", false},
+    {"torn meta page 0", "meta page 0 has no LMDB magic", false},
+    {"torn meta page 1", "meta page 1 has no LMDB magic", false},
+    {"a meta pointing past the end", "is not a free page: the file is truncated", false},
+    {"a root past the last page", "puts the root of the main tree at page", false},
+    {"a newer LMDB data version", "has LMDB data version 2", false},
+    {"100 bytes", "fewer than its first meta page", false},
+    {"a page size of 1000", "gives a page size of 1000 bytes", false},
+    {"two page sizes", "meta page 1 says pages are 8192 bytes, meta page 0 says 4096", false},
+    {"a meta page numbered 7", "meta page 1 is not marked as one (page number 7", false},
+    {"a last page of 0", "says the last page is 0, below the meta pages", false},
+    {"a tree page naming another", "(it names page 12345", true},
+    {"a tree page of the wrong type", "of the wal tree, at depth 1 of ", true},
+    {"a node in a page's header", "of the wal tree is at offset 2, outside the page's nodes", true},
 };
 
 static uint64_t mdb_rd64(const char *path, long off)
@@ -474,6 +477,30 @@ static void mdb_wr(const char *path, long off, const void *p, size_t n)
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(pwrite(fd, p, n, off), (ssize_t)n);
     close(fd);
+}
+
+/* The root page of the named database `name` in the newest snapshot (the
+ * main tree a single leaf page, as in every test world): its leaf nodes are
+ * u16 offsets after the 16-byte page header, each node u16 lo, hi, flags,
+ * key size, the key, then the database's record, whose root is at 40. */
+static uint64_t mdb_db_root(const char *path, long newest, const char *name)
+{
+    unsigned char page[MDB_PAGE];
+    int fd = open(path, O_RDONLY);
+    ck_assert_int_ge(fd, 0);
+    uint64_t main_root = mdb_rd64(path, newest + MDB_META_MAIN_ROOT), root = 0;
+    ck_assert_int_eq(pread(fd, page, sizeof page, (off_t)(main_root * MDB_PAGE)), (ssize_t)sizeof page);
+    close(fd);
+    uint16_t lower, off, ksize;
+    memcpy(&lower, page + 12, 2);
+    for (unsigned i = 0; i < (lower - 16u) / 2 && !root; i++) {
+        memcpy(&off, page + 16 + 2 * i, 2);
+        memcpy(&ksize, page + off + 6, 2);
+        if (ksize == strlen(name) && !memcmp(page + off + 8, name, ksize))
+            memcpy(&root, page + off + 8 + ksize + 40, 8);
+    }
+    ck_assert_msg(root >= 2, "no database '%s' in the main tree of %s", name, path);
+    return root;
 }
 
 void tu_damage_apply(const char *mdb, tu_damage d)
@@ -525,6 +552,22 @@ void tu_damage_apply(const char *mdb, tu_damage d)
         v64 = 0;
         mdb_wr(mdb, newest + MDB_META_LAST_PG, &v64, 8);
         break;
+    case TU_DAMAGE_TREE_SELF:
+        v64 = 12345;
+        mdb_wr(mdb, (long)(mdb_db_root(mdb, newest, "wal") * MDB_PAGE), &v64, 8);
+        break;
+    case TU_DAMAGE_TREE_TYPE: { /* the page flags at 10: branch 1 <-> leaf 2 */
+        long at = (long)(mdb_db_root(mdb, newest, "wal") * MDB_PAGE) + 10;
+        uint16_t flags = (uint16_t)mdb_rd64(mdb, at);
+        flags ^= 3;
+        mdb_wr(mdb, at, &flags, 2);
+        break;
+    }
+    case TU_DAMAGE_TREE_NODE: {
+        uint16_t off = 2;
+        mdb_wr(mdb, (long)(mdb_db_root(mdb, newest, "wal") * MDB_PAGE) + 16, &off, 2);
+        break;
+    }
     default:
         ck_abort();
     }

@@ -155,10 +155,14 @@ typedef enum tu_damage {
     TU_DAMAGE_PAGE_SIZES,      /* meta page 1 gives 8192, meta page 0 4096 */
     TU_DAMAGE_PAGE_NUMBER,     /* meta page 1 says it is page 7 */
     TU_DAMAGE_LAST_ZERO,       /* the newest meta's last page is 0 */
+    TU_DAMAGE_TREE_SELF,       /* the root page of the wal tree names another page (12345) */
+    TU_DAMAGE_TREE_TYPE,       /* the root page of the wal tree has the other type (branch for leaf) */
+    TU_DAMAGE_TREE_NODE,       /* the root page of the wal tree puts its first node in its header */
     TU_DAMAGE_COUNT
 } tu_damage;
 extern const struct tu_damage_info {
     const char *name, *says;
+    bool tree; /* a tree page's damage: the meta pages pass kw_store_check_file */
 } tu_damages[TU_DAMAGE_COUNT];
 void tu_damage_apply(const char *mdb, tu_damage d);
 

@@ -187,8 +187,16 @@ static int open_dbs(kw_store *s, bool create)
 #define LMDB_F_BIGDATA 0x01u
 #define LMDB_NODE 8                                   /* MDB_node: lo, hi, flags, ksize (u16 each), then data */
 
+/* A tree's record (MDB_db): in a meta page for the free and the main tree,
+ * as a main-tree value for each named database. */
+typedef struct lmdb_db {
+    uint16_t flags, depth;
+    uint64_t branch, leaf, overflow, entries, root;
+} lmdb_db;
+
 typedef struct lmdb_meta {
-    uint64_t pgno, root[2], last_pg, txnid;
+    uint64_t pgno, last_pg, txnid;
+    lmdb_db db[2]; /* the free tree, the main tree */
     uint32_t flags, magic, version, psize;
 } lmdb_meta;
 
@@ -206,18 +214,37 @@ static uint32_t rd_u32(const unsigned char *p)
     return v;
 }
 
+static uint16_t rd_u16(const unsigned char *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* An MDB_db at p: u32 pad, u16 flags, u16 depth, then five size_t. */
+static lmdb_db read_db(const unsigned char *p)
+{
+    const unsigned char *z = p + 8;
+    return (lmdb_db){.flags = rd_u16(p + 4), .depth = rd_u16(p + 6), .branch = rd_size(z),
+                     .leaf = rd_size(z + LMDB_Z), .overflow = rd_size(z + 2 * LMDB_Z),
+                     .entries = rd_size(z + 3 * LMDB_Z), .root = rd_size(z + 4 * LMDB_Z)};
+}
+
+static void parse_meta(const unsigned char *b, lmdb_meta *m)
+{
+    *m = (lmdb_meta){.pgno = rd_size(b), .flags = rd_u16(b + LMDB_Z + 2), .magic = rd_u32(b + LMDB_HDR),
+                     .version = rd_u32(b + LMDB_HDR + 4), .psize = rd_u32(b + LMDB_DB0),
+                     .db = {read_db(b + LMDB_DB0), read_db(b + LMDB_DB0 + LMDB_DBSIZE)},
+                     .last_pg = rd_size(b + LMDB_LAST), .txnid = rd_size(b + LMDB_LAST + LMDB_Z)};
+}
+
 /* The meta page at offset off; false when the file ends before it. */
 static bool read_meta(int fd, uint64_t off, lmdb_meta *m)
 {
     unsigned char b[LMDB_META_END];
     if (pread(fd, b, sizeof b, (off_t)off) != (ssize_t)sizeof b)
         return false;
-    uint16_t flags;
-    memcpy(&flags, b + LMDB_Z + 2, 2);
-    *m = (lmdb_meta){.pgno = rd_size(b), .flags = flags, .magic = rd_u32(b + LMDB_HDR),
-                     .version = rd_u32(b + LMDB_HDR + 4), .psize = rd_u32(b + LMDB_DB0),
-                     .root = {rd_size(b + LMDB_DB0 + 8 + 4 * LMDB_Z), rd_size(b + LMDB_DB0 + LMDB_DBSIZE + 8 + 4 * LMDB_Z)},
-                     .last_pg = rd_size(b + LMDB_LAST), .txnid = rd_size(b + LMDB_LAST + LMDB_Z)};
+    parse_meta(b, m);
     return true;
 }
 
@@ -334,7 +361,7 @@ static int tail_is_free(int fd, const lmdb_meta *m, uint64_t npages, uint64_t *m
     w.seen = calloc(w.tail, 1);
     if (!w.seen)
         return core_fail(KEEL_ENOMEM, "out of memory checking data.mdb's free pages");
-    bool ok = m->root[0] != LMDB_P_INVALID && walk_tree(&w, m->root[0], 0);
+    bool ok = m->db[0].root != LMDB_P_INVALID && walk_tree(&w, m->db[0].root, 0);
     uint64_t i = 0;
     while (ok && i < w.tail && w.seen[i])
         i++;
@@ -378,13 +405,13 @@ static int meta_ok(int fd, const char *path, int i, const lmdb_meta *m, uint32_t
         return damaged(path, "meta page %d says the last page is %llu, below the meta pages", i,
                        (unsigned long long)m->last_pg);
     for (int t = 0; t < 2; t++)
-        if (m->root[t] != LMDB_P_INVALID && (m->root[t] < 2 || m->root[t] > m->last_pg))
+        if (m->db[t].root != LMDB_P_INVALID && (m->db[t].root < 2 || m->db[t].root > m->last_pg))
             return damaged(path, "meta page %d puts the root of the %s tree at page %llu, outside pages 2..%llu", i,
-                           tree[t], (unsigned long long)m->root[t], (unsigned long long)m->last_pg);
+                           tree[t], (unsigned long long)m->db[t].root, (unsigned long long)m->last_pg);
     for (int t = 0; t < 2; t++)
-        if (m->root[t] != LMDB_P_INVALID && m->root[t] >= size / psize)
+        if (m->db[t].root != LMDB_P_INVALID && m->db[t].root >= size / psize)
             return damaged(path, "meta page %d puts the root of the %s tree at page %llu, but the file ends at page "
-                           "%llu: it is truncated", i, tree[t], (unsigned long long)m->root[t],
+                           "%llu: it is truncated", i, tree[t], (unsigned long long)m->db[t].root,
                            (unsigned long long)(size / psize));
     /* the pages past the end must all be free; LMDB opens the newest meta,
      * and the older one's free tree may since have been reused */
@@ -445,6 +472,286 @@ int kw_store_check_file(const char *dir)
         return errno == ENOENT ? KEEL_OK : core_fail(KEEL_EIO, "cannot open %s: %s", path, strerror(errno));
     int rc = check_fd(fd, path);
     close(fd);
+    return rc;
+}
+
+/* ---- the trees ---------------------------------------------------------------------- */
+
+/* LMDB trusts every page it reads as much as its meta pages: a page with a
+ * wrong type, a node outside its page, a child or a value past the file's
+ * end makes it assert (abort), fault, or read and write the wrong pages.
+ * So an open walks every tree of the snapshot it is about to use -- the
+ * free-page tree, the main tree, and each named database the main tree
+ * records -- before LMDB reads a tree page, and refuses the file at the
+ * first page LMDB could not use safely:
+ *   - every page lies in the file and names itself (its page number);
+ *   - a page at depth d of a tree of depth D is a branch page when d < D,
+ *     a leaf page when d = D, its node table inside the page;
+ *   - every node lies inside its page, with its key and (unless BIGDATA)
+ *     its value; a branch has a child; a leaf node's flags are BIGDATA or
+ *     (in the main tree only) SUBDATA with a database record as value:
+ *     keel makes no duplicate-key database;
+ *   - a BIGDATA value's overflow run starts with an overflow page naming
+ *     itself, long enough for the value, inside the file (LMDB frees and
+ *     copies as many pages as that page says);
+ *   - the pages and entries counted match the tree's record (a lost or
+ *     doubled subtree).
+ * The walk runs in a read transaction, whose snapshot a live writer leaves
+ * alone (keel-wal beside a server), from the meta page of that snapshot,
+ * with pread (never through a map: a damaged page number past the file's
+ * end reads nothing): the branch and leaf pages and the first bytes of
+ * each overflow run. */
+#define LMDB_P_OVERFLOW 0x04u
+#define LMDB_P_TYPES 0x6fu /* branch, leaf, overflow, meta, LEAF2, sub-page: the page's type bits */
+#define LMDB_F_SUBDATA 0x02u
+#define LMDB_DEPTH_MAX 32  /* LMDB's cursor stack */
+
+typedef struct tree_walk {
+    int fd;
+    const char *path, *tree;   /* tree: the name in messages */
+    uint32_t psize;
+    uint64_t npages;           /* pages a tree may use: in the file, in the map, up to the meta's last page */
+    uint64_t visits;           /* every tree's pages: a damaged tree naming a page twice stops here */
+    bool main;                 /* the main tree: its leaves record the named databases */
+    lmdb_db counted;
+    unsigned char *page[LMDB_DEPTH_MAX]; /* the page read at each depth */
+    lmdb_db *subs;             /* the main tree's databases, walked after it */
+    char (*names)[64];
+    uint32_t nsubs, subcap;
+} tree_walk;
+
+static int tree_page(tree_walk *w, uint64_t pgno, unsigned level, const lmdb_db *db);
+
+/* n bytes of page pgno into buf. */
+static int page_read(const tree_walk *w, uint64_t pgno, unsigned char *buf, size_t n)
+{
+    if (pread(w->fd, buf, n, (off_t)(pgno * w->psize)) == (ssize_t)n)
+        return KEEL_OK;
+    return core_fail(KEEL_EIO, "cannot read page %llu of %s: %s", (unsigned long long)pgno, w->path,
+                     errno ? strerror(errno) : "the file ends before it");
+}
+
+static int sub_db(tree_walk *w, const unsigned char *key, uint16_t ksize, const unsigned char *val, uint64_t vsize,
+                  uint64_t pgno)
+{
+    if (vsize != LMDB_DBSIZE)
+        return damaged(w->path, "leaf page %llu of the main tree records a database in %llu bytes (LMDB's record "
+                       "has %zu)", (unsigned long long)pgno, (unsigned long long)vsize, (size_t)LMDB_DBSIZE);
+    if (w->nsubs == w->subcap) {
+        uint32_t cap = w->subcap ? 2 * w->subcap : 16;
+        lmdb_db *subs = realloc(w->subs, cap * sizeof *subs);
+        if (subs)
+            w->subs = subs;
+        char(*names)[64] = subs ? realloc(w->names, cap * sizeof *names) : NULL;
+        if (!names)
+            return core_fail(KEEL_ENOMEM, "out of memory checking %s", w->path);
+        w->names = names;
+        w->subcap = cap;
+    }
+    w->subs[w->nsubs] = read_db(val);
+    snprintf(w->names[w->nsubs++], 64, "%.*s", ksize < 63 ? (int)ksize : 63, (const char *)key);
+    return KEEL_OK;
+}
+
+/* The overflow run of a value of vsize bytes starting at page `first`. */
+static int overflow_run(tree_walk *w, uint64_t first, uint64_t vsize, uint64_t pgno)
+{
+    uint64_t need = (LMDB_HDR + vsize + w->psize - 1) / w->psize;
+    if (first < 2 || first >= w->npages || need > w->npages - first)
+        return damaged(w->path, "a value of %llu bytes on leaf page %llu of the %s tree lies in pages %llu..%llu, "
+                       "outside pages 2..%llu", (unsigned long long)vsize, (unsigned long long)pgno, w->tree,
+                       (unsigned long long)first, (unsigned long long)(first + need - 1),
+                       (unsigned long long)(w->npages - 1));
+    unsigned char h[LMDB_HDR];
+    errno = 0;
+    int rc = page_read(w, first, h, sizeof h);
+    if (rc)
+        return rc;
+    uint32_t pages = rd_u32(h + LMDB_Z + 4);
+    if (rd_size(h) != first || (rd_u16(h + LMDB_Z + 2) & LMDB_P_TYPES) != LMDB_P_OVERFLOW || pages < need ||
+        pages > w->npages - first)
+        return damaged(w->path, "page %llu, the overflow run of a value of %llu bytes on leaf page %llu of the %s "
+                       "tree, is not one (it names page %llu, flags 0x%x, %u pages)", (unsigned long long)first,
+                       (unsigned long long)vsize, (unsigned long long)pgno, w->tree,
+                       (unsigned long long)rd_size(h), rd_u16(h + LMDB_Z + 2), pages);
+    w->counted.overflow += pages;
+    return KEEL_OK;
+}
+
+/* Node i of leaf page pgno, its header at node (inside the page). */
+static int leaf_node(tree_walk *w, const unsigned char *node, const unsigned char *end, uint64_t pgno, unsigned i)
+{
+    uint16_t flags = rd_u16(node + 4), ksize = rd_u16(node + 6);
+    uint64_t vsize = (uint64_t)rd_u16(node) | (uint64_t)rd_u16(node + 2) << 16;
+    const unsigned char *key = node + LMDB_NODE;
+    bool big = flags & LMDB_F_BIGDATA, sub = flags & LMDB_F_SUBDATA;
+    if ((flags & ~(LMDB_F_BIGDATA | LMDB_F_SUBDATA)) || (sub && (big || !w->main)))
+        return damaged(w->path, "node %u of leaf page %llu of the %s tree has flags 0x%x", i,
+                       (unsigned long long)pgno, w->tree, flags);
+    if ((uint64_t)(end - key) < ksize || (uint64_t)(end - key) - ksize < (big ? LMDB_Z : vsize))
+        return damaged(w->path, "node %u of leaf page %llu of the %s tree ends past the page (a %u-byte key, a "
+                       "%llu-byte value)", i, (unsigned long long)pgno, w->tree, ksize, (unsigned long long)vsize);
+    const unsigned char *val = key + ksize;
+    w->counted.entries++;
+    if (big)
+        return overflow_run(w, rd_size(val), vsize, pgno);
+    return sub ? sub_db(w, key, ksize, val, vsize, pgno) : KEEL_OK;
+}
+
+static int tree_nodes(tree_walk *w, const unsigned char *p, uint64_t pgno, unsigned level, const lmdb_db *db)
+{
+    bool leaf = level + 1 == db->depth;
+    uint16_t lower = rd_u16(p + LMDB_Z + 4), upper = rd_u16(p + LMDB_Z + 6);
+    unsigned n = lower >= LMDB_HDR ? (lower - LMDB_HDR) / 2u : 0;
+    if (lower < LMDB_HDR || lower > upper || upper > w->psize || (lower - LMDB_HDR) % 2 || (!leaf && !n))
+        return damaged(w->path, "%s page %llu of the %s tree has a damaged node table (lower %u, upper %u)",
+                       leaf ? "leaf" : "branch", (unsigned long long)pgno, w->tree, lower, upper);
+    int rc = KEEL_OK;
+    for (unsigned i = 0; i < n && !rc; i++) {
+        uint16_t off = rd_u16(p + LMDB_HDR + 2 * i);
+        if (off < upper || (uint32_t)off + LMDB_NODE > w->psize)
+            return damaged(w->path, "node %u of %s page %llu of the %s tree is at offset %u, outside the page's "
+                           "nodes (%u..%u)", i, leaf ? "leaf" : "branch", (unsigned long long)pgno, w->tree, off,
+                           upper, w->psize);
+        const unsigned char *node = p + off;
+        if (leaf) {
+            rc = leaf_node(w, node, p + w->psize, pgno, i);
+        } else if ((uint32_t)off + LMDB_NODE + rd_u16(node + 6) > w->psize) {
+            rc = damaged(w->path, "node %u of branch page %llu of the %s tree has a key past the page", i,
+                         (unsigned long long)pgno, w->tree);
+        } else {
+            uint64_t child = (uint64_t)rd_u16(node) | (uint64_t)rd_u16(node + 2) << 16 |
+                             (LMDB_Z > 4 ? (uint64_t)rd_u16(node + 4) << 32 : 0);
+            rc = tree_page(w, child, level + 1, db);
+        }
+    }
+    return rc;
+}
+
+static int tree_page(tree_walk *w, uint64_t pgno, unsigned level, const lmdb_db *db)
+{
+    if (++w->visits > w->npages)
+        return damaged(w->path, "the %s tree reaches more pages than the file holds (it names a page twice)",
+                       w->tree);
+    if (pgno < 2 || pgno >= w->npages)
+        return damaged(w->path, "the %s tree names page %llu, outside pages 2..%llu", w->tree,
+                       (unsigned long long)pgno, (unsigned long long)(w->npages - 1));
+    unsigned char *p = w->page[level];
+    errno = 0;
+    int rc = page_read(w, pgno, p, w->psize);
+    if (rc)
+        return rc;
+    bool leaf = level + 1 == db->depth;
+    uint16_t type = rd_u16(p + LMDB_Z + 2) & LMDB_P_TYPES;
+    if (rd_size(p) != pgno || type != (leaf ? LMDB_P_LEAF : LMDB_P_BRANCH))
+        return damaged(w->path, "page %llu of the %s tree, at depth %u of %u, is no %s page (it names page %llu, "
+                       "flags 0x%x)", (unsigned long long)pgno, w->tree, level + 1, db->depth,
+                       leaf ? "leaf" : "branch", (unsigned long long)rd_size(p), rd_u16(p + LMDB_Z + 2));
+    if (leaf)
+        w->counted.leaf++;
+    else
+        w->counted.branch++;
+    return tree_nodes(w, p, pgno, level, db);
+}
+
+static int walk_db(tree_walk *w, const char *tree, const lmdb_db *db, bool main)
+{
+    w->tree = tree;
+    w->main = main;
+    w->counted = (lmdb_db){0};
+    if (db->root == LMDB_P_INVALID)
+        return db->depth || db->entries ? damaged(w->path, "the %s tree has no root but a depth of %u and %llu "
+                                                  "entries", tree, db->depth, (unsigned long long)db->entries)
+                                        : KEEL_OK;
+    if (!db->depth || db->depth > LMDB_DEPTH_MAX)
+        return damaged(w->path, "the %s tree has a depth of %u", tree, db->depth);
+    int rc = tree_page(w, db->root, 0, db);
+    const lmdb_db *c = &w->counted;
+    if (!rc && (c->branch != db->branch || c->leaf != db->leaf || c->overflow != db->overflow ||
+                c->entries != db->entries))
+        rc = damaged(w->path, "the %s tree holds %llu branch, %llu leaf and %llu overflow pages and %llu entries; "
+                     "its record says %llu, %llu, %llu and %llu", tree, (unsigned long long)c->branch,
+                     (unsigned long long)c->leaf, (unsigned long long)c->overflow, (unsigned long long)c->entries,
+                     (unsigned long long)db->branch, (unsigned long long)db->leaf, (unsigned long long)db->overflow,
+                     (unsigned long long)db->entries);
+    return rc;
+}
+
+static int walk_trees(tree_walk *w, const lmdb_meta *m)
+{
+    int rc = walk_db(w, "free-page", &m->db[0], false);
+    if (!rc)
+        rc = walk_db(w, "main", &m->db[1], true);
+    for (uint32_t i = 0; i < w->nsubs && !rc; i++)
+        rc = walk_db(w, w->names[i], &w->subs[i], false);
+    return rc;
+}
+
+/* The meta page of snapshot txnid, read twice alike (a writer may be
+ * writing it); false when neither is it any more. */
+static bool snapshot_meta(int fd, uint32_t psize, uint64_t txnid, lmdb_meta *out)
+{
+    for (int i = 0; i < 2; i++) {
+        unsigned char a[LMDB_META_END], b[LMDB_META_END];
+        off_t off = (off_t)i * psize;
+        if (pread(fd, a, sizeof a, off) != (ssize_t)sizeof a || pread(fd, b, sizeof b, off) != (ssize_t)sizeof b ||
+            memcmp(a, b, sizeof a))
+            continue;
+        parse_meta(a, out);
+        if (out->txnid == txnid)
+            return true;
+    }
+    return false;
+}
+
+/* One read transaction's walk: *found false when the meta page of its
+ * snapshot was gone. */
+static int walk_txn(kw_store *s, tree_walk *w, bool *found)
+{
+    MDB_txn *txn;
+    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &txn);
+    if (rc)
+        return from_mdb(rc, "cannot begin a transaction on", s);
+    lmdb_meta m;
+    struct stat fs;
+    w->visits = 0;
+    w->nsubs = 0;
+    *found = snapshot_meta(w->fd, w->psize, mdb_txn_id(txn), &m);
+    if (*found && fstat(w->fd, &fs)) {
+        rc = core_fail(KEEL_EIO, "cannot stat %s: %s", w->path, strerror(errno));
+    } else if (*found) {
+        uint64_t n = (uint64_t)fs.st_size / w->psize;
+        w->npages = m.last_pg + 1 < n ? m.last_pg + 1 : n;
+        rc = walk_trees(w, &m);
+    }
+    mdb_txn_abort(txn);
+    return rc;
+}
+
+int kw_store_check_trees(kw_store *s)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/data.mdb", s->dir);
+    MDB_stat st;
+    if (mdb_env_stat(s->env, &st))
+        return core_fail(KEEL_EIO, "cannot read the page size of %s", path);
+    tree_walk w = {.fd = open(path, O_RDONLY | O_CLOEXEC), .path = path, .psize = st.ms_psize};
+    int rc = w.fd < 0 ? core_fail(KEEL_EIO, "cannot open %s: %s", path, strerror(errno)) : KEEL_OK;
+    for (int i = 0; i < LMDB_DEPTH_MAX && !rc; i++)
+        if (!(w.page[i] = malloc(w.psize)))
+            rc = core_fail(KEEL_ENOMEM, "out of memory checking %s", path);
+    bool found = false;
+    for (int tries = 0; !rc && !found && tries < 100; tries++) /* a writer committed twice meanwhile: again */
+        rc = walk_txn(s, &w, &found);
+    if (!rc && !found)
+        rc = core_fail(KEEL_EBUSY, "%s: no meta page held a read transaction's snapshot in 100 tries (a writer "
+                       "committing without pause)", path);
+    for (int i = 0; i < LMDB_DEPTH_MAX; i++)
+        free(w.page[i]);
+    free(w.subs);
+    free(w.names);
+    if (w.fd >= 0)
+        close(w.fd);
     return rc;
 }
 
@@ -587,7 +894,10 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
         s->map_size = info.me_mapsize; /* the file is larger than asked: keep its size */
     int dead = 0;
     mdb_reader_check(s->env, &dead);
-    rc = open_dbs(s, create && !readonly);
+    bool walk = !s->made_file && !(d.flags & KW_OPEN_TREES_LATER);
+    rc = walk ? kw_store_check_trees(s) : KEEL_OK;
+    if (!rc)
+        rc = open_dbs(s, create && !readonly);
     if (rc) {
         kw_store_close(s);
         return rc;

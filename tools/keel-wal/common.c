@@ -301,6 +301,25 @@ static int load_checkpoint(kwt_dir *d, kw_rtxn *r)
     return KEEL_OK;
 }
 
+/* The store of `path` refused: its sentence without the leading path
+ * ("DIR/data.mdb is damaged" reads "keel-wal: DIR: data.mdb is damaged",
+ * "DIR is not ..." reads "keel-wal: DIR: is not ..."); `exit` returned. */
+static int refused(const char *path, int exit)
+{
+    const char *why = keel_last_error();
+    size_t n = strlen(path);
+    if (!strncmp(why, path, n) && (why[n] == '/' || why[n] == ' '))
+        why += n + 1;
+    kwt_err(path, "%s", why);
+    return exit;
+}
+
+/* A check's damage is a problem found, like verify's: exit 1. */
+static int checked(const char *path, int rc)
+{
+    return rc ? refused(path, rc == KEEL_ECORRUPT ? KWT_EXIT_PROBLEM : KWT_EXIT_USAGE) : KWT_EXIT_OK;
+}
+
 /* Precise causes for the common cases before LMDB is involved. */
 static int precheck(const char *path)
 {
@@ -321,16 +340,7 @@ static int precheck(const char *path)
     }
     /* a damaged data.mdb (empty, truncated, a bad meta page) is a problem
      * found, like verify's: exit 1, before LMDB maps it */
-    int rc = kw_store_check_file(path);
-    if (rc) {
-        const char *why = keel_last_error();
-        size_t n = strlen(path);
-        if (!strncmp(why, path, n) && why[n] == '/') /* "DIR/data.mdb is damaged" reads "keel-wal: DIR: data.mdb ..." */
-            why += n + 1;
-        kwt_err(path, "%s", why);
-        return rc == KEEL_ECORRUPT ? KWT_EXIT_PROBLEM : KWT_EXIT_USAGE;
-    }
-    return KWT_EXIT_OK;
+    return checked(path, kw_store_check_file(path));
 }
 
 bool kwt_is_stream(const char *path)
@@ -468,14 +478,12 @@ int kwt_dir_open(const char *path, kwt_dir *d)
     if (rc)
         return rc;
     kwt_guard_set(path, KWT_EXIT_USAGE);
-    kw_store_desc desc = {.flags = KW_OPEN_READONLY};
-    if ((rc = kw_store_open(path, &desc, &d->store))) {
-        const char *why = keel_last_error();
-        size_t n = strlen(path);
-        if (!strncmp(why, path, n) && why[n] == ' ') /* "DIR is not ..." reads "keel-wal: DIR: is not ..." */
-            why += n + 1;
-        kwt_err(path, "%s", why);
-        return KWT_EXIT_USAGE;
+    kw_store_desc desc = {.flags = KW_OPEN_READONLY | KW_OPEN_TREES_LATER};
+    if (kw_store_open(path, &desc, &d->store))
+        return refused(path, KWT_EXIT_USAGE);
+    if ((rc = checked(path, kw_store_check_trees(d->store)))) {
+        kwt_dir_close(d);
+        return rc;
     }
     return open_loaded(path, d);
 }

@@ -472,6 +472,8 @@ typedef enum kw_db {
 #define KW_OPEN_OWN 4u        /* own the directory: hold the exclusive lock of DIR/keel.lock (with the
                                  holder's pid in it) for the store's life; another owner is refused
                                  with KEEL_EBUSY naming the holder (the runtime's open; never READONLY) */
+#define KW_OPEN_TREES_LATER 8u /* leave the walk of the trees to the caller's kw_store_check_trees (keel-wal,
+                                  whose exit status tells damage from a directory it cannot open) */
 
 typedef struct kw_store_desc {
     uint32_t flags;           /* KW_OPEN_* */
@@ -481,12 +483,21 @@ typedef struct kw_store_desc {
 
 /* Open the LMDB environment of data directory dir (clearing stale reader
  * slots). An existing data.mdb passes kw_store_check_file before LMDB maps
- * or writes it. Errors: KEEL_ENOENT (no data directory / not a keel
- * directory and no CREATE), KEEL_ECORRUPT (kw_store_check_file's damage, a
- * newer format version, or not LMDB), KEEL_EBUSY (KW_OPEN_OWN: another
- * process or store owns the directory; the sentence names its pid),
- * KEEL_EIO, KEEL_ENOMEM. */
+ * or writes it, and kw_store_check_trees before LMDB reads a tree page (an
+ * owner's open walks them before LMDB maps the file). Errors: KEEL_ENOENT
+ * (no data directory / not a keel directory and no CREATE), KEEL_ECORRUPT
+ * (the damage those checks find, a newer format version, or not LMDB),
+ * KEEL_EBUSY (KW_OPEN_OWN: another process or store owns the directory;
+ * the sentence names its pid), KEEL_EIO, KEEL_ENOMEM. */
 int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out);
+/* Walk every tree of the snapshot a read transaction sees (the free-page
+ * tree, the main tree, each named database) with pread, checking what
+ * LMDB trusts without checking: each page in the file, naming itself, of
+ * the type its depth wants, its nodes, keys and values inside it, its
+ * overflow runs whole, the counts of pages and entries those of the tree's
+ * record. A live writer leaves that snapshot alone. KEEL_ECORRUPT with a
+ * sentence naming the file, the tree and the page; KEEL_EIO, KEEL_ENOMEM. */
+int kw_store_check_trees(kw_store *s);
 /* Check dir/data.mdb against its own two meta pages without mapping it:
  * an empty file, a file shorter than its meta pages, a meta page that is
  * not one (page flags, page number, LMDB magic, data version, page size
