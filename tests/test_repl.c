@@ -30,7 +30,6 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <netinet/in.h>
 #include <nats/nats.h>
@@ -3104,26 +3103,6 @@ static pid_t spawn_tail_f(const char *what, const char *lines, const char *tmp, 
                            errpath, tail_child, &env, out);
 }
 
-/* Wait until process pid's main thread sleeps in (clock_)nanosleep: a
- * keel-wal tail -f on a directory does so first between its polls, once it
- * read where the WAL ends. */
-static void wait_tail_polling(pid_t pid)
-{
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
-    for (uint64_t until = tu_now_ns() + 60000000000ull; tu_now_ns() < until;) {
-        FILE *f = fopen(path, "r");
-        ck_assert_ptr_nonnull(f);
-        bool got = fgets(buf, sizeof buf, f) != NULL;
-        fclose(f);
-        long nr = got ? strtol(buf, NULL, 10) : -1;
-        if (nr == SYS_nanosleep || nr == SYS_clock_nanosleep)
-            return;
-        sched_yield();
-    }
-    ck_abort_msg("keel-wal tail -f never started polling");
-}
-
 /* Entries of directory dir other than "." and "..". */
 static int dir_entries(const char *dir)
 {
@@ -3185,7 +3164,7 @@ START_TEST(test_restore_purged_stream)
     snprintf(errpath, sizeof errpath, "%s/tail.err", tmp);
     FILE *out;
     pid_t pid = spawn_tail_f(dest, "0", tmp, errpath, false, &out);
-    wait_tail_polling(pid);
+    tu_wait_nanosleep(pid, "keel-wal tail -f"); /* between its polls, once it read where the WAL ends */
     keel_component dv;
     keel_runtime *d = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = dest}, &dv);
     ck_assert_msg(!keel_runtime_recover(d, NULL), "%s", keel_last_error());

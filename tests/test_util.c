@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -739,6 +740,23 @@ pid_t tu_spawn_reader(const char *bin, const char *const *args, const char *errp
     *out = fdopen(po[0], "r");
     ck_assert_ptr_nonnull(*out);
     return pid;
+}
+
+void tu_wait_nanosleep(pid_t pid, const char *what)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/syscall", (int)pid);
+    for (uint64_t until = tu_now_ns() + 60000000000ull; tu_now_ns() < until;) {
+        FILE *f = fopen(path, "r");
+        ck_assert_ptr_nonnull(f);
+        bool got = fgets(buf, sizeof buf, f) != NULL;
+        fclose(f);
+        long nr = got ? strtol(buf, NULL, 10) : -1;
+        if (nr == SYS_nanosleep || nr == SYS_clock_nanosleep)
+            return;
+        sched_yield();
+    }
+    ck_abort_msg("%s never slept", what);
 }
 
 int tu_wait(pid_t pid)

@@ -197,6 +197,11 @@ int tu_wait(pid_t pid);
  * environment, its signals). Its pid, to reap with tu_wait. */
 pid_t tu_spawn_reader(const char *bin, const char *const *args, const char *errpath, void (*setup)(void *arg),
                       void *arg, FILE **out);
+/* Wait until process pid's main thread sleeps in (clock_)nanosleep (read
+ * from /proc/<pid>/syscall): a process held by a failpoint's delay, or
+ * between the polls of keel-wal tail -f. Fails the test, naming `what`,
+ * after 60 s. */
+void tu_wait_nanosleep(pid_t pid, const char *what);
 
 /* ---- WAL records on disk ------------------------------------------------------------------- */
 
