@@ -19,9 +19,17 @@
  *   ops_backup   kw_store_backup: the copy recovers to the original's tick
  *                and hash; a destination that exists and is not an empty
  *                directory, a file, or a missing parent is refused; a
- *                damaged source leaves no data.mdb in the destination
+ *                damaged source leaves no data.mdb in the destination; the
+ *                copies keep their sources' permission bits; another
+ *                backup's data.mdb.new, also one made between the check of
+ *                DEST and the claim (backup.claim's observer), is refused
+ *                with KEEL_EBUSY and left as it was; a copy failing
+ *                (backup.copy=eio) leaves DEST as it found it, made or
+ *                empty; a map another process grew before the copy
+ *                (backup.copy's observer) is taken up
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -33,7 +41,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/failpoint.h"
 #include "keel_test.h"
+#include "keel_wal/wal.h"
 #include "test_util.h"
 #include "wworld.h"
 
@@ -97,6 +107,11 @@ static void expect_world(const char *dir, uint64_t tick, uint64_t hash)
 static void file_in(char *out, size_t n, const char *dir, const char *name)
 {
     ck_assert_int_lt(snprintf(out, n, "%s/%s", dir, name), (int)n);
+}
+
+static int backup(const char *src, const char *dest)
+{
+    return kw_store_backup(&(kw_backup_desc){.dir = src, .dest = dest});
 }
 
 /* ---- ops_lock ------------------------------------------------------------------------------- */
@@ -215,7 +230,7 @@ START_TEST(damage_refused_untouched)
     tu_path(src, sizeof src, "src");
     make_world(src, NULL);
     tu_path(copy, sizeof copy, "compact");
-    ck_assert_ok(kw_store_backup(src, copy));
+    ck_assert_ok(backup(src, copy));
     char good[300];
     file_in(good, sizeof good, copy, "data.mdb");
     ck_assert_ok(kw_store_check_file(copy));
@@ -325,7 +340,7 @@ START_TEST(backup_recovers_and_refuses)
     file_in(app, sizeof app, src, "world.params");
     tu_write_file(app, "seed=5\n", 7);
     tu_path(dest, sizeof dest, "bk");
-    ck_assert_ok(kw_store_backup(src, dest));
+    ck_assert_ok(backup(src, dest));
     file_in(copy, sizeof copy, dest, "world.params");
     tu_digest a = tu_file_digest(app), b = tu_file_digest(copy);
     tu_assert_digest_eq(a, b);
@@ -342,26 +357,207 @@ START_TEST(backup_recovers_and_refuses)
     char empty[256];
     tu_path(empty, sizeof empty, "empty-dest");
     ck_assert_int_eq(mkdir(empty, 0755), 0);
-    ck_assert_ok(kw_store_backup(src, empty));
+    ck_assert_ok(backup(src, empty));
 
     /* refused: not empty (the backup just made), a file, a missing parent */
-    ck_assert_rc(kw_store_backup(src, dest), KEEL_EINVAL);
+    ck_assert_rc(backup(src, dest), KEEL_EINVAL);
     ck_assert_msg(strstr(keel_last_error(), "not empty"), "%s", keel_last_error());
-    ck_assert_rc(kw_store_backup(src, app), KEEL_EINVAL);
+    ck_assert_rc(backup(src, app), KEEL_EINVAL);
     ck_assert_msg(strstr(keel_last_error(), "is a file"), "%s", keel_last_error());
     char deep[300];
     tu_path(deep, sizeof deep, "no/such/parent");
-    ck_assert_rc(kw_store_backup(src, deep), KEEL_ENOENT);
-    ck_assert_rc(kw_store_backup(src, NULL), KEEL_EINVAL);
+    ck_assert_rc(backup(src, deep), KEEL_ENOENT);
+    ck_assert_rc(backup(src, NULL), KEEL_EINVAL);
 
     /* a damaged source: refused, and the destination holds no data.mdb */
     char mdb[300], bad[256];
     file_in(mdb, sizeof mdb, src, "data.mdb");
     tu_damage_apply(mdb, TU_DAMAGE_METAS_ONLY);
     tu_path(bad, sizeof bad, "bk-bad");
-    ck_assert_rc(kw_store_backup(src, bad), KEEL_ECORRUPT);
+    ck_assert_rc(backup(src, bad), KEEL_ECORRUPT);
     file_in(copy, sizeof copy, bad, "data.mdb");
     ck_assert_int_ne(access(copy, F_OK), 0);
+}
+END_TEST
+
+/* The copies keep their sources' permission bits: a backup never widens who may read the data. */
+START_TEST(backup_keeps_modes)
+{
+    char src[256], dest[256], p[300];
+    tu_path(src, sizeof src, "modes-src");
+    make_world(src, NULL);
+    file_in(p, sizeof p, src, "world.params");
+    tu_write_file(p, "seed=5\n", 7);
+    ck_assert_int_eq(chmod(p, 0640), 0);
+    file_in(p, sizeof p, src, "data.mdb");
+    ck_assert_int_eq(chmod(p, 0600), 0);
+    mode_t old = umask(022);
+    tu_path(dest, sizeof dest, "modes-bk");
+    ck_assert_ok(backup(src, dest));
+    umask(old);
+    struct stat st;
+    file_in(p, sizeof p, dest, "data.mdb");
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert_uint_eq(st.st_mode & 07777, 0600);
+    file_in(p, sizeof p, dest, "world.params");
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert_uint_eq(st.st_mode & 07777, 0640);
+}
+END_TEST
+
+/* backup.claim's observer: another backup creates its data.mdb.new in DEST (arg) after this run found DEST
+ * empty and before it claims it. */
+static void other_claims(const char *name, const char *action, uint64_t hit, void *arg)
+{
+    (void)name, (void)action, (void)hit;
+    char p[300];
+    file_in(p, sizeof p, arg, "data.mdb.new");
+    tu_write_file(p, "another run's copy", 18);
+}
+
+/* DEST holds d/data.mdb.new with the other run's bytes and nothing else. */
+static void holds_other_claim(const char *d)
+{
+    char p[300], other[300];
+    file_in(p, sizeof p, d, "data.mdb.new");
+    file_in(other, sizeof other, d, "other");
+    tu_write_file(other, "another run's copy", 18);
+    tu_assert_digest_eq(tu_file_digest(p), tu_file_digest(other));
+    ck_assert_int_eq(unlink(other), 0);
+    file_in(p, sizeof p, d, "world.params");
+    ck_assert_int_ne(access(p, F_OK), 0);
+}
+
+/* Two backups into one DEST: the exclusive creation of data.mdb.new decides, and the run that did not
+ * create it refuses with KEEL_EBUSY, touching nothing of the other's -- also when both found DEST empty. */
+START_TEST(backup_claim_is_exclusive)
+{
+    char src[256], dest[256], p[300];
+    tu_path(src, sizeof src, "claim-src");
+    make_world(src, NULL);
+    file_in(p, sizeof p, src, "world.params");
+    tu_write_file(p, "seed=5\n", 7);
+
+    /* another run's claim already there */
+    tu_path(dest, sizeof dest, "claim-held");
+    ck_assert_int_eq(mkdir(dest, 0755), 0);
+    other_claims(NULL, NULL, 0, dest);
+    ck_assert_rc(backup(src, dest), KEEL_EBUSY);
+    holds_other_claim(dest);
+
+    if (!keel_failpoints_compiled())
+        return; /* -DKEEL_FAILPOINTS=OFF: no instant between the check and the claim to reach */
+    /* the other run claims between this run's check of a DEST it made and its own claim */
+    tu_path(dest, sizeof dest, "claim-raced");
+    core_fp_set_observer(other_claims, dest);
+    ck_assert_ok(keel_failpoints_set("backup.claim=delay:0@1"));
+    int rc = backup(src, dest);
+    ck_assert_ok(keel_failpoints_set(""));
+    core_fp_set_observer(NULL, NULL);
+    ck_assert_rc(rc, KEEL_EBUSY);
+    holds_other_claim(dest);
+}
+END_TEST
+
+/* DEST holds nothing at all, or is missing when made is false. */
+static void left_as_found(const char *dest, bool existed)
+{
+    if (!existed) {
+        ck_assert_int_ne(access(dest, F_OK), 0);
+        return;
+    }
+    DIR *dp = opendir(dest);
+    ck_assert_ptr_nonnull(dp);
+    struct dirent *e;
+    while ((e = readdir(dp)))
+        ck_assert_msg(!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."), "%s left in %s", e->d_name, dest);
+    closedir(dp);
+}
+
+/* A copy that fails after the application's files were copied: DEST as it was, made by the run or empty,
+ * so that the retry runs. */
+START_TEST(backup_failure_leaves_dest)
+{
+    if (!keel_failpoints_compiled())
+        return; /* -DKEEL_FAILPOINTS=OFF: no way to fail the copy on purpose */
+    char src[256], dest[256], p[300];
+    tu_path(src, sizeof src, "fail-src");
+    make_world(src, NULL);
+    file_in(p, sizeof p, src, "world.params");
+    tu_write_file(p, "seed=5\n", 7);
+    for (int existed = 0; existed < 2; existed++) {
+        tu_path(dest, sizeof dest, existed ? "fail-empty" : "fail-new");
+        if (existed)
+            ck_assert_int_eq(mkdir(dest, 0755), 0);
+        ck_assert_ok(keel_failpoints_set("backup.copy=eio@1"));
+        int rc = backup(src, dest);
+        ck_assert_ok(keel_failpoints_set(""));
+        ck_assert_rc(rc, KEEL_EIO);
+        left_as_found(dest, existed);
+        ck_assert_ok(backup(src, dest));
+    }
+}
+END_TEST
+
+#define SMALL_MAP (1u << 20)
+
+static int put_big(kw_wtxn *t, void *arg)
+{
+    (void)arg;
+    static char v[1 << 19];
+    memset(v, 0x5a, sizeof v);
+    int rc = 0;
+    for (int i = 0; i < 4 && !rc; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "big%d", i);
+        rc = kw_put(t, KW_DB_META, k, strlen(k), v, sizeof v);
+    }
+    return rc;
+}
+
+/* backup.copy's observer: another process grows the map of the source (arg) past what the backup mapped
+ * and commits 2 MiB there, as a server does. */
+static void other_grows_map(const char *name, const char *action, uint64_t hit, void *arg)
+{
+    (void)name, (void)action, (void)hit;
+    pid_t pid = fork();
+    if (pid == 0) {
+        kw_store *s = NULL;
+        int rc = kw_store_open(arg, &(kw_store_desc){.map_size = 16u * SMALL_MAP}, &s);
+        rc = rc ? rc : kw_store_write(s, put_big, NULL);
+        kw_store_close(s);
+        _exit(rc ? 1 : 0);
+    }
+    ck_assert_int_eq(tu_wait(pid), 0);
+}
+
+/* A server that grew its map after the backup opened the source: the copy's read transaction meets
+ * MDB_MAP_RESIZED, takes the new size and copies the grown file. */
+START_TEST(backup_map_grown)
+{
+    if (!keel_failpoints_compiled())
+        return; /* -DKEEL_FAILPOINTS=OFF: no instant before the copy to grow the map at */
+    char src[256], dest[256];
+    tu_path(src, sizeof src, "grown-src");
+    kw_store *s = NULL;
+    ck_assert_ok(kw_store_open(src, &(kw_store_desc){.flags = KW_OPEN_CREATE, .map_size = SMALL_MAP}, &s));
+    kw_store_close(s);
+    tu_path(dest, sizeof dest, "grown-bk");
+    core_fp_set_observer(other_grows_map, src);
+    ck_assert_ok(keel_failpoints_set("backup.copy=delay:0@1"));
+    int rc = backup(src, dest);
+    ck_assert_ok(keel_failpoints_set(""));
+    core_fp_set_observer(NULL, NULL);
+    ck_assert_msg(rc == KEEL_OK, "backup: %s", keel_last_error());
+    ck_assert_ok(kw_store_open(dest, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &s));
+    kw_rtxn *r = NULL;
+    ck_assert_ok(kw_read_begin(s, &r));
+    const void *v;
+    size_t vlen = 0;
+    ck_assert_ok(kw_get(r, KW_DB_META, "big3", 4, &v, &vlen));
+    ck_assert_uint_eq(vlen, 1u << 19);
+    kw_read_end(r);
+    kw_store_close(s);
 }
 END_TEST
 
@@ -406,8 +602,9 @@ static Suite *ops_damage(void)
 
 static Suite *ops_backup(void)
 {
-    const TTest *t[] = {backup_recovers_and_refuses};
-    return tu_suite("ops_backup", t, 1, 120);
+    const TTest *t[] = {backup_recovers_and_refuses, backup_keeps_modes, backup_claim_is_exclusive,
+                        backup_failure_leaves_dest, backup_map_grown};
+    return tu_suite("ops_backup", t, 5, 120);
 }
 
 KEEL_TEST_MAIN(ops_lock, ops_damage, ops_backup)

@@ -943,10 +943,111 @@ void kw_store_close(kw_store *s)
 
 /* ---- backup ------------------------------------------------------------------------- */
 
-/* dest must be new or an empty directory: a backup never mixes with
- * another directory's files. Creates it when missing. */
-static int backup_dest(const char *dest)
+/* One backup run: every file it may make in dest (data.mdb.new, data.mdb,
+ * then the application's files, whose sources are srcs[2..]), and which of
+ * them it made. The claim makes dest its own: a run writes into dest only
+ * after creating dest/data.mdb.new exclusively and finding nothing else
+ * there, so another run following the same steps never writes beside it,
+ * and what a failure (or a caller's signal handler) removes is this run's. */
+typedef struct backup_run {
+    const kw_backup_desc *desc;
+    kw_store *src;
+    size_t nfiles;
+    char **files;              /* nfiles + 1, NULL-terminated */
+    char **srcs;               /* nfiles: the source of files[i], NULL for the first two */
+    volatile sig_atomic_t *made;
+    kw_backup_made rec;
+} backup_run;
+
+enum { BK_TMP, BK_FINAL, BK_APP };
+
+/* The files of a data directory that belong to LMDB or to the store; the
+ * others (an application's own) travel with a backup. */
+static bool store_file(const char *name)
 {
+    return !strcmp(name, "data.mdb") || !strcmp(name, "lock.mdb") || !strcmp(name, "keel.lock") ||
+           !strncmp(name, "data.mdb.new", 12);
+}
+
+static char *path_of(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+/* Add dest/name (from dir/name, when an application's file) to the run's list. */
+static int add_file(backup_run *b, const char *name, bool app)
+{
+    char **f = realloc(b->files, (b->nfiles + 2) * sizeof *f), **s;
+    if (f)
+        b->files = f;
+    s = f ? realloc(b->srcs, (b->nfiles + 1) * sizeof *s) : NULL;
+    if (s)
+        b->srcs = s;
+    if (!f || !s)
+        return core_fail(KEEL_ENOMEM, "out of memory listing the files of %s", b->desc->dir);
+    size_t i = b->nfiles++;
+    b->srcs[i] = app ? path_of(b->desc->dir, name) : NULL;
+    b->files[i] = path_of(b->desc->dest, name);
+    b->files[i + 1] = NULL;
+    if (!b->files[i] || (app && !b->srcs[i]))
+        return core_fail(KEEL_ENOMEM, "out of memory listing the files of %s", b->desc->dir);
+    return KEEL_OK;
+}
+
+/* dir's regular files that are not the store's, as found at the backup's start. */
+static int list_files(backup_run *b)
+{
+    int rc = add_file(b, "data.mdb.new", false);
+    rc = rc ? rc : add_file(b, "data.mdb", false);
+    DIR *dp = rc ? NULL : opendir(b->desc->dir);
+    if (!rc && !dp)
+        return core_fail(KEEL_EIO, "cannot read data directory %s: %s", b->desc->dir, strerror(errno));
+    struct dirent *e;
+    struct stat st;
+    char src[4200];
+    while (!rc && (errno = 0, e = readdir(dp))) {
+        snprintf(src, sizeof src, "%s/%s", b->desc->dir, e->d_name);
+        if (!store_file(e->d_name) && !stat(src, &st) && S_ISREG(st.st_mode))
+            rc = add_file(b, e->d_name, true);
+    }
+    if (!rc && errno)
+        rc = core_fail(KEEL_EIO, "cannot read data directory %s: %s", b->desc->dir, strerror(errno));
+    if (dp)
+        closedir(dp);
+    if (!rc && !(b->made = calloc(b->nfiles, sizeof *b->made)))
+        rc = core_fail(KEEL_ENOMEM, "out of memory listing the files of %s", b->desc->dir);
+    return rc;
+}
+
+/* dest holds nothing but a data.mdb.new -- another run's claim before this
+ * run's (it then refuses this one), this run's own after: a backup never
+ * mixes with another directory's files, nor with another run's. */
+static int dest_empty(const char *dest)
+{
+    DIR *dp = opendir(dest);
+    if (!dp)
+        return core_fail(KEEL_EIO, "cannot read backup destination %s: %s", dest, strerror(errno));
+    struct dirent *e;
+    const char *first = NULL;
+    while (!first && (errno = 0, e = readdir(dp)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, "data.mdb.new"))
+            first = e->d_name;
+    int rc = first ? core_fail(KEEL_EINVAL, "backup destination %s is not empty (it holds %s): give a new or empty "
+                                             "directory", dest, first)
+           : errno ? core_fail(KEEL_EIO, "cannot read backup destination %s: %s", dest, strerror(errno))
+                   : KEEL_OK;
+    closedir(dp);
+    return rc;
+}
+
+/* dest made (rec.dir set), or an existing empty directory. */
+static int take_dest(backup_run *b)
+{
+    const char *dest = b->desc->dest;
     struct stat st;
     if (stat(dest, &st)) {
         if (errno != ENOENT)
@@ -954,23 +1055,30 @@ static int backup_dest(const char *dest)
         if (mkdir(dest, 0755))
             return core_fail(errno == ENOENT ? KEEL_ENOENT : KEEL_EIO, "cannot create backup destination %s: %s",
                              dest, strerror(errno));
+        b->rec.dir = dest;
         return KEEL_OK;
     }
     if (!S_ISDIR(st.st_mode))
         return core_fail(KEEL_EINVAL, "backup destination %s exists and is a file: give a new directory", dest);
-    DIR *dp = opendir(dest);
-    if (!dp)
-        return core_fail(KEEL_EIO, "cannot read backup destination %s: %s", dest, strerror(errno));
-    struct dirent *e;
-    const char *first = NULL;
-    while (!first && (e = readdir(dp)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-            first = e->d_name;
-    int rc = first ? core_fail(KEEL_EINVAL, "backup destination %s is not empty (it holds %s): give a new or empty "
-                                             "directory", dest, first)
-                   : KEEL_OK;
-    closedir(dp);
-    return rc;
+    return dest_empty(dest);
+}
+
+static int sync_fail(const char *what, const char *path)
+{
+    return core_fail(errno == ENOSPC ? KEEL_ENOSPC : KEEL_EIO, "cannot %s %s: %s", what, path, strerror(errno));
+}
+
+/* Create files[i] exclusively with mode: the file is this run's from here. */
+static int create_file(backup_run *b, size_t i, mode_t mode)
+{
+    int fd = open(b->files[i], O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode & 07777);
+    if (fd < 0 && errno == EEXIST && i == BK_TMP)
+        return core_fail(KEEL_EBUSY, "backup destination %s holds data.mdb.new: another backup is writing into it "
+                         "(or one was killed there: remove the directory)", b->desc->dest);
+    if (fd < 0)
+        return sync_fail("create", b->files[i]);
+    b->made[i] = 1;
+    return fd;
 }
 
 static int write_all(int fd, const char *buf, size_t n)
@@ -979,30 +1087,33 @@ static int write_all(int fd, const char *buf, size_t n)
         ssize_t w = write(fd, buf, n);
         if (w < 0 && errno == EINTR)
             continue;
-        if (w <= 0)
+        if (w <= 0) {
+            if (!w)
+                errno = EIO; /* nothing written and no error said: errno is stale */
             return -1;
+        }
         buf += w;
         n -= (size_t)w;
     }
     return 0;
 }
 
-static int sync_fail(const char *what, const char *path)
+/* Copy the application's file srcs[i] to files[i], synced, with its permission bits. */
+static int copy_file(backup_run *b, size_t i)
 {
-    return core_fail(errno == ENOSPC ? KEEL_ENOSPC : KEEL_EIO, "cannot %s %s: %s", what, path, strerror(errno));
-}
-
-/* Copy the regular file src to dst, synced. */
-static int copy_file(const char *src, const char *dst)
-{
+    const char *src = b->srcs[i], *dst = b->files[i];
+    struct stat st;
     int in = open(src, O_RDONLY | O_CLOEXEC);
-    if (in < 0)
-        return sync_fail("read", src);
-    int out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (out < 0) {
-        int rc = sync_fail("create", dst);
-        close(in);
+    if (in < 0 || fstat(in, &st)) {
+        int rc = sync_fail("read", src);
+        if (in >= 0)
+            close(in);
         return rc;
+    }
+    int out = create_file(b, i, st.st_mode);
+    if (out < 0) {
+        close(in);
+        return out;
     }
     char buf[65536];
     ssize_t n;
@@ -1017,77 +1128,120 @@ static int copy_file(const char *src, const char *dst)
     return rc;
 }
 
-/* The files of a data directory that belong to LMDB or to the store; the
- * others (an application's own) travel with a backup. */
-static bool store_file(const char *name)
+/* LMDB's compacting copy, in a read transaction of its own. A server that
+ * grew its map since the source was opened makes that transaction's begin
+ * fail with MDB_MAP_RESIZED before a byte is written: the copy takes the new
+ * size and starts again, as kw_read_begin does. Damage its tree walk meets
+ * (a page past the end, a damaged page) is KEEL_ECORRUPT (from_mdb). */
+static int copy_data(backup_run *b, int fd)
 {
-    return !strcmp(name, "data.mdb") || !strcmp(name, "lock.mdb") || !strcmp(name, "keel.lock") ||
-           !strncmp(name, "data.mdb.new", 12);
+    int rc = KEEL_FAILPOINT(BACKUP_COPY);
+    if (rc)
+        return rc;
+    rc = mdb_env_copyfd2(b->src->env, fd, MDB_CP_COMPACT);
+    if (rc == MDB_MAP_RESIZED && !(rc = mdb_env_set_mapsize(b->src->env, 0)))
+        rc = mdb_env_copyfd2(b->src->env, fd, MDB_CP_COMPACT);
+    return rc ? from_mdb(rc, "cannot copy", b->src) : KEEL_OK;
 }
 
-static int copy_app_files(const char *dir, const char *dest)
+/* path's directory entries to disk: a new name in it survives a power cut. */
+static int sync_dir(const char *path)
 {
-    DIR *dp = opendir(dir);
-    if (!dp)
-        return core_fail(KEEL_EIO, "cannot read data directory %s: %s", dir, strerror(errno));
-    struct dirent *e;
-    int rc = KEEL_OK;
-    char src[4200], dst[4200];
-    struct stat st;
-    while (!rc && (e = readdir(dp))) {
-        snprintf(src, sizeof src, "%s/%s", dir, e->d_name);
-        if (store_file(e->d_name) || stat(src, &st) || !S_ISREG(st.st_mode))
-            continue;
-        snprintf(dst, sizeof dst, "%s/%s", dest, e->d_name);
-        rc = copy_file(src, dst);
-    }
-    closedir(dp);
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = fd < 0 || fsync(fd) ? sync_fail("sync", path) : KEEL_OK;
+    if (fd >= 0)
+        close(fd);
     return rc;
+}
+
+/* dest's parent, which holds the name of the dest this run made. */
+static int sync_parent(const char *dest)
+{
+    char parent[4200];
+    snprintf(parent, sizeof parent, "%s", dest);
+    size_t n = strlen(parent);
+    while (n > 1 && parent[n - 1] == '/')
+        parent[--n] = 0;
+    char *slash = strrchr(parent, '/');
+    if (!slash)
+        return sync_dir(".");
+    slash[slash == parent] = 0; /* "/dest": the root */
+    return sync_dir(parent);
+}
+
+/* The data file as data.mdb.new, synced, then renamed: a failed or
+ * interrupted backup never leaves a data.mdb (create_data_file's rule). */
+static int write_data(backup_run *b)
+{
+    char src[4200];
+    struct stat st;
+    snprintf(src, sizeof src, "%s/data.mdb", b->desc->dir);
+    if (stat(src, &st))
+        return sync_fail("read", src);
+    int fd = KEEL_FAILPOINT(BACKUP_CLAIM);
+    fd = fd ? fd : create_file(b, BK_TMP, st.st_mode);
+    if (fd < 0)
+        return fd;
+    int rc = dest_empty(b->desc->dest); /* the claim: another run's files here, and this one refuses */
+    if (!rc && b->desc->made)
+        b->desc->made(&b->rec, b->desc->arg);
+    for (size_t i = BK_APP; !rc && i < b->nfiles; i++)
+        rc = copy_file(b, i);
+    rc = rc ? rc : copy_data(b, fd);
+    if (!rc && fsync(fd))
+        rc = sync_fail("sync", b->files[BK_TMP]);
+    close(fd);
+    if (!rc)
+        b->made[BK_FINAL] = 1; /* before the rename: a signal meanwhile removes either name */
+    if (!rc && rename(b->files[BK_TMP], b->files[BK_FINAL]))
+        rc = sync_fail("rename the copy to", b->files[BK_FINAL]);
+    if (!rc)
+        b->made[BK_TMP] = 0;
+    rc = rc ? rc : sync_dir(b->desc->dest);
+    return rc || !b->rec.dir ? rc : sync_parent(b->desc->dest);
+}
+
+void kw_backup_unmake(const kw_backup_made *m)
+{
+    for (size_t i = 0; m->files[i]; i++)
+        if (m->made[i])
+            unlink(m->files[i]);
+    if (m->dir)
+        rmdir(m->dir); /* only when empty: never another run's file */
+}
+
+static void backup_free(backup_run *b)
+{
+    for (size_t i = 0; i < b->nfiles; i++) {
+        free(b->files[i]);
+        free(b->srcs[i]);
+    }
+    free(b->files);
+    free(b->srcs);
+    free((void *)b->made);
 }
 
 /* LMDB's compacting copy runs in one read transaction of its own, so it
  * copies exactly one committed state: every unit of work in it is whole
  * and recovery from the copy is recovery after a crash at that commit. It
- * omits free pages, so the copy is also the smallest form of the data. It
- * is written under a temporary name and renamed once synced, as a new
- * data.mdb always is (create_data_file): a failed or interrupted backup
- * never leaves a data.mdb behind. */
-int kw_store_backup(const char *dir, const char *dest)
+ * omits free pages, so the copy is also the smallest form of the data. */
+int kw_store_backup(const kw_backup_desc *desc)
 {
-    if (!dir || !*dir || !dest || !*dest || strlen(dest) >= 4000)
+    if (!desc || !desc->dir || !*desc->dir || !desc->dest || !*desc->dest || strlen(desc->dest) >= 4000)
         return core_fail(KEEL_EINVAL, "kw_store_backup: a directory name is missing or too long");
-    kw_store *s;
-    int rc = kw_store_open(dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &s);
-    if (rc)
-        return rc;
-    if ((rc = backup_dest(dest))) {
-        kw_store_close(s);
-        return rc;
-    }
-    char tmp[4200], final[4200];
-    snprintf(tmp, sizeof tmp, "%s/data.mdb.new", dest);
-    snprintf(final, sizeof final, "%s/data.mdb", dest);
-    rc = copy_app_files(dir, dest);
-    int fd = rc ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (!rc && fd < 0)
-        rc = sync_fail("create", tmp);
-    int mrc = fd < 0 ? 0 : mdb_env_copyfd2(s->env, fd, MDB_CP_COMPACT);
-    if (!rc && mrc)
-        rc = from_mdb(mrc, "cannot copy", s);
-    if (!rc && fsync(fd))
-        rc = sync_fail("sync", tmp);
-    if (fd >= 0)
-        close(fd);
-    if (!rc && rename(tmp, final))
-        rc = sync_fail("rename the copy to", final);
-    int dfd = rc ? -1 : open(dest, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (!rc && (dfd < 0 || fsync(dfd)))
-        rc = sync_fail("sync", dest);
-    if (dfd >= 0)
-        close(dfd);
-    if (rc)
-        unlink(tmp);
-    kw_store_close(s);
+    core_fp_env_init(); /* KEEL_FAILPOINTS, as a runtime's create reads it: keel-wal makes no runtime */
+    backup_run b = {.desc = desc};
+    int rc = kw_store_open(desc->dir, &(kw_store_desc){.flags = KW_OPEN_READONLY}, &b.src);
+    rc = rc ? rc : list_files(&b);
+    b.rec = (kw_backup_made){.files = (const char *const *)b.files, .made = b.made};
+    rc = rc ? rc : take_dest(&b);
+    rc = rc ? rc : write_data(&b);
+    if (rc && b.made)
+        kw_backup_unmake(&b.rec);
+    if (desc->made)
+        desc->made(NULL, desc->arg);
+    backup_free(&b);
+    kw_store_close(b.src);
     return rc;
 }
 

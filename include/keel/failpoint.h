@@ -10,8 +10,8 @@
  * relaxed atomic load; built with -DKEEL_FAILPOINTS=OFF it costs nothing.
  *
  * Configuration: the environment variable KEEL_FAILPOINTS, read once, at the
- * first keel_runtime_create or keel_failpoints_set of the process, or
- * keel_failpoints_set. Syntax:
+ * first keel_runtime_create, keel_failpoints_set or kw_store_backup of the
+ * process, or keel_failpoints_set. Syntax:
  *
  *   spec   := item (';' item)*
  *   item   := name '=' action ['@' N]     N: only the N-th hit fires (1-based)

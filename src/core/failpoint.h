@@ -52,7 +52,9 @@
     X(RECOVER_MID_REPLAY, "recover.mid_replay", 0)      \
     X(RECOVER_AFTER_REPLAY, "recover.after_replay", 0)  \
     X(SIDE_BEFORE_ENQUEUE, "side.before_enqueue", 0)    \
-    X(SIDE_BEFORE_WAIT, "side.before_wait", 0)
+    X(SIDE_BEFORE_WAIT, "side.before_wait", 0)          \
+    X(BACKUP_CLAIM, "backup.claim", 1)                  \
+    X(BACKUP_COPY, "backup.copy", 1)
 
 typedef enum core_fp {
 #define CORE_FP_ENUM_(id, name, io) CORE_FP_##id,
@@ -77,7 +79,7 @@ int core_fp_fire(core_fp id);
 #endif
 
 /* Read KEEL_FAILPOINTS once per process (keel_runtime_create calls it; so
- * does the first keel_failpoints_set). A bad value prints one warning line
+ * do the first keel_failpoints_set and kw_store_backup). A bad value prints one warning line
  * on stderr and is ignored. */
 void core_fp_env_init(void);
 

@@ -52,7 +52,7 @@ int kwt_cmd_backup(int argc, char **argv)
     if (rc)
         return rc;
     kwt_dir_close(&d);
-    if (kw_store_backup(dir, dest)) {
+    if (kw_store_backup(&(kw_backup_desc){.dir = dir, .dest = dest})) {
         kwt_err(dir, "%s", keel_last_error());
         return KWT_EXIT_USAGE;
     }
@@ -271,7 +271,7 @@ int kwt_cmd_restore(int argc, char **argv)
     snprintf(copy, sizeof copy, "%s", d.copy);
     d.copy[0] = 0; /* kept past the close: the backup below reads it */
     kwt_dir_close(&d);
-    if (!rc && kw_store_backup(copy, dest)) {
+    if (!rc && kw_store_backup(&(kw_backup_desc){.dir = copy, .dest = dest})) {
         kwt_err(dest, "%s", keel_last_error());
         rc = KWT_EXIT_USAGE;
     }

@@ -26,6 +26,7 @@
 #ifndef KEEL_WAL_WAL_H
 #define KEEL_WAL_WAL_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -509,17 +510,47 @@ int kw_store_check_trees(kw_store *s);
  * (LMDB itself then says "not an LMDB file"); KEEL_ECORRUPT with a
  * sentence naming the file and the damage; KEEL_EIO. */
 int kw_store_check_file(const char *dir);
+/* What a backup may make in dest, for a caller that removes it when a
+ * signal ends the process (kw_backup_unmake). */
+typedef struct kw_backup_made {
+    const char *const *files;        /* every file it may create in dest, NULL-terminated */
+    volatile sig_atomic_t *made;     /* made[i]: files[i] is this backup's (it created it) */
+    const char *dir;                 /* dest when the backup created it, else NULL */
+} kw_backup_made;
+
+typedef struct kw_backup_desc {
+    const char *dir;                 /* the data directory to copy */
+    const char *dest;                /* the new directory (or an existing empty one) */
+    /* Optional: called with what the backup makes once dest is its own,
+     * before anything but data.mdb.new is written there, and with NULL as
+     * the backup returns (after a failure: once it removed what it made);
+     * the record is gone after that call. */
+    void (*made)(const kw_backup_made *m, void *arg);
+    void *arg;
+} kw_backup_desc;
+
 /* A consistent, compacted copy of the live data directory dir in dest
  * (LMDB's compacting copy inside one read transaction, so it holds whole
  * committed transactions only): dest/data.mdb, written as data.mdb.new,
  * synced and renamed, plus the directory's other regular files (an
- * application's own files, such as keel-world's world.params), copied as
- * they are. dest must not exist (it is created; its parent must exist) or
- * be an empty directory. Works beside a running server (a reader).
- * Errors: KEEL_EINVAL (dest exists and is not an empty directory),
- * KEEL_ENOENT (dir is no keel data directory), KEEL_ECORRUPT, KEEL_EIO,
- * KEEL_ENOSPC, KEEL_ENOMEM. On an error dest holds no data.mdb. */
-int kw_store_backup(const char *dir, const char *dest);
+ * application's own files, such as keel-world's world.params), each with
+ * its source's permission bits. dest must not exist (it is created; its
+ * parent must exist) or be an empty directory. The exclusive creation of
+ * dest/data.mdb.new, then dest holding nothing else, makes dest this
+ * backup's: a second backup into the same dest is refused. Works beside a
+ * running server (a reader; a map the server grew meanwhile is taken up).
+ * Nothing but data.mdb and the application's files is left in dest (no
+ * LMDB lock file). Errors: KEEL_EINVAL (dest exists and is not an empty
+ * directory), KEEL_EBUSY (dest holds data.mdb.new: another backup's),
+ * KEEL_ENOENT (dir is no keel data directory, dest's parent is missing),
+ * KEEL_ECORRUPT (dir's data file is damaged, also where the copy's walk of
+ * its trees finds it so), KEEL_EIO, KEEL_ENOSPC, KEEL_ENOMEM. On an error
+ * dest is as it was: what the backup made there is removed, dest too when
+ * it made it. */
+int kw_store_backup(const kw_backup_desc *desc);
+/* Remove the files m says a backup made, then dest when it made it and it
+ * is empty. Async-signal-safe (unlink, rmdir). */
+void kw_backup_unmake(const kw_backup_made *m);
 void kw_store_close(kw_store *s);
 /* A first open that failed after this store made the directory's data.mdb
  * (KW_OPEN_OWN: under its lock): its close removes what the open made --
