@@ -1,7 +1,7 @@
 /*
- * test_walcli.c -- the keel-wal tool (info, dump, verify, stats, tail and
- * the argument and directory handling), run as a child process against
- * data directories the runtime produced.
+ * test_walcli.c -- the keel-wal tool (info, dump, verify, stats, tail,
+ * backup and the argument and directory handling), run as a child process
+ * against data directories the runtime produced.
  *
  * The workload (W, 11 ticks, one worker, no checkpoint unless asked) makes
  * every kind of record with values the tests know exactly:
@@ -21,7 +21,8 @@
  * keel-wal's path comes from CMake (KEEL_WAL_BIN). Output is read through
  * pipes, never a terminal, so the TTY-only progress must stay off: every
  * successful run is checked to leave stderr empty. No sleeps: tail -f is
- * synchronised by the lines it prints.
+ * synchronised by the lines it prints, a backup held at a failpoint's
+ * delay by its nanosleep.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -1469,6 +1470,145 @@ START_TEST(test_tail_follow_gap)
 }
 END_TEST
 
+/* ---- suite walcli_backup: the claim of DEST, a signal, damage met by the copy -------------------- */
+
+static void set_failpoints(void *spec)
+{
+    setenv("KEEL_FAILPOINTS", spec, 1);
+}
+
+/* The entries of dir other than "." and "..", counted. */
+static int entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static mode_t mode_of(const char *dir, const char *name)
+{
+    char p[300];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    ck_assert_int_eq(stat(p, &st), 0);
+    return st.st_mode & 07777;
+}
+
+/* A backup held by a failpoint's delay after it claimed DEST and copied the application's file: a second
+ * backup into DEST is refused (exit 2) and leaves the first one's files as they were; SIGTERM, SIGINT or
+ * SIGHUP ends the first by that signal, leaving DEST as it found it (made by it: gone; empty: empty); the
+ * retry then runs, and the backup keeps the sources' permission bits and holds no lock.mdb. */
+START_TEST(test_backup_claim_and_signals)
+{
+    if (!keel_failpoints_compiled())
+        return; /* -DKEEL_FAILPOINTS=OFF: no way to hold a backup on purpose */
+    char dir[256], dest[256], p[300];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    snprintf(p, sizeof p, "%s/app.conf", dir);
+    tu_write_file(p, "x=1\n", 4);
+    ck_assert_int_eq(chmod(p, 0640), 0);
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    ck_assert_int_eq(chmod(p, 0600), 0);
+    static const int sigs[] = {SIGTERM, SIGINT, SIGHUP};
+    for (int i = 0; i < 3; i++) {
+        bool existed = i == 1;
+        tdir(dest, sizeof dest, existed ? "bk-empty" : "bk");
+        if (existed)
+            ck_assert_int_eq(mkdir(dest, 0755), 0);
+        FILE *out;
+        const char *args[] = {"backup", dir, dest, NULL};
+        pid_t pid = tu_spawn_reader(KEEL_WAL_BIN, args, NULL, set_failpoints, "backup.copy=delay:600000", &out);
+        tu_wait_nanosleep(pid, "keel-wal backup at backup.copy");
+        snprintf(p, sizeof p, "%s/data.mdb.new", dest);
+        tu_digest held = tu_file_digest(p);
+        tu_run r = wal("backup", dir, dest);
+        ck_assert_msg(r.status == 2, "the second backup: exit %d: %s", r.status, r.err);
+        tu_run_free(&r);
+        tu_assert_digest_eq(held, tu_file_digest(p));
+        ck_assert_int_eq(entries(dest), 2); /* data.mdb.new, app.conf: the first's, as they were */
+        ck_assert_int_eq(kill(pid, sigs[i]), 0);
+        ck_assert_int_eq(tu_wait(pid), 128 + sigs[i]);
+        fclose(out);
+        if (existed)
+            ck_assert_int_eq(entries(dest), 0);
+        else
+            ck_assert_int_eq(access(dest, F_OK), -1);
+    }
+    tu_run r = wal_ok("backup", dir, dest);
+    tu_run_free(&r);
+    snprintf(p, sizeof p, "%s/lock.mdb", dest);
+    ck_assert_int_eq(access(p, F_OK), -1); /* describing the copy left no file in it */
+    ck_assert_int_eq(entries(dest), 2);
+    ck_assert_uint_eq(mode_of(dest, "data.mdb"), 0600);
+    ck_assert_uint_eq(mode_of(dest, "app.conf"), 0640);
+    r = wal_ok("verify", dest);
+    tu_run_free(&r);
+}
+END_TEST
+
+/* Point the wal database's root in dir/data.mdb past the file's end: the meta pages and the databases
+ * every command opens stay sound; only a walk of the WAL's tree (the compacting copy's) meets the damage.
+ * The node is the main tree's leaf entry: 48 bytes of MDB_db (F_SUBDATA), key "wal", the root last. */
+static void damage_wal_root(const char *dir)
+{
+    char p[300];
+    snprintf(p, sizeof p, "%s/data.mdb", dir);
+    int fd = open(p, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    struct stat st;
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    unsigned char *b = malloc((size_t)st.st_size);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_int_eq(pread(fd, b, (size_t)st.st_size, 0), st.st_size);
+    static const unsigned char node[] = {48, 0, 0, 0, 0x02, 0, 3, 0, 'w', 'a', 'l'};
+    off_t at = -1;
+    for (off_t i = 0; i + (off_t)sizeof node + 48 <= st.st_size; i++)
+        if (!memcmp(b + i, node, sizeof node)) {
+            ck_assert_msg(at < 0, "two wal database entries in %s", p);
+            at = i + (off_t)sizeof node + 40;
+        }
+    ck_assert_msg(at >= 0, "no wal database entry in %s", p);
+    size_t root = 0x7fffffff;
+    ck_assert_int_eq(pwrite(fd, &root, sizeof root, at), (ssize_t)sizeof root);
+    free(b);
+    close(fd);
+}
+
+/* Damage the copy's walk finds (MDB_PAGE_NOTFOUND) is a damaged DIR: exit 1, DEST as it was (made: gone;
+ * an empty directory: empty). A stream address is refused at once: backup copies directories. */
+START_TEST(test_backup_damage_and_stream)
+{
+    char dir[256], compact[256], dest[256];
+    make_dir(dir, sizeof dir, "w", (wl_opts){0});
+    tdir(compact, sizeof compact, "compact");
+    tu_run r = wal_ok("backup", dir, compact);
+    tu_run_free(&r);
+    damage_wal_root(compact);
+    for (int existed = 0; existed < 2; existed++) {
+        tdir(dest, sizeof dest, existed ? "bk-empty" : "bk");
+        if (existed)
+            ck_assert_int_eq(mkdir(dest, 0755), 0);
+        r = wal("backup", compact, dest);
+        ck_assert_msg(r.status == 1, "exit %d: %s", r.status, r.err);
+        ck_assert_msg(strstr(r.err, "MDB_PAGE_NOTFOUND"), "%s", r.err);
+        tu_run_free(&r);
+        if (existed)
+            ck_assert_int_eq(entries(dest), 0);
+        else
+            ck_assert_int_eq(access(dest, F_OK), -1);
+    }
+    /* port 1: nothing listens there, and nothing must be tried */
+    r = wal("backup", "nats://127.0.0.1:1/w", dest);
+    ck_assert_int_eq(r.status, 2);
+    ck_assert_msg(strstr(r.err, "is a stream address") && strstr(r.err, "keel-wal restore"), "%s", r.err);
+    tu_run_free(&r);
+}
+END_TEST
+
 /* ---- suites --------------------------------------------------------------------------------- */
 
 /* ---- suite walcli_oom: every allocation of keel-wal failed in turn ------------------------------ */
@@ -1605,6 +1745,16 @@ static Suite *live_suite(void)
     return s;
 }
 
+static Suite *backup_suite(void)
+{
+    Suite *s = suite_create("walcli_backup");
+    TCase *tc = tcase("backup");
+    tcase_add_test(tc, test_backup_claim_and_signals);
+    tcase_add_test(tc, test_backup_damage_and_stream);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
 static Suite *oom_suite(void)
 {
     Suite *s = suite_create("walcli_oom");
@@ -1615,4 +1765,4 @@ static Suite *oom_suite(void)
     return s;
 }
 
-KEEL_TEST_MAIN(args_suite, read_suite, verify_suite, live_suite, oom_suite)
+KEEL_TEST_MAIN(args_suite, read_suite, verify_suite, live_suite, backup_suite, oom_suite)

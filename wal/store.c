@@ -839,6 +839,8 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
     if (!dir || !*dir || strlen(dir) >= 4000 || !out)
         return core_fail(KEEL_EINVAL, "kw_store_open: the directory name is missing or too long");
     bool create = d.flags & KW_OPEN_CREATE, readonly = d.flags & KW_OPEN_READONLY, made_dir = false;
+    if ((d.flags & KW_OPEN_NOLOCK) && !readonly)
+        return core_fail(KEEL_EINVAL, "kw_store_open: KW_OPEN_NOLOCK is for a read-only open (%s)", dir);
     struct stat st;
     if (stat(dir, &st)) {
         if (errno != ENOENT || !create || readonly)
@@ -883,7 +885,8 @@ int kw_store_open(const char *dir, const kw_store_desc *desc, kw_store **out)
     mdb_env_set_maxreaders(s->env, 126);
     if (!readonly)
         mdb_env_set_mapsize(s->env, s->map_size);
-    rc = mdb_env_open(s->env, dir, MDB_NOTLS | (readonly ? MDB_RDONLY : 0), 0644);
+    rc = mdb_env_open(s->env, dir,
+                      MDB_NOTLS | (readonly ? MDB_RDONLY : 0) | (d.flags & KW_OPEN_NOLOCK ? MDB_NOLOCK : 0), 0644);
     if (rc) {
         int r = from_mdb(rc, "cannot open", s);
         kw_store_close(s);

@@ -21,16 +21,61 @@ static const char backup_help[] =
     "copy holds exactly one committed state and recovers, like a directory after a\n"
     "crash, to a completed tick (plus the side transactions committed by then). Free\n"
     "pages are left out, so the copy can be smaller than DIR. The directory's other\n"
-    "files (an application's own, such as keel-world's world.params) are copied too.\n"
-    "DEST must not exist (its parent must) or be an empty directory. The data file\n"
-    "is written as DEST/data.mdb.new, synced, and renamed to data.mdb: a failed backup\n"
-    "leaves no data.mdb. To restore, stop the server, put the backup in place of the\n"
+    "files (an application's own, such as keel-world's world.params) are copied too,\n"
+    "each file with its source's permission bits. DIR is a directory: a stream is\n"
+    "copied into one with keel-wal restore. DEST must not exist (its parent must) or\n"
+    "be an empty directory. The data file is written as DEST/data.mdb.new, synced, and\n"
+    "renamed to data.mdb; creating data.mdb.new (exclusively) claims DEST, so a second\n"
+    "backup into the same DEST is refused. A failed backup, or one ended by SIGINT,\n"
+    "SIGTERM or SIGHUP, leaves DEST as it was: what it made there is removed, DEST too\n"
+    "when it made it. To restore, stop the server, put the backup in place of the\n"
     "directory (or start the server on DEST) and start it.\n"
     "\n"
     "Prints 'backup: DIR -> DEST: <bytes> bytes (checkpoint tick <T>, WAL LSN <a>..<b>)'\n"
-    "('no checkpoint' in place of 'checkpoint tick <T>' without one).\n"
-    "Exit status: 0; 1 DIR's data file is damaged; 2 bad arguments, DEST exists and is\n"
-    "not empty, DIR cannot be opened, or the copy failed.\n";
+    "('no checkpoint' in place of 'checkpoint tick <T>' without one), read from the\n"
+    "copy without leaving a file in it. Should that reading fail, the backup is still\n"
+    "complete: stderr says why and the exit status is 0.\n"
+    "Exit status: 0; 1 DIR's data file is damaged (also where the copy finds it so);\n"
+    "2 bad arguments, DEST exists and is not empty, another backup is writing into\n"
+    "DEST, DIR cannot be opened, or the copy failed.\n";
+
+/* The WAL's first and last LSN (0 when empty) and its record count (count may be NULL). */
+static int wal_bounds(kwt_dir *d, uint64_t *first, uint64_t *last, uint64_t *count)
+{
+    kw_rtxn *r;
+    int rc = kwt_read_begin(d, &r);
+    if (rc)
+        return rc;
+    *first = *last = 0;
+    rc = kw_wal_bounds(r, first, last, count);
+    kw_read_end(r);
+    if (!rc || rc == KEEL_ENOENT)
+        return KWT_EXIT_OK;
+    kwt_err(d->path, "%s", keel_last_error());
+    return rc == KEEL_ECORRUPT ? KWT_EXIT_PROBLEM : KWT_EXIT_USAGE;
+}
+
+/* The summary line, read from the finished copy (opened without a lock
+ * file, so that DEST holds what the backup wrote and nothing else). */
+static int describe_backup(const char *dir, const char *dest)
+{
+    kwt_dir d;
+    uint64_t first = 0, last = 0;
+    int rc = kwt_dir_open_still(dest, &d);
+    if (rc)
+        return rc;
+    if ((rc = wal_bounds(&d, &first, &last, NULL))) {
+        kwt_dir_close(&d);
+        return rc;
+    }
+    char ck[64] = "no checkpoint";
+    if (d.has_checkpoint)
+        snprintf(ck, sizeof ck, "checkpoint tick %" PRIu64, d.checkpoint.tick);
+    printf("backup: %s -> %s: %" PRIu64 " bytes (%s, WAL LSN %" PRIu64 "..%" PRIu64 ")\n", dir, dest,
+           kw_store_file_size(d.store), ck, first, last);
+    kwt_dir_close(&d);
+    return KWT_EXIT_OK;
+}
 
 int kwt_cmd_backup(int argc, char **argv)
 {
@@ -46,33 +91,22 @@ int kwt_cmd_backup(int argc, char **argv)
     }
     if (!dest)
         return kwt_usage_error("backup", dir ? "give the destination DEST" : "give the data directory and DEST");
+    if (kwt_is_stream(dir))
+        return kwt_usage_error("backup", "'%s' is a stream address, not a data directory (a stream is copied into "
+                                         "a new directory with keel-wal restore)", dir);
     /* the checks of every command first: a damaged DIR exits 1 with their sentence */
     kwt_dir d;
     int rc = kwt_dir_open(dir, &d);
     if (rc)
         return rc;
     kwt_dir_close(&d);
-    if (kw_store_backup(&(kw_backup_desc){.dir = dir, .dest = dest})) {
+    if ((rc = kwt_backup(dir, dest))) {
         kwt_err(dir, "%s", keel_last_error());
-        return KWT_EXIT_USAGE;
+        return rc == KEEL_ECORRUPT ? KWT_EXIT_PROBLEM : KWT_EXIT_USAGE;
     }
-    /* describe the copy by opening it as every command does: a backup that does not open is no backup */
-    if ((rc = kwt_dir_open(dest, &d)))
-        return rc;
-    kw_rtxn *r;
-    uint64_t first = 0, last = 0;
-    if ((rc = kwt_read_begin(&d, &r))) {
-        kwt_dir_close(&d);
-        return rc;
-    }
-    (void)kw_wal_bounds(r, &first, &last, NULL);
-    kw_read_end(r);
-    char ck[64] = "no checkpoint";
-    if (d.has_checkpoint)
-        snprintf(ck, sizeof ck, "checkpoint tick %" PRIu64, d.checkpoint.tick);
-    printf("backup: %s -> %s: %" PRIu64 " bytes (%s, WAL LSN %" PRIu64 "..%" PRIu64 ")\n", dir, dest,
-           kw_store_file_size(d.store), ck, first, last);
-    kwt_dir_close(&d);
+    /* the backup is complete and durable: a summary that cannot be read does not undo it */
+    if (describe_backup(dir, dest))
+        kwt_err(dest, "the backup is complete and in place; its summary could not be read (the reason above)");
     return kwt_output_finish(KWT_EXIT_OK);
 }
 
@@ -191,12 +225,9 @@ static int checkpoint_schema(kwt_dir *d, cut *c)
 static int restore_cut(kwt_dir *d, bool to_given, uint64_t to_tick, cut *c)
 {
     uint64_t first = 0, last = 0, count = 0, last_tick = 0;
-    kw_rtxn *r;
-    int rc = kwt_read_begin(d, &r);
+    int rc = wal_bounds(d, &first, &last, &count);
     if (rc)
         return rc;
-    (void)kw_wal_bounds(r, &first, &last, &count);
-    kw_read_end(r);
     if (!count && !d->has_checkpoint) {
         kwt_err(d->path, "the stream holds no record and no published checkpoint: no world to restore");
         return KWT_EXIT_USAGE;
@@ -271,23 +302,20 @@ int kwt_cmd_restore(int argc, char **argv)
     snprintf(copy, sizeof copy, "%s", d.copy);
     d.copy[0] = 0; /* kept past the close: the backup below reads it */
     kwt_dir_close(&d);
-    if (!rc && kw_store_backup(&(kw_backup_desc){.dir = copy, .dest = dest})) {
+    if (!rc && kwt_backup(copy, dest)) {
         kwt_err(dest, "%s", keel_last_error());
         rc = KWT_EXIT_USAGE;
     }
     kwt_remove_copy(copy);
     if (rc)
         return rc;
-    if ((rc = kwt_dir_open(dest, &d)))
+    if ((rc = kwt_dir_open_still(dest, &d)))
         return rc;
-    kw_rtxn *r;
     uint64_t first = 0, last = 0, count = 0;
-    if ((rc = kwt_read_begin(&d, &r))) {
+    if ((rc = wal_bounds(&d, &first, &last, &count))) {
         kwt_dir_close(&d);
         return rc;
     }
-    (void)kw_wal_bounds(r, &first, &last, &count);
-    kw_read_end(r);
     char upto[48] = "";
     if (to_given)
         snprintf(upto, sizeof upto, ", tick %" PRIu64, to_tick);

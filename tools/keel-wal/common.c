@@ -348,21 +348,25 @@ bool kwt_is_stream(const char *path)
     return !strncmp(path, "nats://", 7);
 }
 
-/* ---- a stream's private copy ------------------------------------------------------------------
+/* ---- what a signal removes: a stream's private copy, a backup's DEST ---------------------------
 
 A command on a stream reads a private copy of it in $TMPDIR, removed when
 the command ends -- also when a signal ends it: from the copy's creation
 SIGINT, SIGTERM and SIGHUP (those not ignored) remove its files (unlink and
 rmdir are async-signal-safe; the paths are made before the handler is
 armed) and then end the process by the same signal, as it would have
-without the handler.
+without the handler. A backup (and a restore's copy into DEST) is removed
+the same way while it runs: what kw_store_backup says it made in DEST, and
+DEST when it made it (kw_backup_unmake).
 tail -f puts its own SIGINT/SIGTERM handlers (a clean stop) in front while
-it follows. One copy per process. */
+it follows. One copy and one backup per process. */
 static const char *const copy_names[] = {"data.mdb", "lock.mdb", "keel.lock", "data.mdb.new",
                                          "data.mdb.new-lock"}; /* the last two: while the store is made */
 #define COPY_NFILES (sizeof copy_names / sizeof copy_names[0])
 static char copy_paths[COPY_NFILES + 1][4200]; /* the files, then the directory */
 static volatile sig_atomic_t copy_armed;
+static kw_backup_made backup_made;               /* kw_store_backup's record, while it runs */
+static volatile sig_atomic_t backup_armed;
 
 static void copy_paths_set(const char *dir)
 {
@@ -378,20 +382,20 @@ static void copy_unlink(void)
     rmdir(copy_paths[COPY_NFILES]);
 }
 
-static void copy_signal(int sig)
+static void cleanup_signal(int sig)
 {
     int saved = errno; /* the signal stays blocked until this returns: what it interrupted sees errno unchanged */
+    if (backup_armed) /* first: DEST may be made from the copy (restore) */
+        kw_backup_unmake(&backup_made);
     if (copy_armed)
         copy_unlink();
     raise(sig); /* SA_RESETHAND: delivered with the default action once this returns */
     errno = saved;
 }
 
-static void copy_arm(const char *dir)
+static void cleanup_arm(void)
 {
-    copy_armed = 0;
-    copy_paths_set(dir);
-    struct sigaction sa = {.sa_handler = copy_signal, .sa_flags = SA_RESETHAND};
+    struct sigaction sa = {.sa_handler = cleanup_signal, .sa_flags = SA_RESETHAND};
     sigemptyset(&sa.sa_mask);
     static const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
     for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
@@ -401,7 +405,31 @@ static void copy_arm(const char *dir)
         if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) /* nohup, a background job */
             sigaction(sigs[i], &sa, NULL);
     }
+}
+
+static void copy_arm(const char *dir)
+{
+    copy_armed = 0;
+    copy_paths_set(dir);
+    cleanup_arm();
     copy_armed = 1;
+}
+
+/* kw_store_backup's record of what it makes, armed from the claim of DEST until it returns. */
+static void backup_arm(const kw_backup_made *m, void *arg)
+{
+    (void)arg;
+    backup_armed = 0;
+    if (!m)
+        return;
+    backup_made = *m;
+    cleanup_arm();
+    backup_armed = 1;
+}
+
+int kwt_backup(const char *dir, const char *dest)
+{
+    return kw_store_backup(&(kw_backup_desc){.dir = dir, .dest = dest, .made = backup_arm});
 }
 
 void kwt_remove_copy(const char *dir)
@@ -462,7 +490,19 @@ static int open_stream(const char *path, kwt_dir *d)
 
 static int open_loaded(const char *path, kwt_dir *d);
 
+static int dir_open(const char *path, uint32_t flags, kwt_dir *d);
+
 int kwt_dir_open(const char *path, kwt_dir *d)
+{
+    return dir_open(path, KW_OPEN_READONLY, d);
+}
+
+int kwt_dir_open_still(const char *path, kwt_dir *d)
+{
+    return dir_open(path, KW_OPEN_READONLY | KW_OPEN_NOLOCK, d);
+}
+
+static int dir_open(const char *path, uint32_t flags, kwt_dir *d)
 {
     memset(d, 0, sizeof *d);
     d->path = path;
@@ -478,7 +518,7 @@ int kwt_dir_open(const char *path, kwt_dir *d)
     if (rc)
         return rc;
     kwt_guard_set(path, KWT_EXIT_USAGE);
-    kw_store_desc desc = {.flags = KW_OPEN_READONLY | KW_OPEN_TREES_LATER};
+    kw_store_desc desc = {.flags = flags | KW_OPEN_TREES_LATER};
     if (kw_store_open(path, &desc, &d->store))
         return refused(path, KWT_EXIT_USAGE);
     if ((rc = checked(path, kw_store_check_trees(d->store)))) {

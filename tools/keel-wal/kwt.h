@@ -154,6 +154,9 @@ typedef struct kwt_dir {
  * page: kw_store_check_file) or KWT_EXIT_USAGE (missing, not a keel
  * directory, not LMDB, a newer format version, I/O error). */
 int kwt_dir_open(const char *path, kwt_dir *d);
+/* The same for a directory no process writes, such as a finished backup:
+ * LMDB makes no lock file in it (KW_OPEN_NOLOCK), so it is left as found. */
+int kwt_dir_open_still(const char *path, kwt_dir *d);
 void kwt_dir_close(kwt_dir *d);
 /* A stream: copy what it gained since the last call (tail -f polls it); a
  * directory: nothing to do. Prints the error and returns KWT_EXIT_USAGE. */
@@ -166,6 +169,10 @@ int kwt_check_dir(kwt_dir *d);
 bool kwt_is_stream(const char *path);
 /* Remove a stream's private copy (its LMDB files and the directory). */
 void kwt_remove_copy(const char *dir);
+/* kw_store_backup of dir into dest, what it makes in dest removed also
+ * when SIGINT, SIGTERM or SIGHUP ends the process meanwhile (then ended by
+ * that signal). 0 or its KEEL_E* code (keel_last_error() says why). */
+int kwt_backup(const char *dir, const char *dest);
 
 /* The shape of a subcommand that reads one data directory (all but info):
  * --help anywhere prints help; parse(argc, argv, opts) reads the arguments

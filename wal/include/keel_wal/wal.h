@@ -473,8 +473,10 @@ typedef enum kw_db {
 #define KW_OPEN_OWN 4u        /* own the directory: hold the exclusive lock of DIR/keel.lock (with the
                                  holder's pid in it) for the store's life; another owner is refused
                                  with KEEL_EBUSY naming the holder (the runtime's open; never READONLY) */
-#define KW_OPEN_TREES_LATER 8u /* leave the walk of the trees to the caller's kw_store_check_trees (keel-wal,
-                                  whose exit status tells damage from a directory it cannot open) */
+#define KW_OPEN_NOLOCK 8u     /* with READONLY: no LMDB lock file made or used (MDB_NOLOCK), for a directory no
+                                 process writes (a finished backup): the open leaves nothing behind */
+#define KW_OPEN_TREES_LATER 16u /* leave the walk of the trees to the caller's kw_store_check_trees (keel-wal,
+                                   whose exit status tells damage from a directory it cannot open) */
 
 typedef struct kw_store_desc {
     uint32_t flags;           /* KW_OPEN_* */
