@@ -9,7 +9,8 @@
  *                     error paths, and scrapes from another thread while the
  *                     driver ticks;
  *   metrics_promtool  `promtool check metrics` accepts the exposition of a
- *                     durable runtime;
+ *                     durable runtime with a system named with `"`, `\` and
+ *                     UTF-8 beyond ASCII;
  *   metrics_http      keel-world --metrics on a loopback port the kernel
  *                     picks: scraped with curl during the run (promtool
  *                     passes, other paths 404), stopped with the server;
@@ -556,12 +557,16 @@ START_TEST(test_promtool_accepts)
 {
     char dir[512];
     tu_path(dir, sizeof dir, "p");
-    keel_runtime *rt = rt_with_systems((keel_runtime_desc){.workers = 2, .durable.dir = dir}, "gamma");
+    /* a system name with the characters the label format escapes, and UTF-8 beyond ASCII */
+    keel_runtime *rt = rt_with_systems((keel_runtime_desc){.workers = 2, .durable.dir = dir},
+                                       "g\xc3\xa4mma \"\xe6\x88\x98\" \\ \xf0\x9f\x8c\x8d");
     tu_step_n(rt, 3);
     submit_one(rt);
     ck_assert_ok(keel_checkpoint(rt));
     expo e;
     scrape(rt, &e);
+    ck_assert_ptr_nonnull(
+        strstr(e.text, "{system=\"g\xc3\xa4mma \\\"\xe6\x88\x98\\\" \\\\ \xf0\x9f\x8c\x8d\"}"));
     promtool_check(e.text);
     free(e.text);
     keel_runtime_close(rt);

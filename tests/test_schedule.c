@@ -400,6 +400,42 @@ START_TEST(test_add_system_copies_strings)
 }
 END_TEST
 
+/* System, track and dag names are UTF-8 without control characters (they
+ * go into metric labels and trace JSON): a refusal names the name's role
+ * and the offending byte by offset, never printing the bytes themselves. */
+START_TEST(test_names_utf8)
+{
+    fx f = fx_new();
+    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "bad\xff", .run = tu_sys_noop}, NULL),
+                 KEEL_EINVAL);
+    assert_contains(keel_last_error(), "the system name is not valid UTF-8 at byte 3 (0xff)");
+    ck_assert_ptr_null(strchr(keel_last_error(), 0xff));
+    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "sur\xed\xb2\x80", .run = tu_sys_noop},
+                                          NULL), KEEL_EINVAL);
+    assert_contains(keel_last_error(), "byte 4");
+    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "line\nfeed", .run = tu_sys_noop}, NULL),
+                 KEEL_EINVAL);
+    assert_contains(keel_last_error(), "control character 0x0a at byte 4");
+    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "s", .track = "T\xc1\x81",
+                                                                   .run = tu_sys_noop}, NULL), KEEL_EINVAL);
+    assert_contains(keel_last_error(), "system 's''s track name is not valid UTF-8 at byte 1");
+    ck_assert_rc(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "s", .dag = "d\x1b[0m",
+                                                                   .run = tu_sys_noop}, NULL), KEEL_EINVAL);
+    assert_contains(keel_last_error(), "system 's''s dag name holds control character 0x1b at byte 1");
+    ck_assert_rc(keel_schedule_add_track(f.s, "Tr\xf4\x90\x80\x80"), KEEL_EINVAL);
+    assert_contains(keel_last_error(), "the track name is not valid UTF-8 at byte 3");
+    ck_assert_rc(keel_schedule_add_track(f.s, "Tr\x7f"), KEEL_EINVAL);
+    ck_assert_uint_eq(keel_schedule_system_count(f.s), 0);
+    /* UTF-8 beyond ASCII is fine everywhere */
+    ck_assert_ok(keel_schedule_add_track(f.s, "Sp\xc3\xa4t"));
+    ck_assert_ok(keel_schedule_add_system(f.s, &(keel_system_desc){.name = "\xe6\x88\x98\xe9\x97\x98 \"q\" \\",
+                                                                   .track = "Sp\xc3\xa4t", .dag = "\xf0\x9f\x8c\x8d",
+                                                                   .run = tu_sys_noop}, NULL));
+    build_clean(f.s);
+    fx_close(&f);
+}
+END_TEST
+
 START_TEST(test_add_track_invalid)
 {
     fx f = fx_new();
@@ -573,7 +609,7 @@ static Suite *sched_build_suite(void)
 {
     const TTest *const t[] = {test_empty_builds, test_null_arguments, test_build_twice_ebusy,
                               test_add_after_build_ebusy, test_add_system_invalid, test_add_system_copies_strings,
-                              test_add_track_invalid, test_failed_build, test_last_error_names_first_error,
+                              test_add_track_invalid, test_names_utf8, test_failed_build, test_last_error_names_first_error,
                               test_set_schedule_refusals, test_set_schedule_foreign, test_stale_schedule,
                               test_code_names};
     return tu_case_suite("sched_build", "build", t, sizeof t / sizeof t[0]);

@@ -882,6 +882,9 @@ static const keel_field f_type_count[] = {{.name = "badtype", .type = KEEL_TYPE_
 static const keel_field f_type200[] = {{.name = "badtype", .type = (keel_type)200, .offset = 0}};
 static const keel_field f_noname[] = {{.name = NULL, .type = KEEL_U32, .offset = 0}};
 static const keel_field f_emptyname[] = {{.name = "", .type = KEEL_U32, .offset = 0}};
+static const keel_field f_badutf8name[] = {{.name = "v\xc3\x28", .type = KEEL_U32, .offset = 0}};
+static const keel_field f_ctrlname[] = {{.name = "tab\there", .type = KEEL_U32, .offset = 0}};
+static const keel_field f_utf8name[] = {{.name = "\xc3\xa9t\xc3\xa9", .type = KEEL_U32, .offset = 0}};
 static const keel_field f_dupname[] = {
     {.name = "dupfield", .type = KEEL_U16, .offset = 0},
     {.name = "dupfield", .type = KEEL_U16, .offset = 2},
@@ -949,6 +952,18 @@ static const reg_case reg_cases[] = {
     {"empty name", {U32D("")}, KEEL_EINVAL, NULL, NULL, 0},
     {"name too long", {U32D(name64)}, KEEL_EINVAL, NULL, NULL, 0},
     {"duplicate name", {U32D("base")}, KEEL_EEXIST, "base", NULL, 0},
+    /* names are UTF-8 without control characters; the sentence gives the offset, never the bytes */
+    {"name not UTF-8", {U32D("ab\xff")}, KEEL_EINVAL, "component name", "byte 2", 0},
+    {"overlong 2-byte", {U32D("\xc0\xaf")}, KEEL_EINVAL, "component name", "byte 0", 0},
+    {"overlong 3-byte", {U32D("\xe0\x80\xaf")}, KEEL_EINVAL, "component name", "byte 1", 0},
+    {"overlong 4-byte", {U32D("\xf0\x8f\xbf\xbf")}, KEEL_EINVAL, "component name", "byte 1", 0},
+    {"surrogate", {U32D("x\xed\xa0\x80")}, KEEL_EINVAL, "component name", "byte 2", 0},
+    {"past U+10FFFF", {U32D("\xf4\x90\x80\x80")}, KEEL_EINVAL, "component name", "byte 1", 0},
+    {"lead byte past F4", {U32D("\xf5\x80\x80\x80")}, KEEL_EINVAL, "component name", "byte 0", 0},
+    {"stray continuation", {U32D("a\x80")}, KEEL_EINVAL, "component name", "byte 1", 0},
+    {"cut-off character", {U32D("a\xe2\x82")}, KEEL_EINVAL, "component name", "byte 3", 0},
+    {"control character", {U32D("a\nb")}, KEEL_EINVAL, "component name", "control character 0x0a at byte 1", 0},
+    {"DEL", {U32D("a\x7f")}, KEEL_EINVAL, "component name", "control character 0x7f at byte 1", 0},
     {"align 3", {U32D("align3"), .align = 3}, KEEL_EINVAL, "align3", NULL, 0},
     {"align 128", {U32D("align128"), .align = 128}, KEEL_EINVAL, "align128", NULL, 0},
     {"tag align 3", {.name = "tagalign3", .size = 0, .align = 3}, KEEL_EINVAL, "tagalign3", NULL, 0},
@@ -967,6 +982,10 @@ static const reg_case reg_cases[] = {
      "fempty", NULL, 0},
     {"field name too long", {.name = "flong", .size = 4, .fields = f_name64, .field_count = 1}, KEEL_EINVAL,
      "flong", NULL, 0},
+    {"field name not UTF-8", {.name = "futf8", .size = 4, .fields = f_badutf8name, .field_count = 1}, KEEL_EINVAL,
+     "futf8", "field 0's name is not valid UTF-8 at byte 2 (0x28)", 0},
+    {"field name with a tab", {.name = "fctrl", .size = 4, .fields = f_ctrlname, .field_count = 1}, KEEL_EINVAL,
+     "fctrl", "control character 0x09 at byte 3", 0},
     {"duplicate field names", {.name = "fdup", .size = 4, .fields = f_dupname, .field_count = 2}, KEEL_EINVAL,
      "fdup", "dupfield", 0},
     {"field past the end", {.name = "oob", .size = 4, .fields = f_late, .field_count = 1}, KEEL_EINVAL, "oob",
@@ -1007,6 +1026,8 @@ static const reg_case reg_cases[] = {
     {"tag, fields ptr with count 0", {.name = "flag2", .size = 0, .fields = f_u8, .field_count = 0}, KEEL_OK, NULL,
      NULL, 1},
     {"name of 63 chars", {U32D(name63)}, KEEL_OK, NULL, NULL, 4},
+    {"UTF-8 names: 2, 3 and 4 bytes, U+10FFFF", {.name = "pos\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf",
+     .size = 4, .fields = f_utf8name, .field_count = 1}, KEEL_OK, NULL, NULL, 4},
     {"field name of 63 chars", {.name = "f63", .size = 4, .fields = f_name63, .field_count = 1}, KEEL_OK, NULL,
      NULL, 4},
     {"64 fields", {.name = "many64", .size = 64, .fields = fields64, .field_count = KEEL_MAX_FIELDS}, KEEL_OK,
@@ -1033,6 +1054,7 @@ static const struct {
     {"discipline 3",
      "discipline 3 is not a keel_discipline (KEEL_VERSIONED, KEEL_SINGLE_VERSION or KEEL_TRANSIENT)"},
     {"type 200", "type 200, not a keel_type"},
+    {"name not UTF-8", "keel_component_register: the component name is not valid UTF-8 at byte 2 (0xff)"},
     {"field past the end", "(1 x u32 at offset 4, 4 bytes) ends past the value size 4"},
     {"array past the end", "3 x u32 at offset 0, 12 bytes"},
     {"overlap", "fields 'first' (u32 at offset 0) and 'second' (u16 at offset 2) overlap"},

@@ -19,7 +19,14 @@ extern "C" {
 typedef uint32_t keel_component;       /* 0 = none */
 
 #define KEEL_MAX_COMPONENTS 255        /* ids 1..255 */
-#define KEEL_NAME_MAX 63               /* longest component or field name */
+/* Component and field names (and the schedule's system, track and dag
+ * names): 1 to KEEL_NAME_MAX bytes of valid UTF-8 with no control character
+ * (U+0000-U+001F, U+007F). Overlong encodings, surrogates and code points
+ * past U+10FFFF are not UTF-8. Names go as they are into the metrics'
+ * labels and the trace's JSON, which must be UTF-8; anything else is
+ * refused with KEEL_EINVAL, the last error naming the offending byte's
+ * offset. */
+#define KEEL_NAME_MAX 63               /* longest name, in bytes */
 #define KEEL_MAX_FIELDS 64             /* fields per component */
 
 /* How a component's writes are isolated and whether they are durable
@@ -45,14 +52,14 @@ typedef enum keel_type {
 } keel_type;
 
 typedef struct keel_field {
-    const char *name;     /* required, unique within the component, <= KEEL_NAME_MAX */
+    const char *name;     /* required, unique within the component, a name (KEEL_NAME_MAX) */
     keel_type type;       /* required */
     uint32_t offset;      /* byte offset inside the value */
     uint32_t count;       /* array length; 0 = 1 (a scalar). For KEEL_BYTES: byte length */
 } keel_field;
 
 typedef struct keel_component_desc {
-    const char *name;          /* required, unique within the world, <= KEEL_NAME_MAX */
+    const char *name;          /* required, unique within the world, a name (KEEL_NAME_MAX) */
     uint32_t size;             /* bytes of one value, a multiple of align; 0 = a tag (no data, no fields) */
     uint32_t align;            /* power of two <= 64; 0 = largest field alignment (1 for tags) */
     keel_discipline discipline;/* default KEEL_VERSIONED */

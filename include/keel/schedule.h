@@ -84,7 +84,8 @@ typedef enum keel_priority {
 } keel_priority;
 
 typedef struct keel_system_desc {
-    const char *name;        /* required, unique in the schedule, <= 63 bytes */
+    const char *name;        /* required, unique in the schedule; 1 to KEEL_NAME_MAX (63) bytes of
+                                UTF-8 without control characters, as for components */
     const char *track;       /* NULL = "Public"; a user track declared with keel_schedule_add_track */
     const char *dag;         /* NULL = "main"; phases order systems of one DAG only (access
                                 rules and explicit edges still apply across the DAGs of a track) */
@@ -154,15 +155,17 @@ int keel_schedule_create(keel_runtime *rt, keel_schedule **out);
 void keel_schedule_destroy(keel_schedule *s);
 
 /* Declare a user track; tracks run in declaration order between Public and
- * Engine-Post. Errors: KEEL_EINVAL (bad name; names starting "Engine-" are
- * reserved), KEEL_EEXIST, KEEL_EBUSY (schedule already built). */
+ * Engine-Post. Its name follows the rules of system names. Errors:
+ * KEEL_EINVAL (bad name: empty, longer than KEEL_NAME_MAX bytes, not UTF-8
+ * or holding a control character; names starting "Engine-" are reserved), KEEL_EEXIST, KEEL_EBUSY (schedule already built). */
 int keel_schedule_add_track(keel_schedule *s, const char *name);
 
 /* Declare a system; *out (may be NULL) receives its index. The descriptor and
  * its strings are copied. Most checks happen at build, so that one build
  * reports every problem; this fails only on what cannot be stored:
- * KEEL_EINVAL (NULL desc; name, track or dag name empty or longer than
- * KEEL_NAME_MAX), KEEL_EBUSY (already built), KEEL_ENOMEM. */
+ * KEEL_EINVAL (NULL desc; name, track or dag name empty, longer than
+ * KEEL_NAME_MAX bytes, not valid UTF-8 or holding a control character: the
+ * last error says which, and the offending byte's offset), KEEL_EBUSY (already built), KEEL_ENOMEM. */
 int keel_schedule_add_system(keel_schedule *s, const keel_system_desc *desc, keel_system *out);
 
 /* Derive edges, validate, and fix the order. Returns 0 when no error was

@@ -109,8 +109,9 @@ void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out);
  * chrome://tracing): one track per worker with one slice per system run,
  * a driver track with one slice per tick, per sync point and per fence,
  * a WAL writer track with one slice per synced commit, and an "overload"
- * counter track (level and multiplier per tick). System names
- * are written as given: keep them UTF-8 for the JSON to be valid.
+ * counter track (level and multiplier per tick). System names are written
+ * as given, escaped for JSON: they are UTF-8, as keel_schedule_add_system
+ * requires.
  * Errors: KEEL_EINVAL, KEEL_EIO (the last error names the file). */
 int keel_trace_export(const keel_runtime *rt, const char *path);
 

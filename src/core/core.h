@@ -37,6 +37,15 @@ int core_fail_prefix(int rc, const char *fmt, ...) CORE_PRINTF(2, 3);
  * was handled on the way. */
 bool core_out_of_memory_seen(void);
 
+/* Check a name an application gives the library (a component, field,
+ * system, track or dag): present, 1 to max bytes, valid UTF-8 (no overlong
+ * form, surrogate or code point past U+10FFFF) and no control character (C0
+ * or DEL). It is written as it is into Prometheus labels and trace JSON,
+ * where anything else breaks the whole text. KEEL_OK, or KEEL_EINVAL with a
+ * sentence that starts with `what` (formatted: "component 'pos': field 2's
+ * name") and names the offending byte by its offset, never by its bytes. */
+int core_name_check(const char *name, size_t max, const char *what, ...) CORE_PRINTF(3, 4);
+
 /* Emit a diagnostic "subsystem/event fields" through the rate limiter.
  * fields is a printf format producing "key=value ..." pairs. */
 void core_log(keel_log_level level, const char *subsystem, const char *event,

@@ -157,15 +157,13 @@ void schedule_free(keel_schedule *s)
     free(s);
 }
 
-static bool name_ok(const char *name)
-{
-    return name && name[0] && strlen(name) <= KEEL_NAME_MAX;
-}
-
 int keel_schedule_add_track(keel_schedule *s, const char *name)
 {
-    if (!s || !name_ok(name))
-        return core_fail(KEEL_EINVAL, "keel_schedule_add_track: schedule is NULL or the name is empty or too long");
+    if (!s)
+        return core_fail(KEEL_EINVAL, "keel_schedule_add_track: schedule is NULL");
+    int rc = core_name_check(name, KEEL_NAME_MAX, "keel_schedule_add_track: the track name");
+    if (rc)
+        return rc;
     if (s->built)
         return core_fail(KEEL_EBUSY, "keel_schedule_add_track: track '%s' added after the schedule was built", name);
     if (is_reserved_track(name) || !strcmp(name, KEEL_TRACK_PUBLIC))
@@ -176,7 +174,7 @@ int keel_schedule_add_track(keel_schedule *s, const char *name)
     if (core_resize(&s->user_tracks, s->nuser_tracks, s->nuser_tracks + 1, sizeof *s->user_tracks, false))
         return core_fail(KEEL_ENOMEM, "keel_schedule_add_track: out of memory");
     const char *copy = NULL;
-    int rc = own_string(s, name, &copy);
+    rc = own_string(s, name, &copy);
     if (rc)
         return rc;
     s->user_tracks[s->nuser_tracks++] = (char *)copy;
@@ -212,21 +210,24 @@ int keel_schedule_add_system(keel_schedule *s, const keel_system_desc *desc, kee
 {
     if (!s || !desc)
         return core_fail(KEEL_EINVAL, "keel_schedule_add_system: schedule or desc is NULL");
-    if (!name_ok(desc->name))
-        return core_fail(KEEL_EINVAL, "keel_schedule_add_system: system name is empty, missing or longer than %d bytes",
-                         KEEL_NAME_MAX);
+    int rc = core_name_check(desc->name, KEEL_NAME_MAX, "keel_schedule_add_system: the system name");
+    if (rc)
+        return rc;
     if (s->built)
         return core_fail(KEEL_EBUSY, "keel_schedule_add_system: system '%s' added after the schedule was built",
                          desc->name);
-    if ((desc->track && !name_ok(desc->track)) || (desc->dag && !name_ok(desc->dag)))
-        return core_fail(KEEL_EINVAL, "keel_schedule_add_system: system '%s' has an empty or too long track or dag name",
-                         desc->name);
+    if (desc->track && (rc = core_name_check(desc->track, KEEL_NAME_MAX, "keel_schedule_add_system: system '%s''s "
+                                             "track name", desc->name)))
+        return rc;
+    if (desc->dag && (rc = core_name_check(desc->dag, KEEL_NAME_MAX, "keel_schedule_add_system: system '%s''s dag "
+                                           "name", desc->name)))
+        return rc;
     if (CORE_GROW(s->sys, s->sys_cap, s->nsys + 1, 32))
         return core_fail(KEEL_ENOMEM, "keel_schedule_add_system: out of memory");
     sched_system *sys = &s->sys[s->nsys];
     memset(sys, 0, sizeof *sys);
     sys->d = *desc;
-    int rc = own_desc_strings(s, &sys->d);
+    rc = own_desc_strings(s, &sys->d);
     if (rc)
         return rc;
     if (out)

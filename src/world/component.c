@@ -30,11 +30,6 @@ const char *keel_discipline_name(keel_discipline d)
     return kw_discipline_name((uint32_t)d);
 }
 
-static bool name_valid(const char *name)
-{
-    return name && name[0] && strlen(name) <= KEEL_NAME_MAX;
-}
-
 static uint32_t field_count(const keel_field *f)
 {
     return f->count ? f->count : 1;
@@ -49,9 +44,9 @@ static uint64_t field_bytes(const keel_field *f)
 static int check_field(const keel_component_desc *d, uint32_t i)
 {
     const keel_field *f = &d->fields[i];
-    if (!name_valid(f->name))
-        return core_fail(KEEL_EINVAL, "component '%s': field %u has an empty, missing or longer than %d bytes name",
-                         d->name, i, KEEL_NAME_MAX);
+    int rc = core_name_check(f->name, KEEL_NAME_MAX, "component '%s': field %u's name", d->name, i);
+    if (rc)
+        return rc;
     if (!type_valid(f->type))
         return core_fail(KEEL_EINVAL, "component '%s': field '%s' has type %d, not a keel_type (KEEL_U8 ... KEEL_BYTES)",
                          d->name, f->name, (int)f->type);
@@ -102,9 +97,9 @@ static int check_desc(const keel_world *w, const keel_component_desc *d)
 {
     if (!d)
         return core_fail(KEEL_EINVAL, "keel_component_register: descriptor is NULL");
-    if (!name_valid(d->name))
-        return core_fail(KEEL_EINVAL, "keel_component_register: component name is empty, missing or longer than %d bytes",
-                         KEEL_NAME_MAX);
+    int rc = core_name_check(d->name, KEEL_NAME_MAX, "keel_component_register: the component name");
+    if (rc)
+        return rc;
     if (w->frozen)
         return core_fail(KEEL_EBUSY, "component '%s': registration is closed (the world is frozen)", d->name);
     keel_component existing = 0;
@@ -128,11 +123,10 @@ static int check_desc(const keel_world *w, const keel_component_desc *d)
         return core_fail(KEEL_EINVAL,
                          "component '%s': a component with data needs a field schema (declare KEEL_BYTES for opaque data)",
                          d->name);
-    for (uint32_t i = 0; i < d->field_count; i++) {
-        int rc = check_field(d, i);
-        if (rc)
-            return rc;
-    }
+    for (uint32_t i = 0; i < d->field_count && !rc; i++)
+        rc = check_field(d, i);
+    if (rc)
+        return rc;
     uint32_t align = effective_align(d);
     if (!align)
         return core_fail(KEEL_EINVAL, "component '%s': alignment %u is not a power of two <= 64", d->name, d->align);
