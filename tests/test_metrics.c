@@ -371,6 +371,12 @@ START_TEST(test_durable_runtime)
     ck_assert_uint_gt(st.fsyncs, 0);
     ck_assert_uint_eq((uint64_t)val(&a, "keel_wal_fsync_seconds_count"), st.fsyncs);
     ck_assert_uint_eq((uint64_t)val(&a, "keel_wal_group_commit_records_count"), st.fsyncs);
+    /* the group-commit buckets: every power of two from 1 to 4096 records */
+    for (uint32_t k = 0; k <= 12; k++) {
+        char series[96];
+        snprintf(series, sizeof series, "keel_wal_group_commit_records_bucket{le=\"%u\"}", 1u << k);
+        ck_assert_msg(expo_find(&a, series), "no %s", series);
+    }
     /* every committed record is in exactly one group commit */
     ck_assert_uint_eq((uint64_t)val(&a, "keel_wal_group_commit_records_sum"),
                       (uint64_t)val(&a, "keel_wal_records_total"));
