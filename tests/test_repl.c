@@ -6,7 +6,8 @@
  * node's record and one that settles and sends again, the lease's
  * compare-and-set, a directory brought in step with the stream (its
  * unreplicated tail dropped), a published checkpoint copied into a
- * directory (and damaged ones refused), a follower's own checkpoints, a
+ * directory (and damaged ones refused), a follower's own checkpoints (and
+ * the checkpoint's age while they fail), a
  * record on the stream that the disk never took, the refusals of bad
  * input that write nothing (another history among them), and a tick
  * record too big for a message (degraded, not published). repl_rejoin
@@ -2070,6 +2071,79 @@ START_TEST(test_follower_checkpoints)
 }
 END_TEST
 
+/* The value of the sample `name` (no labels) in rt's exposition. */
+static uint64_t metric_u64(keel_runtime *rt, const char *name)
+{
+    static char text[65536];
+    size_t len;
+    ck_assert_rc(keel_metrics_text(rt, text, sizeof text, &len), KEEL_OK);
+    char line[128];
+    snprintf(line, sizeof line, "\n%s ", name);
+    const char *at = strstr(text, line);
+    ck_assert_msg(at, "no sample %s", name);
+    return strtoull(at + strlen(line), NULL, 10);
+}
+
+/* Step the primary one tick and poll the replica until it applied it. */
+static void follow_one_tick(keel_runtime *p, keel_runtime *f)
+{
+    tu_step_n(p, 1);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    uint64_t t = keel_runtime_tick(p);
+    for (int i = 0; i < 200 && keel_runtime_tick(f) < t; i++)
+        ck_assert_msg(!keel_replica_poll(f, 100, NULL), "%s", keel_last_error());
+    ck_assert_uint_eq(keel_runtime_tick(f), t);
+}
+
+/* A follower's checkpoints that fail (ckpt.before_meta=eio: the disk
+ * refuses the write) are tried again at the interval, and the checkpoint's
+ * age (keel_runtime_stats, keel_checkpoint_age_ticks) keeps counting from
+ * the last one recorded until one is recorded again. */
+START_TEST(test_failed_checkpoints_age)
+{
+    char pdir[4096], fdir[4096];
+    tu_path(pdir, sizeof pdir, "age-primary");
+    tu_path(fdir, sizeof fdir, "age-follower");
+    keel_component pv, fv;
+    keel_runtime *p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = pdir,
+                                                      .replication = {.nats = nats_url, .world = "fage",
+                                                                      .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
+                                  &pv);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 10);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    keel_runtime_desc fd = {.workers = 1, .durable = {.dir = fdir, .checkpoint_every_ticks = 5},
+                            .replication = {.nats = nats_url, .world = "fage", .role = KEEL_ROLE_FOLLOWER}};
+    keel_runtime *f = spawning_rt(fd, &fv);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    follow_one_tick(p, f); /* tick 11: the first checkpoint, recorded */
+    ck_assert_uint_eq(tu_stats(f).checkpoints, 1);
+    ck_assert_uint_eq(tu_stats(f).checkpoint_age_ticks, 0);
+    /* the primary takes no checkpoint before tick 3600: the failpoint hits the follower's only */
+    ck_assert_rc(keel_failpoints_set("ckpt.before_meta=eio"), KEEL_OK);
+    for (uint64_t t = 12; t <= 26; t++) { /* attempts at 16, 21 and 26 fail */
+        follow_one_tick(p, f);
+        keel_runtime_stats st = tu_stats(f);
+        ck_assert_uint_eq(st.checkpoints, 1);
+        ck_assert_uint_eq(st.checkpoint_age_ticks, t - 11);
+        ck_assert_uint_eq(metric_u64(f, "keel_checkpoint_age_ticks"), t - 11);
+    }
+    ck_assert_rc(keel_failpoints_set(""), KEEL_OK);
+    for (uint64_t t = 27; t <= 30; t++) { /* the pacing counts from the last attempt: none before 31 */
+        follow_one_tick(p, f);
+        ck_assert_uint_eq(tu_stats(f).checkpoint_age_ticks, t - 11);
+    }
+    follow_one_tick(p, f); /* tick 31: recorded */
+    ck_assert_uint_eq(tu_stats(f).checkpoints, 2);
+    ck_assert_uint_eq(tu_stats(f).checkpoint_age_ticks, 0);
+    ck_assert_uint_eq(metric_u64(f, "keel_checkpoint_age_ticks"), 0);
+    follow_one_tick(p, f);
+    ck_assert_uint_eq(metric_u64(f, "keel_checkpoint_age_ticks"), 1);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+}
+END_TEST
+
 /* A replica's lag comes from the messages it reads (each says how many
  * follow it in the stream): a poll that copies part of what the stream
  * holds reports the stream's end and the records left, then none once it
@@ -3600,7 +3674,7 @@ int main(void)
                                    test_drain_waits_for_acked,    test_lease_cas,                test_sync_drops_unreplicated_tail,
                                    test_bad_streams_write_nothing, test_checkpoint_stream,
                                    test_connect_errors,           test_primary_runtime_publishes,
-                                   test_follower_checkpoints, test_stream_ahead_of_disk,
+                                   test_follower_checkpoints, test_failed_checkpoints_age, test_stream_ahead_of_disk,
                                    test_side_over_max_payload_refused, test_another_history_refused,
                                    test_tick_record_over_max_payload_degrades,
                                    test_trimmed_checkpoint_against_empty_stream,

@@ -90,7 +90,8 @@ typedef struct keel_runtime_stats {
     uint64_t wal_bytes;           /* record bytes committed to the WAL by this runtime (stored, compressed) */
     uint64_t fsyncs;              /* synced LMDB commits (one per group commit) */
     uint64_t checkpoints;         /* checkpoints this runtime recorded */
-    uint64_t checkpoint_age_ticks;/* ticks since the last checkpoint */
+    uint64_t checkpoint_age_ticks;/* ticks since the last checkpoint recorded (or loaded at
+                                     recovery); failed attempts do not reset it */
     uint64_t recovery_ns;         /* time keel_runtime_recover took */
     /* Overload (docs/overload.md): */
     uint32_t overload_level;      /* the level the next tick runs at (keel_overload_level) */

@@ -631,6 +631,7 @@ void ckpt_committed(dur_state *d, ckpt_job *j, int rc)
             stored_put(d->stored, j->puts[i].code, j->puts[i].hash);
         d->ckpt_count = j->count;
         atomic_fetch_add(&d->ckpt_taken, 1);
+        atomic_store(&d->ckpt_recorded_tick, j->tick);
         core_hist_observe(&d->ckpt_hist, core_now_ns() - j->start_ns);
     } else if (!d->ckpt_rc && rc != KEEL_ENOMEM) {
         d->ckpt_rc = rc;
@@ -814,7 +815,8 @@ int ckpt_maybe(dur_state *d, uint64_t tick, bool force)
     j->count = d->ckpt_count + 1;
     j->start_ns = now;
     (void)KEEL_FAILPOINT(CKPT_AFTER_CAPTURE);
-    d->last_ckpt_tick = tick; /* also when the job fails: the next try is an interval later */
+    d->last_ckpt_tick = tick; /* also when the job fails: the next try is an interval later (the age
+                                 counts from the last one recorded, ckpt_recorded_tick) */
     d->last_ckpt_ns = now;
     d->bytes_since_ckpt = bytes;
     if (d->follow)

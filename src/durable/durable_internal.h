@@ -168,8 +168,10 @@ typedef struct dur_state {
     int64_t ckpt_every_bytes;
     double ckpt_every_seconds;
     bool wal_retain;           /* checkpoints keep the WAL they cover */
-    uint64_t last_ckpt_tick;
-    uint64_t last_ckpt_ns;
+    uint64_t last_ckpt_tick;       /* the last attempt's tick and time: the pacing counts from them, so a */
+    uint64_t last_ckpt_ns;         /* failed attempt is tried again an interval later, not at every tick */
+    _Atomic uint64_t ckpt_recorded_tick; /* the tick of the last checkpoint recorded (or loaded at
+                                            recovery): the checkpoint's age counts from it */
     _Atomic uint32_t ckpt_count;   /* checkpoints recorded in the directory (meta) */
     _Atomic uint64_t ckpt_taken;   /* checkpoints this runtime committed */
     pthread_t ckpt_thread;

@@ -923,6 +923,7 @@ static int recover(dur_state *d, const dur_boot *boot, keel_recovery *out)
         return rc;
     d->ckpt_count = m.count;
     d->last_ckpt_tick = m.tick;
+    atomic_store(&d->ckpt_recorded_tick, m.tick);
     d->next_lsn = last + 1;
     atomic_store(&d->durable_lsn, last);
     atomic_store(&d->local_lsn, last);

@@ -79,7 +79,6 @@ void metrics_publish(keel_runtime *rt, bool wait)
     m->pub = rt->stats;
     m->pub.recovery_ns = rt->recovery.ns;
     m->dur = rt->dur;
-    m->pub_ckpt_tick = rt->dur ? rt->dur->last_ckpt_tick : 0;
     m->pub_entities = keel_world_count(rt->world);
     m->pub_skipped = m->skipped;
     pthread_mutex_unlock(&m->mu);
@@ -306,7 +305,8 @@ static void write_durable(mw *w, const keel_runtime *rt, const keel_runtime_stat
     sample_u64(w, "keel_checkpoints_total", "counter", "Checkpoints this runtime recorded.", st->checkpoints);
     histogram(w, "keel_checkpoint_duration_seconds", "From a checkpoint's capture until it is recorded (seconds).",
               &d->ckpt_hist, true);
-    sample_u64(w, "keel_checkpoint_age_ticks", "gauge", "Ticks since the last checkpoint.", st->checkpoint_age_ticks);
+    sample_u64(w, "keel_checkpoint_age_ticks", "gauge",
+               "Ticks since the last checkpoint recorded (failed attempts do not reset it).", st->checkpoint_age_ticks);
     sample_seconds(w, "keel_recovery_seconds", "gauge", "Time opening the data directory took (checkpoint load and WAL replay).",
                    st->recovery_ns);
 }
@@ -350,7 +350,7 @@ int keel_metrics_write(const keel_runtime *rt, keel_metrics_sink sink, void *use
     *w = (mw){.sink = sink, .user = user};
     pthread_mutex_lock(&m->met.mu);
     keel_runtime_stats st;
-    stats_compose(rt, &m->met.pub, m->met.dur, m->met.pub_ckpt_tick, &st);
+    stats_compose(rt, &m->met.pub, m->met.dur, &st);
     write_ticks(w, rt, &st);
     write_systems(w, rt, &st);
     write_txns(w, rt, &st);

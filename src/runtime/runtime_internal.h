@@ -39,7 +39,6 @@ typedef struct rt_telemetry {
 typedef struct rt_metrics {
     pthread_mutex_t mu;            /* the fields below marked (mu); a scrape holds it while it writes */
     keel_runtime_stats pub;        /* rt->stats and the recovery time at the last publication (mu) */
-    uint64_t pub_ckpt_tick;        /* the last checkpoint's tick then (mu) */
     uint32_t pub_entities;         /* live entities at the last tick's end (mu) */
     uint64_t pub_skipped;          /* grid ticks the tick multiplier left out, summed (mu) */
     struct dur_state *dur;         /* rt->dur once recovered, NULL before it closes (mu) */
@@ -203,9 +202,9 @@ void metrics_lock(keel_runtime *rt);
 void metrics_unlock(keel_runtime *rt);
 /* The counters as keel_runtime_stats_get reports them, from base (rt->stats,
  * or the published copy) and the live atomics of the durability state d
- * (may be NULL) whose last checkpoint was at ckpt_tick. */
+ * (may be NULL). */
 void stats_compose(const keel_runtime *rt, const keel_runtime_stats *base, const struct dur_state *d,
-                   uint64_t ckpt_tick, keel_runtime_stats *out);
+                   keel_runtime_stats *out);
 
 /* runtime/driver.c: the wait strategy of the metronome, exposed for tests. */
 typedef enum rt_wait_phase { RT_WAIT_DONE, RT_WAIT_SLEEP, RT_WAIT_YIELD, RT_WAIT_SPIN } rt_wait_phase;

@@ -151,8 +151,7 @@ int keel_telemetry_system(const keel_runtime *rt, uint64_t tick, keel_system sys
     return KEEL_OK;
 }
 
-void stats_compose(const keel_runtime *rt, const keel_runtime_stats *base, const dur_state *d, uint64_t ckpt_tick,
-                   keel_runtime_stats *out)
+void stats_compose(const keel_runtime *rt, const keel_runtime_stats *base, const dur_state *d, keel_runtime_stats *out)
 {
     keel_runtime *m = (keel_runtime *)rt; /* atomic loads take non-const pointers */
     *out = *base;
@@ -164,7 +163,8 @@ void stats_compose(const keel_runtime *rt, const keel_runtime_stats *base, const
         out->wal_bytes = atomic_load(&dm->wal_bytes);
         out->fsyncs = atomic_load(&dm->fsyncs);
         out->checkpoints = atomic_load(&dm->ckpt_taken);
-        uint64_t tick = atomic_load(&m->tick);
+        /* from the last checkpoint recorded: failed attempts leave the age growing */
+        uint64_t tick = atomic_load(&m->tick), ckpt_tick = atomic_load(&dm->ckpt_recorded_tick);
         out->checkpoint_age_ticks = tick > ckpt_tick ? tick - ckpt_tick : 0;
     }
     out->overload_level = (uint32_t)keel_runtime_overload(rt, &out->multiplier);
@@ -179,7 +179,7 @@ void keel_runtime_stats_get(const keel_runtime *rt, keel_runtime_stats *out)
         return;
     keel_runtime_stats base = rt->stats;
     base.recovery_ns = rt->recovery.ns;
-    stats_compose(rt, &base, rt->dur, rt->dur ? rt->dur->last_ckpt_tick : 0, out);
+    stats_compose(rt, &base, rt->dur, out);
 }
 
 /* ---- trace export --------------------------------------------------------------- */
