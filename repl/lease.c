@@ -232,12 +232,14 @@ void kr_keeper_halt(kr_keeper *k)
     pthread_mutex_unlock(&k->mu);
 }
 
-void kr_keeper_stop(kr_keeper *k, bool release)
+void kr_keeper_stop(kr_keeper *k, bool release, kr_keeper_stats *last)
 {
     if (!k)
         return;
     kr_keeper_halt(k);
     pthread_join(k->thread, NULL);
+    if (last)
+        kr_keeper_stats_get(k, last);
     if (release && !k->lost)
         (void)kr_lease_renew(k->d.node, k->d.epoch, true, &k->rev);
     pthread_mutex_destroy(&k->mu);

@@ -197,6 +197,11 @@ static uint64_t random64(void)
     return ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40) ^ 1;
 }
 
+bool kr_connected(kr_node *n)
+{
+    return n && n->nc && natsConnection_Status(n->nc) == NATS_CONN_STATUS_CONNECTED;
+}
+
 uint64_t kr_stream_id(const kr_node *n)
 {
     return atomic_load_explicit(&((kr_node *)n)->stream_id, memory_order_relaxed);

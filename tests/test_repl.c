@@ -13,7 +13,8 @@
  * record too big for a message (degraded, not published). repl_rejoin
  * starts its own server, stops it and starts it again: a primary's
  * checkpoints while the stream is down, and its rejoin with a checkpoint
- * of records the stream never got. The failover of whole keel-world
+ * of records the stream never got; a follower's status while its server is
+ * gone (degraded, errors counted) and after it is back. The failover of whole keel-world
  * processes on a 3-node cluster is
  * check_failover.sh and keel-crash --mode failover.
  */
@@ -2803,6 +2804,78 @@ START_TEST(test_rejoin_trimmed_directory)
 }
 END_TEST
 
+/* A follower whose polls cannot reach the stream (its nats-server gone)
+ * reports it: degraded, and an error counted per failed poll, in
+ * keel_repl_status and the metrics; a poll that gets through once the
+ * server is back clears degraded, and the count stays. */
+START_TEST(test_replica_degraded_while_stream_away)
+{
+    char conf[4096], pdir[4096], fdir[4096];
+    tu_path(pdir, sizeof pdir, "away-primary");
+    tu_path(fdir, sizeof fdir, "away-follower");
+    int port = nats_conf("js-away", conf, sizeof conf);
+    pid_t nats = nats_start(conf, port, true);
+    keel_component v;
+    keel_runtime *p = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = pdir,
+                                                      .replication = {.nats = nats_url, .world = "away",
+                                                                      .mode = KEEL_REPL_SYNC, .lease_ms = 300}},
+                                  &v);
+    ck_assert_msg(!keel_runtime_recover(p, NULL), "%s", keel_last_error());
+    tu_step_n(p, 5);
+    ck_assert_rc(keel_flush(p), KEEL_OK);
+    ck_assert_rc(keel_runtime_close(p), KEEL_OK);
+    keel_runtime *f = spawning_rt((keel_runtime_desc){.workers = 1, .durable.dir = fdir,
+                                                      .replication = {.nats = nats_url, .world = "away",
+                                                                      .role = KEEL_ROLE_FOLLOWER}},
+                                  &v);
+    ck_assert_msg(!keel_runtime_recover(f, NULL), "%s", keel_last_error());
+    ck_assert_rc(keel_replica_poll(f, 0, NULL), KEEL_OK);
+    keel_repl_status st;
+    keel_repl_status_get(f, &st);
+    ck_assert(!st.degraded && st.errors == 0);
+    ck_assert_uint_eq(metric_u64(f, "keel_repl_degraded"), 0);
+    /* the server goes: once the client noticed, every poll counts an error (returning KEEL_EUNAVAILABLE, or 0
+       with nothing copied while the client reconnects in the background) */
+    kill(nats, SIGTERM);
+    ck_assert_int_eq(waitpid(nats, NULL, 0), nats);
+    int rc = KEEL_OK;
+    for (int i = 0; i < 600 && !st.degraded; i++) {
+        rc = keel_replica_poll(f, 100, NULL);
+        ck_assert_msg(rc == KEEL_OK || rc == KEEL_EUNAVAILABLE, "%s: %s", keel_strerror(rc), keel_last_error());
+        keel_repl_status_get(f, &st);
+    }
+    ck_assert(st.degraded);
+    ck_assert_uint_eq(st.errors, 1);
+    ck_assert_uint_eq(metric_u64(f, "keel_repl_degraded"), 1);
+    ck_assert_uint_eq(metric_u64(f, "keel_repl_errors_total"), 1);
+    rc = keel_replica_poll(f, 0, NULL);
+    ck_assert_msg(rc == KEEL_OK || rc == KEEL_EUNAVAILABLE, "%s: %s", keel_strerror(rc), keel_last_error());
+    keel_repl_status_get(f, &st);
+    ck_assert(st.degraded);
+    ck_assert_uint_eq(st.errors, 2);
+    ck_assert_uint_eq(keel_runtime_tick(f), 5);
+    /* back: the first poll that gets through clears degraded; the errors stay counted */
+    nats = nats_start(conf, port, true);
+    uint64_t failed = 2;
+    for (int i = 0; i < 600 && st.degraded; i++) {
+        rc = keel_replica_poll(f, 100, NULL);
+        ck_assert_msg(rc == KEEL_OK || rc == KEEL_EUNAVAILABLE, "%s: %s", keel_strerror(rc), keel_last_error());
+        keel_repl_status_get(f, &st);
+        failed += st.degraded;
+        ck_assert_uint_eq(st.errors, failed);
+    }
+    ck_assert_msg(rc == KEEL_OK, "%s: %s", keel_strerror(rc), keel_last_error());
+    ck_assert(!st.degraded);
+    ck_assert_uint_eq(st.errors, failed);
+    ck_assert_uint_eq(metric_u64(f, "keel_repl_degraded"), 0);
+    ck_assert_uint_eq(metric_u64(f, "keel_repl_errors_total"), failed);
+    ck_assert_uint_eq(keel_runtime_tick(f), 5);
+    ck_assert_rc(keel_runtime_close(f), KEEL_OK);
+    kill(nats, SIGTERM);
+    ck_assert_int_eq(waitpid(nats, NULL, 0), nats);
+}
+END_TEST
+
 /* The runtime's refusals, before anything connects. */
 START_TEST(test_runtime_refusals)
 {
@@ -3695,7 +3768,7 @@ int main(void)
                                    test_restore_empty_stream, test_stream_copy_removed_on_signal};
     const TTest *const api[] = {test_runtime_refusals, test_server_without_jetstream, test_seed_stalls,
                                 test_marked_directory_without_replication};
-    const TTest *const rejoin[] = {test_rejoin_trimmed_directory};
+    const TTest *const rejoin[] = {test_rejoin_trimmed_directory, test_replica_degraded_while_stream_away};
     check_set_max_msg_size(KEEL_TEST_MAX_MSG);
     SRunner *sr = srunner_create(
         tu_suite_with("repl_stream", stream, sizeof stream / sizeof *stream, 120, nats_setup, nats_teardown));

@@ -77,8 +77,11 @@ typedef struct keel_repl_status {
     uint64_t checkpoint_lsn;   /* a primary: the covered LSN of the last checkpoint it published */
     bool bootstrapped;         /* at open the directory restarted from the stream (its published
                                   checkpoint, or LSN 1 when none is) */
-    uint64_t errors;           /* publishes or lease renewals that failed and were retried */
-    bool degraded;             /* the stream is out of reach: SYNC acknowledges nothing meanwhile */
+    uint64_t errors;           /* publishes, lease renewals and replica polls that failed for want of
+                                  the stream and were retried; never goes down */
+    bool degraded;             /* the stream is out of reach: a primary's publishes or renewals fail
+                                  (SYNC acknowledges nothing meanwhile), or a replica's last poll
+                                  found it out of reach; a poll that gets through clears it */
     bool fenced;               /* another primary took over: this runtime latched KEEL_EFENCED */
 } keel_repl_status;
 

@@ -331,7 +331,8 @@ static void write_replication(mw *w, keel_runtime *rt)
                "keel_repl_lag_records times the mean record size (an estimate).", r.lag_bytes);
     sample_u64(w, "keel_repl_discarded_records_total", "counter",
                "Records this directory held beyond the stream, dropped when it opened.", r.discarded);
-    sample_u64(w, "keel_repl_errors_total", "counter", "Publishes and lease renewals that failed and were retried.",
+    sample_u64(w, "keel_repl_errors_total", "counter",
+               "Publishes, lease renewals and replica polls that failed and were retried.",
                r.errors);
     sample_u64(w, "keel_repl_degraded", "gauge", "1 while the stream is out of reach (sync acknowledges nothing).",
                r.degraded ? 1 : 0);

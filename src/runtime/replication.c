@@ -202,13 +202,25 @@ static int keep_lease(struct runtime_repl *r, uint64_t epoch, uint64_t rev)
 }
 
 /* Stop renewing; release: let the lease go (a clean close). */
+/* Stop the keeper, its errors kept in r->st.errors (a counter: it never
+ * goes down). What it had counted moves there the moment the status stops
+ * reading it; what its last renewal adds after, once its thread ended. */
 static void drop_keeper(struct runtime_repl *r, bool release)
 {
+    kr_keeper_stats before = {0}, last = {0};
     pthread_mutex_lock(&r->mu);
     kr_keeper *k = r->keeper;
+    if (k)
+        kr_keeper_stats_get(k, &before);
+    r->st.errors += before.errors;
     r->keeper = NULL;
     pthread_mutex_unlock(&r->mu);
-    kr_keeper_stop(k, release);
+    if (!k)
+        return;
+    kr_keeper_stop(k, release, &last);
+    pthread_mutex_lock(&r->mu);
+    r->st.errors += last.errors - before.errors;
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* A primary at open: wait until the lease lapses and take it (take false:
@@ -794,6 +806,40 @@ static int promote(keel_runtime *rt, bool *promoted)
     return KEEL_OK;
 }
 
+/* A replica's reach of the stream, in its status: a poll that found the
+ * stream out of reach counts an error and marks the node degraded until a
+ * poll gets through. Out of reach is KEEL_EUNAVAILABLE, or a poll that
+ * ends with the connection down: the client reconnects in the background
+ * and the poll's wait only timed out (it returns 0, nothing copied). Other
+ * failures say nothing of the stream's reach. */
+static void poll_reached(struct runtime_repl *r, int rc)
+{
+    if (rc && rc != KEEL_EUNAVAILABLE)
+        return;
+    bool away = rc == KEEL_EUNAVAILABLE || !kr_connected(r->node);
+    pthread_mutex_lock(&r->mu);
+    r->st.errors += away;
+    r->st.degraded = away;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* keel_replica_poll once the runtime is a replica that may poll. */
+static int replica_poll(keel_runtime *rt, int32_t timeout_ms, bool *promoted)
+{
+    struct runtime_repl *r = rt->repl;
+    /* at its stop_tick the poll waits as usual */
+    bool lapsed = r->st.role == KEEL_ROLE_STANDBY && lease_lapsed(r) && !held_at_stop(rt);
+    uint64_t tick = 0;
+    int rc = reader_ready(r);
+    if (!rc)
+        rc = kr_append_from(r->reader, rt->dur->store, POLL_BATCH, lapsed ? 0 : timeout_ms, &r->local_last, &tick);
+    if (!rc)
+        rc = apply_local(rt, tick);
+    if (!rc && lapsed)
+        rc = promote(rt, promoted);
+    return rc;
+}
+
 int keel_replica_poll(keel_runtime *rt, int32_t timeout_ms, bool *promoted)
 {
     if (promoted)
@@ -811,19 +857,11 @@ int keel_replica_poll(keel_runtime *rt, int32_t timeout_ms, bool *promoted)
     if (dur_fatal(rt->dur)) /* e.g. its bootstrap never reached the directory: nothing more goes there */
         return core_fail(KEEL_EFATAL, "keel_replica_poll: the runtime latched fatal (%s)",
                          keel_strerror(dur_fatal(rt->dur)));
-    /* at its stop_tick the poll waits as usual */
-    bool lapsed = r->st.role == KEEL_ROLE_STANDBY && lease_lapsed(r) && !held_at_stop(rt);
-    uint64_t tick = 0;
-    if (!(rc = reader_ready(r)))
-        rc = kr_append_from(r->reader, rt->dur->store, POLL_BATCH, lapsed ? 0 : timeout_ms, &r->local_last, &tick);
-    if (!rc)
-        rc = apply_local(rt, tick);
-    if (!rc && lapsed) {
-        bool p = false;
-        rc = promote(rt, &p);
-        if (promoted)
-            *promoted = p;
-    }
+    bool p = false;
+    rc = replica_poll(rt, timeout_ms, &p);
+    poll_reached(r, rc);
+    if (promoted)
+        *promoted = p;
     return rc;
 }
 
@@ -843,8 +881,8 @@ void keel_repl_status_get(keel_runtime *rt, keel_repl_status *out)
             out->stream_lsn = ps.published;
         out->lag_records = ps.committed > ps.published ? ps.committed - ps.published : 0;
         out->lag_bytes = ps.lag_bytes;
-        out->errors = ps.errors;
-        out->degraded = ps.degraded;
+        out->errors += ps.errors; /* st's own: dropped keepers' and failed polls' */
+        out->degraded |= ps.degraded;
         out->fenced = ps.fenced;
         out->checkpoint_lsn = ps.checkpoint_lsn;
     }

@@ -63,6 +63,10 @@ void kr_abandon(kr_node *n);
 const char *kr_world(const kr_node *n);
 /* The most bytes one message may have on the node's servers (max_payload). */
 size_t kr_max_payload(kr_node *n);
+/* Whether the node's connection to a NATS server is up now. While it is
+ * not, the client reconnects in the background, and a reader's wait only
+ * times out with nothing delivered. */
+bool kr_connected(kr_node *n);
 const char *kr_node_id(const kr_node *n);
 /* One request's deadline, as kr_desc.timeout_ms gave it or its default. */
 int64_t kr_timeout_ms(const kr_node *n);
@@ -180,8 +184,10 @@ int kr_keeper_check(kr_keeper *k);
 /* Renew no more (the node was fenced otherwise); kr_keeper_stop still
  * follows. Callable from any thread. */
 void kr_keeper_halt(kr_keeper *k);
-/* Stop renewing (NULL: nothing); release: let the lease go (a clean stop). */
-void kr_keeper_stop(kr_keeper *k, bool release);
+/* Stop renewing (NULL: nothing); release: let the lease go (a clean stop).
+ * *last (may be NULL) receives the keeper's final figures, its thread
+ * ended: nothing is counted after them. */
+void kr_keeper_stop(kr_keeper *k, bool release, kr_keeper_stats *last);
 
 /* ---- a directory kept in step with the stream ------------------------------- */
 
