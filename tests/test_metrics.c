@@ -13,8 +13,11 @@
  *                     UTF-8 beyond ASCII;
  *   metrics_http      keel-world --metrics on a loopback port the kernel
  *                     picks: scraped with curl during the run (promtool
- *                     passes, other paths 404), stopped with the server;
- *                     bad addresses and a port in use refused up front.
+ *                     passes, other paths 404, another method 405 with
+ *                     Allow), stopped with the server; one address holding
+ *                     more connections than its limit closed past it while
+ *                     another address scrapes, nothing on stderr; bad
+ *                     addresses and a port in use refused up front.
  *
  * promtool (Debian package prometheus) and curl run as child processes.
  * Without them the suites that need them exit 77 (skipped) -- unless the
@@ -688,6 +691,13 @@ START_TEST(test_http_scrape)
     ck_assert_int_eq(curl_get(other, &code, "%{http_code}"), 0);
     ck_assert_str_eq(code, "404");
     free(code);
+    /* another method: 405, naming the ones it takes */
+    char curl[1024];
+    ck_assert(find_program("curl", curl, sizeof curl));
+    tu_run post = tu_run_argv(curl, (const char *[]){"-s", "-o", "/dev/null", "-D", "-", "-X", "POST", s.url, NULL});
+    ck_assert_int_eq(post.status, 0);
+    ck_assert_msg(strstr(post.out, " 405 ") && strstr(post.out, "Allow: GET, HEAD\r\n"), "%s", post.out);
+    tu_run_free(&post);
     char rest[4096];
     ck_assert_int_eq(server_stop(&s, rest, sizeof rest), 0);
     ck_assert_msg(strstr(rest, "final tick=") != NULL, "no final line: %s", rest);
@@ -696,6 +706,80 @@ START_TEST(test_http_scrape)
     free(code);
     free(body);
     free(body2);
+}
+END_TEST
+
+/* A TCP connection to 127.0.0.1:port from the source address src (any of
+ * 127/8 on loopback), bound before it connects. */
+static int connect_from(const char *src, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in from = {.sin_family = AF_INET};
+    ck_assert_int_eq(inet_pton(AF_INET, src, &from.sin_addr), 1);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&to, sizeof to), 0);
+    return fd;
+}
+
+/* Read fd to its end (the server closes it, or resets it): what came. The
+ * 30 s bound only ends a test whose server never closes it. */
+static size_t read_to_end(int fd, char *buf, size_t cap)
+{
+    size_t len = 0;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        ck_assert_msg(poll(&p, 1, 30000) == 1, "the server kept the connection open");
+        ssize_t k = read(fd, buf + len, cap - 1 - len);
+        if (k <= 0)
+            break; /* 0: closed; -1: ECONNRESET, closed too */
+        len += (size_t)k;
+        ck_assert_uint_lt(len, cap - 1);
+    }
+    buf[len] = 0;
+    return len;
+}
+
+/* One client holding idle connections cannot take the server from another:
+ * past its per-address limit (8) the server closes its connections at
+ * once, and a scrape from another address gets through, with 40 of the
+ * first one's open (more than the server's 32 in all). Refused clients
+ * leave nothing on keel-world's stderr. */
+START_TEST(test_http_per_address_limit)
+{
+    char dir[512], err[600];
+    tu_path(dir, sizeof dir, "world");
+    tu_path(err, sizeof err, "server.err");
+    server s;
+    server_start(&s, dir);
+    enum { HELD = 40, LIMIT = 8 };
+    int held[HELD];
+    for (int i = 0; i < HELD; i++)
+        held[i] = connect_from("127.0.0.1", s.port);
+    /* the server takes connections in the order they came: once it closed the last, it met every one */
+    static char buf[1 << 20];
+    ck_assert_uint_eq(read_to_end(held[HELD - 1], buf, sizeof buf), 0);
+    int fd = connect_from("127.0.0.2", s.port);
+    static const char get[] = "GET /metrics HTTP/1.0\r\n\r\n";
+    ck_assert_int_eq(write(fd, get, sizeof get - 1), (ssize_t)(sizeof get - 1));
+    read_to_end(fd, buf, sizeof buf);
+    close(fd);
+    ck_assert_msg(!strncmp(buf, "HTTP/1.", 7) && !strncmp(buf + 8, " 200 ", 5), "reply: %.200s", buf);
+    ck_assert_ptr_nonnull(strstr(buf, "\nkeel_tick "));
+    for (int i = LIMIT; i < HELD - 1; i++) /* past the limit: closed without a reply */
+        ck_assert_uint_eq(read_to_end(held[i], buf, sizeof buf), 0);
+    for (int i = 0; i < HELD; i++)
+        close(held[i]);
+    char rest[4096];
+    ck_assert_int_eq(server_stop(&s, rest, sizeof rest), 0);
+    FILE *f = fopen(err, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(buf, 1, 4096, f);
+    fclose(f);
+    buf[n] = 0;
+    ck_assert_msg(n == 0, "keel-world's stderr: %s", buf);
 }
 END_TEST
 
@@ -758,7 +842,7 @@ static Suite *promtool_suite(void)
 
 static Suite *http_suite(void)
 {
-    const TTest *t[] = {test_http_scrape, test_http_refused};
+    const TTest *t[] = {test_http_scrape, test_http_per_address_limit, test_http_refused};
     return tu_suite("metrics_http", t, sizeof t / sizeof t[0], 120);
 }
 

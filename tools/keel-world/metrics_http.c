@@ -9,9 +9,18 @@
  * library call is safe there and never makes a tick wait.
  *
  * GET or HEAD /metrics: 200 with the exposition. Another path: 404.
- * Another method: 405.
+ * Another method: 405 with `Allow: GET, HEAD`.
+ *
+ * Anyone who can reach the port is a client, so none may take the server
+ * from the scraper: at most METRICS_PER_IP connections from one address
+ * (the rest are closed at once), METRICS_CONNECTIONS in all, an idle one
+ * closed after METRICS_IDLE_S. libmicrohttpd's own messages go to stderr
+ * only while it starts (why it could not): a line per misbehaving client
+ * would let any client fill keel-world's stderr.
  */
 #include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -25,10 +34,15 @@
 
 #include "metrics_http.h"
 
+#define METRICS_CONNECTIONS 32u
+#define METRICS_PER_IP 8u
+#define METRICS_IDLE_S 5u          /* a scrape is one request: longer idling only holds a slot */
+
 struct metrics_http {
     struct MHD_Daemon *d;
     keel_runtime *rt;
     size_t hint;                   /* the last exposition's size: the next buffer's start (MHD's thread only) */
+    atomic_bool serving;           /* MHD_start_daemon returned: its messages are about clients now */
 };
 
 /* HOST:PORT -> host and port strings; "[ADDR]:PORT" for IPv6. */
@@ -91,7 +105,7 @@ int metrics_listen(const char *hostport, char *bound, size_t n)
         fprintf(stderr, "keel-world: --metrics %s: cannot listen: %s\n", hostport, strerror(err));
         return -1;
     }
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss = {.ss_family = AF_UNSPEC}; /* a failed getsockname leaves it unknown: "?:?" */
     socklen_t sl = sizeof ss;
     char h[128] = "?", p[16] = "?";
     if (!getsockname(fd, (struct sockaddr *)&ss, &sl))
@@ -106,6 +120,8 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const ch
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED) /* RFC 9110: a 405 names the methods the resource takes */
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
     enum MHD_Result ok = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
     return ok;
@@ -149,19 +165,34 @@ static enum MHD_Result serve(void *cls, struct MHD_Connection *c, const char *ur
     return ok;
 }
 
+/* libmicrohttpd's messages: why it could not start, printed; once it
+ * serves, about its clients (a connection refused, a malformed request),
+ * dropped. */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    metrics_http *h = cls;
+    if (atomic_load(&h->serving))
+        return;
+    fputs("keel-world: --metrics: libmicrohttpd: ", stderr);
+    vfprintf(stderr, fmt, ap);
+}
+
 metrics_http *metrics_serve(int fd, keel_runtime *rt)
 {
     metrics_http *h = calloc(1, sizeof *h);
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss = {.ss_family = AF_UNSPEC};
     socklen_t sl = sizeof ss;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
+    /* MHD_USE_AUTO: poll or epoll, not select(), which cannot take a descriptor >= FD_SETSIZE */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
     if (!getsockname(fd, (struct sockaddr *)&ss, &sl) && ss.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     if (h) {
         h->rt = rt;
-        h->d = MHD_start_daemon(flags, 0, NULL, NULL, serve, h, MHD_OPTION_LISTEN_SOCKET, fd,
-                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)32, MHD_OPTION_CONNECTION_TIMEOUT,
-                                (unsigned)10, MHD_OPTION_END);
+        h->d = MHD_start_daemon(flags, 0, NULL, NULL, serve, h, /* the logger first: it takes the messages after it */
+                                MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd,
+                                MHD_OPTION_CONNECTION_LIMIT, METRICS_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                METRICS_PER_IP, MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S, MHD_OPTION_END);
+        atomic_store(&h->serving, h->d != NULL);
     }
     if (!h || !h->d) {
         fprintf(stderr, "keel-world: --metrics: cannot start the HTTP server (libmicrohttpd)\n");
