@@ -17,7 +17,8 @@
  *                     Allow), stopped with the server; one address holding
  *                     more connections than its limit closed past it while
  *                     another address scrapes, nothing on stderr; bad
- *                     addresses and a port in use refused up front.
+ *                     addresses and a port in use refused up front, no
+ *                     --trace file made.
  *
  * promtool (Debian package prometheus) and curl run as child processes.
  * Without them the suites that need them exit 77 (skipped) -- unless the
@@ -784,19 +785,22 @@ START_TEST(test_http_per_address_limit)
 END_TEST
 
 /* keel-world with --metrics addr must exit 2 before anything starts, with
- * one line on stderr containing `says`, and no data directory made. */
+ * one line on stderr containing `says`, and neither the data directory nor
+ * the --trace file made. */
 static void expect_refused(const char *addr, const char *says)
 {
-    char dir[512];
+    char dir[512], trace[512];
     tu_path(dir, sizeof dir, "never");
+    tu_path(trace, sizeof trace, "never.json");
     tu_run r = tu_run_argv(KEEL_WORLD_BIN, (const char *[]){"--data", dir, "--until-tick", "3", "--tick-rate", "0",
-                                                             "--metrics", addr, "--quiet", NULL});
+                                                             "--trace", trace, "--metrics", addr, "--quiet", NULL});
     ck_assert_msg(r.status == 2, "--metrics '%s': exit %d, stderr %s", addr, r.status, r.err);
     ck_assert_msg(strstr(r.err, says) != NULL, "--metrics '%s': stderr '%s' lacks '%s'", addr, r.err, says);
     ck_assert_uint_eq(tu_count_lines(r.err), 1);
     ck_assert_str_eq(r.out, "");
     struct stat st;
     ck_assert_int_ne(stat(dir, &st), 0); /* nothing was created */
+    ck_assert_int_ne(stat(trace, &st), 0);
     tu_run_free(&r);
 }
 

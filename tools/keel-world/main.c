@@ -326,14 +326,22 @@ static int validate(const options *o)
     bad |= validate_replication(o);
     if (o->failpoints && keel_failpoints_set(o->failpoints))
         bad = fprintf(stderr, "keel-world: --failpoints: %s\n", keel_last_error());
-    if (o->trace) { /* created now, written at exit: a run never ends on a path that cannot take it */
-        int fd = open(o->trace, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-        if (fd < 0)
-            bad = fprintf(stderr, "keel-world: --trace %s: cannot create it: %s\n", o->trace, strerror(errno));
-        else
-            close(fd);
-    }
     return bad ? -1 : 0;
+}
+
+/* --trace FILE, created at the start and written at exit: a run never ends
+ * on a path that cannot take it. Created last of everything the options
+ * check (main), so a run refused for anything else leaves no file behind.
+ * -1 with one line printed when it cannot be. */
+static int trace_create(const options *o)
+{
+    if (!o->trace)
+        return 0;
+    int fd = open(o->trace, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return fprintf(stderr, "keel-world: --trace %s: cannot create it: %s\n", o->trace, strerror(errno)), -1;
+    close(fd);
+    return 0;
 }
 
 static int parse_args(int argc, char **argv, options *o)
@@ -746,6 +754,11 @@ int main(int argc, char **argv)
     int metrics_fd = o.metrics ? metrics_listen(o.metrics, bound, sizeof bound) : -1;
     if (o.metrics && metrics_fd < 0)
         return 2;
+    if (trace_create(&o)) {
+        if (metrics_fd >= 0)
+            close(metrics_fd);
+        return 2;
+    }
     if (o.metrics) /* printed under --quiet too: with port 0 it names the port */
         printf("metrics http://%s/metrics\n", bound);
     block_stop_signals(); /* before any thread starts: they all inherit the mask */
