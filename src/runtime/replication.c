@@ -201,10 +201,10 @@ static int keep_lease(struct runtime_repl *r, uint64_t epoch, uint64_t rev)
     return KEEL_OK;
 }
 
-/* Stop renewing; release: let the lease go (a clean close). */
-/* Stop the keeper, its errors kept in r->st.errors (a counter: it never
- * goes down). What it had counted moves there the moment the status stops
- * reading it; what its last renewal adds after, once its thread ended. */
+/* Stop renewing; release: let the lease go (a clean close). The keeper's
+ * errors stay in r->st.errors (a counter: it never goes down): what it had
+ * counted moves there the moment the status stops reading it, what its
+ * last renewal adds once its thread ended. */
 static void drop_keeper(struct runtime_repl *r, bool release)
 {
     kr_keeper_stats before = {0}, last = {0};
