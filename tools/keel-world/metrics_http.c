@@ -14,9 +14,10 @@
  * Anyone who can reach the port is a client, so none may take the server
  * from the scraper: at most METRICS_PER_IP connections from one address
  * (the rest are closed at once), METRICS_CONNECTIONS in all, an idle one
- * closed after METRICS_IDLE_S. libmicrohttpd's own messages go to stderr
- * only while it starts (why it could not): a line per misbehaving client
- * would let any client fill keel-world's stderr.
+ * closed after METRICS_IDLE_S. Of libmicrohttpd's own messages only the
+ * first is kept, and printed only when the server could not start (why):
+ * a line per misbehaving client would let any client fill keel-world's
+ * stderr, and its polling thread may meet clients before the start returns.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -42,7 +43,8 @@ struct metrics_http {
     struct MHD_Daemon *d;
     keel_runtime *rt;
     size_t hint;                   /* the last exposition's size: the next buffer's start (MHD's thread only) */
-    atomic_bool serving;           /* MHD_start_daemon returned: its messages are about clients now */
+    atomic_bool said;              /* why[] holds libmicrohttpd's first message */
+    char why[256];
 };
 
 /* HOST:PORT -> host and port strings; "[ADDR]:PORT" for IPv6. */
@@ -165,16 +167,16 @@ static enum MHD_Result serve(void *cls, struct MHD_Connection *c, const char *ur
     return ok;
 }
 
-/* libmicrohttpd's messages: why it could not start, printed; once it
- * serves, about its clients (a connection refused, a malformed request),
- * dropped. */
+/* libmicrohttpd's messages: the first kept (the one that says why a start
+ * failed, whose threads have ended when it returns), the rest dropped. */
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
     metrics_http *h = cls;
-    if (atomic_load(&h->serving))
+    bool first = false;
+    if (!atomic_compare_exchange_strong(&h->said, &first, true))
         return;
-    fputs("keel-world: --metrics: libmicrohttpd: ", stderr);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(h->why, sizeof h->why, fmt, ap);
+    h->why[strcspn(h->why, "\n")] = 0;
 }
 
 metrics_http *metrics_serve(int fd, keel_runtime *rt)
@@ -192,10 +194,10 @@ metrics_http *metrics_serve(int fd, keel_runtime *rt)
                                 MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_LISTEN_SOCKET, fd,
                                 MHD_OPTION_CONNECTION_LIMIT, METRICS_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                 METRICS_PER_IP, MHD_OPTION_CONNECTION_TIMEOUT, METRICS_IDLE_S, MHD_OPTION_END);
-        atomic_store(&h->serving, h->d != NULL);
     }
     if (!h || !h->d) {
-        fprintf(stderr, "keel-world: --metrics: cannot start the HTTP server (libmicrohttpd)\n");
+        fprintf(stderr, "keel-world: --metrics: cannot start the HTTP server (libmicrohttpd%s%s)\n",
+                h && h->why[0] ? ": " : "", h ? h->why : "");
         close(fd);
         free(h);
         return NULL;
