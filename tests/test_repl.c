@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/socket.h>
@@ -3252,18 +3251,6 @@ static pid_t spawn_tail_f(const char *what, const char *lines, const char *tmp, 
                            errpath, tail_child, &env, out);
 }
 
-/* Entries of directory dir other than "." and "..". */
-static int dir_entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
-
 /* keel-wal restore of "name" into a fresh directory; --to-tick when tick
  * is given (non-NULL): its exit status, stderr into err (when not NULL),
  * the new directory's path into dest. */
@@ -3501,7 +3488,7 @@ START_TEST(test_stream_copy_removed_on_signal)
         tu_step_n(p, 1);
         ck_assert_rc(keel_flush(p), KEEL_OK);
         ck_assert_msg(fgets(line, sizeof line, out), "tail -f printed no new record"); /* while following */
-        ck_assert_int_eq(dir_entries(tmp), 1); /* its copy, while it follows */
+        ck_assert_int_eq(tu_dir_entries(tmp), 1); /* its copy, while it follows */
         ck_assert_int_eq(kill(pid, runs[i].sig), 0);
         if (runs[i].ignore_hup) /* an ignored signal is dropped when sent: SIGTERM stops it */
             ck_assert_int_eq(kill(pid, SIGTERM), 0);
@@ -3512,7 +3499,7 @@ START_TEST(test_stream_copy_removed_on_signal)
             ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "run %zu: status 0x%x", i, status);
         else
             ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGHUP, "SIGHUP: status 0x%x", status);
-        ck_assert_int_eq(dir_entries(tmp), 0);
+        ck_assert_int_eq(tu_dir_entries(tmp), 0);
     }
     ck_assert_rc(keel_runtime_close(p), KEEL_OK);
 }

@@ -574,6 +574,17 @@ void tu_damage_apply(const char *mdb, tu_damage d)
     }
 }
 
+int tu_dir_entries(const char *dir)
+{
+    DIR *d = opendir(dir);
+    ck_assert_msg(d != NULL, "cannot open directory %s: %s", dir, strerror(errno));
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
 uint64_t tu_file_mtime_ns(const char *path)
 {
     struct stat st;

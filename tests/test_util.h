@@ -168,6 +168,8 @@ void tu_damage_apply(const char *mdb, tu_damage d);
 
 /* A file's modification time in nanoseconds. */
 uint64_t tu_file_mtime_ns(const char *path);
+/* The entries of directory dir other than "." and "..", counted. */
+int tu_dir_entries(const char *dir);
 /* The process's virtual size in bytes (VmSize of /proc/self/status), 0 if
  * unreadable: the base of an RLIMIT_AS that leaves a test some room. */
 uint64_t tu_vm_size(void);

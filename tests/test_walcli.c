@@ -1477,18 +1477,6 @@ static void set_failpoints(void *spec)
     setenv("KEEL_FAILPOINTS", spec, 1);
 }
 
-/* The entries of dir other than "." and "..", counted. */
-static int entries(const char *dir)
-{
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));)
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
-}
-
 static mode_t mode_of(const char *dir, const char *name)
 {
     char p[300];
@@ -1529,12 +1517,12 @@ START_TEST(test_backup_claim_and_signals)
         ck_assert_msg(r.status == 2, "the second backup: exit %d: %s", r.status, r.err);
         tu_run_free(&r);
         tu_assert_digest_eq(held, tu_file_digest(p));
-        ck_assert_int_eq(entries(dest), 2); /* data.mdb.new, app.conf: the first's, as they were */
+        ck_assert_int_eq(tu_dir_entries(dest), 2); /* data.mdb.new, app.conf: the first's, as they were */
         ck_assert_int_eq(kill(pid, sigs[i]), 0);
         ck_assert_int_eq(tu_wait(pid), 128 + sigs[i]);
         fclose(out);
         if (existed)
-            ck_assert_int_eq(entries(dest), 0);
+            ck_assert_int_eq(tu_dir_entries(dest), 0);
         else
             ck_assert_int_eq(access(dest, F_OK), -1);
     }
@@ -1542,7 +1530,7 @@ START_TEST(test_backup_claim_and_signals)
     tu_run_free(&r);
     snprintf(p, sizeof p, "%s/lock.mdb", dest);
     ck_assert_int_eq(access(p, F_OK), -1); /* describing the copy left no file in it */
-    ck_assert_int_eq(entries(dest), 2);
+    ck_assert_int_eq(tu_dir_entries(dest), 2);
     ck_assert_uint_eq(mode_of(dest, "data.mdb"), 0600);
     ck_assert_uint_eq(mode_of(dest, "app.conf"), 0640);
     r = wal_ok("verify", dest);
@@ -1598,7 +1586,7 @@ START_TEST(test_backup_damage_and_stream)
         ck_assert_msg(strstr(r.err, "data.mdb is damaged: the wal tree names page 2147483647"), "%s", r.err);
         tu_run_free(&r);
         if (existed)
-            ck_assert_int_eq(entries(dest), 0);
+            ck_assert_int_eq(tu_dir_entries(dest), 0);
         else
             ck_assert_int_eq(access(dest, F_OK), -1);
     }
