@@ -109,6 +109,15 @@ static void file_in(char *out, size_t n, const char *dir, const char *name)
     ck_assert_int_lt(snprintf(out, n, "%s/%s", dir, name), (int)n);
 }
 
+/* A backup's source: a world in dir and an application's own file, its path in params
+ * (dir/world.params). */
+static void make_source(const char *dir, char *params, size_t cap)
+{
+    make_world(dir, NULL);
+    file_in(params, cap, dir, "world.params");
+    tu_write_file(params, "seed=5\n", 7);
+}
+
 static int backup(const char *src, const char *dest)
 {
     return kw_store_backup(&(kw_backup_desc){.dir = src, .dest = dest});
@@ -385,9 +394,7 @@ START_TEST(backup_keeps_modes)
 {
     char src[256], dest[256], p[300];
     tu_path(src, sizeof src, "modes-src");
-    make_world(src, NULL);
-    file_in(p, sizeof p, src, "world.params");
-    tu_write_file(p, "seed=5\n", 7);
+    make_source(src, p, sizeof p);
     ck_assert_int_eq(chmod(p, 0640), 0);
     file_in(p, sizeof p, src, "data.mdb");
     ck_assert_int_eq(chmod(p, 0600), 0);
@@ -434,9 +441,7 @@ START_TEST(backup_claim_is_exclusive)
 {
     char src[256], dest[256], p[300];
     tu_path(src, sizeof src, "claim-src");
-    make_world(src, NULL);
-    file_in(p, sizeof p, src, "world.params");
-    tu_write_file(p, "seed=5\n", 7);
+    make_source(src, p, sizeof p);
 
     /* another run's claim already there */
     tu_path(dest, sizeof dest, "claim-held");
@@ -482,9 +487,7 @@ START_TEST(backup_failure_leaves_dest)
         return; /* -DKEEL_FAILPOINTS=OFF: no way to fail the copy on purpose */
     char src[256], dest[256], p[300];
     tu_path(src, sizeof src, "fail-src");
-    make_world(src, NULL);
-    file_in(p, sizeof p, src, "world.params");
-    tu_write_file(p, "seed=5\n", 7);
+    make_source(src, p, sizeof p);
     for (int existed = 0; existed < 2; existed++) {
         tu_path(dest, sizeof dest, existed ? "fail-empty" : "fail-new");
         if (existed)

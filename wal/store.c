@@ -795,6 +795,21 @@ static int own_dir(kw_store *s)
     return KEEL_OK;
 }
 
+static int sync_fail(const char *what, const char *path)
+{
+    return core_fail(errno == ENOSPC ? KEEL_ENOSPC : KEEL_EIO, "cannot %s %s: %s", what, path, strerror(errno));
+}
+
+/* path's directory entries to disk: a new name in it survives a power cut. */
+static int sync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = fd < 0 || fsync(fd) ? sync_fail("sync", path) : KEEL_OK;
+    if (fd >= 0)
+        close(fd);
+    return rc;
+}
+
 /* A new data.mdb gets its name only once it is whole on disk. LMDB writes a
  * new file's two meta pages without a sync (the first commit's fdatasync
  * covers them), so a power cut before that commit could leave a file of the
@@ -823,11 +838,7 @@ static int create_data_file(kw_store *s, const char *final)
     unlink(lock);
     if (!rc && rename(tmp, final))
         rc = core_fail(KEEL_EIO, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
-    int dfd = rc ? -1 : open(s->dir, O_RDONLY | O_DIRECTORY);
-    if (!rc && (dfd < 0 || fsync(dfd)))
-        rc = core_fail(KEEL_EIO, "cannot sync data directory %s: %s", s->dir, strerror(errno));
-    if (dfd >= 0)
-        close(dfd);
+    rc = rc ? rc : sync_dir(s->dir);
     if (rc)
         unlink(tmp);
     return rc;
@@ -1066,11 +1077,6 @@ static int take_dest(backup_run *b)
     return dest_empty(dest);
 }
 
-static int sync_fail(const char *what, const char *path)
-{
-    return core_fail(errno == ENOSPC ? KEEL_ENOSPC : KEEL_EIO, "cannot %s %s: %s", what, path, strerror(errno));
-}
-
 /* Create files[i] exclusively with mode: the file is this run's from here. */
 static int create_file(backup_run *b, size_t i, mode_t mode)
 {
@@ -1145,16 +1151,6 @@ static int copy_data(backup_run *b, int fd)
     if (rc == MDB_MAP_RESIZED && !(rc = mdb_env_set_mapsize(b->src->env, 0)))
         rc = mdb_env_copyfd2(b->src->env, fd, MDB_CP_COMPACT);
     return rc ? from_mdb(rc, "cannot copy", b->src) : KEEL_OK;
-}
-
-/* path's directory entries to disk: a new name in it survives a power cut. */
-static int sync_dir(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    int rc = fd < 0 || fsync(fd) ? sync_fail("sync", path) : KEEL_OK;
-    if (fd >= 0)
-        close(fd);
-    return rc;
 }
 
 /* dest's parent, which holds the name of the dest this run made. */
